@@ -1,0 +1,206 @@
+"""Command line: argument parsing and exit codes only; the work lives in the layers.
+
+Exit codes: 0 success, 1 a run or comparison that finished with a negative verdict,
+2 input refused (nothing written), 3 refused during work (observations kept),
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from cache_family import __version__
+from cache_family.errors import Refused
+
+EXIT_OK = 0
+EXIT_NEGATIVE = 1
+EXIT_REFUSED = 2
+EXIT_REFUSED_DURING_WORK = 3
+EXIT_INTERRUPTED = 130
+
+# The operator guide's compatibility spelling: `cache-family automation cache-family-run <sub>`.
+_COMPAT_PREFIX = ("automation",)
+_COMPAT_RUN = "cache-family-run"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as a typed refusal line, exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"error: cli.usage: {message} (hint: run `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(EXIT_REFUSED)
+
+
+def _print_refusals(refused: Refused, as_json: bool = False) -> None:
+    if as_json:
+        print(json.dumps({"valid": False, "refusals": [r.as_dict() for r in refused.refusals]},
+                         indent=2))
+        return
+    for refusal in refused.refusals:
+        print(f"refused: {refusal.line()}", file=sys.stderr)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from cache_family.schemas.bounded import MIB, read_bounded
+    from cache_family.schemas.operator import validate_operator_document
+
+    try:
+        raw = read_bounded(str(Path(args.input).absolute()), MIB, what="operator input")
+        validate_operator_document(raw.data)
+    except Refused as refused:
+        _print_refusals(refused, args.json)
+        return EXIT_REFUSED
+    if args.json:
+        print(json.dumps({"valid": True, "sha256": raw.sha256, "refusals": []}, indent=2))
+    else:
+        print(f"valid: {args.input} (sha256 {raw.sha256})")
+    return EXIT_OK
+
+
+def _cmd_zoo_build(args: argparse.Namespace) -> int:
+    from cache_family.oracles.zoo import build_zoo
+
+    result = build_zoo(Path(args.cache_root).absolute(), seed=args.seed, progress=sys.stderr)
+    print(result.summary())
+    return EXIT_OK
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from cache_family.actors.preparation import prepare_command
+
+    return prepare_command(args.command, args.input, args.output, args.overrides)
+
+
+def _cmd_prepare_worker(args: argparse.Namespace) -> int:
+    from cache_family.actors.preparation import worker_command
+
+    return worker_command(args.input, args.output)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from cache_family.actors.matrix import run_command
+
+    return run_command(args.input, args.output)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from cache_family.actors.replay import replay_command
+
+    return replay_command(args.run_dir, reap=args.reap)
+
+
+def _available(module: str) -> bool:
+    """A command appears only once the module that does its work exists."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="cache-family",
+        description="Benchmark inference-server cache payloads against recompute, with byte "
+        "pins, journaled host sessions and replayable receipts.",
+    )
+    parser.add_argument("--version", action="version", version=f"cache-family {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    validate = sub.add_parser(
+        "validate", help="check an operator input and print every refusal (exit 0 valid, 2 refused)")
+    validate.add_argument("--input", required=True, metavar="OPERATOR_JSON",
+                          help="operator input (schema_version 1), at most 1 MiB")
+    validate.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
+    validate.set_defaults(func=_cmd_validate)
+
+    if _available("cache_family.oracles.zoo"):
+        zoo = sub.add_parser("zoo", help="tiny real GGUF models for every catalog family")
+        zoo_sub = zoo.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND", required=True,
+                                     parser_class=_Parser)
+        zoo_build = zoo_sub.add_parser(
+            "build", help="write the tiny random-weight model zoo as a Hugging Face hub cache")
+        zoo_build.add_argument("--cache-root", required=True, metavar="DIR",
+                               help="hub cache root to write models--ORG--NAME/ trees into")
+        zoo_build.add_argument("--seed", type=int, default=0,
+                               help="weights are deterministic for a seed (default 0)")
+        zoo_build.set_defaults(func=_cmd_zoo_build)
+
+    if _available("cache_family.actors.preparation"):
+        for name, what in (
+            ("prepare-full", "all catalog presets, no use cases"),
+            ("prepare-use-cases", "every use case of the corpus"),
+        ):
+            prep = sub.add_parser(
+                name, help=f"observe bytes and write cache-family-input.json ({what})")
+            prep.add_argument("--input", required=True, metavar="ABS_OPERATOR_JSON")
+            prep.add_argument("--output", required=True, metavar="ABS_FRESH_DIR")
+            prep.add_argument("overrides", nargs=argparse.REMAINDER,
+                              help="--use-case-corpus ABS, --prefix-tokens N, "
+                              "--runtime-lane-count N, --llama-parallel N, --llama-repeats N, "
+                              "--cache-hit-repeats N (each at most once)")
+            prep.set_defaults(func=_cmd_prepare)
+        worker = sub.add_parser("prepare-worker", help=argparse.SUPPRESS)
+        worker.add_argument("--input", required=True)
+        worker.add_argument("--output", required=True)
+        worker.set_defaults(func=_cmd_prepare_worker)
+
+    if _available("cache_family.actors.matrix"):
+        run = sub.add_parser("run", help="run every prepared row and publish journaled receipts")
+        run.add_argument("--input", required=True, metavar="PREPARED_JSON",
+                         help="cache-family-input.json from prepare-full or prepare-use-cases")
+        run.add_argument("--output", required=True, metavar="ABS_FRESH_DIR")
+        run.set_defaults(func=_cmd_run)
+
+    if _available("cache_family.actors.replay"):
+        replay = sub.add_parser(
+            "replay", help="verify a run's journal and re-fold its receipts byte for byte")
+        replay.add_argument("run_dir", metavar="RUN_DIR")
+        replay.add_argument("--reap", action="store_true",
+                            help="end processes the journal recorded that still match pid "
+                            "and create time")
+        replay.set_defaults(func=_cmd_replay)
+    return parser
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """Map `automation cache-family-run [<sub>] ...` onto the native command names."""
+    args = list(argv)
+    if args[: len(_COMPAT_PREFIX)] == list(_COMPAT_PREFIX):
+        args = args[len(_COMPAT_PREFIX):]
+        if args and args[0] == _COMPAT_RUN:
+            rest = args[1:]
+            if rest and not rest[0].startswith("-"):
+                return rest  # automation cache-family-run prepare-full --input ...
+            return ["run", *rest]  # automation cache-family-run --input ... --output ...
+        if args and args[0] == "cache-family-report":
+            return ["report", *args[1:]]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = normalize_argv(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(args_in)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_REFUSED
+    try:
+        return func(args)
+    except Refused as refused:
+        _print_refusals(refused)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

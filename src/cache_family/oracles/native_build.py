@@ -1,0 +1,314 @@
+"""Build a real ``llama-server`` from llama.cpp source obtained through a package registry.
+
+The source is the ``llama-cpp-python`` sdist, which vendors a complete llama.cpp. Its bytes
+are checked against the pin in ``llama_cpp_source.json`` before anything is unpacked. One
+CMake build with shared libraries produces both ``llama-server`` and ``libllama`` so the
+Python bindings can load the very same code (``LLAMA_CPP_LIB_PATH``) without a second
+compile. The result is cached under ``~/.cache/cache-family/llama.cpp/<key>/`` where the key
+covers the sdist pin and every build option; a present cache entry is reused, an absent one
+is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, TextIO
+
+from cache_family.errors import Refused
+
+SERVER_NAME = "llama-server"
+_PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePin:
+    package: str
+    version: str
+    sdist_name: str
+    sdist_sha256: str
+    llama_cpp_commit: str
+    vendored_root: str
+
+
+def source_pin() -> SourcePin:
+    text = resources.files("cache_family.oracles").joinpath("llama_cpp_source.json").read_text()
+    raw = json.loads(text)
+    return SourcePin(**raw)
+
+
+def build_options(jobs: int | None = None) -> dict[str, str]:
+    """The CMake cache entries of the build; part of the cache key."""
+    del jobs  # parallelism does not change the output
+    return {
+        "CMAKE_BUILD_TYPE": "Release",
+        "GGML_NATIVE": "OFF",
+        "BUILD_SHARED_LIBS": "ON",
+        "LLAMA_BUILD_SERVER": "ON",
+        "LLAMA_BUILD_TESTS": "OFF",
+        "LLAMA_BUILD_EXAMPLES": "OFF",
+        "LLAMA_OPENSSL": "OFF",
+        "LLAMA_CURL": "OFF",
+        "LLAMA_BUILD_UI": "OFF",
+        # Defaults to ON and then downloads the web UI from a hub, which must never happen.
+        "LLAMA_USE_PREBUILT_UI": "OFF",
+        "CMAKE_BUILD_WITH_INSTALL_RPATH": "ON",
+        "CMAKE_INSTALL_RPATH": "$ORIGIN/../lib",
+    }
+
+
+BUILD_TARGETS = ("llama-server", "llama")
+
+
+def cache_root() -> Path:
+    override = os.environ.get("CACHE_FAMILY_CACHE")
+    if override:
+        return Path(override)
+    return Path.home() / ".cache" / "cache-family"
+
+
+def cache_key(pin: SourcePin, options: dict[str, str]) -> str:
+    material = json.dumps(
+        {
+            "sdist_sha256": pin.sdist_sha256,
+            "options": options,
+            "targets": list(BUILD_TARGETS),
+            "machine": platform.machine(),
+        },
+        sort_keys=True,
+    ).encode()
+    return hashlib.sha256(material).hexdigest()[:24]
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _tool_env() -> dict[str, str]:
+    """Only what a compiler or pip needs; never the caller's whole environment."""
+    keep = ("PATH", "HOME", "LANG", "SSL_CERT_FILE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+            "http_proxy", "https_proxy", "no_proxy", "CC", "CXX", "TMPDIR")
+    env = {name: os.environ[name] for name in keep if name in os.environ}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("PIP_")})
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return env
+
+
+def find_toolchain() -> dict[str, str]:
+    env = _tool_env()
+    cc = env.get("CC") or shutil.which("cc", path=env["PATH"]) or shutil.which("gcc", path=env["PATH"])
+    cxx = env.get("CXX") or shutil.which("c++", path=env["PATH"]) or shutil.which(
+        "g++", path=env["PATH"])
+    if not cc or not cxx:
+        raise Refused.one(
+            "native.no_compiler", "$", "no C/C++ compiler found on PATH (cc/c++ or gcc/g++)",
+            "install a toolchain, e.g. `apt-get install build-essential`",
+        )
+    cmake = shutil.which("cmake", path=env["PATH"])
+    if not cmake:
+        raise Refused.one(
+            "native.no_cmake", "$", "cmake not found on PATH",
+            "install cmake, e.g. `apt-get install cmake`",
+        )
+    return {"cc": cc, "cxx": cxx, "cmake": cmake}
+
+
+def compiler_version(cxx: str) -> str:
+    out = subprocess.run([cxx, "--version"], capture_output=True, text=True, env=_tool_env(),
+                         check=False, timeout=30)
+    return (out.stdout.splitlines() or ["unknown"])[0].strip()
+
+
+def fetch_sdist(pin: SourcePin, log: TextIO) -> Path:
+    """Return the cached sdist, downloading it through pip when absent; pin-checked."""
+    store = cache_root() / "sdist"
+    store.mkdir(parents=True, exist_ok=True)
+    cached = store / pin.sdist_name
+    if cached.is_file() and sha256_file(cached) == pin.sdist_sha256:
+        return cached
+    print(f"native: downloading {pin.package}=={pin.version} sdist from the package registry",
+          file=log, flush=True)
+    with tempfile.TemporaryDirectory(dir=store) as tmp:
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             "--disable-pip-version-check", "-d", tmp, f"{pin.package}=={pin.version}"],
+            capture_output=True, text=True, env=_tool_env(), check=False, timeout=1800,
+        )
+        got = Path(tmp) / pin.sdist_name
+        if result.returncode != 0 or not got.is_file():
+            tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+            raise Refused.one(
+                "native.registry_unreachable", "$",
+                f"could not download {pin.package}=={pin.version}: {' | '.join(tail)}",
+                "check that the package registry is reachable, or place the sdist at "
+                f"{cached}",
+            )
+        observed = sha256_file(got)
+        if observed != pin.sdist_sha256:
+            raise Refused.one(
+                "native.pin_mismatch", "$",
+                f"{pin.sdist_name} has sha256 {observed}, the repository pins {pin.sdist_sha256}",
+                "the registry served different bytes; do not build from them",
+            )
+        os.replace(got, cached)
+    return cached
+
+
+def _unpack_vendored(sdist: Path, pin: SourcePin, into: Path) -> Path:
+    prefix = pin.vendored_root.rstrip("/") + "/"
+    with tarfile.open(sdist, "r:gz") as archive:
+        members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
+        archive.extractall(into, members=members, filter="data")
+    return into / pin.vendored_root
+
+
+def _run_logged(argv: list[str], cwd: Path, log_path: Path, progress: TextIO, label: str) -> None:
+    started = time.monotonic()
+    interactive = progress.isatty()
+    with log_path.open("a") as log:
+        log.write(f"$ {' '.join(argv)}\n")
+        log.flush()
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=_tool_env())
+        assert proc.stdout is not None
+        last_shown = -1
+        for line in proc.stdout:
+            log.write(line)
+            match = _PROGRESS.match(line)
+            if match:
+                percent = int(match.group(1))
+                if percent != last_shown and (interactive or percent % 10 == 0):
+                    last_shown = percent
+                    elapsed = time.monotonic() - started
+                    text = f"native: {label} {percent:3d}% ({elapsed:4.0f}s)"
+                    print(("\r" + text) if interactive else text, end="" if interactive else "\n",
+                          file=progress, flush=True)
+        code = proc.wait()
+    if interactive and last_shown >= 0:
+        print(file=progress)
+    if code != 0:
+        raise Refused.one(
+            "native.build_failed", "$", f"{label} failed with exit code {code}",
+            f"read the build log at {log_path}",
+        )
+
+
+def build_into_cache(progress: TextIO, jobs: int | None = None) -> Path:
+    """Return the cache entry holding ``bin/llama-server`` and ``lib/``; build when absent."""
+    pin = source_pin()
+    options = build_options()
+    entry = cache_root() / "llama.cpp" / cache_key(pin, options)
+    if (entry / "build-info.json").is_file():
+        return entry
+    toolchain = find_toolchain()
+    sdist = fetch_sdist(pin, progress)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".building-", dir=entry.parent))
+    try:
+        source = _unpack_vendored(sdist, pin, work / "src")
+        build = work / "build"
+        log_path = work / "build.log"
+        configure = [toolchain["cmake"], "-S", str(source), "-B", str(build),
+                     f"-DCMAKE_C_COMPILER={toolchain['cc']}",
+                     f"-DCMAKE_CXX_COMPILER={toolchain['cxx']}"]
+        configure += [f"-D{k}={v}" for k, v in options.items()]
+        print(f"native: building llama.cpp {pin.llama_cpp_commit[:12]} (cold build takes "
+              "about 12 minutes on 2 cores; cached afterwards)", file=progress, flush=True)
+        _run_logged(configure, work, log_path, progress, "configure")
+        n_jobs = jobs or os.cpu_count() or 2
+        _run_logged([toolchain["cmake"], "--build", str(build), "--config", "Release",
+                     "-j", str(n_jobs), "--target", *BUILD_TARGETS],
+                    work, log_path, progress, "build")
+        staged = work / "entry"
+        (staged / "bin").mkdir(parents=True)
+        (staged / "lib").mkdir()
+        built_bin = build / "bin"
+        shutil.copy2(built_bin / SERVER_NAME, staged / "bin" / SERVER_NAME)
+        for lib in sorted(built_bin.glob("*.so*")):
+            shutil.copy2(lib, staged / "lib" / lib.name, follow_symlinks=True)
+        shutil.copy2(log_path, staged / "build.log")
+        info = {
+            "source": {"package": pin.package, "version": pin.version,
+                       "sdist_sha256": pin.sdist_sha256,
+                       "llama_cpp_commit": pin.llama_cpp_commit,
+                       "llama_cpp_commit_scope": "declared by the sdist's vendored git metadata"},
+            "options": options,
+            "targets": list(BUILD_TARGETS),
+            "compiler": compiler_version(toolchain["cxx"]),
+            "cmake": compiler_version(toolchain["cmake"]),
+            "machine": platform.machine(),
+        }
+        (staged / "build-info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        try:
+            staged.rename(entry)
+        except OSError:
+            if not (entry / "build-info.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return entry
+
+
+def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str, Any]:
+    """Place the build under ``OUTPUT/native`` and write ``OUTPUT/producer.json``."""
+    if not output.is_absolute():
+        raise Refused.one("native.output_not_absolute", "$", f"{output} is not absolute",
+                          "give an absolute output directory")
+    started = time.monotonic()
+    entry = build_into_cache(progress, jobs)
+    native = output / "native"
+    if native.exists():
+        shutil.rmtree(native)
+    (native / "bin").mkdir(parents=True)
+    shutil.copy2(entry / "bin" / SERVER_NAME, native / "bin" / SERVER_NAME)
+    shutil.copytree(entry / "lib", native / "lib")
+    info = json.loads((entry / "build-info.json").read_text())
+    files = sorted(p for p in native.rglob("*") if p.is_file() and not p.is_symlink())
+    producer = {
+        "schema_version": 1,
+        "producer": "cache-family-bench native build",
+        **info,
+        "cache_entry": str(entry),
+        "native": str(native),
+        "files": {str(p.relative_to(output)): sha256_file(p) for p in files},
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    tmp = output / ".producer.json.tmp"
+    tmp.write_text(json.dumps(producer, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, output / "producer.json")
+    print(f"native: {native / 'bin' / SERVER_NAME}", file=progress, flush=True)
+    return producer
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m cache_family.oracles.native_build OUTPUT_DIR", file=sys.stderr)
+        return 2
+    try:
+        install(Path(args[0]).absolute(), sys.stderr)
+    except Refused as refused:
+        for refusal in refused.refusals:
+            print(f"error: {refusal.line()}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

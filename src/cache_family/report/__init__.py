@@ -1,0 +1,1 @@
+"""Markdown and other renderings computed from receipts only."""

@@ -1,0 +1,1 @@
+"""Data only: strict operator/plan models, msgspec records, catalog and corpus loaders."""

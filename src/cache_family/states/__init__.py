@@ -1,0 +1,1 @@
+"""Pure machines and folds: no trio, no subprocess, no clock."""
