@@ -1,0 +1,1 @@
+"""The tiny real-model zoo: random-weight GGUF models for every catalog family."""
