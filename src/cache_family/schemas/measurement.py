@@ -1,0 +1,125 @@
+"""Measurement records: what one load run was asked, what each request did, and the summaries.
+
+These frozen Structs are embedded in journal records and receipts. Evolution rule: a new field
+gets a default and goes last; no field is retyped, renamed or reordered. Every field is keyword
+only so the defaults never constrain the order in which fields are written.
+
+Times are milliseconds unless the name says seconds. ``None`` means "not observed" (a request
+that never launched has no latency), never zero.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+RequestStatus = Literal["completed", "failed", "incomplete", "not-launched"]
+"""completed: a valid final answer; failed: the server or protocol said no (malformed reply,
+HTTP error, connection refused); incomplete: cut by a timeout or cancellation while in flight;
+not-launched: never sent (the run stopped first)."""
+
+StopType = Literal["limit", "word", "eos"]
+
+
+class ServerTimings(msgspec.Struct, frozen=True, kw_only=True):
+    """The server's own ``timings`` object from a llama-server ``/completion`` answer."""
+
+    prompt_n: int | None = None
+    prompt_ms: float | None = None
+    predicted_n: int | None = None
+    predicted_ms: float | None = None
+    cache_n: int | None = None
+
+
+class RequestRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One request of a roster. A roster always lists every planned request id exactly once."""
+
+    request_id: int
+    status: RequestStatus
+    excluded_warmup: bool = False
+    elapsed_ms: float | None = None
+    # Time to the first content event; None for non-streamed (serial) requests.
+    ttft_ms: float | None = None
+    # (elapsed - ttft) / max(tokens_predicted - 1, 1); None without a ttft.
+    tpot_ms: float | None = None
+    tokens_predicted: int | None = None
+    tokens_evaluated: int | None = None
+    timings: ServerTimings | None = None
+    stop_type: StopType | None = None
+    # SHA-256 hex of the UTF-8 generated text, and of the first generating chunk (streamed only).
+    content_sha256: str | None = None
+    first_chunk_sha256: str | None = None
+    error: str | None = None
+
+
+class RungSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """Client metrics of one concurrency rung, computed from its roster (states/metrics.py)."""
+
+    concurrency: int
+    requested_requests: int
+    # Successful requests: completed and not an excluded warmup.
+    measured_requests: int
+    makespan_seconds: float
+    throughput_requests_per_sec: float
+    output_tokens_per_sec: float
+    # Requests meeting BOTH the TTFT and the TPOT objective, per second of makespan.
+    goodput_requests_per_sec: float | None
+    observed_completion_tokens: int
+    ttft_p50_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p90_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    latency_p50_ms: float | None = None
+    latency_p90_ms: float | None = None
+    latency_p99_ms: float | None = None
+    failed_or_unlaunched_requests: int = 0
+    # True only when every planned request completed.
+    complete: bool = False
+
+
+class SerialSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """Serial baseline statistics over the warm (non-excluded) completed requests."""
+
+    warm_mean_ms: float | None
+    warm_median_ms: float | None
+    excluded_runs: int
+    warm_requests: int = 0
+    # cache_n the server reported for each warm request, in request order; its minimum is the
+    # weakest evidence that the prompt prefix was served from cache.
+    warm_cache_n: tuple[int, ...] = ()
+    warm_cache_n_min: int | None = None
+    complete: bool = False
+
+
+class LoadRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What one load run (a serial baseline or one ladder rung) is asked to do."""
+
+    base_url: str
+    prompt: str
+    requests: int
+    concurrency: int
+    output_tokens: int
+    stream: bool
+    request_timeout_ms: int
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+
+
+LoadStatus = Literal["completed", "incomplete", "failed", "not-launched"]
+
+
+class LoadOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """The full result of one load run: the complete roster and, when computable, a summary."""
+
+    request: LoadRequest
+    prompt_sha256: str
+    status: LoadStatus
+    rows: tuple[RequestRow, ...]
+    makespan_seconds: float | None = None
+    rung_summary: RungSummary | None = None
+    serial_summary: SerialSummary | None = None
+    # Why the summary is missing or the run stopped early (a refusal code), if it did.
+    stop_reason: str | None = None
