@@ -1,0 +1,269 @@
+"""Client metrics: pure arithmetic over a roster of request rows.
+
+A roster is accepted only when it names every planned request id exactly once; timings must
+be finite and non-negative and the makespan positive. Anything else is refused with every
+reason at once (``Refused``), never silently summarised. A roster with failed or unlaunched
+requests is summarised with ``complete = False``: the numbers describe what did complete.
+
+Percentiles use the nearest-rank-below rule ``sorted[min(floor(n * p / 100), n - 1)]`` so that
+the same rows always give the same value, with no interpolation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from cache_family.errors import Refusal, Refused, json_path
+from cache_family.schemas.measurement import RequestRow, RungSummary, SerialSummary
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """The ``p``-th percentile (0..100) by nearest rank below; None for no values."""
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile {p} is outside 0..100")
+    if not values:
+        return None
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[min(math.floor(n * p / 100), n - 1)]
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def median(values: Sequence[float]) -> float | None:
+    """Middle value; for an even count, the mean of the two middle values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[half]
+    return (ordered[half - 1] + ordered[half]) / 2
+
+
+def is_successful(row: RequestRow) -> bool:
+    """Counted in the metrics: completed and not an excluded warmup."""
+    return row.status == "completed" and not row.excluded_warmup
+
+
+def roster_refusals(rows: Sequence[RequestRow], requested: int, path: str = "$") -> list[Refusal]:
+    """Every reason the roster cannot be summarised (empty list: it can)."""
+    refusals: list[Refusal] = []
+    ids = [row.request_id for row in rows]
+    if sorted(ids) != list(range(requested)):
+        duplicates = sorted(i for i, count in Counter(ids).items() if count > 1)
+        missing = sorted(set(range(requested)) - set(ids))
+        extra = sorted({i for i in ids if not 0 <= i < requested})
+        refusals.append(
+            Refusal(
+                "metrics.short_roster",
+                json_path([*_parts(path), "rows"]),
+                f"roster of {len(rows)} rows is not exactly request ids 0..{requested - 1}"
+                f" (missing {missing[:8]}, duplicated {duplicates[:8]}, unplanned {extra[:8]})",
+                "record a row for every planned request, including not-launched ones",
+            )
+        )
+    for index, row in enumerate(rows):
+        where = [*_parts(path), "rows", index]
+        for field, value in _row_numbers(row):
+            name = ".".join(field)
+            if value is None:
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                refusals.append(
+                    Refusal(
+                        "metrics.non_finite",
+                        json_path([*where, *field]),
+                        f"request {row.request_id} has a non-finite {name} ({value})",
+                        "a finite measurement is required; check the clock and the server",
+                    )
+                )
+            elif value < 0:
+                refusals.append(
+                    Refusal(
+                        "metrics.negative_latency"
+                        if name.endswith("_ms")
+                        else "metrics.negative_count",
+                        json_path([*where, *field]),
+                        f"request {row.request_id} has a negative {name} ({value})",
+                        "times and counts cannot be negative; check the clock source",
+                    )
+                )
+        if (
+            row.ttft_ms is not None
+            and row.elapsed_ms is not None
+            and math.isfinite(row.ttft_ms)
+            and math.isfinite(row.elapsed_ms)
+            and row.ttft_ms > row.elapsed_ms
+        ):
+            refusals.append(
+                Refusal(
+                    "metrics.ttft_after_latency",
+                    json_path([*where, "ttft_ms"]),
+                    f"request {row.request_id} reports its first token ({row.ttft_ms} ms)"
+                    f" after its end ({row.elapsed_ms} ms)",
+                    "both times must come from the same monotonic clock",
+                )
+            )
+        if row.status == "completed" and row.elapsed_ms is None:
+            refusals.append(
+                Refusal(
+                    "metrics.missing_latency",
+                    json_path([*where, "elapsed_ms"]),
+                    f"completed request {row.request_id} has no elapsed time",
+                    "a completed request must record its latency",
+                )
+            )
+    return refusals
+
+
+def rung_summary(
+    rows: Sequence[RequestRow],
+    *,
+    concurrency: int,
+    requested_requests: int,
+    makespan_seconds: float,
+    ttft_slo_ms: float | None = None,
+    tpot_slo_ms: float | None = None,
+    path: str = "$",
+) -> RungSummary:
+    """Summarise one concurrency rung; raises ``Refused`` with every reason it cannot."""
+    refusals = roster_refusals(rows, requested_requests, path)
+    if not math.isfinite(makespan_seconds):
+        refusals.append(
+            Refusal(
+                "metrics.non_finite",
+                json_path([*_parts(path), "makespan_seconds"]),
+                f"makespan {makespan_seconds} is not finite",
+                "measure the makespan with a monotonic clock",
+            )
+        )
+    elif makespan_seconds <= 0:
+        refusals.append(
+            Refusal(
+                "metrics.zero_makespan",
+                json_path([*_parts(path), "makespan_seconds"]),
+                f"makespan {makespan_seconds} s is not positive",
+                "a rung that launched requests must take measurable time",
+            )
+        )
+    if refusals:
+        raise Refused(tuple(refusals))
+
+    good = [row for row in rows if is_successful(row)]
+    tokens = sum(row.tokens_predicted or 0 for row in good)
+    goodput: float | None = None
+    if ttft_slo_ms is not None or tpot_slo_ms is not None:
+        meeting = sum(1 for row in good if _meets(row, ttft_slo_ms, tpot_slo_ms))
+        goodput = _rate(meeting, makespan_seconds)
+    ttfts = [row.ttft_ms for row in good if row.ttft_ms is not None]
+    tpots = [row.tpot_ms for row in good if row.tpot_ms is not None]
+    latencies = [row.elapsed_ms for row in good if row.elapsed_ms is not None]
+    summary = RungSummary(
+        concurrency=concurrency,
+        requested_requests=requested_requests,
+        measured_requests=len(good),
+        makespan_seconds=makespan_seconds,
+        throughput_requests_per_sec=_rate(len(good), makespan_seconds),
+        output_tokens_per_sec=_rate(tokens, makespan_seconds),
+        goodput_requests_per_sec=goodput,
+        observed_completion_tokens=tokens,
+        ttft_p50_ms=percentile(ttfts, 50),
+        ttft_p90_ms=percentile(ttfts, 90),
+        ttft_p99_ms=percentile(ttfts, 99),
+        tpot_p50_ms=percentile(tpots, 50),
+        tpot_p90_ms=percentile(tpots, 90),
+        tpot_p99_ms=percentile(tpots, 99),
+        latency_p50_ms=percentile(latencies, 50),
+        latency_p90_ms=percentile(latencies, 90),
+        latency_p99_ms=percentile(latencies, 99),
+        failed_or_unlaunched_requests=sum(1 for row in rows if row.status != "completed"),
+        complete=bool(good) and all(row.status == "completed" for row in rows),
+    )
+    _refuse_non_finite_summary(
+        [
+            ("throughput_requests_per_sec", summary.throughput_requests_per_sec),
+            ("output_tokens_per_sec", summary.output_tokens_per_sec),
+            ("goodput_requests_per_sec", summary.goodput_requests_per_sec),
+        ],
+        path,
+    )
+    return summary
+
+
+def serial_summary(rows: Sequence[RequestRow], *, requested: int, path: str = "$") -> SerialSummary:
+    """Warm statistics of a serial baseline; the excluded warmup row never counts."""
+    refusals = roster_refusals(rows, requested, path)
+    if refusals:
+        raise Refused(tuple(refusals))
+    warm = sorted((row for row in rows if is_successful(row)), key=lambda row: row.request_id)
+    latencies = [row.elapsed_ms for row in warm if row.elapsed_ms is not None]
+    cache_hits = tuple(
+        row.timings.cache_n
+        for row in warm
+        if row.timings is not None and row.timings.cache_n is not None
+    )
+    return SerialSummary(
+        warm_mean_ms=mean(latencies),
+        warm_median_ms=median(latencies),
+        excluded_runs=sum(1 for row in rows if row.excluded_warmup),
+        warm_requests=len(warm),
+        warm_cache_n=cache_hits,
+        # Only a claim about every warm request: one without a reported cache_n voids it.
+        warm_cache_n_min=min(cache_hits) if cache_hits and len(cache_hits) == len(warm) else None,
+        complete=all(row.status == "completed" for row in rows),
+    )
+
+
+def _rate(count: int, seconds: float) -> float:
+    """count per second; an overflow becomes infinity so the caller refuses it as non-finite."""
+    try:
+        return count / seconds
+    except OverflowError:
+        return math.inf
+
+
+def _meets(row: RequestRow, ttft_slo_ms: float | None, tpot_slo_ms: float | None) -> bool:
+    if ttft_slo_ms is not None and (row.ttft_ms is None or row.ttft_ms > ttft_slo_ms):
+        return False
+    return not (tpot_slo_ms is not None and (row.tpot_ms is None or row.tpot_ms > tpot_slo_ms))
+
+
+def _row_numbers(row: RequestRow) -> Iterable[tuple[tuple[str, ...], float | None]]:
+    yield ("elapsed_ms",), row.elapsed_ms
+    yield ("ttft_ms",), row.ttft_ms
+    yield ("tpot_ms",), row.tpot_ms
+    yield ("tokens_predicted",), row.tokens_predicted
+    yield ("tokens_evaluated",), row.tokens_evaluated
+    if row.timings is not None:
+        yield ("timings", "prompt_ms"), row.timings.prompt_ms
+        yield ("timings", "predicted_ms"), row.timings.predicted_ms
+        yield ("timings", "prompt_n"), row.timings.prompt_n
+        yield ("timings", "predicted_n"), row.timings.predicted_n
+        yield ("timings", "cache_n"), row.timings.cache_n
+
+
+def _refuse_non_finite_summary(values: list[tuple[str, float | None]], path: str) -> None:
+    bad = [
+        Refusal(
+            "metrics.non_finite",
+            json_path([*_parts(path), name]),
+            f"{name} overflowed to {value}",
+            "the roster holds values too large to summarise; check the server's counts",
+        )
+        for name, value in values
+        if value is not None and not math.isfinite(value)
+    ]
+    if bad:
+        raise Refused(tuple(bad))
+
+
+def _parts(path: str) -> list[str | int]:
+    """Split a rendered ``$.a.b`` path back into parts so sub-paths render consistently."""
+    if path in ("", "$"):
+        return []
+    return [part for part in path.removeprefix("$").split(".") if part]
