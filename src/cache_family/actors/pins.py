@@ -1,0 +1,556 @@
+"""Pins: SHA-256 of a file's bytes, or of a directory tree, hashed under a budget.
+
+Every hash runs in 1 MiB chunks and asks its :class:`Budget` before opening the file, between
+chunks and after the last one, so cancellation or an expired deadline stops hashing within one
+chunk. Several files are hashed at once in threads: ``hashlib`` releases the GIL while it
+digests a large buffer, so two threads over two files use two cores.
+
+Tree pin (reference "Tree pin"): every regular file under the root (a symlink to a file counts
+with its target's bytes under the link's own name; a symlinked directory is not descended),
+relative POSIX paths sorted bytewise, and for each file the 8-byte big-endian length of the
+path, the path and the raw 32-byte digest of its content, all fed into one SHA-256. A pinned
+tree must also be complete: depth at most 32, at most 10 000 entries, symlinks only to regular
+files inside the tree, no special files, at least one file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TextIO
+
+from cache_family.errors import Refusal, Refused
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+
+CHUNK_BYTES = 1024 * 1024
+TREE_MAX_DEPTH = 32
+TREE_MAX_ENTRIES = 10_000
+
+
+class Budget:
+    """A deadline on a monotonic clock plus a cancellation flag, shared with hashing threads.
+
+    ``cancel`` may be called from any thread or a signal handler's delegate; hashing threads
+    notice it at their next chunk boundary.
+    """
+
+    def __init__(self, deadline: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.deadline = deadline
+        self._clock = clock
+        self._cancelled = threading.Event()
+
+    @classmethod
+    def seconds(cls, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> Budget:
+        return cls(clock() + seconds, clock=clock)
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def expired(self) -> bool:
+        return self._clock() >= self.deadline
+
+    def remaining(self) -> float:
+        return self.deadline - self._clock()
+
+    def check(self, where: str) -> None:
+        """Refuse if cancelled or past the deadline; ``where`` names what was being done."""
+        if self._cancelled.is_set():
+            raise Refused.one(
+                "budget.cancelled",
+                where,
+                "cancelled while hashing",
+                "run preparation again when it may finish",
+            )
+        if self._clock() >= self.deadline:
+            raise Refused.one(
+                "budget.deadline_expired",
+                where,
+                "the preparation deadline passed while hashing",
+                "raise preparation_seconds or hash fewer or smaller files",
+            )
+
+
+class ProgressSink(Protocol):
+    """Receives byte counts from hashing threads; implementations must be thread-safe."""
+
+    def begin(self, files: int, total_bytes: int) -> None: ...
+
+    def advance(self, nbytes: int) -> None: ...
+
+    def end(self) -> None: ...
+
+
+class NullProgress:
+    """Progress that shows nothing (stderr is not a terminal, or a test)."""
+
+    def begin(self, files: int, total_bytes: int) -> None:
+        del files, total_bytes
+
+    def advance(self, nbytes: int) -> None:
+        del nbytes
+
+    def end(self) -> None:
+        pass
+
+
+class CountingProgress:
+    """Progress that only counts, thread-safely; the JSON progress writer and tests read it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.files = 0
+        self.total_bytes = 0
+        self.done_bytes = 0
+        self.began = 0
+        self.ended = 0
+
+    def begin(self, files: int, total_bytes: int) -> None:
+        with self._lock:
+            self.files += files
+            self.total_bytes += total_bytes
+            self.began += 1
+
+    def advance(self, nbytes: int) -> None:
+        with self._lock:
+            self.done_bytes += nbytes
+
+    def end(self) -> None:
+        with self._lock:
+            self.ended += 1
+
+
+class RichProgress:
+    """A bytes / rate / ETA bar on a terminal, driven from any thread."""
+
+    def __init__(self, stream: TextIO, description: str = "hashing") -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=Console(file=stream),
+            transient=True,
+        )
+        self._description = description
+        self._task: TaskID | None = None
+        self._lock = threading.Lock()
+
+    def begin(self, files: int, total_bytes: int) -> None:
+        with self._lock:
+            if self._task is None:
+                self._progress.start()
+                self._task = self._progress.add_task(
+                    f"{self._description} {files} file(s)", total=total_bytes
+                )
+            else:
+                self._progress.update(
+                    self._task,
+                    total=(self._progress.tasks[0].total or 0) + total_bytes,
+                    description=f"{self._description} {files} more file(s)",
+                )
+
+    def advance(self, nbytes: int) -> None:
+        if self._task is not None:
+            self._progress.advance(self._task, nbytes)
+
+    def end(self) -> None:
+        with self._lock:
+            if self._task is not None:
+                self._progress.stop()
+                self._task = None
+
+    def set_completed(self, done: int, total: int, description: str) -> None:
+        """Absolute update, for a parent that renders a worker's reported counts."""
+        with self._lock:
+            if self._task is None:
+                self._progress.start()
+                self._task = self._progress.add_task(description, total=total)
+            self._progress.update(self._task, completed=done, total=total, description=description)
+
+
+def progress_for(stream: TextIO | None = None) -> ProgressSink:
+    """A rich bar when ``stream`` (default stderr) is a terminal, otherwise nothing."""
+    target = sys.stderr if stream is None else stream
+    isatty = getattr(target, "isatty", None)
+    if isatty is not None and isatty():
+        return RichProgress(target)
+    return NullProgress()
+
+
+@dataclass(frozen=True, slots=True)
+class FilePin:
+    path: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class TreePin:
+    path: str
+    sha256: str
+    files: int
+    size: int
+
+
+def canonical_regular_file(path: str, *, what: str, json_path: str) -> str:
+    """Resolve every symlink and refuse anything but an existing regular file."""
+    if not Path(path).is_absolute():
+        raise Refused.one(
+            "pin.not_absolute",
+            json_path,
+            f"{what} path {path!r} is not absolute",
+            "give an absolute path",
+        )
+    try:
+        canonical = os.path.realpath(path, strict=True)
+        info = Path(canonical).stat()
+    except FileNotFoundError:
+        raise Refused.one(
+            "pin.missing",
+            json_path,
+            f"{what} {path} does not exist",
+            "check the path",
+        ) from None
+    except OSError as exc:
+        raise Refused.one(
+            "pin.unreadable",
+            json_path,
+            f"{what} {path} cannot be resolved: {exc.strerror}",
+            "check the path and its permissions",
+        ) from None
+    if not stat.S_ISREG(info.st_mode):
+        raise Refused.one(
+            "pin.not_regular",
+            json_path,
+            f"{what} {path} resolves to {canonical}, which is not a regular file",
+            "point at a regular file (not a directory, FIFO or device)",
+        )
+    return canonical
+
+
+def hash_file(
+    path: str,
+    budget: Budget,
+    *,
+    json_path: str = "$",
+    progress: ProgressSink | None = None,
+    stop: threading.Event | None = None,
+) -> FilePin:
+    """SHA-256 of a regular file's bytes in 1 MiB chunks, asking the budget at every chunk.
+
+    ``stop`` lets a sibling thread's failure end this hash early; the refusal then says so.
+    """
+    sink = progress or NullProgress()
+    budget.check(json_path)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise Refused.one(
+            "pin.missing",
+            json_path,
+            f"{path} vanished before it was hashed",
+            "check the path",
+        ) from None
+    except OSError as exc:
+        raise Refused.one(
+            "pin.unreadable",
+            json_path,
+            f"{path} cannot be opened: {exc.strerror}",
+            "check the path and its permissions",
+        ) from None
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Refused.one(
+                "pin.not_regular",
+                json_path,
+                f"{path} is not a regular file",
+                "point at a regular file (not a directory, FIFO or device)",
+            )
+        buffer = bytearray(CHUNK_BYTES)
+        view = memoryview(buffer)
+        with os.fdopen(fd, "rb", buffering=0, closefd=False) as stream:
+            while True:
+                if stop is not None and stop.is_set():
+                    raise Refused.one(
+                        "pin.aborted",
+                        json_path,
+                        f"hashing {path} stopped because another pin was refused",
+                        "fix the other refusal and run again",
+                    )
+                budget.check(json_path)
+                count = stream.readinto(buffer)
+                if not count:
+                    break
+                digest.update(view[:count])
+                size += count
+                sink.advance(count)
+    except OSError as exc:
+        raise Refused.one(
+            "pin.unreadable",
+            json_path,
+            f"{path} could not be read: {exc.strerror}",
+            "check the file and the disk",
+        ) from None
+    finally:
+        os.close(fd)
+    budget.check(json_path)
+    return FilePin(path=path, sha256=digest.hexdigest(), size=size)
+
+
+@dataclass(frozen=True, slots=True)
+class HashJob:
+    path: str
+    json_path: str
+
+
+def hash_files(
+    jobs: Sequence[HashJob],
+    budget: Budget,
+    *,
+    progress: ProgressSink | None = None,
+    workers: int | None = None,
+) -> list[FilePin]:
+    """Hash several files in parallel threads; results in the order of ``jobs``.
+
+    The first refusal stops the other threads at their next chunk; every refusal that is not
+    merely that consequence is reported together.
+    """
+    if not jobs:
+        return []
+    sink = progress or NullProgress()
+    total = 0
+    for job in jobs:
+        with contextlib.suppress(OSError):  # hash_file reports a missing file itself
+            total += Path(job.path).stat().st_size
+    count = max(1, min(len(jobs), workers or os.cpu_count() or 1))
+    stop = threading.Event()
+
+    def run(job: HashJob) -> FilePin | Refused:
+        try:
+            return hash_file(job.path, budget, json_path=job.json_path, progress=sink, stop=stop)
+        except Refused as refused:
+            stop.set()
+            return refused
+
+    sink.begin(len(jobs), total)
+    try:
+        if count == 1:
+            outcomes = [run(job) for job in jobs]
+        else:
+            with ThreadPoolExecutor(max_workers=count, thread_name_prefix="pin") as pool:
+                outcomes = list(pool.map(run, jobs))
+    finally:
+        sink.end()
+    refusals: list[Refusal] = []
+    for outcome in outcomes:
+        if isinstance(outcome, Refused):
+            refusals.extend(outcome.refusals)
+    if refusals:
+        primary = [r for r in refusals if r.code != "pin.aborted"]
+        raise Refused(tuple(_dedupe(primary or refusals)))
+    return [outcome for outcome in outcomes if isinstance(outcome, FilePin)]
+
+
+def _dedupe(refusals: Sequence[Refusal]) -> Iterator[Refusal]:
+    seen: set[tuple[str, str]] = set()
+    for refusal in refusals:
+        key = (refusal.code, refusal.path)
+        if key not in seen:
+            seen.add(key)
+            yield refusal
+
+
+@dataclass(frozen=True, slots=True)
+class TreeFile:
+    relative: bytes
+    source: str
+
+
+def list_tree(root: str, *, json_path: str = "$") -> tuple[str, list[TreeFile]]:
+    """Canonicalize ``root`` and list its files, refusing an incomplete tree (all reasons)."""
+    try:
+        canonical = os.path.realpath(root, strict=True)
+    except FileNotFoundError:
+        raise Refused.one(
+            "tree.missing",
+            json_path,
+            f"directory {root} does not exist",
+            "check the path",
+        ) from None
+    except OSError as exc:
+        raise Refused.one(
+            "tree.unreadable",
+            json_path,
+            f"directory {root} cannot be resolved: {exc.strerror}",
+            "check the path and its permissions",
+        ) from None
+    if not Path(canonical).is_dir():
+        raise Refused.one(
+            "tree.not_directory",
+            json_path,
+            f"{root} is not a directory",
+            "point at the directory itself",
+        )
+    refusals: list[Refusal] = []
+    files: list[TreeFile] = []
+    entries = 0
+
+    def refuse(code: str, message: str, hint: str) -> None:
+        refusals.append(Refusal(code, json_path, message, hint))
+
+    stack: list[tuple[str, tuple[str, ...]]] = [(canonical, ())]
+    while stack:
+        directory, parts = stack.pop()
+        try:
+            with os.scandir(directory) as listing:
+                children = sorted(listing, key=lambda entry: entry.name)
+        except OSError as exc:
+            refuse(
+                "tree.unreadable",
+                f"{directory} cannot be listed: {exc.strerror}",
+                "check permissions",
+            )
+            continue
+        for entry in children:
+            entries += 1
+            if entries > TREE_MAX_ENTRIES:
+                refuse(
+                    "tree.too_many_entries",
+                    f"{root} has more than {TREE_MAX_ENTRIES} entries",
+                    "pin a smaller directory",
+                )
+                raise Refused(tuple(refusals))
+            rel_parts = (*parts, entry.name)
+            relative = "/".join(rel_parts)
+            if len(rel_parts) > TREE_MAX_DEPTH:
+                refuse(
+                    "tree.too_deep",
+                    f"{relative} is deeper than {TREE_MAX_DEPTH} levels",
+                    "pin a shallower directory",
+                )
+                continue
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                inside = os.path.commonpath([canonical, target]) == canonical
+                if not inside:
+                    refuse(
+                        "tree.symlink_outside",
+                        f"{relative} links to {target}, outside {canonical}",
+                        "copy the target into the tree or pin the tree it lives in",
+                    )
+                elif not Path(target).is_file():
+                    refuse(
+                        "tree.symlink_not_file",
+                        f"{relative} links to {target}, which is not a regular file",
+                        "a pinned tree's symlinks must name regular files inside it",
+                    )
+                else:
+                    files.append(TreeFile(os.fsencode(relative), target))
+                continue
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError as exc:
+                refuse(
+                    "tree.unreadable",
+                    f"{relative} cannot be examined: {exc.strerror}",
+                    "check permissions",
+                )
+                continue
+            if stat.S_ISDIR(mode):
+                stack.append((entry.path, rel_parts))
+            elif stat.S_ISREG(mode):
+                files.append(TreeFile(os.fsencode(relative), entry.path))
+            else:
+                refuse(
+                    "tree.special_file",
+                    f"{relative} is a special file (FIFO, socket or device)",
+                    "a pinned tree holds only regular files, directories and file links",
+                )
+    if not files and not refusals:
+        refuse("tree.empty", f"{root} holds no regular file", "pin a directory with files")
+    if refusals:
+        raise Refused(tuple(refusals))
+    files.sort(key=lambda item: item.relative)
+    return canonical, files
+
+
+def pin_tree(
+    root: str,
+    budget: Budget,
+    *,
+    json_path: str = "$",
+    progress: ProgressSink | None = None,
+    workers: int | None = None,
+) -> TreePin:
+    """Check completeness and compute the tree pin of ``root``."""
+    canonical, files = list_tree(root, json_path=json_path)
+    budget.check(json_path)
+    pins = hash_files(
+        [
+            HashJob(item.source, f"{json_path}:{item.relative.decode(errors='replace')}")
+            for item in files
+        ],
+        budget,
+        progress=progress,
+        workers=workers,
+    )
+    return TreePin(
+        path=canonical,
+        sha256=tree_digest(
+            (item.relative, bytes.fromhex(pin.sha256))
+            for item, pin in zip(files, pins, strict=True)
+        ),
+        files=len(files),
+        size=sum(pin.size for pin in pins),
+    )
+
+
+def tree_digest(entries: Iterable[tuple[bytes, bytes]]) -> str:
+    """Fold (relative path bytes, raw 32-byte digest) pairs, already sorted, into the pin."""
+    total = hashlib.sha256()
+    for relative, digest in entries:
+        total.update(len(relative).to_bytes(8, "big"))
+        total.update(relative)
+        total.update(digest)
+    return total.hexdigest()
+
+
+@contextmanager
+def showing_progress(stream: TextIO | None = None) -> Iterator[ProgressSink]:
+    """``progress_for`` as a context manager that always closes the display."""
+    sink = progress_for(stream)
+    try:
+        yield sink
+    finally:
+        sink.end()

@@ -1,0 +1,193 @@
+"""A real Hugging Face hub cache tree with tiny real GGUF files, built in well under a second.
+
+Layout, as the hub client writes it::
+
+    ROOT/models--ORG--NAME/refs/main                      (the revision)
+    ROOT/models--ORG--NAME/blobs/<sha256 of the bytes>    (the bytes)
+    ROOT/models--ORG--NAME/snapshots/REV/<file>           (relative symlink into ../blobs)
+
+Every catalog kind is written for real with the ``gguf`` library: a single GGUF, a split GGUF
+whose shards carry ``split.no``/``split.count`` (all three snapshot names are symlinks into
+``blobs/``, so llama.cpp's sibling discovery by name works in the snapshot directory), and a
+layer package (a snapshot *directory* whose ``manifest.json`` and per-layer GGUF files are
+symlinks into ``blobs/``). The weights are tiny zero tensors: these files exercise layout and
+pins, not inference (the model zoo writes loadable models).
+
+``huge_sparse_bytes`` extends one model's blob with a sparse hole so hashing it takes minutes
+while the disk holds only the GGUF header: tests use it to catch a worker in the middle of
+hashing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from cache_family.schemas.catalog import Catalog, Preset, packaged_catalog
+
+
+@dataclass
+class HubModel:
+    key: str
+    snapshot_path: Path  # what the plan's cache_root/snapshot_relative names
+    blob_paths: list[Path]  # canonical bytes, in shard order (package: manifest first)
+    sha256: str  # of the first blob (package: of manifest.json)
+
+
+@dataclass
+class HubFixture:
+    root: Path
+    models: dict[str, HubModel] = field(default_factory=dict)
+
+    def model(self, key: str) -> HubModel:
+        return self.models[key]
+
+
+def _write_gguf(
+    path: Path, preset: Preset, *, split: tuple[int, int] | None = None, tag: str = ""
+) -> None:
+    writer = gguf.GGUFWriter(str(path), preset.architecture)
+    writer.add_name(f"fixture {preset.key} {tag}".strip())
+    writer.add_block_count(preset.layer_end)
+    writer.add_context_length(max(preset.ctx, 32))
+    writer.add_embedding_length(preset.activation_width)
+    if split is not None:
+        index, count = split
+        writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, index)
+        writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, count)
+        writer.add_int32(gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, count)
+    writer.add_tensor(
+        f"blk.{split[0] if split else 0}.fixture.weight", np.zeros((4, 8), dtype=np.float32)
+    )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _into_blobs(repo_dir: Path, staged: Path) -> tuple[Path, str]:
+    digest = hashlib.sha256(staged.read_bytes()).hexdigest()
+    blobs = repo_dir / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    blob = blobs / digest
+    if blob.exists():
+        staged.unlink()
+    else:
+        staged.rename(blob)
+    return blob, digest
+
+
+def _link(snapshot_file: Path, blob: Path) -> None:
+    snapshot_file.parent.mkdir(parents=True, exist_ok=True)
+    snapshot_file.symlink_to(os.path.relpath(blob, snapshot_file.parent))
+
+
+def _repo_dir(root: Path, preset: Preset) -> Path:
+    repo_dir = root / preset.cache_dir
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(preset.revision)
+    return repo_dir
+
+
+def add_model(root: Path, preset: Preset, *, huge_sparse_bytes: int = 0) -> HubModel:
+    repo_dir = _repo_dir(root, preset)
+    snapshot = root / preset.snapshot_relative
+    staging = repo_dir / ".staging"
+    staging.mkdir(exist_ok=True)
+    blobs: list[Path] = []
+    if preset.artifact_kind == "single-gguf":
+        staged = staging / "model.gguf"
+        _write_gguf(staged, preset)
+        blob, _ = _into_blobs(repo_dir, staged)
+        _link(snapshot, blob)
+        blobs.append(blob)
+    elif preset.artifact_kind == "split-gguf":
+        count = len(preset.shard_names)
+        for index, name in enumerate(preset.shard_names):
+            staged = staging / name
+            _write_gguf(staged, preset, split=(index, count), tag=name)
+            blob, _ = _into_blobs(repo_dir, staged)
+            _link(snapshot.parent / name, blob)
+            blobs.append(blob)
+    else:
+        layer_digests = {}
+        for layer in range(preset.state_layer_start, preset.state_layer_end):
+            staged = staging / f"layer-{layer:03d}.gguf"
+            _write_gguf(staged, preset, tag=f"layer {layer}")
+            blob, digest = _into_blobs(repo_dir, staged)
+            _link(snapshot / "layers" / f"layer-{layer:03d}.gguf", blob)
+            layer_digests[f"layers/layer-{layer:03d}.gguf"] = digest
+            blobs.append(blob)
+        manifest = staging / "manifest.json"
+        manifest.write_text(
+            json.dumps(
+                {
+                    "schema_version": 1,
+                    "model_id": preset.model_id,
+                    "layer_start": preset.state_layer_start,
+                    "layer_end": preset.state_layer_end,
+                    "files": layer_digests,
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
+        blob, _ = _into_blobs(repo_dir, manifest)
+        _link(snapshot / "manifest.json", blob)
+        blobs.insert(0, blob)
+    staging.rmdir()
+    if huge_sparse_bytes:
+        # Blobs are named by digest; this one no longer matches its name, which no pin reads.
+        with blobs[0].open("r+b") as handle:
+            handle.truncate(huge_sparse_bytes)
+    return HubModel(
+        key=preset.key,
+        snapshot_path=snapshot,
+        blob_paths=blobs,
+        sha256=hashlib.sha256(blobs[0].read_bytes()).hexdigest() if not huge_sparse_bytes else "",
+    )
+
+
+def build_hub(
+    root: Path,
+    keys: Iterable[str] | None = None,
+    *,
+    catalog: Catalog | None = None,
+    huge_sparse: dict[str, int] | None = None,
+) -> HubFixture:
+    """Write the named presets (default: every preset) as a hub cache under ``root``."""
+    chosen = catalog or packaged_catalog().catalog
+    wanted = set(chosen.keys if keys is None else keys)
+    root.mkdir(parents=True, exist_ok=True)
+    fixture = HubFixture(root=root)
+    for preset in chosen.presets:
+        if preset.key in wanted:
+            fixture.models[preset.key] = add_model(
+                root, preset, huge_sparse_bytes=(huge_sparse or {}).get(preset.key, 0)
+            )
+    return fixture
+
+
+def write_tool(path: Path, text: str = "#!/bin/sh\nexit 0\n") -> Path:
+    """A stand-in executable whose only role in preparation is to have pinnable bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def write_native_build(root: Path) -> Path:
+    """A small native build tree: bin/llama-server, lib/ with a versioned .so and its link."""
+    write_tool(root / "bin" / "llama-server", "#!/bin/sh\necho fixture llama-server\n")
+    lib = root / "lib"
+    lib.mkdir(parents=True, exist_ok=True)
+    (lib / "libllama.so.0.0.1").write_bytes(b"\x7fELF fixture library bytes")
+    (lib / "libllama.so").symlink_to("libllama.so.0.0.1")
+    return root
