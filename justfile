@@ -52,3 +52,10 @@ native-parts:
 [positional-arguments]
 automation-run *ARGS:
     {{venv}}/cache-family "$@"
+
+# --- docs -------------------------------------------------------------------
+
+# Regenerate README.md's operator input reference from the schema.
+[group('docs')]
+readme-fields:
+    {{venv}}/python scripts/gen_readme_fields.py
