@@ -199,7 +199,7 @@ def test_a_synthetic_zoo_catalog_with_tiny_shapes_loads(tmp_path: Path) -> None:
 
 
 def test_optional_fields_default_when_absent(tmp_path: Path) -> None:
-    defaults = {
+    defaults: dict[str, Any] = {
         "shard_names": [], "skip_llama_server_reason": None, "package_contract": None,
         "synthetic": False, "architecture_note": "", "baseline_policy": "monolithic",
     }  # fmt: skip
