@@ -38,8 +38,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _print_refusals(refused: Refused, as_json: bool = False) -> None:
     if as_json:
-        print(json.dumps({"valid": False, "refusals": [r.as_dict() for r in refused.refusals]},
-                         indent=2))
+        print(
+            json.dumps(
+                {"valid": False, "refusals": [r.as_dict() for r in refused.refusals]}, indent=2
+            )
+        )
         return
     for refusal in refused.refusals:
         print(f"refused: {refusal.line()}", file=sys.stderr)
@@ -114,22 +117,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     validate = sub.add_parser(
-        "validate", help="check an operator input and print every refusal (exit 0 valid, 2 refused)")
-    validate.add_argument("--input", required=True, metavar="OPERATOR_JSON",
-                          help="operator input (schema_version 1), at most 1 MiB")
+        "validate", help="check an operator input and print every refusal (exit 0 valid, 2 refused)"
+    )
+    validate.add_argument(
+        "--input",
+        required=True,
+        metavar="OPERATOR_JSON",
+        help="operator input (schema_version 1), at most 1 MiB",
+    )
     validate.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
     validate.set_defaults(func=_cmd_validate)
 
     if _available("cache_family.oracles.zoo"):
         zoo = sub.add_parser("zoo", help="tiny real GGUF models for every catalog family")
-        zoo_sub = zoo.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND", required=True,
-                                     parser_class=_Parser)
+        zoo_sub = zoo.add_subparsers(
+            dest="zoo_command", metavar="ZOO_COMMAND", required=True, parser_class=_Parser
+        )
         zoo_build = zoo_sub.add_parser(
-            "build", help="write the tiny random-weight model zoo as a Hugging Face hub cache")
-        zoo_build.add_argument("--cache-root", required=True, metavar="DIR",
-                               help="hub cache root to write models--ORG--NAME/ trees into")
-        zoo_build.add_argument("--seed", type=int, default=0,
-                               help="weights are deterministic for a seed (default 0)")
+            "build", help="write the tiny random-weight model zoo as a Hugging Face hub cache"
+        )
+        zoo_build.add_argument(
+            "--cache-root",
+            required=True,
+            metavar="DIR",
+            help="hub cache root to write models--ORG--NAME/ trees into",
+        )
+        zoo_build.add_argument(
+            "--seed", type=int, default=0, help="weights are deterministic for a seed (default 0)"
+        )
         zoo_build.set_defaults(func=_cmd_zoo_build)
 
     if _available("cache_family.actors.preparation"):
@@ -138,13 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
             ("prepare-use-cases", "every use case of the corpus"),
         ):
             prep = sub.add_parser(
-                name, help=f"observe bytes and write cache-family-input.json ({what})")
+                name, help=f"observe bytes and write cache-family-input.json ({what})"
+            )
             prep.add_argument("--input", required=True, metavar="ABS_OPERATOR_JSON")
             prep.add_argument("--output", required=True, metavar="ABS_FRESH_DIR")
-            prep.add_argument("overrides", nargs=argparse.REMAINDER,
-                              help="--use-case-corpus ABS, --prefix-tokens N, "
-                              "--runtime-lane-count N, --llama-parallel N, --llama-repeats N, "
-                              "--cache-hit-repeats N (each at most once)")
+            prep.add_argument(
+                "overrides",
+                nargs=argparse.REMAINDER,
+                help="--use-case-corpus ABS, --prefix-tokens N, "
+                "--runtime-lane-count N, --llama-parallel N, --llama-repeats N, "
+                "--cache-hit-repeats N (each at most once)",
+            )
             prep.set_defaults(func=_cmd_prepare)
         worker = sub.add_parser("prepare-worker", help=argparse.SUPPRESS)
         worker.add_argument("--input", required=True)
@@ -153,18 +172,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     if _available("cache_family.actors.matrix"):
         run = sub.add_parser("run", help="run every prepared row and publish journaled receipts")
-        run.add_argument("--input", required=True, metavar="PREPARED_JSON",
-                         help="cache-family-input.json from prepare-full or prepare-use-cases")
+        run.add_argument(
+            "--input",
+            required=True,
+            metavar="PREPARED_JSON",
+            help="cache-family-input.json from prepare-full or prepare-use-cases",
+        )
         run.add_argument("--output", required=True, metavar="ABS_FRESH_DIR")
         run.set_defaults(func=_cmd_run)
 
     if _available("cache_family.actors.replay"):
         replay = sub.add_parser(
-            "replay", help="verify a run's journal and re-fold its receipts byte for byte")
+            "replay", help="verify a run's journal and re-fold its receipts byte for byte"
+        )
         replay.add_argument("run_dir", metavar="RUN_DIR")
-        replay.add_argument("--reap", action="store_true",
-                            help="end processes the journal recorded that still match pid "
-                            "and create time")
+        replay.add_argument(
+            "--reap",
+            action="store_true",
+            help="end processes the journal recorded that still match pid and create time",
+        )
         replay.set_defaults(func=_cmd_replay)
     return parser
 
@@ -173,7 +199,7 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     """Map `automation cache-family-run [<sub>] ...` onto the native command names."""
     args = list(argv)
     if args[: len(_COMPAT_PREFIX)] == list(_COMPAT_PREFIX):
-        args = args[len(_COMPAT_PREFIX):]
+        args = args[len(_COMPAT_PREFIX) :]
         if args and args[0] == _COMPAT_RUN:
             rest = args[1:]
             if rest and not rest[0].startswith("-"):

@@ -35,7 +35,7 @@ class Refusal:
 
 
 @dataclass(slots=True)
-class Refused(Exception):  # noqa: N818 - "Refused" reads better at raise sites than RefusedError
+class Refused(Exception):
     """Raised with every refusal found in one document or action, never only the first."""
 
     refusals: Sequence[Refusal] = field(default_factory=tuple)

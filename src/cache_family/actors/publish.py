@@ -40,7 +40,9 @@ def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
         os.link(tmp, path)
     except FileExistsError:
         raise Refused.one(
-            "publish.exists", path, f"{path} already exists and is not ours to replace",
+            "publish.exists",
+            path,
+            f"{path} already exists and is not ours to replace",
             "choose a fresh output path",
         ) from None
     finally:

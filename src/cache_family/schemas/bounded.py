@@ -23,11 +23,15 @@ class BoundedBytes:
     sha256: str
 
 
-def read_bounded(path: str, limit: int, *, what: str = "file", json_path: str = "$") -> BoundedBytes:
+def read_bounded(
+    path: str, limit: int, *, what: str = "file", json_path: str = "$"
+) -> BoundedBytes:
     """Read a regular file of at most ``limit`` bytes without following a final symlink."""
     if not os.path.isabs(path):
         raise Refused.one(
-            "file.not_absolute", json_path, f"{what} path {path!r} is not absolute",
+            "file.not_absolute",
+            json_path,
+            f"{what} path {path!r} is not absolute",
             "give an absolute path",
         )
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -35,28 +39,38 @@ def read_bounded(path: str, limit: int, *, what: str = "file", json_path: str = 
         fd = os.open(path, flags)
     except FileNotFoundError:
         raise Refused.one(
-            "file.missing", json_path, f"{what} {path} does not exist", "check the path",
+            "file.missing",
+            json_path,
+            f"{what} {path} does not exist",
+            "check the path",
         ) from None
     except OSError as exc:
         if os.path.islink(path):
             raise Refused.one(
-                "file.symlink", json_path, f"{what} {path} is a symlink",
+                "file.symlink",
+                json_path,
+                f"{what} {path} is a symlink",
                 "point at the regular file itself",
             ) from None
         raise Refused.one(
-            "file.unreadable", json_path, f"{what} {path} cannot be opened: {exc.strerror}",
+            "file.unreadable",
+            json_path,
+            f"{what} {path} cannot be opened: {exc.strerror}",
             "check permissions",
         ) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise Refused.one(
-                "file.not_regular", json_path, f"{what} {path} is not a regular file",
+                "file.not_regular",
+                json_path,
+                f"{what} {path} is not a regular file",
                 "point at a regular file (not a directory, FIFO or device)",
             )
         if info.st_size > limit:
             raise Refused.one(
-                "file.too_large", json_path,
+                "file.too_large",
+                json_path,
                 f"{what} {path} has {info.st_size} bytes, more than the {limit}-byte limit",
                 f"keep the {what} under {limit} bytes",
             )
@@ -70,7 +84,8 @@ def read_bounded(path: str, limit: int, *, what: str = "file", json_path: str = 
             total += len(chunk)
             if total > limit:
                 raise Refused.one(
-                    "file.too_large", json_path,
+                    "file.too_large",
+                    json_path,
                     f"{what} {path} grew past the {limit}-byte limit while being read",
                     f"keep the {what} under {limit} bytes",
                 )
