@@ -123,3 +123,91 @@ class LoadOutcome(msgspec.Struct, frozen=True, kw_only=True):
     serial_summary: SerialSummary | None = None
     # Why the summary is missing or the run stopped early (a refusal code), if it did.
     stop_reason: str | None = None
+
+
+# Host custody records: what the cell actor journals about the one server process it owns.
+
+HostDialect = Literal["llama-server"]
+CaptureStream = Literal["stdout", "stderr"]
+
+
+class CleanupOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How the end of one host session went. ``clean`` is the custody verdict."""
+
+    pid: int | None
+    # The host ended without SIGKILL (on its own or within the SIGTERM grace).
+    graceful: bool
+    # SIGKILL was sent to the process group.
+    forced: bool
+    exit_code: int | None
+    # Descendants (pid) that outlived the group signals and had to be killed one by one.
+    escaped_descendants: tuple[int, ...] = ()
+    # Descendants still alive when cleanup gave up: a custody failure.
+    surviving_descendants: tuple[int, ...] = ()
+    port_free: bool = False
+    state_dir_removed: bool = False
+    state_dir_error: str | None = None
+    capture_truncated: bool = False
+    oversized_lines: int = 0
+    grace_shortened: bool = False
+    # Cleanup ran past its own time bound; whatever is False above was not confirmed.
+    bounded_out: bool = False
+
+    @property
+    def clean(self) -> bool:
+        return (
+            self.graceful
+            and not self.forced
+            and not self.escaped_descendants
+            and not self.surviving_descendants
+            and self.port_free
+            and self.state_dir_removed
+            and not self.capture_truncated
+            and self.oversized_lines == 0
+            and not self.bounded_out
+        )
+
+
+class HostSpawned(msgspec.Struct, frozen=True, kw_only=True, tag="host.spawned"):
+    label: str
+    pid: int
+    create_time: float
+    port: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    state_dir: str
+    stdout_log: str
+    stderr_log: str
+
+
+class HostMarkerSeen(msgspec.Struct, frozen=True, kw_only=True, tag="host.marker"):
+    label: str
+    pid: int
+    stream: CaptureStream
+    line: str
+    after_seconds: float
+
+
+class HostReady(msgspec.Struct, frozen=True, kw_only=True, tag="host.ready"):
+    label: str
+    pid: int
+    after_seconds: float
+    health_attempts: int
+
+
+class HostFaulted(msgspec.Struct, frozen=True, kw_only=True, tag="host.fault"):
+    label: str
+    # custody.child_exited | custody.marker_timeout | custody.readiness_failed |
+    # custody.spawn_failed
+    code: str
+    message: str
+    pid: int | None = None
+    exit_code: int | None = None
+
+
+class HostCleaned(msgspec.Struct, frozen=True, kw_only=True, tag="host.cleanup"):
+    label: str
+    outcome: CleanupOutcome
+
+
+HostEvent = HostSpawned | HostMarkerSeen | HostReady | HostFaulted | HostCleaned

@@ -1,0 +1,754 @@
+"""Host custody: one server process, from port reservation to a verified-clean end.
+
+    async with host_custody(HostConfig(label=..., state_parent=..., log_dir=...), observe) as host:
+        env = host_environment(operator_env, toolkits, native_build, host.state_dir)
+        await host.launch([server, "--port", str(host.port), ...], env)
+        await host.wait_ready(startup_seconds)
+        ...                      # measure; host.still_same() at every rung
+        outcome = await host.cleanup()   # also run on exit, shielded; idempotent
+
+Order of custody (each step journaled through ``observe``):
+  reserve   bind 127.0.0.1:port (0 = ephemeral); busy => ``custody.port_busy``, nothing launched
+  state     a private 0700 state dir (HOME, TMPDIR, XDG dirs inside it)
+  launch    release the port, spawn in a new session (own process group) with exactly the
+            given environment, stdout/stderr pumped into bounded log files
+  ready     the dialect's exact listening line, then ``/health`` answering {"status":"ok"}
+  cleanup   SIGTERM the group, grace, SIGKILL the group, reap; kill escaped descendants by
+            (pid, create time); confirm the port is free; remove the state dir
+
+Cleanup is shielded from cancellation and bounded in time, as in trio's own subprocess
+helpers: a cancelled cell must still end its host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, NoReturn
+
+import httpx
+import psutil
+import trio
+
+from cache_family.errors import Refusal, Refused
+from cache_family.schemas.measurement import (
+    CaptureStream,
+    CleanupOutcome,
+    HostCleaned,
+    HostDialect,
+    HostEvent,
+    HostFaulted,
+    HostMarkerSeen,
+    HostReady,
+    HostSpawned,
+)
+
+KIB = 1024
+MIB = 1024 * KIB
+
+Observe = Callable[[HostEvent], Awaitable[None]]
+HostState = Literal["new", "reserved", "spawned", "ready", "faulted", "terminating", "cleaned"]
+
+# Names the host environment owns; the operator and toolkits may not set them.
+PRIVATE_ENV_NAMES = (
+    "HOME",
+    "TMPDIR",
+    "TMP",
+    "TEMP",
+    "XDG_CACHE_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_STATE_HOME",
+    "XDG_RUNTIME_DIR",
+    "LLAMA_STAGE_BUILD_DIR",
+)
+BASE_PATH = "/usr/bin:/bin"
+
+HEALTH_TRY_SECONDS = 2.0
+HEALTH_GAP_SECONDS = 0.05
+HEALTH_BODY_LIMIT = 64 * KIB
+
+
+@dataclass(frozen=True, slots=True)
+class HostConfig:
+    """Where and how one host session runs; budgets in seconds."""
+
+    label: str
+    state_parent: str
+    log_dir: str
+    port: int = 0
+    dialect: HostDialect = "llama-server"
+    grace_seconds: float = 5.0
+    kill_wait_seconds: float = 5.0
+    cleanup_bound_seconds: float = 30.0
+    capture_line_limit: int = 64 * KIB
+    capture_total_limit: int = 16 * MIB
+
+
+def listening_marker(dialect: HostDialect, port: int) -> str:
+    """The exact line a host prints once it listens (llama.cpp tools/server/server.cpp)."""
+    if dialect == "llama-server":
+        # SRV_INF pads the function name to 12 columns; "llama_server" is exactly 12.
+        return f"srv  llama_server: listening on http://127.0.0.1:{port}"
+    raise ValueError(f"unknown host dialect {dialect!r}")
+
+
+def host_environment(
+    operator_env: Mapping[str, str],
+    toolkits: Mapping[str, str],
+    native_build: str | None,
+    state_dir: str,
+) -> dict[str, str]:
+    """The complete environment of a host: nothing is inherited from this process.
+
+    PATH defaults to /usr/bin:/bin (the operator may override it); the operator's nonsecret
+    variables and the toolkit variables follow; HOME, TMPDIR and the XDG dirs point inside the
+    private state dir; LLAMA_STAGE_BUILD_DIR names the native build, and LD_LIBRARY_PATH gains
+    the build's lib dir only when it holds shared libraries.
+    """
+    refusals: list[Refusal] = []
+    for source, mapping in (("operator_env", operator_env), ("toolkits", toolkits)):
+        for name in mapping:
+            if name in PRIVATE_ENV_NAMES:
+                refusals.append(
+                    Refusal(
+                        "custody.env_reserved",
+                        f"$.{source}.{name}",
+                        f"{name} is set by host custody, not by {source}",
+                        f"remove {name} from {source}",
+                    )
+                )
+    for name, value in toolkits.items():
+        if name in operator_env and operator_env[name] != value:
+            refusals.append(
+                Refusal(
+                    "custody.env_conflict",
+                    f"$.toolkits.{name}",
+                    f"{name} is set differently by the operator environment and a toolkit",
+                    "set it in one place only",
+                )
+            )
+    if refusals:
+        raise Refused(tuple(refusals))
+
+    env: dict[str, str] = {"PATH": BASE_PATH}
+    env.update(operator_env)
+    env.update(toolkits)
+    home = str(Path(state_dir) / "home")
+    tmp = str(Path(state_dir) / "tmp")
+    env.update(
+        {
+            "HOME": home,
+            "TMPDIR": tmp,
+            "TMP": tmp,
+            "TEMP": tmp,
+            "XDG_CACHE_HOME": str(Path(home) / ".cache"),
+            "XDG_CONFIG_HOME": str(Path(home) / ".config"),
+            "XDG_DATA_HOME": str(Path(home) / ".local" / "share"),
+            "XDG_STATE_HOME": str(Path(home) / ".local" / "state"),
+            "XDG_RUNTIME_DIR": str(Path(state_dir) / "run"),
+        }
+    )
+    if native_build is not None:
+        env["LLAMA_STAGE_BUILD_DIR"] = native_build
+        lib = Path(native_build) / "lib"
+        if lib.is_dir() and any(p.name.endswith(".so") or ".so." in p.name for p in lib.iterdir()):
+            inherited = env.get("LD_LIBRARY_PATH")
+            env["LD_LIBRARY_PATH"] = f"{lib}:{inherited}" if inherited else str(lib)
+    return env
+
+
+def still_same(pid: int, create_time: float) -> bool:
+    """True while ``pid`` is still the live process that was spawned at ``create_time``."""
+    try:
+        process = psutil.Process(pid)
+        return process.create_time() == create_time and process.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def port_is_free(port: int) -> bool:
+    """Whether 127.0.0.1:port could be listened on now (TIME_WAIT leftovers do not count)."""
+    try:
+        probe = _bind_listener(port)
+    except OSError:
+        return False
+    probe.close()
+    return True
+
+
+def _bind_listener(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # Linux lets SO_REUSEADDR skip TIME_WAIT sockets but never a live listener.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _BoundedLog:
+    """An exclusive log file that stops growing at a cap and says so."""
+
+    def __init__(self, path: str, total_limit: int) -> None:
+        self.path = path
+        self.total_limit = total_limit
+        self.written = 0
+        self.truncated = False
+        self.error: str | None = None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        self._fd: int | None = os.open(path, flags, 0o600)
+
+    def write(self, data: bytes) -> None:
+        if self._fd is None or self.truncated:
+            return
+        room = self.total_limit - self.written
+        if len(data) > room:
+            data = (
+                data[:room]
+                + f"\n[cache-family: capture truncated at {self.total_limit} bytes]\n".encode()
+            )
+            self.truncated = True
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            self.error = exc.strerror
+            self.truncated = True
+        self.written += len(data)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+
+
+class Host:
+    """Custody of one server process; create it with ``host_custody``."""
+
+    def __init__(self, config: HostConfig, observe: Observe | None = None) -> None:
+        self.config = config
+        self._observe = observe
+        self.state: HostState = "new"
+        self.port: int = config.port
+        self.state_dir: str = ""
+        self.pid: int | None = None
+        self.create_time: float | None = None
+        self.exit_code: int | None = None
+        self.stdout_log = str(Path(config.log_dir) / f"{config.label}.stdout.log")
+        self.stderr_log = str(Path(config.log_dir) / f"{config.label}.stderr.log")
+        self._reservation: socket.socket | None = None
+        self._process: trio.Process | None = None
+        self._nursery: trio.Nursery | None = None
+        self._spawned_at: float | None = None
+        self._marker_line: tuple[CaptureStream, str] | None = None
+        self._marker_or_exit = trio.Event()
+        self._exited = trio.Event()
+        self._pumps_running = 0
+        self._pumps_done = trio.Event()
+        self._logs: list[_BoundedLog] = []
+        self._oversized_lines = 0
+        self._known_descendants: dict[int, float] = {}
+        self._grace_scope: trio.CancelScope | None = None
+        self._grace_shortened = False
+        self._outcome: CleanupOutcome | None = None
+        self.terminating = trio.Event()
+
+    def __repr__(self) -> str:
+        elapsed = "-"
+        if self._spawned_at is not None:
+            with contextlib.suppress(RuntimeError):
+                elapsed = f"{trio.current_time() - self._spawned_at:.1f}s"
+        return (
+            f"<Host {self.config.label} state={self.state} pid={self.pid} port={self.port}"
+            f" elapsed={elapsed}>"
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def outcome(self) -> CleanupOutcome | None:
+        return self._outcome
+
+    # -- reserve -------------------------------------------------------------------------
+
+    def reserve(self) -> None:
+        """Hold the port and create the private state dir; nothing is launched here."""
+        if self.state != "new":
+            raise RuntimeError(f"reserve() in state {self.state}")
+        try:
+            self._reservation = _bind_listener(self.config.port)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise Refused.one(
+                    "custody.port_busy",
+                    "$.port",
+                    f"127.0.0.1:{self.config.port} is already in use",
+                    "stop whatever listens there or let the tool pick a free port (0)",
+                ) from None
+            raise Refused.one(
+                "custody.port_unavailable",
+                "$.port",
+                f"cannot bind 127.0.0.1:{self.config.port}: {exc.strerror}",
+                "choose another port",
+            ) from None
+        self.port = self._reservation.getsockname()[1]
+        try:
+            Path(self.config.log_dir).mkdir(parents=True, exist_ok=True)
+            self.state_dir = _make_private_dir(self.config.state_parent, self.config.label)
+        except OSError as exc:
+            self._release_reservation()
+            raise Refused.one(
+                "custody.state_dir",
+                "$.state_parent",
+                f"cannot create a private state dir under {self.config.state_parent}: {exc}",
+                "give a writable directory on a local filesystem",
+            ) from None
+        self.state = "reserved"
+
+    def _release_reservation(self) -> None:
+        if self._reservation is not None:
+            self._reservation.close()
+            self._reservation = None
+
+    # -- launch --------------------------------------------------------------------------
+
+    async def launch(self, argv: Sequence[str], env: Mapping[str, str]) -> HostSpawned:
+        """Spawn the host in its own session with exactly ``env``; returns the spawn record."""
+        if self.state != "reserved" or self._nursery is None:
+            raise RuntimeError(f"launch() in state {self.state}")
+        try:
+            stdout_log = _BoundedLog(self.stdout_log, self.config.capture_total_limit)
+            stderr_log = _BoundedLog(self.stderr_log, self.config.capture_total_limit)
+        except OSError as exc:
+            await self._fault("custody.spawn_failed", f"cannot create host logs: {exc}")
+            raise self._refusal("custody.spawn_failed", f"cannot create host logs: {exc}") from None
+        self._logs = [stdout_log, stderr_log]
+        # Released at the last moment: the window in which another process could take the
+        # port is one system call long, and the host's own bind reports it if that happens.
+        self._release_reservation()
+        try:
+            process = await trio.lowlevel.open_process(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=dict(env),
+                cwd=self.state_dir,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            for log in self._logs:
+                log.close()
+            message = f"cannot start {argv[0] if argv else '?'}: {exc.strerror or exc}"
+            await self._fault("custody.spawn_failed", message)
+            raise self._refusal("custody.spawn_failed", message) from None
+        self._process = process
+        self.pid = process.pid
+        self._spawned_at = trio.current_time()
+        try:
+            self.create_time = psutil.Process(process.pid).create_time()
+        except psutil.NoSuchProcess:
+            # Exited already; identity checks will say so.
+            self.create_time = math.nan
+        self.state = "spawned"
+        assert process.stdout is not None and process.stderr is not None
+        self._pumps_running = 2
+        self._nursery.start_soon(self._pump, process.stdout, "stdout", stdout_log)
+        self._nursery.start_soon(self._pump, process.stderr, "stderr", stderr_log)
+        self._nursery.start_soon(self._watch_exit, process)
+        record = HostSpawned(
+            label=self.config.label,
+            pid=process.pid,
+            create_time=self.create_time,
+            port=self.port,
+            argv=tuple(argv),
+            env=dict(env),
+            state_dir=self.state_dir,
+            stdout_log=self.stdout_log,
+            stderr_log=self.stderr_log,
+        )
+        await self._emit(record)
+        return record
+
+    async def _watch_exit(self, process: trio.Process) -> None:
+        self.exit_code = await process.wait()
+        self._exited.set()
+        self._marker_or_exit.set()
+
+    async def _pump(
+        self, stream: trio.abc.ReceiveStream, name: CaptureStream, log: _BoundedLog
+    ) -> None:
+        limit = self.config.capture_line_limit
+        buffer = bytearray()
+        discarding = False
+        try:
+            while True:
+                try:
+                    chunk = await stream.receive_some(64 * KIB)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+                if not chunk:
+                    break
+                buffer += chunk
+                while True:
+                    newline = buffer.find(b"\n")
+                    if newline < 0:
+                        break
+                    line = bytes(buffer[: newline + 1])
+                    del buffer[: newline + 1]
+                    if discarding:
+                        discarding = False
+                        continue
+                    self._take_line(line, name, log)
+                if len(buffer) > limit and not discarding:
+                    self._write_oversized(bytes(buffer), log)
+                    discarding = True
+                if discarding:
+                    buffer.clear()
+            if buffer and not discarding:
+                self._take_line(bytes(buffer), name, log)
+        finally:
+            with contextlib.suppress(trio.ClosedResourceError):
+                await stream.aclose()
+            self._pumps_running -= 1
+            if self._pumps_running == 0:
+                self._pumps_done.set()
+
+    def _write_oversized(self, line: bytes, log: _BoundedLog) -> None:
+        limit = self.config.capture_line_limit
+        log.write(line[:limit] + f"\n[cache-family: line truncated at {limit} bytes]\n".encode())
+        self._oversized_lines += 1
+
+    def _take_line(self, line: bytes, name: CaptureStream, log: _BoundedLog) -> None:
+        if len(line) > self.config.capture_line_limit:
+            self._write_oversized(line, log)
+            return
+        log.write(line)
+        if self._marker_line is None:
+            text = line.rstrip(b"\r\n").decode("utf-8", "replace")
+            if text == listening_marker(self.config.dialect, self.port):
+                self._marker_line = (name, text)
+                self._marker_or_exit.set()
+
+    # -- readiness -----------------------------------------------------------------------
+
+    async def wait_ready(self, startup_seconds: float) -> HostReady:
+        """Marker, then ``/health`` ok, all within ``startup_seconds`` of the spawn."""
+        if self.state != "spawned" or self._spawned_at is None or self.pid is None:
+            raise RuntimeError(f"wait_ready() in state {self.state}")
+        deadline = self._spawned_at + startup_seconds
+        with trio.move_on_at(deadline):
+            await self._marker_or_exit.wait()
+        if self._marker_line is None:
+            if self._exited.is_set():
+                await self._fail(
+                    "custody.child_exited",
+                    f"host exited with {self.exit_code} before printing its listening line",
+                )
+            await self._fail(
+                "custody.marker_timeout",
+                f"no listening line for port {self.port} within {startup_seconds} s",
+            )
+        stream, line = self._marker_line
+        await self._emit(
+            HostMarkerSeen(
+                label=self.config.label,
+                pid=self.pid,
+                stream=stream,
+                line=line,
+                after_seconds=trio.current_time() - self._spawned_at,
+            )
+        )
+        attempts = 0
+        last_problem = "no answer"
+        async with httpx.AsyncClient(trust_env=False) as client:
+            while trio.current_time() < deadline:
+                if self._exited.is_set():
+                    await self._fail(
+                        "custody.child_exited",
+                        f"host exited with {self.exit_code} before it answered /health",
+                    )
+                attempts += 1
+                try_seconds = min(HEALTH_TRY_SECONDS, max(deadline - trio.current_time(), 0.001))
+                ok, last_problem = await _health_once(
+                    client, f"{self.base_url}/health", try_seconds
+                )
+                if ok:
+                    self.state = "ready"
+                    ready = HostReady(
+                        label=self.config.label,
+                        pid=self.pid,
+                        after_seconds=trio.current_time() - self._spawned_at,
+                        health_attempts=attempts,
+                    )
+                    await self._emit(ready)
+                    return ready
+                with trio.move_on_at(deadline):
+                    await trio.sleep(HEALTH_GAP_SECONDS)
+        await self._fail(
+            "custody.readiness_failed",
+            f"/health did not answer ok within {startup_seconds} s"
+            f" ({attempts} tries; last: {last_problem})",
+        )
+
+    # -- identity ------------------------------------------------------------------------
+
+    def still_same(self) -> bool:
+        """The spawned process is alive and is still the same process (pid + create time)."""
+        if self.pid is None or self.create_time is None or self._exited.is_set():
+            return False
+        return still_same(self.pid, self.create_time)
+
+    # -- cleanup -------------------------------------------------------------------------
+
+    def shorten_grace(self) -> None:
+        """End the SIGTERM grace now (an operator's second interrupt): SIGKILL follows."""
+        self._grace_shortened = True
+        if self._grace_scope is not None:
+            self._grace_scope.cancel()
+
+    async def cleanup(self) -> CleanupOutcome:
+        """End the host and everything it started; shielded, bounded and idempotent."""
+        if self._outcome is not None:
+            return self._outcome
+        with trio.CancelScope(shield=True):
+            bounded = trio.move_on_after(self.config.cleanup_bound_seconds)
+            progress: dict[str, object] = {}
+            with bounded:
+                await self._cleanup_steps(progress)
+            outcome = CleanupOutcome(
+                pid=self.pid,
+                graceful=bool(progress.get("graceful", False)),
+                forced=bool(progress.get("forced", False)),
+                exit_code=self.exit_code,
+                escaped_descendants=tuple(progress.get("escaped", ())),  # type: ignore[arg-type]
+                surviving_descendants=tuple(progress.get("surviving", ())),  # type: ignore[arg-type]
+                port_free=bool(progress.get("port_free", False)),
+                state_dir_removed=bool(progress.get("state_dir_removed", False)),
+                state_dir_error=progress.get("state_dir_error"),  # type: ignore[arg-type]
+                capture_truncated=any(log.truncated for log in self._logs),
+                oversized_lines=self._oversized_lines,
+                grace_shortened=self._grace_shortened,
+                bounded_out=bounded.cancelled_caught,
+            )
+            for log in self._logs:
+                log.close()
+            self._release_reservation()
+            self._outcome = outcome
+            self.state = "cleaned"
+            await self._emit(HostCleaned(label=self.config.label, outcome=outcome))
+        return outcome
+
+    async def _cleanup_steps(self, progress: dict[str, object]) -> None:
+        process = self._process
+        if process is None:
+            progress["graceful"] = True
+        else:
+            self.state = "terminating"
+            self._remember_descendants()
+            self.terminating.set()
+            if process.returncode is None:
+                _signal_group(process.pid, signal.SIGTERM)
+                with trio.move_on_after(self.config.grace_seconds) as grace:
+                    self._grace_scope = grace
+                    if self._grace_shortened:
+                        grace.cancel()
+                    await process.wait()
+                self._grace_scope = None
+            # Group members outlive a leader that exited: SIGKILL the group whatever happened.
+            if process.returncode is None:
+                progress["forced"] = True
+                _signal_group(process.pid, signal.SIGKILL)
+                with trio.move_on_after(self.config.kill_wait_seconds):
+                    await process.wait()
+            else:
+                progress["graceful"] = True
+                _signal_group(process.pid, signal.SIGKILL)
+            self.exit_code = process.returncode
+            escaped, surviving = await _end_descendants(self._known_descendants)
+            progress["escaped"] = escaped
+            progress["surviving"] = surviving
+            with trio.move_on_after(2.0):
+                await self._pumps_done.wait()
+        self._release_reservation()
+        progress["port_free"] = await _wait_port_free(self.port)
+        removed, error = _remove_tree(self.state_dir)
+        progress["state_dir_removed"] = removed
+        progress["state_dir_error"] = error
+
+    def _remember_descendants(self) -> None:
+        """Record (pid, create time) of every descendant while they are still in the tree."""
+        if self.pid is None:
+            return
+        try:
+            children = psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                self._known_descendants[child.pid] = child.create_time()
+
+    def note_descendants(self) -> None:
+        """Refresh the descendant list (call at readiness and each rung); cleanup uses it."""
+        self._remember_descendants()
+
+    # -- faults and events ---------------------------------------------------------------
+
+    def _refusal(self, code: str, message: str) -> Refused:
+        hints = {
+            "custody.child_exited": "read the host's stderr log; check the model and arguments",
+            "custody.marker_timeout": "raise the startup budget or check the host dialect",
+            "custody.readiness_failed": "the host listened but never became healthy; read its log",
+            "custody.spawn_failed": "check that the binary exists and is executable",
+        }
+        return Refused.one(code, "$.host", message, hints.get(code, "read the host's logs"))
+
+    async def _fault(self, code: str, message: str) -> None:
+        self.state = "faulted"
+        await self._emit(
+            HostFaulted(
+                label=self.config.label,
+                code=code,
+                message=message,
+                pid=self.pid,
+                exit_code=self.exit_code,
+            )
+        )
+
+    async def _fail(self, code: str, message: str) -> NoReturn:
+        await self._fault(code, message)
+        raise self._refusal(code, message)
+
+    async def _emit(self, event: HostEvent) -> None:
+        if self._observe is not None:
+            await self._observe(event)
+
+
+@contextlib.asynccontextmanager
+async def host_custody(config: HostConfig, observe: Observe | None = None) -> AsyncIterator[Host]:
+    """Reserve, yield the host for launching, and always clean up on the way out.
+
+    A busy port raises ``Refused`` (custody.port_busy) before anything exists on disk.
+    """
+    host = Host(config, observe)
+    host.reserve()
+    # The body's own exception is carried past the nursery so callers see it bare, not
+    # wrapped in an ExceptionGroup by the nursery that runs the log pumps.
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            host._nursery = nursery
+            try:
+                yield host
+            except BaseException as exc:
+                body_error = exc
+            finally:
+                await host.cleanup()
+                # Pumps still blocked on a pipe held open by something we could not end.
+                nursery.cancel_scope.cancel()
+    finally:
+        host._release_reservation()
+    if body_error is not None:
+        raise body_error
+
+
+async def _health_once(client: httpx.AsyncClient, url: str, seconds: float) -> tuple[bool, str]:
+    try:
+        with trio.fail_after(seconds):
+            async with client.stream("GET", url, timeout=seconds) as response:
+                body = b""
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > HEALTH_BODY_LIMIT:
+                        return False, "health body too large"
+    except trio.TooSlowError:
+        return False, f"no answer within {seconds:.2f} s"
+    except httpx.HTTPError as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    if response.status_code != 200:
+        return False, f"HTTP {response.status_code}"
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False, "health body is not JSON"
+    if isinstance(answer, dict) and answer.get("status") == "ok":
+        return True, "ok"
+    return False, f"health said {body[:200]!r}"
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+async def _end_descendants(known: Mapping[int, float]) -> tuple[list[int], list[int]]:
+    """Kill descendants that outlived the group signals; return (escaped, still alive)."""
+    escaped = [pid for pid, created in known.items() if still_same(pid, created)]
+    for pid in escaped:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            process = psutil.Process(pid)
+            if process.create_time() == known[pid]:
+                process.kill()
+    surviving = escaped
+    with trio.move_on_after(2.0):
+        while surviving:
+            surviving = [pid for pid in surviving if still_same(pid, known[pid])]
+            if surviving:
+                await trio.sleep(0.02)
+    return escaped, surviving
+
+
+async def _wait_port_free(port: int) -> bool:
+    with trio.move_on_after(2.0):
+        while not port_is_free(port):
+            await trio.sleep(0.02)
+        return True
+    return port_is_free(port)
+
+
+def _make_private_dir(parent: str, label: str) -> str:
+    """A fresh 0700 dir with home/, tmp/ and run/ inside, or OSError."""
+    path = tempfile.mkdtemp(prefix=f"{label}-state-", dir=parent)
+    for sub in ("home", "tmp", "run"):
+        Path(path, sub).mkdir(mode=0o700)
+    mode = stat.S_IMODE(os.lstat(path).st_mode)
+    if mode != 0o700:
+        shutil.rmtree(path, ignore_errors=True)
+        raise OSError(errno.EPERM, f"state dir mode is {mode:o}, not 700")
+    return path
+
+
+def _remove_tree(path: str) -> tuple[bool, str | None]:
+    if not path:
+        return True, None
+    error: str | None = None
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        error = f"{exc.filename}: {exc.strerror}"
+    if os.path.lexists(path):
+        return False, error or f"{path} still exists"
+    return True, None

@@ -1,0 +1,331 @@
+"""Host custody against real child processes (scripted FAKE hosts under tests/fake_hosts/).
+
+Real processes need real time: every wait here is bounded by ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from cache_family.actors.custody import (
+    Host,
+    HostConfig,
+    host_custody,
+    host_environment,
+    listening_marker,
+    port_is_free,
+    still_same,
+)
+from cache_family.errors import Refused
+from cache_family.schemas.measurement import (
+    HostCleaned,
+    HostEvent,
+    HostFaulted,
+    HostMarkerSeen,
+)
+
+FAKE_HOSTS = Path(__file__).parent / "fake_hosts"
+IGNORES_SIGTERM = str(FAKE_HOSTS / "fake_host_ignores_sigterm.py")
+SCRIPTED = str(FAKE_HOSTS / "fake_host_scripted.py")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[HostEvent] = []
+
+    async def __call__(self, event: HostEvent) -> None:
+        self.events.append(event)
+
+    def kinds(self) -> list[str]:
+        return [type(event).__name__ for event in self.events]
+
+
+def config(tmp_path: Path, **overrides: object) -> HostConfig:
+    (tmp_path / "state").mkdir(exist_ok=True)
+    values: dict[str, object] = {
+        "label": "host",
+        "state_parent": str(tmp_path / "state"),
+        "log_dir": str(tmp_path / "logs"),
+        "grace_seconds": 5.0,
+    }
+    values.update(overrides)
+    return HostConfig(**values)  # type: ignore[arg-type]
+
+
+def env_for(host: Host) -> dict[str, str]:
+    return host_environment({"CACHE_FAMILY_TEST": "1"}, {}, None, host.state_dir)
+
+
+def alive(pid: int, create_time: float) -> bool:
+    return still_same(pid, create_time)
+
+
+async def read_pids(path: Path) -> list[int]:
+    with trio.fail_after(10):
+        while not path.exists():
+            await trio.sleep(0.01)
+    return list(json.loads(path.read_text()))
+
+
+async def test_host_ignoring_sigterm_is_killed_with_its_grandchild(tmp_path: Path) -> None:
+    recorder = Recorder()
+    pids_path = tmp_path / "pids.json"
+    with trio.fail_after(30):
+        async with host_custody(config(tmp_path, grace_seconds=0.5), recorder) as host:
+            await host.launch(
+                [sys.executable, IGNORES_SIGTERM, str(host.port), str(pids_path)], env_for(host)
+            )
+            await host.wait_ready(10)
+            assert host.still_same()
+            pids = await read_pids(pids_path)
+            identities = {pid: psutil.Process(pid).create_time() for pid in pids}
+            state_dir = host.state_dir
+            outcome = await host.cleanup()
+    assert outcome.forced is True
+    assert outcome.graceful is False
+    assert outcome.exit_code == -9
+    assert outcome.surviving_descendants == ()
+    assert outcome.escaped_descendants == ()
+    assert outcome.port_free is True
+    assert outcome.state_dir_removed is True
+    assert outcome.clean is False  # a forced kill is a custody failure
+    assert not any(alive(pid, created) for pid, created in identities.items())
+    assert not Path(state_dir).exists()
+    assert port_is_free(host.port)
+    assert not host.still_same()
+    assert recorder.kinds() == ["HostSpawned", "HostMarkerSeen", "HostReady", "HostCleaned"]
+
+
+async def test_grandchild_that_left_the_group_is_found_by_identity(tmp_path: Path) -> None:
+    pids_path = tmp_path / "pids.json"
+    with trio.fail_after(30):
+        async with host_custody(config(tmp_path, grace_seconds=0.3)) as host:
+            await host.launch(
+                [
+                    sys.executable,
+                    IGNORES_SIGTERM,
+                    str(host.port),
+                    str(pids_path),
+                    "--grandchild-escapes",
+                ],
+                env_for(host),
+            )
+            await host.wait_ready(10)
+            leader, grandchild = await read_pids(pids_path)
+            with trio.fail_after(5):
+                while os.getsid(grandchild) != grandchild:
+                    await trio.sleep(0.01)
+            created = psutil.Process(grandchild).create_time()
+            outcome = await host.cleanup()
+    assert outcome.forced is True
+    assert outcome.escaped_descendants == (grandchild,)
+    assert outcome.surviving_descendants == ()
+    assert not alive(grandchild, created)
+    assert leader == host.pid
+
+
+async def test_well_behaved_host_ends_gracefully(tmp_path: Path) -> None:
+    recorder = Recorder()
+    with trio.fail_after(30):
+        async with host_custody(config(tmp_path), recorder) as host:
+            spawned = await host.launch(
+                [sys.executable, SCRIPTED, "graceful", str(host.port)], env_for(host)
+            )
+            ready = await host.wait_ready(10)
+            assert spawned.pid == ready.pid == host.pid
+            assert spawned.create_time == host.create_time
+            assert stat.S_IMODE(os.stat(host.state_dir).st_mode) == 0o700
+    outcome = host.outcome
+    assert outcome is not None
+    assert outcome.graceful is True
+    assert outcome.forced is False
+    assert outcome.exit_code == 0
+    assert outcome.clean is True
+    marker = next(e for e in recorder.events if isinstance(e, HostMarkerSeen))
+    assert marker.stream == "stderr"
+    assert marker.line == listening_marker("llama-server", host.port)
+    cleaned = recorder.events[-1]
+    assert isinstance(cleaned, HostCleaned) and cleaned.outcome == outcome
+
+
+async def test_busy_port_is_refused_and_nothing_is_launched(tmp_path: Path) -> None:
+    recorder = Recorder()
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(1)
+    busy = squatter.getsockname()[1]
+    try:
+        with pytest.raises(Refused) as caught:
+            async with host_custody(config(tmp_path, port=busy), recorder) as host:
+                await host.launch([sys.executable, SCRIPTED, "graceful", str(busy)], {})
+    finally:
+        squatter.close()
+    assert caught.value.codes == ["custody.port_busy"]
+    assert recorder.events == []
+    assert list((tmp_path / "state").iterdir()) == []
+    assert not (tmp_path / "logs").exists()
+
+
+async def test_missing_listening_line_is_a_marker_timeout(tmp_path: Path) -> None:
+    recorder = Recorder()
+    with trio.fail_after(30), pytest.raises(Refused) as caught:
+        async with host_custody(config(tmp_path), recorder) as host:
+            await host.launch([sys.executable, SCRIPTED, "silent", str(host.port)], env_for(host))
+            await host.wait_ready(1.0)
+    assert caught.value.codes == ["custody.marker_timeout"]
+    assert recorder.kinds() == ["HostSpawned", "HostFaulted", "HostCleaned"]
+    assert host.outcome is not None and host.outcome.graceful
+    assert host.outcome.state_dir_removed
+
+
+async def test_child_exiting_before_the_marker_is_reported(tmp_path: Path) -> None:
+    recorder = Recorder()
+    with trio.fail_after(30), pytest.raises(Refused) as caught:
+        async with host_custody(config(tmp_path), recorder) as host:
+            await host.launch(
+                [sys.executable, SCRIPTED, "exit-early", str(host.port)], env_for(host)
+            )
+            await host.wait_ready(10)
+    assert caught.value.codes == ["custody.child_exited"]
+    fault = next(e for e in recorder.events if isinstance(e, HostFaulted))
+    assert fault.exit_code == 3
+    assert host.outcome is not None and host.outcome.exit_code == 3
+
+
+async def test_host_that_never_becomes_healthy_fails_readiness(tmp_path: Path) -> None:
+    with trio.fail_after(30), pytest.raises(Refused) as caught:
+        async with host_custody(config(tmp_path)) as host:
+            await host.launch(
+                [sys.executable, SCRIPTED, "unhealthy", str(host.port)], env_for(host)
+            )
+            await host.wait_ready(1.5)
+    assert caught.value.codes == ["custody.readiness_failed"]
+    assert "HTTP 503" in str(caught.value)
+
+
+async def test_missing_binary_is_a_spawn_failure(tmp_path: Path) -> None:
+    with pytest.raises(Refused) as caught:
+        async with host_custody(config(tmp_path)) as host:
+            await host.launch([str(tmp_path / "no-such-server")], env_for(host))
+    assert caught.value.codes == ["custody.spawn_failed"]
+    assert host.outcome is not None and host.outcome.state_dir_removed
+
+
+async def test_host_sees_exactly_the_environment_it_was_given(tmp_path: Path) -> None:
+    dump = tmp_path / "env.json"
+    build = tmp_path / "build"
+    (build / "lib").mkdir(parents=True)
+    (build / "lib" / "libllama.so").write_bytes(b"")
+    with trio.fail_after(30):
+        async with host_custody(config(tmp_path)) as host:
+            env = host_environment(
+                {"OPERATOR_KNOB": "on"}, {"CUDA_HOME": "/opt/cuda"}, str(build), host.state_dir
+            )
+            await host.launch(
+                [sys.executable, SCRIPTED, "graceful", str(host.port), str(dump)], env
+            )
+            await host.wait_ready(10)
+            state_dir = host.state_dir
+    seen = json.loads(dump.read_text())
+    seen.pop("LC_CTYPE", None)  # Python's own UTF-8 mode may coerce the locale in the child
+    assert seen == env
+    assert seen["PATH"] == "/usr/bin:/bin"
+    assert seen["HOME"] == f"{state_dir}/home"
+    assert seen["TMPDIR"] == f"{state_dir}/tmp"
+    assert seen["LLAMA_STAGE_BUILD_DIR"] == str(build)
+    assert seen["LD_LIBRARY_PATH"] == str(build / "lib")
+    assert "VIRTUAL_ENV" not in seen and "PYTEST_CURRENT_TEST" not in seen
+
+
+def test_environment_adds_library_path_only_when_needed(tmp_path: Path) -> None:
+    static_build = tmp_path / "static"
+    (static_build / "bin").mkdir(parents=True)
+    env = host_environment({}, {}, str(static_build), str(tmp_path / "state"))
+    assert "LD_LIBRARY_PATH" not in env
+    assert set(env) >= {"PATH", "HOME", "TMPDIR", "LLAMA_STAGE_BUILD_DIR"}
+    assert host_environment({"PATH": "/opt/bin"}, {}, None, "/s")["PATH"] == "/opt/bin"
+
+
+def test_environment_refuses_private_names_and_conflicts() -> None:
+    with pytest.raises(Refused) as caught:
+        host_environment({"HOME": "/root", "X": "1"}, {"X": "2", "TMPDIR": "/t"}, None, "/s")
+    assert sorted(caught.value.codes) == [
+        "custody.env_conflict",
+        "custody.env_reserved",
+        "custody.env_reserved",
+    ]
+
+
+async def test_second_interrupt_shortens_the_grace(tmp_path: Path) -> None:
+    pids_path = tmp_path / "pids.json"
+    with trio.fail_after(20):
+        async with host_custody(config(tmp_path, grace_seconds=600)) as host:
+            await host.launch(
+                [sys.executable, IGNORES_SIGTERM, str(host.port), str(pids_path)], env_for(host)
+            )
+            await host.wait_ready(10)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(host.cleanup)
+                await host.terminating.wait()
+                host.shorten_grace()
+    outcome = host.outcome
+    assert outcome is not None
+    assert outcome.grace_shortened is True
+    assert outcome.forced is True
+    assert outcome.surviving_descendants == ()
+
+
+async def test_cancellation_still_ends_the_host(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        with trio.CancelScope() as scope:
+            async with host_custody(config(tmp_path)) as host:
+                await host.launch(
+                    [sys.executable, SCRIPTED, "graceful", str(host.port)], env_for(host)
+                )
+                await host.wait_ready(10)
+                pid, created = host.pid, host.create_time
+                scope.cancel()
+                await trio.sleep_forever()
+    assert scope.cancelled_caught
+    assert pid is not None and created is not None
+    assert not alive(pid, created)
+    assert host.outcome is not None and host.outcome.clean
+
+
+async def test_capture_is_bounded_and_marks_truncation(tmp_path: Path) -> None:
+    cfg = config(tmp_path, capture_total_limit=128 * 1024)
+    with trio.fail_after(30):
+        async with host_custody(cfg) as host:
+            await host.launch([sys.executable, SCRIPTED, "noisy", str(host.port)], env_for(host))
+            await host.wait_ready(10)
+    outcome = host.outcome
+    assert outcome is not None
+    assert outcome.oversized_lines == 1
+    assert outcome.capture_truncated is True
+    assert outcome.clean is False
+    stdout = Path(host.stdout_log).read_bytes()
+    assert len(stdout) < 128 * 1024 + 200
+    assert b"[cache-family: line truncated at 65536 bytes]" in stdout
+    assert stdout.rstrip().endswith(b"[cache-family: capture truncated at 131072 bytes]")
+    assert b"srv  llama_server: listening on" in Path(host.stderr_log).read_bytes()
+
+
+async def test_repr_shows_state_pid_and_elapsed(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with host_custody(config(tmp_path, label="native-serial")) as host:
+            assert "state=reserved" in repr(host)
+            await host.launch([sys.executable, SCRIPTED, "graceful", str(host.port)], env_for(host))
+            await host.wait_ready(10)
+            text = repr(host)
+    assert text.startswith("<Host native-serial state=ready pid=")
+    assert "elapsed=" in text and "elapsed=-" not in text
+    assert "state=cleaned" in repr(host)
