@@ -191,3 +191,90 @@ def write_native_build(root: Path) -> Path:
     (lib / "libllama.so.0.0.1").write_bytes(b"\x7fELF fixture library bytes")
     (lib / "libllama.so").symlink_to("libllama.so.0.0.1")
     return root
+
+
+ZERO_COMMIT = "0" * 40
+
+
+def plan_document(cache_root: Path, **overrides: object) -> dict[str, object]:
+    """A valid plan input (reference §2) with every member spelled out."""
+    plan: dict[str, object] = {
+        "schema_version": 1,
+        "cache_root": str(cache_root),
+        "cases": [],
+        "use_cases": [],
+        "corpus": None,
+        "prefix_sweep": [],
+        "prefix_tokens": None,
+        "n_gpu_layers": None,
+        "cache_hit_repeats": None,
+        "runtime_lane_count": None,
+        "serving_ctx_size": None,
+        "concurrency": [1, 2, 4],
+        "concurrent_requests": 3,
+        "concurrent_output_tokens": 32,
+        "llama_parallel": 1,
+        "llama_repeats": 3,
+        "ttft_slo_ms": 2000,
+        "tpot_slo_ms": 100,
+        "skip_llama_server": False,
+        "old_server": None,
+        "new_server": None,
+        "model_sha256": {},
+    }
+    plan.update(overrides)
+    return plan
+
+
+@dataclass
+class Toolbox:
+    """Operator tools, a native build and a hub cache laid out side by side under one root."""
+
+    root: Path
+    correctness: Path
+    stage_server: Path
+    old_server: Path
+    artifact_tool: Path
+    native_build: Path
+    hub: HubFixture
+
+    @property
+    def native_server(self) -> Path:
+        return self.native_build / "bin" / "llama-server"
+
+
+def build_toolbox(
+    root: Path, keys: Iterable[str] | None = None, *, huge_sparse: dict[str, int] | None = None
+) -> Toolbox:
+    tools = root / "tools"
+    return Toolbox(
+        root=root,
+        correctness=write_tool(tools / "skippy-correctness", "#!/bin/sh\necho correctness\n"),
+        stage_server=write_tool(tools / "skippy", "#!/bin/sh\necho stage server\n"),
+        old_server=write_tool(tools / "old" / "skippy", "#!/bin/sh\necho old server\n"),
+        artifact_tool=write_tool(tools / "skippy-package-builder", "#!/bin/sh\necho pkg\n"),
+        native_build=write_native_build(root / "native"),
+        hub=build_hub(root / "hub", keys, huge_sparse=huge_sparse),
+    )
+
+
+def operator_document(box: Toolbox, **plan_overrides: object) -> dict[str, object]:
+    """A valid operator input (schema_version 1) naming the toolbox's files."""
+    return {
+        "schema_version": 1,
+        "plan": plan_document(box.hub.root, **plan_overrides),
+        "correctness": str(box.correctness),
+        "stage_server": str(box.stage_server),
+        "native_server": str(box.native_server),
+        "artifact_tool": str(box.artifact_tool),
+        "native_build": str(box.native_build),
+        "old_source_commit": "1" * 40,
+        "new_source_commit": "2" * 40,
+        "native_source_commit": "3" * 40,
+        "environment": {"OMP_NUM_THREADS": "2", "LLAMA_STAGE_BACKEND": "cpu"},
+        "toolkit_directories": {},
+        "execution_seconds": 7200,
+        "cell_seconds": 900,
+        "request_timeout_ms": 120000,
+        "preparation_seconds": 60,
+    }

@@ -1,0 +1,512 @@
+"""Preparation documents: ``request.json``, ``observations.json`` and ``cache-family-input.json``.
+
+``cache-family-input.json`` (:class:`PreparedInput`) is everything a run needs and nothing it
+has to look up again: the post-override plan with observed server and model pins, the pins of
+every tool, the native build and toolkit trees, the planned rows in run order (with their
+model observation and tasks), and the profiles of every present catalog key. Missing models
+keep their row (never launched, no profile).
+
+All three are strict pydantic models (unknown members refused, no coercion, frozen). Field
+order is part of the format; new fields go last with defaults.
+
+Source commits are recorded as what the caller declared, never as proof that a binary was
+built from them; pins describe local bytes only, hence :data:`PREPARED_SCOPE`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal, Self, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cache_family.errors import Refusal, Refused, json_path
+from cache_family.schemas.bounded import MIB, read_bounded
+from cache_family.schemas.operator import LowerHex, OperatorInput, PlanInput
+
+_M = TypeVar("_M", bound=BaseModel)
+
+PREPARED_SCHEMA_VERSION: Final = 1
+PREPARED_SCOPE: Final = "observed_local_bytes_and_declared_source_commits_not_build_attestation"
+MODEL_CUSTODY: Final = "observed_local_bytes_not_model_admission"
+SOURCE_COMMIT_PROVENANCE: Final = "caller-declared build provenance, not proof of what was built"
+MISSING_MODEL_POLICY: Final = "retain_row_without_launch"
+PARITY_REQUIREMENT: Final = "old-new-generated-digests-match"
+MAX_ROWS: Final = 8192
+
+REQUEST_MAX_BYTES: Final = 2 * MIB
+OBSERVATIONS_MAX_BYTES: Final = 32 * MIB
+PREPARED_INPUT_MAX_BYTES: Final = 32 * MIB
+
+# Topologies the correctness arm runs, by load mode (reference §5 step 4).
+RUNTIME_SLICE_TOPOLOGIES: Final = ("one-stage", "split-stage0", "split-middle", "split-final")
+PACKAGE_TOPOLOGIES: Final = ("package-stage1",)
+
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, hide_input_in_errors=True)
+
+Sha256 = Annotated[str, AfterValidator(LowerHex((64,), "prepared.bad_sha256", "SHA-256"))]
+Mode = Literal["full", "use-cases"]
+SkipReason = Literal[
+    "missing-model",
+    "layer-package-not-full-GGUF",
+    "skipped-by-request",
+    "paired-servers-omitted",
+]
+PrefixSource = Literal["override", "sweep", "use-case", "catalog", "package-contract"]
+ObservationStatus = Literal["present", "missing-model"]
+ObservedKind = Literal["single-gguf", "split-gguf-first-shard", "layer-package-tree"]
+CorpusSource = Literal["override", "environment", "checked-in"]
+
+
+class _Strict(BaseModel):
+    model_config = _STRICT
+
+
+# --- pins --------------------------------------------------------------------------------------
+
+
+class FilePinRecord(_Strict):
+    """A regular file's canonical path and the SHA-256 of its bytes."""
+
+    path: str
+    sha256: Sha256
+    size: int
+
+
+class TreePinRecord(_Strict):
+    """A directory's canonical path and its tree pin (reference "Tree pin")."""
+
+    path: str
+    sha256: Sha256
+    files: int
+    size: int
+
+
+class ShardPin(_Strict):
+    """One file of a split model: the snapshot name the runtime opens, and the bytes behind it."""
+
+    name: str
+    logical_path: str
+    canonical: str
+    sha256: Sha256
+    size: int
+
+
+class ToolPins(_Strict):
+    correctness: FilePinRecord
+    stage_server: FilePinRecord
+    native_server: FilePinRecord | None
+    artifact_tool: FilePinRecord | None
+
+
+class SourceCommits(_Strict):
+    old: str
+    new: str
+    native: str
+    provenance: Literal["caller-declared build provenance, not proof of what was built"] = (
+        SOURCE_COMMIT_PROVENANCE
+    )
+
+
+class CatalogUsed(_Strict):
+    """Which catalog planned the rows: the packaged one or a named (e.g. zoo) file."""
+
+    path: str
+    sha256: Sha256
+    synthetic: bool
+    packaged: bool
+
+
+class CorpusUsed(_Strict):
+    path: str
+    sha256: Sha256
+    source: CorpusSource
+
+
+# --- rows --------------------------------------------------------------------------------------
+
+
+class ModelObservation(_Strict):
+    """What preparation found at ``cache_root/snapshot_relative``.
+
+    ``missing-model``: nothing there; the row is kept and never launched. ``present``: the
+    bytes were hashed. ``runtime_entrypoint`` is what a runtime is given: the canonical file,
+    except for a split model (the first shard's snapshot path, so sibling discovery by name
+    works) and a layer package (its canonical directory). ``sha256`` pins the canonical bytes
+    of the entrypoint (layer package: of ``manifest.json``, at ``pinned_file``).
+    """
+
+    status: ObservationStatus
+    requested: str
+    declared_revision: str
+    declared_byte_sha256: Sha256 | None
+    kind: ObservedKind | None = None
+    canonical: str | None = None
+    runtime_entrypoint: str | None = None
+    pinned_file: str | None = None
+    sha256: Sha256 | None = None
+    size: int | None = None
+    shard_pins: list[ShardPin] = Field(default_factory=list)
+    custody: Literal["observed_local_bytes_not_model_admission"] = MODEL_CUSTODY
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        present_fields = (
+            self.kind,
+            self.canonical,
+            self.runtime_entrypoint,
+            self.pinned_file,
+            self.sha256,
+            self.size,
+        )
+        if self.status == "present" and any(v is None for v in present_fields):
+            raise ValueError("a present model needs kind, canonical, entrypoint, file, pin, size")
+        if self.status == "missing-model" and (
+            any(v is not None for v in present_fields) or self.shard_pins
+        ):
+            raise ValueError("a missing model has no observed fields")
+        if (self.kind == "split-gguf-first-shard") != bool(self.shard_pins):
+            raise ValueError("shard pins are recorded exactly for a split model")
+        return self
+
+    @property
+    def present(self) -> bool:
+        return self.status == "present"
+
+
+class Rung(_Strict):
+    concurrency: int
+    requests: int
+
+
+class CorrectnessTask(_Strict):
+    planned: bool
+    skip_reason: SkipReason | None
+    payload: Literal["resident-kv", "kv-recurrent"]
+    stage_load_mode: Literal["runtime-slice", "layer-package"]
+    state_layer_start: int
+    state_layer_end: int
+    state_stage_index: int
+    topologies: list[str]
+    admission: Literal["source", "package"]
+    # The use-case prompt when the row has a use case, else the correctness tool's own.
+    prompt_source: Literal["use-case", "correctness-tool"]
+
+
+class SerialBaselineTask(_Strict):
+    planned: bool
+    skip_reason: SkipReason | None
+    runs: int  # llama_repeats, the first excluded as warmup
+    warmup_excluded: int = 1
+    output_tokens: int = 1
+    prompt_source: Literal["correctness-benchmark-prompt"] = "correctness-benchmark-prompt"
+
+
+class ConcurrentBaselineTask(_Strict):
+    planned: bool
+    skip_reason: SkipReason | None
+    parallel: int
+    output_tokens: int
+    rungs: list[Rung]
+
+
+class PairedServingTask(_Strict):
+    planned: bool
+    skip_reason: SkipReason | None
+    runtime_lanes: int
+    shared_ctx_size: int
+    output_tokens: int
+    rungs: list[Rung]
+    ttft_slo_ms: int
+    tpot_slo_ms: int
+    greedy_fastpath: bool = True
+    parity_requirement: Literal["old-new-generated-digests-match"] = PARITY_REQUIREMENT
+
+
+class RowTasks(_Strict):
+    correctness: CorrectnessTask
+    serial_baseline: SerialBaselineTask
+    concurrent_baseline: ConcurrentBaselineTask
+    paired_serving: PairedServingTask
+
+
+class PreparedRow(_Strict):
+    """One planned (prefix, use case or none, catalog case); ``cell-NNNN`` is ``index``."""
+
+    index: int
+    key: str
+    family: str
+    model_id: str
+    payload: Literal["resident-kv", "kv-recurrent"]
+    load_mode: Literal["runtime-slice", "layer-package"]
+    artifact_kind: Literal["single-gguf", "split-gguf", "layer-package"]
+    baseline_policy: Literal["monolithic", "package-only"]
+    synthetic: bool
+    use_case: str | None
+    use_case_label: str | None
+    prefix_tokens: int
+    prefix_source: PrefixSource
+    prefix_note: str | None
+    ctx: int
+    n_gpu_layers: int
+    cache_hit_repeats: int
+    layer_end: int
+    activation_width: int
+    kv_bytes_per_token: int | None
+    output_relative: str
+    model_observation: ModelObservation
+    tasks: RowTasks
+
+
+# --- profiles ----------------------------------------------------------------------------------
+
+
+class ToolkitPin(_Strict):
+    path: str
+    sha256: Sha256
+
+
+class ArtifactProfile(_Strict):
+    """How the artifact tool admits a non-single model: all shards, or a layer package."""
+
+    kind: Literal["complete-shards", "layer-package"]
+    tool: str
+    tool_sha256: Sha256
+    shard_pins: list[ShardPin]
+
+
+class CorrectnessProfile(_Strict):
+    schema_version: Literal[1]
+    case_key: str
+    model_id: str
+    correctness: str
+    correctness_sha256: Sha256
+    stage_server: str
+    stage_server_sha256: Sha256
+    model: str
+    model_sha256: Sha256
+    artifact: ArtifactProfile | None
+    native_build: str
+    native_build_sha256: Sha256
+    ctx_size: int
+    prefix_tokens: int
+    cache_hit_repeats: int
+    runtime_lane_count: int
+    source_port: int  # placeholder; the run takes fresh ephemeral ports
+    restore_port: int  # placeholder
+    n_gpu_layers: int
+    prompt: str | None
+    topologies: list[str]
+    borrow_resident_hits: bool
+    cache_decoded_result_hits: bool
+    execution_seconds: int
+    cell_seconds: int
+    settings: dict[str, str]
+    toolkit_directories: dict[str, ToolkitPin]
+    layer_end: int
+    activation_width: int
+    payload: Literal["resident-kv", "kv-recurrent"]
+    stage_load_mode: Literal["runtime-slice", "layer-package"]
+    state_layer_start: int
+    state_layer_end: int
+    state_stage_index: int
+
+
+class HostProfile(_Strict):
+    schema_version: Literal[1]
+    host: Literal["native-baseline", "skippy-old", "skippy-new"]
+    binary: str
+    binary_sha256: Sha256
+    source_commit: str
+    native_build: str
+    native_build_sha256: Sha256
+    model: str
+    model_sha256: Sha256
+    artifact: ArtifactProfile | None
+    model_id: str
+    layer_end: int
+    ctx_size: int
+    lane_count: int
+    n_gpu_layers: int
+    port: int  # placeholder; the run binds a fresh port
+    environment: dict[str, str]
+    toolkit_directories: dict[str, ToolkitPin]
+    worker: dict[str, Any]
+    startup_timeout_secs: int
+    execution_timeout_secs: int
+
+
+class CaseProfiles(_Strict):
+    correctness: CorrectnessProfile
+    native: HostProfile | None
+    old: HostProfile | None
+    new: HostProfile | None
+
+
+# --- the documents -----------------------------------------------------------------------------
+
+
+class PreparedInput(_Strict):
+    """``cache-family-input.json``: the run's only input."""
+
+    schema_version: Literal[1]
+    scope: Literal["observed_local_bytes_and_declared_source_commits_not_build_attestation"]
+    mode: Mode
+    plan: PlanInput
+    catalog: CatalogUsed
+    corpus: CorpusUsed | None
+    cache_root: str
+    native_build: TreePinRecord
+    tools: ToolPins
+    toolkit_directories: dict[str, TreePinRecord]
+    environment: dict[str, str]
+    source_commits: SourceCommits
+    borrow_resident_hits: bool
+    cache_decoded_result_hits: bool
+    execution_seconds: int
+    cell_seconds: int
+    request_timeout_ms: int
+    rows: list[PreparedRow]
+    row_count: int
+    profiles: dict[str, CaseProfiles]
+    missing_model_policy: Literal["retain_row_without_launch"] = MISSING_MODEL_POLICY
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        problems = prepared_input_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def profile(self, key: str) -> CaseProfiles | None:
+        return self.profiles.get(key)
+
+
+def prepared_input_problems(doc: PreparedInput) -> list[str]:
+    """Rules that tie rows, profiles and the plan together (a hand edit cannot break them)."""
+    out: list[str] = []
+    if doc.row_count != len(doc.rows):
+        out.append(f"row_count {doc.row_count} but {len(doc.rows)} rows")
+    if len(doc.rows) > MAX_ROWS:
+        out.append(f"{len(doc.rows)} rows, more than {MAX_ROWS}")
+    for position, row in enumerate(doc.rows):
+        if row.index != position:
+            out.append(f"row at position {position} has index {row.index}")
+    repeated = [name for name, n in Counter(r.output_relative for r in doc.rows).items() if n > 1]
+    if repeated:
+        out.append(f"output_relative repeated: {sorted(repeated)}")
+    present = {r.key for r in doc.rows if r.model_observation.present}
+    missing = {r.key for r in doc.rows if not r.model_observation.present}
+    if present & missing:
+        out.append(f"keys both present and missing: {sorted(present & missing)}")
+    if set(doc.profiles) != present:
+        out.append(f"profiles for {sorted(doc.profiles)} but present keys are {sorted(present)}")
+    for key, profiles in doc.profiles.items():
+        if profiles.correctness.case_key != key:
+            out.append(f"profile {key} names case {profiles.correctness.case_key}")
+    pins = {r.key: r.model_observation.sha256 for r in doc.rows if r.model_observation.present}
+    if dict(doc.plan.model_sha256) != pins:
+        out.append("plan.model_sha256 differs from the observed pins of the present rows")
+    expected_use_cases = ["all"] if doc.mode == "use-cases" else []
+    if doc.plan.use_cases != expected_use_cases:
+        out.append(f"mode {doc.mode} needs plan.use_cases {expected_use_cases}")
+    plan_corpus = doc.plan.corpus
+    if (plan_corpus is None) != (doc.corpus is None) or (
+        plan_corpus is not None
+        and doc.corpus is not None
+        and (plan_corpus.path, plan_corpus.sha256) != (doc.corpus.path, doc.corpus.sha256)
+    ):
+        out.append("corpus differs from plan.corpus")
+    return out
+
+
+class PreparationRequest(_Strict):
+    """``request.json``: what the parent asks the preparation worker to observe."""
+
+    schema_version: Literal[1]
+    mode: Mode
+    operator: OperatorInput  # after overrides and the mode's use-case selection
+    corpus_source: CorpusSource | None
+    # Whole milliseconds the worker may spend; the parent keeps a grace margin of its own.
+    worker_budget_ms: Annotated[int, Field(ge=1, le=3_600_000)]
+
+
+class Observations(_Strict):
+    """``observations.json``: the worker's answer, bound to the request's exact bytes."""
+
+    schema_version: Literal[1]
+    request_sha256: Sha256
+    scope: Literal["observed_local_bytes_and_declared_source_commits_not_build_attestation"]
+    input: PreparedInput
+
+
+# --- encoding and loading ----------------------------------------------------------------------
+
+
+def encode_document(model: BaseModel) -> bytes:
+    """The one JSON encoding of these documents: sorted members, two-space indent, newline."""
+    return (
+        json.dumps(model.model_dump(mode="json"), indent=2, sort_keys=True, ensure_ascii=False)
+        + "\n"
+    ).encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedPreparedInput:
+    input: PreparedInput
+    sha256: str
+    path: str
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+        repeated = sorted(name for name, n in Counter(names).items() if n > 1)
+        raise ValueError(f"repeated member name(s) {repeated}")
+    return dict(pairs)
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def decode_document(data: bytes, model: type[_M], *, what: str) -> _M:
+    """Decode strict JSON bytes into ``model``; every problem becomes a refusal."""
+    try:
+        obj = json.loads(
+            data.decode("utf-8"), object_pairs_hook=_no_repeats, parse_constant=_reject_constant
+        )
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise Refused.one(
+            "prepared.decode",
+            "$",
+            f"{what} is not strict UTF-8 JSON: {exc}",
+            "re-run preparation; never edit prepared documents by hand",
+        ) from None
+    try:
+        return model.model_validate(obj, strict=True)
+    except ValidationError as exc:
+        refusals = [
+            Refusal(
+                "prepared.invalid",
+                json_path(tuple(p for p in err["loc"] if isinstance(p, str | int))),
+                f"{what}: {err['msg']}",
+                "re-run preparation; never edit prepared documents by hand",
+            )
+            for err in exc.errors()
+        ]
+        raise Refused(tuple(refusals)) from None
+
+
+def read_prepared_input(path: str) -> LoadedPreparedInput:
+    """Read ``cache-family-input.json`` (absolute, regular, ≤ 32 MiB) with its byte pin."""
+    raw = read_bounded(path, PREPARED_INPUT_MAX_BYTES, what="prepared input")
+    doc = decode_document(raw.data, PreparedInput, what="prepared input")
+    return LoadedPreparedInput(input=doc, sha256=raw.sha256, path=raw.path)
+
+
+def load_prepared_input(path: str) -> PreparedInput:
+    """The run's entry point: ``cache-family-input.json`` validated, or :class:`Refused`."""
+    return read_prepared_input(path).input
