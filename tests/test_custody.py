@@ -207,7 +207,7 @@ async def test_host_that_never_becomes_healthy_fails_readiness(tmp_path: Path) -
             await host.launch(
                 [sys.executable, SCRIPTED, "unhealthy", str(host.port)], env_for(host)
             )
-            await host.wait_ready(1.5)
+            await host.wait_ready(4.0)
     assert caught.value.codes == ["custody.readiness_failed"]
     assert "HTTP 503" in str(caught.value)
 
