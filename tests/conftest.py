@@ -1,0 +1,27 @@
+"""Shared fixtures. Keep this file small and generic; each fixture says what it costs."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from cache_family.errors import Refused
+from cache_family.oracles.test_parts import SKIP_NATIVE_ENV, Parts, ensure_parts
+
+
+@pytest.fixture(scope="session")
+def native_parts() -> Parts:
+    """The real llama-server build and the tiny model zoo (see ``oracles/test_parts.py``).
+
+    Never compiles: a missing build fails the test (``just test`` builds it first through
+    ``just native-parts``), except under ``CACHE_FAMILY_SKIP_NATIVE=1``, where it is skipped
+    with the reason. The zoo is written on first use (about 2 s) and reused afterwards.
+    """
+    try:
+        return ensure_parts(sys.stderr, build=False)
+    except Refused as refused:
+        if os.environ.get(SKIP_NATIVE_ENV) == "1" and "native.build_absent" in refused.codes:
+            pytest.skip(f"{SKIP_NATIVE_ENV}=1 and {refused.refusals[0].message}")
+        pytest.fail(f"the real parts are missing: {refused}", pytrace=False)

@@ -1,0 +1,229 @@
+"""The native build: refusals before any compile, the pin check, and the installed output.
+
+The refusal tests run everywhere in about a second: they shape PATH and pip's environment so
+the builder meets a machine without a compiler, without cmake, without a registry, or with a
+registry serving other bytes (a generated stand-in sdist served from a local directory: a
+fault injection, never built). The output tests use the real cached build through the
+``native_parts`` fixture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from cache_family.errors import Refused
+from cache_family.oracles import native_build
+from cache_family.oracles.test_parts import Parts, free_port, producer_matches
+
+
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CACHE_FAMILY_CACHE", str(cache))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX"):
+        monkeypatch.delenv(name, raising=False)
+    return cache
+
+
+def _path_with(tmp_path: Path, tools: dict[str, str]) -> str:
+    """A PATH directory holding only the named tools (links to the real ones)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, real in tools.items():
+        (bin_dir / name).symlink_to(real)
+    return str(bin_dir)
+
+
+def test_no_compiler_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", _path_with(tmp_path, {}))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(Refused) as refused:
+        native_build.find_toolchain()
+    assert refused.value.codes == ["native.no_compiler"]
+
+
+def test_no_cmake_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cc, cxx = _real("cc", "gcc"), _real("c++", "g++")
+    monkeypatch.setenv("PATH", _path_with(tmp_path, {"cc": cc, "c++": cxx}))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(Refused) as refused:
+        native_build.find_toolchain()
+    assert refused.value.codes == ["native.no_cmake"]
+
+
+def _real(*names: str) -> str:
+    import shutil
+
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail(f"this machine has none of {names}; the native build needs a compiler")
+
+
+def test_unreachable_registry_is_refused(
+    private_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{free_port()}/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    with pytest.raises(Refused) as refused:
+        native_build.fetch_sdist(native_build.source_pin(), io.StringIO())
+    assert refused.value.codes == ["native.registry_unreachable"]
+    assert not list((private_cache / "sdist").glob("*.tar.gz"))
+
+
+def _stand_in_sdist(directory: Path, pin: native_build.SourcePin) -> Path:
+    """An sdist with the pinned name and version but other bytes (it can only be downloaded)."""
+    root = f"{pin.sdist_name.removesuffix('.tar.gz')}"
+    source = directory / "src" / root
+    source.mkdir(parents=True)
+    (source / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+    )
+    (source / "backend.py").write_text(
+        "import os\n"
+        "def prepare_metadata_for_build_wheel(directory, config_settings=None):\n"
+        f"    name = '{root}.dist-info'\n"
+        "    os.makedirs(os.path.join(directory, name))\n"
+        "    with open(os.path.join(directory, name, 'METADATA'), 'w') as out:\n"
+        f"        out.write('Metadata-Version: 2.1\\nName: {pin.package}\\n"
+        f"Version: {pin.version}\\n')\n"
+        "    return name\n"
+    )
+    links = directory / "links"
+    links.mkdir()
+    with tarfile.open(links / pin.sdist_name, "w:gz") as archive:
+        archive.add(source, arcname=root)
+    return links
+
+
+def test_registry_serving_other_bytes_is_refused_as_pin_mismatch(
+    private_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pin = native_build.source_pin()
+    links = _stand_in_sdist(tmp_path / "registry", pin)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    with pytest.raises(Refused) as refused:
+        native_build.fetch_sdist(pin, io.StringIO())
+    assert refused.value.codes == ["native.pin_mismatch"]
+    assert pin.sdist_sha256 in str(refused.value)
+    assert not (private_cache / "sdist" / pin.sdist_name).exists(), "foreign bytes kept"
+
+
+def test_a_cached_sdist_matching_the_pin_is_used_without_the_registry(
+    private_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = private_cache / "sdist"
+    store.mkdir(parents=True)
+    sdist = store / "tiny-1.0.tar.gz"
+    sdist.write_bytes(b"pinned bytes")
+    pin = dataclasses.replace(
+        native_build.source_pin(),
+        sdist_name=sdist.name,
+        sdist_sha256=hashlib.sha256(b"pinned bytes").hexdigest(),
+    )
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{free_port()}/simple")
+    assert native_build.fetch_sdist(pin, io.StringIO()) == sdist
+
+
+def test_relative_output_is_refused() -> None:
+    with pytest.raises(Refused) as refused:
+        native_build.install(Path("relative/out"), io.StringIO())
+    assert refused.value.codes == ["native.output_not_absolute"]
+
+
+def test_cache_key_covers_the_pin_and_every_option() -> None:
+    pin = native_build.source_pin()
+    options = native_build.build_options()
+    key = native_build.cache_key(pin, options)
+    assert key == native_build.cache_key(pin, dict(options))
+    assert key != native_build.cache_key(pin, {**options, "GGML_NATIVE": "ON"})
+    other = dataclasses.replace(pin, sdist_sha256="0" * 64)
+    assert key != native_build.cache_key(other, options)
+    # The web UI download must stay off: it would reach for a model hub during the build.
+    assert options["LLAMA_USE_PREBUILT_UI"] == "OFF"
+
+
+def test_cached_build_entry_is_none_in_an_empty_cache(private_cache: Path) -> None:
+    assert native_build.cached_build_entry() is None
+
+
+# --- the real build ---------------------------------------------------------------------------
+
+
+def test_producer_json_hashes_match_the_installed_files(native_parts: Parts) -> None:
+    producer = json.loads(native_parts.producer_json.read_text())
+    pin = native_build.source_pin()
+    assert producer["source"]["version"] == pin.version
+    assert producer["source"]["sdist_sha256"] == pin.sdist_sha256
+    assert producer["options"] == native_build.build_options()
+    assert producer["compiler"] and producer["compiler"] != "unknown"
+    installed = {
+        str(p.relative_to(native_parts.tools))
+        for p in native_parts.native_build.rglob("*")
+        if p.is_file()
+    }
+    assert set(producer["files"]) == installed
+    assert "native/bin/llama-server" in installed
+    assert any(name.startswith("native/lib/libllama") for name in installed)
+    for relative, digest in producer["files"].items():
+        assert native_build.sha256_file(native_parts.tools / relative) == digest, relative
+    assert producer_matches(native_parts.tools)
+
+
+def test_a_modified_file_no_longer_matches_its_producer(
+    native_parts: Parts, tmp_path: Path
+) -> None:
+    out = tmp_path / "tools"
+    native_build.install(out, io.StringIO())
+    assert producer_matches(out)
+    library = next((out / "native" / "lib").glob("libllama*"))
+    with library.open("ab") as handle:
+        handle.write(b"\0")
+    assert not producer_matches(out)
+
+
+def test_the_build_command_installs_a_runnable_server(native_parts: Parts, tmp_path: Path) -> None:
+    """``just skippy-workload-oracles-build OUTPUT`` runs exactly this module."""
+    out = tmp_path / "out"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())}
+    if "CACHE_FAMILY_CACHE" in os.environ:
+        env["CACHE_FAMILY_CACHE"] = os.environ["CACHE_FAMILY_CACHE"]
+    done = subprocess.run(
+        [sys.executable, "-m", "cache_family.oracles.native_build", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    server = out / "native" / "bin" / "llama-server"
+    assert os.access(server, os.X_OK)
+    producer = json.loads((out / "producer.json").read_text())
+    assert producer["files"]["native/bin/llama-server"] == native_build.sha256_file(server)
+    version = subprocess.run(
+        [str(server), "--version"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=60,
+        check=False,
+    )
+    assert version.returncode == 0, version.stderr
+    assert "version" in (version.stdout + version.stderr)

@@ -1,0 +1,277 @@
+"""The zoo as files: hub cache layout, determinism, the zoo catalog and report, honesty.
+
+These tests read the written bytes back (``gguf.GGUFReader``, ``os.readlink``, the strict
+catalog loader) rather than trusting what the builders say about themselves. Whether
+llama.cpp loads and serves the models is ``test_zoo_real_parts.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path, PurePosixPath
+
+import gguf
+import pytest
+
+from cache_family.errors import Refused
+from cache_family.oracles.test_parts import zoo_key
+from cache_family.oracles.zoo import BUILDERS, ZooResult, build_zoo, dense
+from cache_family.oracles.zoo.base import BuiltModel, ZooUnsupported
+from cache_family.oracles.zoo.hub import SnapshotPath, place_in_snapshot, publish_snapshot
+from cache_family.oracles.zoo.vocab import EOS_TOKEN, byte_to_printable, vocabulary
+from cache_family.oracles.zoo.zoo_catalog import NOT_BUILT_PREFIX
+from cache_family.schemas.catalog import load_catalog, packaged_catalog
+
+DENSE_KEYS = [
+    "llama",
+    "qwen3_dense",
+    "gemma2",
+    "gemma3",
+    "olmo",
+    "glm4",
+    "gemma4_a4b",
+    "gemma4_e4b",
+]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> ZooResult:
+    root = tmp_path_factory.mktemp("zoo")
+    return build_zoo(root, seed=0, progress=io.StringIO())
+
+
+def _field(reader: gguf.GGUFReader, key: str) -> object:
+    found = reader.get_field(key)
+    assert found is not None, key
+    return found.contents()
+
+
+def test_every_catalog_preset_has_a_builder_and_an_entry(zoo: ZooResult) -> None:
+    keys = packaged_catalog().catalog.keys
+    assert set(BUILDERS) == set(keys)
+    assert list(zoo.entries) == list(keys)
+    report = json.loads(zoo.report_path.read_text())
+    assert report["synthetic"] is True
+    assert set(report["models"]) == set(keys)
+    for key, entry in report["models"].items():
+        assert entry["status"] in ("built", "unsupported"), key
+        if entry["status"] == "unsupported":
+            assert entry["reason"], key
+            assert entry["files"] == []
+
+
+def test_hub_layout_is_blobs_plus_relative_symlinks(zoo: ZooResult) -> None:
+    catalog = packaged_catalog().catalog
+    built = [p for p in catalog.presets if zoo.entries[p.key].status == "built"]
+    assert built, "the zoo built nothing"
+    for preset in built:
+        repo = zoo.cache_root / preset.cache_dir
+        assert (repo / "refs" / "main").read_text() == preset.revision
+        entry = zoo.entries[preset.key]
+        for hub_file in entry.files:
+            link = zoo.cache_root / hub_file.snapshot_path
+            assert link.is_symlink(), link
+            target = os.readlink(link)
+            assert not os.path.isabs(target), target
+            depth = len(link.relative_to(repo / "snapshots" / preset.revision).parts)
+            assert target == "/".join([".."] * (depth + 1)) + f"/blobs/{hub_file.sha256}"
+            blob = link.resolve()
+            assert blob.parent == (repo / "blobs").resolve()
+            assert blob.name == _sha256(blob) == hub_file.sha256
+        requested = zoo.cache_root / preset.snapshot_relative
+        if preset.artifact_kind == "layer-package":
+            assert requested.is_dir() and not requested.is_symlink()
+        else:
+            assert requested.is_symlink() and requested.resolve().is_file()
+
+
+def test_split_shards_are_siblings_in_one_snapshot_directory(zoo: ZooResult) -> None:
+    preset = packaged_catalog().catalog.preset("minimax_m27")
+    if zoo.entries[preset.key].status != "built":
+        pytest.fail(f"minimax_m27 was not built: {zoo.entries[preset.key].reason}")
+    first = zoo.cache_root / preset.snapshot_relative
+    assert sorted(p.name for p in first.parent.iterdir()) == list(preset.shard_names)
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(zoo: ZooResult, tmp_path: Path) -> None:
+    again = build_zoo(tmp_path / "again", seed=0, progress=io.StringIO())
+    other = build_zoo(tmp_path / "other", seed=1, progress=io.StringIO())
+    for key, entry in zoo.entries.items():
+        if entry.status != "built":
+            continue
+        first = [f.sha256 for f in entry.files]
+        assert [f.sha256 for f in again.entries[key].files] == first, key
+        assert [f.sha256 for f in other.entries[key].files] != first, key
+    assert again.catalog_path.read_bytes() == zoo.catalog_path.read_bytes()
+
+
+def test_zoo_catalog_is_the_packaged_format_marked_synthetic(zoo: ZooResult) -> None:
+    loaded = load_catalog(str(zoo.catalog_path))  # the strict loader and integrity checks
+    tiny = loaded.catalog
+    reference = packaged_catalog().catalog
+    assert tiny.synthetic is True
+    assert tiny.family_order == reference.family_order
+    assert [p.key for p in tiny.presets] == [p.key for p in reference.presets]
+    for small, big in zip(tiny.presets, reference.presets, strict=True):
+        assert small.synthetic is True
+        same = ("family", "payload", "load_mode", "snapshot_relative", "revision", "repo")
+        for name in (*same, "artifact_kind", "shard_names", "baseline_policy", "prefix_tokens"):
+            assert getattr(small, name) == getattr(big, name), (small.key, name)
+        if small.payload == "kv-recurrent":
+            assert small.kv_bytes_per_token is None
+
+
+@pytest.mark.parametrize("key", DENSE_KEYS)
+def test_catalog_shapes_are_read_from_the_written_gguf(zoo: ZooResult, key: str) -> None:
+    """Layer count, width and KV bytes per token come from the file, not from a table."""
+    entry = zoo.entries[key]
+    assert entry.status == "built", entry.reason
+    preset = load_catalog(str(zoo.catalog_path)).catalog.preset(key)
+    reader = gguf.GGUFReader(zoo.cache_root / preset.snapshot_relative)
+    arch = str(_field(reader, "general.architecture"))
+    assert arch == preset.architecture
+    assert _field(reader, f"{arch}.block_count") == preset.layer_end
+    assert _field(reader, f"{arch}.embedding_length") == preset.activation_width
+    assert preset.state_layer_start == 0 and preset.state_layer_end == preset.layer_end
+    # f16 K and V rows of every layer that owns a KV cache (shared-KV layers have none).
+    kv_elements = sum(
+        int(t.shape[1])
+        for t in reader.tensors
+        if t.name.endswith((".attn_k.weight", ".attn_v.weight"))
+    )
+    assert preset.kv_bytes_per_token == kv_elements * 2
+    assert preset.ctx <= int(str(_field(reader, f"{arch}.context_length")))
+
+
+def test_the_vocabulary_is_a_real_byte_level_bpe() -> None:
+    tokens, merges, types = vocabulary()
+    printable = byte_to_printable()
+    assert len(set(printable)) == 256
+    assert tokens[:256] == printable
+    assert all(not ch.isspace() for ch in printable)
+    assert len(tokens) == len(types) == len(set(tokens))
+    for merge in merges:
+        left, right = merge.split(" ")
+        assert left in tokens and right in tokens and left + right in tokens
+    assert tokens.count(EOS_TOKEN) == 1
+    assert 850 <= len(tokens) <= 1000
+
+
+def test_the_vocabulary_is_in_every_dense_model(zoo: ZooResult) -> None:
+    tokens, merges, _ = vocabulary()
+    preset = packaged_catalog().catalog.preset("llama")
+    reader = gguf.GGUFReader(zoo.cache_root / preset.snapshot_relative)
+    assert _field(reader, "tokenizer.ggml.model") == "gpt2"
+    assert _field(reader, "tokenizer.ggml.pre") == "gpt-2"
+    assert list(_field(reader, "tokenizer.ggml.tokens")) == list(tokens)  # type: ignore[call-overload]
+    assert list(_field(reader, "tokenizer.ggml.merges")) == list(merges)  # type: ignore[call-overload]
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    assert tokens[int(str(eos))] == EOS_TOKEN
+
+
+def _cannot_load(staging: Path, seed: int) -> BuiltModel:
+    raise ZooUnsupported("this test's architecture has no loader in llama.cpp")
+
+
+def test_an_unsupported_model_is_reported_and_left_missing(tmp_path: Path) -> None:
+    builders = dict(BUILDERS)
+    first = build_zoo(tmp_path, seed=0, progress=io.StringIO(), builders=builders)
+    assert first.entries["olmo"].status == "built"
+    builders["olmo"] = _cannot_load
+    second = build_zoo(tmp_path, seed=0, progress=io.StringIO(), builders=builders)
+    preset = packaged_catalog().catalog.preset("olmo")
+    assert not (tmp_path / preset.snapshot_relative).exists(), "an old model must not linger"
+    assert not (tmp_path / preset.snapshot_relative).is_symlink()
+    report = json.loads(second.report_path.read_text())["models"]["olmo"]
+    assert report == {
+        "status": "unsupported",
+        "reason": "this test's architecture has no loader in llama.cpp",
+        "architecture": None,
+        "files": [],
+        "sha256": {},
+    }
+    tiny = load_catalog(str(second.catalog_path)).catalog.preset("olmo")
+    assert tiny.synthetic is True
+    assert tiny.architecture_note.startswith(NOT_BUILT_PREFIX + report["reason"])
+    assert "unsupported" in second.summary() and report["reason"] in second.summary()
+
+
+def _wrong_name(staging: Path, seed: int) -> BuiltModel:
+    built = dense.build_llama(staging, seed)
+    renamed = staging / "not-the-catalog-name.gguf"
+    built.files[0].rename(renamed)
+    return BuiltModel((renamed,), built.architecture, built.shape, built.kv_bytes_per_token)
+
+
+def test_a_builder_that_writes_another_file_name_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="the catalog names"):
+        build_zoo(tmp_path, seed=0, progress=io.StringIO(), builders={"llama": _wrong_name})
+
+
+def test_rebuilding_over_an_existing_zoo_keeps_it_consistent(zoo: ZooResult) -> None:
+    again = build_zoo(zoo.cache_root, seed=0, progress=io.StringIO())
+    for key, entry in zoo.entries.items():
+        assert [f.sha256 for f in again.entries[key].files] == [f.sha256 for f in entry.files]
+    assert not list(zoo.cache_root.glob(".zoo-staging-*")), "staging directories must go"
+
+
+def test_snapshot_placement_rules(tmp_path: Path) -> None:
+    rev = "a" * 40
+    single = SnapshotPath.parse(f"models--o--n/snapshots/{rev}/m.gguf")
+    nested = SnapshotPath.parse(f"models--o--n/snapshots/{rev}/Q2/m-00001-of-00002.gguf")
+    package = SnapshotPath.parse(f"models--o--n/snapshots/{rev}")
+    assert package.is_directory and not single.is_directory
+    assert place_in_snapshot(single, tmp_path, tmp_path / "m.gguf") == PurePosixPath("m.gguf")
+    flat = tmp_path / "m-00002-of-00002.gguf"
+    assert place_in_snapshot(nested, tmp_path, flat) == PurePosixPath("Q2/m-00002-of-00002.gguf")
+    inside = tmp_path / "Q2" / "m-00002-of-00002.gguf"
+    assert place_in_snapshot(nested, tmp_path, inside) == PurePosixPath("Q2/m-00002-of-00002.gguf")
+    layer = tmp_path / "layers" / "l0.gguf"
+    assert place_in_snapshot(package, tmp_path, layer) == PurePosixPath("layers/l0.gguf")
+    for bad in ("models--o--n/snapshots/main/m.gguf", "elsewhere/snapshots/" + rev, "../x"):
+        with pytest.raises(ValueError):
+            SnapshotPath.parse(bad)
+
+
+def test_a_directory_snapshot_links_every_file(tmp_path: Path) -> None:
+    staging = tmp_path / "staging"
+    (staging / "sub").mkdir(parents=True)
+    (staging / "manifest.json").write_text("{}")
+    (staging / "sub" / "layer.gguf").write_bytes(b"GGUF-bytes")
+    rev = "b" * 40
+    files = publish_snapshot(
+        tmp_path / "hub",
+        f"models--o--pkg/snapshots/{rev}",
+        staging,
+        (Path("manifest.json"), staging / "sub" / "layer.gguf"),
+    )
+    snapshot = tmp_path / "hub" / "models--o--pkg" / "snapshots" / rev
+    assert os.readlink(snapshot / "manifest.json").startswith("../../blobs/")
+    assert os.readlink(snapshot / "sub" / "layer.gguf").startswith("../../../blobs/")
+    assert (snapshot / "sub" / "layer.gguf").read_bytes() == b"GGUF-bytes"
+    assert [f.sha256 for f in files] == [
+        hashlib.sha256(b"{}").hexdigest(),
+        hashlib.sha256(b"GGUF-bytes").hexdigest(),
+    ]
+
+
+def test_zoo_key_follows_the_seed() -> None:
+    assert zoo_key(0) == zoo_key(0)
+    assert zoo_key(0) != zoo_key(1)
+
+
+def test_an_inconsistent_zoo_catalog_is_refused() -> None:
+    from cache_family.oracles.zoo.zoo_catalog import zoo_catalog
+
+    reference = packaged_catalog().catalog
+    presets = {p.key: p for p in reference.presets}  # not marked synthetic
+    with pytest.raises(Refused) as refused:
+        zoo_catalog(reference, presets)
+    assert "catalog.synthetic_mismatch" in refused.value.codes
