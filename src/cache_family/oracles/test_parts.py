@@ -21,6 +21,7 @@ free port, an explicit environment, readiness from the server's own "listening" 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import http.client
@@ -168,10 +169,16 @@ def ensure_zoo(progress: TextIO, seed: int = DEFAULT_SEED) -> Path:
         work = Path(tempfile.mkdtemp(prefix=f".building-{root.name}-", dir=store))
         try:
             result = build_zoo(work, seed=seed, progress=progress)
-            print(result.summary(), file=progress, flush=True)
             if root.exists():
                 shutil.rmtree(root)
             work.rename(root)  # snapshot links are relative, so the tree moves whole
+            moved = dataclasses.replace(
+                result,
+                cache_root=root,
+                catalog_path=root / result.catalog_path.name,
+                report_path=root / result.report_path.name,
+            )
+            print(moved.summary(), file=progress, flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return root

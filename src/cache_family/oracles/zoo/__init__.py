@@ -20,7 +20,6 @@ The same seed gives byte-identical files.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TextIO
 
-from cache_family.oracles.zoo import dense
+from cache_family.oracles.zoo import dense, hybrid, minimax, moe
 from cache_family.oracles.zoo.base import Builder, BuiltModel, ZooUnsupported
 from cache_family.oracles.zoo.hub import HubFile, SnapshotPath, publish_snapshot
 from cache_family.oracles.zoo.zoo_catalog import (
@@ -46,38 +45,22 @@ REPORT_NAME = "zoo-report.json"
 REPORT_SCHEMA_VERSION = 1
 
 
-def _in_progress(module: str, name: str) -> Builder:
-    """DEVELOPMENT ONLY: a builder module another engineer is still writing."""
-    try:
-        found: Builder = getattr(
-            importlib.import_module(f"cache_family.oracles.zoo.{module}"), name
-        )
-    except (ImportError, AttributeError) as missing:
-        reason = f"zoo builder {module}.{name} not written yet ({missing})"
-
-        def not_yet(staging: Path, seed: int) -> BuiltModel:
-            raise ZooUnsupported(reason)
-
-        return not_yet
-    return found
-
-
 #: Catalog key -> the builder that writes its tiny model.
 BUILDERS: dict[str, Builder] = {
     "qwen3_dense": dense.build_qwen3_dense,
     "llama": dense.build_llama,
-    "deepseek2": _in_progress("moe", "build_deepseek2"),
-    "deepseek3": _in_progress("moe", "build_deepseek3_package"),
-    "glm47_flash": _in_progress("moe", "build_glm47_flash"),
+    "deepseek2": moe.build_deepseek2,
+    "deepseek3": moe.build_deepseek3_package,
+    "glm47_flash": moe.build_glm47_flash,
     "glm4": dense.build_glm4,
     "gemma4_a4b": dense.build_gemma4_a4b,
     "gemma4_e4b": dense.build_gemma4_e4b,
     "gemma3": dense.build_gemma3,
     "gemma2": dense.build_gemma2,
-    "falcon_h1": _in_progress("hybrid", "build_falcon_h1"),
+    "falcon_h1": hybrid.build_falcon_h1,
     "olmo": dense.build_olmo,
-    "minimax_m27": _in_progress("minimax", "build_minimax_m27"),
-    "qwen3next": _in_progress("hybrid", "build_qwen3next"),
+    "minimax_m27": minimax.build_minimax_m27,
+    "qwen3next": hybrid.build_qwen3next,
 }
 
 Status = Literal["built", "unsupported"]
