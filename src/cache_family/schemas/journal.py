@@ -1,0 +1,581 @@
+"""The run journal: one hash-chained JSON line per record, the source every receipt is folded from.
+
+Layout of ``journal.jsonl`` (one per run directory)::
+
+    {"seq":1,"mono_ns":...,"wall_ns":...,"prev":"000...0","record":{"type":"run_started",...}}\\n
+    {"seq":2,"mono_ns":...,"wall_ns":...,"prev":"<sha256 of line 1>","record":{...}}\\n
+
+* ``seq`` starts at 1 and grows by exactly one per line.
+* ``prev`` is the lowercase SHA-256 hex of the previous line's bytes, without its ``\\n``
+  terminator. The first line's ``prev`` is :data:`GENESIS_PREV` (64 zeros).
+* ``mono_ns`` is the writer's monotonic clock (trio's clock in a run) and ``wall_ns`` the wall
+  clock, both in integer nanoseconds so that no float formatting question ever arises.
+* ``record`` is one member of :data:`Record`, tagged by its ``type`` field.
+
+Evolution rule: records are frozen and keyword-only; a new field gets a default and goes last;
+no field is renamed, retyped or reordered; a new record type gets a new tag. An older reader
+meeting a newer tag refuses it with ``journal.record.unknown_type`` instead of crashing.
+Unknown *fields* are ignored (tolerant reader), so adding a field never breaks replay.
+
+Free-text fields (fault kinds, budgets, arms) are plain strings rather than literals so that a
+newer writer's vocabulary never makes an older journal unreadable; the fold interprets them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import ClassVar, Final, TypeAlias
+
+import msgspec
+
+from cache_family.errors import Refusal
+from cache_family.schemas.measurement import RequestRow
+
+JOURNAL_FILENAME: Final = "journal.jsonl"
+GENESIS_PREV: Final = "0" * 64
+
+
+class _Record(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    # State changes are flushed and fsynced before the writer acknowledges them.
+    durable: ClassVar[bool] = False
+
+
+class RungPlan(msgspec.Struct, frozen=True, kw_only=True):
+    concurrency: int
+    requests: int
+
+
+class ArmPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One arm of a row as planned: ``planned``, or why it will not run."""
+
+    arm: str
+    status: str = "planned"  # planned | skipped | unavailable
+    reason: str | None = None
+
+
+# --- run level ---------------------------------------------------------------------------
+
+
+class RunStarted(_Record, tag="run_started", frozen=True, kw_only=True):
+    durable: ClassVar[bool] = True
+    run_id: str
+    request_sha256: str
+    catalog_sha256: str
+    tool_version: str = ""
+
+
+class Cancellation(_Record, tag="cancellation", frozen=True, kw_only=True):
+    """Cancellation seen (SIGINT/SIGTERM). ``cell_id`` None: the whole run."""
+
+    durable: ClassVar[bool] = True
+    cell_id: str | None = None
+    signal: str = ""
+    detail: str = ""
+
+
+class DeadlineExpired(_Record, tag="deadline_expired", frozen=True, kw_only=True):
+    durable: ClassVar[bool] = True
+    cell_id: str | None = None
+    budget: str = "execution"  # execution | cell | request
+    detail: str = ""
+
+
+class InterruptFinishFailed(_Record, tag="interrupt_finish_failed", frozen=True, kw_only=True):
+    """Restoring the signal handlers at the end of a run failed."""
+
+    durable: ClassVar[bool] = True
+    detail: str = ""
+
+
+# --- identity ------------------------------------------------------------------------------
+
+
+class RowOpened(_Record, tag="row_opened", frozen=True, kw_only=True):
+    durable: ClassVar[bool] = True
+    row_index: int
+    row_key: str
+    case_key: str
+    prefix_tokens: int | None = None
+    use_case: str | None = None
+    row_dir: str = ""  # relative to the run directory, e.g. "cell-0003"
+    model_status: str = "present"  # present | missing-model
+    arms: tuple[ArmPlan, ...] = ()
+
+
+class CellOpened(_Record, tag="cell_opened", frozen=True, kw_only=True):
+    """One host session of one arm; ``cell_id`` is unique within the run."""
+
+    durable: ClassVar[bool] = True
+    cell_id: str
+    row_index: int
+    row_key: str
+    arm: str  # native-serial | native-concurrent | skippy-old | skippy-new
+    cohort: str
+    cell_dir: str  # relative to the run directory
+    measurement_kind: str = "concurrent"  # serial | concurrent
+    rungs: tuple[RungPlan, ...] = ()
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+
+
+class Transition(_Record, tag="transition", frozen=True, kw_only=True):
+    """One step of a machine table; ``machine`` is "cell" (cell_id set) or "row" (row_index)."""
+
+    durable: ClassVar[bool] = True
+    machine: str
+    cell_id: str | None = None
+    row_index: int | None = None
+    from_state: str
+    event: str
+    to_state: str
+
+
+# --- cell observations ----------------------------------------------------------------------
+
+
+class PinObserved(_Record, tag="pin_observed", frozen=True, kw_only=True):
+    cell_id: str | None
+    phase: str  # before | after
+    name: str
+    path: str
+    expected_sha256: str
+    # None: the bytes could not be read (missing, unreadable, cancelled while hashing).
+    observed_sha256: str | None
+
+
+class PinDrift(_Record, tag="pin_drift", frozen=True, kw_only=True):
+    durable: ClassVar[bool] = True
+    cell_id: str | None
+    phase: str
+    name: str
+    path: str
+    expected_sha256: str
+    observed_sha256: str | None
+
+
+class PortReserved(_Record, tag="port_reserved", frozen=True, kw_only=True):
+    cell_id: str
+    port: int
+
+
+class ChildSpawned(_Record, tag="child_spawned", frozen=True, kw_only=True):
+    """A child process we own; ``replay --reap`` matches it by pid AND create time."""
+
+    # Durable so that a crash right after spawning still leaves the pid for --reap.
+    durable: ClassVar[bool] = True
+    cell_id: str | None
+    role: str = "host"
+    pid: int
+    create_time: float  # psutil.Process.create_time()
+    pgid: int | None = None
+    argv_sha256: str
+    executable: str = ""
+
+
+class ListeningMarkerSeen(_Record, tag="listening_marker_seen", frozen=True, kw_only=True):
+    cell_id: str
+    pid: int
+    port: int
+    marker: str
+
+
+class Ready(_Record, tag="ready", frozen=True, kw_only=True):
+    cell_id: str
+    url: str
+    attempts: int = 1
+    elapsed_ms: float | None = None
+
+
+class WarmupExclusion(_Record, tag="warmup_exclusion", frozen=True, kw_only=True):
+    cell_id: str
+    rung_index: int
+    request_ids: tuple[int, ...]
+    reason: str
+
+
+class RequestOutcome(_Record, tag="request_outcome", frozen=True, kw_only=True):
+    cell_id: str
+    rung_index: int
+    concurrency: int
+    row: RequestRow
+
+
+class RungCompleted(_Record, tag="rung_completed", frozen=True, kw_only=True):
+    """A rung's load run ended (any status); the retained host's identity is re-checked."""
+
+    cell_id: str
+    rung_index: int
+    concurrency: int
+    requested_requests: int
+    status: str  # completed | incomplete | failed | not-launched (schemas.measurement.LoadStatus)
+    makespan_seconds: float | None = None
+    prompt_sha256: str | None = None
+    output_tokens: int | None = None
+    host_pid: int | None = None
+    host_create_time: float | None = None
+    stop_reason: str | None = None
+
+
+class Fault(_Record, tag="fault", frozen=True, kw_only=True):
+    """Something went wrong; the cell goes to cleanup. ``kind`` names it (see FAULT_KINDS)."""
+
+    durable: ClassVar[bool] = True
+    cell_id: str | None
+    kind: str
+    detail: str = ""
+    pid: int | None = None
+
+
+class CleanupOutcome(_Record, tag="cleanup_outcome", frozen=True, kw_only=True):
+    durable: ClassVar[bool] = True
+    cell_id: str
+    pid: int | None = None  # None: nothing had been spawned
+    graceful: bool  # ended by SIGTERM within the grace period (or nothing to end)
+    forced: bool  # SIGKILL was needed
+    exit_code: int | None = None
+    surviving_descendants: tuple[int, ...] = ()
+    port_free: bool = True
+    state_dir_removed: bool = True
+    elapsed_ms: float | None = None
+    detail: str = ""
+
+
+class ReceiptPublished(_Record, tag="receipt_published", frozen=True, kw_only=True):
+    """A receipt file was published; replay refolds it through ``through_seq`` and compares."""
+
+    durable: ClassVar[bool] = True
+    scope: str  # cell | row | matrix
+    cell_id: str | None = None
+    row_index: int | None = None
+    path: str  # relative to the run directory
+    sha256: str
+    through_seq: int
+
+
+Record: TypeAlias = (
+    RunStarted
+    | Cancellation
+    | DeadlineExpired
+    | InterruptFinishFailed
+    | RowOpened
+    | CellOpened
+    | Transition
+    | PinObserved
+    | PinDrift
+    | PortReserved
+    | ChildSpawned
+    | ListeningMarkerSeen
+    | Ready
+    | WarmupExclusion
+    | RequestOutcome
+    | RungCompleted
+    | Fault
+    | CleanupOutcome
+    | ReceiptPublished
+)
+
+RECORD_TYPES: Final[tuple[type[_Record], ...]] = (
+    RunStarted,
+    Cancellation,
+    DeadlineExpired,
+    InterruptFinishFailed,
+    RowOpened,
+    CellOpened,
+    Transition,
+    PinObserved,
+    PinDrift,
+    PortReserved,
+    ChildSpawned,
+    ListeningMarkerSeen,
+    Ready,
+    WarmupExclusion,
+    RequestOutcome,
+    RungCompleted,
+    Fault,
+    CleanupOutcome,
+    ReceiptPublished,
+)
+KNOWN_TAGS: Final[frozenset[str]] = frozenset(str(t.__struct_config__.tag) for t in RECORD_TYPES)
+
+# Fault kinds the fold knows; an unknown kind is still a fault.
+FAULT_KINDS: Final = (
+    "pin_mismatch",
+    "port_busy",
+    "spawn_failed",
+    "child_exited",
+    "marker_missing",
+    "readiness_failed",
+    "request_failed",
+    "request_timeout",
+    "host_identity_changed",
+    "capture_truncated",
+    "cleanup_failed",
+    "internal",
+)
+
+
+class JournalLine(msgspec.Struct, frozen=True, kw_only=True):
+    seq: int
+    mono_ns: int
+    wall_ns: int
+    prev: str
+    record: Record
+
+
+class _LooseLine(msgspec.Struct, frozen=True, kw_only=True):
+    """Just enough of a line to check the chain when its record cannot be typed."""
+
+    seq: int
+    prev: str
+    record: msgspec.Raw
+
+
+class _LooseRecord(msgspec.Struct, frozen=True):
+    type: str
+
+
+_ENCODER: Final = msgspec.json.Encoder(order="deterministic")
+_DECODER: Final = msgspec.json.Decoder(JournalLine)
+_LOOSE_DECODER: Final = msgspec.json.Decoder(_LooseLine)
+_LOOSE_RECORD_DECODER: Final = msgspec.json.Decoder(_LooseRecord)
+
+
+def is_durable(record: Record) -> bool:
+    return record.durable
+
+
+def line_sha256(line_bytes: bytes) -> str:
+    return hashlib.sha256(line_bytes).hexdigest()
+
+
+def encode_line(line: JournalLine) -> bytes:
+    """The line's bytes WITHOUT the newline terminator (what ``prev`` hashes)."""
+    return _ENCODER.encode(line)
+
+
+def decode_line(line_bytes: bytes) -> JournalLine:
+    return _DECODER.decode(line_bytes)
+
+
+class JournalChain:
+    """Pure appender: stamps ``seq`` and ``prev`` and returns each line's bytes.
+
+    The writer actor and tests that build journals in memory share it, so both produce the
+    same bytes for the same records and clocks.
+    """
+
+    __slots__ = ("next_seq", "prev")
+
+    def __init__(self, *, next_seq: int = 1, prev: str = GENESIS_PREV) -> None:
+        self.next_seq = next_seq
+        self.prev = prev
+
+    def line(self, record: Record, *, mono_ns: int, wall_ns: int) -> tuple[JournalLine, bytes]:
+        """Chain one record; returns the line and its bytes including the ``\\n``."""
+        line = JournalLine(
+            seq=self.next_seq, mono_ns=mono_ns, wall_ns=wall_ns, prev=self.prev, record=record
+        )
+        data = encode_line(line)
+        self.prev = line_sha256(data)
+        self.next_seq += 1
+        return line, data + b"\n"
+
+    def __repr__(self) -> str:
+        return f"<JournalChain next_seq={self.next_seq} prev={self.prev[:12]}…>"
+
+
+def encode_journal(
+    records: Iterable[Record], *, mono_ns_step: int = 1_000_000, wall_ns_start: int = 0
+) -> bytes:
+    """A whole journal for the given records with synthetic clocks (tests, examples)."""
+    chain = JournalChain()
+    out: list[bytes] = []
+    for i, record in enumerate(records):
+        _, data = chain.line(record, mono_ns=i * mono_ns_step, wall_ns=wall_ns_start + i)
+        out.append(data)
+    return b"".join(out)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChainBreak:
+    """The first place the journal stops being trustworthy.
+
+    ``seq`` is the first sequence number that cannot be trusted (the line that is missing,
+    torn, undecodable, out of place or whose bytes differ from what its successor recorded).
+    """
+
+    seq: int
+    line_no: int
+    code: str
+    message: str
+
+    def refusal(self) -> Refusal:
+        return Refusal(
+            self.code,
+            f"$.journal[{self.line_no - 1}]",
+            f"seq {self.seq}: {self.message}",
+            "the journal was truncated or edited after it was written; receipts after this "
+            "seq cannot be replayed",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRead:
+    """The trusted prefix of a journal and what, if anything, is wrong after it."""
+
+    lines: tuple[JournalLine, ...]
+    line_sha256s: tuple[str, ...]
+    chain_break: ChainBreak | None = None
+    # Records of a newer writer this reader cannot type; replay refuses them.
+    unknown_types: tuple[Refusal, ...] = field(default_factory=tuple)
+    torn_tail: bool = False
+
+    @property
+    def last_seq(self) -> int:
+        return self.lines[-1].seq if self.lines else 0
+
+    @property
+    def first_bad_seq(self) -> int | None:
+        return self.chain_break.seq if self.chain_break else None
+
+
+def read_journal(data: bytes) -> JournalRead:
+    """Verify the hash chain and decode every line; never raises for bad content.
+
+    A missing final newline is a torn last line (a crash mid-write): it is reported and never
+    used. Lines after the first break are not returned, because nothing vouches for them.
+    """
+    torn = bool(data) and not data.endswith(b"\n")
+    raw_lines = data.split(b"\n")
+    raw_lines.pop()  # the empty piece after the last "\n", or the torn tail
+    decoded: list[JournalLine] = []
+    shas: list[str] = []
+    unknown: list[Refusal] = []
+    prev_sha = GENESIS_PREV
+    prev_mismatch_at: int | None = None  # line number whose prev disagreed with its predecessor
+    chain_break: ChainBreak | None = None
+
+    for index, raw in enumerate(raw_lines):
+        line_no = index + 1
+        sha = line_sha256(raw)
+        seq, prev, typed, problem = _decode_one(raw, line_no)
+        if problem is not None and problem.code == "journal.record.unknown_type":
+            unknown.append(problem)
+            problem = None
+        if prev_mismatch_at is not None and (problem is not None or seq != line_no):
+            # An earlier line is already suspect; it is the first untrusted one.
+            chain_break = _altered(prev_mismatch_at - 1)
+            break
+        if problem is not None:
+            chain_break = ChainBreak(line_no, line_no, problem.code, problem.message)
+            break
+        if seq != line_no:
+            chain_break = ChainBreak(
+                line_no,
+                line_no,
+                "journal.seq.out_of_order",
+                f"line {line_no} carries seq {seq}: a line was removed, inserted or reordered",
+            )
+            break
+        if prev != prev_sha:
+            if prev_mismatch_at is not None:
+                # Two disagreements in a row: the line between them was itself altered.
+                chain_break = _altered(line_no - 1)
+                break
+            prev_mismatch_at = line_no
+        elif prev_mismatch_at is not None:
+            # Only the predecessor's bytes disagree with what this line's predecessor recorded.
+            chain_break = _altered(prev_mismatch_at - 1)
+            break
+        if typed is not None:
+            decoded.append(typed)
+        shas.append(sha)
+        prev_sha = sha
+
+    if chain_break is None and prev_mismatch_at is not None:
+        # The mismatch was on the last line: the earlier of the two candidates is reported.
+        chain_break = _altered(prev_mismatch_at - 1)
+    if chain_break is None and torn:
+        line_no = len(raw_lines) + 1
+        chain_break = ChainBreak(
+            line_no,
+            line_no,
+            "journal.line.torn",
+            "the last line has no newline terminator (the writer stopped mid-line)",
+        )
+    trusted = chain_break.seq - 1 if chain_break else len(shas)
+    return JournalRead(
+        lines=tuple(line for line in decoded if line.seq <= trusted),
+        line_sha256s=tuple(shas[:trusted]),
+        chain_break=chain_break,
+        unknown_types=tuple(u for u in unknown if _seq_of(u) <= trusted),
+        torn_tail=torn,
+    )
+
+
+def _altered(seq: int) -> ChainBreak:
+    seq = max(seq, 1)
+    return ChainBreak(
+        seq,
+        seq,
+        "journal.chain.broken",
+        "the line's bytes differ from the SHA-256 its successor recorded (edited after writing)",
+    )
+
+
+def _seq_of(refusal: Refusal) -> int:
+    return int(refusal.path.removeprefix("$.journal[").removesuffix("]")) + 1
+
+
+def _decode_one(raw: bytes, line_no: int) -> tuple[int, str, JournalLine | None, Refusal | None]:
+    """(seq, prev, typed line or None, problem or None) for one line's bytes."""
+    try:
+        typed = _DECODER.decode(raw)
+    except msgspec.DecodeError:
+        pass
+    else:
+        return typed.seq, typed.prev, typed, None
+    where = f"$.journal[{line_no - 1}]"
+    try:
+        loose = _LOOSE_DECODER.decode(raw)
+        tag = _LOOSE_RECORD_DECODER.decode(loose.record).type
+    except msgspec.DecodeError:
+        return (
+            line_no,
+            "",
+            None,
+            Refusal(
+                "journal.line.undecodable",
+                where,
+                f"line {line_no} is not a journal line",
+                "the line was edited or corrupted",
+            ),
+        )
+    if tag not in KNOWN_TAGS:
+        return (
+            loose.seq,
+            loose.prev,
+            None,
+            Refusal(
+                "journal.record.unknown_type",
+                where,
+                f"record type {tag!r} at seq {loose.seq} is unknown to this version",
+                "replay with the cache-family version that wrote the journal, or a newer one",
+            ),
+        )
+    return (
+        loose.seq,
+        loose.prev,
+        None,
+        Refusal(
+            "journal.line.undecodable",
+            where,
+            f"line {line_no}: a {tag!r} record does not match its schema",
+            "the line was edited or corrupted",
+        ),
+    )

@@ -1,0 +1,209 @@
+"""Receipts: ``cell.json`` per host session and the native part of ``row.json``.
+
+Receipts are computed by the pure fold (``states/fold.py``) from the journal alone and encoded
+canonically by :func:`encode_receipt`: struct fields in definition order, mapping keys sorted,
+two-space indentation, one trailing newline. The same journal therefore always gives the same
+bytes, which is what ``cache-family replay`` checks.
+
+Evolution rule (as for journal records): new fields get defaults and go last; nothing is
+renamed, retyped or reordered; ``schema_version`` changes only when a meaning changes.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import msgspec
+
+from cache_family.schemas.measurement import RequestRow, RungSummary, SerialSummary
+
+CELL_SCHEMA_VERSION: Final = 1
+ROW_SCHEMA_VERSION: Final = 1
+
+ReceiptStatus = Literal[
+    # The measured chain, best first (states/receipts.py orders it):
+    "completed",
+    "incomplete",
+    "failed",
+    "refused",
+    # Statuses of things that were never measured; a downgrade leaves them as they are:
+    "missing-model",
+    "not-launched",
+    "not-run",
+    "skipped",
+    "unavailable",
+    "unmeasured",
+]
+
+TerminalRefusal = Literal["cancelled", "deadline_expired", "interrupt_finish_failed"]
+
+
+class HostIdentity(msgspec.Struct, frozen=True, kw_only=True):
+    pid: int
+    create_time: float
+    pgid: int | None = None
+    argv_sha256: str = ""
+    executable: str = ""
+
+
+class PinEntry(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    path: str
+    expected_sha256: str
+    observed_sha256: str | None
+    matches: bool
+
+
+class FaultEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """A fault the fold saw; ``seq`` None for one the fold inferred (e.g. journal ended)."""
+
+    seq: int | None
+    kind: str
+    state: str
+    detail: str = ""
+
+
+class Readiness(msgspec.Struct, frozen=True, kw_only=True):
+    port: int | None = None
+    marker_seen: bool = False
+    marker: str | None = None
+    ready: bool = False
+    url: str | None = None
+    attempts: int = 0
+    elapsed_ms: float | None = None
+
+
+class CleanupReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    pid: int | None
+    graceful: bool
+    forced: bool
+    exit_code: int | None
+    surviving_descendants: tuple[int, ...]
+    port_free: bool
+    state_dir_removed: bool
+    elapsed_ms: float | None
+    # graceful, not forced, nothing survived, port free and state dir removed.
+    clean: bool
+    detail: str = ""
+
+
+class RungReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    rung_index: int
+    concurrency: int
+    requested_requests: int
+    # The load run's status, or "not-run" when the rung never reported.
+    status: str
+    makespan_seconds: float | None = None
+    prompt_sha256: str | None = None
+    output_tokens: int | None = None
+    host_pid: int | None = None
+    host_create_time: float | None = None
+    # True when the rung ran against the same retained host (pid and create time) as launch.
+    host_retained: bool | None = None
+    stop_reason: str | None = None
+    warmup_excluded_ids: tuple[int, ...] = ()
+    rows: tuple[RequestRow, ...] = ()
+    rung_summary: RungSummary | None = None
+    serial_summary: SerialSummary | None = None
+    # Refusal codes of the metrics functions when the roster could not be summarised.
+    summary_refusals: tuple[str, ...] = ()
+
+
+class Measurement(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str  # serial | concurrent
+    complete: bool
+    rungs: tuple[RungReceipt, ...] = ()
+
+
+class CellReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    schema_version: int = CELL_SCHEMA_VERSION
+    receipt: str = "cell"
+    run_id: str
+    request_sha256: str
+    catalog_sha256: str
+    cell_id: str
+    row_index: int | None
+    row_key: str | None
+    arm: str | None
+    cohort: str | None
+    cell_dir: str | None
+    host: HostIdentity | None
+    status: ReceiptStatus
+    terminal_refusal: TerminalRefusal | None
+    # Both-arms parity may use this cell only when it is completed with clean custody.
+    accepted_for_parity: bool
+    faults: tuple[FaultEntry, ...]
+    lifecycle: tuple[str, ...]
+    final_state: str
+    readiness: Readiness
+    pins_before: tuple[PinEntry, ...]
+    pins_after: tuple[PinEntry, ...]
+    pins_drifted: bool
+    cleanup: CleanupReceipt | None
+    measurement: Measurement
+    journal_through_seq: int
+
+
+class RungBrief(msgspec.Struct, frozen=True, kw_only=True):
+    rung_index: int
+    concurrency: int
+    status: str
+    rung_summary: RungSummary | None = None
+    serial_summary: SerialSummary | None = None
+
+
+class ArmObservation(msgspec.Struct, frozen=True, kw_only=True):
+    arm: str
+    planned: str  # planned | skipped | unavailable
+    status: ReceiptStatus
+    reason: str | None = None
+    cell_id: str | None = None
+    cell_dir: str | None = None
+    terminal_refusal: TerminalRefusal | None = None
+    accepted_for_parity: bool = False
+    rungs: tuple[RungBrief, ...] = ()
+
+
+class RowReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    """The native part of ``row.json``: the host arms of one planned row."""
+
+    schema_version: int = ROW_SCHEMA_VERSION
+    receipt: str = "row"
+    run_id: str
+    request_sha256: str
+    catalog_sha256: str
+    row_index: int
+    row_key: str | None
+    case_key: str | None
+    prefix_tokens: int | None
+    use_case: str | None
+    row_dir: str | None
+    model_status: str
+    # Verdict over the planned native arms ("unmeasured" when none was planned).
+    status: ReceiptStatus
+    reason: str | None
+    terminal_refusal: TerminalRefusal | None
+    # The correctness arm is folded by its own machine; "not-run" until it reports.
+    correctness_status: str
+    lifecycle: tuple[str, ...]
+    final_state: str
+    observations: tuple[ArmObservation, ...]
+    journal_through_seq: int
+
+
+_ENCODER: Final = msgspec.json.Encoder(order="deterministic")
+_CELL_DECODER: Final = msgspec.json.Decoder(CellReceipt)
+_ROW_DECODER: Final = msgspec.json.Decoder(RowReceipt)
+
+
+def encode_receipt(receipt: CellReceipt | RowReceipt) -> bytes:
+    """Canonical bytes of a receipt: deterministic order, indent 2, trailing newline."""
+    return msgspec.json.format(_ENCODER.encode(receipt), indent=2) + b"\n"
+
+
+def decode_cell_receipt(data: bytes) -> CellReceipt:
+    return _CELL_DECODER.decode(data)
+
+
+def decode_row_receipt(data: bytes) -> RowReceipt:
+    return _ROW_DECODER.decode(data)

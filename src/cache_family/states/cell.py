@@ -1,0 +1,353 @@
+"""The cell machine (one host session of one arm) and the row machine, each as one table.
+
+Read ``CELL_TABLE`` top to bottom: it is the whole lifecycle of a cell. Each row says: in this
+state, on this event, go to that state and perform these actions. A (state, event) pair that is
+not in the table is refused with ``cell.transition.refused`` (``row.transition.refused`` for
+rows); nothing else is ever inferred. Faults, cancellation and deadline expiry lead from every
+working state to ``cleanup``, and from ``cleanup`` only ``finalize`` follows: failure is sticky
+by construction, and ``CellMachine.faulted`` remembers that it happened.
+
+The plain table is the source of truth; :func:`validate_with_transitions` rebuilds it as a
+``transitions.Machine`` (synchronous, no auto transitions) and checks every pair agrees, so a
+typo in a state name fails at import time rather than in a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Final, Generic, TypeVar
+
+from cache_family.errors import Refused
+
+
+class CellState(StrEnum):
+    PIN_VERIFY = "pin-verify"
+    LAUNCH = "launch"
+    WARMUP = "warmup"
+    LADDER = "ladder"
+    POST_VERIFY = "post-verify"
+    CLEANUP = "cleanup"
+    FINALIZE = "finalize"
+    DONE = "done"
+
+
+class CellEvent(StrEnum):
+    PINS_VERIFIED = "pins-verified"
+    PINS_MISMATCH = "pins-mismatch"
+    HOST_READY = "host-ready"
+    WARMUP_DONE = "warmup-done"
+    LADDER_DONE = "ladder-done"
+    FAULT = "fault"
+    CANCELLED = "cancelled"
+    DEADLINE_EXPIRED = "deadline-expired"
+    CLEANUP_DONE = "cleanup-done"
+    RECEIPT_PUBLISHED = "receipt-published"
+
+
+class CellAction(StrEnum):
+    SPAWN_HOST = "spawn-host"
+    AWAIT_MARKER = "await-listening-marker"
+    AWAIT_READINESS = "await-readiness"
+    SEND_WARMUP = "send-warmup"
+    RUN_RUNGS = "run-rungs"
+    HASH_PINS = "hash-pins"
+    TERMINATE_HOST = "terminate-host-group"
+    VERIFY_REAPED = "verify-no-descendant-and-port-free"
+    REMOVE_STATE_DIR = "remove-state-dir"
+    FOLD_RECEIPT = "fold-receipt"
+    PUBLISH_RECEIPT = "publish-receipt"
+
+
+class RowState(StrEnum):
+    CORRECTNESS = "correctness"
+    SERIAL = "serial"
+    CONCURRENT = "concurrent"
+    FINALIZE = "finalize"
+    DONE = "done"
+
+
+class RowEvent(StrEnum):
+    CORRECTNESS_FINISHED = "correctness-finished"
+    CORRECTNESS_NOT_RUN = "correctness-not-run"
+    MODEL_MISSING = "model-missing"
+    ARM_FINISHED = "arm-finished"
+    ARM_SKIPPED = "arm-skipped"
+    ARMS_EXHAUSTED = "arms-exhausted"
+    CANCELLED = "cancelled"
+    DEADLINE_EXPIRED = "deadline-expired"
+    RECEIPT_PUBLISHED = "receipt-published"
+
+
+class RowAction(StrEnum):
+    RUN_SERIAL_CELL = "run-serial-cell"
+    RUN_NEXT_CELL = "run-next-concurrent-cell"
+    FOLD_ROW = "fold-row"
+    PUBLISH_ROW = "publish-row"
+
+
+S = TypeVar("S", bound=StrEnum)
+E = TypeVar("E", bound=StrEnum)
+A = TypeVar("A", bound=StrEnum)
+
+
+@dataclass(frozen=True, slots=True)
+class Step(Generic[S, A]):
+    """Where an event leads and what the actor must do on the way."""
+
+    to: S
+    actions: tuple[A, ...] = ()
+
+
+@dataclass(frozen=True)
+class MachineTable(Generic[S, E, A]):
+    name: str
+    states: tuple[S, ...]
+    events: tuple[E, ...]
+    initial: S
+    final: S
+    # Events that record something going wrong; after one, the machine is "faulted".
+    fault_events: frozenset[E]
+    rows: Mapping[tuple[S, E], Step[S, A]]
+    # States a faulted machine may still be in or enter.
+    after_fault: frozenset[S] = field(default_factory=frozenset)
+
+    def step(self, state: S, event: E) -> Step[S, A]:
+        try:
+            return self.rows[(state, event)]
+        except KeyError:
+            allowed = ", ".join(e.value for e in self.allowed_events(state)) or "none"
+            raise Refused.one(
+                f"{self.name}.transition.refused",
+                f"$.{self.name}.{state.value}",
+                f"event {event.value!r} is not allowed in state {state.value!r}",
+                f"allowed in {state.value!r}: {allowed}",
+            ) from None
+
+    def allowed_events(self, state: S) -> tuple[E, ...]:
+        return tuple(e for e in self.events if (state, e) in self.rows)
+
+    def render_markdown(self) -> str:
+        """A Markdown table and a Mermaid state diagram, both generated from the rows."""
+        grouped = self._grouped()
+        lines = ["| state | events | next state | actions |", "|---|---|---|---|"]
+        for state, events, step in grouped:
+            actions = ", ".join(a.value for a in step.actions) or "-"
+            names = ", ".join(e.value for e in events)
+            lines.append(f"| {state.value} | {names} | {step.to.value} | {actions} |")
+        lines += ["", "```mermaid", "stateDiagram-v2", f"    [*] --> {_mermaid(self.initial)}"]
+        for state, events, step in grouped:
+            names = ", ".join(e.value for e in events)
+            lines.append(f"    {_mermaid(state)} --> {_mermaid(step.to)}: {names}")
+        lines += [f"    {_mermaid(self.final)} --> [*]", "```"]
+        return "\n".join(lines) + "\n"
+
+    def _grouped(self) -> list[tuple[S, list[E], Step[S, A]]]:
+        """Consecutive rows with the same state and step, merged (as the source lists them)."""
+        out: list[tuple[S, list[E], Step[S, A]]] = []
+        for (state, event), step in self.rows.items():
+            if out and out[-1][0] == state and out[-1][2] == step:
+                out[-1][1].append(event)
+            else:
+                out.append((state, [event], step))
+        return out
+
+
+def _mermaid(state: StrEnum) -> str:
+    return state.value.replace("-", "_")
+
+
+def _table(
+    rows: Iterable[tuple[S, Iterable[E], S, tuple[A, ...]]],
+) -> Mapping[tuple[S, E], Step[S, A]]:
+    out: dict[tuple[S, E], Step[S, A]] = {}
+    for state, events, to, actions in rows:
+        for event in events:
+            if (state, event) in out:
+                raise ValueError(f"duplicate table row for ({state.value}, {event.value})")
+            out[(state, event)] = Step(to, actions)
+    return MappingProxyType(out)
+
+
+C, V, X = CellState, CellEvent, CellAction
+_STOP = (V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED)
+_CLEANUP = (X.TERMINATE_HOST, X.VERIFY_REAPED, X.REMOVE_STATE_DIR)
+_FINALIZE = (X.FOLD_RECEIPT, X.PUBLISH_RECEIPT)
+
+# fmt: off
+CELL_TABLE: Final = MachineTable[CellState, CellEvent, CellAction](
+    name="cell",
+    states=tuple(CellState),
+    events=tuple(CellEvent),
+    initial=C.PIN_VERIFY,
+    final=C.DONE,
+    fault_events=frozenset((V.PINS_MISMATCH, *_STOP)),
+    after_fault=frozenset((C.CLEANUP, C.FINALIZE, C.DONE)),
+    rows=_table([
+        # state           events                  next state       actions
+        (C.PIN_VERIFY,  [V.PINS_VERIFIED],        C.LAUNCH,        (X.SPAWN_HOST, X.AWAIT_MARKER,
+                                                                    X.AWAIT_READINESS)),
+        (C.PIN_VERIFY,  [V.PINS_MISMATCH],        C.CLEANUP,       _CLEANUP),
+        (C.PIN_VERIFY,  _STOP,                    C.CLEANUP,       _CLEANUP),
+        (C.LAUNCH,      [V.HOST_READY],           C.WARMUP,        (X.SEND_WARMUP,)),
+        (C.LAUNCH,      _STOP,                    C.CLEANUP,       _CLEANUP),
+        (C.WARMUP,      [V.WARMUP_DONE],          C.LADDER,        (X.RUN_RUNGS,)),
+        (C.WARMUP,      _STOP,                    C.CLEANUP,       _CLEANUP),
+        (C.LADDER,      [V.LADDER_DONE],          C.POST_VERIFY,   (X.HASH_PINS,)),
+        (C.LADDER,      _STOP,                    C.CLEANUP,       _CLEANUP),
+        # Drift after the run keeps the measurements; the fold refuses parity.
+        (C.POST_VERIFY, [V.PINS_VERIFIED,
+                         V.PINS_MISMATCH],        C.CLEANUP,       _CLEANUP),
+        (C.POST_VERIFY, _STOP,                    C.CLEANUP,       _CLEANUP),
+        # Cleanup is shielded: late stops are recorded, cleanup carries on.
+        (C.CLEANUP,     _STOP,                    C.CLEANUP,       ()),
+        (C.CLEANUP,     [V.CLEANUP_DONE],         C.FINALIZE,      _FINALIZE),
+        # A stop before publication still downgrades the receipt being folded.
+        (C.FINALIZE,    [V.CANCELLED,
+                         V.DEADLINE_EXPIRED],     C.FINALIZE,      ()),
+        (C.FINALIZE,    [V.RECEIPT_PUBLISHED],    C.DONE,          ()),
+    ]),
+)
+# fmt: on
+
+R, RE, RA = RowState, RowEvent, RowAction
+_ROW_STOP = (RE.CANCELLED, RE.DEADLINE_EXPIRED)
+_ROW_FINALIZE = (RA.FOLD_ROW, RA.PUBLISH_ROW)
+
+# fmt: off
+ROW_TABLE: Final = MachineTable[RowState, RowEvent, RowAction](
+    name="row",
+    states=tuple(RowState),
+    events=tuple(RowEvent),
+    initial=R.CORRECTNESS,
+    final=R.DONE,
+    fault_events=frozenset(_ROW_STOP),
+    after_fault=frozenset((R.FINALIZE, R.DONE)),
+    rows=_table([
+        # state            events                          next state      actions
+        (R.CORRECTNESS,  [RE.CORRECTNESS_FINISHED,
+                          RE.CORRECTNESS_NOT_RUN],         R.SERIAL,       (RA.RUN_SERIAL_CELL,)),
+        (R.CORRECTNESS,  [RE.MODEL_MISSING],               R.FINALIZE,     _ROW_FINALIZE),
+        (R.CORRECTNESS,  _ROW_STOP,                        R.FINALIZE,     _ROW_FINALIZE),
+        (R.SERIAL,       [RE.ARM_FINISHED,
+                          RE.ARM_SKIPPED],                 R.CONCURRENT,   (RA.RUN_NEXT_CELL,)),
+        (R.SERIAL,       _ROW_STOP,                        R.FINALIZE,     _ROW_FINALIZE),
+        (R.CONCURRENT,   [RE.ARM_FINISHED,
+                          RE.ARM_SKIPPED],                 R.CONCURRENT,   (RA.RUN_NEXT_CELL,)),
+        (R.CONCURRENT,   [RE.ARMS_EXHAUSTED],              R.FINALIZE,     _ROW_FINALIZE),
+        (R.CONCURRENT,   _ROW_STOP,                        R.FINALIZE,     _ROW_FINALIZE),
+        (R.FINALIZE,     _ROW_STOP,                        R.FINALIZE,     ()),
+        (R.FINALIZE,     [RE.RECEIPT_PUBLISHED],           R.DONE,         ()),
+    ]),
+)
+# fmt: on
+
+
+class Machine(Generic[S, E, A]):
+    """A running instance of a table: current state, whether it faulted, the path taken."""
+
+    def __init__(self, table: MachineTable[S, E, A], subject: str) -> None:
+        self.table = table
+        self.subject = subject
+        self.state: S = table.initial
+        self.faulted = False
+        self.visited: list[S] = [table.initial]
+
+    def fire(self, event: E) -> Step[S, A]:
+        """Take the table's step for ``event`` or raise ``<name>.transition.refused``."""
+        step = self.table.step(self.state, event)
+        if event in self.table.fault_events:
+            self.faulted = True
+        if step.to != self.state:
+            self.visited.append(step.to)
+        self.state = step.to
+        return step
+
+    def can_fire(self, event: E) -> bool:
+        return (self.state, event) in self.table.rows
+
+    @property
+    def finished(self) -> bool:
+        return self.state == self.table.final
+
+    def __repr__(self) -> str:
+        flag = " faulted" if self.faulted else ""
+        return f"<{self.table.name} machine {self.subject} state={self.state.value}{flag}>"
+
+
+CellMachine = Machine[CellState, CellEvent, CellAction]
+RowMachine = Machine[RowState, RowEvent, RowAction]
+
+
+def new_cell_machine(cell_id: str) -> CellMachine:
+    return Machine(CELL_TABLE, cell_id)
+
+
+def new_row_machine(row_index: int) -> RowMachine:
+    return Machine(ROW_TABLE, f"row-{row_index}")
+
+
+def render_table_markdown() -> str:
+    """Docs for both machines, generated from the tables (never written by hand)."""
+    return (
+        "## Cell machine\n\n"
+        + CELL_TABLE.render_markdown()
+        + "\n## Row machine\n\n"
+        + ROW_TABLE.render_markdown()
+    )
+
+
+def validate_with_transitions(table: MachineTable[S, E, A]) -> None:
+    """Rebuild ``table`` with ``transitions`` and check every (state, event) pair agrees."""
+    from transitions import Machine as TransitionsMachine
+    from transitions import MachineError
+
+    class _Model:
+        pass
+
+    model = _Model()
+    TransitionsMachine(
+        model=model,
+        states=[s.value for s in table.states],
+        transitions=[
+            {"trigger": event.value, "source": state.value, "dest": step.to.value}
+            for (state, event), step in table.rows.items()
+        ],
+        initial=table.initial.value,
+        auto_transitions=False,
+        ignore_invalid_triggers=False,
+    )
+    problems: list[str] = []
+    for state in table.states:
+        for event in table.events:
+            model.state = state.value  # type: ignore[attr-defined]
+            expected = table.rows.get((state, event))
+            try:
+                model.trigger(event.value)  # type: ignore[attr-defined]
+            except MachineError:
+                if expected is not None:
+                    problems.append(f"{state.value}/{event.value}: transitions refused it")
+                continue
+            got = model.state  # type: ignore[attr-defined]
+            if expected is None:
+                problems.append(f"{state.value}/{event.value}: transitions allowed it")
+            elif got != expected.to.value:
+                problems.append(f"{state.value}/{event.value}: {got} != {expected.to.value}")
+    if problems:
+        raise ValueError(f"{table.name} table disagrees with transitions: {problems}")
+
+
+def _check_sticky(table: MachineTable[Any, Any, Any]) -> None:
+    """After a fault event, only states in ``after_fault`` may be reached."""
+    for (_state, event), step in table.rows.items():
+        if event in table.fault_events and step.to not in table.after_fault:
+            raise ValueError(f"{table.name}: fault {event.value} leads to {step.to.value}")
+    for (state, _event), step in table.rows.items():
+        if state in table.after_fault and step.to not in table.after_fault:
+            raise ValueError(f"{table.name}: {state.value} leads back to {step.to.value}")
+
+
+_check_sticky(CELL_TABLE)
+_check_sticky(ROW_TABLE)

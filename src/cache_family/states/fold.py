@@ -1,0 +1,823 @@
+"""The fold: journal lines in, receipts out. Pure, deterministic, and the same live and in replay.
+
+A receipt is folded through an explicit ``through_seq``: only lines with ``seq <= through_seq``
+count, and the receipt records that number. The live run folds with the seq the writer had made
+durable; ``cache-family replay`` refolds with the seq the journal's ``receipt_published`` record
+names, so both see exactly the same lines and produce the same bytes.
+
+Rules the fold applies (see ``states/receipts.py`` for the lattice):
+
+* Each fold keeps a *ceiling* that starts at ``completed`` and is only ever lowered.
+* A fault before the host is ready (``pin-verify``, ``launch``) lowers it to ``failed``; a fault
+  afterwards to ``incomplete`` (observations are kept).
+* Pins that differ before launch: ``failed``. Pins that differ after the run (drift), a rung
+  against a different host, or unclean cleanup (forced kill, surviving descendants, port still
+  bound, state dir left): ``incomplete``, measurements kept, parity refused.
+* Cancellation, deadline expiry and a failed interrupt-finish set ``terminal_refusal`` (the
+  first one wins) and lower the ceiling to ``incomplete``. Run-wide ones apply to every cell
+  and row that had not reached ``done`` when they were journaled.
+* At ``finalize`` the receipt is ``completed`` only if the ceiling still is and the evidence is
+  whole: ready, every planned rung completed with a summarisable roster, every pin re-observed
+  unchanged, clean cleanup. A journal that stops before ``finalize`` folds to ``incomplete``.
+* Transition records are replayed through the machine tables; a step the table does not allow
+  is itself a fault (``journal_transition_invalid``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+from cache_family.errors import Refused
+from cache_family.schemas.journal import (
+    Cancellation,
+    CellOpened,
+    ChildSpawned,
+    CleanupOutcome,
+    DeadlineExpired,
+    Fault,
+    InterruptFinishFailed,
+    JournalLine,
+    ListeningMarkerSeen,
+    PinDrift,
+    PinObserved,
+    PortReserved,
+    Ready,
+    ReceiptPublished,
+    RequestOutcome,
+    RowOpened,
+    RungCompleted,
+    RunStarted,
+    Transition,
+    WarmupExclusion,
+)
+from cache_family.schemas.measurement import RequestRow
+from cache_family.schemas.receipts import (
+    ArmObservation,
+    CellReceipt,
+    CleanupReceipt,
+    FaultEntry,
+    HostIdentity,
+    Measurement,
+    PinEntry,
+    Readiness,
+    ReceiptStatus,
+    RowReceipt,
+    RungBrief,
+    RungReceipt,
+    TerminalRefusal,
+    encode_receipt,
+)
+from cache_family.states import metrics
+from cache_family.states.cell import (
+    CELL_TABLE,
+    ROW_TABLE,
+    CellEvent,
+    CellState,
+    RowEvent,
+    RowState,
+)
+from cache_family.states.receipts import meet, meet_all, terminal_downgrade
+
+_BEFORE_READY: Final = frozenset((CellState.PIN_VERIFY, CellState.LAUNCH))
+_FINISHED_CELL: Final = frozenset((CellState.FINALIZE, CellState.DONE))
+_FINISHED_ROW: Final = frozenset((RowState.FINALIZE, RowState.DONE))
+_TERMINAL_EVENTS: Final[dict[str, TerminalRefusal]] = {
+    CellEvent.CANCELLED.value: "cancelled",
+    CellEvent.DEADLINE_EXPIRED.value: "deadline_expired",
+}
+
+
+def _terminal_of(record: object) -> TerminalRefusal | None:
+    if isinstance(record, Cancellation):
+        return "cancelled"
+    if isinstance(record, DeadlineExpired):
+        return "deadline_expired"
+    if isinstance(record, InterruptFinishFailed):
+        return "interrupt_finish_failed"
+    return None
+
+
+def _scope_cell(record: object) -> str | None:
+    """The cell a record belongs to, or None for run-wide records."""
+    cell_id = getattr(record, "cell_id", None)
+    return cell_id if isinstance(cell_id, str) else None
+
+
+class CellFold:
+    """Incremental fold of one cell. ``apply`` every line in seq order, then ``receipt``."""
+
+    def __init__(self, cell_id: str) -> None:
+        self.cell_id = cell_id
+        self.run: RunStarted | None = None
+        self.opened: CellOpened | None = None
+        self.state = CellState.PIN_VERIFY
+        self.lifecycle: list[str] = [CellState.PIN_VERIFY.value]
+        self.ceiling: ReceiptStatus = "completed"
+        self.terminal_refusal: TerminalRefusal | None = None
+        self.parity_refused = False
+        self.faults: list[FaultEntry] = []
+        self.host: ChildSpawned | None = None
+        self.port: int | None = None
+        self.marker: ListeningMarkerSeen | None = None
+        self.ready: Ready | None = None
+        self.pins_before: dict[str, PinEntry] = {}
+        self.pins_after: dict[str, PinEntry] = {}
+        self.drifted = False
+        self.cleanup: CleanupOutcome | None = None
+        self.rows: dict[int, list[RequestRow]] = {}
+        self.rung_concurrency: dict[int, int] = {}
+        self.rungs: dict[int, RungCompleted] = {}
+        self.host_retained: dict[int, bool | None] = {}
+        self.exclusions: dict[int, list[int]] = {}
+        self.last_seq = 0
+        self.done_seq: int | None = None
+
+    # -- lowering ---------------------------------------------------------------------------
+
+    def _lower(self, status: ReceiptStatus) -> None:
+        self.ceiling = meet(self.ceiling, status)
+
+    def _fault(self, seq: int | None, kind: str, detail: str = "") -> None:
+        self.faults.append(FaultEntry(seq=seq, kind=kind, state=self.state.value, detail=detail))
+        self._lower("failed" if self.state in _BEFORE_READY else "incomplete")
+
+    def _custody_fault(self, seq: int | None, kind: str, detail: str) -> None:
+        """Late custody failures keep the observations but refuse parity."""
+        self.faults.append(FaultEntry(seq=seq, kind=kind, state=self.state.value, detail=detail))
+        self._lower("incomplete")
+        self.parity_refused = True
+
+    def _terminal(self, refusal: TerminalRefusal) -> None:
+        if self.terminal_refusal is None:
+            self.terminal_refusal = refusal
+        self.ceiling = terminal_downgrade(self.ceiling)
+        self.parity_refused = True
+
+    # -- applying lines ---------------------------------------------------------------------
+
+    def apply(self, line: JournalLine) -> None:
+        if line.seq <= self.last_seq:
+            return  # a line seen twice (merged views) changes nothing
+        self.last_seq = line.seq
+        record = line.record
+        seq = line.seq
+        if isinstance(record, RunStarted):
+            self.run = record
+            return
+        terminal = _terminal_of(record)
+        if terminal is not None:
+            scope = _scope_cell(record)
+            if scope == self.cell_id or (scope is None and self.done_seq is None):
+                self._terminal(terminal)
+            return
+        if _scope_cell(record) != self.cell_id:
+            return
+        if isinstance(record, CellOpened):
+            if self.opened is None:
+                self.opened = record
+        elif isinstance(record, Transition):
+            if record.machine == "cell":
+                self._transition(seq, record)
+        elif isinstance(record, Fault):
+            self._fault(seq, record.kind, record.detail)
+        elif isinstance(record, PinObserved | PinDrift):
+            self._pin(seq, record)
+        elif isinstance(record, PortReserved):
+            self.port = record.port
+        elif isinstance(record, ChildSpawned):
+            if record.role != "host":
+                return
+            if self.host is not None:
+                self._fault(seq, "host_respawned", f"second host pid {record.pid}")
+            else:
+                self.host = record
+        elif isinstance(record, ListeningMarkerSeen):
+            self.marker = record
+            if self.port is None:
+                self.port = record.port
+        elif isinstance(record, Ready):
+            self.ready = record
+        elif isinstance(record, WarmupExclusion):
+            self.exclusions.setdefault(record.rung_index, []).extend(record.request_ids)
+        elif isinstance(record, RequestOutcome):
+            self.rows.setdefault(record.rung_index, []).append(record.row)
+            self.rung_concurrency.setdefault(record.rung_index, record.concurrency)
+        elif isinstance(record, RungCompleted):
+            self._rung(seq, record)
+        elif isinstance(record, CleanupOutcome):
+            self._cleanup(seq, record)
+
+    def _transition(self, seq: int, record: Transition) -> None:
+        try:
+            from_state = CellState(record.from_state)
+            event = CellEvent(record.event)
+            to_state = CellState(record.to_state)
+        except ValueError:
+            self._fault(seq, "journal_transition_invalid", f"unknown name in {record}")
+            return
+        step_to = CELL_TABLE.rows.get((from_state, event))
+        if from_state != self.state or step_to is None or step_to.to != to_state:
+            self._fault(
+                seq,
+                "journal_transition_invalid",
+                f"{record.from_state} --{record.event}--> {record.to_state} while in "
+                f"{self.state.value}",
+            )
+            return
+        if event == CellEvent.PINS_MISMATCH:
+            if from_state == CellState.POST_VERIFY:
+                self.drifted = True
+                self.parity_refused = True
+                self._lower("incomplete")
+            else:
+                self._lower("failed")
+        elif event == CellEvent.FAULT:
+            self._lower("failed" if from_state in _BEFORE_READY else "incomplete")
+        elif event.value in _TERMINAL_EVENTS:
+            self._terminal(_TERMINAL_EVENTS[event.value])
+        if to_state != self.state:
+            self.lifecycle.append(to_state.value)
+        self.state = to_state
+        if to_state == CellState.DONE:
+            self.done_seq = seq
+
+    def _pin(self, seq: int, record: PinObserved | PinDrift) -> None:
+        matches = record.observed_sha256 == record.expected_sha256
+        entry = PinEntry(
+            name=record.name,
+            path=record.path,
+            expected_sha256=record.expected_sha256,
+            observed_sha256=record.observed_sha256,
+            matches=matches,
+        )
+        table = self.pins_after if record.phase == "after" else self.pins_before
+        if isinstance(record, PinObserved) or record.name not in table:
+            table[record.name] = entry
+        if isinstance(record, PinDrift) or not matches:
+            detail = (
+                f"{record.name}: expected {record.expected_sha256}, got {record.observed_sha256}"
+            )
+            if record.phase == "after":
+                self.drifted = True
+                if isinstance(record, PinDrift):
+                    self._custody_fault(seq, "pin_drift", detail)
+                else:
+                    self._lower("incomplete")
+                    self.parity_refused = True
+            elif isinstance(record, PinDrift):
+                self.faults.append(
+                    FaultEntry(seq=seq, kind="pin_drift", state=self.state.value, detail=detail)
+                )
+                self._lower("failed")
+            else:
+                self._lower("failed")
+
+    def _rung(self, seq: int, record: RungCompleted) -> None:
+        self.rungs[record.rung_index] = record
+        self.rung_concurrency.setdefault(record.rung_index, record.concurrency)
+        retained: bool | None = None
+        if record.host_pid is not None and self.host is not None:
+            retained = (record.host_pid, record.host_create_time) == (
+                self.host.pid,
+                self.host.create_time,
+            )
+            if not retained:
+                self._custody_fault(
+                    seq,
+                    "host_identity_changed",
+                    f"rung {record.rung_index} ran against pid {record.host_pid} "
+                    f"created {record.host_create_time}, not pid {self.host.pid}",
+                )
+        self.host_retained[record.rung_index] = retained
+        if record.status != "completed":
+            self._lower("incomplete")
+
+    def _cleanup(self, seq: int, record: CleanupOutcome) -> None:
+        self.cleanup = record
+        problems = []
+        if record.forced:
+            problems.append("host needed SIGKILL")
+        if not record.graceful and not record.forced:
+            problems.append("host did not end gracefully")
+        if record.surviving_descendants:
+            problems.append(f"descendants survived: {list(record.surviving_descendants)}")
+        if not record.port_free:
+            problems.append("port still bound")
+        if not record.state_dir_removed:
+            problems.append("state dir not removed")
+        if problems:
+            kind = "cleanup_forced" if record.forced else "cleanup_unclean"
+            self._custody_fault(seq, kind, "; ".join(problems))
+
+    # -- the receipt -----------------------------------------------------------------------
+
+    def receipt(self, *, through_seq: int | None = None) -> CellReceipt:
+        """The cell's receipt as of the lines applied so far (pure; call any time)."""
+        status = self.ceiling
+        faults = list(self.faults)
+        measurement, measurement_problems = self._measurement()
+
+        def inferred(kind: str, detail: str) -> None:
+            nonlocal status
+            faults.append(FaultEntry(seq=None, kind=kind, state=self.state.value, detail=detail))
+            status = meet(status, "incomplete")
+
+        if self.state not in _FINISHED_CELL:
+            inferred("journal_ended_before_finalize", f"last state {self.state.value}")
+        elif status == "completed":
+            if self.ready is None:
+                inferred("readiness_unrecorded", "no ready record")
+            if not self.pins_before:
+                inferred("pins_unrecorded", "no pin was observed before launch")
+            for problem in measurement_problems:
+                inferred("measurement_incomplete", problem)
+            missing_after = sorted(set(self.pins_before) - set(self.pins_after))
+            if missing_after:
+                inferred("post_verify_unrecorded", f"pins not re-observed: {missing_after}")
+            if self.cleanup is None:
+                inferred("cleanup_unrecorded", "no cleanup outcome")
+        opened = self.opened
+        run = self.run
+        host = self.host
+        cleanup = self.cleanup
+        return CellReceipt(
+            run_id=run.run_id if run else "",
+            request_sha256=run.request_sha256 if run else "",
+            catalog_sha256=run.catalog_sha256 if run else "",
+            cell_id=self.cell_id,
+            row_index=opened.row_index if opened else None,
+            row_key=opened.row_key if opened else None,
+            arm=opened.arm if opened else None,
+            cohort=opened.cohort if opened else None,
+            cell_dir=opened.cell_dir if opened else None,
+            host=HostIdentity(
+                pid=host.pid,
+                create_time=host.create_time,
+                pgid=host.pgid,
+                argv_sha256=host.argv_sha256,
+                executable=host.executable,
+            )
+            if host
+            else None,
+            status=status,
+            terminal_refusal=self.terminal_refusal,
+            accepted_for_parity=status == "completed" and not self.parity_refused,
+            faults=tuple(faults),
+            lifecycle=tuple(self.lifecycle),
+            final_state=self.state.value,
+            readiness=Readiness(
+                port=self.port,
+                marker_seen=self.marker is not None,
+                marker=self.marker.marker if self.marker else None,
+                ready=self.ready is not None,
+                url=self.ready.url if self.ready else None,
+                attempts=self.ready.attempts if self.ready else 0,
+                elapsed_ms=self.ready.elapsed_ms if self.ready else None,
+            ),
+            pins_before=tuple(self.pins_before.values()),
+            pins_after=tuple(self.pins_after.values()),
+            pins_drifted=self.drifted,
+            cleanup=CleanupReceipt(
+                pid=cleanup.pid,
+                graceful=cleanup.graceful,
+                forced=cleanup.forced,
+                exit_code=cleanup.exit_code,
+                surviving_descendants=cleanup.surviving_descendants,
+                port_free=cleanup.port_free,
+                state_dir_removed=cleanup.state_dir_removed,
+                elapsed_ms=cleanup.elapsed_ms,
+                clean=_clean(cleanup),
+                detail=cleanup.detail,
+            )
+            if cleanup
+            else None,
+            measurement=measurement,
+            journal_through_seq=self.last_seq if through_seq is None else through_seq,
+        )
+
+    def _measurement(self) -> tuple[Measurement, list[str]]:
+        opened = self.opened
+        kind = opened.measurement_kind if opened else "concurrent"
+        planned = opened.rungs if opened else ()
+        indices = sorted(set(range(len(planned))) | set(self.rows) | set(self.rungs))
+        problems: list[str] = []
+        rungs: list[RungReceipt] = []
+        for index in indices:
+            plan = planned[index] if index < len(planned) else None
+            record = self.rungs.get(index)
+            rows = tuple(sorted(self.rows.get(index, ()), key=lambda row: row.request_id))
+            concurrency = (
+                record.concurrency
+                if record
+                else plan.concurrency
+                if plan
+                else self.rung_concurrency.get(index, 0)
+            )
+            requested = (
+                record.requested_requests if record else plan.requests if plan else len(rows)
+            )
+            rung_summary = None
+            serial_summary = None
+            refusals: tuple[str, ...] = ()
+            if record is not None:
+                try:
+                    if kind == "serial":
+                        serial_summary = metrics.serial_summary(rows, requested=requested)
+                    elif record.makespan_seconds is None:
+                        refusals = ("fold.makespan_missing",)
+                    else:
+                        rung_summary = metrics.rung_summary(
+                            rows,
+                            concurrency=concurrency,
+                            requested_requests=requested,
+                            makespan_seconds=record.makespan_seconds,
+                            ttft_slo_ms=opened.ttft_slo_ms if opened else None,
+                            tpot_slo_ms=opened.tpot_slo_ms if opened else None,
+                        )
+                except Refused as refused:
+                    refusals = tuple(sorted(set(refused.codes)))
+            status = record.status if record else "not-run"
+            if plan is None:
+                problems.append(f"rung {index} was not planned")
+            elif status != "completed":
+                problems.append(f"rung {index} is {status}")
+            elif refusals:
+                problems.append(f"rung {index} roster refused: {', '.join(refusals)}")
+            elif (rung_summary is not None and not rung_summary.complete) or (
+                serial_summary is not None and not serial_summary.complete
+            ):
+                problems.append(f"rung {index} summary is not complete")
+            rungs.append(
+                RungReceipt(
+                    rung_index=index,
+                    concurrency=concurrency,
+                    requested_requests=requested,
+                    status=status,
+                    makespan_seconds=record.makespan_seconds if record else None,
+                    prompt_sha256=record.prompt_sha256 if record else None,
+                    output_tokens=record.output_tokens if record else None,
+                    host_pid=record.host_pid if record else None,
+                    host_create_time=record.host_create_time if record else None,
+                    host_retained=self.host_retained.get(index),
+                    stop_reason=record.stop_reason if record else None,
+                    warmup_excluded_ids=tuple(sorted(set(self.exclusions.get(index, ())))),
+                    rows=rows,
+                    rung_summary=rung_summary,
+                    serial_summary=serial_summary,
+                    summary_refusals=refusals,
+                )
+            )
+        if not planned:
+            problems.append("no rung was planned")
+        return Measurement(kind=kind, complete=not problems, rungs=tuple(rungs)), problems
+
+
+def _clean(cleanup: CleanupOutcome) -> bool:
+    return (
+        cleanup.graceful
+        and not cleanup.forced
+        and not cleanup.surviving_descendants
+        and cleanup.port_free
+        and cleanup.state_dir_removed
+    )
+
+
+def _upto(lines: Iterable[JournalLine], through_seq: int | None) -> Iterable[JournalLine]:
+    if through_seq is None:
+        return lines
+    return (line for line in lines if line.seq <= through_seq)
+
+
+def fold_cell(
+    lines: Iterable[JournalLine], cell_id: str, *, through_seq: int | None = None
+) -> CellReceipt:
+    """``cell.json`` of ``cell_id`` from the journal lines up to ``through_seq``.
+
+    ``lines`` may be the whole journal or any seq-ordered subset holding the run-wide lines and
+    the cell's own (``JournalIndex.lines_for_cell``). Refused with ``fold.cell.unknown`` when
+    no ``cell_opened`` record names the cell.
+    """
+    fold = CellFold(cell_id)
+    last = 0
+    for line in _upto(lines, through_seq):
+        fold.apply(line)
+        last = line.seq
+    if fold.opened is None:
+        raise Refused.one(
+            "fold.cell.unknown",
+            "$.cell_id",
+            f"the journal opens no cell {cell_id!r}",
+            "check the cell id; a receipt can only be folded for a journaled cell",
+        )
+    return fold.receipt(through_seq=last if through_seq is None else through_seq)
+
+
+# --- rows -----------------------------------------------------------------------------------
+
+
+class RowFold:
+    """Incremental fold of one row: its identity, its row machine and a CellFold per cell."""
+
+    def __init__(self, row_index: int) -> None:
+        self.row_index = row_index
+        self.run: RunStarted | None = None
+        self.opened: RowOpened | None = None
+        self.state = RowState.CORRECTNESS
+        self.lifecycle: list[str] = [RowState.CORRECTNESS.value]
+        self.terminal_refusal: TerminalRefusal | None = None
+        self.invalid_transitions: list[str] = []
+        self.cells: dict[str, CellFold] = {}
+        self._run_lines: list[JournalLine] = []
+        self.last_seq = 0
+        self.done_seq: int | None = None
+
+    def apply(self, line: JournalLine) -> None:
+        if line.seq <= self.last_seq:
+            return
+        self.last_seq = line.seq
+        record = line.record
+        cell_id = _scope_cell(record)
+        if isinstance(record, CellOpened) and record.row_index == self.row_index:
+            fold = CellFold(record.cell_id)
+            for earlier in self._run_lines:
+                fold.apply(earlier)
+            self.cells.setdefault(record.cell_id, fold)
+        if cell_id is not None:
+            if cell_id in self.cells:
+                self.cells[cell_id].apply(line)
+            return
+        if isinstance(record, RowOpened):
+            if record.row_index == self.row_index and self.opened is None:
+                self.opened = record
+            return
+        if isinstance(record, Transition):
+            if record.machine == "row" and record.row_index == self.row_index:
+                self._transition(record)
+            return
+        if isinstance(record, ReceiptPublished):
+            return
+        # Run-wide: every cell of the row sees it, including cells opened later.
+        self._run_lines.append(line)
+        for fold in self.cells.values():
+            fold.apply(line)
+        if isinstance(record, RunStarted):
+            self.run = record
+        terminal = _terminal_of(record)
+        if terminal is not None and self.done_seq is None and self.terminal_refusal is None:
+            self.terminal_refusal = terminal
+
+    def _transition(self, record: Transition) -> None:
+        try:
+            from_state = RowState(record.from_state)
+            event = RowEvent(record.event)
+            to_state = RowState(record.to_state)
+        except ValueError:
+            self.invalid_transitions.append(f"unknown name in {record}")
+            return
+        step = ROW_TABLE.rows.get((from_state, event))
+        if from_state != self.state or step is None or step.to != to_state:
+            self.invalid_transitions.append(
+                f"{record.from_state} --{record.event}--> {record.to_state} while in "
+                f"{self.state.value}"
+            )
+            return
+        if to_state != self.state:
+            self.lifecycle.append(to_state.value)
+        self.state = to_state
+        if to_state == RowState.DONE:
+            self.done_seq = self.last_seq
+
+    def receipt(self, *, through_seq: int | None = None) -> RowReceipt:
+        opened = self.opened
+        through = self.last_seq if through_seq is None else through_seq
+        cell_receipts = [fold.receipt(through_seq=through) for fold in self.cells.values()]
+        observations: list[ArmObservation] = []
+        planned_statuses: list[ReceiptStatus] = []
+        used: set[str] = set()
+        launched_any = False
+        for plan in opened.arms if opened else ():
+            if plan.status != "planned":
+                unplanned: ReceiptStatus = (
+                    "unavailable" if plan.status == "unavailable" else "skipped"
+                )
+                observations.append(
+                    ArmObservation(
+                        arm=plan.arm, planned=plan.status, status=unplanned, reason=plan.reason
+                    )
+                )
+                continue
+            mine = [r for r in cell_receipts if r.arm == plan.arm and r.cell_id not in used]
+            if not mine:
+                stopped = self.terminal_refusal is not None
+                observations.append(
+                    ArmObservation(
+                        arm=plan.arm,
+                        planned="planned",
+                        status="not-launched" if stopped else "not-run",
+                        reason="cancellation_or_deadline" if stopped else "arm_never_started",
+                        terminal_refusal=self.terminal_refusal,
+                    )
+                )
+                planned_statuses.append("incomplete")
+                continue
+            for cell in mine:
+                used.add(cell.cell_id)
+                launched_any = True
+                observations.append(_observation(cell, "planned"))
+                planned_statuses.append(cell.status)
+        for cell in cell_receipts:
+            if cell.cell_id not in used:
+                launched_any = True
+                observations.append(_observation(cell, "unplanned"))
+
+        reason: str | None = None
+        status: ReceiptStatus = "completed"
+        if opened is None:
+            status, reason = "not-run", "row_never_opened"
+        elif opened.model_status == "missing-model":
+            status, reason = "missing-model", "missing-model"
+        elif not planned_statuses:
+            status, reason = "unmeasured", "no_native_arm_planned"
+        elif not launched_any and self.terminal_refusal is not None:
+            status, reason = "not-launched", "cancellation_or_deadline"
+        else:
+            status = meet_all(planned_statuses)
+            if self.terminal_refusal is not None:
+                status = terminal_downgrade(status)
+            if self.state not in _FINISHED_ROW or self.invalid_transitions:
+                status = meet(status, "incomplete")
+                reason = (
+                    "journal_transition_invalid"
+                    if self.invalid_transitions
+                    else "journal_ended_before_finalize"
+                )
+        terminal = self.terminal_refusal or next(
+            (c.terminal_refusal for c in cell_receipts if c.terminal_refusal), None
+        )
+        run = self.run
+        return RowReceipt(
+            run_id=run.run_id if run else "",
+            request_sha256=run.request_sha256 if run else "",
+            catalog_sha256=run.catalog_sha256 if run else "",
+            row_index=self.row_index,
+            row_key=opened.row_key if opened else None,
+            case_key=opened.case_key if opened else None,
+            prefix_tokens=opened.prefix_tokens if opened else None,
+            use_case=opened.use_case if opened else None,
+            row_dir=opened.row_dir if opened else None,
+            model_status=opened.model_status if opened else "unknown",
+            status=status,
+            reason=reason,
+            terminal_refusal=terminal,
+            correctness_status="not-run",
+            lifecycle=tuple(self.lifecycle),
+            final_state=self.state.value,
+            observations=tuple(observations),
+            journal_through_seq=through,
+        )
+
+
+def _observation(cell: CellReceipt, planned: str) -> ArmObservation:
+    return ArmObservation(
+        arm=cell.arm or "",
+        planned=planned,
+        status=cell.status,
+        reason=cell.faults[0].kind if cell.faults else None,
+        cell_id=cell.cell_id,
+        cell_dir=cell.cell_dir,
+        terminal_refusal=cell.terminal_refusal,
+        accepted_for_parity=cell.accepted_for_parity,
+        rungs=tuple(
+            RungBrief(
+                rung_index=rung.rung_index,
+                concurrency=rung.concurrency,
+                status=rung.status,
+                rung_summary=rung.rung_summary,
+                serial_summary=rung.serial_summary,
+            )
+            for rung in cell.measurement.rungs
+        ),
+    )
+
+
+def fold_row(
+    lines: Iterable[JournalLine], row_index: int, *, through_seq: int | None = None
+) -> RowReceipt:
+    """The native part of ``row.json`` for ``row_index`` from lines up to ``through_seq``."""
+    fold = RowFold(row_index)
+    last = 0
+    for line in _upto(lines, through_seq):
+        fold.apply(line)
+        last = line.seq
+    if fold.opened is None:
+        raise Refused.one(
+            "fold.row.unknown",
+            "$.row_index",
+            f"the journal opens no row {row_index}",
+            "check the row index; a receipt can only be folded for a journaled row",
+        )
+    return fold.receipt(through_seq=last if through_seq is None else through_seq)
+
+
+# --- indexing and refolding -----------------------------------------------------------------
+
+
+class JournalIndex:
+    """Lines grouped by what they concern, so one receipt's fold reads only its own lines.
+
+    Run-wide lines (run start, run-wide cancellation/deadline/interrupt, run-level pins and
+    faults) go to every view; a cell's lines to its cell; ``row_opened``, row transitions and
+    row receipts to their row. ``lines_for_row`` adds the lines of the row's cells.
+    """
+
+    def __init__(self, lines: Iterable[JournalLine] = ()) -> None:
+        self._run: list[JournalLine] = []
+        self._rows: dict[int, list[JournalLine]] = {}
+        self._cells: dict[str, list[JournalLine]] = {}
+        self._cells_of_row: dict[int, list[str]] = {}
+        self.last_seq = 0
+        for line in lines:
+            self.add(line)
+
+    def add(self, line: JournalLine) -> None:
+        record = line.record
+        self.last_seq = max(self.last_seq, line.seq)
+        if isinstance(record, CellOpened):
+            cells = self._cells_of_row.setdefault(record.row_index, [])
+            if record.cell_id not in cells:
+                cells.append(record.cell_id)
+        cell_id = _scope_cell(record)
+        if cell_id is not None:
+            self._cells.setdefault(cell_id, []).append(line)
+            return
+        row_index = _row_of(record)
+        if row_index is not None:
+            self._rows.setdefault(row_index, []).append(line)
+            return
+        self._run.append(line)
+
+    def lines_for_cell(self, cell_id: str) -> list[JournalLine]:
+        return list(heapq.merge(self._run, self._cells.get(cell_id, ()), key=_seq))
+
+    def lines_for_row(self, row_index: int) -> list[JournalLine]:
+        views: list[Sequence[JournalLine]] = [self._run, self._rows.get(row_index, [])]
+        views += [self._cells.get(c, []) for c in self._cells_of_row.get(row_index, [])]
+        return list(heapq.merge(*views, key=_seq))
+
+    def cell_ids(self) -> list[str]:
+        return list(self._cells)
+
+    def row_indices(self) -> list[int]:
+        return sorted(set(self._rows) | set(self._cells_of_row))
+
+    def forget_row(self, row_index: int) -> None:
+        """Drop a finished row's lines (its receipts are published) to bound memory."""
+        self._rows.pop(row_index, None)
+        for cell_id in self._cells_of_row.pop(row_index, []):
+            self._cells.pop(cell_id, None)
+
+    def __repr__(self) -> str:
+        return (
+            f"<JournalIndex last_seq={self.last_seq} run_lines={len(self._run)} "
+            f"rows={len(self._rows)} cells={len(self._cells)}>"
+        )
+
+
+def _seq(line: JournalLine) -> int:
+    return line.seq
+
+
+def _row_of(record: object) -> int | None:
+    if isinstance(record, RowOpened):
+        return record.row_index
+    if isinstance(record, Transition) and record.machine == "row":
+        return record.row_index
+    if isinstance(record, ReceiptPublished) and record.scope == "row":
+        return record.row_index
+    return None
+
+
+def refold(index: JournalIndex, published: ReceiptPublished) -> bytes:
+    """The canonical bytes the fold gives for a published receipt (what replay compares)."""
+    if published.scope == "cell" and published.cell_id is not None:
+        receipt: CellReceipt | RowReceipt = fold_cell(
+            index.lines_for_cell(published.cell_id),
+            published.cell_id,
+            through_seq=published.through_seq,
+        )
+    elif published.scope == "row" and published.row_index is not None:
+        receipt = fold_row(
+            index.lines_for_row(published.row_index),
+            published.row_index,
+            through_seq=published.through_seq,
+        )
+    else:
+        raise Refused.one(
+            "fold.scope.unsupported",
+            "$.scope",
+            f"this version cannot refold a {published.scope!r} receipt",
+            "replay with the cache-family version that wrote the journal, or a newer one",
+        )
+    return encode_receipt(receipt)

@@ -1,0 +1,295 @@
+"""Builds journal records for one cell by driving the real cell machine (tests only).
+
+Every transition is taken through ``CELL_TABLE`` so a script can never journal a step the
+machine would refuse; observations are the records a cell actor would write around them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cache_family.schemas.journal import (
+    ArmPlan,
+    Cancellation,
+    CellOpened,
+    ChildSpawned,
+    CleanupOutcome,
+    DeadlineExpired,
+    Fault,
+    ListeningMarkerSeen,
+    PinDrift,
+    PinObserved,
+    PortReserved,
+    Ready,
+    Record,
+    RequestOutcome,
+    RowOpened,
+    RunStarted,
+    RungCompleted,
+    RungPlan,
+    Transition,
+    WarmupExclusion,
+)
+from cache_family.schemas.measurement import RequestRow, ServerTimings
+from cache_family.states.cell import CellEvent, CellState, new_cell_machine, new_row_machine
+from cache_family.states.cell import RowEvent
+
+PIN_A = "a" * 64
+PIN_B = "b" * 64
+PIN_X = "f" * 64
+
+
+def run_started() -> RunStarted:
+    return RunStarted(
+        run_id="run-test", request_sha256="1" * 64, catalog_sha256="2" * 64, tool_version="t"
+    )
+
+
+def completed_row(request_id: int, *, warmup: bool = False, elapsed: float = 20.0) -> RequestRow:
+    return RequestRow(
+        request_id=request_id,
+        status="completed",
+        excluded_warmup=warmup,
+        elapsed_ms=elapsed + request_id,
+        ttft_ms=5.0,
+        tpot_ms=1.5,
+        tokens_predicted=8,
+        tokens_evaluated=40,
+        timings=ServerTimings(prompt_n=40, cache_n=32, predicted_n=8),
+        stop_type="limit",
+    )
+
+
+@dataclass
+class CellScript:
+    cell_id: str = "cell-0000/native-concurrent"
+    row_index: int = 0
+    arm: str = "native-concurrent"
+    kind: str = "concurrent"
+    rungs: Sequence[tuple[int, int]] = ((1, 2), (2, 4))
+    pid: int = 4242
+    create_time: float = 1700000000.25
+    records: list[Record] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.machine = new_cell_machine(self.cell_id)
+
+    @property
+    def state(self) -> CellState:
+        return self.machine.state
+
+    def fire(self, event: CellEvent) -> None:
+        before = self.machine.state
+        step = self.machine.fire(event)
+        self.records.append(
+            Transition(
+                machine="cell",
+                cell_id=self.cell_id,
+                from_state=before.value,
+                event=event.value,
+                to_state=step.to.value,
+            )
+        )
+
+    def open(self) -> CellScript:
+        self.records.append(
+            CellOpened(
+                cell_id=self.cell_id,
+                row_index=self.row_index,
+                row_key="llama-p128",
+                arm=self.arm,
+                cohort=self.arm,
+                cell_dir=f"cell-{self.row_index:04d}/{self.arm}",
+                measurement_kind=self.kind,
+                rungs=tuple(RungPlan(concurrency=c, requests=n) for c, n in self.rungs),
+                ttft_slo_ms=2000.0,
+                tpot_slo_ms=100.0,
+            )
+        )
+        return self
+
+    def pins(self, phase: str, *, drift: bool = False) -> None:
+        for name, pin in (("binary", PIN_A), ("model", PIN_B)):
+            observed = PIN_X if drift and name == "model" else pin
+            self.records.append(
+                PinObserved(
+                    cell_id=self.cell_id,
+                    phase=phase,
+                    name=name,
+                    path=f"/pins/{name}",
+                    expected_sha256=pin,
+                    observed_sha256=observed,
+                )
+            )
+            if observed != pin:
+                self.records.append(
+                    PinDrift(
+                        cell_id=self.cell_id,
+                        phase=phase,
+                        name=name,
+                        path=f"/pins/{name}",
+                        expected_sha256=pin,
+                        observed_sha256=observed,
+                    )
+                )
+
+    def launch(self) -> None:
+        """pin-verify -> launch: pins match, port reserved, host spawned."""
+        self.pins("before")
+        self.records.append(PortReserved(cell_id=self.cell_id, port=18080))
+        self.fire(CellEvent.PINS_VERIFIED)
+        self.spawn()
+
+    def spawn(self) -> None:
+        self.records.append(
+            ChildSpawned(
+                cell_id=self.cell_id,
+                pid=self.pid,
+                create_time=self.create_time,
+                pgid=self.pid,
+                argv_sha256="3" * 64,
+                executable="/bin/llama-server",
+            )
+        )
+
+    def become_ready(self) -> None:
+        self.records.append(
+            ListeningMarkerSeen(
+                cell_id=self.cell_id,
+                pid=self.pid,
+                port=18080,
+                marker="srv  llama_server: listening on http://127.0.0.1:18080",
+            )
+        )
+        self.records.append(
+            Ready(cell_id=self.cell_id, url="http://127.0.0.1:18080/", attempts=2, elapsed_ms=75.0)
+        )
+        self.fire(CellEvent.HOST_READY)
+
+    def warmup(self) -> None:
+        reason = "serial first request" if self.kind == "serial" else "no warmup on rungs"
+        ids: tuple[int, ...] = (0,) if self.kind == "serial" else ()
+        self.records.append(
+            WarmupExclusion(cell_id=self.cell_id, rung_index=0, request_ids=ids, reason=reason)
+        )
+        self.fire(CellEvent.WARMUP_DONE)
+
+    def request(self, rung: int, request_id: int, row: RequestRow | None = None) -> None:
+        concurrency = self.rungs[rung][0] if rung < len(self.rungs) else 1
+        warm = self.kind == "serial" and request_id == 0
+        self.records.append(
+            RequestOutcome(
+                cell_id=self.cell_id,
+                rung_index=rung,
+                concurrency=concurrency,
+                row=row or completed_row(request_id, warmup=warm),
+            )
+        )
+
+    def rung_done(self, rung: int, *, status: str = "completed", pid: int | None = None) -> None:
+        concurrency, requests = self.rungs[rung]
+        self.records.append(
+            RungCompleted(
+                cell_id=self.cell_id,
+                rung_index=rung,
+                concurrency=concurrency,
+                requested_requests=requests,
+                status=status,
+                makespan_seconds=0.5 * (rung + 1),
+                prompt_sha256="4" * 64,
+                output_tokens=8,
+                host_pid=self.pid if pid is None else pid,
+                host_create_time=self.create_time,
+            )
+        )
+
+    def ladder(self) -> None:
+        for rung, (_, requests) in enumerate(self.rungs):
+            for request_id in range(requests):
+                self.request(rung, request_id)
+            self.rung_done(rung)
+        self.fire(CellEvent.LADDER_DONE)
+
+    def cleanup(self, *, forced: bool = False, survivors: tuple[int, ...] = ()) -> None:
+        spawned = any(isinstance(r, ChildSpawned) for r in self.records)
+        self.records.append(
+            CleanupOutcome(
+                cell_id=self.cell_id,
+                pid=self.pid if spawned else None,
+                graceful=not forced,
+                forced=forced,
+                exit_code=0 if not forced else -9,
+                surviving_descendants=survivors,
+                port_free=True,
+                state_dir_removed=True,
+                elapsed_ms=12.0,
+            )
+        )
+        self.fire(CellEvent.CLEANUP_DONE)
+
+    def fault(self, kind: str, detail: str = "") -> None:
+        self.records.append(Fault(cell_id=self.cell_id, kind=kind, detail=detail))
+        self.fire(CellEvent.FAULT)
+
+    def cancel(self, *, run_wide: bool = False) -> None:
+        self.records.append(
+            Cancellation(cell_id=None if run_wide else self.cell_id, signal="SIGINT")
+        )
+        self.fire(CellEvent.CANCELLED)
+
+    def deadline(self) -> None:
+        self.records.append(DeadlineExpired(cell_id=self.cell_id, budget="cell"))
+        self.fire(CellEvent.DEADLINE_EXPIRED)
+
+    def happy(self, *, drift: bool = False, forced: bool = False) -> CellScript:
+        """A full session: every state visited, optional late drift or forced kill."""
+        self.open()
+        self.launch()
+        self.become_ready()
+        self.warmup()
+        self.ladder()
+        self.pins("after", drift=drift)
+        self.fire(CellEvent.PINS_MISMATCH if drift else CellEvent.PINS_VERIFIED)
+        self.cleanup(forced=forced)
+        return self
+
+
+def row_records(
+    row_index: int,
+    arms: Sequence[ArmPlan],
+    *,
+    model_status: str = "present",
+) -> RowOpened:
+    return RowOpened(
+        row_index=row_index,
+        row_key="llama-p128",
+        case_key="llama",
+        prefix_tokens=128,
+        use_case=None,
+        row_dir=f"cell-{row_index:04d}",
+        model_status=model_status,
+        arms=tuple(arms),
+    )
+
+
+class RowScript:
+    """Row machine transitions for one row (tests only)."""
+
+    def __init__(self, row_index: int) -> None:
+        self.row_index = row_index
+        self.machine = new_row_machine(row_index)
+        self.records: list[Record] = []
+
+    def fire(self, event: RowEvent) -> None:
+        before = self.machine.state
+        step = self.machine.fire(event)
+        self.records.append(
+            Transition(
+                machine="row",
+                row_index=self.row_index,
+                from_state=before.value,
+                event=event.value,
+                to_state=step.to.value,
+            )
+        )
