@@ -1,0 +1,177 @@
+"""Prompt time with and without a cached prefix, on the zoo's tiny Llama, in one run.
+
+For each prompt length N (default 128, 512 and 2048 tokens) and each repeat, the script sends
+a cold request (N fresh random tokens, never seen by the server) and then a cached request of
+the same length N that repeats the cold prompt's first N - S tokens and adds S new ones
+(S = 16), so the server can reuse N - S tokens of its prompt cache. Sizes are interleaved
+within each repeat so slow drift on a shared machine hits both sides alike. The server runs
+with ``--cache-ram 0`` (no host-RAM prompt cache to restore old prompts), one slot, one
+thread pinned to CPU 0; this client pins itself to CPU 1. One request is sent first and
+excluded (allocation warm-up).
+
+It prints the medians, the ratio cold/cached measured in this same run, and every sample.
+These are TINY RANDOM-WEIGHT MODEL FIGURES: they show the mechanism's size on this machine,
+they are not performance claims about Llama or llama.cpp.
+
+    .venv/bin/python bench/prefix_reuse.py [--repeats 5] [--sizes 128 512 2048] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import statistics
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cache_family.errors import Refused
+from cache_family.oracles.test_parts import ensure_parts, serve
+from cache_family.oracles.zoo.vocab import CONTROL_TOKENS, vocabulary
+
+SUFFIX_TOKENS = 16
+MODEL_KEY = "llama"
+
+
+def fresh_tokens(label: str, n: int) -> list[int]:
+    n_ordinary = len(vocabulary()[0]) - len(CONTROL_TOKENS)
+    rng = np.random.default_rng(zlib.crc32(label.encode()))
+    return [int(t) for t in rng.integers(0, n_ordinary, size=n)]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run(sizes: list[int], repeats: int, threads: int, pin: bool) -> dict[str, Any]:
+    parts = ensure_parts(sys.stderr, build=False)
+    model = parts.model_path(MODEL_KEY)
+    producer = json.loads(parts.producer_json.read_text())
+    n_cpus = len(os.sched_getaffinity(0))
+    pinned = pin and n_cpus >= 2
+    server_cpus = {sorted(os.sched_getaffinity(0))[0]} if pinned else None
+    if pinned:
+        assert server_cpus is not None
+        client_cpus = set(os.sched_getaffinity(0)) - server_cpus
+        os.sched_setaffinity(0, client_cpus)
+    samples: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    ctx = max(sizes) + 2 * SUFFIX_TOKENS + 64
+    with serve(
+        parts.llama_server,
+        model,
+        ctx_size=ctx,
+        threads=threads,
+        cache_ram_mib=0,
+        cpus=server_cpus,
+    ) as server:
+        server.completion(fresh_tokens("warm-up", 64), n_predict=1)
+        for repeat in range(repeats):
+            for n in sizes:
+                cold_prompt = fresh_tokens(f"cold:{n}:{repeat}", n)
+                cold = server.completion(cold_prompt, n_predict=1)["timings"]
+                cached_prompt = cold_prompt[: n - SUFFIX_TOKENS] + fresh_tokens(
+                    f"suffix:{n}:{repeat}", SUFFIX_TOKENS
+                )
+                cached = server.completion(cached_prompt, n_predict=1)["timings"]
+                samples[n].append({"cold": cold, "cached": cached})
+    rows = []
+    for n in sizes:
+        cold_ms = [s["cold"]["prompt_ms"] for s in samples[n]]
+        cached_ms = [s["cached"]["prompt_ms"] for s in samples[n]]
+        cold_median = statistics.median(cold_ms)
+        cached_median = statistics.median(cached_ms)
+        rows.append(
+            {
+                "prompt_tokens": n,
+                "cold_prompt_ms_median": round(cold_median, 2),
+                "cached_prompt_ms_median": round(cached_median, 2),
+                "ratio_cold_over_cached": round(cold_median / cached_median, 2),
+                "cold_prompt_ms": [round(v, 2) for v in cold_ms],
+                "cached_prompt_ms": [round(v, 2) for v in cached_ms],
+                "cold_cache_n": [s["cold"]["cache_n"] for s in samples[n]],
+                "cached_cache_n": [s["cached"]["cache_n"] for s in samples[n]],
+                "cached_prompt_n": [s["cached"]["prompt_n"] for s in samples[n]],
+            }
+        )
+    return {
+        "label": "tiny random-weight model figures, not performance claims",
+        "model_key": MODEL_KEY,
+        "model": str(model),
+        "model_sha256": _sha256(model.resolve()),
+        "llama_server_sha256": producer["files"]["native/bin/llama-server"],
+        "llama_cpp": f"{producer['source']['package']}=={producer['source']['version']} "
+        f"(llama.cpp {producer['source']['llama_cpp_commit'][:12]})",
+        "threads": threads,
+        "server_cpus": sorted(server_cpus) if server_cpus else "unpinned",
+        "client_cpus": sorted(os.sched_getaffinity(0)),
+        "machine": f"{platform.machine()}, {n_cpus} CPUs visible, "
+        f"Python {platform.python_version()}",
+        "repeats": repeats,
+        "suffix_tokens": SUFFIX_TOKENS,
+        "rows": rows,
+    }
+
+
+def render(result: dict[str, Any], command: str) -> str:
+    lines = [
+        f"# Prefix reuse on the zoo's tiny {result['model_key']} ({result['label']})",
+        f"command: {command}",
+        f"server: {result['llama_cpp']}, "
+        f"llama-server sha256 {result['llama_server_sha256'][:16]}…, "
+        f"-t {result['threads']}, CPUs {result['server_cpus']}; client CPUs "
+        f"{result['client_cpus']}; {result['machine']}",
+        f"model: {result['model']} (sha256 {result['model_sha256'][:16]}…)",
+        f"medians of {result['repeats']} repeats; cached = same length, first N-"
+        f"{result['suffix_tokens']} tokens cached",
+        "",
+        "| prompt tokens | cold prompt_ms | cached prompt_ms | cold / cached |",
+        "|---:|---:|---:|---:|",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['prompt_tokens']} | {row['cold_prompt_ms_median']:.1f} | "
+            f"{row['cached_prompt_ms_median']:.1f} | {row['ratio_cold_over_cached']:.1f}x |"
+        )
+    lines.append("")
+    for row in result["rows"]:
+        lines.append(
+            f"N={row['prompt_tokens']}: cold {row['cold_prompt_ms']} (cache_n "
+            f"{row['cold_cache_n']}); cached {row['cached_prompt_ms']} (cache_n "
+            f"{row['cached_cache_n']}, prompt_n {row['cached_prompt_n']})"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[128, 512, 2048])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-pin", action="store_true", help="do not pin server and client")
+    parser.add_argument("--json", type=Path, help="also write the result as JSON here")
+    args = parser.parse_args(argv)
+    if args.repeats < 3:
+        parser.error("--repeats must be at least 3 (medians of three or more)")
+    if min(args.sizes) <= SUFFIX_TOKENS:
+        parser.error(f"every size must exceed the {SUFFIX_TOKENS}-token suffix")
+    try:
+        result = run(sorted(args.sizes), args.repeats, args.threads, pin=not args.no_pin)
+    except Refused as refused:
+        for refusal in refused.refusals:
+            print(f"error: {refusal.line()}", file=sys.stderr)
+        return 2
+    command = " ".join([".venv/bin/python", "bench/prefix_reuse.py", *sys.argv[1:]])
+    print(render(result, command))
+    if args.json:
+        args.json.write_text(json.dumps({**result, "command": command}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
