@@ -1072,6 +1072,9 @@ def validate_operator_document(data: bytes) -> OperatorInput:
 
 
 __all__ = [
+    "ENV_ALIAS_PAIRS",
+    "KEY_PATTERN",
+    "TOOLKIT_NAMES",
     "AbsolutePath",
     "IntRange",
     "LowerHex",
