@@ -57,7 +57,7 @@ SkipReason = Literal[
 PrefixSource = Literal["override", "sweep", "use-case", "catalog", "package-contract"]
 ObservationStatus = Literal["present", "missing-model"]
 ObservedKind = Literal["single-gguf", "split-gguf-first-shard", "layer-package-tree"]
-CorpusSource = Literal["override", "environment", "checked-in"]
+CorpusSource = Literal["override", "environment", "operator-plan", "checked-in"]
 
 
 class _Strict(BaseModel):
