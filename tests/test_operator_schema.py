@@ -248,7 +248,7 @@ CASES: list[tuple[str, Mutation, str, str, bool]] = [
     ("unknown-server", _set("plan.new_server.args", []), "operator.unknown_field",
      "$.plan.new_server.args", True),
     ("missing-top", _drop("correctness"), "operator.missing_field", "$.correctness", True),
-    ("missing-nullable", _drop("native_server"), "operator.missing_field", "$.native_server",
+    ("missing-stage-server", _drop("stage_server"), "operator.missing_field", "$.stage_server",
      True),
     ("missing-plan", _drop("plan.concurrency"), "operator.missing_field", "$.plan.concurrency",
      True),
@@ -536,3 +536,12 @@ def test_odd_python_objects_are_refused_without_a_traceback(obj: object) -> None
     for refusal in caught.value.refusals:
         assert refusal.code in OPERATOR_REFUSAL_CODES
         assert refusal.path.startswith("$")
+
+
+def test_native_server_and_artifact_tool_are_optional_and_default_to_null() -> None:
+    doc = valid_document()
+    del doc["native_server"]
+    del doc["artifact_tool"]
+    operator = validate_operator_object(doc)
+    assert operator.native_server is None
+    assert operator.artifact_tool is None

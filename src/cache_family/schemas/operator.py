@@ -392,11 +392,11 @@ class OperatorInput(BaseModel):
     ]
     native_server: Annotated[
         AbsPath | None, Field(description="llama-server; null = no native baseline")
-    ]
+    ] = None
     artifact_tool: Annotated[
         AbsPath | None,
         Field(description="shard/package admission tool; needed for MiniMax or DeepSeek3"),
-    ]
+    ] = None
     native_build: Annotated[AbsPath, Field(description="native build directory; tree-pinned")]
     old_source_commit: Annotated[CommitHex, Field(description="declared provenance only")]
     new_source_commit: Annotated[CommitHex, Field(description="declared provenance only")]
