@@ -328,7 +328,9 @@ def build_into_cache(progress: TextIO, jobs: int | None = None) -> Path:
         built_bin = build / "bin"
         shutil.copy2(built_bin / SERVER_NAME, staged / "bin" / SERVER_NAME)
         for lib in sorted(built_bin.glob("*.so*")):
-            shutil.copy2(lib, staged / "lib" / lib.name, follow_symlinks=True)
+            # Keep the soname links as links: three copies of each library would triple
+            # the tree that every cell re-hashes.
+            shutil.copy2(lib, staged / "lib" / lib.name, follow_symlinks=False)
         shutil.copy2(log_path, staged / "build.log")
         info = {
             "source": {
@@ -373,7 +375,7 @@ def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str
         shutil.rmtree(native)
     (native / "bin").mkdir(parents=True)
     shutil.copy2(entry / "bin" / SERVER_NAME, native / "bin" / SERVER_NAME)
-    shutil.copytree(entry / "lib", native / "lib")
+    shutil.copytree(entry / "lib", native / "lib", symlinks=True)
     info = json.loads((entry / "build-info.json").read_text())
     files = sorted(p for p in native.rglob("*") if p.is_file() and not p.is_symlink())
     producer = {
