@@ -6,7 +6,14 @@ venv := justfile_directory() / ".venv/bin"
 
 # List the recipes.
 default:
-    @just --list
+    @{{just_executable()}} --list --justfile {{justfile()}}
+
+# --- demo -------------------------------------------------------------------
+
+# Run the main job end to end on the embedded default (tiny model zoo, real llama-server).
+[group('demo')]
+demo *OUT: native-parts
+    {{venv}}/python -m cache_family.oracles.demo {{OUT}}
 
 # --- checks -----------------------------------------------------------------
 

@@ -1,0 +1,176 @@
+"""The demo: the main job end to end on the embedded default (``./bootstrap demo``).
+
+It builds or reuses the real parts (``llama-server`` from registry source and the tiny
+model zoo as a Hugging Face hub cache), writes an operator input naming them, then runs the
+operator's own commands as child processes: ``validate``, ``prepare-full``, ``run`` and
+``replay``. Everything lands in a fresh ``out/demo-<time>/`` directory.
+
+The Skippy correctness tool and stage server are operator binaries that this project does
+not ship yet (the reference workload oracles arrive with the embedded-default work). The
+operator input still has to name them, so the demo writes one clearly named placeholder
+script that refuses to run; preparation pins its bytes like any tool, and the run records
+the correctness arm as not run, so the placeholder is never executed. All figures come from
+tiny random-weight models: the receipts and the report mark them synthetic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from cache_family.oracles.test_parts import Parts, ensure_parts
+
+PLACEHOLDER_NAME = "skippy-tool-placeholder-not-built"
+PLACEHOLDER_SCRIPT = """#!/bin/sh
+# Placeholder named by the cache-family-bench demo's operator input. The Skippy
+# correctness tool, stage server and artifact tool are not built by this project yet;
+# the run records the correctness arm as not run and never executes this file.
+echo "cache-family demo: this Skippy tool is a placeholder and was not built" >&2
+exit 69
+"""
+# Declared provenance only (never verified); the demo declares the llama.cpp commit its
+# native build came from and says nothing about Skippy sources it does not have.
+_UNKNOWN_COMMIT = "0" * 40
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+def operator_input(parts: Parts, tools: Path) -> dict[str, Any]:
+    import hashlib
+
+    placeholder = str(tools / PLACEHOLDER_NAME)
+    catalog_sha = hashlib.sha256(parts.zoo_catalog.read_bytes()).hexdigest()
+    producer = json.loads(parts.producer_json.read_text())
+    native_commit = str(producer.get("source", {}).get("llama_cpp_commit", _UNKNOWN_COMMIT))
+    return {
+        "schema_version": 1,
+        "plan": {
+            "schema_version": 1,
+            "cache_root": str(parts.zoo_root),
+            "cases": [],
+            "use_cases": [],
+            "corpus": None,
+            "prefix_sweep": [],
+            "prefix_tokens": None,
+            "n_gpu_layers": None,
+            "cache_hit_repeats": None,
+            "runtime_lane_count": 1,
+            "serving_ctx_size": None,
+            "concurrency": [1, 2],
+            "concurrent_requests": 4,
+            "concurrent_output_tokens": 16,
+            "llama_parallel": 2,
+            "llama_repeats": 3,
+            "ttft_slo_ms": 2000,
+            "tpot_slo_ms": 100,
+            "skip_llama_server": False,
+            "old_server": None,
+            "new_server": None,
+            "model_sha256": {},
+            "catalog": {"path": str(parts.zoo_catalog), "sha256": catalog_sha},
+        },
+        "correctness": placeholder,
+        "stage_server": placeholder,
+        "native_server": str(parts.llama_server),
+        "artifact_tool": placeholder,
+        "native_build": str(parts.native_build),
+        "old_source_commit": _UNKNOWN_COMMIT,
+        "new_source_commit": _UNKNOWN_COMMIT,
+        "native_source_commit": native_commit,
+        "borrow_resident_hits": False,
+        "cache_decoded_result_hits": False,
+        "environment": {"OMP_NUM_THREADS": "1", "LLAMA_STAGE_BACKEND": "cpu"},
+        "toolkit_directories": {},
+        "execution_seconds": 3600,
+        "cell_seconds": 300,
+        "request_timeout_ms": 60000,
+        "preparation_seconds": 600,
+    }
+
+
+def _step(title: str, argv: list[str], progress: TextIO) -> int:
+    print(f"\ndemo: {title}\n  $ cache-family {' '.join(argv)}", file=progress, flush=True)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())}
+    if "CACHE_FAMILY_CACHE" in os.environ:
+        env["CACHE_FAMILY_CACHE"] = os.environ["CACHE_FAMILY_CACHE"]
+    return subprocess.run(
+        [sys.executable, "-m", "cache_family.cli", *argv], env=env, check=False
+    ).returncode
+
+
+def run_demo(out: Path, progress: TextIO) -> int:
+    parts = ensure_parts(progress)
+    out.mkdir(parents=True)
+    tools = out / "tools"
+    tools.mkdir()
+    placeholder = tools / PLACEHOLDER_NAME
+    placeholder.write_text(PLACEHOLDER_SCRIPT)
+    placeholder.chmod(0o755)
+    operator_path = out / "operator.json"
+    operator_path.write_text(json.dumps(operator_input(parts, tools), indent=2) + "\n")
+    prepared = out / "full-input"
+    run_dir = out / "full-gguf"
+    steps: list[tuple[str, list[str], set[int]]] = [
+        ("check the operator input", ["validate", "--input", str(operator_path)], {0}),
+        (
+            "observe bytes and plan every catalog row",
+            ["prepare-full", "--input", str(operator_path), "--output", str(prepared)],
+            {0},
+        ),
+        (
+            "run the native arms of every present row",
+            ["run", "--input", str(prepared / "cache-family-input.json"), "--output", str(run_dir)],
+            {0, 1},
+        ),
+        ("replay the journal and compare every receipt", ["replay", str(run_dir)], {0}),
+    ]
+    for title, argv, accepted in steps:
+        code = _step(title, argv, progress)
+        if code not in accepted:
+            print(f"demo: stopped: `cache-family {argv[0]}` exited {code}", file=progress)
+            return code
+    _summarize(run_dir, progress)
+    print(f"\ndemo: everything is under {out}", file=progress)
+    return 0
+
+
+def _summarize(run_dir: Path, progress: TextIO) -> None:
+    matrix_path = run_dir / "cache-family-matrix.json"
+    if not matrix_path.is_file():
+        return
+    matrix = json.loads(matrix_path.read_text())
+    print(
+        f"\ndemo: matrix status {matrix.get('status')} "
+        "(tiny random-weight models: synthetic figures, not performance claims)",
+        file=progress,
+    )
+    for row in matrix.get("rows", []):
+        result = row.get("result", {})
+        print(
+            f"  {row.get('case', '?'):<14} p{row.get('prefix_tokens', '?'):<5} "
+            f"{result.get('status', '?')}",
+            file=progress,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args:
+        out = Path(args[0]).absolute()
+    else:
+        out = _repo_root() / "out" / time.strftime("demo-%Y%m%d-%H%M%S")
+    if out.exists():
+        print(f"demo: {out} already exists; give a fresh directory", file=sys.stderr)
+        return 2
+    return run_demo(out, sys.stderr)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
