@@ -21,6 +21,7 @@ from cache_family.actors.custody import (
     HostConfig,
     host_custody,
     host_environment,
+    is_listening_line,
     listening_marker,
     port_is_free,
     still_same,
@@ -329,3 +330,15 @@ async def test_repr_shows_state_pid_and_elapsed(tmp_path: Path) -> None:
     assert text.startswith("<Host native-serial state=ready pid=")
     assert "elapsed=" in text and "elapsed=-" not in text
     assert "state=cleaned" in repr(host)
+
+
+def test_listening_line_is_exact_apart_from_the_common_log_prefix() -> None:
+    marker = "srv  llama_server: listening on http://127.0.0.1:8123"
+    assert is_listening_line("llama-server", marker, 8123)
+    assert is_listening_line("llama-server", "0.00.020.901 I " + marker, 8123)
+    assert not is_listening_line("llama-server", marker, 8124)
+    assert not is_listening_line("llama-server", marker + "0", 8123)
+    assert not is_listening_line("llama-server", "junk " + marker, 8123)
+    assert not is_listening_line(
+        "llama-server", "srv llama_server: listening on http://127.0.0.1:8123", 8123
+    )

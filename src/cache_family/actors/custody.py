@@ -27,6 +27,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -97,12 +98,24 @@ class HostConfig:
     capture_total_limit: int = 16 * MIB
 
 
+# llama.cpp's common log may prefix each line with "<min>.<s>.<ms>.<us> <level> " (this build
+# does by default); only that exact shape is stripped before the marker must match exactly.
+_COMMON_LOG_PREFIX = re.compile(r"\d+\.\d{2}\.\d{3}\.\d{3} [DIWE] ")
+
+
 def listening_marker(dialect: HostDialect, port: int) -> str:
     """The exact line a host prints once it listens (llama.cpp tools/server/server.cpp)."""
     if dialect == "llama-server":
         # SRV_INF pads the function name to 12 columns; "llama_server" is exactly 12.
         return f"srv  llama_server: listening on http://127.0.0.1:{port}"
     raise ValueError(f"unknown host dialect {dialect!r}")
+
+
+def is_listening_line(dialect: HostDialect, line: str, port: int) -> bool:
+    """Whether ``line`` (without its newline) is the host's listening line for ``port``."""
+    prefix = _COMMON_LOG_PREFIX.match(line)
+    body = line[prefix.end() :] if prefix else line
+    return body == listening_marker(dialect, port)
 
 
 def host_environment(
@@ -447,7 +460,7 @@ class Host:
         log.write(line)
         if self._marker_line is None:
             text = line.rstrip(b"\r\n").decode("utf-8", "replace")
-            if text == listening_marker(self.config.dialect, self.port):
+            if is_listening_line(self.config.dialect, text, self.port):
                 self._marker_line = (name, text)
                 self._marker_or_exit.set()
 

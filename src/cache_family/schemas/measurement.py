@@ -106,6 +106,8 @@ class LoadRequest(msgspec.Struct, frozen=True, kw_only=True):
     request_timeout_ms: int
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
+    # Leading request ids of a rung excluded as warmup (a serial baseline always excludes id 0).
+    warmup_requests: int = 0
 
 
 LoadStatus = Literal["completed", "incomplete", "failed", "not-launched"]

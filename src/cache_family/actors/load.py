@@ -1,0 +1,635 @@
+"""The load actor: serial baselines and closed-loop concurrency rungs against llama-server.
+
+    run = LoadRun(request, deadline=cell_deadline)
+    try:
+        outcome = await run.run()
+    finally:
+        roster = run.outcome(stop_reason="cancelled")   # always a full roster, even now
+
+Every planned request id gets exactly one row: completed, failed (the server or the protocol
+said no), incomplete (cut by its own timeout or the cell budget) or not-launched. A bad answer
+fails its request, never the process. Facts about llama-server this relies on:
+
+* ``POST /completion`` answers non-streamed requests with one JSON object and streamed requests
+  with ``data: {json}`` lines; the last event has ``stop: true`` and the server's ``timings``
+  (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``, ``cache_n``).
+* It closes the connection after every streamed response, so each request gets a fresh one.
+* A tiny random model often samples end-of-sequence first: ``ignore_eos`` keeps the output
+  length fixed, and token counts come from the server, never from re-tokenizing text.
+
+Deadlines are trio times (``trio.current_time``); stamps come from an injected clock that must
+share that time base (the default is ``trio.current_time`` itself), so tests run timeouts on
+trio's autojump clock. TTFT is the arrival time of the chunk holding the first generating
+event, taken before that event is parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import httpx
+import trio
+
+from cache_family.errors import Refused
+from cache_family.schemas.measurement import (
+    LoadOutcome,
+    LoadRequest,
+    LoadStatus,
+    RequestRow,
+    RungSummary,
+    SerialSummary,
+    ServerTimings,
+)
+from cache_family.states import metrics
+
+KIB = 1024
+MIB = 1024 * KIB
+BODY_LIMIT = 1 * MIB
+SSE_LINE_LIMIT = 64 * KIB
+STOP_TYPES = ("limit", "word", "eos")
+
+Clock = Callable[[], float]
+
+
+class ProtocolError(Exception):
+    """The server answered, but not as llama-server's /completion contract says."""
+
+
+class BenchmarkPrompt(NamedTuple):
+    text: str
+    token_count: int
+    sha256: str
+
+
+def completion_body(prompt: str, n_predict: int, *, stream: bool) -> dict[str, Any]:
+    """The exact /completion request: greedy, cached prefix, fixed output length."""
+    return {
+        "prompt": prompt,
+        "n_predict": n_predict,
+        "temperature": 0,
+        "top_k": 1,
+        "cache_prompt": True,
+        "stream": stream,
+        "ignore_eos": True,
+    }
+
+
+def make_client(concurrency: int = 1) -> httpx.AsyncClient:
+    """An HTTP client that never reuses a connection and never reads proxy settings."""
+    return httpx.AsyncClient(
+        # Deadlines are trio cancel scopes around each request (its cap and the cell budget).
+        timeout=None,  # noqa: S113
+        trust_env=False,
+        limits=httpx.Limits(max_connections=max(concurrency, 1), max_keepalive_connections=0),
+        headers={"Connection": "close"},
+    )
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """What one request observed; turned into a RequestRow."""
+
+    started: float
+    ttft: float | None = None
+    ended: float | None = None
+    content: list[str] = field(default_factory=list)
+    first_chunk: str | None = None
+
+
+class LoadRun:
+    """One serial baseline (``request.stream`` false) or one ladder rung (true)."""
+
+    def __init__(
+        self,
+        request: LoadRequest,
+        *,
+        deadline: float | None = None,
+        clock: Clock = trio.current_time,
+        stop_on_failure: bool = True,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        _check_request(request)
+        self.request = request
+        self.deadline = math.inf if deadline is None else deadline
+        self.clock = clock
+        self.stop_on_failure = stop_on_failure
+        self._client = client
+        self._rows: dict[int, RequestRow] = {}
+        self._launched: set[int] = set()
+        self._first_launch: float | None = None
+        self._last_end: float | None = None
+        self._stop_reason: str | None = None
+        self.prompt_sha256 = hashlib.sha256(request.prompt.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        kind = "rung" if self.request.stream else "serial"
+        return (
+            f"<LoadRun {kind} c={self.request.concurrency} launched={len(self._launched)}"
+            f"/{self.request.requests} finished={len(self._rows)} stop={self._stop_reason}>"
+        )
+
+    def excluded_warmup(self, request_id: int) -> bool:
+        if not self.request.stream:
+            return request_id == 0
+        return request_id < self.request.warmup_requests
+
+    async def run(self) -> LoadOutcome:
+        """Run every request (closed loop), then return the outcome with its summary."""
+        client = self._client or make_client(self.request.concurrency)
+        try:
+            await self._closed_loop(client)
+        finally:
+            if self._client is None:
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await client.aclose()
+        return self.outcome()
+
+    async def _closed_loop(self, client: httpx.AsyncClient) -> None:
+        # Every request's own cancel scope ends at the cell deadline, so in-flight requests
+        # are cut (and recorded) by it; the loop only has to stop launching.
+        slots = trio.Semaphore(self.request.concurrency)
+        async with trio.open_nursery() as nursery:
+            for request_id in range(self.request.requests):
+                await slots.acquire()
+                if self._stop_reason is None and trio.current_time() >= self.deadline:
+                    self._stop_reason = "load.deadline"
+                if self._stop_reason is not None:
+                    slots.release()
+                    break
+                self._launched.add(request_id)
+                if self._first_launch is None:
+                    self._first_launch = self.clock()
+                nursery.start_soon(self._one, client, request_id, slots)
+
+    async def _one(self, client: httpx.AsyncClient, request_id: int, slots: trio.Semaphore) -> None:
+        try:
+            row = await self._exchange(client, request_id)
+            self._rows[request_id] = row
+            if row.status == "completed":
+                self._last_end = max(self._last_end or -math.inf, self.clock())
+            elif self._stop_reason is None and trio.current_time() >= self.deadline:
+                self._stop_reason = "load.deadline"
+            elif self.stop_on_failure and self._stop_reason is None:
+                self._stop_reason = f"load.request_{row.status}"
+        finally:
+            slots.release()
+
+    async def _exchange(self, client: httpx.AsyncClient, request_id: int) -> RequestRow:
+        request = self.request
+        started = self.clock()
+        own_deadline = started + request.request_timeout_ms / 1000
+        exchange = _Exchange(started=started)
+        warmup = self.excluded_warmup(request_id)
+        body = completion_body(request.prompt, request.output_tokens, stream=request.stream)
+        url = request.base_url.rstrip("/") + "/completion"
+        with trio.move_on_at(min(own_deadline, self.deadline)) as cap:
+            try:
+                final = await (
+                    self._streamed(client, url, body, exchange)
+                    if request.stream
+                    else self._plain(client, url, body, exchange)
+                )
+                return self._completed_row(request_id, warmup, exchange, final)
+            except ProtocolError as exc:
+                return self._failed_row(request_id, warmup, exchange, str(exc))
+            except httpx.HTTPError as exc:
+                return self._failed_row(
+                    request_id, warmup, exchange, f"{type(exc).__name__}: {exc}"
+                )
+        assert cap.cancelled_caught
+        cut_by = "its own timeout" if own_deadline <= self.deadline else "the cell budget"
+        return RequestRow(
+            request_id=request_id,
+            status="incomplete",
+            excluded_warmup=warmup,
+            elapsed_ms=(self.clock() - started) * 1000,
+            error=f"cut by {cut_by} ({request.request_timeout_ms} ms request timeout)",
+        )
+
+    async def _plain(
+        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], exchange: _Exchange
+    ) -> dict[str, Any]:
+        async with client.stream("POST", url, json=body) as response:
+            data = await _read_bounded(response)
+            exchange.ended = self.clock()
+        _require_ok(response, data)
+        answer = _parse_json(data, "response body")
+        content = answer.get("content")
+        if not isinstance(content, str):
+            raise ProtocolError("response has no text content")
+        exchange.content.append(content)
+        return answer
+
+    async def _streamed(
+        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], exchange: _Exchange
+    ) -> dict[str, Any]:
+        final: dict[str, Any] | None = None
+        received = 0
+        pending = bytearray()
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                _require_ok(response, await _read_bounded(response))
+            async for chunk in response.aiter_raw():
+                arrived = self.clock()
+                received += len(chunk)
+                if received > BODY_LIMIT:
+                    raise ProtocolError(f"stream exceeded {BODY_LIMIT} bytes")
+                pending += chunk
+                while (newline := pending.find(b"\n")) >= 0:
+                    line = bytes(pending[:newline]).rstrip(b"\r")
+                    del pending[: newline + 1]
+                    if len(line) > SSE_LINE_LIMIT:
+                        raise ProtocolError(f"stream line longer than {SSE_LINE_LIMIT} bytes")
+                    event = _sse_event(line)
+                    if event is None:
+                        continue
+                    if final is not None:
+                        raise ProtocolError("data after the final event")
+                    if event.get("stop") is True:
+                        final = event
+                        exchange.ended = arrived
+                        _take_content(event, exchange, arrived)
+                    elif event.get("stop") is False:
+                        _take_content(event, exchange, arrived)
+                    else:
+                        raise ProtocolError("event without a boolean stop field")
+                if len(pending) > SSE_LINE_LIMIT:
+                    raise ProtocolError(f"stream line longer than {SSE_LINE_LIMIT} bytes")
+        if pending.strip():
+            event = _sse_event(bytes(pending).rstrip(b"\r"))
+            if event is not None:
+                raise ProtocolError("stream ended inside an event")
+        if final is None:
+            raise ProtocolError("stream ended without a final stop event")
+        return final
+
+    def _completed_row(
+        self, request_id: int, warmup: bool, exchange: _Exchange, final: dict[str, Any]
+    ) -> RequestRow:
+        checked = _validate_final(final, self.request.output_tokens)
+        assert exchange.ended is not None
+        elapsed_ms = (exchange.ended - exchange.started) * 1000
+        ttft_ms: float | None = None
+        tpot_ms: float | None = None
+        if self.request.stream:
+            # A one-token answer may arrive only in its final event: that event is the first.
+            first = exchange.ttft if exchange.ttft is not None else exchange.ended
+            ttft_ms = (first - exchange.started) * 1000
+            tpot_ms = (elapsed_ms - ttft_ms) / max(checked.tokens_predicted - 1, 1)
+        content = "".join(exchange.content)
+        return RequestRow(
+            request_id=request_id,
+            status="completed",
+            excluded_warmup=warmup,
+            elapsed_ms=elapsed_ms,
+            ttft_ms=ttft_ms,
+            tpot_ms=tpot_ms,
+            tokens_predicted=checked.tokens_predicted,
+            tokens_evaluated=checked.tokens_evaluated,
+            timings=checked.timings,
+            stop_type=checked.stop_type,  # type: ignore[arg-type]
+            content_sha256=hashlib.sha256(content.encode()).hexdigest(),
+            first_chunk_sha256=(
+                hashlib.sha256(exchange.first_chunk.encode()).hexdigest()
+                if exchange.first_chunk is not None
+                else None
+            ),
+        )
+
+    def _failed_row(
+        self, request_id: int, warmup: bool, exchange: _Exchange, error: str
+    ) -> RequestRow:
+        return RequestRow(
+            request_id=request_id,
+            status="failed",
+            excluded_warmup=warmup,
+            elapsed_ms=(self.clock() - exchange.started) * 1000,
+            error=error[:1000],
+        )
+
+    def roster(self, stop_reason: str | None = None) -> tuple[RequestRow, ...]:
+        """One row per planned request id, whatever state the run is in."""
+        rows = []
+        for request_id in range(self.request.requests):
+            row = self._rows.get(request_id)
+            if row is None:
+                warmup = self.excluded_warmup(request_id)
+                if request_id in self._launched:
+                    reason = stop_reason or self._stop_reason or "stopped"
+                    row = RequestRow(
+                        request_id=request_id,
+                        status="incomplete",
+                        excluded_warmup=warmup,
+                        error=f"still in flight when the run stopped ({reason})",
+                    )
+                else:
+                    row = RequestRow(
+                        request_id=request_id, status="not-launched", excluded_warmup=warmup
+                    )
+            rows.append(row)
+        return tuple(rows)
+
+    def outcome(self, stop_reason: str | None = None) -> LoadOutcome:
+        """The full roster, the status and (when the roster allows) the summary."""
+        reason = self._stop_reason or stop_reason
+        rows = self.roster(reason)
+        makespan = None
+        if self._first_launch is not None and self._last_end is not None:
+            makespan = self._last_end - self._first_launch
+        status: LoadStatus
+        if not self._launched:
+            status = "not-launched"
+        elif all(row.status == "completed" for row in rows):
+            status = "completed"
+        elif any(row.status == "failed" for row in rows):
+            status = "failed"
+        else:
+            status = "incomplete"
+        rung: RungSummary | None = None
+        serial: SerialSummary | None = None
+        try:
+            if not self.request.stream:
+                serial = metrics.serial_summary(rows, requested=self.request.requests)
+            elif makespan is not None:
+                rung = metrics.rung_summary(
+                    rows,
+                    concurrency=self.request.concurrency,
+                    requested_requests=self.request.requests,
+                    makespan_seconds=makespan,
+                    ttft_slo_ms=self.request.ttft_slo_ms,
+                    tpot_slo_ms=self.request.tpot_slo_ms,
+                )
+        except Refused as refused:
+            reason = reason or ",".join(refused.codes)
+            if status == "completed":
+                status = "incomplete"
+        return LoadOutcome(
+            request=self.request,
+            prompt_sha256=self.prompt_sha256,
+            status=status,
+            rows=rows,
+            makespan_seconds=makespan,
+            rung_summary=rung,
+            serial_summary=serial,
+            stop_reason=reason,
+        )
+
+
+async def run_load(
+    request: LoadRequest,
+    *,
+    deadline: float | None = None,
+    clock: Clock = trio.current_time,
+    stop_on_failure: bool = True,
+) -> LoadOutcome:
+    """Run one serial baseline or rung to the end (or the deadline) and return its outcome."""
+    return await LoadRun(
+        request, deadline=deadline, clock=clock, stop_on_failure=stop_on_failure
+    ).run()
+
+
+class _Checked(NamedTuple):
+    tokens_predicted: int
+    tokens_evaluated: int
+    timings: ServerTimings
+    stop_type: str
+
+
+def _validate_final(final: Mapping[str, Any], n_predict: int) -> _Checked:
+    """The reference's acceptance rules for a llama-server final answer."""
+    if final.get("stop") is not True:
+        raise ProtocolError("final answer does not say stop: true")
+    if final.get("truncated") is not False:
+        raise ProtocolError(f"final answer is truncated ({final.get('truncated')!r})")
+    predicted = _integer(final, "tokens_predicted")
+    evaluated = _integer(final, "tokens_evaluated")
+    if not 1 <= predicted <= n_predict:
+        raise ProtocolError(f"tokens_predicted {predicted} is outside 1..{n_predict}")
+    if evaluated <= 0:
+        raise ProtocolError(f"tokens_evaluated {evaluated} is not positive")
+    raw = final.get("timings")
+    if not isinstance(raw, dict):
+        raise ProtocolError("final answer has no timings object")
+    timings = ServerTimings(
+        prompt_n=_integer(raw, "timings.prompt_n", key="prompt_n"),
+        prompt_ms=_finite(raw, "timings.prompt_ms", key="prompt_ms"),
+        predicted_n=_integer(raw, "timings.predicted_n", key="predicted_n"),
+        predicted_ms=_finite(raw, "timings.predicted_ms", key="predicted_ms"),
+        cache_n=_integer(raw, "timings.cache_n", key="cache_n"),
+    )
+    if timings.predicted_n != predicted:
+        raise ProtocolError(
+            f"timings.predicted_n {timings.predicted_n} differs from tokens_predicted {predicted}"
+        )
+    for name, value in (("prompt_n", timings.prompt_n), ("cache_n", timings.cache_n)):
+        if value is not None and not 0 <= value <= evaluated:
+            raise ProtocolError(f"timings.{name} {value} is outside 0..{evaluated}")
+    stop_type = final.get("stop_type")
+    if stop_type not in STOP_TYPES:
+        raise ProtocolError(f"stop_type {stop_type!r} is not one of {', '.join(STOP_TYPES)}")
+    return _Checked(predicted, evaluated, timings, str(stop_type))
+
+
+def _integer(mapping: Mapping[str, Any], name: str, *, key: str | None = None) -> int:
+    value = mapping.get(key or name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError(f"{name} is not an integer ({value!r})")
+    return value
+
+
+def _finite(mapping: Mapping[str, Any], name: str, *, key: str | None = None) -> float:
+    value = mapping.get(key or name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ProtocolError(f"{name} is not a number ({value!r})")
+    if not math.isfinite(value) or value < 0:
+        raise ProtocolError(f"{name} is not a finite non-negative number ({value!r})")
+    return float(value)
+
+
+def _take_content(event: Mapping[str, Any], exchange: _Exchange, arrived: float) -> None:
+    content = event.get("content", "")
+    if not isinstance(content, str):
+        raise ProtocolError("event content is not text")
+    tokens = event.get("tokens", [])
+    if not isinstance(tokens, list):
+        raise ProtocolError("event tokens is not a list")
+    if content or tokens:
+        if exchange.ttft is None:
+            exchange.ttft = arrived
+            exchange.first_chunk = content
+        exchange.content.append(content)
+
+
+def _sse_event(line: bytes) -> dict[str, Any] | None:
+    """The JSON of a ``data:`` line; None for blank lines, comments and other fields."""
+    if not line or line.startswith(b":"):
+        return None
+    name, _, value = line.partition(b":")
+    if name != b"data":
+        return None
+    value = value.removeprefix(b" ")
+    event = _parse_json(value, "stream event")
+    if "error" in event:
+        raise ProtocolError(f"server error event: {json.dumps(event['error'])[:300]}")
+    return event
+
+
+def _parse_json(data: bytes, what: str) -> dict[str, Any]:
+    def refuse_constant(name: str) -> Any:
+        raise ProtocolError(f"{what} holds the non-JSON constant {name}")
+
+    try:
+        value = json.loads(data, parse_constant=refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} is not a JSON object")
+    return value
+
+
+async def _read_bounded(response: httpx.Response, limit: int = BODY_LIMIT) -> bytes:
+    data = bytearray()
+    async for chunk in response.aiter_raw():
+        data += chunk
+        if len(data) > limit:
+            raise ProtocolError(f"response body exceeded {limit} bytes")
+    return bytes(data)
+
+
+def _require_ok(response: httpx.Response, data: bytes) -> None:
+    if response.status_code != 200:
+        snippet = data[:300].decode("utf-8", "replace")
+        raise ProtocolError(f"HTTP {response.status_code}: {snippet}")
+
+
+def _check_request(request: LoadRequest) -> None:
+    problems = []
+    if not request.base_url.startswith("http://127.0.0.1:"):
+        problems.append("base_url must be http://127.0.0.1:PORT")
+    if request.requests < 1:
+        problems.append("requests must be at least 1")
+    if request.concurrency < 1:
+        problems.append("concurrency must be at least 1")
+    if not request.stream and request.concurrency != 1:
+        problems.append("a serial baseline runs at concurrency 1")
+    if request.output_tokens < 1:
+        problems.append("output_tokens must be at least 1")
+    if request.request_timeout_ms < 1:
+        problems.append("request_timeout_ms must be positive")
+    if not 0 <= request.warmup_requests < request.requests:
+        problems.append("warmup_requests must leave at least one measured request")
+    if problems:
+        raise Refused.one(
+            "load.bad_request",
+            "$",
+            "; ".join(problems),
+            "fix the load request built by the cell actor",
+        )
+
+
+async def build_benchmark_prompt(
+    base_url: str,
+    source_text: str,
+    prefix_tokens: int,
+    *,
+    client: httpx.AsyncClient | None = None,
+    attempts: int = 16,
+) -> BenchmarkPrompt:
+    """A prompt of exactly ``prefix_tokens + 1`` tokens by the server's own tokenizer.
+
+    The source text is repeated until it is long enough, cut at prefix_tokens + 1 tokens with
+    ``/tokenize`` and ``/detokenize``, and the cut is re-tokenized: detokenizing and tokenizing
+    again can merge tokens at the cut, so the cut moves until the count is exact.
+    """
+    if prefix_tokens < 1:
+        raise Refused.one(
+            "load.prompt_prefix", "$.prefix_tokens", "prefix_tokens must be positive", "use >= 1"
+        )
+    if not source_text.strip():
+        raise Refused.one(
+            "load.prompt_source",
+            "$.source_text",
+            "the prompt source text is empty",
+            "give a non-empty corpus text",
+        )
+    want = prefix_tokens + 1
+    own = client is None
+    http = client or make_client()
+    try:
+        base = base_url.rstrip("/")
+        source_tokens = await _tokenize(http, base, source_text)
+        if not source_tokens:
+            raise Refused.one(
+                "load.prompt_source",
+                "$.source_text",
+                "the source text has no tokens",
+                "give a corpus text the model can tokenize",
+            )
+        repeats = -(-want // len(source_tokens)) + 1
+        tokens = await _tokenize(http, base, (source_text + " ") * repeats)
+        cut = want
+        for _ in range(attempts):
+            text = await _detokenize(http, base, tokens[:cut])
+            count = len(await _tokenize(http, base, text))
+            if count == want:
+                return BenchmarkPrompt(text, count, hashlib.sha256(text.encode()).hexdigest())
+            cut += 1 if count < want else -1
+            if not 1 <= cut <= len(tokens):
+                break
+    finally:
+        if own:
+            await http.aclose()
+    raise Refused.one(
+        "load.prompt_token_count",
+        "$.prefix_tokens",
+        f"could not cut the source text to exactly {want} tokens",
+        "use another source text or prefix length",
+    )
+
+
+async def _tokenize(client: httpx.AsyncClient, base: str, text: str) -> list[int]:
+    answer = await _post_json(client, f"{base}/tokenize", {"content": text, "add_special": False})
+    tokens = answer.get("tokens")
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
+        raise Refused.one(
+            "load.tokenize",
+            "$.tokens",
+            "/tokenize did not answer a token list",
+            "check that the host is llama-server",
+        )
+    return tokens
+
+
+async def _detokenize(client: httpx.AsyncClient, base: str, tokens: list[int]) -> str:
+    answer = await _post_json(client, f"{base}/detokenize", {"tokens": tokens})
+    content = answer.get("content")
+    if not isinstance(content, str):
+        raise Refused.one(
+            "load.tokenize",
+            "$.content",
+            "/detokenize did not answer text",
+            "check that the host is llama-server",
+        )
+    return content
+
+
+async def _post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            data = await _read_bounded(response, 16 * MIB)
+        _require_ok(response, data)
+        return _parse_json(data, url)
+    except (ProtocolError, httpx.HTTPError) as exc:
+        raise Refused.one(
+            "load.tokenize",
+            "$",
+            f"{url} failed: {exc}",
+            "check that the host is ready",
+        ) from None
