@@ -25,15 +25,20 @@ from cache_family.schemas.journal import (
     Record,
     RequestOutcome,
     RowOpened,
-    RunStarted,
     RungCompleted,
     RungPlan,
+    RunStarted,
     Transition,
     WarmupExclusion,
 )
 from cache_family.schemas.measurement import RequestRow, ServerTimings
-from cache_family.states.cell import CellEvent, CellState, new_cell_machine, new_row_machine
-from cache_family.states.cell import RowEvent
+from cache_family.states.cell import (
+    CellEvent,
+    CellState,
+    RowEvent,
+    new_cell_machine,
+    new_row_machine,
+)
 
 PIN_A = "a" * 64
 PIN_B = "b" * 64

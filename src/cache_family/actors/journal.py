@@ -1,0 +1,415 @@
+"""The journal writer: the one task that appends to ``journal.jsonl``, and receipt publication.
+
+Start it with ``await nursery.start(writer.run)`` in a nursery that outlives every actor that
+journals (the cell actors' cleanup records must still be written after they are cancelled),
+and end it with ``await writer.aclose()``.
+
+Callers never touch the file. ``append_nowait`` stamps the next ``seq`` with the monotonic and
+wall clocks and queues the record; because stamping and queueing happen without a checkpoint in
+between, seq order is exactly call order even with many tasks appending. The writer task takes
+whatever is queued as one batch, chains and writes it, and flushes + fsyncs the file whenever the
+batch holds a state change (a record whose type is ``durable``: transitions, faults,
+cancellations, cleanup outcomes, receipts, spawned children). ``await append(record)`` returns
+once a state change is on disk; other records return at once and become durable with the next
+state change or at close.
+
+The channel is unbounded on purpose: records arrive at the pace of HTTP requests and process
+events, the writer drains them in batches, and a bounded channel would let a cancelled sender
+leave a hole in the seq numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+from cache_family.actors.publish import publish_fresh
+from cache_family.errors import Refused
+from cache_family.schemas.bounded import read_bounded
+from cache_family.schemas.journal import (
+    JOURNAL_FILENAME,
+    JournalChain,
+    JournalLine,
+    ReceiptPublished,
+    Record,
+    decode_line,
+    read_journal,
+)
+from cache_family.schemas.receipts import encode_receipt
+from cache_family.states.fold import JournalIndex, fold_cell, fold_row
+
+# A week-long run journals a few million short lines; replay and resume read at most this much.
+JOURNAL_READ_LIMIT: Final = 4 * 1024 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class _Pending:
+    seq: int
+    mono_ns: int
+    wall_ns: int
+    record: Record
+    done: trio.Event | None
+
+
+@dataclass(slots=True)
+class _SyncRequest:
+    done: trio.Event
+
+
+def journal_path(run_dir: str) -> str:
+    return os.path.join(run_dir, JOURNAL_FILENAME)
+
+
+def _trio_monotonic_ns() -> int:
+    return round(trio.current_time() * 1e9)
+
+
+class JournalWriter:
+    """Single writer of one run's journal. See the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        fsync: Callable[[int], None] = os.fsync,
+        monotonic_ns: Callable[[], int] = _trio_monotonic_ns,
+        wall_ns: Callable[[], int] = time.time_ns,
+        batch_max: int = 512,
+        resume: bool = False,
+    ) -> None:
+        self.path = path
+        self.index = JournalIndex()
+        self.fsync_count = 0
+        self._fsync = fsync
+        self._monotonic_ns = monotonic_ns
+        self._wall_ns = wall_ns
+        self._batch_max = batch_max
+        self._resume = resume
+        self._chain = JournalChain()
+        self._next_seq = 1
+        self._written_seq = 0
+        self._durable_seq = 0
+        self._state = "created"
+        self._failure: BaseException | None = None
+        self._fd: int | None = None
+        self._send, self._receive = trio.open_memory_channel[_Pending | _SyncRequest](float("inf"))
+        self._finished = trio.Event()
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    @property
+    def written_seq(self) -> int:
+        return self._written_seq
+
+    @property
+    def durable_seq(self) -> int:
+        return self._durable_seq
+
+    @property
+    def pending(self) -> int:
+        return self._next_seq - 1 - self._written_seq
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    def __repr__(self) -> str:
+        return (
+            f"<JournalWriter {self.path} state={self._state} next_seq={self._next_seq} "
+            f"written={self._written_seq} durable={self._durable_seq} pending={self.pending} "
+            f"fsyncs={self.fsync_count}>"
+        )
+
+    # -- the API callers use -----------------------------------------------------------------
+
+    def append_nowait(self, record: Record) -> int:
+        """Stamp and queue ``record``; returns its seq. Never blocks, never checkpoints."""
+        return self._enqueue(record, None)
+
+    async def append(self, record: Record, *, durable: bool | None = None) -> int:
+        """Queue ``record``; for a state change (or ``durable=True``) wait until it is fsynced."""
+        must_sync = record.durable if durable is None else durable
+        done = trio.Event() if must_sync else None
+        seq = self._enqueue(record, done)
+        if done is None:
+            await trio.lowlevel.checkpoint()
+            return seq
+        await done.wait()
+        self._raise_if_failed()
+        return seq
+
+    async def sync(self) -> int:
+        """Wait until everything queued so far is written and fsynced; returns that seq."""
+        self._raise_if_failed()
+        done = trio.Event()
+        self._send.send_nowait(_SyncRequest(done))
+        await done.wait()
+        self._raise_if_failed()
+        return self._durable_seq
+
+    async def aclose(self) -> None:
+        """Write what is queued, fsync, close the file and end ``run``."""
+        if self._state in ("created", "failed", "closed") and self._finished.is_set():
+            self._raise_if_failed()
+            return
+        if self._state == "created":
+            self._state = "closed"
+            self._finished.set()
+            return
+        self._send.close()
+        await self._finished.wait()
+        self._raise_if_failed()
+
+    def _enqueue(self, record: Record, done: trio.Event | None) -> int:
+        self._raise_if_failed()
+        if self._state not in ("created", "running"):
+            raise Refused.one(
+                "journal.closed",
+                "$.journal",
+                f"journal {self.path} is {self._state}; {type(record).__name__} not written",
+                "journal before closing the writer",
+            )
+        seq = self._next_seq
+        self._send.send_nowait(_Pending(seq, self._monotonic_ns(), self._wall_ns(), record, done))
+        self._next_seq += 1
+        return seq
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise Refused.one(
+                "journal.write.failed",
+                "$.journal",
+                f"journal {self.path} could not be written: {self._failure}",
+                "check free space and permissions of the run directory; the run stops",
+            ) from self._failure
+
+    # -- the writer task ---------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[JournalWriter] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        try:
+            await trio.to_thread.run_sync(self._open)
+        except BaseException:
+            self._state = "failed"
+            self._finished.set()
+            raise
+        self._state = "running"
+        task_status.started(self)
+        try:
+            while True:
+                try:
+                    first = await self._receive.receive()
+                except trio.EndOfChannel:
+                    break
+                batch = [first]
+                while len(batch) < self._batch_max:
+                    try:
+                        batch.append(self._receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                # Records taken off the channel are written even if we are cancelled now.
+                with trio.CancelScope(shield=True):
+                    await self._write_batch(batch, force_sync=False)
+        except BaseException as exc:
+            if self._failure is None and not isinstance(exc, trio.Cancelled):
+                self._failure = exc
+            raise
+        finally:
+            # Even when cancelled, what was queued is written: cleanup records matter most.
+            with trio.CancelScope(shield=True):
+                await self._finish()
+
+    async def _finish(self) -> None:
+        rest: list[_Pending | _SyncRequest] = []
+        while True:
+            try:
+                rest.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        try:
+            if self._failure is None and self._fd is not None:
+                await self._write_batch(rest, force_sync=True)
+        except OSError as exc:
+            self._failure = exc
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            self._state = "failed" if self._failure else "closed"
+            self._send.close()
+            for item in rest:
+                if item.done is not None:
+                    item.done.set()
+            self._finished.set()
+
+    async def _write_batch(self, batch: list[_Pending | _SyncRequest], *, force_sync: bool) -> None:
+        chunks: list[bytes] = []
+        lines: list[JournalLine] = []
+        for item in batch:
+            if isinstance(item, _Pending):
+                line, data = self._chain.line(
+                    item.record, mono_ns=item.mono_ns, wall_ns=item.wall_ns
+                )
+                if line.seq != item.seq:
+                    raise AssertionError(f"journal seq {line.seq} != stamped {item.seq}")
+                chunks.append(data)
+                lines.append(line)
+        must_sync = force_sync or any(item.done is not None for item in batch)
+        try:
+            await trio.to_thread.run_sync(self._write, b"".join(chunks), must_sync)
+        except OSError as exc:
+            self._failure = exc
+            for item in batch:
+                if item.done is not None:
+                    item.done.set()
+            raise
+        for data in chunks:
+            # The index holds what a reader of the file will decode, so live folds equal replay.
+            self.index.add(decode_line(data[:-1]))
+        if lines:
+            self._written_seq = lines[-1].seq
+        if must_sync:
+            self._durable_seq = self._written_seq
+        for item in batch:
+            if item.done is not None:
+                item.done.set()
+
+    # -- file I/O (in worker threads) -------------------------------------------------------
+
+    def _open(self) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        if self._resume and os.path.exists(self.path):
+            self._load_existing()
+            self._fd = os.open(self.path, flags)
+            return
+        try:
+            self._fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            raise Refused.one(
+                "journal.exists",
+                "$.journal",
+                f"{self.path} already exists",
+                "a run directory gets one fresh journal; use a new output directory",
+            ) from None
+        _fsync_dir(os.path.dirname(self.path) or ".")
+
+    def _load_existing(self) -> None:
+        raw = read_bounded(self.path, JOURNAL_READ_LIMIT, what="journal")
+        read = read_journal(raw.data)
+        problems = [read.chain_break.refusal()] if read.chain_break else []
+        problems += list(read.unknown_types)
+        if problems:
+            raise Refused(tuple(problems))
+        for line in read.lines:
+            self.index.add(line)
+        last = read.last_seq
+        self._chain = JournalChain(
+            next_seq=last + 1, prev=read.line_sha256s[-1] if read.line_sha256s else self._chain.prev
+        )
+        self._next_seq = last + 1
+        self._written_seq = self._durable_seq = last
+
+    def _write(self, data: bytes, must_sync: bool) -> None:
+        fd = self._fd
+        if fd is None:
+            raise OSError("journal file is not open")
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        if must_sync:
+            self._fsync(fd)
+            self.fsync_count += 1
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- receipt publication -------------------------------------------------------------------
+
+
+async def publish_cell_receipt(
+    writer: JournalWriter, run_dir: str, cell_id: str, relative_path: str
+) -> ReceiptPublished:
+    """Fold ``cell.json`` from the durable journal, publish it fresh, journal the publication.
+
+    Call in the cell's ``finalize`` state; then fire ``receipt-published`` on the machine and
+    journal that transition.
+    """
+    through = await writer.sync()
+    receipt = fold_cell(writer.index.lines_for_cell(cell_id), cell_id, through_seq=through)
+    return await _publish(
+        writer,
+        run_dir,
+        relative_path,
+        encode_receipt(receipt),
+        scope="cell",
+        cell_id=cell_id,
+        row_index=None,
+        through=through,
+    )
+
+
+async def publish_row_receipt(
+    writer: JournalWriter, run_dir: str, row_index: int, relative_path: str
+) -> ReceiptPublished:
+    """Fold the native part of ``row.json`` and publish it like a cell receipt."""
+    through = await writer.sync()
+    receipt = fold_row(writer.index.lines_for_row(row_index), row_index, through_seq=through)
+    return await _publish(
+        writer,
+        run_dir,
+        relative_path,
+        encode_receipt(receipt),
+        scope="row",
+        cell_id=None,
+        row_index=row_index,
+        through=through,
+    )
+
+
+async def _publish(
+    writer: JournalWriter,
+    run_dir: str,
+    relative_path: str,
+    data: bytes,
+    *,
+    scope: str,
+    cell_id: str | None,
+    row_index: int | None,
+    through: int,
+) -> ReceiptPublished:
+    if os.path.isabs(relative_path) or ".." in relative_path.split("/"):
+        raise Refused.one(
+            "journal.receipt.path",
+            "$.path",
+            f"receipt path {relative_path!r} is not inside the run directory",
+            "give a relative path without '..'",
+        )
+    await trio.to_thread.run_sync(publish_fresh, os.path.join(run_dir, relative_path), data)
+    record = ReceiptPublished(
+        scope=scope,
+        cell_id=cell_id,
+        row_index=row_index,
+        path=relative_path,
+        sha256=hashlib.sha256(data).hexdigest(),
+        through_seq=through,
+    )
+    await writer.append(record)
+    return record

@@ -1,0 +1,305 @@
+"""``cache-family replay RUN_DIR [--reap]``: verify the journal and re-fold every receipt.
+
+1. The hash chain of ``RUN_DIR/journal.jsonl`` is verified; the first untrusted seq of an
+   edited, reordered, truncated or torn journal is reported, and only the trusted prefix is
+   used afterwards.
+2. Every ``receipt_published`` record is re-folded through its ``through_seq`` with the same
+   pure fold the run used, and the bytes are compared with the file on disk and with the
+   SHA-256 the record holds.
+3. Every ``cell.json`` / ``row.json`` under the run directory must be accounted for by the
+   journal; one that is not means the journal lost its tail (or the file was planted).
+4. ``--reap`` ends every journaled child that is still alive with the same pid AND create time
+   (and that process's descendants): SIGTERM, a bounded grace, then SIGKILL. A pid now used by a
+   different process is left alone.
+
+Exit codes: 0 every receipt identical and the chain intact; 1 something differs (chain break,
+torn tail, a receipt that differs, is missing or is not journaled); 2 the journal or a receipt
+cannot be read at all (missing, unreadable, written by a newer version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, TextIO
+
+import msgspec
+import psutil
+
+from cache_family.actors.journal import JOURNAL_READ_LIMIT
+from cache_family.errors import Refusal, Refused
+from cache_family.schemas.bounded import MIB, read_bounded
+from cache_family.schemas.journal import (
+    JOURNAL_FILENAME,
+    ChildSpawned,
+    JournalLine,
+    ReceiptPublished,
+    read_journal,
+)
+from cache_family.states.fold import JournalIndex, refold
+
+EXIT_IDENTICAL: Final = 0
+EXIT_DIFFERS: Final = 1
+EXIT_UNREADABLE: Final = 2
+
+RECEIPT_READ_LIMIT: Final = 64 * MIB
+RECEIPT_NAMES: Final = frozenset(("cell.json", "row.json"))
+CREATE_TIME_TOLERANCE_S: Final = 0.01
+
+
+@dataclass
+class ReplayReport:
+    """What replay found; ``exit_code`` folds it into 0/1/2."""
+
+    lines: list[str] = field(default_factory=list)
+    differs: bool = False
+    unreadable: bool = False
+    first_bad_seq: int | None = None
+    identical: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+
+    def say(self, text: str) -> None:
+        self.lines.append(text)
+
+    @property
+    def exit_code(self) -> int:
+        if self.unreadable:
+            return EXIT_UNREADABLE
+        return EXIT_DIFFERS if self.differs else EXIT_IDENTICAL
+
+
+def replay_command(run_dir: str, *, reap: bool, reap_grace_s: float = 5.0) -> int:
+    report = replay(run_dir, reap=reap, reap_grace_s=reap_grace_s)
+    out: TextIO = sys.stdout
+    for line in report.lines:
+        print(line, file=out)
+    return report.exit_code
+
+
+def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> ReplayReport:
+    report = ReplayReport()
+    root = str(Path(run_dir).absolute())
+    journal_file = os.path.join(root, JOURNAL_FILENAME)
+    try:
+        raw = read_bounded(journal_file, JOURNAL_READ_LIMIT, what="journal")
+    except Refused as refused:
+        _unreadable(report, refused.refusals)
+        return report
+    read = read_journal(raw.data)
+    if read.unknown_types:
+        _unreadable(report, read.unknown_types)
+        return report
+    if not read.lines and read.chain_break is None:
+        _unreadable(
+            report,
+            [
+                Refusal(
+                    "journal.empty",
+                    "$.journal",
+                    f"{journal_file} is empty",
+                    "a run journal starts with a run_started record",
+                )
+            ],
+        )
+        return report
+
+    if read.chain_break is not None:
+        report.differs = True
+        report.first_bad_seq = read.chain_break.seq
+        report.say(
+            f"journal: first bad seq {read.chain_break.seq} ({read.chain_break.code}: "
+            f"{read.chain_break.message}); {len(read.lines)} lines before it are trusted"
+        )
+    else:
+        report.say(f"journal: {len(read.lines)} lines, hash chain intact (sha256 {raw.sha256})")
+
+    index = JournalIndex(read.lines)
+    journaled = _compare_published(report, root, index, read.lines)
+    _account_for_files(report, root, journaled, read.last_seq)
+    if reap:
+        _reap(report, read.lines, reap_grace_s)
+    verdict = {EXIT_IDENTICAL: "identical", EXIT_DIFFERS: "DIFFERS", EXIT_UNREADABLE: "UNREADABLE"}
+    report.say(
+        f"replay: {verdict[report.exit_code]} ({len(report.identical)} identical, "
+        f"{len(report.mismatched)} differing)"
+    )
+    return report
+
+
+def _unreadable(report: ReplayReport, refusals: Iterable[Refusal]) -> None:
+    report.unreadable = True
+    for refusal in refusals:
+        report.say(f"unreadable: {refusal.line()}")
+
+
+def _compare_published(
+    report: ReplayReport, root: str, index: JournalIndex, lines: tuple[JournalLine, ...]
+) -> set[str]:
+    journaled: set[str] = set()
+    for line in lines:
+        record = line.record
+        if not isinstance(record, ReceiptPublished):
+            continue
+        journaled.add(os.path.normpath(record.path))
+        name = f"{record.path} (seq {line.seq}, through {record.through_seq})"
+        try:
+            expected = refold(index, record)
+        except Refused as refused:
+            if refused.codes == ["fold.scope.unsupported"]:
+                _unreadable(report, refused.refusals)
+            else:
+                report.differs = True
+                report.mismatched.append(record.path)
+                report.say(f"DIFFERS {name}: cannot be re-folded: {refused}")
+            continue
+        on_disk = _read_receipt(report, root, record.path, name)
+        if on_disk is None:
+            continue
+        disk_sha = hashlib.sha256(on_disk).hexdigest()
+        problems = []
+        if disk_sha != record.sha256:
+            problems.append("the file changed after it was published (sha256 differs)")
+        if on_disk != expected:
+            problems.append(
+                f"re-folded bytes differ from the file {_first_difference(expected, on_disk)}"
+            )
+        if problems:
+            report.differs = True
+            report.mismatched.append(record.path)
+            report.say(f"DIFFERS {name}: " + "; ".join(problems))
+        else:
+            report.identical.append(record.path)
+            report.say(f"identical {name}")
+    return journaled
+
+
+def _read_receipt(report: ReplayReport, root: str, relative: str, name: str) -> bytes | None:
+    path = os.path.normpath(os.path.join(root, relative))
+    if not path.startswith(root + os.sep):
+        report.unreadable = True
+        report.say(f"unreadable {name}: path leaves the run directory")
+        return None
+    try:
+        return read_bounded(path, RECEIPT_READ_LIMIT, what="receipt").data
+    except Refused as refused:
+        if refused.codes == ["file.missing"]:
+            report.differs = True
+            report.mismatched.append(relative)
+            report.say(f"DIFFERS {name}: the journal says it was published but the file is gone")
+        else:
+            report.unreadable = True
+            report.say(f"unreadable {name}: {refused}")
+        return None
+
+
+def _first_difference(expected: bytes, actual: bytes) -> str:
+    limit = min(len(expected), len(actual))
+    offset = next((i for i in range(limit) if expected[i] != actual[i]), limit)
+    line_no = expected.count(b"\n", 0, offset) + 1
+    want = expected.splitlines()[line_no - 1 : line_no] or [b"<end of file>"]
+    got = actual.splitlines()[line_no - 1 : line_no] or [b"<end of file>"]
+    fold_text = want[0].decode(errors="replace").strip()
+    file_text = got[0].decode(errors="replace").strip()
+    return f"at byte {offset}, line {line_no}: fold gives {fold_text!r}, file has {file_text!r}"
+
+
+class _ReceiptHead(msgspec.Struct):
+    journal_through_seq: int = 0
+
+
+def _account_for_files(report: ReplayReport, root: str, journaled: set[str], last_seq: int) -> None:
+    """Every receipt file on disk must be named by a trusted receipt_published record."""
+    for relative in _receipt_files(root):
+        if os.path.normpath(relative) in journaled:
+            continue
+        report.differs = True
+        report.mismatched.append(relative)
+        through = _through_seq_of(os.path.join(root, relative))
+        if through is not None and through > last_seq:
+            report.first_bad_seq = min(report.first_bad_seq or last_seq + 1, last_seq + 1)
+            report.say(
+                f"DIFFERS {relative}: folded through seq {through} but the trusted journal ends "
+                f"at seq {last_seq} (first missing seq {last_seq + 1})"
+            )
+        else:
+            report.say(f"DIFFERS {relative}: no receipt_published record in the trusted journal")
+
+
+def _through_seq_of(path: str) -> int | None:
+    try:
+        data = read_bounded(path, RECEIPT_READ_LIMIT, what="receipt").data
+        return msgspec.json.decode(data, type=_ReceiptHead).journal_through_seq
+    except (Refused, msgspec.DecodeError):
+        return None
+
+
+def _receipt_files(root: str) -> Iterator[str]:
+    for directory, dirs, files in os.walk(root, followlinks=False):
+        dirs.sort()
+        for name in sorted(files):
+            if name in RECEIPT_NAMES:
+                yield os.path.relpath(os.path.join(directory, name), root)
+
+
+# --- reaping -------------------------------------------------------------------------------
+
+
+def _reap(report: ReplayReport, lines: tuple[JournalLine, ...], grace_s: float) -> None:
+    spawned = [line.record for line in lines if isinstance(line.record, ChildSpawned)]
+    if not spawned:
+        report.say("reap: the journal records no child process")
+        return
+    targets: dict[int, psutil.Process] = {}
+    for child in spawned:
+        label = f"pid {child.pid} ({child.role}, cell {child.cell_id or '-'})"
+        try:
+            process = psutil.Process(child.pid)
+            create_time = process.create_time()
+        except psutil.NoSuchProcess:
+            report.say(f"reap: {label} is not running")
+            continue
+        except psutil.AccessDenied:
+            report.say(f"reap: {label} cannot be inspected (access denied); left alone")
+            continue
+        if abs(create_time - child.create_time) > CREATE_TIME_TOLERANCE_S:
+            report.say(
+                f"reap: {label} now belongs to another process (created {create_time}, journal "
+                f"says {child.create_time}); left alone"
+            )
+            continue
+        targets[process.pid] = process
+        try:
+            for descendant in process.children(recursive=True):
+                targets.setdefault(descendant.pid, descendant)
+        except psutil.NoSuchProcess:
+            pass
+    if not targets:
+        return
+    for process in targets.values():
+        _signal(report, process, "SIGTERM", process.terminate)
+    _, alive = psutil.wait_procs(list(targets.values()), timeout=grace_s)
+    ended = [p.pid for p in targets.values() if p not in alive]
+    if ended:
+        report.say(f"reap: ended with SIGTERM: {sorted(ended)}")
+    if alive:
+        for process in alive:
+            _signal(report, process, "SIGKILL", process.kill)
+        _, still = psutil.wait_procs(alive, timeout=grace_s)
+        report.say(f"reap: killed with SIGKILL after {grace_s:g} s: {sorted(p.pid for p in alive)}")
+        if still:
+            report.say(f"reap: STILL ALIVE after SIGKILL: {sorted(p.pid for p in still)}")
+
+
+def _signal(
+    report: ReplayReport, process: psutil.Process, name: str, send: Callable[[], None]
+) -> None:
+    try:
+        send()
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.AccessDenied:
+        report.say(f"reap: {name} to pid {process.pid} denied")

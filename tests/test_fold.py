@@ -1,0 +1,522 @@
+"""The pure fold journal -> receipts and the receipt lattice it obeys."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from cache_family.errors import Refused
+from cache_family.schemas.journal import (
+    ArmPlan,
+    Cancellation,
+    CellOpened,
+    DeadlineExpired,
+    Fault,
+    InterruptFinishFailed,
+    JournalLine,
+    Record,
+    RequestOutcome,
+    Transition,
+    encode_journal,
+    read_journal,
+)
+from cache_family.schemas.measurement import RequestRow
+from cache_family.schemas.receipts import (
+    CellReceipt,
+    decode_cell_receipt,
+    decode_row_receipt,
+    encode_receipt,
+)
+from cache_family.states.cell import CellEvent, CellState, RowEvent
+from cache_family.states.fold import CellFold, JournalIndex, fold_cell, fold_row
+from cache_family.states.receipts import (
+    ALL_STATUSES,
+    MEASURED_CHAIN,
+    UNMEASURED,
+    may_follow,
+    meet,
+    terminal_downgrade,
+)
+from cell_journal_builder import CellScript, RowScript, row_records, run_started
+
+
+def journal(*records: Record) -> tuple[JournalLine, ...]:
+    read = read_journal(encode_journal([run_started(), *records]))
+    assert read.chain_break is None
+    return read.lines
+
+
+def fold(script: CellScript, *extra: Record) -> CellReceipt:
+    return fold_cell(journal(*script.records, *extra), script.cell_id)
+
+
+def finish(script: CellScript) -> CellScript:
+    """Whatever state a faulted script is in, run cleanup and reach finalize."""
+    if script.state != CellState.CLEANUP:
+        script.fault("internal")
+    script.cleanup()
+    return script
+
+
+def fault_kinds(receipt: CellReceipt) -> list[str]:
+    return [fault.kind for fault in receipt.faults]
+
+
+# --- complete sessions ----------------------------------------------------------------------
+
+
+def test_complete_concurrent_cell() -> None:
+    receipt = fold(CellScript().happy())
+    assert receipt.status == "completed" and receipt.accepted_for_parity
+    assert receipt.terminal_refusal is None and receipt.faults == ()
+    assert receipt.lifecycle == tuple(s.value for s in CellState if s != CellState.DONE)
+    assert receipt.final_state == "finalize"
+    assert receipt.host is not None and receipt.host.pid == 4242
+    assert receipt.readiness.ready and receipt.readiness.marker_seen
+    assert receipt.readiness.port == 18080
+    assert [p.name for p in receipt.pins_before] == ["binary", "model"]
+    assert all(p.matches for p in receipt.pins_after)
+    assert receipt.cleanup is not None and receipt.cleanup.clean
+    rungs = receipt.measurement.rungs
+    assert receipt.measurement.complete and [r.concurrency for r in rungs] == [1, 2]
+    assert [len(r.rows) for r in rungs] == [2, 4]
+    assert all(r.host_retained for r in rungs)
+    second = rungs[1].rung_summary
+    assert second is not None and second.complete and second.measured_requests == 4
+    assert second.makespan_seconds == 1.0 and second.throughput_requests_per_sec == 4.0
+    assert receipt.run_id == "run-test" and receipt.request_sha256 == "1" * 64
+
+
+def test_complete_serial_cell_excludes_its_warmup() -> None:
+    script = CellScript(
+        cell_id="cell-0000/native-serial", arm="native-serial", kind="serial", rungs=((1, 3),)
+    )
+    receipt = fold(script.happy())
+    assert receipt.status == "completed"
+    rung = receipt.measurement.rungs[0]
+    assert rung.warmup_excluded_ids == (0,)
+    assert rung.serial_summary is not None and rung.rung_summary is None
+    assert rung.serial_summary.excluded_runs == 1 and rung.serial_summary.warm_requests == 2
+    assert rung.serial_summary.warm_median_ms == 21.5
+
+
+# --- faults before the host is ready: failed, nothing measured --------------------------------
+
+
+def test_pin_mismatch_before_launch_fails_without_launching() -> None:
+    script = CellScript().open()
+    script.pins("before", drift=True)
+    script.records.append(Fault(cell_id=script.cell_id, kind="pin_mismatch"))
+    script.fire(CellEvent.PINS_MISMATCH)
+    script.cleanup()
+    receipt = fold(script)
+    assert receipt.status == "failed" and not receipt.accepted_for_parity
+    assert receipt.host is None and receipt.lifecycle == ("pin-verify", "cleanup", "finalize")
+    assert "pin_mismatch" in fault_kinds(receipt)
+    assert not receipt.pins_before[1].matches
+
+
+@pytest.mark.parametrize(
+    "kind", ["child_exited", "marker_missing", "readiness_failed", "port_busy", "spawn_failed"]
+)
+def test_launch_faults_fail_the_cell(kind: str) -> None:
+    script = CellScript().open()
+    script.launch()
+    script.fault(kind, "exit status 1")
+    script.cleanup()
+    receipt = fold(script)
+    assert receipt.status == "failed"
+    assert receipt.faults[0].kind == kind and receipt.faults[0].state == "launch"
+    assert not receipt.readiness.ready
+    assert [r.status for r in receipt.measurement.rungs] == ["not-run", "not-run"]
+    assert all(r.rows == () for r in receipt.measurement.rungs)
+    assert not receipt.measurement.complete
+
+
+# --- late faults: incomplete, observations kept, parity refused -------------------------------
+
+
+def test_request_timeout_keeps_earlier_rows() -> None:
+    script = CellScript().open()
+    script.launch()
+    script.become_ready()
+    script.warmup()
+    script.request(0, 0)
+    script.request(0, 1, RequestRow(request_id=1, status="incomplete", error="timed out"))
+    script.rung_done(0, status="incomplete")
+    script.fault("request_timeout", "request 1 after 120000 ms")
+    script.cleanup()
+    receipt = fold(script)
+    assert receipt.status == "incomplete" and not receipt.accepted_for_parity
+    rung = receipt.measurement.rungs[0]
+    assert [row.status for row in rung.rows] == ["completed", "incomplete"]
+    assert rung.status == "incomplete"
+    assert rung.rung_summary is not None and not rung.rung_summary.complete
+    assert receipt.measurement.rungs[1].status == "not-run"
+
+
+def test_post_run_drift_keeps_measurements_and_refuses_parity() -> None:
+    receipt = fold(CellScript().happy(drift=True))
+    assert receipt.status == "incomplete" and receipt.pins_drifted
+    assert not receipt.accepted_for_parity
+    assert receipt.measurement.complete and len(receipt.measurement.rungs) == 2
+    assert [f.kind for f in receipt.faults] == ["pin_drift"]
+    assert receipt.faults[0].state == "post-verify"
+
+
+def test_forced_kill_keeps_measurements_and_refuses_parity() -> None:
+    receipt = fold(CellScript().happy(forced=True))
+    assert receipt.status == "incomplete" and not receipt.accepted_for_parity
+    assert receipt.cleanup is not None and not receipt.cleanup.clean and receipt.cleanup.forced
+    assert fault_kinds(receipt) == ["cleanup_forced"]
+    assert receipt.measurement.complete
+
+
+def test_surviving_descendants_are_unclean() -> None:
+    receipt = fold(_with_survivor())
+    assert receipt.status == "incomplete"
+    assert fault_kinds(receipt) == ["cleanup_unclean"]
+    assert "4243" in receipt.faults[0].detail
+
+
+def _with_survivor() -> CellScript:
+    script = CellScript().open()
+    script.launch()
+    script.become_ready()
+    script.warmup()
+    script.ladder()
+    script.pins("after")
+    script.fire(CellEvent.PINS_VERIFIED)
+    script.cleanup(survivors=(4243,))
+    return script
+
+
+def test_rung_against_another_host_is_a_custody_fault() -> None:
+    script = CellScript().open()
+    script.launch()
+    script.become_ready()
+    script.warmup()
+    for request_id in range(2):
+        script.request(0, request_id)
+    script.rung_done(0, pid=9999)
+    receipt = fold(finish(script))
+    assert receipt.measurement.rungs[0].host_retained is False
+    assert "host_identity_changed" in fault_kinds(receipt)
+    assert receipt.status == "incomplete"
+
+
+# --- terminal refusals -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [("cancel", "cancelled"), ("deadline", "deadline_expired")],
+)
+def test_cancel_or_deadline_during_ladder(stop: str, expected: str) -> None:
+    script = CellScript().open()
+    script.launch()
+    script.become_ready()
+    script.warmup()
+    script.request(0, 0)
+    script.cancel() if stop == "cancel" else script.deadline()
+    script.cleanup()
+    receipt = fold(script)
+    assert receipt.status == "incomplete" and receipt.terminal_refusal == expected
+    assert len(receipt.measurement.rungs[0].rows) == 1  # nothing already observed is erased
+
+
+def test_a_failed_cell_stays_failed_when_later_cancelled() -> None:
+    script = CellScript().open()
+    script.launch()
+    script.fault("readiness_failed")
+    script.records.append(Cancellation(cell_id=script.cell_id, signal="SIGINT"))
+    script.fire(CellEvent.CANCELLED)
+    script.cleanup()
+    receipt = fold(script)
+    assert receipt.status == "failed" and receipt.terminal_refusal == "cancelled"
+
+
+def test_run_wide_stops_apply_until_the_cell_is_done() -> None:
+    script = CellScript().happy()
+    during = fold(script, InterruptFinishFailed(detail="sigaction restore failed"))
+    assert during.status == "incomplete"
+    assert during.terminal_refusal == "interrupt_finish_failed"
+    script.fire(CellEvent.RECEIPT_PUBLISHED)
+    after = fold(script, DeadlineExpired(cell_id=None, budget="execution"))
+    assert after.status == "completed" and after.terminal_refusal is None
+    assert after.final_state == "done"
+
+
+def test_first_terminal_refusal_wins() -> None:
+    script = CellScript().open()
+    script.launch()
+    script.deadline()
+    script.records.append(Cancellation(cell_id=None, signal="SIGTERM"))
+    script.fire(CellEvent.CANCELLED)
+    script.cleanup()
+    assert fold(script).terminal_refusal == "deadline_expired"
+
+
+# --- malformed or partial journals ---------------------------------------------------------------
+
+
+def test_journal_that_stops_before_finalize_is_incomplete() -> None:
+    script = CellScript().open()
+    script.launch()
+    script.become_ready()
+    receipt = fold(script)
+    assert receipt.status == "incomplete" and receipt.final_state == "warmup"
+    assert receipt.faults[-1].kind == "journal_ended_before_finalize"
+    assert receipt.faults[-1].seq is None
+
+
+def test_a_transition_the_table_refuses_is_a_fault() -> None:
+    script = CellScript().happy()
+    bogus = Transition(
+        machine="cell",
+        cell_id=script.cell_id,
+        from_state="finalize",
+        event="host-ready",
+        to_state="warmup",
+    )
+    receipt = fold(script, bogus)
+    assert receipt.status == "incomplete"
+    assert fault_kinds(receipt) == ["journal_transition_invalid"]
+    assert receipt.final_state == "finalize"
+
+
+def test_short_roster_is_refused_by_the_metrics_and_marks_incomplete() -> None:
+    script = CellScript(rungs=((1, 3),)).open()
+    script.launch()
+    script.become_ready()
+    script.warmup()
+    script.request(0, 0)
+    script.request(0, 1)  # request 2 never journaled
+    script.rung_done(0)
+    script.fire(CellEvent.LADDER_DONE)
+    script.pins("after")
+    script.fire(CellEvent.PINS_VERIFIED)
+    script.cleanup()
+    receipt = fold(script)
+    assert receipt.measurement.rungs[0].summary_refusals == ("metrics.short_roster",)
+    assert receipt.status == "incomplete"
+    assert fault_kinds(receipt) == ["measurement_incomplete"]
+
+
+def test_unknown_cell_is_refused() -> None:
+    with pytest.raises(Refused) as refused:
+        fold_cell(journal(*CellScript().happy().records), "cell-9999/none")
+    assert refused.value.codes == ["fold.cell.unknown"]
+
+
+# --- determinism ------------------------------------------------------------------------------
+
+
+def test_fold_is_deterministic_and_view_independent() -> None:
+    a = CellScript(cell_id="cell-0000/native-concurrent").happy()
+    b = CellScript(cell_id="cell-0001/native-concurrent", row_index=1).happy(drift=True)
+    mixed: list[Record] = [
+        r for pair in itertools.zip_longest(a.records, b.records) for r in pair if r is not None
+    ]
+    lines = journal(*mixed)
+    index = JournalIndex(lines)
+    for script in (a, b):
+        whole = encode_receipt(fold_cell(lines, script.cell_id))
+        view = encode_receipt(
+            fold_cell(
+                index.lines_for_cell(script.cell_id), script.cell_id, through_seq=lines[-1].seq
+            )
+        )
+        assert whole == view == encode_receipt(fold_cell(lines, script.cell_id))
+        assert decode_cell_receipt(whole) == fold_cell(lines, script.cell_id)
+        assert whole.endswith(b"}\n")
+
+
+def test_through_seq_limits_what_counts() -> None:
+    script = CellScript().happy(forced=True)
+    lines = journal(*script.records)
+    cleanup_seq = next(line.seq for line in lines if type(line.record).__name__ == "CleanupOutcome")
+    before = fold_cell(lines, script.cell_id, through_seq=cleanup_seq - 1)
+    assert before.journal_through_seq == cleanup_seq - 1
+    assert before.cleanup is None and before.status == "incomplete"
+    assert fold_cell(lines, script.cell_id).journal_through_seq == lines[-1].seq
+
+
+def test_incremental_fold_equals_fold_from_scratch() -> None:
+    script = CellScript().happy()
+    lines = journal(*script.records)
+    incremental = CellFold(script.cell_id)
+    compared = 0
+    for line in lines:
+        incremental.apply(line)
+        if incremental.opened is None:
+            continue
+        from_scratch = fold_cell(lines[: line.seq], script.cell_id)
+        assert encode_receipt(incremental.receipt()) == encode_receipt(from_scratch)
+        compared += 1
+    assert compared == len(lines) - 1
+
+
+# --- rows --------------------------------------------------------------------------------------
+
+
+def row_with(
+    cells: list[CellScript],
+    arms: list[ArmPlan],
+    *,
+    finish_row: bool = True,
+    stop: Record | None = None,
+    model_status: str = "present",
+) -> list[Record]:
+    row = RowScript(0)
+    records: list[Record] = [row_records(0, arms, model_status=model_status)]
+    if model_status == "missing-model":
+        row.fire(RowEvent.MODEL_MISSING)
+        return records + row.records
+    if stop is not None:
+        records.append(stop)
+        row.fire(RowEvent.CANCELLED)
+        return records + row.records
+    row.fire(RowEvent.CORRECTNESS_NOT_RUN)
+    for script in cells:
+        records += script.records
+        row.fire(RowEvent.ARM_FINISHED)
+    if finish_row:
+        row.fire(RowEvent.ARMS_EXHAUSTED)
+    return records + row.records
+
+
+def serial_cell() -> CellScript:
+    return CellScript(
+        cell_id="cell-0000/native-serial", arm="native-serial", kind="serial", rungs=((1, 3),)
+    )
+
+
+def test_completed_row() -> None:
+    cells = [serial_cell().happy(), CellScript().happy()]
+    arms = [
+        ArmPlan(arm="native-serial"),
+        ArmPlan(arm="native-concurrent"),
+        ArmPlan(arm="skippy-old", status="skipped", reason="no old/new servers"),
+    ]
+    receipt = fold_row(journal(*row_with(cells, arms)), 0)
+    assert receipt.status == "completed" and receipt.terminal_refusal is None
+    assert [o.arm for o in receipt.observations] == [
+        "native-serial",
+        "native-concurrent",
+        "skippy-old",
+    ]
+    assert [o.status for o in receipt.observations] == ["completed", "completed", "skipped"]
+    assert receipt.observations[1].rungs[1].rung_summary is not None
+    assert receipt.correctness_status == "not-run"
+    assert receipt.lifecycle == ("correctness", "serial", "concurrent", "finalize")
+    assert decode_row_receipt(encode_receipt(receipt)) == receipt
+
+
+def test_row_with_a_drifted_arm_is_incomplete() -> None:
+    cells = [serial_cell().happy(), CellScript().happy(drift=True)]
+    arms = [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")]
+    receipt = fold_row(journal(*row_with(cells, arms)), 0)
+    assert receipt.status == "incomplete"
+    assert not receipt.observations[1].accepted_for_parity
+    assert receipt.observations[1].reason == "pin_drift"
+
+
+def test_missing_model_row() -> None:
+    receipt = fold_row(
+        journal(*row_with([], [ArmPlan(arm="native-serial")], model_status="missing-model")), 0
+    )
+    assert receipt.status == "missing-model" and receipt.final_state == "finalize"
+
+
+def test_cancelled_before_any_cell_is_not_launched() -> None:
+    records = row_with(
+        [],
+        [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")],
+        stop=Cancellation(cell_id=None, signal="SIGINT"),
+    )
+    receipt = fold_row(journal(*records), 0)
+    assert receipt.status == "not-launched" and receipt.reason == "cancellation_or_deadline"
+    assert receipt.terminal_refusal == "cancelled"
+    assert {o.status for o in receipt.observations} == {"not-launched"}
+
+
+def test_late_run_wide_cancel_downgrades_the_row_not_the_finished_cell() -> None:
+    serial = serial_cell().happy()
+    serial.fire(CellEvent.RECEIPT_PUBLISHED)
+    records = row_with(
+        [serial], [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")], finish_row=False
+    )
+    records.append(Cancellation(cell_id=None, signal="SIGTERM"))
+    receipt = fold_row(journal(*records), 0)
+    assert receipt.observations[0].status == "completed"
+    assert receipt.observations[1].status == "not-launched"
+    assert receipt.status == "incomplete" and receipt.terminal_refusal == "cancelled"
+
+
+def test_row_journal_that_stops_early_is_incomplete() -> None:
+    cells = [serial_cell().happy()]
+    receipt = fold_row(
+        journal(*row_with(cells, [ArmPlan(arm="native-serial")], finish_row=False)), 0
+    )
+    assert receipt.status == "incomplete" and receipt.reason == "journal_ended_before_finalize"
+
+
+def test_row_fold_reads_only_its_view() -> None:
+    cells = [serial_cell().happy(), CellScript().happy()]
+    records = row_with(cells, [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")])
+    other = CellScript(cell_id="cell-0001/native-concurrent", row_index=1).happy().records
+    lines = journal(*records, *other)
+    index = JournalIndex(lines)
+    assert len(index.lines_for_row(0)) < len(lines)
+    assert encode_receipt(
+        fold_row(index.lines_for_row(0), 0, through_seq=lines[-1].seq)
+    ) == encode_receipt(fold_row(lines, 0))
+    index.forget_row(0)
+    assert index.lines_for_cell("cell-0000/native-serial") == index.lines_for_cell("nope")
+    with pytest.raises(Refused) as refused:
+        fold_row(lines, 7)
+    assert refused.value.codes == ["fold.row.unknown"]
+
+
+def test_identity_records_route_to_their_views() -> None:
+    script = CellScript().happy()
+    lines = journal(*script.records)
+    index = JournalIndex(lines)
+    cell_lines = index.lines_for_cell(script.cell_id)
+    assert isinstance(cell_lines[1].record, CellOpened)
+    assert sum(isinstance(line.record, RequestOutcome) for line in cell_lines) == 6
+    assert "cells=1" in repr(index)
+
+
+# --- the lattice ----------------------------------------------------------------------------------
+
+
+def test_measured_chain_order() -> None:
+    assert MEASURED_CHAIN == ("refused", "failed", "incomplete", "completed")
+    assert meet("completed", "incomplete") == "incomplete"
+    assert meet("failed", "refused") == meet("refused", "failed") == "refused"
+    for a, b in itertools.product(MEASURED_CHAIN, repeat=2):
+        m = meet(a, b)
+        assert may_follow(a, m) and may_follow(b, m)
+        assert meet(a, b) == meet(b, a)
+        assert meet(m, a) == m
+
+
+def test_unmeasured_statuses_are_fixed_points() -> None:
+    for status in UNMEASURED:
+        assert terminal_downgrade(status) == status
+        assert meet(status, "failed") == status
+        assert may_follow(status, status) and not may_follow(status, "completed")
+        with pytest.raises(Refused) as refused:
+            meet("completed", status)
+        assert refused.value.codes == ["receipt.downgrade.unmeasured"]
+    assert set(ALL_STATUSES) == set(MEASURED_CHAIN) | UNMEASURED
+
+
+def test_terminal_downgrade_never_raises() -> None:
+    assert terminal_downgrade("completed") == "incomplete"
+    assert terminal_downgrade("incomplete") == "incomplete"
+    assert terminal_downgrade("failed") == "failed"
+    assert not may_follow("incomplete", "completed")
