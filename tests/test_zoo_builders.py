@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import re
 import socket
 import subprocess
@@ -26,6 +25,7 @@ import numpy as np
 import pytest
 import trio
 
+from cache_family.oracles.test_parts import Parts
 from cache_family.oracles.zoo import hybrid, minimax, moe
 from cache_family.oracles.zoo.base import Builder, BuiltModel
 from cache_family.oracles.zoo.vocab import vocabulary
@@ -285,22 +285,9 @@ def test_package_files_carry_the_metadata_a_whole_model_would(tmp_path: Path) ->
 
 
 @pytest.fixture
-def llama_server(request: pytest.FixtureRequest) -> Path:
-    """zoo-core's ``native_parts`` when conftest has it, else CACHE_FAMILY_LLAMA_SERVER."""
-    try:
-        parts = request.getfixturevalue("native_parts")
-    except pytest.FixtureLookupError:
-        parts = None
-    if parts is not None:
-        server = getattr(parts, "llama_server", None) or getattr(parts, "server", None)
-        if server is not None:
-            return Path(server)
-    path = Path(
-        os.environ.get("CACHE_FAMILY_LLAMA_SERVER", "/tmp/cache-tools/native/bin/llama-server")
-    )
-    if not path.is_file():
-        pytest.skip(f"no llama-server at {path}")
-    return path
+def llama_server(native_parts: Parts) -> Path:
+    """The real build from conftest's ``native_parts`` (never compiled here)."""
+    return native_parts.llama_server
 
 
 def free_port() -> int:
@@ -328,13 +315,14 @@ async def serve(server: Path, model: Path, home: Path) -> AsyncIterator[Served]:
     if libs.is_dir():
         env["LD_LIBRARY_PATH"] = str(libs)
     argv = [str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["-c", "2048", "-t", "1"]
+    argv += ["-c", "2048", "-t", "1", "-lv", "4"]  # -lv 4: the loader's print_info lines
     process = await trio.lowlevel.open_process(
         argv, env=env, cwd=str(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     served = Served(f"http://127.0.0.1:{port}")
     ready = trio.Event()
     ended = trio.Event()
+    served_once = False
 
     async def read_log() -> None:
         assert process.stdout is not None
@@ -355,12 +343,14 @@ async def serve(server: Path, model: Path, home: Path) -> AsyncIterator[Served]:
             nursery.start_soon(read_log)
             with trio.fail_after(120):
                 await ready.wait()
-            if ended.is_set():
-                raise AssertionError("llama-server exited:\n" + "\n".join(served.log[-30:]))
-            try:
-                yield served
-            finally:
-                nursery.cancel_scope.cancel()
+            if not ended.is_set():
+                served_once = True
+                try:
+                    yield served
+                finally:
+                    nursery.cancel_scope.cancel()
+        if not served_once:
+            raise AssertionError("llama-server exited:\n" + "\n".join(served.log[-30:]))
     finally:
         with trio.CancelScope(shield=True):
             process.terminate()
@@ -444,6 +434,12 @@ async def test_llama_server_loads_the_model_and_reuses_an_extended_prompt(
         allocated = kv_cache_bytes(seen.served)
         assert allocated is not None
         assert allocated == pytest.approx(2048 * seen.built.kv_bytes_per_token, rel=0.01)
+        assert not seen.served.lines(r"llama_memory_recurrent: size")
+    else:
+        # Hybrids: llama.cpp keeps a recurrent state beside the attention cache.
+        assert seen.served.lines(r"llama_memory_recurrent: size")
+        attention_layers = 1 if key == "qwen3next" else seen.built.shape.n_layer
+        assert seen.served.lines(rf"llama_kv_cache: size .*\s{attention_layers} layers")
 
 
 @pytest.mark.native

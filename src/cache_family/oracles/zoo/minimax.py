@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
+import numpy as np
+import numpy.typing as npt
 
 from cache_family.oracles.zoo.base import (
     F32,
@@ -29,7 +31,7 @@ from cache_family.oracles.zoo.base import (
     norm_tensor,
     write_gguf,
 )
-from cache_family.oracles.zoo.vocab import add_byte_bpe_vocab
+from cache_family.oracles.zoo.vocab import add_byte_bpe_vocab, vocabulary
 
 ARCH = "minimax-m2"
 SHARD_STEM = "MiniMax-M2.7-UD-Q2_K_XL"
@@ -56,18 +58,46 @@ class MiniMaxSpec:
 MINIMAX_M2 = MiniMaxSpec()
 
 
-def _tensor_count(spec: MiniMaxSpec) -> int:
-    per_layer = 13  # q k v o, 4 norms, router, 3 expert banks, selection bias
-    return 3 + spec.n_layer * per_layer
+def _tensors(
+    spec: MiniMaxSpec, rng: np.random.Generator, n_vocab: int
+) -> list[tuple[str, npt.NDArray[np.generic]]]:
+    """Every tensor ``llama_model_minimax_m2::load_arch_tensors`` asks for, in file order."""
+    e, x, f = spec.n_embd, spec.n_expert, spec.n_ff_exp
+    q_width = spec.n_head * spec.head_dim
+    kv_width = spec.n_head_kv * spec.head_dim
+    tensors = [("token_embd.weight", ne_tensor(rng, (e, n_vocab)))]
+    for il in range(spec.n_layer):
+        blk = f"blk.{il}"
+        tensors += [
+            (f"{blk}.attn_q.weight", ne_tensor(rng, (e, q_width))),
+            (f"{blk}.attn_k.weight", ne_tensor(rng, (e, kv_width))),
+            (f"{blk}.attn_v.weight", ne_tensor(rng, (e, kv_width))),
+            (f"{blk}.attn_output.weight", ne_tensor(rng, (q_width, e))),
+            (f"{blk}.attn_norm.weight", norm_tensor(rng, e)),
+            (f"{blk}.attn_q_norm.weight", norm_tensor(rng, q_width)),
+            (f"{blk}.attn_k_norm.weight", norm_tensor(rng, kv_width)),
+            (f"{blk}.ffn_norm.weight", norm_tensor(rng, e)),
+            (f"{blk}.ffn_gate_inp.weight", ne_tensor(rng, (e, x), F32)),
+            (f"{blk}.ffn_gate_exps.weight", ne_tensor(rng, (e, f, x))),
+            (f"{blk}.ffn_down_exps.weight", ne_tensor(rng, (f, e, x))),
+            (f"{blk}.ffn_up_exps.weight", ne_tensor(rng, (e, f, x))),
+            (f"{blk}.exp_probs_b.bias", ne_tensor(rng, (x,), F32)),
+        ]
+    tensors += [
+        ("output_norm.weight", norm_tensor(rng, e)),
+        ("output.weight", ne_tensor(rng, (e, n_vocab))),
+    ]
+    return tensors
 
 
 def build_minimax_m27(staging_dir: Path, seed: int) -> BuiltModel:
     spec = MINIMAX_M2
-    n_tensors = _tensor_count(spec)
-    per_shard = -(-n_tensors // SHARD_COUNT)
-    if -(-n_tensors // per_shard) != SHARD_COUNT:
-        raise AssertionError(f"{n_tensors} tensors do not split into {SHARD_COUNT} shards")
-    rng = model_rng(seed, SHARD_STEM)
+    n_vocab = len(vocabulary()[0])
+    tensors = _tensors(spec, model_rng(seed, SHARD_STEM), n_vocab)
+    # GGUFWriter opens a new shard whenever the current one holds per_shard tensors.
+    per_shard = -(-len(tensors) // SHARD_COUNT)
+    if -(-len(tensors) // per_shard) != SHARD_COUNT:
+        raise AssertionError(f"{len(tensors)} tensors do not split into {SHARD_COUNT} shards")
     writer = gguf.GGUFWriter(staging_dir / f"{SHARD_STEM}.gguf", ARCH, split_max_tensors=per_shard)
     writer.add_name("tiny MiniMax-M2.7 (random weights)")
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
@@ -87,30 +117,11 @@ def build_minimax_m27(staging_dir: Path, seed: int) -> BuiltModel:
     writer.add_expert_count(spec.n_expert)
     writer.add_expert_used_count(spec.n_expert_used)
     writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-    n_vocab = add_byte_bpe_vocab(writer)
+    written = add_byte_bpe_vocab(writer)
+    assert written == n_vocab
     writer.add_vocab_size(n_vocab)
-
-    e, x, f = spec.n_embd, spec.n_expert, spec.n_ff_exp
-    q_width = spec.n_head * spec.head_dim
-    kv_width = spec.n_head_kv * spec.head_dim
-    writer.add_tensor("token_embd.weight", ne_tensor(rng, (e, n_vocab)))
-    for il in range(spec.n_layer):
-        blk = f"blk.{il}"
-        writer.add_tensor(f"{blk}.attn_q.weight", ne_tensor(rng, (e, q_width)))
-        writer.add_tensor(f"{blk}.attn_k.weight", ne_tensor(rng, (e, kv_width)))
-        writer.add_tensor(f"{blk}.attn_v.weight", ne_tensor(rng, (e, kv_width)))
-        writer.add_tensor(f"{blk}.attn_output.weight", ne_tensor(rng, (q_width, e)))
-        writer.add_tensor(f"{blk}.attn_norm.weight", norm_tensor(rng, e))
-        writer.add_tensor(f"{blk}.attn_q_norm.weight", norm_tensor(rng, q_width))
-        writer.add_tensor(f"{blk}.attn_k_norm.weight", norm_tensor(rng, kv_width))
-        writer.add_tensor(f"{blk}.ffn_norm.weight", norm_tensor(rng, e))
-        writer.add_tensor(f"{blk}.ffn_gate_inp.weight", ne_tensor(rng, (e, x), F32))
-        writer.add_tensor(f"{blk}.ffn_gate_exps.weight", ne_tensor(rng, (e, f, x)))
-        writer.add_tensor(f"{blk}.ffn_down_exps.weight", ne_tensor(rng, (f, e, x)))
-        writer.add_tensor(f"{blk}.ffn_up_exps.weight", ne_tensor(rng, (e, f, x)))
-        writer.add_tensor(f"{blk}.exp_probs_b.bias", ne_tensor(rng, (x,), F32))
-    writer.add_tensor("output_norm.weight", norm_tensor(rng, e))
-    writer.add_tensor("output.weight", ne_tensor(rng, (e, n_vocab)))
+    for name, data in tensors:
+        writer.add_tensor(name, data)
     write_gguf(writer)
 
     files = tuple(staging_dir / name for name in SHARD_NAMES)
