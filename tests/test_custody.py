@@ -134,6 +134,25 @@ async def test_grandchild_that_left_the_group_is_found_by_identity(tmp_path: Pat
     assert leader == host.pid
 
 
+async def test_group_member_outliving_an_obedient_leader_forces_the_kill(tmp_path: Path) -> None:
+    pids_path = tmp_path / "pids.json"
+    with trio.fail_after(30):
+        async with host_custody(config(tmp_path, grace_seconds=0.5)) as host:
+            await host.launch(
+                [sys.executable, IGNORES_SIGTERM, str(host.port), str(pids_path), "--leader-obeys"],
+                env_for(host),
+            )
+            await host.wait_ready(10)
+            _leader, grandchild = await read_pids(pids_path)
+            created = psutil.Process(grandchild).create_time()
+            outcome = await host.cleanup()
+    assert outcome.exit_code == 0
+    assert outcome.forced is True
+    assert outcome.graceful is False
+    assert outcome.surviving_descendants == ()
+    assert not alive(grandchild, created)
+
+
 async def test_well_behaved_host_ends_gracefully(tmp_path: Path) -> None:
     recorder = Recorder()
     with trio.fail_after(30):

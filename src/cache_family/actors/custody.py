@@ -581,23 +581,27 @@ class Host:
             self.state = "terminating"
             self._remember_descendants()
             self.terminating.set()
-            if process.returncode is None:
-                _signal_group(process.pid, signal.SIGTERM)
-                with trio.move_on_after(self.config.grace_seconds) as grace:
-                    self._grace_scope = grace
-                    if self._grace_shortened:
-                        grace.cancel()
-                    await process.wait()
-                self._grace_scope = None
-            # Group members outlive a leader that exited: SIGKILL the group whatever happened.
-            if process.returncode is None:
+            pgid = process.pid
+            # SIGTERM goes to the whole group even when the leader already died: its helpers
+            # may still run. The grace covers every member, not just the leader.
+            _signal_group(pgid, signal.SIGTERM)
+            with trio.move_on_after(self.config.grace_seconds) as grace:
+                self._grace_scope = grace
+                if self._grace_shortened:
+                    grace.cancel()
+                await process.wait()
+                while _group_members(pgid):
+                    await trio.sleep(0.02)
+            self._grace_scope = None
+            if process.returncode is None or _group_members(pgid):
                 progress["forced"] = True
-                _signal_group(process.pid, signal.SIGKILL)
+                _signal_group(pgid, signal.SIGKILL)
                 with trio.move_on_after(self.config.kill_wait_seconds):
                     await process.wait()
+                    while _group_members(pgid):
+                        await trio.sleep(0.02)
             else:
                 progress["graceful"] = True
-                _signal_group(process.pid, signal.SIGKILL)
             self.exit_code = process.returncode
             escaped, surviving = await _end_descendants(self._known_descendants)
             progress["escaped"] = escaped
@@ -708,6 +712,17 @@ async def _health_once(client: httpx.AsyncClient, url: str, seconds: float) -> t
     if isinstance(answer, dict) and answer.get("status") == "ok":
         return True, "ok"
     return False, f"health said {body[:200]!r}"
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``: a reaper-less PID 1 may keep
+    zombies forever, so only psutil's status, not kill(0), says whether anything still runs."""
+    members = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                members.append(process.pid)
+    return members
 
 
 def _signal_group(pgid: int, signum: int) -> None:
