@@ -117,6 +117,21 @@ async def test_rung_keeps_concurrency_in_flight_on_fresh_connections(
     assert summary.output_tokens_per_sec == pytest.approx(48 / 0.51, rel=0.01)
 
 
+async def test_rung_warmup_requests_are_excluded_from_the_metrics(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp())
+        request = load_request(server, requests=4, concurrency=2, warmup_requests=2)
+        outcome = await run_load(request)
+        nursery.cancel_scope.cancel()
+    assert [row.excluded_warmup for row in outcome.rows] == [True, True, False, False]
+    summary = outcome.rung_summary
+    assert summary is not None
+    assert summary.measured_requests == 2
+    assert summary.observed_completion_tokens == 16
+
+
 async def test_goodput_uses_both_objectives(autojump_clock: trio.testing.MockClock) -> None:
     def alternate(index: int, _body: dict[str, Any]) -> Reply:
         return Reply(first_token_delay=0.05 if index % 2 else 0.5)
@@ -307,6 +322,19 @@ async def test_bad_load_requests_are_refused() -> None:
     message = str(caught.value)
     for expected in ("base_url", "requests", "serial baseline", "output_tokens", "timeout"):
         assert expected in message
+    for base_url in ("http://127.0.0.1:8080/v1", "http://localhost:8080", "https://127.0.0.1:1"):
+        with pytest.raises(Refused):
+            LoadRun(
+                LoadRequest(
+                    base_url=base_url,
+                    prompt=PROMPT,
+                    requests=1,
+                    concurrency=1,
+                    output_tokens=1,
+                    stream=False,
+                    request_timeout_ms=1,
+                )
+            )
 
 
 async def test_benchmark_prompt_is_cut_to_prefix_plus_one_tokens(

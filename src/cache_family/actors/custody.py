@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import math
 import os
 import re
 import shutil
@@ -382,8 +381,9 @@ class Host:
         try:
             self.create_time = psutil.Process(process.pid).create_time()
         except psutil.NoSuchProcess:
-            # Exited already; identity checks will say so.
-            self.create_time = math.nan
+            # Unreaped children stay visible, so this is a host gone within microseconds;
+            # 0.0 never equals a real create time, so every identity check says "not same".
+            self.create_time = 0.0
         self.state = "spawned"
         assert process.stdout is not None and process.stderr is not None
         self._pumps_running = 2
@@ -442,11 +442,11 @@ class Host:
             if buffer and not discarding:
                 self._take_line(bytes(buffer), name, log)
         finally:
-            with contextlib.suppress(trio.ClosedResourceError):
-                await stream.aclose()
             self._pumps_running -= 1
             if self._pumps_running == 0:
                 self._pumps_done.set()
+            with contextlib.suppress(trio.ClosedResourceError):
+                await stream.aclose()
 
     def _write_oversized(self, line: bytes, log: _BoundedLog) -> None:
         limit = self.config.capture_line_limit

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -52,6 +53,7 @@ MIB = 1024 * KIB
 BODY_LIMIT = 1 * MIB
 SSE_LINE_LIMIT = 64 * KIB
 STOP_TYPES = ("limit", "word", "eos")
+_LOOPBACK_BASE = re.compile(r"http://127\.0\.0\.1:[1-9][0-9]{0,4}/?")
 
 Clock = Callable[[], float]
 
@@ -197,7 +199,7 @@ class LoadRun:
                 return self._completed_row(request_id, warmup, exchange, final)
             except ProtocolError as exc:
                 return self._failed_row(request_id, warmup, exchange, str(exc))
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, OSError) as exc:
                 return self._failed_row(
                     request_id, warmup, exchange, f"{type(exc).__name__}: {exc}"
                 )
@@ -509,7 +511,7 @@ def _require_ok(response: httpx.Response, data: bytes) -> None:
 
 def _check_request(request: LoadRequest) -> None:
     problems = []
-    if not request.base_url.startswith("http://127.0.0.1:"):
+    if not _LOOPBACK_BASE.fullmatch(request.base_url):
         problems.append("base_url must be http://127.0.0.1:PORT")
     if request.requests < 1:
         problems.append("requests must be at least 1")
