@@ -196,11 +196,11 @@ def write_native_build(root: Path) -> Path:
 ZERO_COMMIT = "0" * 40
 
 
-def plan_document(cache_root: Path, **overrides: object) -> dict[str, object]:
-    """A valid plan input (reference §2) with every member spelled out."""
+def plan_document(root: Path, **overrides: object) -> dict[str, object]:
+    """A valid plan input (reference §2) for the hub cache at ``root``, every member given."""
     plan: dict[str, object] = {
         "schema_version": 1,
-        "cache_root": str(cache_root),
+        "cache_root": str(root),
         "cases": [],
         "use_cases": [],
         "corpus": None,

@@ -377,6 +377,10 @@ def hash_files(
         if isinstance(outcome, Refused):
             refusals.extend(outcome.refusals)
     if refusals:
+        # Cancellation or the deadline stops every thread alike: one refusal says it.
+        budget_refusals = [r for r in refusals if r.code.startswith("budget.")]
+        if budget_refusals:
+            raise Refused((budget_refusals[0],))
         primary = [r for r in refusals if r.code != "pin.aborted"]
         raise Refused(tuple(_dedupe(primary or refusals)))
     return [outcome for outcome in outcomes if isinstance(outcome, FilePin)]

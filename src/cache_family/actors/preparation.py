@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, Final, Literal, TextIO
+from typing import IO, Any, Final, Literal, Protocol, TextIO
 
 import trio
 
@@ -167,6 +167,9 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
                 "--llama-parallel, --llama-repeats, --cache-hit-repeats N",
             )
             position += 1
+            # an unknown --flag's value is part of the same mistake, not a second one
+            if token.startswith("--") and not has_inline and position < len(items):
+                position += 0 if items[position].startswith("--") else 1
             continue
         if has_inline:
             value: str | None = inline
@@ -459,6 +462,14 @@ class WorkerOutcome:
         )
 
 
+class EventSink(Protocol):
+    """Receives each complete line the worker writes on stdout."""
+
+    def handle(self, line: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class WorkerEvents:
     """Renders the worker's JSON-lines events: phase lines always, a bar on a terminal."""
 
@@ -494,7 +505,7 @@ class WorkerEvents:
 async def _pump_stdout(
     stream: trio.abc.ReceiveStream,
     log: IO[bytes],
-    events: WorkerEvents | None,
+    events: EventSink | None,
     outcome: WorkerOutcome,
 ) -> None:
     written = 0
@@ -570,7 +581,7 @@ async def supervise_worker(
     deadline: float,
     cancel: trio.Event,
     grace_seconds: float = GRACE_SECONDS,
-    events: WorkerEvents | None = None,
+    events: EventSink | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> WorkerOutcome:
     """Run the worker until it exits, ``cancel`` is set or ``deadline`` (trio time) passes."""
@@ -623,11 +634,51 @@ def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
 # --- the parent --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class OwnedFile:
+    """A file we published, with the metadata that tells it from a later file at its path.
+
+    Device and inode alone are not enough: a file written after ours was unlinked may get
+    the very same inode number back, so size and both timestamps are compared as well.
+    """
+
+    published: Published
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def record(cls, published: Published) -> OwnedFile:
+        info = os.lstat(published.path)
+        return cls(published, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+    @property
+    def path(self) -> str:
+        return self.published.path
+
+    def still_ours(self) -> bool:
+        try:
+            info = os.lstat(self.published.path)
+        except FileNotFoundError:
+            return False
+        return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns) == (
+            self.published.device,
+            self.published.inode,
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+        )
+
+    def revoke(self) -> bool:
+        """Remove the file only while it is still the one we wrote."""
+        return self.still_ours() and revoke(self.published)
+
+
 @dataclass(slots=True)
 class ParentReport:
     exit_code: int
     refusals: list[Refusal] = field(default_factory=list)
-    published: Published | None = None
+    published: OwnedFile | None = None
     revoked: bool = False
     worker: WorkerOutcome | None = None
 
@@ -790,8 +841,8 @@ async def _publish(
         report.refusals.append(refusal)
         return report
     try:
-        report.published = publish_fresh(
-            os.path.join(output, INPUT_NAME), encode_document(prepared)
+        report.published = OwnedFile.record(
+            publish_fresh(os.path.join(output, INPUT_NAME), encode_document(prepared))
         )
     except Refused as exc:
         report.exit_code = EXIT_REFUSED_DURING_WORK
@@ -810,7 +861,7 @@ def revoke_if_late(report: ParentReport, budget: Budget, latch: InterruptLatch) 
         return report
     report.exit_code, refusal = late
     report.refusals.append(refusal)
-    report.revoked = revoke(report.published)
+    report.revoked = report.published.revoke()
     report.published = None
     return report
 
@@ -1347,11 +1398,13 @@ async def _worker(input_path: str, output_path: str, stderr: TextIO) -> int:
                     scope=PREPARED_SCOPE,
                     input=prepared,
                 )
-                published = publish_fresh(output_path, encode_document(observations))
+                published = OwnedFile.record(
+                    publish_fresh(output_path, encode_document(observations))
+                )
                 try:
                     budget.check("$")
                 except Refused:
-                    revoke(published)
+                    published.revoke()
                     raise
                 events.phase(f"observed {prepared.row_count} rows")
                 code = EXIT_OK

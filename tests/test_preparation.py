@@ -1,0 +1,977 @@
+"""Native preparation end to end: admission, the supervised worker, observation, publication.
+
+Most tests run the real parent code in-process (``run_prepare``) with the real worker
+subprocess. Signal and deadline tests run the parent itself as a subprocess and deliver the
+signal to it; they hold the worker in hashing with a model blob extended by a 1 TiB sparse
+hole. The deadline and late-refusal tests reach the parent through ``DRIVER`` below, which
+uses ``run_prepare``'s test-only parameters (a budget under the schema's 30 s minimum, a hook
+right after the fresh write); neither is reachable from the command line or the operator
+input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from cache_family.actors.pins import Budget
+from cache_family.actors.preparation import (
+    INPUT_NAME,
+    OBSERVATIONS_NAME,
+    REQUEST_NAME,
+    STDERR_LOG,
+    STDOUT_LOG,
+    InterruptLatch,
+    OwnedFile,
+    ParentReport,
+    WorkerEvents,
+    _publish,
+    _read_observations,
+    admit,
+    observe,
+    parse_overrides,
+    revoke_if_late,
+    run_prepare,
+    supervise_worker,
+)
+from cache_family.actors.publish import publish_fresh
+from cache_family.cli import build_parser, main, normalize_argv
+from cache_family.errors import Refused
+from cache_family.schemas.catalog import packaged_catalog
+from cache_family.schemas.prepared import (
+    PreparationRequest,
+    PreparedInput,
+    encode_document,
+    load_prepared_input,
+)
+from hub_fixture import Toolbox, build_toolbox, operator_document, write_tool
+
+PRESENT = ("llama", "minimax_m27", "deepseek3")
+TIB = 1024**4
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Toolbox:
+    return build_toolbox(tmp_path / "box", PRESENT)
+
+
+def write_operator(
+    box: Toolbox, path: Path, top: dict[str, object] | None = None, **plan: object
+) -> Path:
+    document = operator_document(box, **plan)
+    document.update(top or {})
+    path.write_text(json.dumps(document))
+    return path
+
+
+def base_environ() -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", os.defpath)}
+
+
+def prepare(
+    box: Toolbox,
+    out: Path,
+    *overrides: str,
+    command: str = "prepare-full",
+    operator: Path | None = None,
+    environ: dict[str, str] | None = None,
+    **plan: object,
+) -> tuple[int, str, str]:
+    op = operator or write_operator(box, box.root / "operator.json", **plan)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = run_prepare(
+        command,
+        str(op),
+        str(out),
+        list(overrides),
+        environ=environ or base_environ(),
+        stdout=stdout,
+        stderr=stderr,
+    )
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def tree_listing(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def request_for(
+    box: Toolbox,
+    tmp_path: Path,
+    command: str = "prepare-full",
+    top: dict[str, object] | None = None,
+    **plan: object,
+) -> PreparationRequest:
+    op = write_operator(box, tmp_path / "op-for-request.json", top, **plan)
+    admission = admit(command, str(op), str(tmp_path / "unused-out"), [], environ=base_environ())
+    return PreparationRequest(
+        schema_version=1,
+        mode=admission.mode,
+        operator=admission.operator,
+        corpus_source=admission.corpus_source,
+        worker_budget_ms=60_000,
+    )
+
+
+class SilentEvents:
+    def emit(self, **event: object) -> None:
+        del event
+
+    def phase(self, text: str) -> None:
+        del text
+
+    clock = staticmethod(lambda: 0.0)
+
+
+def observe_codes(request: PreparationRequest, budget: Budget | None = None) -> list[str]:
+    with pytest.raises(Refused) as caught:
+        observe(request, budget or Budget.seconds(60), SilentEvents())  # type: ignore[arg-type]
+    return caught.value.codes
+
+
+# --- overrides ---------------------------------------------------------------------------------
+
+
+def test_overrides_are_pairs_each_once_and_known() -> None:
+    parsed = parse_overrides(
+        ["--prefix-tokens", "64", "--llama-repeats=5", "--use-case-corpus", "/c.json"]
+    )
+    assert parsed.plan_fields == {"prefix_tokens": 64, "llama_repeats": 5}
+    assert parsed.corpus == "/c.json"
+    assert parse_overrides(["--", "--cache-hit-repeats", "2"]).plan_fields == {
+        "cache_hit_repeats": 2
+    }
+    cases = {
+        ("--prefix-tokens", "1", "--prefix-tokens", "2"): "preparation.override.duplicate",
+        ("--frobnicate", "1"): "preparation.override.unknown",
+        ("--llama-parallel",): "preparation.override.missing_value",
+        ("--llama-parallel", "0"): "preparation.override.bad_value",
+        ("--llama-parallel", "-3"): "preparation.override.bad_value",
+        ("--llama-parallel", "4294967296"): "preparation.override.bad_value",
+        ("--llama-parallel", "٣"): "preparation.override.bad_value",
+        ("--use-case-corpus", "relative.json"): "preparation.override.not_absolute",
+    }
+    for arguments, code in cases.items():
+        with pytest.raises(Refused) as caught:
+            parse_overrides(list(arguments))
+        assert caught.value.codes == [code], arguments
+
+
+def test_overrides_are_applied_before_validation(box: Toolbox, tmp_path: Path) -> None:
+    before = tree_listing(tmp_path)
+    code, _, err = prepare(box, tmp_path / "out", "--llama-parallel", "2000")
+    assert code == 2
+    assert "plan.out_of_range at $.plan.llama_parallel" in err
+    assert tree_listing(tmp_path) == before | {"box/operator.json"}
+
+
+# --- admission: refusals create nothing --------------------------------------------------------
+
+
+def refused_admission(
+    box: Toolbox,
+    tmp_path: Path,
+    out: Path,
+    *overrides: str,
+    operator: Path | None = None,
+    **plan: object,
+) -> str:
+    op = operator or write_operator(box, tmp_path / "operator.json", **plan)
+    before = tree_listing(tmp_path)
+    code, stdout, err = prepare(box, out, *overrides, operator=op)
+    assert code == 2, err
+    assert stdout == ""
+    assert tree_listing(tmp_path) == before, "an admission refusal must create nothing"
+    return err
+
+
+def test_bad_operator_files_are_refused(box: Toolbox, tmp_path: Path) -> None:
+    fifo = tmp_path / "operator.fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (1024 * 1024 + 1))
+    not_json = tmp_path / "bad.json"
+    not_json.write_text("{")
+    repeated = tmp_path / "repeated.json"
+    repeated.write_text('{"schema_version": 1, "schema_version": 1}')
+    cases = {
+        fifo: "file.not_regular",
+        big: "file.too_large",
+        not_json: "operator.json.decode",
+        repeated: "operator.json.decode",
+    }
+    for path, code in cases.items():
+        err = refused_admission(box, tmp_path, tmp_path / "out", operator=path)
+        assert code in err, err
+
+
+def test_outputs_that_exist_or_have_no_parent_are_refused(box: Toolbox, tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    assert "preparation.output_exists" in refused_admission(box, tmp_path, tmp_path / "taken")
+    assert "preparation.output_parent_missing" in refused_admission(
+        box, tmp_path, tmp_path / "no" / "out"
+    )
+    assert "preparation.output_not_absolute" in refused_admission(box, tmp_path, Path("rel/out"))
+
+
+def test_output_inside_build_cache_or_toolkit_is_refused(box: Toolbox, tmp_path: Path) -> None:
+    toolkit = tmp_path / "cuda"
+    write_tool(toolkit / "bin" / "nvcc")
+    toolkit_doc = {"CUDA_PATH": {"path": str(toolkit), "sha256": "0" * 64}}
+    op = write_operator(box, tmp_path / "operator.json", {"toolkit_directories": toolkit_doc})
+    link = tmp_path / "link-to-hub"
+    link.symlink_to(box.hub.root)
+    cases = {
+        box.native_build / "prepared": "$.native_build",
+        box.hub.root / "prepared": "$.plan.cache_root",
+        link / "prepared": "$.plan.cache_root",  # the canonical path decides
+        toolkit / "prepared": "$.toolkit_directories.CUDA_PATH",
+    }
+    for out, where in cases.items():
+        err = refused_admission(box, tmp_path, out, operator=op)
+        assert f"preparation.output_not_disjoint at {where}" in err, err
+
+
+def test_output_containing_a_guarded_tree_is_refused(box: Toolbox, tmp_path: Path) -> None:
+    out = tmp_path / "campaign"
+    err = refused_admission(box, tmp_path, out, cache_root=str(out / "hub"))
+    assert "preparation.output_not_disjoint at $.plan.cache_root" in err
+
+
+def test_unknown_override_and_catalog_pin_mismatch_are_refused(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    err = refused_admission(box, tmp_path, tmp_path / "out", "--fast", "yes")
+    assert "preparation.override.unknown" in err
+    catalog = tmp_path / "catalog.json"
+    catalog.write_bytes(Path(packaged_catalog().path).read_bytes())
+    err = refused_admission(
+        box, tmp_path, tmp_path / "out", catalog={"path": str(catalog), "sha256": "0" * 64}
+    )
+    assert "preparation.catalog_pin_mismatch at $.plan.catalog.sha256" in err
+
+
+# --- the worker's observation (in-process) -----------------------------------------------------
+
+
+def test_tools_must_be_regular_files(box: Toolbox, tmp_path: Path) -> None:
+    fifo = tmp_path / "skippy-correctness.fifo"
+    os.mkfifo(fifo)
+    assert observe_codes(request_for(box, tmp_path, top={"correctness": str(fifo)})) == [
+        "pin.not_regular"
+    ]
+    assert observe_codes(request_for(box, tmp_path, top={"stage_server": str(tmp_path)})) == [
+        "pin.not_regular"
+    ]
+    assert observe_codes(
+        request_for(
+            box,
+            tmp_path,
+            top={
+                "artifact_tool": str(tmp_path / "absent"),
+                "native_server": str(tmp_path / "gone"),
+            },
+        )
+    ) == ["pin.missing", "pin.missing"]
+
+
+def test_a_changed_toolkit_pin_refuses_and_a_matching_one_is_recorded(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    from cache_family.actors.pins import pin_tree
+
+    toolkit = tmp_path / "vulkan"
+    write_tool(toolkit / "bin" / "glslc")
+    good = pin_tree(str(toolkit), Budget.seconds(60)).sha256
+    request = request_for(
+        box,
+        tmp_path,
+        top={"toolkit_directories": {"VULKAN_SDK": {"path": str(toolkit), "sha256": good}}},
+    )
+    prepared = observe(request, Budget.seconds(60), SilentEvents())  # type: ignore[arg-type]
+    assert prepared.toolkit_directories["VULKAN_SDK"].sha256 == good
+    profile = prepared.profiles["llama"]
+    assert profile.correctness.toolkit_directories["VULKAN_SDK"].sha256 == good
+    (toolkit / "bin" / "glslc").write_text("changed")
+    assert observe_codes(request) == ["preparation.toolkit_pin_mismatch"]
+
+
+def test_declared_server_pins_must_match(box: Toolbox, tmp_path: Path) -> None:
+    servers = {
+        "old_server": {"path": str(box.old_server), "sha256": "0" * 64},
+        "new_server": {"path": str(box.stage_server), "sha256": None},
+    }
+    assert observe_codes(request_for(box, tmp_path, **servers)) == [
+        "preparation.server_pin_mismatch"
+    ]
+
+
+def test_declared_model_pins_must_match(box: Toolbox, tmp_path: Path) -> None:
+    request = request_for(box, tmp_path, model_sha256={"llama": "0" * 64})
+    assert observe_codes(request) == ["preparation.model_pin_mismatch"]
+    good = request_for(box, tmp_path, model_sha256={"llama": box.hub.model("llama").sha256})
+    prepared = observe(good, Budget.seconds(60), SilentEvents())  # type: ignore[arg-type]
+    row = next(r for r in prepared.rows if r.key == "llama")
+    assert row.model_observation.declared_byte_sha256 == box.hub.model("llama").sha256
+
+
+def test_a_split_model_needs_every_sibling(box: Toolbox, tmp_path: Path) -> None:
+    shards = box.hub.model("minimax_m27").snapshot_path.parent
+    (shards / "MiniMax-M2.7-UD-Q2_K_XL-00002-of-00003.gguf").unlink()
+    assert observe_codes(request_for(box, tmp_path)) == ["preparation.split_shard_missing"]
+
+
+def test_snapshot_links_must_stay_inside_the_cache_root(box: Toolbox, tmp_path: Path) -> None:
+    snapshot = box.hub.model("llama").snapshot_path
+    outside = tmp_path / "elsewhere.gguf"
+    outside.write_bytes(snapshot.read_bytes())
+    snapshot.unlink()
+    snapshot.symlink_to(outside)
+    assert observe_codes(request_for(box, tmp_path)) == ["preparation.model_outside_cache_root"]
+
+
+def test_a_layer_package_needs_its_manifest(box: Toolbox, tmp_path: Path) -> None:
+    (box.hub.model("deepseek3").snapshot_path / "manifest.json").unlink()
+    assert observe_codes(request_for(box, tmp_path)) == ["preparation.package_manifest_missing"]
+
+
+def test_an_incomplete_native_build_is_refused(box: Toolbox, tmp_path: Path) -> None:
+    os.mkfifo(box.native_build / "lib" / "socket-like")
+    assert observe_codes(request_for(box, tmp_path)) == ["tree.special_file"]
+
+
+def test_present_split_or_package_models_need_the_artifact_tool(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    no_tool = {"artifact_tool": None}
+    assert observe_codes(request_for(box, tmp_path, top=no_tool)) == [
+        "preparation.artifact_tool_missing"
+    ]
+    only_llama = request_for(box, tmp_path, top=no_tool, cases=["llama", "olmo"])
+    prepared = observe(only_llama, Budget.seconds(60), SilentEvents())  # type: ignore[arg-type]
+    assert prepared.tools.artifact_tool is None
+    assert [r.model_observation.status for r in prepared.rows] == ["present", "missing-model"]
+
+
+def test_a_cancelled_budget_refuses_observation(box: Toolbox, tmp_path: Path) -> None:
+    budget = Budget.seconds(60)
+    budget.cancel()
+    assert observe_codes(request_for(box, tmp_path), budget) == ["budget.cancelled"]
+
+
+# --- end to end with the real worker -----------------------------------------------------------
+
+
+def test_prepare_full_observes_bytes_and_plans_every_row(box: Toolbox, tmp_path: Path) -> None:
+    old_link = tmp_path / "old-skippy-link"
+    old_link.symlink_to(box.old_server)
+    out = tmp_path / "out"
+    code, stdout, err = prepare(
+        box,
+        out,
+        "--llama-repeats",
+        "5",
+        old_server={"path": str(old_link), "sha256": None},
+        new_server={"path": str(box.stage_server), "sha256": sha256_of(box.stage_server)},
+    )
+    assert code == 0, err
+    assert stdout == f"Wrote {out / INPUT_NAME}\n"
+    assert sorted(os.listdir(out)) == sorted(
+        [INPUT_NAME, OBSERVATIONS_NAME, REQUEST_NAME, STDOUT_LOG, STDERR_LOG]
+    )
+    prepared = load_prepared_input(str(out / INPUT_NAME))
+    assert prepared.mode == "full" and prepared.plan.use_cases == [] and prepared.corpus is None
+    assert [r.key for r in prepared.rows] == list(packaged_catalog().catalog.keys)
+    assert {r.key for r in prepared.rows if r.model_observation.present} == set(PRESENT)
+    assert set(prepared.profiles) == set(PRESENT)
+    assert all(r.tasks.serial_baseline.runs == 5 for r in prepared.rows)
+
+    # old server: canonical path, pin filled from the bytes
+    assert prepared.plan.old_server is not None
+    assert prepared.plan.old_server.path == str(box.old_server)
+    assert prepared.plan.old_server.sha256 == sha256_of(box.old_server)
+    # every tool is pinned by its bytes
+    assert prepared.tools.correctness.sha256 == sha256_of(box.correctness)
+    assert prepared.tools.native_server is not None
+    assert prepared.tools.native_server.sha256 == sha256_of(box.native_server)
+
+    llama = box.hub.model("llama")
+    row = next(r for r in prepared.rows if r.key == "llama")
+    assert row.model_observation.sha256 == sha256_of(llama.blob_paths[0])
+    assert row.model_observation.runtime_entrypoint == str(llama.blob_paths[0])
+    assert prepared.plan.model_sha256["llama"] == row.model_observation.sha256
+
+    minimax = box.hub.model("minimax_m27")
+    split = next(r for r in prepared.rows if r.key == "minimax_m27").model_observation
+    assert split.runtime_entrypoint == str(minimax.snapshot_path)  # sibling discovery by name
+    assert [s.sha256 for s in split.shard_pins] == [sha256_of(b) for b in minimax.blob_paths]
+    assert [s.canonical for s in split.shard_pins] == [str(b) for b in minimax.blob_paths]
+    assert [Path(s.logical_path).parent for s in split.shard_pins] == [
+        minimax.snapshot_path.parent
+    ] * 3
+    artifact = prepared.profiles["minimax_m27"].correctness.artifact
+    assert artifact is not None and artifact.kind == "complete-shards"
+    assert artifact.tool_sha256 == sha256_of(box.artifact_tool)
+
+    package = next(r for r in prepared.rows if r.key == "deepseek3")
+    manifest = box.hub.model("deepseek3").snapshot_path / "manifest.json"
+    assert package.model_observation.sha256 == sha256_of(manifest)
+    assert package.model_observation.runtime_entrypoint == str(
+        box.hub.model("deepseek3").snapshot_path
+    )
+    assert prepared.profiles["deepseek3"].native is None
+
+    missing = next(r for r in prepared.rows if r.key == "olmo")
+    assert missing.model_observation.status == "missing-model"
+    assert "olmo" not in prepared.profiles
+
+    request_bytes = (out / REQUEST_NAME).read_bytes()
+    observations = json.loads((out / OBSERVATIONS_NAME).read_text())
+    assert observations["request_sha256"] == hashlib.sha256(request_bytes).hexdigest()
+    assert "preparation: hashing model bytes" in err
+
+
+@pytest.mark.parametrize("source", ["override", "environment", "operator-plan", "checked-in"])
+def test_prepare_use_cases_binds_the_selected_corpus(
+    box: Toolbox, tmp_path: Path, source: str
+) -> None:
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "use_cases": [
+                    {
+                        "key": "alpha",
+                        "label": "Alpha",
+                        "prompt": "first prompt",
+                        "prefix_tokens": 32,
+                    },
+                    {"key": "beta", "label": "Beta", "prompt": "second prompt"},
+                ],
+            }
+        )
+    )
+    overrides: list[str] = []
+    environ = base_environ()
+    plan: dict[str, object] = {}
+    if source == "override":
+        overrides = ["--use-case-corpus", str(corpus)]
+        environ["SKIPPY_CACHE_USECASE_CORPUS"] = "/nonexistent/ignored.json"
+    elif source == "environment":
+        environ["SKIPPY_CACHE_USECASE_CORPUS"] = str(corpus)
+    elif source == "operator-plan":
+        plan = {
+            "use_cases": ["alpha"],
+            "corpus": {"path": str(corpus), "sha256": sha256_of(corpus)},
+        }
+    out = tmp_path / "out"
+    code, _, err = prepare(
+        box,
+        out,
+        *overrides,
+        command="prepare-use-cases",
+        environ=environ,
+        cases=["llama", "olmo"],
+        **plan,
+    )
+    assert code == 0, err
+    prepared = load_prepared_input(str(out / INPUT_NAME))
+    assert prepared.plan.use_cases == ["all"]
+    assert prepared.corpus is not None and prepared.corpus.source == source
+    if source == "checked-in":
+        assert len(prepared.rows) == 2 * 8
+        return
+    assert prepared.corpus.path == str(corpus)
+    assert prepared.corpus.sha256 == sha256_of(corpus)
+    assert [r.output_relative for r in prepared.rows] == [
+        "alpha/llama-p32",
+        "alpha/olmo-p32",
+        "beta/llama-p128",
+        "beta/olmo-p128",
+    ]
+
+
+def test_prepare_full_drops_a_corpus_selection(box: Toolbox, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(
+        json.dumps({"version": 1, "use_cases": [{"key": "alpha", "label": "Alpha", "prompt": "p"}]})
+    )
+    out = tmp_path / "out"
+    code, _, err = prepare(
+        box,
+        out,
+        "--use-case-corpus",
+        str(corpus),
+        cases=["llama"],
+        use_cases=["alpha"],
+        corpus={"path": str(corpus), "sha256": sha256_of(corpus)},
+    )
+    assert code == 0, err
+    prepared = load_prepared_input(str(out / INPUT_NAME))
+    assert (prepared.plan.use_cases, prepared.plan.corpus, prepared.corpus) == ([], None, None)
+    assert [r.use_case for r in prepared.rows] == [None]
+
+
+def test_a_named_synthetic_catalog_is_pinned_and_recorded(box: Toolbox, tmp_path: Path) -> None:
+    document = json.loads(Path(packaged_catalog().path).read_text())
+    document["synthetic"] = True
+    for preset in document["presets"]:
+        preset["synthetic"] = True
+    catalog = tmp_path / "zoo-catalog.json"
+    catalog.write_text(json.dumps(document))
+    out = tmp_path / "out"
+    code, _, err = prepare(
+        box, out, cases=["llama"], catalog={"path": str(catalog), "sha256": sha256_of(catalog)}
+    )
+    assert code == 0, err
+    prepared = load_prepared_input(str(out / INPUT_NAME))
+    assert prepared.catalog.model_dump() == {
+        "path": str(catalog),
+        "sha256": sha256_of(catalog),
+        "synthetic": True,
+        "packaged": False,
+    }
+    assert [r.synthetic for r in prepared.rows] == [True]
+
+
+def test_a_worker_refusal_keeps_observations_and_publishes_nothing(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "tool.fifo"
+    os.mkfifo(fifo)
+    op = write_operator(box, tmp_path / "operator.json", {"correctness": str(fifo)})
+    out = tmp_path / "out"
+    code, stdout, err = prepare(box, out, operator=op)
+    assert code == 3
+    assert stdout == ""
+    assert "preparation.worker_refused" in err
+    assert sorted(os.listdir(out)) == sorted([REQUEST_NAME, STDOUT_LOG, STDERR_LOG])
+    assert "pin.not_regular at $.correctness" in (out / STDERR_LOG).read_text()
+
+
+def test_observations_must_answer_this_request(tmp_path: Path) -> None:
+    (tmp_path / OBSERVATIONS_NAME).write_text(json.dumps({"schema_version": 1}))
+    with pytest.raises(Refused) as caught:
+        _read_observations(str(tmp_path), "a" * 64, "full")
+    assert caught.value.codes[0] == "prepared.invalid"
+
+
+@pytest.fixture
+def prepared_once(box: Toolbox, tmp_path: Path) -> tuple[Path, PreparedInput]:
+    out = tmp_path / "first"
+    code, _, err = prepare(box, out)
+    assert code == 0, err
+    return out, load_prepared_input(str(out / INPUT_NAME))
+
+
+def test_request_sha_mismatch_is_refused(prepared_once: tuple[Path, PreparedInput]) -> None:
+    out, _ = prepared_once
+    with pytest.raises(Refused) as caught:
+        _read_observations(str(out), "b" * 64, "full")
+    assert caught.value.codes == ["preparation.request_mismatch"]
+    with pytest.raises(Refused) as caught:
+        _read_observations(str(out), sha256_of(out / REQUEST_NAME), "use-cases")
+    assert caught.value.codes == ["preparation.request_mismatch"]
+
+
+# --- publication -------------------------------------------------------------------------------
+
+
+async def test_a_foreign_input_file_is_never_replaced(
+    prepared_once: tuple[Path, PreparedInput], tmp_path: Path
+) -> None:
+    _, prepared = prepared_once
+    out = tmp_path / "fresh"
+    out.mkdir()
+    foreign = out / INPUT_NAME
+    foreign.write_text("someone else's file")
+    budget = Budget.seconds(60)
+    report = await _publish(
+        str(out), prepared, budget, InterruptLatch(budget), ParentReport(exit_code=0), None
+    )
+    assert report.exit_code == 3 and [r.code for r in report.refusals] == ["publish.exists"]
+    assert foreign.read_text() == "someone else's file"
+
+
+def test_a_late_refusal_revokes_only_the_file_we_wrote(
+    prepared_once: tuple[Path, PreparedInput], tmp_path: Path
+) -> None:
+    _, prepared = prepared_once
+    budget = Budget.seconds(60)
+    latch = InterruptLatch(budget)
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    report = ParentReport(
+        exit_code=0,
+        published=OwnedFile.record(
+            publish_fresh(str(ours / INPUT_NAME), encode_document(prepared))
+        ),
+    )
+    budget.deadline = float("-inf")
+    report = revoke_if_late(report, budget, latch)
+    assert (report.exit_code, report.revoked) == (3, True)
+    assert not (ours / INPUT_NAME).exists()
+
+    replaced = tmp_path / "replaced"
+    replaced.mkdir()
+    report = ParentReport(
+        exit_code=0,
+        published=OwnedFile.record(
+            publish_fresh(str(replaced / INPUT_NAME), encode_document(prepared))
+        ),
+    )
+    inode = (replaced / INPUT_NAME).stat().st_ino
+    (replaced / INPUT_NAME).unlink()
+    (replaced / INPUT_NAME).write_text("foreign")
+    # ext4 hands the freed inode number straight back: (device, inode) alone cannot tell
+    reused = (replaced / INPUT_NAME).stat().st_ino == inode
+    latch.fire(signal.SIGTERM)
+    report = revoke_if_late(report, budget, latch)
+    assert (report.exit_code, report.revoked) == (130, False)
+    assert (replaced / INPUT_NAME).read_text() == "foreign", f"inode reused: {reused}"
+
+
+# --- signals and deadlines delivered to a real parent process ----------------------------------
+
+DRIVER = r"""
+import os, signal, sys
+from cache_family.actors.preparation import INPUT_NAME, run_prepare
+
+mode, operator, output = sys.argv[1:4]
+
+def replace_then_expire(budget):
+    path = os.path.join(output, INPUT_NAME)
+    os.unlink(path)
+    with open(path, "w") as handle:
+        handle.write("foreign")
+    budget.deadline = float("-inf")
+
+hooks = {
+    "deadline": {"budget_seconds": 2.0},
+    "late-sigterm": {"after_publish": lambda b: os.kill(os.getpid(), signal.SIGTERM)},
+    "late-deadline": {"after_publish": lambda b: setattr(b, "deadline", float("-inf"))},
+    "late-foreign": {"after_publish": replace_then_expire},
+}
+sys.exit(run_prepare("prepare-full", operator, output, [], **hooks[mode]))
+"""
+
+
+def child_environ() -> dict[str, str]:
+    env = base_environ()
+    env["PYTHONSAFEPATH"] = "1"
+    return env
+
+
+async def read_until(stream: trio.abc.ReceiveStream, marker: bytes, seen: bytearray) -> None:
+    with trio.fail_after(60):
+        while marker not in seen:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                raise AssertionError(f"stream ended before {marker!r}: {bytes(seen)!r}")
+            seen.extend(chunk)
+
+
+@pytest.fixture
+def slow_box(tmp_path: Path) -> Toolbox:
+    """The llama blob carries a 1 TiB sparse hole: hashing it outlasts every test here."""
+    return build_toolbox(tmp_path / "box", PRESENT, huge_sparse={"llama": TIB})
+
+
+def worker_pid(stderr: bytes) -> int:
+    line = next(text for text in stderr.decode().splitlines() if "worker pid" in text)
+    return int(line.split("worker pid ")[1].split()[0])
+
+
+def assert_gone(pid: int) -> None:
+    try:
+        process = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    assert "prepare-worker" not in " ".join(process.cmdline()), "the worker survived"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+async def test_a_signal_to_the_parent_stops_the_hashing_worker(
+    slow_box: Toolbox, tmp_path: Path, signum: signal.Signals
+) -> None:
+    op = write_operator(slow_box, tmp_path / "operator.json")
+    out = tmp_path / "out"
+    parent = await trio.lowlevel.open_process(
+        [
+            sys.executable,
+            "-m",
+            "cache_family.cli",
+            "prepare-full",
+            "--input",
+            str(op),
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=child_environ(),
+    )
+    assert parent.stderr is not None
+    seen = bytearray()
+    try:
+        await read_until(parent.stderr, b"preparation: hashing model bytes", seen)
+        parent.send_signal(signum)
+        with trio.fail_after(60):
+            await parent.wait()
+            while chunk := await parent.stderr.receive_some(4096):
+                seen.extend(chunk)
+    finally:
+        with trio.CancelScope(shield=True):
+            if parent.returncode is None:
+                parent.kill()
+                await parent.wait()
+    assert parent.returncode == 130, bytes(seen)
+    assert b"preparation.interrupted" in seen
+    assert_gone(worker_pid(bytes(seen)))
+    assert sorted(os.listdir(out)) == sorted([REQUEST_NAME, STDOUT_LOG, STDERR_LOG])
+
+
+def run_driver(mode: str, box: Toolbox, tmp_path: Path) -> tuple[int, str, Path]:
+    op = write_operator(box, tmp_path / "operator.json")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, mode, str(op), str(out)],
+        capture_output=True,
+        text=True,
+        env=child_environ(),
+        timeout=120,
+        check=False,
+    )
+    return done.returncode, done.stderr, out
+
+
+def test_an_expired_deadline_stops_the_worker(slow_box: Toolbox, tmp_path: Path) -> None:
+    code, err, out = run_driver("deadline", slow_box, tmp_path)
+    assert code == 3, err
+    assert "preparation.deadline_expired" in err
+    assert_gone(worker_pid(err.encode()))
+    assert not (out / INPUT_NAME).exists() and not (out / OBSERVATIONS_NAME).exists()
+    assert (out / REQUEST_NAME).exists()
+
+
+@pytest.mark.parametrize(("mode", "exit_code"), [("late-sigterm", 130), ("late-deadline", 3)])
+def test_a_late_refusal_revokes_the_published_input(
+    box: Toolbox, tmp_path: Path, mode: str, exit_code: int
+) -> None:
+    code, err, out = run_driver(mode, box, tmp_path)
+    assert code == exit_code, err
+    assert f"preparation: revoked {out / INPUT_NAME}" in err
+    assert not (out / INPUT_NAME).exists()
+    assert (out / OBSERVATIONS_NAME).exists(), "observations are kept"
+
+
+def test_a_late_refusal_leaves_a_foreign_file_alone(box: Toolbox, tmp_path: Path) -> None:
+    code, err, out = run_driver("late-foreign", box, tmp_path)
+    assert code == 3, err
+    assert "preparation.deadline_expired" in err
+    assert (out / INPUT_NAME).read_text() == "foreign"
+    assert "revoked" not in err
+
+
+# --- the supervisor with trio's clock ----------------------------------------------------------
+
+IGNORES_SIGTERM = (
+    "import signal, sys\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "while True:\n"
+    "    signal.pause()\n"
+)
+
+
+class CancelWhenReady:
+    def __init__(self, cancel: trio.Event) -> None:
+        self.cancel = cancel
+        self.lines: list[bytes] = []
+
+    def handle(self, line: bytes) -> None:
+        self.lines.append(line)
+        if line == b"ready":
+            self.cancel.set()
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_worker_ignoring_sigterm_is_killed_after_the_grace(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    # Jump only after a real half second of idleness: the grace flies by, while the kernel
+    # still gets real time to deliver SIGKILL and report the exit.
+    mock_clock.autojump_threshold = 0.5
+    cancel = trio.Event()
+    start = trio.current_time()
+    outcome = await supervise_worker(
+        [sys.executable, "-c", IGNORES_SIGTERM],
+        env=base_environ(),
+        cwd=str(tmp_path),
+        stdout_log=str(tmp_path / "out.log"),
+        stderr_log=str(tmp_path / "err.log"),
+        deadline=float("inf"),
+        cancel=cancel,
+        grace_seconds=12.0,
+        events=CancelWhenReady(cancel),
+    )
+    assert outcome.cancelled and outcome.terminated and outcome.killed
+    assert outcome.returncode == -signal.SIGKILL
+    assert not outcome.clean
+    assert trio.current_time() - start >= 12.0  # the grace was honoured (on the fake clock)
+    assert (tmp_path / "out.log").read_bytes() == b"ready\n"
+
+
+async def test_the_deadline_terminates_the_worker(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    mock_clock.autojump_threshold = 0.5
+    outcome = await supervise_worker(
+        [sys.executable, "-c", "import signal\nwhile True: signal.pause()"],
+        env=base_environ(),
+        cwd=str(tmp_path),
+        stdout_log=str(tmp_path / "o"),
+        stderr_log=str(tmp_path / "e"),
+        deadline=trio.current_time() + 30,
+        cancel=trio.Event(),
+    )
+    assert outcome.deadline_expired and outcome.terminated and not outcome.killed
+    assert outcome.returncode == -signal.SIGTERM and not outcome.clean
+
+
+async def test_a_clean_worker_and_its_logs(tmp_path: Path) -> None:
+    code = 'import sys\nprint(\'{"event":"phase","text":"x"}\')\nsys.stderr.write(\'note\')\n'
+    sink = CancelWhenReady(trio.Event())
+    outcome = await supervise_worker(
+        [sys.executable, "-c", code],
+        env=base_environ(),
+        cwd=str(tmp_path),
+        stdout_log=str(tmp_path / "o"),
+        stderr_log=str(tmp_path / "e"),
+        deadline=trio.current_time() + 120,
+        cancel=trio.Event(),
+        events=sink,
+    )
+    assert outcome.clean and outcome.returncode == 0 and not outcome.terminated
+    assert sink.lines == [b'{"event":"phase","text":"x"}']
+    assert (tmp_path / "e").read_text() == "note"
+
+
+async def test_an_oversized_stdout_makes_the_worker_unclean(tmp_path: Path) -> None:
+    code = "import sys\nsys.stdout.buffer.write(b'x' * (17 * 1024 * 1024))\n"
+    outcome = await supervise_worker(
+        [sys.executable, "-c", code],
+        env=base_environ(),
+        cwd=str(tmp_path),
+        stdout_log=str(tmp_path / "o"),
+        stderr_log=str(tmp_path / "e"),
+        deadline=trio.current_time() + 120,
+        cancel=trio.Event(),
+    )
+    assert outcome.returncode == 0 and outcome.stdout_truncated and not outcome.clean
+    assert (tmp_path / "o").stat().st_size == 16 * 1024 * 1024
+
+
+# --- display and command line ------------------------------------------------------------------
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_and_phase_lines_otherwise() -> None:
+    plain = io.StringIO()
+    events = WorkerEvents(plain)
+    events.handle(b'{"event":"phase","text":"hashing model bytes"}')
+    events.handle(b'{"event":"progress","files":2,"done":5,"total":10}')
+    events.handle(b"not json")
+    events.close()
+    assert plain.getvalue() == "preparation: hashing model bytes\n"
+    terminal = FakeTerminal()
+    events = WorkerEvents(terminal)
+    events.handle(b'{"event":"progress","files":2,"done":5,"total":10}')
+    events.close()
+    assert terminal.getvalue()
+
+
+def test_the_commands_are_listed() -> None:
+    text = build_parser().format_help()
+    assert "prepare-full" in text and "prepare-use-cases" in text
+    assert normalize_argv(
+        ["automation", "cache-family-run", "prepare-full", "--input", "/a", "--output", "/b"]
+    ) == ["prepare-full", "--input", "/a", "--output", "/b"]
+
+
+def test_the_operator_guide_spelling_runs_preparation(
+    box: Toolbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    op = write_operator(box, tmp_path / "operator.json", cases=["llama"])
+    out = tmp_path / "out"
+    code = main(
+        [
+            "automation",
+            "cache-family-run",
+            "prepare-full",
+            "--input",
+            str(op),
+            "--output",
+            str(out),
+            "--",
+            "--prefix-tokens",
+            "64",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    assert [r.prefix_tokens for r in load_prepared_input(str(out / INPUT_NAME)).rows] == [64]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cli.py's REMAINDER positional does not accept "
+    "--prefix-tokens after --output without '--' (fix requested from cli owner)",
+)
+def test_overrides_without_a_separator(box: Toolbox, tmp_path: Path) -> None:
+    op = write_operator(box, tmp_path / "operator.json", cases=["llama"])
+    args = build_parser().parse_args(
+        [
+            "prepare-full",
+            "--input",
+            str(op),
+            "--output",
+            str(tmp_path / "out"),
+            "--prefix-tokens",
+            "64",
+        ]
+    )
+    assert args.overrides == ["--prefix-tokens", "64"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cli.py passes help=argparse.SUPPRESS to add_parser, "
+    "which Python 3.11 lists as '==SUPPRESS=='; omitting help hides it "
+    "(fix requested from cli owner)",
+)
+def test_the_worker_command_is_hidden() -> None:
+    assert "prepare-worker" not in build_parser().format_help()
