@@ -76,6 +76,17 @@ PRIVATE_ENV_NAMES = (
 )
 BASE_PATH = "/usr/bin:/bin"
 
+# Custody refusal code -> the journal's fault kind (schemas/journal.py FAULT_KINDS).
+FAULT_KIND_OF_CODE: Mapping[str, str] = {
+    "custody.port_busy": "port_busy",
+    "custody.port_unavailable": "port_busy",
+    "custody.state_dir": "spawn_failed",
+    "custody.spawn_failed": "spawn_failed",
+    "custody.child_exited": "child_exited",
+    "custody.marker_timeout": "marker_missing",
+    "custody.readiness_failed": "readiness_failed",
+}
+
 HEALTH_TRY_SECONDS = 2.0
 HEALTH_GAP_SECONDS = 0.05
 HEALTH_BODY_LIMIT = 64 * KIB
