@@ -1,0 +1,319 @@
+"""``cache-family replay``: a run directory written by the real writer replays identically;
+edits, truncation, torn tails and consistent forgeries are caught; ``--reap`` ends real
+children that still match the journal and leaves reused pids alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from cache_family.actors.journal import (
+    JournalWriter,
+    journal_path,
+    publish_cell_receipt,
+    publish_row_receipt,
+)
+from cache_family.actors.replay import replay, replay_command
+from cache_family.cli import main as cli_main
+from cache_family.schemas.journal import (
+    ArmPlan,
+    ChildSpawned,
+    JournalChain,
+    Record,
+    decode_line,
+    encode_journal,
+)
+from cache_family.states.cell import CellEvent, RowEvent
+from cell_journal_builder import CellScript, RowScript, row_records, run_started
+
+
+def build_run(run_dir: Path, *, drift: bool = False) -> None:
+    """One row, a serial and a concurrent cell, every receipt published through the writer."""
+
+    async def main() -> None:
+        writer = JournalWriter(journal_path(str(run_dir)))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            row = RowScript(0)
+            await writer.append(run_started())
+            await writer.append(
+                row_records(0, [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")])
+            )
+            row.fire(RowEvent.CORRECTNESS_NOT_RUN)
+            await writer.append(row.records[-1])
+            cells = [
+                CellScript(
+                    cell_id="cell-0000/native-serial",
+                    arm="native-serial",
+                    kind="serial",
+                    rungs=((1, 3),),
+                ),
+                CellScript(cell_id="cell-0000/native-concurrent"),
+            ]
+            for script in cells:
+                script.happy(drift=drift and script.kind == "concurrent")
+                for record in script.records:
+                    await writer.append(record)
+                (run_dir / script.cell_id).mkdir(parents=True)
+                await publish_cell_receipt(
+                    writer, str(run_dir), script.cell_id, f"{script.cell_id}/cell.json"
+                )
+                script.fire(CellEvent.RECEIPT_PUBLISHED)
+                await writer.append(script.records[-1])
+                row.fire(RowEvent.ARM_FINISHED)
+                await writer.append(row.records[-1])
+            row.fire(RowEvent.ARMS_EXHAUSTED)
+            await writer.append(row.records[-1])
+            await publish_row_receipt(writer, str(run_dir), 0, "cell-0000/row.json")
+            row.fire(RowEvent.RECEIPT_PUBLISHED)
+            await writer.append(row.records[-1])
+            await writer.aclose()
+
+    trio.run(main)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    out.mkdir()
+    build_run(out)
+    return out
+
+
+def journal_lines(run_dir: Path) -> list[bytes]:
+    return (run_dir / "journal.jsonl").read_bytes().split(b"\n")[:-1]
+
+
+def write_lines(run_dir: Path, lines: list[bytes]) -> None:
+    (run_dir / "journal.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+
+
+def test_untouched_run_replays_identically(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert replay_command(str(run_dir), reap=False) == 0
+    out = capsys.readouterr().out
+    assert "hash chain intact" in out
+    assert out.count("identical cell-0000/") == 3
+    assert "replay: identical (3 identical, 0 differing)" in out
+    row = json.loads((run_dir / "cell-0000/row.json").read_text())
+    assert row["status"] == "completed" and row["receipt"] == "row"
+    cell = json.loads((run_dir / "cell-0000/native-serial/cell.json").read_text())
+    assert cell["status"] == "completed" and cell["final_state"] == "finalize"
+
+
+def test_cli_is_wired(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["replay", str(run_dir)]) == 0
+    assert "replay: identical" in capsys.readouterr().out
+
+
+def test_drifted_run_still_replays_identically(tmp_path: Path) -> None:
+    build_run(tmp_path)
+    report = replay(str(tmp_path))
+    assert report.exit_code == 0
+    build_drift = tmp_path / "drift"
+    build_drift.mkdir()
+    build_run(build_drift, drift=True)
+    assert replay(str(build_drift)).exit_code == 0
+    cell = json.loads((build_drift / "cell-0000/native-concurrent/cell.json").read_text())
+    assert cell["status"] == "incomplete" and not cell["accepted_for_parity"]
+    row = json.loads((build_drift / "cell-0000/row.json").read_text())
+    assert row["status"] == "incomplete"
+
+
+def test_edited_receipt_differs(run_dir: Path) -> None:
+    path = run_dir / "cell-0000/native-concurrent/cell.json"
+    path.write_bytes(path.read_bytes().replace(b'"status": "completed"', b'"status": "complete"'))
+    report = replay(str(run_dir))
+    assert report.exit_code == 1
+    assert report.mismatched == ["cell-0000/native-concurrent/cell.json"]
+    text = "\n".join(report.lines)
+    assert "changed after it was published" in text and "at byte" in text
+
+
+def test_edited_journal_line_reports_first_bad_seq(run_dir: Path) -> None:
+    lines = journal_lines(run_dir)
+    k = 12
+    lines[k - 1] = lines[k - 1].replace(b'"wall_ns":1', b'"wall_ns":2', 1)
+    write_lines(run_dir, lines)
+    report = replay(str(run_dir))
+    assert report.exit_code == 1 and report.first_bad_seq == k
+    assert f"first bad seq {k}" in report.lines[0]
+
+
+def test_reordered_journal(run_dir: Path) -> None:
+    lines = journal_lines(run_dir)
+    lines[20], lines[21] = lines[21], lines[20]
+    write_lines(run_dir, lines)
+    report = replay(str(run_dir))
+    assert report.exit_code == 1 and report.first_bad_seq == 21
+
+
+def test_torn_tail(run_dir: Path) -> None:
+    data = (run_dir / "journal.jsonl").read_bytes()
+    count = data.count(b"\n")
+    (run_dir / "journal.jsonl").write_bytes(data[:-15])
+    report = replay(str(run_dir))
+    assert report.exit_code == 1 and report.first_bad_seq == count
+    assert "journal.line.torn" in report.lines[0]
+
+
+def test_truncated_journal_leaves_receipts_unaccounted(run_dir: Path) -> None:
+    lines = journal_lines(run_dir)
+    published = [i for i, line in enumerate(lines) if b'"receipt_published"' in line]
+    cut = published[1]  # keep the first cell receipt's publication, lose the rest
+    write_lines(run_dir, lines[:cut])
+    report = replay(str(run_dir))
+    assert report.exit_code == 1
+    assert report.identical == ["cell-0000/native-serial/cell.json"]
+    text = "\n".join(report.lines)
+    assert "cell-0000/row.json" in text
+    assert f"first missing seq {cut + 1}" in text
+    assert report.first_bad_seq == cut + 1
+
+
+def test_consistent_forgery_is_caught_by_refolding(run_dir: Path) -> None:
+    """Rewrite the journal with a valid chain but one observation changed: the chain checks out,
+    the re-folded receipt does not match the published bytes."""
+    records: list[Record] = [decode_line(line).record for line in journal_lines(run_dir)]
+    for i, record in enumerate(records):
+        if type(record).__name__ == "Ready" and record.cell_id == "cell-0000/native-concurrent":  # type: ignore[union-attr]
+            records[i] = type(record)(cell_id=record.cell_id, url=record.url, attempts=9)  # type: ignore[call-arg, union-attr]
+    original = [decode_line(line) for line in journal_lines(run_dir)]
+    chain = JournalChain()
+    forged = b""
+    for old, record in zip(original, records, strict=True):
+        _, data = chain.line(record, mono_ns=old.mono_ns, wall_ns=old.wall_ns)
+        forged += data
+    (run_dir / "journal.jsonl").write_bytes(forged)
+    report = replay(str(run_dir))
+    assert report.exit_code == 1
+    assert "hash chain intact" in report.lines[0]
+    assert "cell-0000/native-concurrent/cell.json" in report.mismatched
+    assert "cell-0000/row.json" not in report.mismatched  # the row brief has no readiness
+    assert any("re-folded bytes differ" in line and "attempts" in line for line in report.lines)
+
+
+def test_missing_receipt_file_differs(run_dir: Path) -> None:
+    (run_dir / "cell-0000/row.json").unlink()
+    report = replay(str(run_dir))
+    assert report.exit_code == 1 and "cell-0000/row.json" in report.mismatched
+
+
+def test_planted_receipt_is_not_accounted_for(run_dir: Path) -> None:
+    (run_dir / "cell-0001").mkdir()
+    (run_dir / "cell-0001/row.json").write_text('{"journal_through_seq": 3}\n')
+    report = replay(str(run_dir))
+    assert report.exit_code == 1
+    assert any("no receipt_published record" in line for line in report.lines)
+
+
+def test_unreadable_journals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert replay_command(str(tmp_path), reap=False) == 2
+    assert "file.missing" in capsys.readouterr().out
+    (tmp_path / "journal.jsonl").write_bytes(b"")
+    assert replay(str(tmp_path)).exit_code == 2
+    chain = JournalChain()
+    _, first = chain.line(run_started(), mono_ns=0, wall_ns=0)
+    newer = json.dumps(
+        {
+            "seq": 2,
+            "mono_ns": 1,
+            "wall_ns": 1,
+            "prev": chain.prev,
+            "record": {"type": "power_sample", "watts": 250},
+        },
+        separators=(",", ":"),
+    ).encode()
+    (tmp_path / "journal.jsonl").write_bytes(first + newer + b"\n")
+    report = replay(str(tmp_path))
+    assert report.exit_code == 2
+    assert "journal.record.unknown_type" in report.lines[0]
+
+
+# --- reaping real processes -----------------------------------------------------------------
+
+CHILD_WAITS_ON_STDIN = "import sys; print('ready', flush=True); sys.stdin.read()"
+FAULT_CHILD_IGNORES_SIGTERM = (
+    "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); sys.stdin.read()"
+)
+
+
+def spawn_child(code: str) -> subprocess.Popen[bytes]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    return child
+
+
+def journal_children(run_dir: Path, children: list[tuple[int, float]]) -> None:
+    records: list[Record] = [run_started()]
+    for pid, create_time in children:
+        records.append(
+            ChildSpawned(
+                cell_id="cell-0000/native-serial",
+                pid=pid,
+                create_time=create_time,
+                argv_sha256=hashlib.sha256(b"argv").hexdigest(),
+            )
+        )
+    (run_dir / "journal.jsonl").write_bytes(encode_journal(records))
+
+
+def test_reap_ends_a_journaled_child(tmp_path: Path) -> None:
+    child = spawn_child(CHILD_WAITS_ON_STDIN)
+    try:
+        journal_children(tmp_path, [(child.pid, psutil.Process(child.pid).create_time())])
+        report = replay(str(tmp_path), reap=True, reap_grace_s=10)
+        # replay reaped its exit status (it is our child here), so only its absence is visible.
+        assert not psutil.pid_exists(child.pid)
+        assert f"reap: ended with SIGTERM: [{child.pid}]" in report.lines
+        assert not any("SIGKILL" in line for line in report.lines)
+        assert report.exit_code == 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_reap_kills_a_child_that_ignores_sigterm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    child = spawn_child(FAULT_CHILD_IGNORES_SIGTERM)
+    try:
+        journal_children(tmp_path, [(child.pid, psutil.Process(child.pid).create_time())])
+        assert replay_command(str(tmp_path), reap=True, reap_grace_s=0.3) == 0
+        assert not psutil.pid_exists(child.pid)
+        assert f"killed with SIGKILL after 0.3 s: [{child.pid}]" in capsys.readouterr().out
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_reap_leaves_a_reused_pid_alone(tmp_path: Path) -> None:
+    me = psutil.Process(os.getpid())
+    gone = spawn_child(CHILD_WAITS_ON_STDIN)
+    gone_create = psutil.Process(gone.pid).create_time()
+    gone.kill()
+    gone.wait()
+    # Our own pid with another create time stands for a pid the kernel handed to someone else.
+    journal_children(tmp_path, [(me.pid, me.create_time() - 1000.0), (gone.pid, gone_create)])
+    report = replay(str(tmp_path), reap=True, reap_grace_s=0.1)
+    assert me.is_running()
+    text = "\n".join(report.lines)
+    assert (
+        f"pid {me.pid} (host, cell cell-0000/native-serial) now belongs to another process" in text
+    )
+    assert f"pid {gone.pid} (host, cell cell-0000/native-serial) is not running" in text
