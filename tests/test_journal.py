@@ -416,3 +416,93 @@ async def test_published_cell_receipt_is_the_fold_of_the_file(
     assert isinstance(read.lines[1].record, CellOpened)
     assert isinstance(read.lines[2].record, PinObserved)
     assert isinstance(read.lines[0].record, RunStarted)
+
+
+# The field order of every record as first published. The evolution rule lets a record grow
+# only at the end, with defaults; renaming, retyping or reordering breaks old journals.
+PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
+    "run_started": ("run_id", "request_sha256", "catalog_sha256", "tool_version"),
+    "cancellation": ("cell_id", "signal", "detail"),
+    "deadline_expired": ("cell_id", "budget", "detail"),
+    "interrupt_finish_failed": ("detail",),
+    "row_opened": (
+        "row_index",
+        "row_key",
+        "case_key",
+        "prefix_tokens",
+        "use_case",
+        "row_dir",
+        "model_status",
+        "arms",
+    ),
+    "cell_opened": (
+        "cell_id",
+        "row_index",
+        "row_key",
+        "arm",
+        "cohort",
+        "cell_dir",
+        "measurement_kind",
+        "rungs",
+        "ttft_slo_ms",
+        "tpot_slo_ms",
+    ),
+    "transition": ("machine", "cell_id", "row_index", "from_state", "event", "to_state"),
+    "pin_observed": ("cell_id", "phase", "name", "path", "expected_sha256", "observed_sha256"),
+    "pin_drift": ("cell_id", "phase", "name", "path", "expected_sha256", "observed_sha256"),
+    "port_reserved": ("cell_id", "port"),
+    "child_spawned": ("cell_id", "role", "pid", "create_time", "pgid", "argv_sha256", "executable"),
+    "listening_marker_seen": ("cell_id", "pid", "port", "marker"),
+    "ready": ("cell_id", "url", "attempts", "elapsed_ms"),
+    "warmup_exclusion": ("cell_id", "rung_index", "request_ids", "reason"),
+    "request_outcome": ("cell_id", "rung_index", "concurrency", "row"),
+    "rung_completed": (
+        "cell_id",
+        "rung_index",
+        "concurrency",
+        "requested_requests",
+        "status",
+        "makespan_seconds",
+        "prompt_sha256",
+        "output_tokens",
+        "host_pid",
+        "host_create_time",
+        "stop_reason",
+    ),
+    "fault": ("cell_id", "kind", "detail", "pid"),
+    "cleanup_outcome": (
+        "cell_id",
+        "pid",
+        "graceful",
+        "forced",
+        "exit_code",
+        "surviving_descendants",
+        "port_free",
+        "state_dir_removed",
+        "elapsed_ms",
+        "detail",
+    ),
+    "receipt_published": ("scope", "cell_id", "row_index", "path", "sha256", "through_seq"),
+}
+
+
+@pytest.mark.parametrize("record_type", RECORD_TYPES, ids=lambda t: t.__name__)
+def test_records_only_grow_at_the_end_with_defaults(record_type: type) -> None:
+    tag = record_type.__struct_config__.tag
+    fields = tuple(record_type.__struct_fields__)
+    published = PUBLISHED_FIELDS[tag]
+    assert fields[: len(published)] == published
+    added = fields[len(published) :]
+    defaults = (
+        dict(
+            zip(
+                fields[-len(record_type.__struct_defaults__) :],
+                record_type.__struct_defaults__,
+                strict=True,
+            )
+        )
+        if added
+        else {}
+    )
+    assert all(name in defaults for name in added), f"{tag}: new fields need defaults"
+    assert record_type.__struct_config__.frozen

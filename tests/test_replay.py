@@ -27,11 +27,13 @@ from cache_family.schemas.journal import (
     ArmPlan,
     ChildSpawned,
     JournalChain,
+    ReceiptPublished,
     Record,
     decode_line,
     encode_journal,
 )
 from cache_family.states.cell import CellEvent, RowEvent
+from cache_family.states.fold import REFOLDERS, JournalIndex, register_refolder
 from cell_journal_builder import CellScript, RowScript, row_records, run_started
 
 
@@ -317,3 +319,32 @@ def test_reap_leaves_a_reused_pid_alone(tmp_path: Path) -> None:
         f"pid {me.pid} (host, cell cell-0000/native-serial) now belongs to another process" in text
     )
     assert f"pid {gone.pid} (host, cell cell-0000/native-serial) is not running" in text
+
+
+def test_receipt_scopes_come_from_the_refolder_registry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    matrix = b'{"receipt": "matrix", "status": "completed"}\n'
+    (tmp_path / "cache-family-matrix.json").write_bytes(matrix)
+    published = ReceiptPublished(
+        scope="matrix",
+        path="cache-family-matrix.json",
+        sha256=hashlib.sha256(matrix).hexdigest(),
+        through_seq=1,
+    )
+    (tmp_path / "journal.jsonl").write_bytes(encode_journal([run_started(), published]))
+    report = replay(str(tmp_path))
+    assert report.exit_code == 2
+    assert any("fold.scope.unsupported" in line for line in report.lines)
+
+    seen: list[int] = []
+
+    def refold_matrix(index: JournalIndex, record: ReceiptPublished) -> bytes:
+        seen.append(index.last_seq)
+        return matrix if record.through_seq == 1 else b""
+
+    monkeypatch.setitem(REFOLDERS, "matrix", refold_matrix)
+    assert replay(str(tmp_path)).exit_code == 0
+    assert seen == [2]
+    with pytest.raises(ValueError, match="already registered"):
+        register_refolder("matrix", lambda index, record: b"")

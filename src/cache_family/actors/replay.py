@@ -20,6 +20,8 @@ cannot be read at all (missing, unreadable, written by a newer version).
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -49,6 +51,9 @@ EXIT_UNREADABLE: Final = 2
 RECEIPT_READ_LIMIT: Final = 64 * MIB
 RECEIPT_NAMES: Final = frozenset(("cell.json", "row.json"))
 CREATE_TIME_TOLERANCE_S: Final = 0.01
+# Pure modules that register refolders for further receipt scopes (states.fold.REFOLDERS),
+# imported when present so replay can re-fold every receipt a run publishes.
+OPTIONAL_REFOLD_MODULES: Final = ("cache_family.states.matrix",)
 
 
 @dataclass
@@ -80,7 +85,14 @@ def replay_command(run_dir: str, *, reap: bool, reap_grace_s: float = 5.0) -> in
     return report.exit_code
 
 
+def _load_refolders() -> None:
+    for module in OPTIONAL_REFOLD_MODULES:
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+
+
 def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> ReplayReport:
+    _load_refolders()
     report = ReplayReport()
     root = str(Path(run_dir).absolute())
     journal_file = os.path.join(root, JOURNAL_FILENAME)

@@ -26,7 +26,7 @@ Rules the fold applies (see ``states/receipts.py`` for the lattice):
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 from cache_family.errors import Refused
@@ -799,25 +799,62 @@ def _row_of(record: object) -> int | None:
     return None
 
 
-def refold(index: JournalIndex, published: ReceiptPublished) -> bytes:
-    """The canonical bytes the fold gives for a published receipt (what replay compares)."""
-    if published.scope == "cell" and published.cell_id is not None:
-        receipt: CellReceipt | RowReceipt = fold_cell(
+Refolder = Callable[[JournalIndex, ReceiptPublished], bytes]
+
+
+def _refold_cell(index: JournalIndex, published: ReceiptPublished) -> bytes:
+    if published.cell_id is None:
+        raise _bad_publication(published, "names no cell_id")
+    return encode_receipt(
+        fold_cell(
             index.lines_for_cell(published.cell_id),
             published.cell_id,
             through_seq=published.through_seq,
         )
-    elif published.scope == "row" and published.row_index is not None:
-        receipt = fold_row(
+    )
+
+
+def _refold_row(index: JournalIndex, published: ReceiptPublished) -> bytes:
+    if published.row_index is None:
+        raise _bad_publication(published, "names no row_index")
+    return encode_receipt(
+        fold_row(
             index.lines_for_row(published.row_index),
             published.row_index,
             through_seq=published.through_seq,
         )
-    else:
+    )
+
+
+# Receipt scopes replay can re-fold. Another pure module adds its own (the matrix receipt)
+# with ``register_refolder`` at import time; ``actors/replay.py`` imports such modules.
+REFOLDERS: dict[str, Refolder] = {"cell": _refold_cell, "row": _refold_row}
+
+
+def register_refolder(scope: str, refolder: Refolder) -> None:
+    existing = REFOLDERS.get(scope)
+    if existing is not None and existing is not refolder:
+        raise ValueError(f"a refolder for {scope!r} receipts is already registered")
+    REFOLDERS[scope] = refolder
+
+
+def _bad_publication(published: ReceiptPublished, why: str) -> Refused:
+    return Refused.one(
+        "fold.publication.invalid",
+        "$.receipt_published",
+        f"the {published.scope!r} publication of {published.path} {why}",
+        "the journal was written by a faulty or foreign writer",
+    )
+
+
+def refold(index: JournalIndex, published: ReceiptPublished) -> bytes:
+    """The canonical bytes the fold gives for a published receipt (what replay compares)."""
+    refolder = REFOLDERS.get(published.scope)
+    if refolder is None:
         raise Refused.one(
             "fold.scope.unsupported",
             "$.scope",
             f"this version cannot refold a {published.scope!r} receipt",
             "replay with the cache-family version that wrote the journal, or a newer one",
         )
-    return encode_receipt(receipt)
+    return refolder(index, published)
