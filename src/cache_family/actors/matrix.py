@@ -1,0 +1,572 @@
+"""``cache-family run --input PREPARED --output FRESH``: the matrix supervisor.
+
+Admission (nothing is written unless all of it passes; refusals exit 2):
+  * ``--input`` and ``--output`` are absolute; the input is a regular file of at most 1 MiB
+    that decodes as ``cache-family-input.json``; the corpora its rows need still match their
+    pins; the output's parent is a real directory and the output does not exist yet.
+
+The run (one trio task tree):
+  * a journal writer (``actors/journal.py``) that outlives every other task;
+  * a signal watcher: the first SIGINT/SIGTERM is journaled as a run-wide cancellation and
+    cancels the rows; a second one shortens the SIGTERM grace of every host in custody, but
+    cleanup always runs;
+  * a deadline watcher: at ``execution_seconds`` it journals the run-wide deadline expiry and
+    cancels the rows the same way (so every receipt folded afterwards sees it);
+  * the rows, strictly in plan order (``actors/row.py``), each publishing its ``row.json``.
+
+Afterwards the signal handlers are restored and checked (a failure is the reference's
+"interrupt-finish" refusal), and ``cache-family-matrix.json`` is published: one entry per
+planned row, the status the row's receipt reached and where its evidence lies. Cancellation,
+deadline expiry and a failed interrupt-finish make the matrix ``incomplete`` with a
+``terminal_refusal``. Exit codes: 0 completed, 1 incomplete or failed, 2 refused, 130
+interrupted by a signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import stat
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TextIO
+
+import msgspec
+import trio
+
+from cache_family import __version__
+from cache_family.actors.cell import (
+    Budgets,
+    HostOpener,
+    PinHasher,
+    RunContext,
+    RunStop,
+    hash_pins_in_threads,
+    real_host_opener,
+)
+from cache_family.actors.journal import JournalWriter, journal_path
+from cache_family.actors.prompts import PromptSelector
+from cache_family.actors.publish import publish_fresh
+from cache_family.actors.row import RowActor, RowResult
+from cache_family.errors import Refused
+from cache_family.schemas.bounded import MIB, read_bounded
+from cache_family.schemas.journal import (
+    Cancellation,
+    DeadlineExpired,
+    InterruptFinishFailed,
+    RunStarted,
+)
+from cache_family.schemas.prepared import PreparedInput, PreparedRow, decode_document
+from cache_family.states.receipts import UNMEASURED, is_measured, meet, meet_all
+
+MATRIX_FILENAME: Final = "cache-family-matrix.json"
+MATRIX_SCHEMA_VERSION: Final = 1
+RUN_INPUT_MAX_BYTES: Final = 1 * MIB
+MATRIX_SCOPE: Final = (
+    "native arms (serial baseline and concurrent ladder) of every present row, measured "
+    "against llama-server; the correctness and paired serving arms are not built yet; pins "
+    "describe observed local bytes, not build attestation"
+)
+PIPELINE_FAILED: Final = "owned_plan_or_matrix_execution_refused"
+
+EXIT_COMPLETED: Final = 0
+EXIT_NOT_COMPLETED: Final = 1
+EXIT_REFUSED: Final = 2
+EXIT_INTERRUPTED: Final = 130
+
+_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
+
+
+# --- journal adapter (see actors/cell.py for why these subclasses exist) ----------------------
+
+
+class PlannedRowBrief(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    case: str
+    prefix_tokens: int
+    use_case: str | None
+    model_status: str
+    output_relative: str
+
+
+class RunStartedWithPlan(RunStarted, tag="run_started", frozen=True, kw_only=True):
+    """``run_started`` plus the planned rows and budgets, so the journal names the whole plan."""
+
+    input_path: str = ""
+    execution_seconds: int | None = None
+    cell_seconds: int | None = None
+    request_timeout_ms: int | None = None
+    # The operator's OMP_NUM_THREADS (every host also gets it as llama-server -t).
+    operator_threads: str | None = None
+    planned_rows: tuple[PlannedRowBrief, ...] = ()
+
+
+# --- admission ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedRun:
+    prepared: PreparedInput
+    input_path: str
+    request_sha256: str
+    output: str
+    prompts: PromptSelector
+
+
+def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = None) -> AdmittedRun:
+    """Every check that needs no output directory; raises ``Refused`` with all it found."""
+    problems: list[Refused] = []
+    for name, value in (("input", input_path), ("output", output)):
+        if not os.path.isabs(value):
+            problems.append(
+                Refused.one(
+                    "run.not_absolute",
+                    f"$.{name}",
+                    f"--{name} {value!r} is not an absolute path",
+                    "give absolute paths",
+                )
+            )
+    if problems:
+        raise Refused(tuple(r for p in problems for r in p.refusals))
+    output = os.path.normpath(output)
+    parent = os.path.dirname(output)
+    try:
+        parent_mode = os.lstat(parent).st_mode
+    except OSError:
+        parent_mode = 0
+    if not stat.S_ISDIR(parent_mode):
+        problems.append(
+            Refused.one(
+                "run.output_parent",
+                "$.output",
+                f"the parent of {output} is not a real directory",
+                "create the parent directory (not a symlink) first",
+            )
+        )
+    if os.path.lexists(output):
+        problems.append(
+            Refused.one(
+                "run.output_exists",
+                "$.output",
+                f"{output} already exists",
+                "a run writes into a fresh directory; choose a new --output",
+            )
+        )
+    try:
+        raw = read_bounded(input_path, RUN_INPUT_MAX_BYTES, what="prepared input")
+        prepared = decode_document(raw.data, PreparedInput, what="prepared input")
+        prompts = PromptSelector(prepared, fixed_corpus_path=fixed_corpus_path)
+        prompts.check()
+    except Refused as refused:
+        problems.append(refused)
+        raise Refused(tuple(r for p in problems for r in p.refusals)) from None
+    if problems:
+        raise Refused(tuple(r for p in problems for r in p.refusals))
+    return AdmittedRun(
+        prepared=prepared,
+        input_path=raw.path,
+        request_sha256=raw.sha256,
+        output=output,
+        prompts=prompts,
+    )
+
+
+# --- the matrix receipt (pure) --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixOutcome:
+    status: str
+    document: dict[str, Any]
+    interrupted: bool
+
+
+def row_entry(row: PreparedRow, result: RowResult | None) -> dict[str, Any]:
+    """One row of the matrix: the plan's identity and what the row reached."""
+    outcome: dict[str, Any]
+    if result is None:
+        outcome = (
+            {"status": "missing-model", "launched": False}
+            if not row.model_observation.present
+            else {"status": "not-launched", "reason": "cancellation_or_deadline"}
+        )
+    elif result.status == "missing-model":
+        outcome = {"status": "missing-model", "launched": False}
+    elif result.evidence is not None:
+        outcome = {"status": result.status, "evidence": result.evidence}
+    else:
+        outcome = {"status": result.status, "reason": result.reason}
+    return {
+        "index": row.index,
+        "case": row.key,
+        "prefix_tokens": row.prefix_tokens,
+        "use_case": row.use_case,
+        "result": outcome,
+    }
+
+
+def matrix_document(
+    prepared: PreparedInput,
+    request_sha256: str,
+    results: Mapping[int, RowResult],
+    terminal_refusal: str | None,
+) -> dict[str, Any]:
+    """``cache-family-matrix.json``: completed only if every measured row completed and the
+    run was neither cancelled, out of time, nor unable to restore its signal handlers."""
+    entries = [row_entry(row, results.get(row.index)) for row in prepared.rows]
+    measured = [
+        entry["result"]["status"]
+        for entry in entries
+        if entry["result"]["status"] not in UNMEASURED and is_measured(entry["result"]["status"])
+    ]
+    status = meet_all(measured)
+    if terminal_refusal is not None:
+        status = meet(status, "incomplete")
+    document: dict[str, Any] = {
+        "schema_version": MATRIX_SCHEMA_VERSION,
+        "status": status,
+        "scope": MATRIX_SCOPE,
+        "request_sha256": request_sha256,
+        "catalog_sha256": prepared.catalog.sha256,
+        "planned_cells": len(prepared.rows),
+        "rows": entries,
+        "promotion": None,
+    }
+    if terminal_refusal is not None:
+        document["terminal_refusal"] = terminal_refusal
+    return document
+
+
+def encode_matrix(document: Mapping[str, Any]) -> bytes:
+    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+# --- progress -----------------------------------------------------------------------------------
+
+
+class Progress:
+    """One plain line per row on stderr (not a terminal: logs, CI)."""
+
+    def __init__(self, stream: TextIO, total: int) -> None:
+        self.stream = stream
+        self.total = total
+
+    def start(self, run_dir: str) -> None:
+        print(f"run: {self.total} planned row(s) -> {run_dir}", file=self.stream, flush=True)
+
+    def row_started(self, row: PreparedRow) -> None:
+        del row
+
+    def transition(self, cell_id: str, state: str) -> None:
+        del cell_id, state
+
+    def row_finished(self, row: PreparedRow, result: RowResult, seconds: float) -> None:
+        detail = f" ({result.reason})" if result.reason and result.status != "completed" else ""
+        print(
+            f"row {row.index + 1}/{self.total} {row.output_relative}: {result.status}{detail}"
+            f" [{seconds:.1f}s]",
+            file=self.stream,
+            flush=True,
+        )
+
+    def note(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class RichProgress(Progress):
+    """A live rows bar naming the row and the cell state (stderr is a terminal)."""
+
+    def __init__(self, stream: TextIO, total: int) -> None:
+        super().__init__(stream, total)
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichBar
+
+        self._console = Console(file=stream)
+        self._bar = RichBar(
+            TextColumn("[bold]rows"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=self._console,
+        )
+        self._task = self._bar.add_task("", total=total)
+        self._row = ""
+
+    def start(self, run_dir: str) -> None:
+        self._bar.start()
+        self._console.print(f"run: {self.total} planned row(s) -> {run_dir}")
+
+    def row_started(self, row: PreparedRow) -> None:
+        self._row = row.output_relative
+        self._bar.update(self._task, description=self._row)
+
+    def transition(self, cell_id: str, state: str) -> None:
+        self._bar.update(self._task, description=f"{self._row}  {cell_id}: {state}")
+
+    def row_finished(self, row: PreparedRow, result: RowResult, seconds: float) -> None:
+        colour = {"completed": "green", "missing-model": "dim"}.get(result.status, "yellow")
+        self._console.print(
+            f"row {row.index + 1}/{self.total} {row.output_relative}: "
+            f"[{colour}]{result.status}[/{colour}] [{seconds:.1f}s]"
+        )
+        self._bar.advance(self._task)
+
+    def note(self, text: str) -> None:
+        self._console.print(text)
+
+    def close(self) -> None:
+        self._bar.stop()
+
+
+def progress_for(stream: TextIO, total: int) -> Progress:
+    isatty = getattr(stream, "isatty", None)
+    if isatty is not None and isatty():
+        return RichProgress(stream, total)
+    return Progress(stream, total)
+
+
+# --- the supervisor -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RunOptions:
+    """Seams for tests; a real run uses the defaults."""
+
+    host_opener: HostOpener = real_host_opener
+    pin_hasher: PinHasher = hash_pins_in_threads
+    host_port: int = 0
+    grace_seconds: float = 5.0
+    kill_wait_seconds: float = 5.0
+    cleanup_bound_seconds: float = 30.0
+    progress: Progress | None = None
+    # Called with the run context once the run starts (tests reach its stop and writer).
+    on_started: Callable[[RunContext], None] | None = None
+    results: dict[int, RowResult] = field(default_factory=dict)
+
+
+async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) -> MatrixOutcome:
+    """Run every row in order under the run's budgets and signals; publish the matrix."""
+    options = options or RunOptions()
+    prepared = admitted.prepared
+    run_dir = admitted.output
+    progress = options.progress or Progress(sys.stderr, len(prepared.rows))
+    writer = JournalWriter(journal_path(run_dir))
+    stop = RunStop(run_deadline=trio.current_time() + prepared.execution_seconds)
+    ctx = RunContext(
+        writer=writer,
+        run_dir=run_dir,
+        budgets=Budgets(
+            run_deadline=stop.run_deadline,
+            cell_seconds=float(prepared.cell_seconds),
+            request_timeout_ms=prepared.request_timeout_ms,
+        ),
+        stop=stop,
+        host_opener=options.host_opener,
+        pin_hasher=options.pin_hasher,
+        host_port=options.host_port,
+        grace_seconds=options.grace_seconds,
+        kill_wait_seconds=options.kill_wait_seconds,
+        cleanup_bound_seconds=options.cleanup_bound_seconds,
+        on_transition=progress.transition,
+    )
+    results = options.results
+    terminal: str | None = None
+    async with trio.open_nursery() as writer_nursery:
+        await writer_nursery.start(writer.run)
+        try:
+            await writer.append(_run_started(admitted))
+            if options.on_started is not None:
+                options.on_started(ctx)
+            progress.start(run_dir)
+            restored = await _rows_under_signals(admitted, ctx, progress, results)
+            if stop.signal_name is not None:
+                terminal = "cancelled"
+            elif stop.deadline_hit:
+                terminal = "deadline_expired"
+            if not restored:
+                await writer.append(
+                    InterruptFinishFailed(detail="SIGINT/SIGTERM handlers were not restored")
+                )
+                terminal = terminal or "interrupt_finish_failed"
+            document = matrix_document(prepared, admitted.request_sha256, results, terminal)
+            await writer.sync()
+        except Exception as exc:
+            document = {
+                "schema_version": MATRIX_SCHEMA_VERSION,
+                "status": "failed",
+                "reason": PIPELINE_FAILED,
+                "detail": str(exc)[:2000],
+                "request_sha256": admitted.request_sha256,
+            }
+            progress.note(f"run failed: {exc}")
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    await writer.aclose()
+                except Refused as refused:
+                    progress.note(f"journal: {refused}")
+            progress.close()
+    await trio.to_thread.run_sync(
+        publish_fresh, os.path.join(run_dir, MATRIX_FILENAME), encode_matrix(document)
+    )
+    return MatrixOutcome(
+        status=str(document["status"]),
+        document=document,
+        interrupted=stop.signal_name is not None,
+    )
+
+
+def _run_started(admitted: AdmittedRun) -> RunStartedWithPlan:
+    prepared = admitted.prepared
+    threads = prepared.environment.get("OMP_NUM_THREADS")
+    return RunStartedWithPlan(
+        run_id=f"run-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}",
+        request_sha256=admitted.request_sha256,
+        catalog_sha256=prepared.catalog.sha256,
+        tool_version=__version__,
+        input_path=admitted.input_path,
+        execution_seconds=prepared.execution_seconds,
+        cell_seconds=prepared.cell_seconds,
+        request_timeout_ms=prepared.request_timeout_ms,
+        operator_threads=threads,
+        planned_rows=tuple(
+            PlannedRowBrief(
+                index=row.index,
+                case=row.key,
+                prefix_tokens=row.prefix_tokens,
+                use_case=row.use_case,
+                model_status=row.model_observation.status,
+                output_relative=row.output_relative,
+            )
+            for row in prepared.rows
+        ),
+    )
+
+
+async def _rows_under_signals(
+    admitted: AdmittedRun,
+    ctx: RunContext,
+    progress: Progress,
+    results: dict[int, RowResult],
+) -> bool:
+    """Run the rows with SIGINT/SIGTERM turned into cancellation; True if handlers restored."""
+    before = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+    with trio.open_signal_receiver(*_SIGNALS) as signals:
+        async with trio.open_nursery() as watchers:
+            rows_scope = trio.CancelScope()
+            watchers.start_soon(_watch_signals, signals, ctx, rows_scope, progress)
+            watchers.start_soon(_watch_deadline, ctx, rows_scope, progress)
+            with rows_scope:
+                await _rows(admitted, ctx, progress, results)
+            watchers.cancel_scope.cancel()
+    after = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+    return after == before
+
+
+async def _rows(
+    admitted: AdmittedRun, ctx: RunContext, progress: Progress, results: dict[int, RowResult]
+) -> None:
+    for row in admitted.prepared.rows:
+        progress.row_started(row)
+        started = trio.current_time()
+        actor = RowActor(row, admitted.prepared, ctx, admitted.prompts)
+        try:
+            await actor.run()
+        finally:
+            if actor.result is not None:
+                results[row.index] = actor.result
+                progress.row_finished(row, actor.result, trio.current_time() - started)
+
+
+async def _watch_signals(
+    signals: Any, ctx: RunContext, rows_scope: trio.CancelScope, progress: Progress
+) -> None:
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        if ctx.stop.signal_name is None and not ctx.stop.deadline_hit:
+            ctx.stop.signal_name = name
+            # Stamped before the rows see the cancellation, so every later fold sees it.
+            ctx.writer.append_nowait(
+                Cancellation(cell_id=None, signal=name, detail="run cancelled by signal")
+            )
+            rows_scope.cancel()
+            progress.note(f"{name}: cancelling; hosts are being cleaned up (again to hurry)")
+        else:
+            if ctx.stop.signal_name is None:
+                ctx.stop.signal_name = name
+            ctx.stop.shorten_grace()
+            progress.note(f"{name} again: shortening the hosts' SIGTERM grace")
+
+
+async def _watch_deadline(
+    ctx: RunContext, rows_scope: trio.CancelScope, progress: Progress
+) -> None:
+    await trio.sleep_until(ctx.stop.run_deadline)
+    if ctx.stop.signal_name is None:
+        ctx.stop.deadline_hit = True
+        ctx.writer.append_nowait(
+            DeadlineExpired(cell_id=None, budget="execution", detail="execution_seconds spent")
+        )
+        rows_scope.cancel()
+        progress.note("execution deadline reached: stopping the run")
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def run_command(input: str, output: str) -> int:
+    """The ``run`` verb: admit, create the fresh output, supervise, publish; the exit code."""
+    try:
+        admitted = admit_run(input, output)
+        _make_fresh_dir(admitted.output)
+    except Refused as refused:
+        for refusal in refused.refusals:
+            print(f"refused: {refusal.line()}", file=sys.stderr)
+        return EXIT_REFUSED
+    options = RunOptions(progress=progress_for(sys.stderr, len(admitted.prepared.rows)))
+    outcome = trio.run(supervise, admitted, options)
+    matrix = os.path.join(admitted.output, MATRIX_FILENAME)
+    print(f"{outcome.status}: {matrix}")
+    if outcome.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_COMPLETED if outcome.status == "completed" else EXIT_NOT_COMPLETED
+
+
+def _make_fresh_dir(path: str) -> None:
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        raise Refused.one(
+            "run.output_exists",
+            "$.output",
+            f"{path} already exists",
+            "a run writes into a fresh directory; choose a new --output",
+        ) from None
+    except OSError as exc:
+        raise Refused.one(
+            "run.output_unwritable",
+            "$.output",
+            f"cannot create {path}: {exc.strerror}",
+            "check the parent directory's permissions",
+        ) from None
+
+
+__all__: Sequence[str] = (
+    "MATRIX_FILENAME",
+    "AdmittedRun",
+    "MatrixOutcome",
+    "RunOptions",
+    "admit_run",
+    "matrix_document",
+    "run_command",
+    "supervise",
+)

@@ -1,0 +1,115 @@
+"""Which text a row's native arms are measured with, chosen deterministically.
+
+Until the correctness arm exists (a later issue), the benchmark prompt comes from the corpus:
+
+* a use-case row takes its use case's prompt from the prepared input's pinned corpus;
+* a full row (no use case) takes a fixed entry: the FIRST entry of the checked-in corpus, so
+  that every full row of every run is measured with the same text.
+
+The text chosen here is only the source. The host's own tokenizer then cuts it to the row's
+prefix tokens plus one suffix token (``actors/load.py``), and the cut prompt's SHA-256 is what
+the journal pins. Loading a corpus is bounded and checked against its pin once per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cache_family.errors import Refused
+from cache_family.schemas.corpus import LoadedCorpus, default_corpus_path, load_corpus
+from cache_family.schemas.prepared import PreparedInput, PreparedRow
+
+# Journaled as the prompt's origin, so a reader knows why this text was used.
+SOURCE_USE_CASE = "use-case"
+SOURCE_FIXED_CORPUS_ENTRY = "fixed-corpus-entry"
+
+
+@dataclass(frozen=True, slots=True)
+class PromptChoice:
+    """The source text of one row's benchmark prompt and where it came from."""
+
+    text: str
+    source: str  # use-case | fixed-corpus-entry
+    corpus_path: str
+    corpus_sha256: str
+    entry_key: str
+    # prefix tokens plus one suffix token: what the host's tokenizer cuts the text to.
+    target_tokens: int
+
+    @property
+    def label(self) -> str:
+        """The origin in one line, e.g. ``fixed-corpus-entry tool_calling@/…/use-cases.json``."""
+        return f"{self.source} {self.entry_key}@{self.corpus_path}"
+
+
+@dataclass(slots=True)
+class PromptSelector:
+    """Chooses prompts for the rows of one run; corpora are read at most once."""
+
+    prepared: PreparedInput
+    # Injected in tests; the checked-in corpus otherwise.
+    fixed_corpus_path: str | None = None
+    _prepared_corpus: LoadedCorpus | None = field(default=None, init=False)
+    _fixed_corpus: LoadedCorpus | None = field(default=None, init=False)
+
+    def check(self) -> None:
+        """Load every corpus the rows will need, refusing a pin that no longer matches.
+
+        Called before the run writes anything, so a changed corpus refuses the input.
+        """
+        rows = self.prepared.rows
+        if any(row.use_case is not None for row in rows):
+            self._use_case_corpus()
+        if any(row.use_case is None for row in rows):
+            self._fixed()
+
+    def choose(self, row: PreparedRow) -> PromptChoice:
+        target = row.prefix_tokens + 1
+        if row.use_case is not None:
+            loaded = self._use_case_corpus()
+            entry = loaded.corpus.use_case(row.use_case)
+            return PromptChoice(
+                text=entry.prompt,
+                source=SOURCE_USE_CASE,
+                corpus_path=loaded.path,
+                corpus_sha256=loaded.sha256,
+                entry_key=entry.key,
+                target_tokens=target,
+            )
+        loaded = self._fixed()
+        entry = loaded.corpus.use_cases[0]
+        return PromptChoice(
+            text=entry.prompt,
+            source=SOURCE_FIXED_CORPUS_ENTRY,
+            corpus_path=loaded.path,
+            corpus_sha256=loaded.sha256,
+            entry_key=entry.key,
+            target_tokens=target,
+        )
+
+    def _use_case_corpus(self) -> LoadedCorpus:
+        if self._prepared_corpus is None:
+            pinned = self.prepared.corpus
+            if pinned is None:
+                raise Refused.one(
+                    "run.prompt.no_corpus",
+                    "$.corpus",
+                    "a row names a use case but the prepared input pins no corpus",
+                    "re-run prepare-use-cases; never edit prepared documents by hand",
+                )
+            loaded = load_corpus(pinned.path)
+            if loaded.sha256 != pinned.sha256:
+                raise Refused.one(
+                    "run.prompt.corpus_drift",
+                    "$.corpus.sha256",
+                    f"corpus {pinned.path} has SHA-256 {loaded.sha256}, prepared {pinned.sha256}",
+                    "restore the corpus file or re-run preparation",
+                )
+            self._prepared_corpus = loaded
+        return self._prepared_corpus
+
+    def _fixed(self) -> LoadedCorpus:
+        if self._fixed_corpus is None:
+            path = self.fixed_corpus_path or default_corpus_path()
+            self._fixed_corpus = load_corpus(path)
+        return self._fixed_corpus

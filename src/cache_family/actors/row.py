@@ -1,0 +1,312 @@
+"""The row actor: one planned row, its arms in order through ``ROW_TABLE``, then ``row.json``.
+
+    correctness -> serial -> concurrent -> finalize
+
+* A row whose model is missing is journaled and kept, never launched: no directory, no cells.
+* The correctness arm arrives with a later issue; until then every present row journals it as
+  not run and goes straight on to the native arms.
+* ``native-serial`` and ``native-concurrent`` each run as one cell (one host session) in
+  ``cell-NNNN/native-serial`` and ``cell-NNNN/sweep-native-concurrent``; an arm the plan did not
+  schedule is journaled as skipped or unavailable with its reason.
+* ``row.json`` is folded from the journal and published even when the row was cancelled or
+  ran out of time (shielded and bounded), so nothing a row observed is ever lost.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+from cache_family.actors.cell import (
+    ARM_CONCURRENT,
+    ARM_DIRS,
+    ARM_SERIAL,
+    CellActor,
+    CellPlan,
+    RunContext,
+    pin_targets,
+)
+from cache_family.actors.journal import publish_row_receipt
+from cache_family.actors.prompts import PromptSelector
+from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan, Transition
+from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
+from cache_family.schemas.receipts import RowReceipt, decode_row_receipt
+from cache_family.states.cell import RowEvent, RowMachine, RowState, new_row_machine
+
+ROW_FINALIZE_BOUND_SECONDS: Final = 30.0
+CORRECTNESS_NOT_BUILT: Final = "correctness arm not built yet"
+PAIRED_NOT_BUILT: Final = "paired serving arm not built yet"
+
+# How the plan's skip reasons read in a row's arm list.
+_UNPLANNED: Final[dict[str, tuple[str, str]]] = {
+    "layer-package-not-full-GGUF": (
+        "unavailable",
+        "package-only model: no full GGUF, so no monolithic baseline",
+    ),
+    "skipped-by-request": ("skipped", "skip_llama_server is set in the plan"),
+    "missing-model": ("skipped", "missing-model"),
+    "paired-servers-omitted": ("skipped", "paired-servers-omitted"),
+}
+
+
+class RowOpenedWithCorrectness(RowOpened, tag="row_opened", frozen=True, kw_only=True):
+    """``row_opened`` plus what happened to the correctness arm (journal adapter, see cell.py)."""
+
+    correctness_status: str = "not-run"
+    correctness_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RowResult:
+    """What the matrix receipt says about one row."""
+
+    index: int
+    status: str
+    launched: bool
+    evidence: str | None = None  # the row.json path, relative to the run dir
+    reason: str | None = None
+    receipt: RowReceipt | None = None
+
+
+def row_dir_name(index: int) -> str:
+    return f"cell-{index:04d}"
+
+
+def _arm_plan(arm: str, planned: bool, skip_reason: SkipReason | None) -> ArmPlan:
+    if planned:
+        return ArmPlan(arm=arm)
+    status, reason = _UNPLANNED.get(skip_reason or "", ("skipped", skip_reason or "not planned"))
+    return ArmPlan(arm=arm, status=status, reason=reason)
+
+
+class RowActor:
+    """One row of the matrix. ``await RowActor(...).run()`` returns its matrix entry."""
+
+    def __init__(
+        self,
+        row: PreparedRow,
+        prepared: PreparedInput,
+        ctx: RunContext,
+        prompts: PromptSelector,
+    ) -> None:
+        self.row = row
+        self.prepared = prepared
+        self.ctx = ctx
+        self.prompts = prompts
+        self.machine: RowMachine = new_row_machine(row.index)
+        self.dir = row_dir_name(row.index)
+        self.cells: list[CellActor] = []
+        self._stop_recorded = False
+        # Set once the row is finalized, also when cancellation unwinds through ``run``.
+        self.result: RowResult | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<RowActor {self.row.index} {self.row.output_relative} "
+            f"state={self.machine.state.value} cells={len(self.cells)}>"
+        )
+
+    # -- plan --------------------------------------------------------------------------------
+
+    def arm_plans(self) -> tuple[ArmPlan, ...]:
+        tasks = self.row.tasks
+        arms = [
+            _arm_plan(ARM_SERIAL, tasks.serial_baseline.planned, tasks.serial_baseline.skip_reason),
+            _arm_plan(
+                ARM_CONCURRENT,
+                tasks.concurrent_baseline.planned,
+                tasks.concurrent_baseline.skip_reason,
+            ),
+        ]
+        if tasks.paired_serving.planned:
+            arms += [
+                ArmPlan(arm="skippy-old", status="skipped", reason=PAIRED_NOT_BUILT),
+                ArmPlan(arm="skippy-new", status="skipped", reason=PAIRED_NOT_BUILT),
+            ]
+        return tuple(arms)
+
+    def _native_profile(self) -> tuple[HostProfile | None, str | None]:
+        """The case's native host profile and, if it disagrees with the plan, why."""
+        profiles = self.prepared.profile(self.row.key)
+        if profiles is None or profiles.native is None:
+            return None, "the prepared input has no native host profile for this case"
+        native = profiles.native
+        observed = self.row.model_observation.sha256
+        if native.model_sha256 != observed:
+            return native, (
+                f"native profile pins model {native.model_sha256}, the row observed {observed}"
+            )
+        server = self.prepared.tools.native_server
+        if server is not None and native.binary_sha256 != server.sha256:
+            return native, (
+                f"native profile pins server {native.binary_sha256}, preparation pinned "
+                f"{server.sha256}"
+            )
+        return native, None
+
+    def cell_plan(self, arm: str) -> CellPlan:
+        row = self.row
+        plan = self.prepared.plan
+        profile, refusal = self._native_profile()
+        tasks = row.tasks
+        if arm == ARM_SERIAL:
+            serial = tasks.serial_baseline
+            rungs: tuple[RungPlan, ...] = (RungPlan(concurrency=1, requests=serial.runs),)
+            output_tokens = serial.output_tokens
+            kind: str = "serial"
+        else:
+            concurrent = tasks.concurrent_baseline
+            rungs = tuple(
+                RungPlan(concurrency=r.concurrency, requests=r.requests) for r in concurrent.rungs
+            )
+            output_tokens = concurrent.output_tokens
+            kind = "concurrent"
+        return CellPlan(
+            cell_id=f"{self.dir}/{arm}",
+            cell_dir=f"{self.dir}/{ARM_DIRS[arm]}",
+            row_index=row.index,
+            row_key=row.output_relative,
+            arm=arm,
+            kind="serial" if kind == "serial" else "concurrent",
+            rungs=rungs,
+            output_tokens=output_tokens,
+            lanes=tasks.concurrent_baseline.parallel,
+            ctx_size=row.ctx,
+            n_gpu_layers=row.n_gpu_layers,
+            prefix_tokens=row.prefix_tokens,
+            ttft_slo_ms=float(plan.ttft_slo_ms),
+            tpot_slo_ms=float(plan.tpot_slo_ms),
+            profile=profile,
+            prompt=self.prompts.choose(row),
+            pins=pin_targets(profile) if profile is not None else (),
+            refusal=refusal,
+        )
+
+    # -- machine -----------------------------------------------------------------------------
+
+    async def _fire(self, event: RowEvent) -> None:
+        before = self.machine.state
+        step = self.machine.fire(event)
+        await self.ctx.journal(
+            Transition(
+                machine="row",
+                row_index=self.row.index,
+                from_state=before.value,
+                event=event.value,
+                to_state=step.to.value,
+            )
+        )
+
+    async def _stopped(self) -> None:
+        if self._stop_recorded:
+            return
+        self._stop_recorded = True
+        # The run-wide cancellation or deadline record is already journaled by the supervisor.
+        kind = self.ctx.stop.classify(self.ctx.stop.run_deadline, trio.current_time())
+        event = RowEvent.CANCELLED if kind == "cancelled" else RowEvent.DEADLINE_EXPIRED
+        if self.machine.can_fire(event):
+            await self._fire(event)
+
+    # -- run ---------------------------------------------------------------------------------
+
+    async def run(self) -> RowResult:
+        row = self.row
+        arms = self.arm_plans()
+        if not row.model_observation.present:
+            await self.ctx.journal(
+                RowOpenedWithCorrectness(
+                    row_index=row.index,
+                    row_key=row.output_relative,
+                    case_key=row.key,
+                    prefix_tokens=row.prefix_tokens,
+                    use_case=row.use_case,
+                    row_dir="",
+                    model_status="missing-model",
+                    arms=arms,
+                    correctness_status="not-run",
+                    correctness_reason="missing-model",
+                )
+            )
+            await self._fire(RowEvent.MODEL_MISSING)
+            self.result = RowResult(index=row.index, status="missing-model", launched=False)
+            return self.result
+
+        os.makedirs(os.path.join(self.ctx.run_dir, self.dir), exist_ok=True)
+        await self.ctx.journal(
+            RowOpenedWithCorrectness(
+                row_index=row.index,
+                row_key=row.output_relative,
+                case_key=row.key,
+                prefix_tokens=row.prefix_tokens,
+                use_case=row.use_case,
+                row_dir=self.dir,
+                model_status="present",
+                arms=arms,
+                correctness_status="not-run",
+                correctness_reason=CORRECTNESS_NOT_BUILT,
+            )
+        )
+        try:
+            await self._arms(arms)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await self._stopped()
+                self.result = await self._finalize()
+            raise
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                self.result = await self._finalize()
+            raise
+        with trio.CancelScope(shield=True):
+            result = await self._finalize()
+        self.result = result
+        return result
+
+    async def _arms(self, arms: tuple[ArmPlan, ...]) -> None:
+        await self._fire(RowEvent.CORRECTNESS_NOT_RUN)
+        for arm in (ARM_SERIAL, ARM_CONCURRENT):
+            plan = next(a for a in arms if a.arm == arm)
+            if plan.status != "planned":
+                await self._fire(RowEvent.ARM_SKIPPED)
+                continue
+            cell = CellActor(self.cell_plan(arm), self.ctx)
+            self.cells.append(cell)
+            await cell.run()
+            await self._fire(RowEvent.ARM_FINISHED)
+        await self._fire(RowEvent.ARMS_EXHAUSTED)
+
+    async def _finalize(self) -> RowResult:
+        row = self.row
+        relative = f"{self.dir}/row.json"
+        if self.machine.state != RowState.FINALIZE:
+            # Something outside the table stopped the row (a bug or a journal failure).
+            return RowResult(
+                index=row.index,
+                status="incomplete",
+                launched=bool(self.cells),
+                reason=f"row stopped in state {self.machine.state.value}",
+            )
+        with trio.move_on_after(ROW_FINALIZE_BOUND_SECONDS):
+            await publish_row_receipt(self.ctx.writer, self.ctx.run_dir, row.index, relative)
+            with open(os.path.join(self.ctx.run_dir, relative), "rb") as handle:
+                receipt = decode_row_receipt(handle.read())
+            await self._fire(RowEvent.RECEIPT_PUBLISHED)
+            # Its receipts are on disk: the journal index need not keep the row's lines.
+            self.ctx.writer.index.forget_row(row.index)
+            return RowResult(
+                index=row.index,
+                status=receipt.status,
+                launched=bool(self.cells),
+                evidence=relative,
+                reason=receipt.reason,
+                receipt=receipt,
+            )
+        return RowResult(
+            index=row.index,
+            status="incomplete",
+            launched=bool(self.cells),
+            reason="row receipt not published within its time bound",
+        )

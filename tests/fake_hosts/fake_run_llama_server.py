@@ -1,0 +1,144 @@
+#!/usr/bin/python3
+"""FAKE llama-server for `cache-family run` fault injection (never a real server, never timed).
+
+It takes llama-server's command line (``--port P`` is all it reads), prints the exact listening
+line, and answers on 127.0.0.1:P: ``/health``, ``/tokenize`` and ``/detokenize`` (one token per
+character) and ``/completion`` (plain or streamed, llama-server's field layout, ``cache_n`` =
+the prompt's length minus one after the first request, as a warm prefix cache would report).
+
+Its behaviour comes from ``<this file>.behaviour.json`` if present (the run gives hosts only an
+explicit environment, so a file beside the binary is the test's channel):
+  {"completion_delay": seconds before each /completion answers (default 0),
+   "ignore_sigterm": true to survive SIGTERM (custody must SIGKILL it),
+   "started_file": a path touched once the host listens,
+   "record_argv": a path the host writes its argv and environment to}
+Every connection is closed after one answer, as llama-server does after a stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+BEHAVIOUR_PATH = os.path.realpath(__file__) + ".behaviour.json"
+
+
+def _behaviour() -> dict[str, Any]:
+    try:
+        with open(BEHAVIOUR_PATH) as handle:
+            loaded: dict[str, Any] = json.load(handle)
+            return loaded
+    except FileNotFoundError:
+        return {}
+
+
+BEHAVIOUR = _behaviour()
+_served = 0
+_lock = threading.Lock()
+
+
+def _final(prompt: str, n_predict: int, cache_n: int) -> dict[str, Any]:
+    return {
+        "content": "x" * n_predict,
+        "stop": True,
+        "stop_type": "limit",
+        "truncated": False,
+        "tokens_predicted": n_predict,
+        "tokens_evaluated": len(prompt),
+        "timings": {
+            "prompt_n": len(prompt) - cache_n,
+            "prompt_ms": 1.0,
+            "predicted_n": n_predict,
+            "predicted_ms": 1.0,
+            "cache_n": cache_n,
+        },
+    }
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+
+    def _json(self, status: int, value: Any) -> None:
+        data = json.dumps(value).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length", "0"))
+        loaded: dict[str, Any] = json.loads(self.rfile.read(length) or b"{}")
+        return loaded
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._json(200, {"status": "ok"})
+        else:
+            self._json(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        global _served
+        body = self._body()
+        if self.path == "/tokenize":
+            self._json(200, {"tokens": [ord(c) for c in body.get("content", "")]})
+        elif self.path == "/detokenize":
+            self._json(200, {"content": "".join(chr(t) for t in body.get("tokens", []))})
+        elif self.path == "/completion":
+            time.sleep(float(BEHAVIOUR.get("completion_delay", 0)))
+            prompt = str(body.get("prompt", ""))
+            n_predict = int(body.get("n_predict", 1))
+            with _lock:
+                cache_n = max(len(prompt) - 1, 0) if _served else 0
+                _served += 1
+            final = _final(prompt, n_predict, cache_n)
+            if not body.get("stream"):
+                self._json(200, final)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for _ in range(n_predict - 1):
+                event = {"content": "x", "stop": False, "tokens": [120]}
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            final["content"] = "x" if n_predict > 1 else final["content"]
+            self.wfile.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+        else:
+            self._json(404, {"error": "not found"})
+
+    def log_message(self, format: str, *args: object) -> None:
+        sys.stdout.write("fake-run-llama-server: " + format % args + "\n")
+        sys.stdout.flush()
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    port = int(argv[argv.index("--port") + 1])
+    if BEHAVIOUR.get("ignore_sigterm"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    if BEHAVIOUR.get("record_argv"):
+        with open(BEHAVIOUR["record_argv"], "w") as handle:
+            json.dump({"argv": argv, "env": dict(os.environ)}, handle)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sys.stderr.write(f"srv  llama_server: listening on http://127.0.0.1:{port}\n")
+    sys.stderr.flush()
+    if BEHAVIOUR.get("started_file"):
+        with open(BEHAVIOUR["started_file"], "w") as handle:
+            handle.write(str(os.getpid()))
+    while True:
+        signal.pause()
+
+
+if __name__ == "__main__":
+    main()
