@@ -248,7 +248,7 @@ async def test_fsync_only_at_state_changes_and_batches(
                     cell_id=cell.cell_id, rung_index=0, concurrency=1, row=completed_row(i)
                 )
             )
-        await trio.testing.wait_all_tasks_blocked()
+        await writer.wait_written(41)
         assert fsync.calls == 1, "observations alone never fsync"
         assert writer.written_seq == 41 and writer.durable_seq == 1
         seq = await writer.append(

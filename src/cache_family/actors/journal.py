@@ -100,6 +100,7 @@ class JournalWriter:
         self._fd: int | None = None
         self._send, self._receive = trio.open_memory_channel[_Pending | _SyncRequest](float("inf"))
         self._finished = trio.Event()
+        self._progress = trio.Event()
 
     # -- state ------------------------------------------------------------------------------
 
@@ -156,6 +157,12 @@ class JournalWriter:
         await done.wait()
         self._raise_if_failed()
         return self._durable_seq
+
+    async def wait_written(self, seq: int) -> None:
+        """Wait until line ``seq`` is written (not necessarily fsynced) or the writer stopped."""
+        while self._written_seq < seq and not self._finished.is_set():
+            await self._progress.wait()
+        self._raise_if_failed()
 
     async def aclose(self) -> None:
         """Write what is queued, fsync, close the file and end ``run``."""
@@ -252,6 +259,7 @@ class JournalWriter:
                 if item.done is not None:
                     item.done.set()
             self._finished.set()
+            self._progress.set()
 
     async def _write_batch(self, batch: list[_Pending | _SyncRequest], *, force_sync: bool) -> None:
         chunks: list[bytes] = []
@@ -281,6 +289,8 @@ class JournalWriter:
             self._written_seq = lines[-1].seq
         if must_sync:
             self._durable_seq = self._written_seq
+        self._progress.set()
+        self._progress = trio.Event()
         for item in batch:
             if item.done is not None:
                 item.done.set()
