@@ -507,6 +507,10 @@ def test_prepare_use_cases_binds_the_selected_corpus(
         "beta/llama-p128",
         "beta/olmo-p128",
     ]
+    assert [(u.key, u.prompt) for u in prepared.use_cases] == [
+        ("alpha", "first prompt"),
+        ("beta", "second prompt"),
+    ]
 
 
 def test_prepare_full_drops_a_corpus_selection(box: Toolbox, tmp_path: Path) -> None:
@@ -527,6 +531,7 @@ def test_prepare_full_drops_a_corpus_selection(box: Toolbox, tmp_path: Path) -> 
     assert code == 0, err
     prepared = load_prepared_input(str(out / INPUT_NAME))
     assert (prepared.plan.use_cases, prepared.plan.corpus, prepared.corpus) == ([], None, None)
+    assert prepared.use_cases == []
     assert [r.use_case for r in prepared.rows] == [None]
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Final, Literal, Protocol, TextIO
 
+import msgspec
 import trio
 
 from cache_family.actors.pins import (
@@ -83,6 +84,8 @@ from cache_family.schemas.prepared import (
     SourceCommits,
     ToolPins,
     TreePinRecord,
+    UseCaseRecord,
+    UseCaseSourceRecord,
     decode_document,
     encode_document,
 )
@@ -1348,6 +1351,16 @@ def observe(request: PreparationRequest, budget: Budget, events: EventWriter) ->
         rows=rows,
         row_count=len(rows),
         profiles=profiles,
+        use_cases=[
+            UseCaseRecord(
+                key=use_case.key,
+                label=use_case.label,
+                prompt=use_case.prompt,
+                prefix_tokens=use_case.prefix_tokens,
+                source=UseCaseSourceRecord(**msgspec.structs.asdict(use_case.source)),
+            )
+            for use_case in (corpus.corpus.use_cases if corpus is not None else ())
+        ],
     )
 
 

@@ -125,6 +125,24 @@ class CorpusUsed(_Strict):
     source: CorpusSource
 
 
+class UseCaseSourceRecord(_Strict):
+    dataset: str | None = None
+    config: str | None = None
+    split: str | None = None
+    row_idx: int | None = None
+    provenance: str | None = None
+
+
+class UseCaseRecord(_Strict):
+    """A planned use case, copied from the pinned corpus so the run never re-reads it."""
+
+    key: str
+    label: str
+    prompt: str
+    prefix_tokens: int
+    source: UseCaseSourceRecord
+
+
 # --- rows --------------------------------------------------------------------------------------
 
 
@@ -372,6 +390,8 @@ class PreparedInput(_Strict):
     row_count: int
     profiles: dict[str, CaseProfiles]
     missing_model_policy: Literal["retain_row_without_launch"] = MISSING_MODEL_POLICY
+    # The corpus entries the rows use (corpus order); empty for prepare-full.
+    use_cases: list[UseCaseRecord] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -409,6 +429,14 @@ def prepared_input_problems(doc: PreparedInput) -> list[str]:
     pins = {r.key: r.model_observation.sha256 for r in doc.rows if r.model_observation.present}
     if dict(doc.plan.model_sha256) != pins:
         out.append("plan.model_sha256 differs from the observed pins of the present rows")
+    known = {u.key for u in doc.use_cases}
+    if len(known) != len(doc.use_cases):
+        out.append("use_cases repeats a key")
+    unknown = sorted({r.use_case for r in doc.rows if r.use_case is not None} - known)
+    if unknown:
+        out.append(f"rows name use cases missing from use_cases: {unknown}")
+    if doc.mode == "full" and doc.use_cases:
+        out.append("mode full carries no use cases")
     expected_use_cases = ["all"] if doc.mode == "use-cases" else []
     if doc.plan.use_cases != expected_use_cases:
         out.append(f"mode {doc.mode} needs plan.use_cases {expected_use_cases}")
