@@ -379,6 +379,15 @@ def fault_kind(refused: Refused) -> str:
     return "internal"
 
 
+def is_cancellation(exc: BaseException) -> bool:
+    """True for trio's Cancelled, also when a nursery delivers it inside an exception group."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(is_cancellation(inner) for inner in exc.exceptions)
+    return False
+
+
 class _Fault(Exception):
     """A fault the cell found itself (not a refusal from a lower layer)."""
 
@@ -520,10 +529,6 @@ class CellActor:
     async def _session(self) -> None:
         try:
             await self._pin_verify_and_host()
-        except trio.Cancelled:
-            with trio.CancelScope(shield=True):
-                await self._stopped()
-            raise
         except Refused as refused:
             code = refused.codes[0]
             await self._fault(
@@ -531,6 +536,11 @@ class CellActor:
             )
         except _Fault as fault:
             await self._fault(fault.kind, fault.detail)
+        except BaseException as exc:
+            if is_cancellation(exc):
+                with trio.CancelScope(shield=True):
+                    await self._stopped()
+            raise
 
     async def _pin_verify_and_host(self) -> None:
         plan = self.plan
@@ -572,9 +582,10 @@ class CellActor:
                     )
                 except _Fault as fault:
                     await self._fault(fault.kind, fault.detail)
-                except trio.Cancelled:
-                    with trio.CancelScope(shield=True):
-                        await self._stopped()
+                except BaseException as exc:
+                    if is_cancellation(exc):
+                        with trio.CancelScope(shield=True):
+                            await self._stopped()
                     raise  # custody's exit ends the host, shielded and bounded
                 # Normal path and faults alike: end the host now (custody's exit would too).
                 await host.cleanup()
@@ -678,10 +689,13 @@ class CellActor:
         load = LoadRun(request, deadline=self.deadline)
         try:
             outcome = await load.run()
-        except trio.Cancelled:
-            # The roster is kept whatever stopped it: every planned id, launched or not.
-            with trio.CancelScope(shield=True):
-                await self._journal_rung(index, rung, load.outcome(stop_reason="cancelled"), host)
+        except BaseException as exc:
+            if is_cancellation(exc):
+                # The roster is kept whatever stopped it: every planned id, launched or not.
+                with trio.CancelScope(shield=True):
+                    await self._journal_rung(
+                        index, rung, load.outcome(stop_reason="cancelled"), host
+                    )
             raise
         await self._journal_rung(index, rung, outcome, host)
         return outcome

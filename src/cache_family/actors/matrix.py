@@ -24,14 +24,14 @@ interrupted by a signal.
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import secrets
 import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
@@ -48,7 +48,7 @@ from cache_family.actors.cell import (
     hash_pins_in_threads,
     real_host_opener,
 )
-from cache_family.actors.journal import JournalWriter, journal_path
+from cache_family.actors.journal import JOURNAL_READ_LIMIT, JournalWriter, journal_path
 from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.publish import publish_fresh
 from cache_family.actors.row import RowActor, RowResult
@@ -58,20 +58,21 @@ from cache_family.schemas.journal import (
     Cancellation,
     DeadlineExpired,
     InterruptFinishFailed,
+    ReceiptPublished,
     RunStarted,
+    read_journal,
+)
+from cache_family.schemas.matrix import (
+    MATRIX_FILENAME,
+    FailedMatrix,
+    MatrixReceipt,
+    encode_matrix,
 )
 from cache_family.schemas.prepared import PreparedInput, PreparedRow, decode_document
-from cache_family.states.receipts import UNMEASURED, is_measured, meet, meet_all
+from cache_family.states.fold import JournalIndex
+from cache_family.states.matrix import fold_matrix
 
-MATRIX_FILENAME: Final = "cache-family-matrix.json"
-MATRIX_SCHEMA_VERSION: Final = 1
 RUN_INPUT_MAX_BYTES: Final = 1 * MIB
-MATRIX_SCOPE: Final = (
-    "native arms (serial baseline and concurrent ladder) of every present row, measured "
-    "against llama-server; the correctness and paired serving arms are not built yet; pins "
-    "describe observed local bytes, not build attestation"
-)
-PIPELINE_FAILED: Final = "owned_plan_or_matrix_execution_refused"
 
 EXIT_COMPLETED: Final = 0
 EXIT_NOT_COMPLETED: Final = 1
@@ -175,74 +176,14 @@ def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = N
     )
 
 
-# --- the matrix receipt (pure) --------------------------------------------------------------------
+# --- the outcome ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class MatrixOutcome:
     status: str
-    document: dict[str, Any]
+    receipt: MatrixReceipt | FailedMatrix
     interrupted: bool
-
-
-def row_entry(row: PreparedRow, result: RowResult | None) -> dict[str, Any]:
-    """One row of the matrix: the plan's identity and what the row reached."""
-    outcome: dict[str, Any]
-    if result is None:
-        outcome = (
-            {"status": "missing-model", "launched": False}
-            if not row.model_observation.present
-            else {"status": "not-launched", "reason": "cancellation_or_deadline"}
-        )
-    elif result.status == "missing-model":
-        outcome = {"status": "missing-model", "launched": False}
-    elif result.evidence is not None:
-        outcome = {"status": result.status, "evidence": result.evidence}
-    else:
-        outcome = {"status": result.status, "reason": result.reason}
-    return {
-        "index": row.index,
-        "case": row.key,
-        "prefix_tokens": row.prefix_tokens,
-        "use_case": row.use_case,
-        "result": outcome,
-    }
-
-
-def matrix_document(
-    prepared: PreparedInput,
-    request_sha256: str,
-    results: Mapping[int, RowResult],
-    terminal_refusal: str | None,
-) -> dict[str, Any]:
-    """``cache-family-matrix.json``: completed only if every measured row completed and the
-    run was neither cancelled, out of time, nor unable to restore its signal handlers."""
-    entries = [row_entry(row, results.get(row.index)) for row in prepared.rows]
-    measured = [
-        entry["result"]["status"]
-        for entry in entries
-        if entry["result"]["status"] not in UNMEASURED and is_measured(entry["result"]["status"])
-    ]
-    status = meet_all(measured)
-    if terminal_refusal is not None:
-        status = meet(status, "incomplete")
-    document: dict[str, Any] = {
-        "schema_version": MATRIX_SCHEMA_VERSION,
-        "status": status,
-        "scope": MATRIX_SCOPE,
-        "request_sha256": request_sha256,
-        "catalog_sha256": prepared.catalog.sha256,
-        "planned_cells": len(prepared.rows),
-        "rows": entries,
-        "promotion": None,
-    }
-    if terminal_refusal is not None:
-        document["terminal_refusal"] = terminal_refusal
-    return document
-
-
-def encode_matrix(document: Mapping[str, Any]) -> bytes:
-    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 # --- progress -----------------------------------------------------------------------------------
@@ -378,51 +319,73 @@ async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) ->
         cleanup_bound_seconds=options.cleanup_bound_seconds,
         on_transition=progress.transition,
     )
-    results = options.results
-    terminal: str | None = None
-    async with trio.open_nursery() as writer_nursery:
-        await writer_nursery.start(writer.run)
-        try:
-            await writer.append(_run_started(admitted))
-            if options.on_started is not None:
-                options.on_started(ctx)
-            progress.start(run_dir)
-            restored = await _rows_under_signals(admitted, ctx, progress, results)
-            if stop.signal_name is not None:
-                terminal = "cancelled"
-            elif stop.deadline_hit:
-                terminal = "deadline_expired"
-            if not restored:
-                await writer.append(
-                    InterruptFinishFailed(detail="SIGINT/SIGTERM handlers were not restored")
-                )
-                terminal = terminal or "interrupt_finish_failed"
-            document = matrix_document(prepared, admitted.request_sha256, results, terminal)
-            await writer.sync()
-        except Exception as exc:
-            document = {
-                "schema_version": MATRIX_SCHEMA_VERSION,
-                "status": "failed",
-                "reason": PIPELINE_FAILED,
-                "detail": str(exc)[:2000],
-                "request_sha256": admitted.request_sha256,
-            }
-            progress.note(f"run failed: {exc}")
-        finally:
-            with trio.CancelScope(shield=True):
-                try:
+    receipt: MatrixReceipt | FailedMatrix | None = None
+    try:
+        async with trio.open_nursery() as writer_nursery:
+            await writer_nursery.start(writer.run)
+            try:
+                await writer.append(_run_started(admitted))
+                if options.on_started is not None:
+                    options.on_started(ctx)
+                progress.start(run_dir)
+                restored = await _rows_under_signals(admitted, ctx, progress, options.results)
+                await _journal_unreached(admitted, ctx, options.results)
+                if not restored:
+                    await writer.append(
+                        InterruptFinishFailed(detail="SIGINT/SIGTERM handlers were not restored")
+                    )
+                receipt = await _publish_matrix(writer, run_dir)
+            finally:
+                with trio.CancelScope(shield=True):
                     await writer.aclose()
-                except Refused as refused:
-                    progress.note(f"journal: {refused}")
-            progress.close()
-    await trio.to_thread.run_sync(
-        publish_fresh, os.path.join(run_dir, MATRIX_FILENAME), encode_matrix(document)
-    )
+    except Exception as exc:
+        progress.note(f"run failed: {exc}")
+        if receipt is None:
+            receipt = FailedMatrix(detail=str(exc)[:2000], request_sha256=admitted.request_sha256)
+            await trio.to_thread.run_sync(
+                publish_fresh, os.path.join(run_dir, MATRIX_FILENAME), encode_matrix(receipt)
+            )
+    finally:
+        progress.close()
     return MatrixOutcome(
-        status=str(document["status"]),
-        document=document,
-        interrupted=stop.signal_name is not None,
+        status=receipt.status, receipt=receipt, interrupted=stop.signal_name is not None
     )
+
+
+async def _publish_matrix(writer: JournalWriter, run_dir: str) -> MatrixReceipt:
+    """Fold the matrix from the durable journal file (exactly what replay reads), publish it
+    fresh and journal the publication."""
+    through = await writer.sync()
+    path = journal_path(run_dir)
+
+    def fold() -> MatrixReceipt:
+        read = read_journal(read_bounded(path, JOURNAL_READ_LIMIT, what="journal").data)
+        if read.chain_break is not None:
+            raise Refused((read.chain_break.refusal(),))
+        return fold_matrix(JournalIndex(read.lines), through_seq=through)
+
+    receipt = await trio.to_thread.run_sync(fold)
+    data = encode_matrix(receipt)
+    await trio.to_thread.run_sync(publish_fresh, os.path.join(run_dir, MATRIX_FILENAME), data)
+    await writer.append(
+        ReceiptPublished(
+            scope="matrix",
+            path=MATRIX_FILENAME,
+            sha256=hashlib.sha256(data).hexdigest(),
+            through_seq=through,
+        )
+    )
+    return receipt
+
+
+async def _journal_unreached(
+    admitted: AdmittedRun, ctx: RunContext, results: dict[int, RowResult]
+) -> None:
+    """Rows a cancellation or the deadline kept from starting are journaled, never launched."""
+    for row in admitted.prepared.rows:
+        if row.index not in results:
+            actor = RowActor(row, admitted.prepared, ctx, admitted.prompts)
+            results[row.index] = await actor.journal_unreached()
 
 
 def _run_started(admitted: AdmittedRun) -> RunStartedWithPlan:
@@ -558,15 +521,3 @@ def _make_fresh_dir(path: str) -> None:
             f"cannot create {path}: {exc.strerror}",
             "check the parent directory's permissions",
         ) from None
-
-
-__all__: Sequence[str] = (
-    "MATRIX_FILENAME",
-    "AdmittedRun",
-    "MatrixOutcome",
-    "RunOptions",
-    "admit_run",
-    "matrix_document",
-    "run_command",
-    "supervise",
-)

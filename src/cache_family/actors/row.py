@@ -27,6 +27,7 @@ from cache_family.actors.cell import (
     CellActor,
     CellPlan,
     RunContext,
+    is_cancellation,
     pin_targets,
 )
 from cache_family.actors.journal import publish_row_receipt
@@ -251,19 +252,48 @@ class RowActor:
         )
         try:
             await self._arms(arms)
-        except trio.Cancelled:
+        except BaseException as exc:
             with trio.CancelScope(shield=True):
-                await self._stopped()
-                self.result = await self._finalize()
-            raise
-        except BaseException:
-            with trio.CancelScope(shield=True):
+                if is_cancellation(exc):
+                    await self._stopped()
                 self.result = await self._finalize()
             raise
         with trio.CancelScope(shield=True):
             result = await self._finalize()
         self.result = result
         return result
+
+    async def journal_unreached(self) -> RowResult:
+        """Journal a row the run never reached (cancelled or out of time): no dir, no cells."""
+        row = self.row
+        present = row.model_observation.present
+        await self.ctx.journal(
+            RowOpenedWithCorrectness(
+                row_index=row.index,
+                row_key=row.output_relative,
+                case_key=row.key,
+                prefix_tokens=row.prefix_tokens,
+                use_case=row.use_case,
+                row_dir="",
+                model_status="present" if present else "missing-model",
+                arms=self.arm_plans(),
+                correctness_status="not-run",
+                correctness_reason=CORRECTNESS_NOT_BUILT if present else "missing-model",
+            )
+        )
+        if not present:
+            await self._fire(RowEvent.MODEL_MISSING)
+            self.result = RowResult(index=row.index, status="missing-model", launched=False)
+        else:
+            self._stop_recorded = False
+            await self._stopped()
+            self.result = RowResult(
+                index=row.index,
+                status="not-launched",
+                launched=False,
+                reason="cancellation_or_deadline",
+            )
+        return self.result
 
     async def _arms(self, arms: tuple[ArmPlan, ...]) -> None:
         await self._fire(RowEvent.CORRECTNESS_NOT_RUN)

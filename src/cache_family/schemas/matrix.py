@@ -1,0 +1,81 @@
+"""``cache-family-matrix.json``: the run's receipt, one entry per planned row.
+
+Shape (reference §5/§6, native arms only for now)::
+
+    {"schema_version": 1, "status": "completed|incomplete|failed|...", "scope": "...",
+     "request_sha256": "...", "catalog_sha256": "...", "planned_cells": N,
+     "rows": [{"index", "case", "prefix_tokens", "use_case",
+               "result": {"status", "evidence"} | {"status": "missing-model", "launched": false}
+                         | {"status", "reason"}}],
+     "promotion": null, "terminal_refusal": "cancelled" (only when set)}
+
+Encoded like the other receipts: struct fields in definition order, two-space indent, one
+trailing newline; members whose value is "not set" (``None`` defaults) are left out, so a
+result carries exactly the members its kind needs. Evolution rule: new fields get defaults
+and go last.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+MATRIX_SCHEMA_VERSION: Final = 1
+MATRIX_FILENAME: Final = "cache-family-matrix.json"
+MATRIX_SCOPE: Final = (
+    "native arms (serial baseline and concurrent ladder) of every present row, measured "
+    "against llama-server; the correctness and paired serving arms are not built yet; pins "
+    "describe observed local bytes, not build attestation"
+)
+PIPELINE_FAILED: Final = "owned_plan_or_matrix_execution_refused"
+
+
+class MatrixRowResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    status: str
+    evidence: str | None = None  # row.json, relative to the run directory
+    launched: bool | None = None  # present only for rows kept without launch
+    reason: str | None = None
+
+
+class MatrixRow(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    case: str
+    prefix_tokens: int | None
+    use_case: str | None
+    result: MatrixRowResult
+
+
+class MatrixReceipt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    schema_version: int = MATRIX_SCHEMA_VERSION
+    status: str
+    scope: str
+    request_sha256: str
+    catalog_sha256: str
+    planned_cells: int
+    rows: tuple[MatrixRow, ...]
+    promotion: None
+    terminal_refusal: str | None = None
+    journal_through_seq: int | None = None
+
+
+class FailedMatrix(msgspec.Struct, frozen=True, kw_only=True):
+    """The matrix when the pipeline itself failed (journal unwritable, a bug)."""
+
+    schema_version: int = MATRIX_SCHEMA_VERSION
+    status: str = "failed"
+    reason: str = PIPELINE_FAILED
+    detail: str = ""
+    request_sha256: str
+
+
+_ENCODER: Final = msgspec.json.Encoder(order="deterministic")
+_DECODER: Final = msgspec.json.Decoder(MatrixReceipt)
+
+
+def encode_matrix(receipt: MatrixReceipt | FailedMatrix) -> bytes:
+    return msgspec.json.format(_ENCODER.encode(receipt), indent=2) + b"\n"
+
+
+def decode_matrix(data: bytes) -> MatrixReceipt:
+    return _DECODER.decode(data)

@@ -1,0 +1,149 @@
+"""The matrix fold: journal lines in, ``cache-family-matrix.json`` out. Pure, live = replay.
+
+Every planned row is journaled with ``row_opened`` (rows the run never reached are opened and
+stopped at once, without a directory), so the journal alone names the whole plan. For each row:
+
+* model missing: ``{"status": "missing-model", "launched": false}``;
+* ``row.json`` published: its folded status and the path as evidence;
+* otherwise the row fold's status and reason (``not-launched`` / ``cancellation_or_deadline``
+  for a row that a cancellation or the deadline kept from starting).
+
+The matrix is ``completed`` only if every measured row is; a run-wide cancellation, deadline
+expiry or failed interrupt-finish sets ``terminal_refusal`` and lowers it to ``incomplete``.
+Importing this module registers the ``matrix`` refolder, so ``cache-family replay`` re-folds
+the matrix like every other receipt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from cache_family.errors import Refused
+from cache_family.schemas.journal import (
+    Cancellation,
+    DeadlineExpired,
+    InterruptFinishFailed,
+    JournalLine,
+    ReceiptPublished,
+    RowOpened,
+    RunStarted,
+)
+from cache_family.schemas.matrix import (
+    MATRIX_SCOPE,
+    MatrixReceipt,
+    MatrixRow,
+    MatrixRowResult,
+    encode_matrix,
+)
+from cache_family.schemas.receipts import ReceiptStatus
+from cache_family.states.fold import JournalIndex, fold_row, register_refolder
+from cache_family.states.receipts import MEASURED_CHAIN, meet_all, terminal_downgrade
+
+# Row statuses on the measured chain; unmeasured ones (missing-model, not-launched, ...) never
+# lower the matrix by themselves.
+_MEASURED: Final[dict[str, ReceiptStatus]] = {status: status for status in MEASURED_CHAIN}
+
+# No cell is ever named this, so the index's view of it holds exactly the run-wide lines.
+_NO_CELL = ""
+
+
+def _terminal(record: object) -> str | None:
+    if getattr(record, "cell_id", None) is not None:
+        return None
+    if isinstance(record, Cancellation):
+        return "cancelled"
+    if isinstance(record, DeadlineExpired):
+        return "deadline_expired"
+    if isinstance(record, InterruptFinishFailed):
+        return "interrupt_finish_failed"
+    return None
+
+
+def _upto(lines: Iterable[JournalLine], through_seq: int) -> list[JournalLine]:
+    return [line for line in lines if line.seq <= through_seq]
+
+
+def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
+    """The matrix receipt from the journal lines with ``seq <= through_seq``."""
+    run: RunStarted | None = None
+    terminal: str | None = None
+    for line in _upto(index.lines_for_cell(_NO_CELL), through_seq):
+        record = line.record
+        if isinstance(record, RunStarted) and run is None:
+            run = record
+        found = _terminal(record)
+        if found is not None and terminal is None:
+            terminal = found
+    if run is None:
+        raise Refused.one(
+            "fold.matrix.no_run",
+            "$.journal",
+            "the journal has no run_started record",
+            "a matrix can only be folded from a run's journal",
+        )
+
+    rows: list[MatrixRow] = []
+    for row_index in index.row_indices():
+        lines = _upto(index.lines_for_row(row_index), through_seq)
+        opened = next(
+            (
+                line.record
+                for line in lines
+                if isinstance(line.record, RowOpened) and line.record.row_index == row_index
+            ),
+            None,
+        )
+        if opened is None:
+            continue
+        published = next(
+            (
+                line.record
+                for line in reversed(lines)
+                if isinstance(line.record, ReceiptPublished)
+                and line.record.scope == "row"
+                and line.record.row_index == row_index
+            ),
+            None,
+        )
+        if opened.model_status == "missing-model":
+            result = MatrixRowResult(status="missing-model", launched=False)
+        elif published is not None:
+            receipt = fold_row(lines, row_index, through_seq=published.through_seq)
+            result = MatrixRowResult(status=receipt.status, evidence=published.path)
+        else:
+            receipt = fold_row(lines, row_index, through_seq=through_seq)
+            result = MatrixRowResult(status=receipt.status, reason=receipt.reason)
+        rows.append(
+            MatrixRow(
+                index=row_index,
+                case=opened.case_key,
+                prefix_tokens=opened.prefix_tokens,
+                use_case=opened.use_case,
+                result=result,
+            )
+        )
+    rows.sort(key=lambda row: row.index)
+
+    measured = [_MEASURED[row.result.status] for row in rows if row.result.status in _MEASURED]
+    status: ReceiptStatus = meet_all(measured)
+    if terminal is not None:
+        status = terminal_downgrade(status)
+    return MatrixReceipt(
+        status=status,
+        scope=MATRIX_SCOPE,
+        request_sha256=run.request_sha256,
+        catalog_sha256=run.catalog_sha256,
+        planned_cells=len(rows),
+        rows=tuple(rows),
+        promotion=None,
+        terminal_refusal=terminal,
+        journal_through_seq=through_seq,
+    )
+
+
+def _refold_matrix(index: JournalIndex, published: ReceiptPublished) -> bytes:
+    return encode_matrix(fold_matrix(index, through_seq=published.through_seq))
+
+
+register_refolder("matrix", _refold_matrix)
