@@ -980,3 +980,16 @@ def test_overrides_without_a_separator(box: Toolbox, tmp_path: Path) -> None:
 )
 def test_the_worker_command_is_hidden() -> None:
     assert "prepare-worker" not in build_parser().format_help()
+
+
+def test_admission_reports_every_refusal_at_once(box: Toolbox, tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    err = refused_admission(
+        box,
+        tmp_path,
+        tmp_path / "taken",
+        "--use-case-corpus",
+        str(tmp_path / "no-corpus.json"),
+        cases=["llama"],
+    )
+    assert "file.missing" in err and "preparation.output_exists" in err

@@ -380,25 +380,40 @@ def admit(
         raise Refused.one(
             "operator.type", "$", "the operator input is not an object", "write one JSON object"
         )
+    refusals: list[Refusal] = []
     plan = document.get("plan")
-    corpus, corpus_source = _select_corpus(
-        mode, parsed, environ, plan.get("corpus") if isinstance(plan, dict) else None
-    )
+    corpus: LoadedCorpus | None = None
+    corpus_source: CorpusSource | None = None
+    try:
+        corpus, corpus_source = _select_corpus(
+            mode, parsed, environ, plan.get("corpus") if isinstance(plan, dict) else None
+        )
+    except Refused as refused:
+        refusals.extend(refused.refusals)
     if isinstance(plan, dict):
         plan = dict(plan)
         plan.update(parsed.plan_fields)
-        if mode == "use-cases":
-            assert corpus is not None
-            plan["use_cases"] = ["all"]
-            plan["corpus"] = {"path": corpus.path, "sha256": corpus.sha256}
-        else:
-            plan["use_cases"] = []
-            plan["corpus"] = None
+        # Without a usable corpus the plan is validated as a full one: its refusal is enough.
+        plan["use_cases"] = ["all"] if corpus is not None else []
+        plan["corpus"] = (
+            {"path": corpus.path, "sha256": corpus.sha256} if corpus is not None else None
+        )
         document = {**document, "plan": plan}
-    operator = validate_operator_object(document)
-    catalog = load_plan_catalog(operator.plan)
-    check_selection(operator.plan, catalog.catalog, corpus.corpus if corpus else None)
-    canonical_output = _check_output(output, operator)
+    try:
+        operator = validate_operator_object(document)
+    except Refused as refused:
+        raise Refused((*refusals, *refused.refusals)) from None
+    try:
+        catalog = load_plan_catalog(operator.plan)
+        check_selection(operator.plan, catalog.catalog, corpus.corpus if corpus else None)
+    except Refused as refused:
+        refusals.extend(refused.refusals)
+    try:
+        canonical_output = _check_output(output, operator)
+    except Refused as refused:
+        refusals.extend(refused.refusals)
+    if refusals:
+        raise Refused(tuple(refusals))
     return Admission(
         mode=mode,
         operator=operator,
@@ -898,42 +913,58 @@ def run_prepare(
     with latch.installed():
         try:
             os.mkdir(admission.output, 0o755)
-        except FileExistsError:
+        except OSError as exc:
+            exists = isinstance(exc, FileExistsError)
             _print_refusals(
                 [
                     Refusal(
-                        "preparation.output_exists",
+                        "preparation.output_exists" if exists else "preparation.output_unwritable",
                         "$.output",
-                        f"output {admission.output} appeared before it could be created",
-                        "choose a fresh output path",
+                        f"output {admission.output} appeared before it could be created"
+                        if exists
+                        else f"output {admission.output} cannot be created: {exc.strerror}",
+                        "choose a fresh output path in a writable directory",
                     )
                 ],
                 err,
             )
             return EXIT_REFUSED
-        request = PreparationRequest(
-            schema_version=1,
-            mode=admission.mode,
-            operator=admission.operator,
-            corpus_source=admission.corpus_source,
-            worker_budget_ms=_worker_budget_ms(budget.remaining()),
-        )
-        request_bytes = encode_document(request)
-        publish_fresh(os.path.join(admission.output, REQUEST_NAME), request_bytes)
-        request_sha256 = hashlib.sha256(request_bytes).hexdigest()
-        report = trio.run(
-            functools.partial(
-                _parent,
-                admission,
-                request_sha256,
-                budget,
-                latch,
-                environ=env,
-                stderr=err,
-                grace_seconds=grace_seconds,
-                after_publish=after_publish,
+        try:
+            request_bytes = encode_document(
+                PreparationRequest(
+                    schema_version=1,
+                    mode=admission.mode,
+                    operator=admission.operator,
+                    corpus_source=admission.corpus_source,
+                    worker_budget_ms=_worker_budget_ms(budget.remaining()),
+                )
             )
-        )
+            publish_fresh(os.path.join(admission.output, REQUEST_NAME), request_bytes)
+            report = trio.run(
+                functools.partial(
+                    _parent,
+                    admission,
+                    hashlib.sha256(request_bytes).hexdigest(),
+                    budget,
+                    latch,
+                    environ=env,
+                    stderr=err,
+                    grace_seconds=grace_seconds,
+                    after_publish=after_publish,
+                )
+            )
+        except OSError as exc:
+            report = ParentReport(
+                exit_code=EXIT_REFUSED_DURING_WORK,
+                refusals=[
+                    Refusal(
+                        "preparation.io",
+                        "$.output",
+                        f"preparation could not read or write {exc.filename}: {exc.strerror}",
+                        "check the disk and the output directory; what was written is kept",
+                    )
+                ],
+            )
         # trio redelivered any signal it had not handed out to the latch when its receiver
         # closed: check once more with our own handlers still in place.
         report = revoke_if_late(report, budget, latch)
