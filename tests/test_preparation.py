@@ -951,31 +951,17 @@ def test_the_operator_guide_spelling_runs_preparation(
     assert [r.prefix_tokens for r in load_prepared_input(str(out / INPUT_NAME)).rows] == [128]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli.py's REMAINDER positional does not take --prefix-tokens after --output "
-    "(fix requested from the cli owner; remove this mark once applied)",
-)
 def test_overrides_on_the_command_line(
     box: Toolbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     op = write_operator(box, tmp_path / "operator.json", cases=["llama"])
     out = tmp_path / "out"
-    try:
-        code = main(guide_spelling(op, out, "--prefix-tokens", "64", "--llama-repeats", "2"))
-    except SystemExit as exit_:  # argparse's usage error today
-        code = int(exit_.code or 0)
+    code = main(guide_spelling(op, out, "--prefix-tokens", "64", "--llama-repeats", "2"))
     assert code == 0, capsys.readouterr().err
     rows = load_prepared_input(str(out / INPUT_NAME)).rows
     assert [(r.prefix_tokens, r.tasks.serial_baseline.runs) for r in rows] == [(64, 2)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli.py passes help=argparse.SUPPRESS to add_parser, "
-    "which Python 3.11 lists as '==SUPPRESS=='; omitting help hides it "
-    "(fix requested from cli owner)",
-)
 def test_the_worker_command_is_hidden() -> None:
     assert "prepare-worker" not in build_parser().format_help()
 

@@ -73,10 +73,27 @@ def _cmd_zoo_build(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# Plan overrides of prepare-full / prepare-use-cases; preparation refuses repeats.
+_PREPARE_OVERRIDES = (
+    ("--use-case-corpus", "ABS"),
+    ("--prefix-tokens", "N"),
+    ("--runtime-lane-count", "N"),
+    ("--llama-parallel", "N"),
+    ("--llama-repeats", "N"),
+    ("--cache-hit-repeats", "N"),
+)
+
+
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from cache_family.actors.preparation import prepare_command
 
-    return prepare_command(args.command, args.input, args.output, args.overrides)
+    overrides = [
+        item
+        for flag, _ in _PREPARE_OVERRIDES
+        for value in getattr(args, flag[2:].replace("-", "_"))
+        for item in (flag, value)
+    ]
+    return prepare_command(args.command, args.input, args.output, overrides)
 
 
 def _cmd_prepare_worker(args: argparse.Namespace) -> int:
@@ -157,15 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
             )
             prep.add_argument("--input", required=True, metavar="ABS_OPERATOR_JSON")
             prep.add_argument("--output", required=True, metavar="ABS_FRESH_DIR")
-            prep.add_argument(
-                "overrides",
-                nargs=argparse.REMAINDER,
-                help="--use-case-corpus ABS, --prefix-tokens N, "
-                "--runtime-lane-count N, --llama-parallel N, --llama-repeats N, "
-                "--cache-hit-repeats N (each at most once)",
-            )
+            for flag, metavar in _PREPARE_OVERRIDES:
+                prep.add_argument(
+                    flag,
+                    action="append",
+                    default=[],
+                    metavar=metavar,
+                    help="plan override, at most once",
+                )
             prep.set_defaults(func=_cmd_prepare)
-        worker = sub.add_parser("prepare-worker", help=argparse.SUPPRESS)
+        worker = sub.add_parser("prepare-worker")  # no help=: stays out of the listing
         worker.add_argument("--input", required=True)
         worker.add_argument("--output", required=True)
         worker.set_defaults(func=_cmd_prepare_worker)
