@@ -32,7 +32,6 @@ from cache_family.actors.preparation import (
     STDERR_LOG,
     STDOUT_LOG,
     InterruptLatch,
-    OwnedFile,
     ParentReport,
     WorkerEvents,
     _publish,
@@ -626,9 +625,7 @@ def test_a_late_refusal_revokes_only_the_file_we_wrote(
     ours.mkdir()
     report = ParentReport(
         exit_code=0,
-        published=OwnedFile.record(
-            publish_fresh(str(ours / INPUT_NAME), encode_document(prepared))
-        ),
+        published=publish_fresh(str(ours / INPUT_NAME), encode_document(prepared)),
     )
     budget.deadline = float("-inf")
     report = revoke_if_late(report, budget, latch)
@@ -639,9 +636,7 @@ def test_a_late_refusal_revokes_only_the_file_we_wrote(
     replaced.mkdir()
     report = ParentReport(
         exit_code=0,
-        published=OwnedFile.record(
-            publish_fresh(str(replaced / INPUT_NAME), encode_document(prepared))
-        ),
+        published=publish_fresh(str(replaced / INPUT_NAME), encode_document(prepared)),
     )
     inode = (replaced / INPUT_NAME).stat().st_ino
     (replaced / INPUT_NAME).unlink()

@@ -652,51 +652,11 @@ def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
 # --- the parent --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class OwnedFile:
-    """A file we published, with the metadata that tells it from a later file at its path.
-
-    Device and inode alone are not enough: a file written after ours was unlinked may get
-    the very same inode number back, so size and both timestamps are compared as well.
-    """
-
-    published: Published
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-
-    @classmethod
-    def record(cls, published: Published) -> OwnedFile:
-        info = os.lstat(published.path)
-        return cls(published, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-
-    @property
-    def path(self) -> str:
-        return self.published.path
-
-    def still_ours(self) -> bool:
-        try:
-            info = os.lstat(self.published.path)
-        except FileNotFoundError:
-            return False
-        return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns) == (
-            self.published.device,
-            self.published.inode,
-            self.size,
-            self.mtime_ns,
-            self.ctime_ns,
-        )
-
-    def revoke(self) -> bool:
-        """Remove the file only while it is still the one we wrote."""
-        return self.still_ours() and revoke(self.published)
-
-
 @dataclass(slots=True)
 class ParentReport:
     exit_code: int
     refusals: list[Refusal] = field(default_factory=list)
-    published: OwnedFile | None = None
+    published: Published | None = None
     revoked: bool = False
     worker: WorkerOutcome | None = None
 
@@ -859,8 +819,8 @@ async def _publish(
         report.refusals.append(refusal)
         return report
     try:
-        report.published = OwnedFile.record(
-            publish_fresh(os.path.join(output, INPUT_NAME), encode_document(prepared))
+        report.published = publish_fresh(
+            os.path.join(output, INPUT_NAME), encode_document(prepared)
         )
     except Refused as exc:
         report.exit_code = EXIT_REFUSED_DURING_WORK
@@ -879,7 +839,7 @@ def revoke_if_late(report: ParentReport, budget: Budget, latch: InterruptLatch) 
         return report
     report.exit_code, refusal = late
     report.refusals.append(refusal)
-    report.revoked = report.published.revoke()
+    report.revoked = revoke(report.published)
     report.published = None
     return report
 
@@ -1442,13 +1402,11 @@ async def _worker(input_path: str, output_path: str, stderr: TextIO) -> int:
                     scope=PREPARED_SCOPE,
                     input=prepared,
                 )
-                published = OwnedFile.record(
-                    publish_fresh(output_path, encode_document(observations))
-                )
+                published = publish_fresh(output_path, encode_document(observations))
                 try:
                     budget.check("$")
                 except Refused:
-                    published.revoke()
+                    revoke(published)
                     raise
                 events.phase(f"observed {prepared.row_count} rows")
                 code = EXIT_OK

@@ -2,7 +2,9 @@
 
 A file is written to a temporary name in the target's directory, fsynced, then linked into
 place with ``os.link`` (which refuses an existing target) and the temporary name removed.
-The returned identity (device, inode) lets a late refusal revoke exactly the file we wrote.
+The returned identity lets a late refusal revoke exactly the file we wrote. Device and inode
+alone are not enough: a file written at the same path after ours was unlinked may get the
+very same inode number back, so size and both timestamps are part of the identity.
 """
 
 from __future__ import annotations
@@ -20,6 +22,23 @@ class Published:
     path: str
     device: int
     inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    def still_ours(self) -> bool:
+        """True while ``path`` still names exactly the file we wrote."""
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns) == (
+            self.device,
+            self.inode,
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+        )
 
 
 def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
@@ -33,32 +52,36 @@ def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
             written = os.write(fd, view)
             view = view[written:]
         os.fsync(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise Refused.one(
+                "publish.exists",
+                path,
+                f"{path} already exists and is not ours to replace",
+                "choose a fresh output path",
+            ) from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        # Taken after the link count settled, so ctime matches what a later lstat sees.
         info = os.fstat(fd)
     finally:
         os.close(fd)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise Refused.one(
-            "publish.exists",
-            path,
-            f"{path} already exists and is not ours to replace",
-            "choose a fresh output path",
-        ) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
     _fsync_dir(directory)
-    return Published(path=path, device=info.st_dev, inode=info.st_ino)
+    return Published(
+        path=path,
+        device=info.st_dev,
+        inode=info.st_ino,
+        size=info.st_size,
+        mtime_ns=info.st_mtime_ns,
+        ctime_ns=info.st_ctime_ns,
+    )
 
 
 def revoke(published: Published) -> bool:
     """Remove a file we published, only if the path still names that same file."""
-    try:
-        info = os.lstat(published.path)
-    except FileNotFoundError:
-        return False
-    if (info.st_dev, info.st_ino) != (published.device, published.inode):
+    if not published.still_ours():
         return False
     os.unlink(published.path)
     _fsync_dir(os.path.dirname(published.path) or ".")
