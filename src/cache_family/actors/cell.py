@@ -76,6 +76,10 @@ COHORT_NATIVE: Final = "native"
 # Directory of each native arm's cell inside its row directory (run layout).
 ARM_DIRS: Final = {ARM_SERIAL: "native-serial", ARM_CONCURRENT: "sweep-native-concurrent"}
 
+# The cell's own work (hashing, startup, requests) ends this long before the cell deadline, so
+# that a request cut by the budget is still recorded by the load actor itself (with its elapsed
+# time) and the cell reaches cleanup on its own rather than by cancellation.
+MEASUREMENT_RESERVE_SECONDS: Final = 2.0
 # Finalize (fold + publish) is shielded; this bounds it so a wedged disk cannot hang a run.
 FINALIZE_BOUND_SECONDS: Final = 30.0
 # Custody's own bound covers the host; this only guards the journal appends around it.
@@ -122,6 +126,11 @@ class Budgets:
 
     def cell_deadline(self, now: float) -> float:
         return min(self.run_deadline, now + self.cell_seconds)
+
+    @staticmethod
+    def work_deadline(cell_deadline: float, now: float) -> float:
+        """When the cell's measured work must end: the reserve before its deadline."""
+        return max(cell_deadline - MEASUREMENT_RESERVE_SECONDS, now)
 
     @staticmethod
     def request_deadline(cell_deadline: float, started: float, request_timeout_ms: int) -> float:
@@ -408,6 +417,7 @@ class CellActor:
         self.ctx = ctx
         self.machine: CellMachine = new_cell_machine(plan.cell_id)
         self.deadline = math.inf
+        self.work_deadline = math.inf
         self.host: HostHandle | None = None
         self.prompt: BenchmarkPrompt | None = None
         self.receipt: CellReceipt | None = None
@@ -494,6 +504,21 @@ class CellActor:
         if self.machine.can_fire(event):
             await self._fire(event)
 
+    async def _deadline_reached(self) -> None:
+        """The cell's work deadline passed without cancellation (the load actor stopped)."""
+        if self._stop_recorded:
+            return
+        self._stop_recorded = True
+        execution = self.deadline >= self.ctx.stop.run_deadline
+        await self._journal(
+            DeadlineExpired(
+                cell_id=self.plan.cell_id,
+                budget="execution" if execution else "cell",
+                detail=f"work deadline passed in state {self.machine.state.value}",
+            )
+        )
+        await self._fire(CellEvent.DEADLINE_EXPIRED)
+
     # -- the session ---------------------------------------------------------------------
 
     async def run(self) -> CellReceipt | None:
@@ -502,6 +527,7 @@ class CellActor:
         now = trio.current_time()
         self._opened_at = now
         self.deadline = self.ctx.budgets.cell_deadline(now)
+        self.work_deadline = Budgets.work_deadline(self.deadline, now)
         cell_path = os.path.join(self.ctx.run_dir, plan.cell_dir)
         os.makedirs(os.path.join(cell_path, "logs"), exist_ok=True)
         await self._journal(
@@ -609,7 +635,7 @@ class CellActor:
         await host.launch(argv, env)
         now = trio.current_time()
         await host.wait_ready(
-            Budgets.startup_seconds(self.deadline, now, float(profile.startup_timeout_secs))
+            Budgets.startup_seconds(self.work_deadline, now, float(profile.startup_timeout_secs))
         )
         host.note_descendants()
         await self._fire(CellEvent.HOST_READY)
@@ -655,6 +681,10 @@ class CellActor:
                 )
             host.note_descendants()
             outcome = await self._rung(index, rung, host)
+            if outcome.status != "completed" and trio.current_time() >= self.work_deadline:
+                # The budget ran out: a deadline, not a fault of the host; the ladder stops.
+                await self._deadline_reached()
+                return
             if outcome.status != "completed":
                 timed_out = any(
                     row.status == "incomplete" and row.error and "timeout" in row.error
@@ -686,7 +716,7 @@ class CellActor:
             ttft_slo_ms=None if serial else plan.ttft_slo_ms,
             tpot_slo_ms=None if serial else plan.tpot_slo_ms,
         )
-        load = LoadRun(request, deadline=self.deadline)
+        load = LoadRun(request, deadline=self.work_deadline)
         try:
             outcome = await load.run()
         except BaseException as exc:
@@ -731,7 +761,7 @@ class CellActor:
     # -- pins ------------------------------------------------------------------------------
 
     async def _verify_pins(self, phase: str) -> bool:
-        remaining = self.deadline - trio.current_time()
+        remaining = self.work_deadline - trio.current_time()
         results = await self.ctx.pin_hasher(self.plan.pins, remaining)
         ok = True
         for result in results:

@@ -2,7 +2,8 @@
 
 Until the correctness arm exists (a later issue), the benchmark prompt comes from the corpus:
 
-* a use-case row takes its use case's prompt from the prepared input's pinned corpus;
+* a use-case row takes its use case's prompt as preparation copied it from the pinned corpus
+  into the prepared input (the run never re-reads that corpus);
 * a full row (no use case) takes a fixed entry: the FIRST entry of the checked-in corpus, so
   that every full row of every run is measured with the same text.
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 from cache_family.errors import Refused
 from cache_family.schemas.corpus import LoadedCorpus, default_corpus_path, load_corpus
-from cache_family.schemas.prepared import PreparedInput, PreparedRow
+from cache_family.schemas.prepared import CorpusUsed, PreparedInput, PreparedRow, UseCaseRecord
 
 # Journaled as the prompt's origin, so a reader knows why this text was used.
 SOURCE_USE_CASE = "use-case"
@@ -49,64 +50,51 @@ class PromptSelector:
     prepared: PreparedInput
     # Injected in tests; the checked-in corpus otherwise.
     fixed_corpus_path: str | None = None
-    _prepared_corpus: LoadedCorpus | None = field(default=None, init=False)
     _fixed_corpus: LoadedCorpus | None = field(default=None, init=False)
 
     def check(self) -> None:
-        """Load every corpus the rows will need, refusing a pin that no longer matches.
-
-        Called before the run writes anything, so a changed corpus refuses the input.
-        """
+        """Find every prompt the rows will need before the run writes anything."""
         rows = self.prepared.rows
-        if any(row.use_case is not None for row in rows):
-            self._use_case_corpus()
+        for row in rows:
+            if row.use_case is not None:
+                self._use_case(row.use_case)
         if any(row.use_case is None for row in rows):
             self._fixed()
 
     def choose(self, row: PreparedRow) -> PromptChoice:
         target = row.prefix_tokens + 1
         if row.use_case is not None:
-            loaded = self._use_case_corpus()
-            entry = loaded.corpus.use_case(row.use_case)
+            entry, pinned = self._use_case(row.use_case)
             return PromptChoice(
                 text=entry.prompt,
                 source=SOURCE_USE_CASE,
-                corpus_path=loaded.path,
-                corpus_sha256=loaded.sha256,
+                corpus_path=pinned.path,
+                corpus_sha256=pinned.sha256,
                 entry_key=entry.key,
                 target_tokens=target,
             )
         loaded = self._fixed()
-        entry = loaded.corpus.use_cases[0]
+        first = loaded.corpus.use_cases[0]
         return PromptChoice(
-            text=entry.prompt,
+            text=first.prompt,
             source=SOURCE_FIXED_CORPUS_ENTRY,
             corpus_path=loaded.path,
             corpus_sha256=loaded.sha256,
-            entry_key=entry.key,
+            entry_key=first.key,
             target_tokens=target,
         )
 
-    def _use_case_corpus(self) -> LoadedCorpus:
-        if self._prepared_corpus is None:
-            pinned = self.prepared.corpus
-            if pinned is None:
-                raise Refused.one(
-                    "run.prompt.no_corpus",
-                    "$.corpus",
-                    "a row names a use case but the prepared input pins no corpus",
-                    "re-run prepare-use-cases; never edit prepared documents by hand",
-                )
-            loaded = load_corpus(pinned.path)
-            if loaded.sha256 != pinned.sha256:
-                raise Refused.one(
-                    "run.prompt.corpus_drift",
-                    "$.corpus.sha256",
-                    f"corpus {pinned.path} has SHA-256 {loaded.sha256}, prepared {pinned.sha256}",
-                    "restore the corpus file or re-run preparation",
-                )
-            self._prepared_corpus = loaded
-        return self._prepared_corpus
+    def _use_case(self, key: str) -> tuple[UseCaseRecord, CorpusUsed]:
+        pinned = self.prepared.corpus
+        entry = next((u for u in self.prepared.use_cases if u.key == key), None)
+        if pinned is None or entry is None:
+            raise Refused.one(
+                "run.prompt.no_use_case",
+                "$.use_cases",
+                f"a row names use case {key!r} but the prepared input does not carry it",
+                "re-run prepare-use-cases; never edit prepared documents by hand",
+            )
+        return entry, pinned
 
     def _fixed(self) -> LoadedCorpus:
         if self._fixed_corpus is None:

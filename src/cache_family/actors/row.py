@@ -24,6 +24,7 @@ from cache_family.actors.cell import (
     ARM_CONCURRENT,
     ARM_DIRS,
     ARM_SERIAL,
+    MEASUREMENT_RESERVE_SECONDS,
     CellActor,
     CellPlan,
     RunContext,
@@ -302,11 +303,19 @@ class RowActor:
             if plan.status != "planned":
                 await self._fire(RowEvent.ARM_SKIPPED)
                 continue
+            await self._wait_if_out_of_time()
             cell = CellActor(self.cell_plan(arm), self.ctx)
             self.cells.append(cell)
             await cell.run()
             await self._fire(RowEvent.ARM_FINISHED)
         await self._fire(RowEvent.ARMS_EXHAUSTED)
+
+    async def _wait_if_out_of_time(self) -> None:
+        """A cell that could not do any work before the run's deadline is never launched:
+        wait for the supervisor's deadline watcher to stop the run instead."""
+        deadline = self.ctx.stop.run_deadline
+        if trio.current_time() >= deadline - MEASUREMENT_RESERVE_SECONDS:
+            await trio.sleep_until(deadline + MEASUREMENT_RESERVE_SECONDS)
 
     async def _finalize(self) -> RowResult:
         row = self.row

@@ -1,0 +1,615 @@
+"""The run's budgets and downgrades, on trio's autojump clock with in-process FAKE hosts.
+
+The supervisor, row and cell actors, the journal writer and the folds are all real; only the
+host (an in-process fake llama HTTP endpoint standing in for custody's child process) and the
+pin hasher (instant answers) are fakes, so a 15-minute cell budget costs no real time. Every
+test checks what the journal and the published receipts say, never internal flags.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from cache_family.actors import custody
+from cache_family.actors.cell import (
+    Budgets,
+    HostHandle,
+    Observe,
+    PinResult,
+    PinTarget,
+    RunContext,
+    RunStop,
+)
+from cache_family.actors.matrix import (
+    MatrixOutcome,
+    Progress,
+    RunOptions,
+    admit_run,
+    supervise,
+)
+from cache_family.actors.pins import Budget
+from cache_family.actors.preparation import admit, observe
+from cache_family.actors.replay import replay
+from cache_family.errors import Refused
+from cache_family.schemas.journal import (
+    Cancellation,
+    CleanupOutcome,
+    DeadlineExpired,
+    Fault,
+    JournalLine,
+    RequestOutcome,
+    RungCompleted,
+    Transition,
+    read_journal,
+)
+from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
+from cache_family.schemas.measurement import (
+    CleanupOutcome as HostCleanupOutcome,
+)
+from cache_family.schemas.measurement import (
+    HostCleaned,
+    HostFaulted,
+    HostMarkerSeen,
+    HostReady,
+    HostSpawned,
+)
+from cache_family.schemas.prepared import PreparationRequest, encode_document
+from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
+from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
+from hub_fixture import build_toolbox, operator_document
+
+HERE = Path(__file__).parent
+FAKE_SERVER = HERE / "fake_hosts" / "fake_run_llama_server.py"
+
+SERIAL = "cell-0000/native-serial"
+CONCURRENT = "cell-0000/native-concurrent"
+
+
+@pytest.fixture
+def autojump_clock(monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
+    """trio's autojump clock, held still while a worker thread runs.
+
+    The journal writer and receipt publication use worker threads, which take real time; a
+    plain autojump clock sees the run loop idle meanwhile and jumps to the next deadline (the
+    run's own execution deadline), which no real run would ever do. Autojump is switched off
+    while any ``trio.to_thread.run_sync`` call is in flight and back on when none is.
+    """
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    real_run_sync = trio.to_thread.run_sync
+    in_flight = 0
+
+    async def counted_run_sync(*args: Any, **kwargs: Any) -> Any:
+        nonlocal in_flight
+        in_flight += 1
+        clock.autojump_threshold = math.inf
+        try:
+            return await real_run_sync(*args, **kwargs)
+        finally:
+            in_flight -= 1
+            if in_flight == 0:
+                clock.autojump_threshold = 0
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted_run_sync)
+    return clock
+
+
+# --- a prepared input with one present row (qwen3_dense, first in catalog order) ---------
+
+
+class _SilentEvents:
+    def emit(self, **event: object) -> None:
+        del event
+
+    def phase(self, text: str) -> None:
+        del text
+
+    clock = staticmethod(lambda: 0.0)
+
+
+def make_prepared(
+    root: Path,
+    *,
+    keys: Sequence[str] = ("qwen3_dense",),
+    top: dict[str, object] | None = None,
+    **plan: object,
+) -> Path:
+    """Prepare (for real: pins, plan, profiles) a run input whose native server is the FAKE
+    ``fake_run_llama_server.py``; returns the path of ``cache-family-input.json``."""
+    root.mkdir(parents=True, exist_ok=True)
+    box = build_toolbox(root, list(keys))
+    server = root / "tools" / "fake-llama-server"
+    shutil.copy(FAKE_SERVER, server)
+    server.chmod(0o755)
+    plan = {"concurrency": [1, 2], "concurrent_requests": 2, "llama_repeats": 3, **plan}
+    document = operator_document(box, **plan)
+    document["native_server"] = str(server)
+    document.update(top or {})
+    operator = root / "operator.json"
+    operator.write_text(json.dumps(document))
+    admission = admit(
+        "prepare-full", str(operator), str(root / "unused"), [], environ={"PATH": "/usr/bin:/bin"}
+    )
+    request = PreparationRequest(
+        schema_version=1,
+        mode=admission.mode,
+        operator=admission.operator,
+        corpus_source=admission.corpus_source,
+        worker_budget_ms=60_000,
+    )
+    prepared = observe(request, Budget.seconds(60), _SilentEvents())  # type: ignore[arg-type]
+    path = root / "cache-family-input.json"
+    path.write_bytes(encode_document(prepared))
+    return path
+
+
+# --- fakes ------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeHostScript:
+    """How the in-process FAKE host behaves (one per test)."""
+
+    reply: Callable[[int, dict[str, Any]], Reply] = lambda _i, _b: Reply(
+        first_token_delay=0.01, token_delay=0.0
+    )
+    # still_same() turns false after this many calls (None: never).
+    identity_lasts: int | None = None
+    forced_cleanup: bool = False
+    never_ready: bool = False
+    launched: list[str] = field(default_factory=list)
+    cleaned: list[str] = field(default_factory=list)
+    argv: list[list[str]] = field(default_factory=list)
+    env: list[dict[str, str]] = field(default_factory=list)
+
+
+class FakeHost:
+    """A FAKE host in custody: an in-process llama HTTP endpoint and custody's events."""
+
+    def __init__(self, config: custody.HostConfig, observe: Observe, script: FakeHostScript):
+        self.config = config
+        self.observe = observe
+        self.script = script
+        self.port = 0
+        self.state_dir = os.path.join(config.state_parent, "fake-state")
+        self.pid: int | None = None
+        self.create_time: float | None = None
+        self.identity_checks = 0
+        self._outcome: HostCleanupOutcome | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def launch(self, argv: Sequence[str], env: Any) -> HostSpawned:
+        self.pid, self.create_time = 40000 + len(self.script.launched), 1700000000.5
+        self.script.launched.append(self.config.label)
+        self.script.argv.append(list(argv))
+        self.script.env.append(dict(env))
+        spawned = HostSpawned(
+            label=self.config.label,
+            pid=self.pid,
+            create_time=self.create_time,
+            port=self.port,
+            argv=tuple(argv),
+            env=dict(env),
+            state_dir=self.state_dir,
+            stdout_log="",
+            stderr_log="",
+        )
+        await self.observe(spawned)
+        return spawned
+
+    async def wait_ready(self, startup_seconds: float) -> HostReady:
+        assert self.pid is not None
+        if self.script.never_ready:
+            await trio.sleep(startup_seconds)
+            await self.observe(
+                HostFaulted(
+                    label=self.config.label,
+                    code="custody.readiness_failed",
+                    message="never healthy",
+                    pid=self.pid,
+                )
+            )
+            raise Refused.one("custody.readiness_failed", "$.host", "never healthy", "fake")
+        marker = custody.listening_marker("llama-server", self.port)
+        await self.observe(
+            HostMarkerSeen(
+                label=self.config.label, pid=self.pid, stream="stderr", line=marker, after_seconds=0
+            )
+        )
+        ready = HostReady(
+            label=self.config.label, pid=self.pid, after_seconds=0.05, health_attempts=1
+        )
+        await self.observe(ready)
+        return ready
+
+    def still_same(self) -> bool:
+        self.identity_checks += 1
+        lasts = self.script.identity_lasts
+        return self.pid is not None and (lasts is None or self.identity_checks <= lasts)
+
+    def note_descendants(self) -> None:
+        pass
+
+    def shorten_grace(self) -> None:
+        pass
+
+    async def cleanup(self) -> HostCleanupOutcome:
+        if self._outcome is None:
+            forced = self.script.forced_cleanup and self.pid is not None
+            self._outcome = HostCleanupOutcome(
+                pid=self.pid,
+                graceful=not forced,
+                forced=forced,
+                exit_code=-9 if forced else 0,
+                port_free=True,
+                state_dir_removed=True,
+            )
+            self.script.cleaned.append(self.config.label)
+            with trio.CancelScope(shield=True):
+                await self.observe(HostCleaned(label=self.config.label, outcome=self._outcome))
+        return self._outcome
+
+
+def fake_opener(script: FakeHostScript) -> Any:
+    @asynccontextmanager
+    async def open_host(config: custody.HostConfig, observe: Observe) -> AsyncIterator[HostHandle]:
+        server = FakeLlamaHttp(script=script.reply)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve)
+            host = FakeHost(config, observe, script)
+            host.port = server.port
+            try:
+                yield host
+            finally:
+                await host.cleanup()
+                nursery.cancel_scope.cancel()
+
+    return open_host
+
+
+def hasher(drift: dict[int, str] | None = None) -> Any:
+    """Instant FAKE pin answers: the expected pins, except ``drift[call number] = pin name``."""
+    calls: list[int] = []
+
+    async def hash_pins(targets: Sequence[PinTarget], seconds: float) -> list[PinResult]:
+        assert seconds > 0
+        bad = (drift or {}).get(len(calls))
+        calls.append(len(calls))
+        await trio.sleep(0)
+        return [PinResult(t, "f" * 64 if t.name == bad else t.expected_sha256) for t in targets]
+
+    return hash_pins
+
+
+async def run(
+    input_path: Path,
+    out: Path,
+    script: FakeHostScript,
+    *,
+    pins: Any = None,
+    on_started: Callable[[RunContext], None] | None = None,
+    host_opener: Any = None,
+    host_port: int = 0,
+) -> MatrixOutcome:
+    admitted = admit_run(str(input_path), str(out))
+    os.mkdir(admitted.output)
+    options = RunOptions(
+        host_opener=host_opener or fake_opener(script),
+        pin_hasher=pins or hasher(),
+        host_port=host_port,
+        progress=Progress(io.StringIO(), len(admitted.prepared.rows)),
+        on_started=on_started,
+    )
+    return await supervise(admitted, options)
+
+
+def journal(out: Path) -> tuple[JournalLine, ...]:
+    read = read_journal((out / "journal.jsonl").read_bytes())
+    assert read.chain_break is None
+    return read.lines
+
+
+def records(out: Path, kind: type) -> list[Any]:
+    return [line.record for line in journal(out) if isinstance(line.record, kind)]
+
+
+def cell(out: Path, name: str) -> Any:
+    return decode_cell_receipt((out / "cell-0000" / name / "cell.json").read_bytes())
+
+
+def row(out: Path) -> Any:
+    return decode_row_receipt((out / "cell-0000" / "row.json").read_bytes())
+
+
+def matrix(out: Path) -> Any:
+    return decode_matrix((out / MATRIX_FILENAME).read_bytes())
+
+
+def transitions(out: Path, cell_id: str) -> list[tuple[str, str, str]]:
+    return [
+        (t.from_state, t.event, t.to_state)
+        for t in records(out, Transition)
+        if t.machine == "cell" and t.cell_id == cell_id
+    ]
+
+
+# --- budgets ------------------------------------------------------------------------------------
+
+
+def test_budgets_only_shrink() -> None:
+    budgets = Budgets(run_deadline=100.0, cell_seconds=30.0, request_timeout_ms=5000)
+    assert budgets.cell_deadline(now=10.0) == 40.0
+    assert budgets.cell_deadline(now=90.0) == 100.0  # never past the run's deadline
+    assert Budgets.request_deadline(40.0, started=20.0, request_timeout_ms=5000) == 25.0
+    assert Budgets.request_deadline(40.0, started=38.0, request_timeout_ms=5000) == 40.0
+    assert Budgets.startup_seconds(40.0, now=35.0, profile_startup=886) == 5.0
+    assert Budgets.startup_seconds(40.0, now=10.0, profile_startup=12) == 12
+    stop = RunStop(run_deadline=100.0)
+    assert stop.classify(cell_deadline=40.0, now=41.0) == "cell"
+    assert stop.classify(cell_deadline=100.0, now=100.0) == "execution"
+    stop.signal_name = "SIGTERM"
+    assert stop.classify(cell_deadline=40.0, now=41.0) == "cancelled"
+
+
+async def test_a_complete_run_measures_both_arms_and_replays(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    script = FakeHostScript()
+    outcome = await run(make_prepared(tmp_path / "p"), tmp_path / "out", script)
+    out = tmp_path / "out"
+    assert outcome.status == "completed" and not outcome.interrupted
+    assert script.launched == ["native-serial", "sweep-native-concurrent"]  # one host per arm
+    serial, concurrent = cell(out, "native-serial"), cell(out, "sweep-native-concurrent")
+    assert (serial.status, concurrent.status) == ("completed", "completed")
+    assert serial.measurement.rungs[0].warmup_excluded_ids == (0,)
+    assert [r.concurrency for r in concurrent.measurement.rungs] == [1, 2]
+    assert all(r.host_retained for r in concurrent.measurement.rungs)
+    assert row(out).status == "completed" and row(out).correctness_status == "not-run"
+    argv = script.argv[0]
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--no-webui" in argv
+    assert argv[argv.index("-t") + 1] == "2"  # the operator's OMP_NUM_THREADS
+    assert script.env[0]["HOME"].startswith(str(out / "cell-0000" / "native-serial"))
+    assert "LLAMA_STAGE_BUILD_DIR" in script.env[0]
+    entries = matrix(out).rows
+    assert entries[0].result.status == "completed"
+    assert entries[0].result.evidence == "cell-0000/row.json"
+    assert {e.result.status for e in entries[1:]} == {"missing-model"}
+    assert not (out / "cell-0001").exists()  # missing models get no directory
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_a_hanging_request_is_cut_at_the_cell_deadline(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """request timeout (600 s) > cell budget (15 s): the cell deadline ends the request."""
+
+    def hang_in_ladder(index: int, body: dict[str, Any]) -> Reply:
+        return Reply(behaviour="hang") if body.get("stream") else Reply(first_token_delay=0.01)
+
+    script = FakeHostScript(reply=hang_in_ladder)
+    prepared = make_prepared(
+        tmp_path / "p", top={"cell_seconds": 15, "request_timeout_ms": 600_000}
+    )
+    out = tmp_path / "out"
+    started = trio.current_time()
+    outcome = await run(prepared, out, script)
+    concurrent = cell(out, "sweep-native-concurrent")
+    assert concurrent.status == "incomplete" and concurrent.terminal_refusal == "deadline_expired"
+    expiry = [r for r in records(out, DeadlineExpired) if r.cell_id == CONCURRENT]
+    assert [r.budget for r in expiry] == ["cell"]
+    cut = [r.row for r in records(out, RequestOutcome) if r.cell_id == CONCURRENT]
+    assert [r.status for r in cut] == ["incomplete", "not-launched"]  # concurrency 1
+    assert cut[0].elapsed_ms is not None and 12_000 <= cut[0].elapsed_ms <= 15_000
+    assert "the cell budget" in (cut[0].error or "")
+    # Serial arm finished first and keeps its verdict; the run itself was not out of time.
+    assert cell(out, "native-serial").status == "completed"
+    assert trio.current_time() - started < 60
+    assert outcome.status == "incomplete" and matrix(out).terminal_refusal is None
+    assert ("ladder", "deadline-expired", "cleanup") in transitions(out, CONCURRENT)
+    assert cell(out, "sweep-native-concurrent").cleanup.clean  # cleanup still ran
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_a_request_timeout_shorter_than_the_cell_faults_only_that_cell(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    script = FakeHostScript(
+        reply=lambda i, b: Reply(behaviour="hang") if b.get("stream") else Reply(0.01)
+    )
+    prepared = make_prepared(tmp_path / "p", top={"cell_seconds": 900, "request_timeout_ms": 1500})
+    out = tmp_path / "out"
+    outcome = await run(prepared, out, script)
+    concurrent = cell(out, "sweep-native-concurrent")
+    assert concurrent.status == "incomplete" and concurrent.terminal_refusal is None
+    assert [f.kind for f in concurrent.faults][:1] == ["request_timeout"]
+    cut = [r.row for r in records(out, RequestOutcome) if r.cell_id == CONCURRENT]
+    assert {r.status for r in cut} <= {"incomplete", "not-launched"}
+    assert all(
+        r.elapsed_ms is None or 1500 <= r.elapsed_ms < 1600
+        for r in cut
+        if r.status != "not-launched"
+    )
+    assert "its own timeout" in (cut[0].error or "")
+    assert records(out, DeadlineExpired) == []
+    assert outcome.status == "incomplete"
+
+
+async def test_the_execution_deadline_downgrades_every_level_and_stops_later_rows(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    script = FakeHostScript(reply=lambda i, b: Reply(behaviour="hang"))
+    prepared = make_prepared(
+        tmp_path / "p",
+        keys=("qwen3_dense", "llama"),
+        top={"execution_seconds": 30, "cell_seconds": 900, "request_timeout_ms": 600_000},
+    )
+    out = tmp_path / "out"
+    started = trio.current_time()
+    outcome = await run(prepared, out, script)
+    assert 30 <= trio.current_time() - started < 45  # cleanup is bounded
+    run_wide = [r for r in records(out, DeadlineExpired) if r.cell_id is None]
+    assert [r.budget for r in run_wide] == ["execution"]
+    serial = cell(out, "native-serial")
+    assert serial.status == "incomplete" and serial.terminal_refusal == "deadline_expired"
+    assert serial.cleanup is not None and serial.cleanup.clean
+    receipt = matrix(out)
+    assert receipt.status == "incomplete" and receipt.terminal_refusal == "deadline_expired"
+    assert row(out).status == "incomplete" and row(out).terminal_refusal == "deadline_expired"
+    second = receipt.rows[1]  # llama: never reached, kept without launch
+    assert (second.case, second.result.status) == ("llama", "not-launched")
+    assert second.result.reason == "cancellation_or_deadline"
+    assert not (out / "cell-0001").exists()
+    assert script.launched == ["native-serial"]
+    assert outcome.status == "incomplete" and not outcome.interrupted
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_a_signal_cancels_the_run_and_downgrades_every_receipt(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    arrived = trio.Event()
+
+    def hang_and_tell(index: int, body: dict[str, Any]) -> Reply:
+        if body.get("stream"):
+            arrived.set()
+            return Reply(behaviour="hang")
+        return Reply(first_token_delay=0.01)
+
+    script = FakeHostScript(reply=hang_and_tell)
+    prepared = make_prepared(tmp_path / "p")
+    out = tmp_path / "out"
+
+    async def signal_when_hanging() -> None:
+        await arrived.wait()
+        os.kill(os.getpid(), signal.SIGTERM)  # caught by the run's signal receiver
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(signal_when_hanging)
+        outcome = await run(prepared, out, script)
+    assert outcome.interrupted and outcome.status == "incomplete"
+    run_wide = [r for r in records(out, Cancellation) if r.cell_id is None]
+    assert [r.signal for r in run_wide] == ["SIGTERM"]
+    concurrent = cell(out, "sweep-native-concurrent")
+    assert concurrent.status == "incomplete" and concurrent.terminal_refusal == "cancelled"
+    assert concurrent.cleanup is not None and concurrent.cleanup.clean
+    # The rung's roster survives the cancellation: every planned id, none lost.
+    rung = concurrent.measurement.rungs[0]
+    assert [r.request_id for r in rung.rows] == [0, 1] and rung.status == "incomplete"
+    # Nothing already written is erased or raised: the serial cell stays completed.
+    assert cell(out, "native-serial").status == "completed"
+    assert row(out).status == "incomplete" and row(out).terminal_refusal == "cancelled"
+    assert matrix(out).terminal_refusal == "cancelled"
+    assert script.cleaned == script.launched
+    assert replay(str(out)).exit_code == 0
+
+
+# --- custody faults keep observations -------------------------------------------------------------
+
+
+async def test_pin_drift_before_launch_launches_nothing(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    script = FakeHostScript()
+    out = tmp_path / "out"
+    # Call 0: the serial cell's pins before launch; call 1: the concurrent cell's.
+    pins = hasher({0: "model", 1: "native_build"})
+    await run(make_prepared(tmp_path / "p"), out, script, pins=pins)
+    serial = cell(out, "native-serial")
+    assert serial.status == "failed" and serial.host is None
+    assert serial.lifecycle == ("pin-verify", "cleanup", "finalize")
+    assert [p.name for p in serial.pins_before if not p.matches] == ["model"]
+    concurrent = cell(out, "sweep-native-concurrent")
+    assert [p.name for p in concurrent.pins_before if not p.matches] == ["native_build"]
+    assert script.launched == []  # neither arm launched anything
+    assert records(out, RequestOutcome) == []
+
+
+async def test_post_run_drift_and_forced_kill_keep_measurements_but_mark_incomplete(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    script = FakeHostScript(forced_cleanup=True)
+    out = tmp_path / "out"
+    # Call 1 is the serial cell's post-verify.
+    await run(make_prepared(tmp_path / "p"), out, script, pins=hasher({1: "binary"}))
+    serial = cell(out, "native-serial")
+    assert serial.status == "incomplete" and serial.pins_drifted
+    assert not serial.accepted_for_parity
+    assert serial.measurement.rungs[0].serial_summary is not None  # measurements kept
+    assert {f.kind for f in serial.faults} >= {"pin_drift", "cleanup_forced"}
+    assert serial.terminal_refusal is None
+    assert row(out).status == "incomplete"
+
+
+async def test_a_host_that_changes_between_rungs_is_a_fault(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Each host answers "same" twice: before rung 0 and when rung 0 is journaled; the
+    # concurrent ladder's check before rung 1 then sees a different process.
+    script = FakeHostScript(identity_lasts=2)
+    out = tmp_path / "out"
+    await run(make_prepared(tmp_path / "p"), out, script)
+    concurrent = cell(out, "sweep-native-concurrent")
+    assert concurrent.status == "incomplete"
+    assert [f.kind for f in concurrent.faults] == ["host_identity_changed"]
+    completed = records(out, RungCompleted)
+    assert [(r.cell_id, r.rung_index) for r in completed] == [(SERIAL, 0), (CONCURRENT, 0)]
+    assert cell(out, "native-serial").status == "completed"
+
+
+async def test_a_busy_port_refuses_before_anything_is_launched(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    port = blocker.getsockname()[1]
+    out = tmp_path / "out"
+    try:
+        # Real host custody: its reservation is refused, so the fake binary never runs.
+        await run(
+            make_prepared(tmp_path / "p"),
+            out,
+            FakeHostScript(),
+            host_opener=lambda config, observe: custody.host_custody(config, observe),
+            host_port=port,
+        )
+    finally:
+        blocker.close()
+    serial = cell(out, "native-serial")
+    assert serial.status == "failed" and serial.host is None
+    assert [f.kind for f in serial.faults] == ["port_busy"]
+    assert records(out, Fault)[0].kind == "port_busy"
+    outcomes = [r for r in records(out, CleanupOutcome) if r.cell_id == SERIAL]
+    assert outcomes[0].pid is None and outcomes[0].detail == "nothing was launched"
+    assert not list((out / "cell-0000" / "native-serial").glob("*-state-*"))
+
+
+async def test_readiness_failure_is_failed_and_bounded_by_the_cell(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    script = FakeHostScript(never_ready=True)
+    prepared = make_prepared(tmp_path / "p", top={"cell_seconds": 20})
+    out = tmp_path / "out"
+    started = trio.current_time()
+    await run(prepared, out, script)
+    serial = cell(out, "native-serial")
+    assert serial.status == "failed" and not serial.readiness.ready
+    assert [f.kind for f in serial.faults] == ["readiness_failed"]
+    assert trio.current_time() - started <= 2 * 20 + 1  # two cells, each within its budget
