@@ -9,8 +9,12 @@ the prompt's length minus one after the first request, as a warm prefix cache wo
 Its behaviour comes from ``<this file>.behaviour.json`` if present (the run gives hosts only an
 explicit environment, so a file beside the binary is the test's channel):
   {"completion_delay": seconds before each /completion answers (default 0),
-   "ignore_sigterm": true to survive SIGTERM (custody must SIGKILL it),
-   "started_file": a path touched once the host listens,
+   "stream_delay": seconds before each streamed /completion answers (default 0),
+   "ignore_sigterm": "always", or "after_stream" (once a streamed request arrived) to
+                     survive SIGTERM (custody must SIGKILL it); otherwise SIGTERM exits 0,
+   "notify_fifo": a FIFO the host writes one line to at events the test waits for:
+                  "stream <pid>" when a streamed /completion arrives, "sigterm <pid>"
+                  when SIGTERM arrives,
    "record_argv": a path the host writes its argv and environment to}
 Every connection is closed after one answer, as llama-server does after a stream.
 """
@@ -40,7 +44,24 @@ def _behaviour() -> dict[str, Any]:
 
 BEHAVIOUR = _behaviour()
 _served = 0
+_stream_seen = False
 _lock = threading.Lock()
+
+
+def _notify(event: str) -> None:
+    path = BEHAVIOUR.get("notify_fifo")
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        os.write(fd, f"{event} {os.getpid()}\n".encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _final(prompt: str, n_predict: int, cache_n: int) -> dict[str, Any]:
@@ -85,7 +106,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "not found"})
 
     def do_POST(self) -> None:
-        global _served
+        global _served, _stream_seen
         body = self._body()
         if self.path == "/tokenize":
             self._json(200, {"tokens": [ord(c) for c in body.get("content", "")]})
@@ -98,6 +119,10 @@ class Handler(BaseHTTPRequestHandler):
             with _lock:
                 cache_n = max(len(prompt) - 1, 0) if _served else 0
                 _served += 1
+            if body.get("stream"):
+                _stream_seen = True
+                _notify("stream")
+                time.sleep(float(BEHAVIOUR.get("stream_delay", 0)))
             final = _final(prompt, n_predict, cache_n)
             if not body.get("stream"):
                 self._json(200, final)
@@ -119,13 +144,18 @@ class Handler(BaseHTTPRequestHandler):
         sys.stdout.flush()
 
 
+def _on_sigterm(*_: object) -> None:
+    mode = BEHAVIOUR.get("ignore_sigterm")
+    if mode == "always" or (mode == "after_stream" and _stream_seen):
+        _notify("sigterm")
+        return
+    os._exit(0)
+
+
 def main() -> None:
     argv = sys.argv[1:]
     port = int(argv[argv.index("--port") + 1])
-    if BEHAVIOUR.get("ignore_sigterm"):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    else:
-        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGTERM, _on_sigterm)
     if BEHAVIOUR.get("record_argv"):
         with open(BEHAVIOUR["record_argv"], "w") as handle:
             json.dump({"argv": argv, "env": dict(os.environ)}, handle)
@@ -133,9 +163,6 @@ def main() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sys.stderr.write(f"srv  llama_server: listening on http://127.0.0.1:{port}\n")
     sys.stderr.flush()
-    if BEHAVIOUR.get("started_file"):
-        with open(BEHAVIOUR["started_file"], "w") as handle:
-            handle.write(str(os.getpid()))
     while True:
         signal.pause()
 

@@ -1,0 +1,198 @@
+"""SIGINT/SIGTERM delivered to a real ``cache-family run`` process with real host custody.
+
+The host is the FAKE ``fake_run_llama_server.py`` (a real child process speaking llama-server's
+HTTP and listening line); it tells the test through a FIFO when a streamed request arrived or
+when it received SIGTERM, so every signal is sent at a known point without sleeping. Each test
+checks the published receipts, that no host process survived and that the port is free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import trio
+
+from cache_family.actors.custody import port_is_free, still_same
+from cache_family.actors.replay import replay
+from cache_family.schemas.journal import (
+    Cancellation,
+    ChildSpawned,
+    CleanupOutcome,
+    PortReserved,
+    read_journal,
+)
+from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
+from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
+from test_run_budgets import make_prepared
+
+CLI = Path(sys.executable).parent / "cache-family"
+WAIT = 60  # seconds: an upper bound on process events, never a pause
+
+
+def behave(prepared: Path, **behaviour: Any) -> None:
+    server = prepared.parent / "tools" / "fake-llama-server"
+    (server.parent / (server.name + ".behaviour.json")).write_text(json.dumps(behaviour))
+
+
+class Fifo:
+    """The test's end of the FAKE host's notification FIFO (held open for writing too, so
+    the read end never reports end-of-file between host notifications)."""
+
+    def __init__(self, path: Path) -> None:
+        os.mkfifo(path)
+        self.path = path
+        self.read_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self.keep_fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        self.buffer = b""
+
+    async def next_line(self) -> str:
+        with trio.fail_after(WAIT):
+            while b"\n" not in self.buffer:
+                await trio.lowlevel.wait_readable(self.read_fd)
+                self.buffer += os.read(self.read_fd, 4096)
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode()
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self.keep_fd)
+
+
+async def start_run(prepared: Path, out: Path, logs: Path) -> trio.Process:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(logs)}
+    with open(logs / "run.stdout", "wb") as stdout, open(logs / "run.stderr", "wb") as stderr:
+        return await trio.lowlevel.open_process(
+            [str(CLI), "run", "--input", str(prepared), "--output", str(out)],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+        )
+
+
+async def wait_exit(process: trio.Process) -> int:
+    with trio.fail_after(WAIT):
+        return await process.wait()
+
+
+def journal_records(out: Path, kind: type) -> list[Any]:
+    read = read_journal((out / "journal.jsonl").read_bytes())
+    assert read.chain_break is None and not read.torn_tail
+    return [line.record for line in read.lines if isinstance(line.record, kind)]
+
+
+def assert_no_orphan_and_ports_free(out: Path) -> None:
+    spawned = journal_records(out, ChildSpawned)
+    assert spawned, "the run journaled no host"
+    for child in spawned:
+        assert not still_same(child.pid, child.create_time), f"host {child.pid} survived"
+    for reserved in journal_records(out, PortReserved):
+        assert port_is_free(reserved.port), f"port {reserved.port} still bound"
+    alive = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any(str(out) in part for part in (p.info["cmdline"] or []))
+    ]
+    assert alive == []
+
+
+def logs_dir(tmp_path: Path) -> Path:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    return logs
+
+
+async def test_sigint_mid_ladder_downgrades_every_receipt_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    prepared = make_prepared(tmp_path / "p")
+    fifo = Fifo(tmp_path / "notify")
+    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path))
+    out = tmp_path / "out"
+    process = await start_run(prepared, out, logs_dir(tmp_path))
+    try:
+        event, pid = (await fifo.next_line()).split()
+        assert event == "stream"  # the concurrent ladder's first request is in the host
+        process.send_signal(signal.SIGINT)
+        code = await wait_exit(process)
+    finally:
+        fifo.close()
+        if process.returncode is None:
+            process.kill()
+    assert code == 130
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.status == "incomplete" and matrix.terminal_refusal == "cancelled"
+    row = decode_row_receipt((out / "cell-0000" / "row.json").read_bytes())
+    assert row.status == "incomplete" and row.terminal_refusal == "cancelled"
+    sweep = decode_cell_receipt(
+        (out / "cell-0000" / "sweep-native-concurrent" / "cell.json").read_bytes()
+    )
+    assert sweep.status == "incomplete" and sweep.terminal_refusal == "cancelled"
+    assert sweep.host is not None and sweep.host.pid == int(pid)
+    assert sweep.cleanup is not None and sweep.cleanup.clean  # SIGTERM ended it gracefully
+    assert [r.status for r in sweep.measurement.rungs[0].rows] == ["incomplete", "not-launched"]
+    serial = decode_cell_receipt((out / "cell-0000" / "native-serial" / "cell.json").read_bytes())
+    assert serial.status == "completed"  # finished before the signal: never lowered
+    assert [c.signal for c in journal_records(out, Cancellation) if c.cell_id is None] == ["SIGINT"]
+    assert_no_orphan_and_ports_free(out)
+    assert not list(out.glob("cell-0000/*/*-state-*"))  # private state dirs removed
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_sigterm_then_a_second_signal_shortens_the_grace_but_cleans_up(
+    tmp_path: Path,
+) -> None:
+    prepared = make_prepared(tmp_path / "p")
+    fifo = Fifo(tmp_path / "notify")
+    # The ladder's host ignores SIGTERM (it only reports it), so custody must SIGKILL it.
+    behave(prepared, stream_delay=3600, ignore_sigterm="after_stream", notify_fifo=str(fifo.path))
+    out = tmp_path / "out"
+    process = await start_run(prepared, out, logs_dir(tmp_path))
+    try:
+        assert (await fifo.next_line()).startswith("stream ")
+        process.send_signal(signal.SIGTERM)
+        assert (await fifo.next_line()).startswith("sigterm ")  # cleanup's grace has begun
+        interrupted_at = trio.current_time()
+        process.send_signal(signal.SIGINT)
+        code = await wait_exit(process)
+        # Custody's grace is 5 s; the second signal ended it (kill wait and reaping remain).
+        assert trio.current_time() - interrupted_at < 4.5
+    finally:
+        fifo.close()
+        if process.returncode is None:
+            process.kill()
+    assert code == 130
+    sweep = decode_cell_receipt(
+        (out / "cell-0000" / "sweep-native-concurrent" / "cell.json").read_bytes()
+    )
+    assert sweep.status == "incomplete" and sweep.terminal_refusal == "cancelled"
+    assert sweep.cleanup is not None and sweep.cleanup.forced and not sweep.cleanup.clean
+    outcome = next(
+        r for r in journal_records(out, CleanupOutcome) if r.cell_id.endswith("concurrent")
+    )
+    assert "grace shortened" in outcome.detail
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.terminal_refusal == "cancelled"
+    assert_no_orphan_and_ports_free(out)
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_an_existing_output_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    prepared = make_prepared(tmp_path / "p")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    process = await start_run(prepared, out, logs_dir(tmp_path))
+    assert await wait_exit(process) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    assert "run.output_exists" in (tmp_path / "logs" / "run.stderr").read_text()
+    relative = await start_run(prepared, Path("relative-out"), tmp_path / "logs")
+    assert await wait_exit(relative) == 2
+    assert not (Path.cwd() / "relative-out").exists()
