@@ -19,8 +19,9 @@ import pytest
 from cache_family.errors import Refused
 from cache_family.oracles.test_parts import zoo_key
 from cache_family.oracles.zoo import BUILDERS, ZooResult, build_zoo, dense
-from cache_family.oracles.zoo.base import BuiltModel, ZooUnsupported
+from cache_family.oracles.zoo.base import BuiltModel, ZooUnsupported, model_rng, write_gguf
 from cache_family.oracles.zoo.hub import SnapshotPath, place_in_snapshot, publish_snapshot
+from cache_family.oracles.zoo.layers import GATE_DOWN_UP, Tensors
 from cache_family.oracles.zoo.vocab import EOS_TOKEN, byte_to_printable, vocabulary
 from cache_family.oracles.zoo.zoo_catalog import NOT_BUILT_PREFIX
 from cache_family.schemas.catalog import load_catalog, packaged_catalog
@@ -174,6 +175,36 @@ def test_the_vocabulary_is_in_every_dense_model(zoo: ZooResult) -> None:
     assert list(_field(reader, "tokenizer.ggml.merges")) == list(merges)  # type: ignore[call-overload]
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     assert tokens[int(str(eos))] == EOS_TOKEN
+
+
+def test_layer_tensors_spell_llama_cpp_names_in_ggml_order(tmp_path: Path) -> None:
+    """Builders list shapes as llama.cpp does (``ne``, innermost first); files must agree."""
+    t = Tensors(model_rng(3, "layers-test"), n_embd=8)
+    t.token_embedding(20)
+    t.attention(0, n_q=8, n_kv=4, gated_query=True)
+    t.norm("ffn_norm", 8, 0, suffix=None)
+    t.experts(0, n_ff=6, n_expert=3, order=GATE_DOWN_UP)
+    t.bias("exp_probs_b", 3, 0)
+    path = tmp_path / "layers.gguf"
+    write_gguf(gguf.GGUFWriter(path, "llama"), t)
+    written = {
+        tensor.name: (tuple(int(n) for n in tensor.shape), tensor.tensor_type)
+        for tensor in gguf.GGUFReader(path).tensors
+    }
+    f16, f32 = gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32
+    assert list(written) == [name for name, _ in t]
+    assert written == {
+        "token_embd.weight": ((8, 20), f16),
+        "blk.0.attn_q.weight": ((8, 16), f16),  # query plus its output gate
+        "blk.0.attn_k.weight": ((8, 4), f16),
+        "blk.0.attn_v.weight": ((8, 4), f16),
+        "blk.0.attn_output.weight": ((8, 8), f16),
+        "blk.0.ffn_norm": ((8,), f32),
+        "blk.0.ffn_gate_exps.weight": ((8, 6, 3), f16),
+        "blk.0.ffn_down_exps.weight": ((6, 8, 3), f16),
+        "blk.0.ffn_up_exps.weight": ((8, 6, 3), f16),
+        "blk.0.exp_probs_b.bias": ((3,), f32),
+    }
 
 
 def _cannot_load(staging: Path, seed: int) -> BuiltModel:

@@ -12,7 +12,6 @@ import hashlib
 import itertools
 import json
 import re
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -25,9 +24,9 @@ import numpy as np
 import pytest
 import trio
 
-from cache_family.oracles.test_parts import Parts
+from cache_family.oracles.test_parts import Parts, free_port
 from cache_family.oracles.zoo import hybrid, minimax, moe
-from cache_family.oracles.zoo.base import Builder, BuiltModel
+from cache_family.oracles.zoo.base import Builder, BuiltModel, write_gguf
 from cache_family.oracles.zoo.vocab import vocabulary
 from cache_family.schemas.catalog import Preset, packaged_catalog
 
@@ -258,15 +257,8 @@ def reassemble_package(package: Path, into: Path) -> Path:
     manifest = json.loads((package / moe.PACKAGE_MANIFEST).read_text())
     readers = [gguf.GGUFReader(package / item["path"]) for item in manifest["files"]]
     path = into / "deepseek3-reassembled.gguf"
-    writer = gguf.GGUFWriter(path, moe.ARCH)
-    moe.add_deepseek2_metadata(writer, moe.DEEPSEEK_V32)
-    for reader in readers:
-        for tensor in reader.tensors:
-            writer.add_tensor(tensor.name, np.array(tensor.data))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    tensors = [(t.name, np.array(t.data)) for reader in readers for t in reader.tensors]
+    write_gguf(moe.deepseek2_writer(path, moe.DEEPSEEK_V32), tensors)
     return path
 
 
@@ -288,13 +280,6 @@ def test_package_files_carry_the_metadata_a_whole_model_would(tmp_path: Path) ->
 def llama_server(native_parts: Parts) -> Path:
     """The real build from conftest's ``native_parts`` (never compiled here)."""
     return native_parts.llama_server
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -18,13 +18,16 @@ relative to the staging directory inside the snapshot (``staging/manifest.json``
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import gguf
 import numpy as np
 import numpy.typing as npt
+
+from cache_family.oracles.zoo.vocab import vocabulary
 
 #: The f16 element size of llama-server's default KV cache (``--cache-type-k/v f16``).
 KV_ELEMENT_BYTES = 2
@@ -82,36 +85,24 @@ def model_rng(seed: int, name: str) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
 
 
-def rng_tensor(
-    rng: np.random.Generator,
-    shape: tuple[int, ...],
-    dtype: npt.DTypeLike = F16,
-    scale: float = 0.02,
-) -> npt.NDArray[np.generic]:
-    """Random normal weights in numpy order: ``(rows, cols)`` is ggml ``ne = [cols, rows]``.
-
-    llama.cpp's ``create_tensor(..., {n_embd, n_vocab})`` lists ``ne`` innermost first, so a
-    builder copying shapes from ``src/models/*.cpp`` should call ``ne_tensor`` instead.
-    """
-    values = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
-    return values.astype(dtype)
-
-
 def ne_tensor(
     rng: np.random.Generator,
     ne: tuple[int, ...],
     dtype: npt.DTypeLike = F16,
     scale: float = 0.02,
 ) -> npt.NDArray[np.generic]:
-    """Random weights with a shape given in ggml ``ne`` order (as llama.cpp's loader lists it)."""
-    return rng_tensor(rng, tuple(reversed(ne)), dtype, scale)
+    """Random normal weights with a shape given in ggml ``ne`` order, innermost first.
+
+    llama.cpp's loader lists shapes that way (``create_tensor(..., {n_embd, n_vocab})``), so
+    shapes copy straight from ``src/models/*.cpp``; numpy's order is the reverse.
+    """
+    values = rng.standard_normal(tuple(reversed(ne)), dtype=np.float32) * np.float32(scale)
+    return values.astype(dtype)
 
 
-def norm_tensor(
-    rng: np.random.Generator, n: int, *, around: float = 1.0
-) -> npt.NDArray[np.generic]:
-    """A norm weight (f32, as converted models store them) close to ``around``."""
-    values = np.float32(around) + rng.standard_normal((n,), dtype=np.float32) * np.float32(0.02)
+def norm_tensor(rng: np.random.Generator, n: int) -> npt.NDArray[np.generic]:
+    """A norm weight (f32, as converted models store them) close to 1."""
+    values = np.float32(1.0) + rng.standard_normal((n,), dtype=np.float32) * np.float32(0.02)
     return values.astype(F32)
 
 
@@ -123,8 +114,116 @@ def attention_kv_bytes_per_token(
     return n_attention_layers * n_head_kv * (head_dim_k + head_dim_v) * KV_ELEMENT_BYTES
 
 
-def write_gguf(writer: gguf.GGUFWriter) -> None:
-    """Header, metadata, tensor infos, tensor data, close: the one order GGUFWriter accepts."""
+class ShapeSpec(Protocol):
+    """The sizes every architecture spec states; ``tiny_shape`` reports them."""
+
+    @property
+    def n_layer(self) -> int: ...
+    @property
+    def n_embd(self) -> int: ...
+    @property
+    def n_head(self) -> int: ...
+    @property
+    def n_head_kv(self) -> int: ...
+    @property
+    def n_ff(self) -> int: ...
+    @property
+    def n_ctx_train(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class GqaSpec:
+    """Grouped-query attention with one head size for K and V and rotary positions.
+
+    The defaults are the zoo's tiny sizes; a family's spec extends this one and overrides
+    what its family does differently (every family sets its own ``rope_freq_base``).
+    """
+
+    n_layer: int = 4
+    n_embd: int = 256
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_rot: int | None = None  # None: rope.dimension_count unwritten, the whole head rotates
+    n_ctx_train: int = 8192
+    rope_freq_base: float = 10_000.0
+    rms_eps: float = 1e-6
+
+    @property
+    def q_width(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+
+def zoo_vocab_size() -> int:
+    """Every zoo model carries the same byte-level BPE vocabulary, so one size for all."""
+    return len(vocabulary()[0])
+
+
+def tiny_shape(spec: ShapeSpec) -> TinyShape:
+    return TinyShape(
+        n_layer=spec.n_layer,
+        n_embd=spec.n_embd,
+        n_head=spec.n_head,
+        n_head_kv=spec.n_head_kv,
+        n_ff=spec.n_ff,
+        n_ctx_train=spec.n_ctx_train,
+        n_vocab=zoo_vocab_size(),
+    )
+
+
+def open_f16_writer(
+    path: Path,
+    arch: str,
+    name: str,
+    *,
+    description: str | None = None,
+    split_max_tensors: int = 0,
+) -> gguf.GGUFWriter:
+    """A writer for ``arch`` that already names the model and declares f16 weights.
+
+    ``split_max_tensors`` > 0 makes the writer open a new shard after that many tensors.
+    """
+    writer = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
+    writer.add_name(name)
+    if description is not None:
+        writer.add_description(description)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    return writer
+
+
+def add_trunk_hparams(writer: gguf.GGUFWriter, shape: TinyShape) -> None:
+    """Context length, width, block count and FFN width: the keys every architecture reads."""
+    writer.add_context_length(shape.n_ctx_train)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_block_count(shape.n_layer)
+    writer.add_feed_forward_length(shape.n_ff)
+
+
+def add_rope_attention_hparams(writer: gguf.GGUFWriter, spec: GqaSpec) -> None:
+    """Head counts, head size, rotary embedding and RMS norm epsilon, in converter order."""
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head_kv)
+    writer.add_key_length(spec.head_dim)
+    writer.add_value_length(spec.head_dim)
+    if spec.n_rot is not None:
+        writer.add_rope_dimension_count(spec.n_rot)
+    writer.add_rope_freq_base(spec.rope_freq_base)
+    writer.add_layer_norm_rms_eps(spec.rms_eps)
+
+
+def write_gguf(
+    writer: gguf.GGUFWriter, tensors: Iterable[tuple[str, npt.NDArray[np.generic]]]
+) -> None:
+    """Add ``tensors`` in order, then header, metadata, tensor infos, data, close.
+
+    That is the one order GGUFWriter accepts; the tensors' order is their order in the file.
+    """
+    for name, data in tensors:
+        writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -27,19 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
-import numpy as np
 
 from cache_family.oracles.zoo.base import (
-    F32,
     KV_ELEMENT_BYTES,
     BuiltModel,
-    TinyShape,
+    add_trunk_hparams,
     model_rng,
-    ne_tensor,
-    norm_tensor,
+    open_f16_writer,
+    tiny_shape,
     write_gguf,
 )
-from cache_family.oracles.zoo.vocab import add_byte_bpe_vocab, vocabulary
+from cache_family.oracles.zoo.layers import DOWN_GATE_UP, GATE_DOWN_UP, Tensors
+from cache_family.oracles.zoo.vocab import add_byte_bpe_vocab
 
 DEEPSEEK2_FILE = "DeepSeek-Coder-V2-Lite-Instruct-Q4_K_M.gguf"
 GLM47_FLASH_FILE = "GLM-4.7-Flash-Q4_K_M.gguf"
@@ -58,21 +57,13 @@ class YarnScaling:
 
 @dataclass(frozen=True)
 class MlaMoeSpec:
-    """Every hyperparameter a deepseek2 GGUF carries, at tiny sizes."""
+    """Every hyperparameter a deepseek2 GGUF carries; the defaults are the zoo's tiny sizes."""
 
     name: str
-    n_layer: int
-    n_embd: int
-    n_head: int
     q_lora_rank: int  # 0: the lite layout with a plain attn_q
-    kv_lora_rank: int
     qk_nope: int
-    qk_rope: int
     v_head: int
-    n_ff: int  # the dense leading layers
-    n_ff_exp: int
     n_expert: int
-    n_expert_used: int
     n_expert_shared: int
     n_dense_lead: int
     gating: gguf.ExpertGatingFuncType
@@ -81,6 +72,14 @@ class MlaMoeSpec:
     selection_bias: bool  # exp_probs_b, the sigmoid routers' correction bias
     rope_freq_base: float
     yarn: YarnScaling | None
+    n_layer: int = 4
+    n_embd: int = 256
+    n_head: int = 4
+    kv_lora_rank: int = 64
+    qk_rope: int = 16
+    n_ff: int = 512  # the dense leading layers
+    n_ff_exp: int = 128
+    n_expert_used: int = 2
     n_expert_groups: int = 0
     n_expert_groups_used: int = 0
     n_ctx_train: int = 8192
@@ -95,32 +94,17 @@ class MlaMoeSpec:
         # MLA keeps one K-only row (latent + rope part) per layer; V is a view of it.
         return self.n_layer * self.key_length * KV_ELEMENT_BYTES
 
-    def shape(self, n_vocab: int) -> TinyShape:
-        return TinyShape(
-            n_layer=self.n_layer,
-            n_embd=self.n_embd,
-            n_head=self.n_head,
-            n_head_kv=1,
-            n_ff=self.n_ff,
-            n_ctx_train=self.n_ctx_train,
-            n_vocab=n_vocab,
-        )
+    @property
+    def n_head_kv(self) -> int:
+        return 1  # MLA is served as MQA over the latent
 
 
 DEEPSEEK_CODER_V2_LITE = MlaMoeSpec(
     name="tiny DeepSeek-Coder-V2-Lite (random weights)",
-    n_layer=4,
-    n_embd=256,
-    n_head=4,
     q_lora_rank=0,
-    kv_lora_rank=64,
     qk_nope=32,
-    qk_rope=16,
     v_head=32,
-    n_ff=512,
-    n_ff_exp=128,
     n_expert=4,
-    n_expert_used=2,
     n_expert_shared=2,
     n_dense_lead=1,
     gating=gguf.ExpertGatingFuncType.SOFTMAX,
@@ -133,18 +117,10 @@ DEEPSEEK_CODER_V2_LITE = MlaMoeSpec(
 
 GLM47_FLASH = MlaMoeSpec(
     name="tiny GLM-4.7-Flash (random weights)",
-    n_layer=4,
-    n_embd=256,
-    n_head=4,
     q_lora_rank=96,
-    kv_lora_rank=64,
     qk_nope=48,
-    qk_rope=16,
     v_head=64,
-    n_ff=512,
-    n_ff_exp=128,
     n_expert=4,
-    n_expert_used=2,
     n_expert_shared=1,
     n_dense_lead=1,
     gating=gguf.ExpertGatingFuncType.SIGMOID,
@@ -160,17 +136,10 @@ GLM47_FLASH = MlaMoeSpec(
 DEEPSEEK_V32 = MlaMoeSpec(
     name="tiny DeepSeek-V3.2 layer package (random weights)",
     n_layer=6,
-    n_embd=256,
-    n_head=4,
     q_lora_rank=96,
-    kv_lora_rank=64,
     qk_nope=32,
-    qk_rope=16,
     v_head=32,
-    n_ff=512,
-    n_ff_exp=128,
     n_expert=8,
-    n_expert_used=2,
     n_expert_shared=1,
     n_dense_lead=3,
     gating=gguf.ExpertGatingFuncType.SIGMOID,
@@ -186,17 +155,14 @@ DEEPSEEK_V32 = MlaMoeSpec(
 PACKAGE_LAYERS_PER_FILE = 2
 
 
-def add_deepseek2_metadata(writer: gguf.GGUFWriter, spec: MlaMoeSpec) -> int:
-    """Write the hyperparameters and the vocabulary; returns the vocabulary size."""
-    writer.add_name(spec.name)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_context_length(spec.n_ctx_train)
-    writer.add_embedding_length(spec.n_embd)
-    writer.add_block_count(spec.n_layer)
-    writer.add_feed_forward_length(spec.n_ff)
+def deepseek2_writer(path: Path, spec: MlaMoeSpec) -> gguf.GGUFWriter:
+    """A writer holding every deepseek2 hyperparameter of ``spec`` and the vocabulary."""
+    shape = tiny_shape(spec)
+    writer = open_f16_writer(path, ARCH, spec.name)
+    add_trunk_hparams(writer, shape)
     writer.add_leading_dense_block_count(spec.n_dense_lead)
     writer.add_head_count(spec.n_head)
-    writer.add_head_count_kv(1)  # MLA is served as MQA over the latent
+    writer.add_head_count_kv(spec.n_head_kv)
     writer.add_layer_norm_rms_eps(spec.rms_eps)
     writer.add_q_lora_rank(spec.q_lora_rank)
     writer.add_kv_lora_rank(spec.kv_lora_rank)
@@ -221,84 +187,49 @@ def add_deepseek2_metadata(writer: gguf.GGUFWriter, spec: MlaMoeSpec) -> int:
     if spec.n_expert_groups:
         writer.add_expert_group_count(spec.n_expert_groups)
         writer.add_expert_group_used_count(spec.n_expert_groups_used)
-    n_vocab = len(vocabulary()[0])
-    writer.add_vocab_size(n_vocab)
-    written = add_byte_bpe_vocab(writer)
-    assert written == n_vocab
-    return n_vocab
+    writer.add_vocab_size(shape.n_vocab)
+    add_byte_bpe_vocab(writer)
+    return writer
 
 
-def add_embedding_tensors(
-    writer: gguf.GGUFWriter, rng: np.random.Generator, spec: MlaMoeSpec, n_vocab: int
-) -> None:
-    writer.add_tensor("token_embd.weight", ne_tensor(rng, (spec.n_embd, n_vocab)))
-
-
-def add_output_tensors(
-    writer: gguf.GGUFWriter, rng: np.random.Generator, spec: MlaMoeSpec, n_vocab: int
-) -> None:
-    writer.add_tensor("output_norm.weight", norm_tensor(rng, spec.n_embd))
-    writer.add_tensor("output.weight", ne_tensor(rng, (spec.n_embd, n_vocab)))
-
-
-def add_layer_tensors(
-    writer: gguf.GGUFWriter, rng: np.random.Generator, spec: MlaMoeSpec, il: int
-) -> None:
+def add_layer_tensors(t: Tensors, spec: MlaMoeSpec, il: int) -> None:
     """One block's tensors, with the shapes ``llama_model_deepseek2::load_arch_tensors`` asks."""
-    blk = f"blk.{il}"
     e, h = spec.n_embd, spec.n_head
     head_k = spec.qk_nope + spec.qk_rope
-    writer.add_tensor(f"{blk}.attn_norm.weight", norm_tensor(rng, e))
+    t.norm("attn_norm", e, il)
     if spec.q_lora_rank > 0:
-        writer.add_tensor(f"{blk}.attn_q_a_norm.weight", norm_tensor(rng, spec.q_lora_rank))
-    writer.add_tensor(f"{blk}.attn_kv_a_norm.weight", norm_tensor(rng, spec.kv_lora_rank))
+        t.norm("attn_q_a_norm", spec.q_lora_rank, il)
+    t.norm("attn_kv_a_norm", spec.kv_lora_rank, il)
     if spec.q_lora_rank > 0:
-        writer.add_tensor(f"{blk}.attn_q_a.weight", ne_tensor(rng, (e, spec.q_lora_rank)))
-        writer.add_tensor(f"{blk}.attn_q_b.weight", ne_tensor(rng, (spec.q_lora_rank, h * head_k)))
+        t.weight("attn_q_a", (e, spec.q_lora_rank), il)
+        t.weight("attn_q_b", (spec.q_lora_rank, h * head_k), il)
     else:
-        writer.add_tensor(f"{blk}.attn_q.weight", ne_tensor(rng, (e, h * head_k)))
-    writer.add_tensor(f"{blk}.attn_kv_a_mqa.weight", ne_tensor(rng, (e, spec.key_length)))
-    writer.add_tensor(
-        f"{blk}.attn_k_b.weight", ne_tensor(rng, (spec.qk_nope, spec.kv_lora_rank, h))
-    )
-    writer.add_tensor(f"{blk}.attn_v_b.weight", ne_tensor(rng, (spec.kv_lora_rank, spec.v_head, h)))
-    writer.add_tensor(f"{blk}.attn_output.weight", ne_tensor(rng, (h * spec.v_head, e)))
-    writer.add_tensor(f"{blk}.ffn_norm.weight", norm_tensor(rng, e))
+        t.weight("attn_q", (e, h * head_k), il)
+    t.weight("attn_kv_a_mqa", (e, spec.key_length), il)
+    t.weight("attn_k_b", (spec.qk_nope, spec.kv_lora_rank, h), il)
+    t.weight("attn_v_b", (spec.kv_lora_rank, spec.v_head, h), il)
+    t.weight("attn_output", (h * spec.v_head, e), il)
+    t.norm("ffn_norm", e, il)
     if il < spec.n_dense_lead:
-        writer.add_tensor(f"{blk}.ffn_gate.weight", ne_tensor(rng, (e, spec.n_ff)))
-        writer.add_tensor(f"{blk}.ffn_down.weight", ne_tensor(rng, (spec.n_ff, e)))
-        writer.add_tensor(f"{blk}.ffn_up.weight", ne_tensor(rng, (e, spec.n_ff)))
+        t.ffn(il, spec.n_ff, GATE_DOWN_UP)
         return
-    x, f = spec.n_expert, spec.n_ff_exp
-    # Routers stay f32 in converted and quantized files alike.
-    writer.add_tensor(f"{blk}.ffn_gate_inp.weight", ne_tensor(rng, (e, x), F32))
+    t.router(il, spec.n_expert)
     if spec.selection_bias:
-        writer.add_tensor(f"{blk}.exp_probs_b.bias", ne_tensor(rng, (x,), F32))
-    writer.add_tensor(f"{blk}.ffn_down_exps.weight", ne_tensor(rng, (f, e, x)))
-    writer.add_tensor(f"{blk}.ffn_gate_exps.weight", ne_tensor(rng, (e, f, x)))
-    writer.add_tensor(f"{blk}.ffn_up_exps.weight", ne_tensor(rng, (e, f, x)))
-    shared = f * spec.n_expert_shared
-    writer.add_tensor(f"{blk}.ffn_gate_shexp.weight", ne_tensor(rng, (e, shared)))
-    writer.add_tensor(f"{blk}.ffn_down_shexp.weight", ne_tensor(rng, (shared, e)))
-    writer.add_tensor(f"{blk}.ffn_up_shexp.weight", ne_tensor(rng, (e, shared)))
+        t.bias("exp_probs_b", spec.n_expert, il)
+    t.experts(il, spec.n_ff_exp, spec.n_expert, DOWN_GATE_UP)
+    t.shared_expert(il, spec.n_ff_exp * spec.n_expert_shared, GATE_DOWN_UP)
 
 
 def _build_monolithic(staging_dir: Path, seed: int, spec: MlaMoeSpec, file_name: str) -> BuiltModel:
     path = staging_dir / file_name
-    rng = model_rng(seed, file_name)
-    writer = gguf.GGUFWriter(path, ARCH)
-    n_vocab = add_deepseek2_metadata(writer, spec)
-    add_embedding_tensors(writer, rng, spec, n_vocab)
+    shape = tiny_shape(spec)
+    t = Tensors(model_rng(seed, file_name), spec.n_embd)
+    t.token_embedding(shape.n_vocab)
     for il in range(spec.n_layer):
-        add_layer_tensors(writer, rng, spec, il)
-    add_output_tensors(writer, rng, spec, n_vocab)
-    write_gguf(writer)
-    return BuiltModel(
-        files=(path,),
-        architecture=ARCH,
-        shape=spec.shape(n_vocab),
-        kv_bytes_per_token=spec.kv_bytes_per_token,
-    )
+        add_layer_tensors(t, spec, il)
+    t.output_head(shape.n_vocab)
+    write_gguf(deepseek2_writer(path, spec), t)
+    return BuiltModel((path,), ARCH, shape, spec.kv_bytes_per_token)
 
 
 def build_deepseek2(staging_dir: Path, seed: int) -> BuiltModel:
@@ -336,24 +267,24 @@ def build_deepseek3_package(staging_dir: Path, seed: int) -> BuiltModel:
     DeepSeek3 package-only.
     """
     spec = DEEPSEEK_V32
+    shape = tiny_shape(spec)
+    # One generator across the files: the package holds the draws one whole model would.
     rng = model_rng(seed, "deepseek3-layer-package")
     entries: list[dict[str, object]] = []
     files: list[Path] = []
-    n_vocab = len(vocabulary()[0])
     for start in range(0, spec.n_layer, PACKAGE_LAYERS_PER_FILE):
         end = min(start + PACKAGE_LAYERS_PER_FILE, spec.n_layer)
         path = staging_dir / package_file_name(start, end)
-        writer = gguf.GGUFWriter(path, ARCH)
-        n_vocab = add_deepseek2_metadata(writer, spec)
         holds_embedding = start == 0
         holds_output = end == spec.n_layer
+        t = Tensors(rng, spec.n_embd)
         if holds_embedding:
-            add_embedding_tensors(writer, rng, spec, n_vocab)
+            t.token_embedding(shape.n_vocab)
         for il in range(start, end):
-            add_layer_tensors(writer, rng, spec, il)
+            add_layer_tensors(t, spec, il)
         if holds_output:
-            add_output_tensors(writer, rng, spec, n_vocab)
-        write_gguf(writer)
+            t.output_head(shape.n_vocab)
+        write_gguf(deepseek2_writer(path, spec), t)
         files.append(path)
         entries.append(
             {
@@ -378,9 +309,4 @@ def build_deepseek3_package(staging_dir: Path, seed: int) -> BuiltModel:
     }
     manifest_path = staging_dir / PACKAGE_MANIFEST
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return BuiltModel(
-        files=(manifest_path, *files),
-        architecture=ARCH,
-        shape=spec.shape(n_vocab),
-        kv_bytes_per_token=spec.kv_bytes_per_token,
-    )
+    return BuiltModel((manifest_path, *files), ARCH, shape, spec.kv_bytes_per_token)
