@@ -242,7 +242,9 @@ class RunningServer:
         finally:
             connection.close()
 
-    def completion(self, prompt: str, n_predict: int = 1, **extra: Any) -> dict[str, Any]:
+    def completion(
+        self, prompt: str | list[int], n_predict: int = 1, **extra: Any
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "prompt": prompt,
             "n_predict": n_predict,
