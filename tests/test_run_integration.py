@@ -1,0 +1,193 @@
+"""prepare-full then run, end to end, against the real llama-server and the tiny model zoo.
+
+Both commands run as real subprocesses through the installed ``cache-family`` entry point. The
+numbers measured here come from tiny random-weight models and are never performance claims;
+the test checks custody, receipts and the server's own cache evidence (``cache_n``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cache_family.actors.replay import replay
+from cache_family.oracles.test_parts import Parts
+from cache_family.schemas.journal import ChildSpawned, read_journal
+from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
+from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
+from hub_fixture import plan_document, write_tool
+
+pytestmark = pytest.mark.native
+
+CLI = Path(sys.executable).parent / "cache-family"
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(CLI), *args],
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(cwd)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def operator_for(parts: Parts, root: Path, cases: list[str]) -> Path:
+    tools = root / "tools"
+    plan = plan_document(
+        parts.zoo_root,
+        cases=cases,
+        catalog={"path": str(parts.zoo_catalog), "sha256": sha256_of(parts.zoo_catalog)},
+        concurrency=[1, 2],
+        concurrent_requests=2,
+        llama_repeats=3,
+    )
+    document: dict[str, Any] = {
+        "schema_version": 1,
+        "plan": plan,
+        # Stand-ins: the correctness arm is not built yet, preparation only pins their bytes.
+        "correctness": str(write_tool(tools / "skippy-correctness")),
+        "stage_server": str(write_tool(tools / "skippy")),
+        "native_server": str(parts.llama_server),
+        "artifact_tool": None,
+        "native_build": str(parts.native_build),
+        "old_source_commit": "1" * 40,
+        "new_source_commit": "2" * 40,
+        "native_source_commit": "3" * 40,
+        # One thread for the server, so the load client keeps the other core (2-core host).
+        "environment": {"OMP_NUM_THREADS": "1"},
+        "toolkit_directories": {},
+        "execution_seconds": 1800,
+        "cell_seconds": 300,
+        "request_timeout_ms": 60000,
+        "preparation_seconds": 300,
+    }
+    path = root / "operator.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_prepare_full_then_run_measures_both_native_arms_for_real(
+    native_parts: Parts, tmp_path: Path
+) -> None:
+    operator = operator_for(native_parts, tmp_path, ["llama"])
+    prepared_dir = tmp_path / "prepared"
+    prepare = cli(
+        "prepare-full", "--input", str(operator), "--output", str(prepared_dir), cwd=tmp_path
+    )
+    assert prepare.returncode == 0, prepare.stderr
+    out = tmp_path / "run"
+    ran = cli(
+        "run",
+        "--input",
+        str(prepared_dir / "cache-family-input.json"),
+        "--output",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("completed: ")
+
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.status == "completed" and matrix.terminal_refusal is None
+    [entry] = [r for r in matrix.rows if r.case == "llama"]
+    assert entry.result.status == "completed"
+    row_dir = out / str(entry.result.evidence).removesuffix("/row.json")
+    row = decode_row_receipt((row_dir / "row.json").read_bytes())
+    assert row.status == "completed" and row.correctness_status == "not-run"
+    assert [(o.arm, o.status) for o in row.observations] == [
+        ("native-serial", "completed"),
+        ("native-concurrent", "completed"),
+    ]
+
+    serial = decode_cell_receipt((row_dir / "native-serial" / "cell.json").read_bytes())
+    assert serial.status == "completed" and serial.accepted_for_parity
+    rung = serial.measurement.rungs[0]
+    assert rung.warmup_excluded_ids == (0,) and [r.excluded_warmup for r in rung.rows] == [
+        True,
+        False,
+        False,
+    ]
+    summary = rung.serial_summary
+    assert summary is not None and summary.warm_requests == 2
+    # The server's own evidence that the warm requests hit its prompt cache.
+    assert summary.warm_cache_n_min is not None and summary.warm_cache_n_min > 0
+    assert summary.warm_mean_ms is not None and summary.warm_median_ms is not None
+    assert all(r.tokens_predicted == 1 for r in rung.rows)
+
+    sweep = decode_cell_receipt((row_dir / "sweep-native-concurrent" / "cell.json").read_bytes())
+    assert sweep.status == "completed"
+    assert [r.concurrency for r in sweep.measurement.rungs] == [1, 2]
+    for ladder_rung in sweep.measurement.rungs:
+        assert ladder_rung.host_retained and ladder_rung.status == "completed"
+        metrics = ladder_rung.rung_summary
+        assert metrics is not None and metrics.complete
+        assert metrics.ttft_p50_ms is not None and metrics.ttft_p99_ms is not None
+        assert metrics.goodput_requests_per_sec is not None
+        assert all(r.tokens_predicted == 128 for r in ladder_rung.rows)
+    for cell in (serial, sweep):
+        assert cell.cleanup is not None and cell.cleanup.clean
+        assert all(p.matches for p in cell.pins_before + cell.pins_after)
+        assert {p.name for p in cell.pins_before} >= {"binary", "native_build", "model"}
+
+    read = read_journal((out / "journal.jsonl").read_bytes())
+    hosts = [line.record for line in read.lines if isinstance(line.record, ChildSpawned)]
+    assert len(hosts) == 2  # one host per arm, retained for the whole ladder
+    raw = (out / "journal.jsonl").read_text().splitlines()
+    spawned = [json.loads(line)["record"] for line in raw if '"child_spawned"' in line]
+    argv = spawned[0]["host_argv"]
+    assert argv[0] == str(native_parts.llama_server)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--no-webui" in argv
+    assert argv[argv.index("-t") + 1] == "1"
+    prompts = [json.loads(line)["record"] for line in raw if '"warmup_exclusion"' in line]
+    assert {p["prompt_tokens"] for p in prompts} == {row.prefix_tokens + 1}  # type: ignore[operator]
+    assert len({p["prompt_sha256"] for p in prompts}) == 1  # both arms: the same prompt
+    assert prompts[0]["prompt_source"] == "fixed-corpus-entry"
+
+    verdict = replay(str(out))
+    assert verdict.exit_code == 0, verdict.lines
+    assert f"identical {MATRIX_FILENAME}" in " ".join(verdict.lines)
+
+
+def test_prepare_use_cases_then_run_uses_each_use_case_prompt(
+    native_parts: Parts, tmp_path: Path
+) -> None:
+    operator = operator_for(native_parts, tmp_path, ["qwen3_dense"])
+    prepared_dir = tmp_path / "prepared"
+    prepare = cli(
+        "prepare-use-cases", "--input", str(operator), "--output", str(prepared_dir), cwd=tmp_path
+    )
+    assert prepare.returncode == 0, prepare.stderr
+    out = tmp_path / "run"
+    ran = cli(
+        "run",
+        "--input",
+        str(prepared_dir / "cache-family-input.json"),
+        "--output",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert ran.returncode == 0, ran.stderr
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    use_cases = [r.use_case for r in matrix.rows]
+    assert len(use_cases) == 8 and None not in use_cases
+    assert {r.result.status for r in matrix.rows} == {"completed"}
+    raw = (out / "journal.jsonl").read_text().splitlines()
+    prompts = [json.loads(line)["record"] for line in raw if '"warmup_exclusion"' in line]
+    assert {p["prompt_source"] for p in prompts} == {"use-case"}
+    by_use_case = {p["prompt_entry"]: p["prompt_sha256"] for p in prompts}
+    assert sorted(by_use_case) == sorted(use_cases)  # type: ignore[type-var]
+    assert len(set(by_use_case.values())) == 8  # each row measured with its own prompt
+    assert replay(str(out)).exit_code == 0
