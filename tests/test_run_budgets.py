@@ -51,6 +51,8 @@ from cache_family.schemas.journal import (
     CleanupOutcome,
     DeadlineExpired,
     Fault,
+    InterruptFinishFailed,
+    JournalChain,
     JournalLine,
     RequestOutcome,
     RungCompleted,
@@ -70,6 +72,8 @@ from cache_family.schemas.measurement import (
 )
 from cache_family.schemas.prepared import PreparationRequest, encode_document
 from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
+from cache_family.states.fold import JournalIndex
+from cache_family.states.matrix import fold_matrix
 from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
 from hub_fixture import build_toolbox, operator_document
 
@@ -613,3 +617,33 @@ async def test_readiness_failure_is_failed_and_bounded_by_the_cell(
     assert serial.status == "failed" and not serial.readiness.ready
     assert [f.kind for f in serial.faults] == ["readiness_failed"]
     assert trio.current_time() - started <= 2 * 20 + 1  # two cells, each within its budget
+
+
+async def test_without_a_native_profile_the_planned_arms_fail_without_launching(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    script = FakeHostScript()
+    out = tmp_path / "out"
+    outcome = await run(make_prepared(tmp_path / "p", top={"native_server": None}), out, script)
+    assert script.launched == []
+    for name in ("native-serial", "sweep-native-concurrent"):
+        receipt = cell(out, name)
+        assert receipt.status == "failed" and [f.kind for f in receipt.faults] == [
+            "profile_refused"
+        ]
+    assert row(out).status == "failed" and outcome.status == "failed"
+
+
+async def test_a_failed_interrupt_finish_downgrades_the_matrix(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    out = tmp_path / "out"
+    await run(make_prepared(tmp_path / "p"), out, FakeHostScript())
+    read = read_journal((out / "journal.jsonl").read_bytes())
+    assert fold_matrix(JournalIndex(read.lines), through_seq=read.last_seq).status == "completed"
+    chain = JournalChain(next_seq=read.last_seq + 1, prev=read.line_sha256s[-1])
+    extra, _ = chain.line(InterruptFinishFailed(detail="handlers"), mono_ns=0, wall_ns=0)
+    receipt = fold_matrix(JournalIndex((*read.lines, extra)), through_seq=extra.seq)
+    assert receipt.status == "incomplete"
+    assert receipt.terminal_refusal == "interrupt_finish_failed"
+    assert receipt.rows[0].result.status == "completed"  # the row's own receipt is kept

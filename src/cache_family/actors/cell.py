@@ -530,23 +530,28 @@ class CellActor:
         self.work_deadline = Budgets.work_deadline(self.deadline, now)
         cell_path = os.path.join(self.ctx.run_dir, plan.cell_dir)
         os.makedirs(os.path.join(cell_path, "logs"), exist_ok=True)
-        await self._journal(
-            CellOpened(
-                cell_id=plan.cell_id,
-                row_index=plan.row_index,
-                row_key=plan.row_key,
-                arm=plan.arm,
-                cohort=COHORT_NATIVE,
-                cell_dir=plan.cell_dir,
-                measurement_kind=plan.kind,
-                rungs=plan.rungs,
-                ttft_slo_ms=plan.ttft_slo_ms,
-                tpot_slo_ms=plan.tpot_slo_ms,
-            )
-        )
         try:
+            await self._journal(
+                CellOpened(
+                    cell_id=plan.cell_id,
+                    row_index=plan.row_index,
+                    row_key=plan.row_key,
+                    arm=plan.arm,
+                    cohort=COHORT_NATIVE,
+                    cell_dir=plan.cell_dir,
+                    measurement_kind=plan.kind,
+                    rungs=plan.rungs,
+                    ttft_slo_ms=plan.ttft_slo_ms,
+                    tpot_slo_ms=plan.tpot_slo_ms,
+                )
+            )
             with trio.CancelScope(deadline=self.deadline):
                 await self._session()
+        except BaseException as exc:
+            if is_cancellation(exc):
+                with trio.CancelScope(shield=True):
+                    await self._stopped()
+            raise
         finally:
             with trio.CancelScope(shield=True):
                 await self._finish()

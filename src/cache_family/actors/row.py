@@ -237,21 +237,21 @@ class RowActor:
             return self.result
 
         os.makedirs(os.path.join(self.ctx.run_dir, self.dir), exist_ok=True)
-        await self.ctx.journal(
-            RowOpenedWithCorrectness(
-                row_index=row.index,
-                row_key=row.output_relative,
-                case_key=row.key,
-                prefix_tokens=row.prefix_tokens,
-                use_case=row.use_case,
-                row_dir=self.dir,
-                model_status="present",
-                arms=arms,
-                correctness_status="not-run",
-                correctness_reason=CORRECTNESS_NOT_BUILT,
-            )
-        )
         try:
+            await self.ctx.journal(
+                RowOpenedWithCorrectness(
+                    row_index=row.index,
+                    row_key=row.output_relative,
+                    case_key=row.key,
+                    prefix_tokens=row.prefix_tokens,
+                    use_case=row.use_case,
+                    row_dir=self.dir,
+                    model_status="present",
+                    arms=arms,
+                    correctness_status="not-run",
+                    correctness_reason=CORRECTNESS_NOT_BUILT,
+                )
+            )
             await self._arms(arms)
         except BaseException as exc:
             with trio.CancelScope(shield=True):
