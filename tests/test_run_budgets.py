@@ -647,3 +647,27 @@ async def test_a_failed_interrupt_finish_downgrades_the_matrix(
     assert receipt.status == "incomplete"
     assert receipt.terminal_refusal == "interrupt_finish_failed"
     assert receipt.rows[0].result.status == "completed"  # the row's own receipt is kept
+
+
+async def test_package_only_and_skipped_baselines_are_recorded_not_launched(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    script = FakeHostScript()
+    out = tmp_path / "out"
+    await run(make_prepared(tmp_path / "p", keys=("deepseek3",)), out, script)
+    package = decode_row_receipt((out / "cell-0003" / "row.json").read_bytes())
+    assert [(o.arm, o.status) for o in package.observations] == [
+        ("native-serial", "unavailable"),
+        ("native-concurrent", "unavailable"),
+    ]
+    assert package.status == "unmeasured" and script.launched == []
+    assert not list((out / "cell-0003").glob("*/cell.json"))
+
+    skipped_out = tmp_path / "skipped"
+    prepared = make_prepared(tmp_path / "q", skip_llama_server=True)
+    await run(prepared, skipped_out, script)
+    skipped = row(skipped_out)
+    assert {(o.status, o.reason) for o in skipped.observations} == {
+        ("skipped", "skip_llama_server is set in the plan")
+    }
+    assert script.launched == [] and matrix(skipped_out).status == "completed"

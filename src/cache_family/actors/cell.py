@@ -657,8 +657,8 @@ class CellActor:
                 reason=(
                     "serial baseline: the first request warms the host and is excluded"
                     if serial
-                    else "concurrent ladder: no request is excluded; the retained host was "
-                    "warmed by preparing the prompt"
+                    else "concurrent ladder: no request is excluded; rung 0's first request "
+                    "may find the host's prompt cache cold"
                 ),
                 prompt_source=choice.source,
                 prompt_entry=choice.entry_key,
