@@ -376,7 +376,7 @@ async def test_a_complete_run_measures_both_arms_and_replays(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     script = FakeHostScript()
-    outcome = await run(make_prepared(tmp_path / "p"), tmp_path / "out", script)
+    outcome = await run(make_prepared(tmp_path / "p", llama_parallel=2), tmp_path / "out", script)
     out = tmp_path / "out"
     assert outcome.status == "completed" and not outcome.interrupted
     assert script.launched == ["native-serial", "sweep-native-concurrent"]  # one host per arm
@@ -389,6 +389,9 @@ async def test_a_complete_run_measures_both_arms_and_replays(
     argv = script.argv[0]
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--no-webui" in argv
     assert argv[argv.index("-t") + 1] == "2"  # the operator's OMP_NUM_THREADS
+    # Two slots, each with the row's whole context (llama-server divides --ctx-size by slots).
+    assert argv[argv.index("--parallel") + 1] == "2"
+    assert argv[argv.index("--ctx-size") + 1] == str(2 * 512)
     assert script.env[0]["HOME"].startswith(str(out / "cell-0000" / "native-serial"))
     assert "LLAMA_STAGE_BUILD_DIR" in script.env[0]
     entries = matrix(out).rows

@@ -302,6 +302,7 @@ class CellPlan:
     rungs: tuple[RungPlan, ...]
     output_tokens: int
     lanes: int
+    # The host's --ctx-size: the row's context times the lanes (one row context per slot).
     ctx_size: int
     n_gpu_layers: int
     prefix_tokens: int

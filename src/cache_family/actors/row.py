@@ -176,7 +176,9 @@ class RowActor:
             rungs=rungs,
             output_tokens=output_tokens,
             lanes=tasks.concurrent_baseline.parallel,
-            ctx_size=row.ctx,
+            # llama-server splits --ctx-size across its --parallel slots (no unified KV when
+            # the slot count is explicit), so every slot gets the row's context this way.
+            ctx_size=row.ctx * tasks.concurrent_baseline.parallel,
             n_gpu_layers=row.n_gpu_layers,
             prefix_tokens=row.prefix_tokens,
             ttft_slo_ms=float(plan.ttft_slo_ms),
