@@ -21,6 +21,7 @@ from cache_family.actors.journal import (
     publish_cell_receipt,
     publish_row_receipt,
 )
+from cache_family.actors.matrix import publish_matrix_receipt
 from cache_family.actors.replay import replay, replay_command
 from cache_family.cli import main as cli_main
 from cache_family.schemas.journal import (
@@ -32,13 +33,15 @@ from cache_family.schemas.journal import (
     decode_line,
     encode_journal,
 )
+from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 from cache_family.states.cell import CellEvent, RowEvent
 from cache_family.states.fold import REFOLDERS, JournalIndex, register_refolder
 from cell_journal_builder import CellScript, RowScript, row_records, run_started
 
 
 def build_run(run_dir: Path, *, drift: bool = False) -> None:
-    """One row, a serial and a concurrent cell, every receipt published through the writer."""
+    """One row, a serial and a concurrent cell, every receipt published through the writer,
+    then the matrix receipt folded from the journal file, as ``cache-family run`` ends."""
 
     async def main() -> None:
         writer = JournalWriter(journal_path(str(run_dir)))
@@ -77,6 +80,7 @@ def build_run(run_dir: Path, *, drift: bool = False) -> None:
             await publish_row_receipt(writer, str(run_dir), 0, "cell-0000/row.json")
             row.fire(RowEvent.RECEIPT_PUBLISHED)
             await writer.append(row.records[-1])
+            await publish_matrix_receipt(writer, str(run_dir))
             await writer.aclose()
 
     trio.run(main)
@@ -105,11 +109,17 @@ def test_untouched_run_replays_identically(
     out = capsys.readouterr().out
     assert "hash chain intact" in out
     assert out.count("identical cell-0000/") == 3
-    assert "replay: identical (3 identical, 0 differing)" in out
+    assert f"identical {MATRIX_FILENAME}" in out
+    assert "replay: identical (4 identical, 0 differing)" in out
     row = json.loads((run_dir / "cell-0000/row.json").read_text())
     assert row["status"] == "completed" and row["receipt"] == "row"
     cell = json.loads((run_dir / "cell-0000/native-serial/cell.json").read_text())
     assert cell["status"] == "completed" and cell["final_state"] == "finalize"
+    matrix = decode_matrix((run_dir / MATRIX_FILENAME).read_bytes())
+    assert matrix.status == "completed"
+    assert [(r.index, r.result.status, r.result.evidence) for r in matrix.rows] == [
+        (0, "completed", "cell-0000/row.json")
+    ]
 
 
 def test_cli_is_wired(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,6 +149,74 @@ def test_edited_receipt_differs(run_dir: Path) -> None:
     assert report.mismatched == ["cell-0000/native-concurrent/cell.json"]
     text = "\n".join(report.lines)
     assert "changed after it was published" in text and "at byte" in text
+
+
+def test_edited_matrix_receipt_differs(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The matrix is re-folded like every other receipt, so an edit to it is caught."""
+    path = run_dir / MATRIX_FILENAME
+    original = path.read_bytes()
+    edited = original.replace(b'"planned_cells": 1', b'"planned_cells": 2')
+    assert edited != original
+    path.write_bytes(edited)
+    assert replay_command(str(run_dir), reap=False) == 1
+    out = capsys.readouterr().out
+    assert f"DIFFERS {MATRIX_FILENAME}" in out
+    assert "changed after it was published" in out and "re-folded bytes differ" in out
+    assert "planned_cells" in out
+    report = replay(str(run_dir))
+    assert report.mismatched == [MATRIX_FILENAME]
+    assert len(report.identical) == 3  # the cell and row receipts are untouched
+
+
+def test_matrix_published_with_a_matching_sha_but_a_different_fold_differs(
+    run_dir: Path,
+) -> None:
+    """A matrix whose bytes match the journaled SHA-256 but not the fold (a consistent forgery
+    of the file and its publication record) is caught by re-folding alone."""
+    lines = [decode_line(line) for line in journal_lines(run_dir)]
+    forged_matrix = (
+        (run_dir / MATRIX_FILENAME)
+        .read_bytes()
+        .replace(b'"status": "completed"', b'"status": "incomplete"', 1)
+    )
+    chain = JournalChain()
+    data = b""
+    for line in lines:
+        record = line.record
+        if isinstance(record, ReceiptPublished) and record.scope == "matrix":
+            record = ReceiptPublished(
+                scope="matrix",
+                path=record.path,
+                sha256=hashlib.sha256(forged_matrix).hexdigest(),
+                through_seq=record.through_seq,
+            )
+        _, chunk = chain.line(record, mono_ns=line.mono_ns, wall_ns=line.wall_ns)
+        data += chunk
+    (run_dir / "journal.jsonl").write_bytes(data)
+    (run_dir / MATRIX_FILENAME).write_bytes(forged_matrix)
+    report = replay(str(run_dir))
+    assert report.exit_code == 1 and report.mismatched == [MATRIX_FILENAME]
+    assert any(
+        f"DIFFERS {MATRIX_FILENAME}" in line
+        and "re-folded bytes differ" in line
+        and "changed after it was published" not in line
+        for line in report.lines
+    )
+
+
+def test_unjournaled_matrix_is_not_accounted_for(run_dir: Path) -> None:
+    lines = journal_lines(run_dir)
+    assert b'"scope":"matrix"' in lines[-1]
+    write_lines(run_dir, lines[:-1])  # the matrix's publication record is lost
+    report = replay(str(run_dir))
+    assert report.exit_code == 1 and report.mismatched == [MATRIX_FILENAME]
+    assert len(report.identical) == 3
+    # The matrix was folded through the line before its own publication, which is still
+    # trusted: nothing says a line is missing, only that no record accounts for the file.
+    assert report.first_bad_seq is None
+    assert f"DIFFERS {MATRIX_FILENAME}: no receipt_published record in the trusted journal" in (
+        report.lines
+    )
 
 
 def test_edited_journal_line_reports_first_bad_seq(run_dir: Path) -> None:
@@ -201,6 +279,7 @@ def test_consistent_forgery_is_caught_by_refolding(run_dir: Path) -> None:
     assert "hash chain intact" in report.lines[0]
     assert "cell-0000/native-concurrent/cell.json" in report.mismatched
     assert "cell-0000/row.json" not in report.mismatched  # the row brief has no readiness
+    assert MATRIX_FILENAME not in report.mismatched  # nor has the matrix
     assert any("re-folded bytes differ" in line and "attempts" in line for line in report.lines)
 
 
@@ -324,27 +403,31 @@ def test_reap_leaves_a_reused_pid_alone(tmp_path: Path) -> None:
 def test_receipt_scopes_come_from_the_refolder_registry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    matrix = b'{"receipt": "matrix", "status": "completed"}\n'
-    (tmp_path / "cache-family-matrix.json").write_bytes(matrix)
+    scope = "scope-no-module-registers"
+    receipt = b'{"receipt": "unregistered", "status": "completed"}\n'
+    (tmp_path / "unregistered.json").write_bytes(receipt)
     published = ReceiptPublished(
-        scope="matrix",
-        path="cache-family-matrix.json",
-        sha256=hashlib.sha256(matrix).hexdigest(),
+        scope=scope,
+        path="unregistered.json",
+        sha256=hashlib.sha256(receipt).hexdigest(),
         through_seq=1,
     )
     (tmp_path / "journal.jsonl").write_bytes(encode_journal([run_started(), published]))
     report = replay(str(tmp_path))
+    assert scope not in REFOLDERS
     assert report.exit_code == 2
-    assert any("fold.scope.unsupported" in line for line in report.lines)
+    assert any("fold.scope.unsupported" in line and scope in line for line in report.lines)
 
     seen: list[int] = []
 
-    def refold_matrix(index: JournalIndex, record: ReceiptPublished) -> bytes:
+    def refold_unregistered(index: JournalIndex, record: ReceiptPublished) -> bytes:
         seen.append(index.last_seq)
-        return matrix if record.through_seq == 1 else b""
+        return receipt if record.through_seq == 1 else b""
 
-    monkeypatch.setitem(REFOLDERS, "matrix", refold_matrix)
+    monkeypatch.setitem(REFOLDERS, scope, refold_unregistered)
     assert replay(str(tmp_path)).exit_code == 0
     assert seen == [2]
+    # Replay loaded states/matrix.py, which registered the matrix refolder once and for all.
+    assert "matrix" in REFOLDERS
     with pytest.raises(ValueError, match="already registered"):
         register_refolder("matrix", lambda index, record: b"")

@@ -399,7 +399,13 @@ async def test_a_complete_run_measures_both_arms_and_replays(
     assert entries[0].result.evidence == "cell-0000/row.json"
     assert {e.result.status for e in entries[1:]} == {"missing-model"}
     assert not (out / "cell-0001").exists()  # missing models get no directory
-    assert replay(str(out)).exit_code == 0
+    verdict = replay(str(out))
+    assert verdict.exit_code == 0 and MATRIX_FILENAME in verdict.identical
+    # The matrix is re-folded from the journal: an edited copy no longer replays.
+    published = (out / MATRIX_FILENAME).read_bytes()
+    (out / MATRIX_FILENAME).write_bytes(published.replace(b'"completed"', b'"incomplete"', 1))
+    edited = replay(str(out))
+    assert edited.exit_code == 1 and edited.mismatched == [MATRIX_FILENAME]
 
 
 async def test_a_hanging_request_is_cut_at_the_cell_deadline(

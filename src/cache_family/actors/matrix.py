@@ -334,7 +334,7 @@ async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) ->
                     await writer.append(
                         InterruptFinishFailed(detail="SIGINT/SIGTERM handlers were not restored")
                     )
-                receipt = await _publish_matrix(writer, run_dir)
+                receipt = await publish_matrix_receipt(writer, run_dir)
             finally:
                 with trio.CancelScope(shield=True):
                     await writer.aclose()
@@ -352,7 +352,7 @@ async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) ->
     )
 
 
-async def _publish_matrix(writer: JournalWriter, run_dir: str) -> MatrixReceipt:
+async def publish_matrix_receipt(writer: JournalWriter, run_dir: str) -> MatrixReceipt:
     """Fold the matrix from the durable journal file (exactly what replay reads), publish it
     fresh and journal the publication."""
     through = await writer.sync()

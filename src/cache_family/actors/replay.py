@@ -6,8 +6,9 @@
 2. Every ``receipt_published`` record is re-folded through its ``through_seq`` with the same
    pure fold the run used, and the bytes are compared with the file on disk and with the
    SHA-256 the record holds.
-3. Every ``cell.json`` / ``row.json`` under the run directory must be accounted for by the
-   journal; one that is not means the journal lost its tail (or the file was planted).
+3. Every ``cell.json`` / ``row.json`` under the run directory, and the run's
+   ``cache-family-matrix.json``, must be accounted for by the journal; one that is not means
+   the journal lost its tail (or the file was planted, or the run's pipeline itself failed).
 4. ``--reap`` ends every journaled child that is still alive with the same pid AND create time
    (and that process's descendants): SIGTERM, a bounded grace, then SIGKILL. A pid now used by a
    different process is left alone.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -42,6 +42,7 @@ from cache_family.schemas.journal import (
     ReceiptPublished,
     read_journal,
 )
+from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.states.fold import JournalIndex, refold
 
 EXIT_IDENTICAL: Final = 0
@@ -51,9 +52,10 @@ EXIT_UNREADABLE: Final = 2
 RECEIPT_READ_LIMIT: Final = 64 * MIB
 RECEIPT_NAMES: Final = frozenset(("cell.json", "row.json"))
 CREATE_TIME_TOLERANCE_S: Final = 0.01
-# Pure modules that register refolders for further receipt scopes (states.fold.REFOLDERS),
-# imported when present so replay can re-fold every receipt a run publishes.
-OPTIONAL_REFOLD_MODULES: Final = ("cache_family.states.matrix",)
+# Pure modules that register refolders for further receipt scopes (states.fold.REFOLDERS).
+# Every one is imported before replaying: a missing module is a broken install, never a
+# reason to leave a published receipt (the matrix) unchecked.
+REFOLD_MODULES: Final = ("cache_family.states.matrix",)
 
 
 @dataclass
@@ -86,9 +88,8 @@ def replay_command(run_dir: str, *, reap: bool, reap_grace_s: float = 5.0) -> in
 
 
 def _load_refolders() -> None:
-    for module in OPTIONAL_REFOLD_MODULES:
-        if importlib.util.find_spec(module) is not None:
-            importlib.import_module(module)
+    for module in REFOLD_MODULES:
+        importlib.import_module(module)
 
 
 def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> ReplayReport:
@@ -253,7 +254,8 @@ def _receipt_files(root: str) -> Iterator[str]:
     for directory, dirs, files in os.walk(root, followlinks=False):
         dirs.sort()
         for name in sorted(files):
-            if name in RECEIPT_NAMES:
+            at_root = directory == root and name == MATRIX_FILENAME
+            if name in RECEIPT_NAMES or at_root:
                 yield os.path.relpath(os.path.join(directory, name), root)
 
 
