@@ -23,15 +23,19 @@ from cache_family.schemas.journal import (
     RECORD_TYPES,
     Cancellation,
     CellOpened,
+    ChildSpawned,
     Fault,
     JournalChain,
     PinObserved,
+    PlannedRowBrief,
     PortReserved,
     ReceiptPublished,
     Record,
     RequestOutcome,
+    RowOpened,
     RunStarted,
     Transition,
+    WarmupExclusion,
     encode_journal,
     read_journal,
 )
@@ -176,6 +180,96 @@ def test_unknown_fields_are_ignored_and_missing_new_fields_default() -> None:
     read = read_journal(msgspec.json.encode(old) + b"\n")
     assert read.chain_break is None
     assert read.lines[0].record == Cancellation(cell_id=None, signal="SIGINT", detail="")
+
+
+def _raw_line(seq: int, prev: str, record: dict[str, object]) -> bytes:
+    return msgspec.json.encode(
+        {"seq": seq, "mono_ns": seq, "wall_ns": seq, "prev": prev, "record": record}
+    )
+
+
+def test_fields_added_to_records_are_typed_not_dropped() -> None:
+    """The argv, prompt, correctness and plan fields are the records' own now: a
+    reader decodes them with their types, and a line from before them gets the defaults."""
+    spawned = ChildSpawned(
+        cell_id="cell-0000/native-serial",
+        pid=7,
+        create_time=1.5,
+        argv_sha256="3" * 64,
+        host_argv=("/bin/llama-server", "-t", "2"),
+        host_env_names=("HOME", "OMP_NUM_THREADS"),
+        host_threads="2",
+    )
+    warmup = WarmupExclusion(
+        cell_id="cell-0000/native-serial",
+        rung_index=0,
+        request_ids=(0,),
+        reason="serial",
+        prompt_source="use-case",
+        prompt_entry="tool_calling",
+        prompt_corpus_path="/corpus.json",
+        prompt_corpus_sha256="4" * 64,
+        prompt_tokens=129,
+        prompt_sha256="5" * 64,
+    )
+    opened = RowOpened(
+        row_index=0,
+        row_key="llama-p128",
+        case_key="llama",
+        correctness_status="not-run",
+        correctness_reason="correctness arm not built yet",
+    )
+    started = RunStarted(
+        run_id="r",
+        request_sha256="1" * 64,
+        catalog_sha256="2" * 64,
+        input_path="/in/cache-family-input.json",
+        execution_seconds=1800,
+        cell_seconds=300,
+        request_timeout_ms=60000,
+        operator_threads="2",
+        planned_rows=(
+            PlannedRowBrief(
+                index=0,
+                case="llama",
+                prefix_tokens=128,
+                use_case=None,
+                model_status="present",
+                output_relative="llama-p128",
+            ),
+        ),
+    )
+    records: list[Record] = [started, opened, spawned, warmup]
+    read = read_journal(encode_journal(records))
+    assert read.chain_break is None
+    assert [line.record for line in read.lines] == records
+    assert [type(line.record) for line in read.lines] == [type(r) for r in records]
+
+    # The same records as a writer from before these fields wrote them.
+    older = [
+        {"type": "run_started", "run_id": "r", "request_sha256": "1", "catalog_sha256": "2"},
+        {"type": "row_opened", "row_index": 0, "row_key": "k", "case_key": "c"},
+        {"type": "child_spawned", "cell_id": None, "pid": 7, "create_time": 1.5,
+         "argv_sha256": "3"},
+        {"type": "warmup_exclusion", "cell_id": "c", "rung_index": 0, "request_ids": [],
+         "reason": "r"},
+    ]  # fmt: skip
+    data = b""
+    prev = GENESIS_PREV
+    for seq, record in enumerate(older, start=1):
+        line = _raw_line(seq, prev, record)
+        prev = hashlib.sha256(line).hexdigest()
+        data += line + b"\n"
+    read = read_journal(data)
+    assert read.chain_break is None and len(read.lines) == len(older)
+    run, row, child, warm = (line.record for line in read.lines)
+    assert isinstance(run, RunStarted) and run.planned_rows == () and run.input_path == ""
+    assert run.execution_seconds is None and run.operator_threads is None
+    assert isinstance(row, RowOpened)
+    assert (row.correctness_status, row.correctness_reason) == ("not-run", None)
+    assert isinstance(child, ChildSpawned) and child.host_argv == () and child.host_threads is None
+    assert isinstance(warm, WarmupExclusion) and warm.prompt_tokens is None
+    assert warm.prompt_source == warm.prompt_sha256 == ""
 
 
 @settings(max_examples=150, deadline=None)

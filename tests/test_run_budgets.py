@@ -48,6 +48,7 @@ from cache_family.actors.replay import replay
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
     Cancellation,
+    ChildSpawned,
     CleanupOutcome,
     DeadlineExpired,
     Fault,
@@ -55,8 +56,11 @@ from cache_family.schemas.journal import (
     JournalChain,
     JournalLine,
     RequestOutcome,
+    RowOpened,
     RungCompleted,
+    RunStarted,
     Transition,
+    WarmupExclusion,
     read_journal,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
@@ -394,6 +398,38 @@ async def test_a_complete_run_measures_both_arms_and_replays(
     assert argv[argv.index("--ctx-size") + 1] == str(2 * 512)
     assert script.env[0]["HOME"].startswith(str(out / "cell-0000" / "native-serial"))
     assert "LLAMA_STAGE_BUILD_DIR" in script.env[0]
+    # What the actors journal is typed by the reader (no field dropped), and the host's
+    # environment appears by name only.
+    spawned = records(out, ChildSpawned)
+    assert [list(s.host_argv) for s in spawned] == script.argv
+    assert [s.host_env_names for s in spawned] == [tuple(sorted(env)) for env in script.env]
+    assert {s.host_threads for s in spawned} == {"2"}
+    lines = (out / "journal.jsonl").read_text().splitlines()
+    spawn_lines = "\n".join(line for line in lines if '"type":"child_spawned"' in line)
+    assert len(spawn_lines.splitlines()) == 2
+    for env in script.env:
+        for name, value in env.items():
+            if name != "OMP_NUM_THREADS":  # the thread count is a setting (argv -t)
+                assert json.dumps(value) not in spawn_lines, f"{name}'s value was journaled"
+    # The operator's own environment values appear nowhere in the journal.
+    assert script.env[0]["LLAMA_STAGE_BACKEND"] == "cpu"
+    assert not any('"cpu"' in line for line in lines)
+    warmups = records(out, WarmupExclusion)
+    assert {w.prompt_source for w in warmups} == {"fixed-corpus-entry"}
+    assert len({w.prompt_sha256 for w in warmups}) == 1 and warmups[0].prompt_tokens
+    assert all(w.prompt_corpus_sha256 and w.prompt_entry for w in warmups)
+    opened = records(out, RowOpened)
+    assert (opened[0].model_status, opened[0].correctness_status) == ("present", "not-run")
+    assert opened[0].correctness_reason == "correctness arm not built yet"
+    assert {r.correctness_reason for r in opened[1:]} == {"missing-model"}
+    [started] = records(out, RunStarted)
+    budgets = (started.execution_seconds, started.cell_seconds, started.request_timeout_ms)
+    assert budgets == (7200, 900, 120_000)  # hub_fixture's operator budgets
+    assert started.operator_threads == "2"
+    assert started.input_path == str(tmp_path / "p" / "cache-family-input.json")
+    assert [(p.index, p.case) for p in started.planned_rows] == [
+        (r.row_index, r.case_key) for r in opened
+    ]
     entries = matrix(out).rows
     assert entries[0].result.status == "completed"
     assert entries[0].result.evidence == "cell-0000/row.json"

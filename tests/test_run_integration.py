@@ -18,7 +18,7 @@ import pytest
 
 from cache_family.actors.replay import replay
 from cache_family.oracles.test_parts import Parts
-from cache_family.schemas.journal import ChildSpawned, read_journal
+from cache_family.schemas.journal import ChildSpawned, WarmupExclusion, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
 from hub_fixture import plan_document, write_tool
@@ -145,16 +145,17 @@ def test_prepare_full_then_run_measures_both_native_arms_for_real(
     read = read_journal((out / "journal.jsonl").read_bytes())
     hosts = [line.record for line in read.lines if isinstance(line.record, ChildSpawned)]
     assert len(hosts) == 2  # one host per arm, retained for the whole ladder
-    raw = (out / "journal.jsonl").read_text().splitlines()
-    spawned = [json.loads(line)["record"] for line in raw if '"child_spawned"' in line]
-    argv = spawned[0]["host_argv"]
+    # The typed reader keeps the host's argv and the prompt's provenance (the records' own
+    # fields), so folds and replay see exactly what the file holds.
+    argv = list(hosts[0].host_argv)
     assert argv[0] == str(native_parts.llama_server)
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--no-webui" in argv
-    assert argv[argv.index("-t") + 1] == "1"
-    prompts = [json.loads(line)["record"] for line in raw if '"warmup_exclusion"' in line]
-    assert {p["prompt_tokens"] for p in prompts} == {row.prefix_tokens + 1}  # type: ignore[operator]
-    assert len({p["prompt_sha256"] for p in prompts}) == 1  # both arms: the same prompt
-    assert prompts[0]["prompt_source"] == "fixed-corpus-entry"
+    assert argv[argv.index("-t") + 1] == "1" and {h.host_threads for h in hosts} == {"1"}
+    assert all("OMP_NUM_THREADS" in h.host_env_names for h in hosts)
+    prompts = [line.record for line in read.lines if isinstance(line.record, WarmupExclusion)]
+    assert {p.prompt_tokens for p in prompts} == {row.prefix_tokens + 1}  # type: ignore[operator]
+    assert len({p.prompt_sha256 for p in prompts}) == 1  # both arms: the same prompt
+    assert prompts[0].prompt_source == "fixed-corpus-entry"
 
     verdict = replay(str(out))
     assert verdict.exit_code == 0, verdict.lines
@@ -184,10 +185,10 @@ def test_prepare_use_cases_then_run_uses_each_use_case_prompt(
     use_cases = [r.use_case for r in matrix.rows]
     assert len(use_cases) == 8 and None not in use_cases
     assert {r.result.status for r in matrix.rows} == {"completed"}
-    raw = (out / "journal.jsonl").read_text().splitlines()
-    prompts = [json.loads(line)["record"] for line in raw if '"warmup_exclusion"' in line]
-    assert {p["prompt_source"] for p in prompts} == {"use-case"}
-    by_use_case = {p["prompt_entry"]: p["prompt_sha256"] for p in prompts}
+    read = read_journal((out / "journal.jsonl").read_bytes())
+    prompts = [line.record for line in read.lines if isinstance(line.record, WarmupExclusion)]
+    assert {p.prompt_source for p in prompts} == {"use-case"}
+    by_use_case = {p.prompt_entry: p.prompt_sha256 for p in prompts}
     assert sorted(by_use_case) == sorted(use_cases)  # type: ignore[type-var]
     assert len(set(by_use_case.values())) == 8  # each row measured with its own prompt
     assert replay(str(out)).exit_code == 0

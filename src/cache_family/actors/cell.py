@@ -88,31 +88,6 @@ CLEANUP_JOURNAL_BOUND_SECONDS: Final = 10.0
 StopKind = Literal["cancelled", "execution", "cell"]
 
 
-# --- journal adapters -------------------------------------------------------------------------
-#
-# The journal schema (schemas/journal.py) has no record for the benchmark prompt's provenance
-# or the host's argv and thread settings yet. These subclasses keep each record's tag and
-# append defaulted fields at the end, which is the schema's own evolution rule: the tolerant
-# reader ignores them, so folds and replay are unaffected, and the journal still carries them.
-
-
-class ChildSpawnedWithArgv(ChildSpawned, tag="child_spawned", frozen=True, kw_only=True):
-    host_argv: tuple[str, ...] = ()
-    # Names only: values of the operator environment stay out of the journal.
-    host_env_names: tuple[str, ...] = ()
-    # llama-server -t value (from the operator's OMP_NUM_THREADS), or None when not pinned.
-    host_threads: str | None = None
-
-
-class WarmupExclusionWithPrompt(WarmupExclusion, tag="warmup_exclusion", frozen=True, kw_only=True):
-    prompt_source: str = ""
-    prompt_entry: str = ""
-    prompt_corpus_path: str = ""
-    prompt_corpus_sha256: str = ""
-    prompt_tokens: int | None = None
-    prompt_sha256: str = ""
-
-
 # --- budgets ----------------------------------------------------------------------------------
 
 
@@ -359,7 +334,16 @@ def llama_server_argv(plan: CellPlan, profile: HostProfile, port: int) -> list[s
 
 def host_threads(profile: HostProfile) -> str | None:
     """The operator's OMP_NUM_THREADS, also given to llama-server as ``-t``."""
-    value = profile.environment.get("OMP_NUM_THREADS")
+    return thread_setting(profile.environment)
+
+
+def thread_setting(environment: Mapping[str, str]) -> str | None:
+    """OMP_NUM_THREADS when it is a positive whole number, else None.
+
+    A thread count is a setting, not a secret, so it may appear on a host's command line and
+    in the journal; anything else in the environment is journaled by name only.
+    """
+    value = environment.get("OMP_NUM_THREADS")
     return value if value and value.isdigit() and int(value) > 0 else None
 
 
@@ -651,7 +635,7 @@ class CellActor:
         self.prompt = await build_benchmark_prompt(host.base_url, choice.text, plan.prefix_tokens)
         serial = plan.kind == "serial"
         await self._journal(
-            WarmupExclusionWithPrompt(
+            WarmupExclusion(
                 cell_id=plan.cell_id,
                 rung_index=0,
                 request_ids=(0,) if serial else (),
@@ -803,7 +787,7 @@ class CellActor:
         if isinstance(event, HostSpawned):
             argv = self._argv or list(event.argv)
             await self._journal(
-                ChildSpawnedWithArgv(
+                ChildSpawned(
                     cell_id=cell_id,
                     role="host",
                     pid=event.pid,

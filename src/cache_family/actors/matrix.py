@@ -35,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
-import msgspec
 import trio
 
 from cache_family import __version__
@@ -47,6 +46,7 @@ from cache_family.actors.cell import (
     RunStop,
     hash_pins_in_threads,
     real_host_opener,
+    thread_setting,
 )
 from cache_family.actors.journal import JOURNAL_READ_LIMIT, JournalWriter, journal_path
 from cache_family.actors.prompts import PromptSelector
@@ -58,6 +58,7 @@ from cache_family.schemas.journal import (
     Cancellation,
     DeadlineExpired,
     InterruptFinishFailed,
+    PlannedRowBrief,
     ReceiptPublished,
     RunStarted,
     read_journal,
@@ -80,30 +81,6 @@ EXIT_REFUSED: Final = 2
 EXIT_INTERRUPTED: Final = 130
 
 _SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
-
-
-# --- journal adapter (see actors/cell.py for why these subclasses exist) ----------------------
-
-
-class PlannedRowBrief(msgspec.Struct, frozen=True, kw_only=True):
-    index: int
-    case: str
-    prefix_tokens: int
-    use_case: str | None
-    model_status: str
-    output_relative: str
-
-
-class RunStartedWithPlan(RunStarted, tag="run_started", frozen=True, kw_only=True):
-    """``run_started`` plus the planned rows and budgets, so the journal names the whole plan."""
-
-    input_path: str = ""
-    execution_seconds: int | None = None
-    cell_seconds: int | None = None
-    request_timeout_ms: int | None = None
-    # The operator's OMP_NUM_THREADS (every host also gets it as llama-server -t).
-    operator_threads: str | None = None
-    planned_rows: tuple[PlannedRowBrief, ...] = ()
 
 
 # --- admission ----------------------------------------------------------------------------------
@@ -388,10 +365,10 @@ async def _journal_unreached(
             results[row.index] = await actor.journal_unreached()
 
 
-def _run_started(admitted: AdmittedRun) -> RunStartedWithPlan:
+def _run_started(admitted: AdmittedRun) -> RunStarted:
     prepared = admitted.prepared
-    threads = prepared.environment.get("OMP_NUM_THREADS")
-    return RunStartedWithPlan(
+    threads = thread_setting(prepared.environment)
+    return RunStarted(
         run_id=f"run-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}",
         request_sha256=admitted.request_sha256,
         catalog_sha256=prepared.catalog.sha256,

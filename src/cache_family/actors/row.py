@@ -54,13 +54,6 @@ _UNPLANNED: Final[dict[str, tuple[str, str]]] = {
 }
 
 
-class RowOpenedWithCorrectness(RowOpened, tag="row_opened", frozen=True, kw_only=True):
-    """``row_opened`` plus what happened to the correctness arm (journal adapter, see cell.py)."""
-
-    correctness_status: str = "not-run"
-    correctness_reason: str | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class RowResult:
     """What the matrix receipt says about one row."""
@@ -221,7 +214,7 @@ class RowActor:
         arms = self.arm_plans()
         if not row.model_observation.present:
             await self.ctx.journal(
-                RowOpenedWithCorrectness(
+                RowOpened(
                     row_index=row.index,
                     row_key=row.output_relative,
                     case_key=row.key,
@@ -241,7 +234,7 @@ class RowActor:
         os.makedirs(os.path.join(self.ctx.run_dir, self.dir), exist_ok=True)
         try:
             await self.ctx.journal(
-                RowOpenedWithCorrectness(
+                RowOpened(
                     row_index=row.index,
                     row_key=row.output_relative,
                     case_key=row.key,
@@ -271,7 +264,7 @@ class RowActor:
         row = self.row
         present = row.model_observation.present
         await self.ctx.journal(
-            RowOpenedWithCorrectness(
+            RowOpened(
                 row_index=row.index,
                 row_key=row.output_relative,
                 case_key=row.key,

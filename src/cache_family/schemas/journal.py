@@ -55,6 +55,17 @@ class ArmPlan(msgspec.Struct, frozen=True, kw_only=True):
     reason: str | None = None
 
 
+class PlannedRowBrief(msgspec.Struct, frozen=True, kw_only=True):
+    """One planned row as ``run_started`` names it, so the journal alone holds the whole plan."""
+
+    index: int
+    case: str
+    prefix_tokens: int
+    use_case: str | None
+    model_status: str
+    output_relative: str
+
+
 # --- run level ---------------------------------------------------------------------------
 
 
@@ -64,6 +75,16 @@ class RunStarted(_Record, tag="run_started", frozen=True, kw_only=True):
     request_sha256: str
     catalog_sha256: str
     tool_version: str = ""
+    # The prepared input the run was admitted with (its bytes are ``request_sha256``).
+    input_path: str = ""
+    # The run's budgets as prepared; None in journals written before they were recorded.
+    execution_seconds: int | None = None
+    cell_seconds: int | None = None
+    request_timeout_ms: int | None = None
+    # The operator's thread count (OMP_NUM_THREADS, also every host's ``-t``), only when it is
+    # a positive whole number: no other environment value is ever journaled.
+    operator_threads: str | None = None
+    planned_rows: tuple[PlannedRowBrief, ...] = ()
 
 
 class Cancellation(_Record, tag="cancellation", frozen=True, kw_only=True):
@@ -102,6 +123,9 @@ class RowOpened(_Record, tag="row_opened", frozen=True, kw_only=True):
     row_dir: str = ""  # relative to the run directory, e.g. "cell-0003"
     model_status: str = "present"  # present | missing-model
     arms: tuple[ArmPlan, ...] = ()
+    # What happened to the row's correctness arm; row.json shows it as {"status", "reason"}.
+    correctness_status: str = "not-run"
+    correctness_reason: str | None = None
 
 
 class CellOpened(_Record, tag="cell_opened", frozen=True, kw_only=True):
@@ -172,6 +196,11 @@ class ChildSpawned(_Record, tag="child_spawned", frozen=True, kw_only=True):
     pgid: int | None = None
     argv_sha256: str
     executable: str = ""
+    host_argv: tuple[str, ...] = ()
+    # Names only: the values of a child's environment are never journaled.
+    host_env_names: tuple[str, ...] = ()
+    # llama-server ``-t`` (the operator's OMP_NUM_THREADS), or None when not pinned.
+    host_threads: str | None = None
 
 
 class ListeningMarkerSeen(_Record, tag="listening_marker_seen", frozen=True, kw_only=True):
@@ -189,10 +218,19 @@ class Ready(_Record, tag="ready", frozen=True, kw_only=True):
 
 
 class WarmupExclusion(_Record, tag="warmup_exclusion", frozen=True, kw_only=True):
+    """The warmup rule of a cell's first rung, and where its benchmark prompt came from."""
+
     cell_id: str
     rung_index: int
     request_ids: tuple[int, ...]
     reason: str
+    prompt_source: str = ""  # e.g. use-case | fixed-corpus-entry
+    prompt_entry: str = ""
+    prompt_corpus_path: str = ""
+    prompt_corpus_sha256: str = ""
+    # The prompt as cut by the host's own tokenizer.
+    prompt_tokens: int | None = None
+    prompt_sha256: str = ""
 
 
 class RequestOutcome(_Record, tag="request_outcome", frozen=True, kw_only=True):
