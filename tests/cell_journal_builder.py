@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from cache_family.actors.row import CORRECTNESS_NOT_BUILT
 from cache_family.schemas.journal import (
     ArmPlan,
     Cancellation,
@@ -266,15 +267,19 @@ def row_records(
     *,
     model_status: str = "present",
 ) -> RowOpened:
+    """``row_opened`` as the row actor writes it (correctness journaled as not run)."""
+    missing = model_status == "missing-model"
     return RowOpened(
         row_index=row_index,
         row_key="llama-p128",
         case_key="llama",
         prefix_tokens=128,
         use_case=None,
-        row_dir=f"cell-{row_index:04d}",
+        row_dir="" if missing else f"cell-{row_index:04d}",
         model_status=model_status,
         arms=tuple(arms),
+        correctness_status="not-run",
+        correctness_reason="missing-model" if missing else CORRECTNESS_NOT_BUILT,
     )
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 
+import msgspec
 import pytest
 
+from cache_family.actors.row import CORRECTNESS_NOT_BUILT
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
     ArmPlan,
@@ -17,6 +20,7 @@ from cache_family.schemas.journal import (
     JournalLine,
     Record,
     RequestOutcome,
+    RowOpened,
     Transition,
     encode_journal,
     read_journal,
@@ -24,6 +28,7 @@ from cache_family.schemas.journal import (
 from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import (
     CellReceipt,
+    CorrectnessObservation,
     decode_cell_receipt,
     decode_row_receipt,
     encode_receipt,
@@ -409,9 +414,37 @@ def test_completed_row() -> None:
     ]
     assert [o.status for o in receipt.observations] == ["completed", "completed", "skipped"]
     assert receipt.observations[1].rungs[1].rung_summary is not None
-    assert receipt.correctness_status == "not-run"
+    assert receipt.correctness == CorrectnessObservation(
+        status="not-run", reason="correctness arm not built yet"
+    )
     assert receipt.lifecycle == ("correctness", "serial", "concurrent", "finalize")
     assert decode_row_receipt(encode_receipt(receipt)) == receipt
+    published = json.loads(encode_receipt(receipt))
+    # One representation: a nested object, no flat status beside it.
+    assert published["correctness"] == {"status": "not-run", "reason": CORRECTNESS_NOT_BUILT}
+    assert not any(key.startswith("correctness_") for key in published)
+
+
+def test_row_correctness_comes_from_row_opened() -> None:
+    cells = [serial_cell().happy()]
+    records = row_with(cells, [ArmPlan(arm="native-serial")])
+    opened = records[0]
+    assert isinstance(opened, RowOpened)
+    other = msgspec.structs.replace(
+        opened, correctness_status="skipped", correctness_reason="no correctness tool"
+    )
+    receipt = fold_row(journal(other, *records[1:]), 0)
+    assert json.loads(encode_receipt(receipt))["correctness"] == {
+        "status": "skipped",
+        "reason": "no correctness tool",
+    }
+    # A row_opened from before the field existed: not run, no reason recorded.
+    older = RowOpened(
+        row_index=0, row_key=opened.row_key, case_key=opened.case_key, arms=opened.arms
+    )
+    receipt = fold_row(journal(older, *records[1:]), 0)
+    assert receipt.correctness == CorrectnessObservation(status="not-run", reason=None)
+    assert receipt.status == "completed"
 
 
 def test_row_with_a_drifted_arm_is_incomplete() -> None:
@@ -428,6 +461,7 @@ def test_missing_model_row() -> None:
         journal(*row_with([], [ArmPlan(arm="native-serial")], model_status="missing-model")), 0
     )
     assert receipt.status == "missing-model" and receipt.final_state == "finalize"
+    assert receipt.correctness == CorrectnessObservation(status="not-run", reason="missing-model")
 
 
 def test_cancelled_before_any_cell_is_not_launched() -> None:

@@ -75,7 +75,11 @@ from cache_family.schemas.measurement import (
     HostSpawned,
 )
 from cache_family.schemas.prepared import PreparationRequest, encode_document
-from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
+from cache_family.schemas.receipts import (
+    CorrectnessObservation,
+    decode_cell_receipt,
+    decode_row_receipt,
+)
 from cache_family.states.fold import JournalIndex
 from cache_family.states.matrix import fold_matrix
 from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
@@ -389,7 +393,12 @@ async def test_a_complete_run_measures_both_arms_and_replays(
     assert serial.measurement.rungs[0].warmup_excluded_ids == (0,)
     assert [r.concurrency for r in concurrent.measurement.rungs] == [1, 2]
     assert all(r.host_retained for r in concurrent.measurement.rungs)
-    assert row(out).status == "completed" and row(out).correctness_status == "not-run"
+    assert row(out).status == "completed"
+    assert row(out).correctness == CorrectnessObservation(
+        status="not-run", reason="correctness arm not built yet"
+    )
+    correctness = json.loads((out / "cell-0000" / "row.json").read_bytes())["correctness"]
+    assert correctness == {"status": "not-run", "reason": "correctness arm not built yet"}
     argv = script.argv[0]
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--no-webui" in argv
     assert argv[argv.index("-t") + 1] == "2"  # the operator's OMP_NUM_THREADS

@@ -164,6 +164,16 @@ class ArmObservation(msgspec.Struct, frozen=True, kw_only=True):
     rungs: tuple[RungBrief, ...] = ()
 
 
+class CorrectnessObservation(msgspec.Struct, frozen=True, kw_only=True):
+    """The row's correctness arm: ``not-run`` with its reason until that arm is built."""
+
+    status: str
+    reason: str | None = None
+
+
+CORRECTNESS_UNRECORDED: Final = CorrectnessObservation(status="not-run")
+
+
 class RowReceipt(msgspec.Struct, frozen=True, kw_only=True):
     """The native part of ``row.json``: the host arms of one planned row."""
 
@@ -183,12 +193,13 @@ class RowReceipt(msgspec.Struct, frozen=True, kw_only=True):
     status: ReceiptStatus
     reason: str | None
     terminal_refusal: TerminalRefusal | None
-    # The correctness arm is folded by its own machine; "not-run" until it reports.
-    correctness_status: str
     lifecycle: tuple[str, ...]
     final_state: str
     observations: tuple[ArmObservation, ...]
     journal_through_seq: int
+    # The correctness arm as ``row_opened`` recorded it, e.g. {"status": "not-run", "reason":
+    # "correctness arm not built yet"}; its own machine will fold it once the arm is built.
+    correctness: CorrectnessObservation = CORRECTNESS_UNRECORDED
 
 
 _ENCODER: Final = msgspec.json.Encoder(order="deterministic")

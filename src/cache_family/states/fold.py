@@ -54,9 +54,11 @@ from cache_family.schemas.journal import (
 )
 from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import (
+    CORRECTNESS_UNRECORDED,
     ArmObservation,
     CellReceipt,
     CleanupReceipt,
+    CorrectnessObservation,
     FaultEntry,
     HostIdentity,
     Measurement,
@@ -671,11 +673,15 @@ class RowFold:
             status=status,
             reason=reason,
             terminal_refusal=terminal,
-            correctness_status="not-run",
             lifecycle=tuple(self.lifecycle),
             final_state=self.state.value,
             observations=tuple(observations),
             journal_through_seq=through,
+            correctness=CorrectnessObservation(
+                status=opened.correctness_status, reason=opened.correctness_reason
+            )
+            if opened
+            else CORRECTNESS_UNRECORDED,
         )
 
 
