@@ -36,6 +36,28 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_REFUSED)
 
 
+class _Once(argparse.Action):
+    """A single-valued option given twice is a usage error, not a silent "last one wins"."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} given more than once")
+        setattr(namespace, self.dest, values)
+
+
+def _path_text(value: str) -> str:
+    """Command-line paths: no control characters (a newline in a path is never intended)."""
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        raise argparse.ArgumentTypeError("path contains a control character")
+    return value
+
+
 def _print_refusals(refused: Refused, as_json: bool = False) -> None:
     if as_json:
         print(
@@ -139,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--input",
         required=True,
+        action=_Once,
+        type=_path_text,
         metavar="OPERATOR_JSON",
         help="operator input (schema_version 1), at most 1 MiB",
     )
@@ -156,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
         zoo_build.add_argument(
             "--cache-root",
             required=True,
+            action=_Once,
+            type=_path_text,
             metavar="DIR",
             help="hub cache root to write models--ORG--NAME/ trees into",
         )
@@ -172,8 +198,16 @@ def build_parser() -> argparse.ArgumentParser:
             prep = sub.add_parser(
                 name, help=f"observe bytes and write cache-family-input.json ({what})"
             )
-            prep.add_argument("--input", required=True, metavar="ABS_OPERATOR_JSON")
-            prep.add_argument("--output", required=True, metavar="ABS_FRESH_DIR")
+            prep.add_argument(
+                "--input",
+                required=True,
+                action=_Once,
+                type=_path_text,
+                metavar="ABS_OPERATOR_JSON",
+            )
+            prep.add_argument(
+                "--output", required=True, action=_Once, type=_path_text, metavar="ABS_FRESH_DIR"
+            )
             for flag, metavar in _PREPARE_OVERRIDES:
                 prep.add_argument(
                     flag,
@@ -183,27 +217,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="plan override, at most once",
                 )
             prep.set_defaults(func=_cmd_prepare)
-        worker = sub.add_parser("prepare-worker")  # no help=: stays out of the listing
-        worker.add_argument("--input", required=True)
-        worker.add_argument("--output", required=True)
-        worker.set_defaults(func=_cmd_prepare_worker)
 
     if _available("cache_family.actors.matrix"):
         run = sub.add_parser("run", help="run every prepared row and publish journaled receipts")
         run.add_argument(
             "--input",
             required=True,
+            action=_Once,
+            type=_path_text,
             metavar="PREPARED_JSON",
             help="cache-family-input.json from prepare-full or prepare-use-cases",
         )
-        run.add_argument("--output", required=True, metavar="ABS_FRESH_DIR")
+        run.add_argument(
+            "--output", required=True, action=_Once, type=_path_text, metavar="ABS_FRESH_DIR"
+        )
         run.set_defaults(func=_cmd_run)
 
     if _available("cache_family.actors.replay"):
         replay = sub.add_parser(
             "replay", help="verify a run's journal and re-fold its receipts byte for byte"
         )
-        replay.add_argument("run_dir", metavar="RUN_DIR")
+        replay.add_argument("run_dir", metavar="RUN_DIR", type=_path_text)
         replay.add_argument(
             "--reap",
             action="store_true",
@@ -211,6 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
         )
         replay.set_defaults(func=_cmd_replay)
     return parser
+
+
+_WORKER_COMMAND = "prepare-worker"
+
+
+def _worker_parser() -> argparse.ArgumentParser:
+    """The preparation worker: started only by prepare-full/prepare-use-cases, never listed."""
+    worker = _Parser(prog=f"cache-family {_WORKER_COMMAND}", add_help=False)
+    worker.add_argument("--input", required=True, action=_Once, type=_path_text)
+    worker.add_argument("--output", required=True, action=_Once, type=_path_text)
+    worker.set_defaults(func=_cmd_prepare_worker, command=_WORKER_COMMAND)
+    return worker
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
@@ -223,15 +269,17 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
             if rest and not rest[0].startswith("-"):
                 return rest  # automation cache-family-run prepare-full --input ...
             return ["run", *rest]  # automation cache-family-run --input ... --output ...
-        if args and args[0] == "cache-family-report":
-            return ["report", *args[1:]]
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = normalize_argv(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(args_in)
+    if args_in[:1] == [_WORKER_COMMAND] and _available("cache_family.actors.preparation"):
+        parser = _worker_parser()
+        args = parser.parse_args(args_in[1:])
+    else:
+        parser = build_parser()
+        args = parser.parse_args(args_in)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()
