@@ -22,7 +22,7 @@ demo *OUT: native-parts
 test *ARGS: native-parts
     {{venv}}/python -m pytest {{ARGS}}
 
-# Run the suite without the native build (tests needing llama-server are skipped, with reasons).
+# Run the suite without building first: native tests use cached parts, or skip (with a reason) when absent.
 [group('checks')]
 test-fast *ARGS:
     CACHE_FAMILY_SKIP_NATIVE=1 {{venv}}/python -m pytest {{ARGS}}
