@@ -267,6 +267,8 @@ CASES: list[tuple[str, Mutation, str, str, bool]] = [
      "$.native_build", True),
     ("double", _set("native_build", "//t/native"), "operator.path.not_normalized",
      "$.native_build", True),
+    ("surrogate-name", _env({"GGML_\udc80": "1"}), "operator.text.surrogate",
+     "$.environment[\"GGML_\ufffd\"]", False),
     ("nul", _set("native_server", "/t/llama\x00-server"), "operator.path.bad_char",
      "$.native_server", True),
     ("newline", _set("artifact_tool", "/t/a\nb"), "operator.path.bad_char", "$.artifact_tool",

@@ -955,6 +955,46 @@ def _unexplained(path: str) -> Refusal:
     return Refusal("operator.type", path, "the document was refused", default_hint("operator.type"))
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(value: object, loc: Loc, found: list[tuple[Loc, Refusal]]) -> object:
+    """Replace unpaired surrogates (valid JSON escapes, invalid Unicode) and refuse each one.
+
+    pydantic gives up on a whole object when a member name holds one, which would hide every
+    other refusal of the document; cleaning first keeps them all reportable.
+    """
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            found.append(
+                _refusal(
+                    "operator.text.surrogate",
+                    loc,
+                    "the text holds an unpaired UTF-16 surrogate escape",
+                )
+            )
+            return _SURROGATE.sub("\ufffd", value)
+        return value
+    if isinstance(value, list):
+        return [_without_surrogates(item, (*loc, i), found) for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        cleaned: dict[object, object] = {}
+        for key, item in value.items():
+            name = key
+            if isinstance(key, str) and _SURROGATE.search(key):
+                name = _SURROGATE.sub("\ufffd", key)
+                found.append(
+                    _refusal(
+                        "operator.text.surrogate",
+                        (*loc, name),
+                        "the member name holds an unpaired UTF-16 surrogate escape",
+                    )
+                )
+            cleaned[name] = _without_surrogates(item, (*loc, str(name)), found)
+        return cleaned
+    return value
+
+
 def validate_operator_object(obj: object) -> OperatorInput:
     """Validate decoded JSON; raise :class:`Refused` carrying every refusal found."""
     if not isinstance(obj, dict):
@@ -964,7 +1004,11 @@ def validate_operator_object(obj: object) -> OperatorInput:
             f"the operator input is {_json_kind(obj)}, not an object",
             default_hint("operator.type"),
         )
-    model, found = _pass_one(OperatorInput, obj, ())
+    found: list[tuple[Loc, Refusal]] = []
+    obj = _without_surrogates(obj, (), found)
+    assert isinstance(obj, dict)
+    model, structural = _pass_one(OperatorInput, obj, ())
+    found += structural
     found += _operator_cross_entry(obj)
     if found or model is None:
         raise Refused(_ordered(found) or (_unexplained("$"),))

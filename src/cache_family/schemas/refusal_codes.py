@@ -80,6 +80,11 @@ OPERATOR_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
         "remove control characters from the path",
     ),
     RefusalCode(
+        "operator.text.surrogate",
+        "a member name or text value holds an unpaired UTF-16 surrogate escape (\\udXXX)",
+        "write valid Unicode text; surrogate escapes must come in pairs",
+    ),
+    RefusalCode(
         "operator.path.too_long",
         "a path is longer than 4096 bytes",
         "use a path of at most 4096 bytes",
