@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cache_family.actors.row import CORRECTNESS_NOT_BUILT
 from cache_family.schemas.journal import (
@@ -217,7 +218,18 @@ class CellScript:
             self.rung_done(rung)
         self.fire(CellEvent.LADDER_DONE)
 
-    def cleanup(self, *, forced: bool = False, survivors: tuple[int, ...] = ()) -> None:
+    def cleanup(
+        self,
+        *,
+        forced: bool = False,
+        survivors: tuple[int, ...] = (),
+        escaped: tuple[int, ...] = (),
+        capture_truncated: bool = False,
+        oversized_lines: int = 0,
+        grace_shortened: bool = False,
+        bounded_out: bool = False,
+        state_dir_error: str | None = None,
+    ) -> None:
         spawned = any(isinstance(r, ChildSpawned) for r in self.records)
         self.records.append(
             CleanupOutcome(
@@ -228,8 +240,14 @@ class CellScript:
                 exit_code=0 if not forced else -9,
                 surviving_descendants=survivors,
                 port_free=True,
-                state_dir_removed=True,
+                state_dir_removed=state_dir_error is None,
                 elapsed_ms=12.0,
+                escaped_descendants=escaped,
+                capture_truncated=capture_truncated,
+                oversized_lines=oversized_lines,
+                grace_shortened=grace_shortened,
+                bounded_out=bounded_out,
+                state_dir_error=state_dir_error,
             )
         )
         self.fire(CellEvent.CLEANUP_DONE)
@@ -248,8 +266,9 @@ class CellScript:
         self.records.append(DeadlineExpired(cell_id=self.cell_id, budget="cell"))
         self.fire(CellEvent.DEADLINE_EXPIRED)
 
-    def happy(self, *, drift: bool = False, forced: bool = False) -> CellScript:
-        """A full session: every state visited, optional late drift or forced kill."""
+    def happy(self, *, drift: bool = False, forced: bool = False, **cleanup: Any) -> CellScript:
+        """A full session: every state visited, optional late drift, forced kill or other
+        cleanup findings (``cleanup``'s keywords)."""
         self.open()
         self.launch()
         self.become_ready()
@@ -257,7 +276,7 @@ class CellScript:
         self.ladder()
         self.pins("after", drift=drift)
         self.fire(CellEvent.PINS_MISMATCH if drift else CellEvent.PINS_VERIFIED)
-        self.cleanup(forced=forced)
+        self.cleanup(forced=forced, **cleanup)
         return self
 
 

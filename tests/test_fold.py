@@ -185,6 +185,72 @@ def test_surviving_descendants_are_unclean() -> None:
     assert "4243" in receipt.faults[0].detail
 
 
+def test_truncated_capture_is_a_custody_failure() -> None:
+    receipt = fold(CellScript().happy(capture_truncated=True))
+    assert receipt.status == "incomplete" and not receipt.accepted_for_parity
+    assert fault_kinds(receipt) == ["capture_truncated"]
+    assert receipt.faults[0].state == "cleanup"
+    assert receipt.cleanup is not None and not receipt.cleanup.clean
+    assert receipt.cleanup.capture_truncated
+    assert receipt.measurement.complete  # the observations are kept
+
+
+def test_oversized_output_lines_are_a_truncated_capture() -> None:
+    receipt = fold(CellScript().happy(oversized_lines=2))
+    assert receipt.status == "incomplete" and not receipt.accepted_for_parity
+    assert fault_kinds(receipt) == ["capture_truncated"]
+    assert "2 oversized" in receipt.faults[0].detail
+    assert receipt.cleanup is not None and receipt.cleanup.oversized_lines == 2
+
+
+def test_a_descendant_that_escaped_the_process_group_is_a_custody_failure() -> None:
+    # Ended one by one, so nothing survives and the port is free: still not clean custody.
+    receipt = fold(CellScript().happy(escaped=(4250,)))
+    assert receipt.status == "incomplete" and not receipt.accepted_for_parity
+    assert fault_kinds(receipt) == ["cleanup_unclean"]
+    assert "escaped the process group" in receipt.faults[0].detail
+    assert "4250" in receipt.faults[0].detail
+    assert receipt.cleanup is not None and not receipt.cleanup.clean
+    assert receipt.cleanup.escaped_descendants == (4250,)
+    assert receipt.cleanup.surviving_descendants == ()
+    assert receipt.measurement.complete
+
+
+@pytest.mark.parametrize(
+    ("finding", "detail"),
+    [
+        ({"bounded_out": True}, "past its time bound"),
+        ({"state_dir_error": "Directory not empty"}, "state dir not removed (Directory not"),
+    ],
+)
+def test_cleanup_past_its_bound_or_a_state_dir_left_is_unclean(
+    finding: dict[str, object], detail: str
+) -> None:
+    receipt = fold(CellScript().happy(**finding))
+    assert receipt.status == "incomplete" and not receipt.accepted_for_parity
+    assert fault_kinds(receipt) == ["cleanup_unclean"]
+    assert detail in receipt.faults[0].detail
+    assert receipt.cleanup is not None and not receipt.cleanup.clean
+
+
+def test_a_shortened_grace_alone_keeps_custody_clean() -> None:
+    """Custody counts a second interrupt's shorter grace as information, not as a failure
+    (the interrupt itself downgrades the cell through its cancellation record)."""
+    receipt = fold(CellScript().happy(grace_shortened=True))
+    assert receipt.status == "completed" and receipt.accepted_for_parity
+    assert receipt.cleanup is not None and receipt.cleanup.clean
+    assert receipt.cleanup.grace_shortened
+
+
+def test_custody_failures_reach_the_row_as_refused_parity() -> None:
+    cells = [serial_cell().happy(), CellScript().happy(capture_truncated=True)]
+    arms = [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")]
+    receipt = fold_row(journal(*row_with(cells, arms)), 0)
+    assert receipt.status == "incomplete"
+    assert [o.accepted_for_parity for o in receipt.observations] == [True, False]
+    assert receipt.observations[1].reason == "capture_truncated"
+
+
 def _with_survivor() -> CellScript:
     script = CellScript().open()
     script.launch()

@@ -24,6 +24,7 @@ from cache_family.schemas.journal import (
     Cancellation,
     CellOpened,
     ChildSpawned,
+    CleanupOutcome,
     Fault,
     JournalChain,
     PinObserved,
@@ -270,6 +271,29 @@ def test_fields_added_to_records_are_typed_not_dropped() -> None:
     assert isinstance(child, ChildSpawned) and child.host_argv == () and child.host_threads is None
     assert isinstance(warm, WarmupExclusion) and warm.prompt_tokens is None
     assert warm.prompt_source == warm.prompt_sha256 == ""
+
+
+def test_cleanup_outcome_carries_every_custody_finding() -> None:
+    cleanup = CleanupOutcome(
+        cell_id="cell-0000/native-serial",
+        pid=7,
+        graceful=True,
+        forced=False,
+        escaped_descendants=(8,),
+        capture_truncated=True,
+        oversized_lines=3,
+        grace_shortened=True,
+        bounded_out=True,
+        state_dir_error="Directory not empty",
+    )
+    [line] = read_journal(encode_journal([cleanup])).lines
+    assert line.record == cleanup
+    older = {"type": "cleanup_outcome", "cell_id": "c", "graceful": True, "forced": False}
+    [line] = read_journal(_raw_line(1, GENESIS_PREV, older) + b"\n").lines
+    clean = line.record
+    assert isinstance(clean, CleanupOutcome) and clean.escaped_descendants == ()
+    assert not clean.capture_truncated and clean.oversized_lines == 0
+    assert not clean.bounded_out and not clean.grace_shortened and clean.state_dir_error is None
 
 
 @settings(max_examples=150, deadline=None)

@@ -182,6 +182,9 @@ class FakeHostScript:
     # still_same() turns false after this many calls (None: never).
     identity_lasts: int | None = None
     forced_cleanup: bool = False
+    # Further custody findings of the fake cleanup (CleanupOutcome fields), e.g. a truncated
+    # capture or a descendant that escaped the process group.
+    cleanup_findings: dict[str, Any] = field(default_factory=dict)
     never_ready: bool = False
     launched: list[str] = field(default_factory=list)
     cleaned: list[str] = field(default_factory=list)
@@ -272,6 +275,7 @@ class FakeHost:
                 exit_code=-9 if forced else 0,
                 port_free=True,
                 state_dir_removed=True,
+                **(self.script.cleanup_findings if self.pid is not None else {}),
             )
             self.script.cleaned.append(self.config.label)
             with trio.CancelScope(shield=True):
@@ -613,6 +617,37 @@ async def test_post_run_drift_and_forced_kill_keep_measurements_but_mark_incompl
     assert {f.kind for f in serial.faults} >= {"pin_drift", "cleanup_forced"}
     assert serial.terminal_refusal is None
     assert row(out).status == "incomplete"
+
+
+@pytest.mark.parametrize(
+    ("findings", "kind"),
+    [
+        ({"capture_truncated": True, "oversized_lines": 1}, "capture_truncated"),
+        ({"escaped_descendants": (40999,)}, "cleanup_unclean"),
+    ],
+)
+async def test_custody_findings_at_cleanup_mark_the_cell_incomplete_and_refuse_parity(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    findings: dict[str, Any],
+    kind: str,
+) -> None:
+    script = FakeHostScript(cleanup_findings=findings)
+    out = tmp_path / "out"
+    outcome = await run(make_prepared(tmp_path / "p"), out, script)
+    outcomes = {r.cell_id: r for r in records(out, CleanupOutcome)}
+    for cell_id, name in ((SERIAL, "native-serial"), (CONCURRENT, "sweep-native-concurrent")):
+        journaled = outcomes[cell_id]
+        for field_name, value in findings.items():
+            assert getattr(journaled, field_name) == value  # the journal holds the finding
+        receipt = cell(out, name)
+        assert receipt.status == "incomplete" and not receipt.accepted_for_parity
+        assert [f.kind for f in receipt.faults] == [kind]  # once, from the cleanup record
+        assert receipt.cleanup is not None and not receipt.cleanup.clean
+        assert receipt.measurement.complete  # observations kept
+    assert records(out, Fault) == []  # the fold, not the actor, judges the cleanup
+    assert row(out).status == "incomplete" and outcome.status == "incomplete"
+    assert replay(str(out)).exit_code == 0
 
 
 async def test_a_host_that_changes_between_rungs_is_a_fault(

@@ -834,25 +834,13 @@ class CellActor:
             await self._journal_cleanup(event.outcome)
 
     async def _journal_cleanup(self, outcome: HostCleanupOutcome) -> None:
+        """Journal custody's whole cleanup outcome; the fold judges it (``states/fold.py``),
+        so a truncated capture or an escaped descendant downgrades the cell in replay too."""
         if self._cleanup_journaled:
             return
         self._cleanup_journaled = True
         started = self._cleanup_started
         elapsed = None if started is None else (trio.current_time() - started) * 1000
-        notes = []
-        if outcome.escaped_descendants:
-            notes.append(f"escaped descendants killed: {list(outcome.escaped_descendants)}")
-        if outcome.grace_shortened:
-            notes.append("grace shortened by a second interrupt")
-        if outcome.state_dir_error:
-            notes.append(f"state dir: {outcome.state_dir_error}")
-        if outcome.capture_truncated or outcome.oversized_lines:
-            notes.append(
-                f"capture truncated={outcome.capture_truncated} "
-                f"oversized_lines={outcome.oversized_lines}"
-            )
-        if outcome.bounded_out:
-            notes.append("cleanup ran past its time bound")
         await self._journal(
             CleanupOutcome(
                 cell_id=self.plan.cell_id,
@@ -864,17 +852,14 @@ class CellActor:
                 port_free=outcome.port_free,
                 state_dir_removed=outcome.state_dir_removed,
                 elapsed_ms=elapsed,
-                detail="; ".join(notes),
+                escaped_descendants=outcome.escaped_descendants,
+                capture_truncated=outcome.capture_truncated,
+                oversized_lines=outcome.oversized_lines,
+                grace_shortened=outcome.grace_shortened,
+                bounded_out=outcome.bounded_out,
+                state_dir_error=(outcome.state_dir_error or "")[:2000] or None,
             )
         )
-        # Custody failures the cleanup record cannot express are faults of their own.
-        late: list[tuple[str, str]] = []
-        if outcome.capture_truncated or outcome.oversized_lines:
-            late.append(("capture_truncated", "host output capture was truncated"))
-        if outcome.escaped_descendants or outcome.bounded_out:
-            late.append(("cleanup_failed", "; ".join(notes)))
-        for kind, detail in late:
-            await self._fault(kind, detail)
 
     # -- cleanup and finalize --------------------------------------------------------------
 

@@ -278,6 +278,17 @@ class CleanupOutcome(_Record, tag="cleanup_outcome", frozen=True, kw_only=True):
     state_dir_removed: bool = True
     elapsed_ms: float | None = None
     detail: str = ""
+    # Descendants that left the process group and had to be ended one by one: a custody
+    # failure even when they are gone now.
+    escaped_descendants: tuple[int, ...] = ()
+    # The host's output capture hit its bound, or lines longer than the line bound were cut.
+    capture_truncated: bool = False
+    oversized_lines: int = 0
+    # A second interrupt shortened the SIGTERM grace (informative, not a failure by itself).
+    grace_shortened: bool = False
+    # Cleanup ran past its own time bound; what it did not confirm counts as not done.
+    bounded_out: bool = False
+    state_dir_error: str | None = None
 
 
 class ReceiptPublished(_Record, tag="receipt_published", frozen=True, kw_only=True):

@@ -82,9 +82,17 @@ class CleanupReceipt(msgspec.Struct, frozen=True, kw_only=True):
     port_free: bool
     state_dir_removed: bool
     elapsed_ms: float | None
-    # graceful, not forced, nothing survived, port free and state dir removed.
+    # Custody's verdict: graceful, not forced, no descendant escaped the group or survived,
+    # port free, state dir removed, capture whole (not truncated, no oversized line), and
+    # cleanup within its time bound.
     clean: bool
     detail: str = ""
+    escaped_descendants: tuple[int, ...] = ()
+    capture_truncated: bool = False
+    oversized_lines: int = 0
+    grace_shortened: bool = False
+    bounded_out: bool = False
+    state_dir_error: str | None = None
 
 
 class RungReceipt(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,8 +11,9 @@ Rules the fold applies (see ``states/receipts.py`` for the lattice):
 * A fault before the host is ready (``pin-verify``, ``launch``) lowers it to ``failed``; a fault
   afterwards to ``incomplete`` (observations are kept).
 * Pins that differ before launch: ``failed``. Pins that differ after the run (drift), a rung
-  against a different host, or unclean cleanup (forced kill, surviving descendants, port still
-  bound, state dir left): ``incomplete``, measurements kept, parity refused.
+  against a different host, unclean cleanup (forced kill, a descendant that escaped the process
+  group or survived, port still bound, state dir left, cleanup past its time bound) or a
+  truncated output capture: ``incomplete``, measurements kept, parity refused.
 * Cancellation, deadline expiry and a failed interrupt-finish set ``terminal_refusal`` (the
   first one wins) and lower the ceiling to ``incomplete``. Run-wide ones apply to every cell
   and row that had not reached ``done`` when they were journaled.
@@ -303,15 +304,29 @@ class CellFold:
             problems.append("host needed SIGKILL")
         if not record.graceful and not record.forced:
             problems.append("host did not end gracefully")
+        if record.escaped_descendants:
+            problems.append(
+                f"descendants escaped the process group: {list(record.escaped_descendants)}"
+            )
         if record.surviving_descendants:
             problems.append(f"descendants survived: {list(record.surviving_descendants)}")
         if not record.port_free:
             problems.append("port still bound")
         if not record.state_dir_removed:
-            problems.append("state dir not removed")
+            why = f" ({record.state_dir_error})" if record.state_dir_error else ""
+            problems.append(f"state dir not removed{why}")
+        if record.bounded_out:
+            problems.append("cleanup ran past its time bound")
         if problems:
             kind = "cleanup_forced" if record.forced else "cleanup_unclean"
             self._custody_fault(seq, kind, "; ".join(problems))
+        capture = []
+        if record.capture_truncated:
+            capture.append("host output capture was truncated")
+        if record.oversized_lines:
+            capture.append(f"{record.oversized_lines} oversized output line(s) were cut")
+        if capture:
+            self._custody_fault(seq, "capture_truncated", "; ".join(capture))
 
     # -- the receipt -----------------------------------------------------------------------
 
@@ -392,6 +407,12 @@ class CellFold:
                 elapsed_ms=cleanup.elapsed_ms,
                 clean=_clean(cleanup),
                 detail=cleanup.detail,
+                escaped_descendants=cleanup.escaped_descendants,
+                capture_truncated=cleanup.capture_truncated,
+                oversized_lines=cleanup.oversized_lines,
+                grace_shortened=cleanup.grace_shortened,
+                bounded_out=cleanup.bounded_out,
+                state_dir_error=cleanup.state_dir_error,
             )
             if cleanup
             else None,
@@ -477,12 +498,17 @@ class CellFold:
 
 
 def _clean(cleanup: CleanupOutcome) -> bool:
+    """Custody's own verdict (``schemas.measurement.CleanupOutcome.clean``) from the record."""
     return (
         cleanup.graceful
         and not cleanup.forced
+        and not cleanup.escaped_descendants
         and not cleanup.surviving_descendants
         and cleanup.port_free
         and cleanup.state_dir_removed
+        and not cleanup.capture_truncated
+        and cleanup.oversized_lines == 0
+        and not cleanup.bounded_out
     )
 
 
