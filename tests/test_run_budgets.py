@@ -457,6 +457,28 @@ async def test_a_complete_run_measures_both_arms_and_replays(
     assert edited.exit_code == 1 and edited.mismatched == [MATRIX_FILENAME]
 
 
+async def test_a_published_row_leaves_the_writers_index_and_the_matrix_still_folds_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Once a row's row.json is published its lines leave the live index (memory stays bounded
+    over a long run); the matrix is folded from the journal file, so it still sees every row."""
+    contexts: list[RunContext] = []
+    out = tmp_path / "out"
+    prepared = make_prepared(tmp_path / "p", keys=("qwen3_dense", "llama"))
+    outcome = await run(prepared, out, FakeHostScript(), on_started=contexts.append)
+    assert outcome.status == "completed"
+    measured = [r for r in matrix(out).rows if r.result.status == "completed"]
+    assert [r.case for r in measured] == ["qwen3_dense", "llama"]
+    [ctx] = contexts
+    index = ctx.writer.index
+    assert index.cell_ids() == []  # every cell's lines were dropped with its row
+    assert not {r.index for r in measured} & set(index.row_indices())
+    read = read_journal((out / "journal.jsonl").read_bytes())
+    assert index.last_seq == read.last_seq  # the index did see every line
+    assert len(JournalIndex(read.lines).cell_ids()) == 4  # two rows, two arms each
+    assert replay(str(out)).exit_code == 0
+
+
 async def test_a_hanging_request_is_cut_at_the_cell_deadline(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

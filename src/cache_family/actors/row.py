@@ -328,7 +328,8 @@ class RowActor:
             with open(os.path.join(self.ctx.run_dir, relative), "rb") as handle:
                 receipt = decode_row_receipt(handle.read())
             await self._fire(RowEvent.RECEIPT_PUBLISHED)
-            # Its receipts are on disk: the journal index need not keep the row's lines.
+            # Its receipts are on disk: the journal index need not keep the row's lines. The
+            # matrix does not need them either: it is folded from the journal file itself.
             self.ctx.writer.index.forget_row(row.index)
             return RowResult(
                 index=row.index,
