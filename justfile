@@ -66,3 +66,8 @@ automation-run *ARGS:
 [group('docs')]
 readme-fields:
     {{venv}}/python scripts/gen_readme_fields.py
+
+# Regenerate docs/state-machines.md from the cell and row tables.
+[group('docs')]
+docs:
+    {{venv}}/python scripts/gen_state_machine_doc.py
