@@ -18,8 +18,23 @@ import pytest
 
 from cache_family.errors import Refused
 from cache_family.oracles.test_parts import zoo_key
-from cache_family.oracles.zoo import BUILDERS, ZooResult, build_zoo, dense
-from cache_family.oracles.zoo.base import BuiltModel, ZooUnsupported, model_rng, write_gguf
+from cache_family.oracles.zoo import (
+    BUILDERS,
+    REPORT_NAME,
+    ZooResult,
+    build_zoo,
+    carries_synthetic_tag,
+    dense,
+    hub,
+)
+from cache_family.oracles.zoo.base import (
+    SYNTHETIC_TAG,
+    Builder,
+    BuiltModel,
+    ZooUnsupported,
+    model_rng,
+    write_gguf,
+)
 from cache_family.oracles.zoo.hub import SnapshotPath, place_in_snapshot, publish_snapshot
 from cache_family.oracles.zoo.layers import GATE_DOWN_UP, Tensors
 from cache_family.oracles.zoo.vocab import EOS_TOKEN, byte_to_printable, vocabulary
@@ -306,3 +321,212 @@ def test_an_inconsistent_zoo_catalog_is_refused() -> None:
     with pytest.raises(Refused) as refused:
         zoo_catalog(reference, presets)
     assert "catalog.synthetic_mismatch" in refused.value.codes
+
+
+# --- what the zoo says about itself ------------------------------------------------------------
+
+
+def test_every_zoo_gguf_with_model_metadata_carries_the_synthetic_tag(zoo: ZooResult) -> None:
+    """Tooling recognises a zoo model by its bytes: ``general.tags`` in the file itself."""
+    checked = 0
+    for key, entry in zoo.entries.items():
+        if entry.status != "built":
+            continue
+        for hub_file in entry.files:
+            path = zoo.cache_root / hub_file.snapshot_path
+            if path.suffix != ".gguf":
+                continue
+            reader = gguf.GGUFReader(path)
+            split_no = reader.get_field("split.no")
+            if split_no is not None and split_no.contents() != 0:
+                # Later shards hold only split keys, as gguf-split writes them.
+                assert reader.get_field("general.architecture") is None, (key, path.name)
+                continue
+            assert carries_synthetic_tag(path), (key, path.name)
+            assert list(_field(reader, "general.tags")) == [SYNTHETIC_TAG]  # type: ignore[call-overload]
+            assert "random-weight" in str(_field(reader, "general.description")), key
+            checked += 1
+    assert checked >= len(zoo.built), "every built model has at least one marked file"
+
+
+def test_zoo_catalog_says_ctx_is_the_run_context_not_the_models(zoo: ZooResult) -> None:
+    tiny = load_catalog(str(zoo.catalog_path)).catalog
+    reference = packaged_catalog().catalog
+    for preset in tiny.presets:
+        if zoo.entries[preset.key].status != "built":
+            continue
+        assert preset.ctx == reference.preset(preset.key).ctx, preset.key
+        first = zoo.entries[preset.key].files[0].snapshot_path
+        if first.endswith(".json"):  # a layer package: its first GGUF holds the header
+            first = zoo.entries[preset.key].files[1].snapshot_path
+        reader = gguf.GGUFReader(zoo.cache_root / first)
+        arch = str(_field(reader, "general.architecture"))
+        trained = int(str(_field(reader, f"{arch}.context_length")))
+        assert trained > preset.ctx, preset.key
+        note = preset.architecture_note
+        assert f"ctx {preset.ctx} is the benchmark's run context" in note, preset.key
+        assert f"context_length {trained}" in note, preset.key
+
+
+# --- the zoo writes only where it may ------------------------------------------------------
+
+
+REAL_REVISION = "23749fefcc72300e3a2ad315e1317431b06b590a"
+REAL_LINK = f"models--Qwen--Qwen3-0.6B-GGUF/snapshots/{REAL_REVISION}/Qwen3-0.6B-Q8_0.gguf"
+
+
+def _plant_real_model(root: Path, snapshot_relative: str = REAL_LINK) -> None:
+    """A model as a hub download leaves it: a blob, a relative snapshot link and refs/main."""
+    target = SnapshotPath.parse(snapshot_relative)
+    repo = root / target.repo_dir
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    (repo / "blobs" / "realblob").write_bytes(b"GGUF real weights, not the zoo's")
+    link = root / snapshot_relative
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(hub.link_target(snapshot_relative, "realblob"))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(target.revision)
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every path under ``root`` with what it is: link target, file digest or directory."""
+    if not root.exists() and not root.is_symlink():
+        return {}
+    if not root.is_dir():
+        return {".": "file:" + _sha256(root)}
+    seen: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        name = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            seen[name] = "link:" + os.readlink(path)
+        elif path.is_dir():
+            seen[name] = "dir"
+        else:
+            seen[name] = "file:" + _sha256(path)
+    return seen
+
+
+def _llama_only() -> dict[str, Builder]:
+    return {"llama": dense.build_llama}
+
+
+def test_a_real_hub_cache_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    _plant_real_model(tmp_path)
+    before = _tree(tmp_path)
+    with pytest.raises(Refused) as refused:
+        build_zoo(tmp_path, seed=0, progress=io.StringIO())
+    assert refused.value.codes == ["zoo.cache_root_not_ours"]
+    assert "no zoo-report.json" in str(refused.value)
+    assert refused.value.refusals[0].hint
+    assert _tree(tmp_path) == before
+    assert os.readlink(tmp_path / REAL_LINK) == "../../blobs/realblob"
+
+
+def test_a_foreign_link_inside_an_earlier_zoo_is_refused_with_every_conflict(
+    tmp_path: Path,
+) -> None:
+    build_zoo(tmp_path, seed=0, progress=io.StringIO(), builders=_llama_only())
+    llama = packaged_catalog().catalog.preset("llama")
+    ours = tmp_path / llama.snapshot_relative
+    ours.unlink()  # someone put a real model where the zoo's llama was
+    _plant_real_model(tmp_path, llama.snapshot_relative)
+    _plant_real_model(tmp_path)  # and one where the zoo built nothing (qwen3_dense)
+    before = _tree(tmp_path)
+    with pytest.raises(Refused) as refused:
+        build_zoo(tmp_path, seed=0, progress=io.StringIO(), builders=_llama_only())
+    assert set(refused.value.codes) == {"zoo.cache_root_not_ours"}
+    message = str(refused.value)
+    assert llama.snapshot_relative in message and REAL_LINK in message
+    assert "refs/main" in message  # the real download's ref in the repo the zoo never wrote
+    assert _tree(tmp_path) == before, "a refused build writes nothing"
+
+
+def test_unrelated_models_next_to_an_earlier_zoo_are_left_alone(tmp_path: Path) -> None:
+    first = build_zoo(tmp_path, seed=0, progress=io.StringIO(), builders=_llama_only())
+    other = f"models--Other--Real/snapshots/{'c' * 40}/real.gguf"
+    _plant_real_model(tmp_path, other)
+    planted = {k: v for k, v in _tree(tmp_path).items() if k.startswith("models--Other--Real")}
+    again = build_zoo(tmp_path, seed=0, progress=io.StringIO(), builders=_llama_only())
+    after = _tree(tmp_path)
+    assert {k: v for k, v in after.items() if k.startswith("models--Other--Real")} == planted
+    assert [f.sha256 for f in again.entries["llama"].files] == [
+        f.sha256 for f in first.entries["llama"].files
+    ]
+
+
+def test_a_directory_at_a_zoo_snapshot_path_is_refused(tmp_path: Path) -> None:
+    build_zoo(tmp_path, seed=0, progress=io.StringIO(), builders=_llama_only())
+    llama = tmp_path / packaged_catalog().catalog.preset("llama").snapshot_relative
+    llama.unlink()
+    llama.mkdir()
+    (llama / "inside").write_text("not the zoo's")
+    before = _tree(tmp_path)
+    with pytest.raises(Refused) as refused:
+        build_zoo(tmp_path, seed=0, progress=io.StringIO(), builders=_llama_only())
+    assert refused.value.codes == ["zoo.cache_root_not_ours"]
+    assert _tree(tmp_path) == before
+
+
+def test_a_report_that_is_not_the_zoos_gives_no_claim(tmp_path: Path) -> None:
+    _plant_real_model(tmp_path)
+    (tmp_path / REPORT_NAME).write_text('{"schema_version": 1, "models": {}}\n')
+    before = _tree(tmp_path)
+    with pytest.raises(Refused) as refused:
+        build_zoo(tmp_path, seed=0, progress=io.StringIO(), builders=_llama_only())
+    assert refused.value.codes == ["zoo.cache_root_not_ours"]
+    assert "not this tool's zoo report" in str(refused.value)
+    assert _tree(tmp_path) == before
+
+
+def test_a_report_claiming_a_path_outside_the_hub_layout_is_refused(tmp_path: Path) -> None:
+    report = {
+        "schema_version": 1,
+        "synthetic": True,
+        "seed": 0,
+        "models": {"x": {"files": ["../../etc/passwd"], "sha256": {"../../etc/passwd": "0" * 64}}},
+    }
+    (tmp_path / REPORT_NAME).write_text(json.dumps(report))
+    with pytest.raises(Refused) as refused:
+        build_zoo(tmp_path, seed=0, progress=io.StringIO(), builders=_llama_only())
+    assert refused.value.codes == ["zoo.cache_root_not_ours"]
+
+
+def test_a_cache_root_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "zoo"
+    root.write_text("a file, not a directory")
+    with pytest.raises(Refused) as refused:
+        build_zoo(root, seed=0, progress=io.StringIO(), builders=_llama_only())
+    assert refused.value.codes == ["zoo.cache_root_not_a_directory"]
+    assert root.read_text() == "a file, not a directory"
+
+
+@pytest.mark.parametrize("where", ["/proc/cache-family-zoo-test", "under-a-file/zoo"])
+def test_a_cache_root_that_cannot_be_made_is_a_write_refusal(tmp_path: Path, where: str) -> None:
+    (tmp_path / "under-a-file").write_text("a file")
+    root = tmp_path / where  # an absolute ``where`` replaces tmp_path
+    with pytest.raises(Refused) as refused:
+        build_zoo(root, seed=0, progress=io.StringIO(), builders=_llama_only())
+    assert refused.value.codes == ["zoo.write_failed"]
+    assert refused.value.refusals[0].path == "$.cache_root"
+
+
+def test_publish_refuses_a_directory_at_a_link_path_and_moves_nothing(tmp_path: Path) -> None:
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "m.gguf").write_bytes(b"GGUF-bytes")
+    snapshot_relative = f"models--o--n/snapshots/{'d' * 40}/m.gguf"
+    (tmp_path / "hub" / snapshot_relative).mkdir(parents=True)
+    with pytest.raises(Refused) as refused:
+        publish_snapshot(tmp_path / "hub", snapshot_relative, staging, (Path("m.gguf"),))
+    assert refused.value.codes == ["zoo.cache_root_not_ours"]
+    assert (staging / "m.gguf").read_bytes() == b"GGUF-bytes"
+    assert not (tmp_path / "hub" / "models--o--n" / "blobs").exists()
+
+
+def test_a_failed_link_replacement_leaves_no_temporary_link(tmp_path: Path) -> None:
+    """The last step of every link: if the rename fails, its temporary link goes too."""
+    occupied = tmp_path / "m.gguf"
+    occupied.mkdir()
+    with pytest.raises(IsADirectoryError):
+        hub._atomic_symlink(occupied, "../../blobs/x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]

@@ -15,34 +15,59 @@ Next to the ``models--*`` directories it writes two files:
     A preset a builder cannot make load is "unsupported" with the builder's reason and no
     files: its row then observes a missing model, never a stand-in.
 
-The same seed gives byte-identical files.
+The same seed gives byte-identical files, and every GGUF carries ``base.SYNTHETIC_TAG`` in
+``general.tags`` (a split model in its first shard, which holds the model's metadata).
+
+The zoo writes only into an empty or new cache root, or over a zoo it wrote earlier, and then
+replaces only what that zoo's report lists (``hub.Claim``): every conflict is found before
+anything is written and refused as ``zoo.cache_root_not_ours``; a root that is not a directory
+is ``zoo.cache_root_not_a_directory``, one that cannot be listed
+``zoo.cache_root_unreadable``, and a write that fails ``zoo.write_failed``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal, TextIO
 
+import gguf
+
+from cache_family.errors import Refusal, Refused
 from cache_family.oracles.zoo import dense, hybrid, minimax, moe
-from cache_family.oracles.zoo.base import Builder, BuiltModel, ZooUnsupported
-from cache_family.oracles.zoo.hub import HubFile, SnapshotPath, publish_snapshot
+from cache_family.oracles.zoo.base import SYNTHETIC_TAG, Builder, BuiltModel, ZooUnsupported
+from cache_family.oracles.zoo.hub import (
+    CACHE_ROOT_JSON_PATH,
+    Claim,
+    HubFile,
+    SnapshotPath,
+    check_snapshot,
+    not_ours,
+    publish_snapshot,
+    remove_snapshot,
+    write_failed,
+)
 from cache_family.oracles.zoo.zoo_catalog import (
     encode_catalog,
     missing_preset,
     tiny_preset,
     zoo_catalog,
 )
+from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import Preset, packaged_catalog
 
 CATALOG_NAME = "catalog.json"
 REPORT_NAME = "zoo-report.json"
 REPORT_SCHEMA_VERSION = 1
+_REPORT_LIMIT = 16 * MIB
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 #: Catalog key -> the builder that writes its tiny model.
@@ -139,35 +164,165 @@ def _check_files(preset: Preset, staging: Path, built: BuiltModel) -> None:
             raise ValueError(f"{preset.key}: builder reported {file} but wrote no regular file")
 
 
-def _remove_snapshot_entry(cache_root: Path, snapshot_relative: str) -> None:
-    """An unsupported preset must not keep an older zoo's model at its path."""
-    target = cache_root / snapshot_relative
-    if target.is_symlink() or target.is_file():
-        target.unlink()
-    elif target.is_dir():
-        shutil.rmtree(target)
+def carries_synthetic_tag(path: Path) -> bool:
+    """True when a GGUF file's ``general.tags`` holds the zoo's synthetic-model tag."""
+    tags = gguf.GGUFReader(path).get_field(gguf.Keys.General.TAGS)
+    return tags is not None and SYNTHETIC_TAG in list(tags.contents())
 
 
-def build_one(cache_root: Path, preset: Preset, builder: Builder, seed: int) -> ZooEntry:
+def _check_marked(preset: Preset, staging: Path, built: BuiltModel) -> None:
+    """Every GGUF holding a model's metadata must say it is synthetic (later shards hold none)."""
+    for file in built.files:
+        path = file if file.is_absolute() else staging / file
+        if path.suffix != ".gguf":
+            continue
+        split_no = gguf.GGUFReader(path).get_field(gguf.Keys.Split.LLM_KV_SPLIT_NO)
+        if split_no is not None and split_no.contents() != 0:
+            continue
+        if not carries_synthetic_tag(path):
+            raise ValueError(f"{preset.key}: {path.name} lacks the {SYNTHETIC_TAG!r} tag")
+
+
+def snapshot_files(preset: Preset) -> list[PurePosixPath] | None:
+    """The files a preset's model occupies in its snapshot; None for a whole snapshot dir."""
+    target = SnapshotPath.parse(preset.snapshot_relative)
+    if target.is_directory:
+        return None
+    if preset.artifact_kind == "split-gguf":
+        return [target.inner.parent / name for name in preset.shard_names]
+    return [target.inner]
+
+
+def _claim_from_report(data: bytes) -> Claim:
+    """The files an earlier zoo's report says it wrote; ValueError if it is not our report."""
+    doc = json.loads(data)
+    if (
+        not isinstance(doc, dict)
+        or doc.get("schema_version") != REPORT_SCHEMA_VERSION
+        or doc.get("synthetic") is not True
+        or not isinstance(doc.get("models"), dict)
+    ):
+        raise ValueError(f"not a synthetic zoo report of schema_version {REPORT_SCHEMA_VERSION}")
+    claim = Claim()
+    for key, entry in doc["models"].items():
+        files = entry.get("files") if isinstance(entry, dict) else None
+        digests = entry.get("sha256") if isinstance(entry, dict) else None
+        listed = files if isinstance(files, list) and isinstance(digests, dict) else None
+        if listed is None or digests is None:
+            raise ValueError(f"model {key!r} has no files list and sha256 map")
+        for path in listed:
+            digest = digests.get(path) if isinstance(path, str) else None
+            if not (isinstance(digest, str) and _SHA256.match(digest)):
+                raise ValueError(f"model {key!r} lists {path!r} without a sha256")
+            claim.record(path, digest)
+    return claim
+
+
+def claim_cache_root(cache_root: Path) -> Claim:
+    """What under ``cache_root`` the zoo may replace; refuses a root that is not the zoo's.
+
+    An absent or empty directory holds nothing of anyone's; a directory with an earlier zoo's
+    ``zoo-report.json`` holds exactly the files that report lists; anything else is refused.
+    """
+    try:
+        if not cache_root.exists():
+            if cache_root.is_symlink():
+                raise Refused((not_ours(cache_root, "is a dangling symlink"),))
+            return Claim()
+        if not cache_root.is_dir():
+            raise Refused.one(
+                "zoo.cache_root_not_a_directory",
+                CACHE_ROOT_JSON_PATH,
+                f"{cache_root} exists and is not a directory",
+                "give a new path or an empty directory as --cache-root",
+            )
+        names = sorted(os.listdir(cache_root))
+    except OSError as error:
+        raise Refused.one(
+            "zoo.cache_root_unreadable",
+            CACHE_ROOT_JSON_PATH,
+            f"{cache_root} cannot be inspected: {error.strerror or type(error).__name__}",
+            "give a readable directory (or a new path) as --cache-root",
+        ) from None
+    if not names:
+        return Claim()
+    report = cache_root / REPORT_NAME
+    if REPORT_NAME not in names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise Refused(
+            (
+                not_ours(
+                    cache_root,
+                    f"holds {shown} and no {REPORT_NAME}, so it is not a zoo (a zoo build "
+                    "interrupted before writing its report leaves one like this: remove only "
+                    "such a directory yourself)",
+                ),
+            )
+        )
+    try:
+        return _claim_from_report(read_bounded(str(report), _REPORT_LIMIT, what="zoo report").data)
+    except Refused as refused:
+        reason = refused.refusals[0].message
+    except ValueError as error:
+        reason = str(error)
+    raise Refused((not_ours(report, f"is not this tool's zoo report: {reason}"),))
+
+
+def _preflight(cache_root: Path, presets: list[Preset], claim: Claim) -> None:
+    """Refuse, writing nothing, if any path the build may replace is not the zoo's."""
+    refusals: list[Refusal] = []
+    try:
+        catalog = cache_root / CATALOG_NAME
+        # The root is empty or an earlier zoo's by now, so a regular catalog.json is ours.
+        if catalog.is_symlink() or (catalog.exists() and not catalog.is_file()):
+            refusals.append(not_ours(catalog, "exists and the zoo did not write it"))
+        for preset in presets:
+            files = snapshot_files(preset)
+            refusals += check_snapshot(cache_root, preset.snapshot_relative, files, claim)
+    except OSError as error:
+        raise write_failed(error, "the cache root") from None
+    if refusals:
+        raise Refused(tuple(refusals))
+
+
+def build_one(
+    cache_root: Path, preset: Preset, builder: Builder, seed: int, claim: Claim | None = None
+) -> ZooEntry:
+    claim = Claim() if claim is None else claim
     SnapshotPath.parse(preset.snapshot_relative)  # refuse a path the hub writer cannot place
-    staging = Path(tempfile.mkdtemp(prefix=f".zoo-staging-{preset.key}-", dir=cache_root))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".zoo-staging-{preset.key}-", dir=cache_root))
+    except OSError as error:
+        raise write_failed(error, "a staging directory") from None
     try:
         try:
             built = builder(staging, seed)
         except ZooUnsupported as unsupported:
-            _remove_snapshot_entry(cache_root, preset.snapshot_relative)
+            remove_snapshot(cache_root, preset.snapshot_relative, snapshot_files(preset), claim)
             return ZooEntry(preset.key, "unsupported", unsupported.reason, None)
+        except OSError as error:
+            raise write_failed(error, f"the {preset.key} model") from None
         _check_files(preset, staging, built)
-        files = publish_snapshot(cache_root, preset.snapshot_relative, staging, built.files)
+        _check_marked(preset, staging, built)
+        files = publish_snapshot(cache_root, preset.snapshot_relative, staging, built.files, claim)
         return ZooEntry(preset.key, "built", None, built.architecture, tuple(files), built)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as error:
+        raise write_failed(error, path.name) from None
 
 
 def build_zoo(
@@ -177,20 +332,30 @@ def build_zoo(
     progress: TextIO,
     builders: dict[str, Builder] | None = None,
 ) -> ZooResult:
-    """Write every preset's tiny model, the zoo catalog and the report under ``cache_root``."""
+    """Write every preset's tiny model, the zoo catalog and the report under ``cache_root``.
+
+    Refuses (``Refused``), writing nothing, a cache root the zoo may not write into; see the
+    module docstring.
+    """
     started = time.monotonic()
-    cache_root.mkdir(parents=True, exist_ok=True)
+    cache_root = cache_root.absolute()
     chosen = BUILDERS if builders is None else builders
     reference = packaged_catalog().catalog
+    claim = claim_cache_root(cache_root)
+    _preflight(cache_root, list(reference.presets), claim)
+    try:
+        cache_root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise write_failed(error, "the cache root") from None
     entries: dict[str, ZooEntry] = {}
     presets: dict[str, Preset] = {}
     for preset in reference.presets:
         builder = chosen.get(preset.key)
         if builder is None:
             entry = ZooEntry(preset.key, "unsupported", "no zoo builder for this preset", None)
-            _remove_snapshot_entry(cache_root, preset.snapshot_relative)
+            remove_snapshot(cache_root, preset.snapshot_relative, snapshot_files(preset), claim)
         else:
-            entry = build_one(cache_root, preset, builder, seed)
+            entry = build_one(cache_root, preset, builder, seed, claim)
         entries[preset.key] = entry
         if entry.model is not None:
             presets[preset.key] = tiny_preset(preset, entry.model)

@@ -32,6 +32,15 @@ from cache_family.oracles.zoo.vocab import vocabulary
 #: The f16 element size of llama-server's default KV cache (``--cache-type-k/v f16``).
 KV_ELEMENT_BYTES = 2
 
+#: In ``general.tags`` of every zoo GGUF (the first shard of a split model, which holds the
+#: model's metadata): later tooling recognises a synthetic model by its bytes, not its path.
+SYNTHETIC_TAG = "cache-family-bench-zoo:synthetic-random-weights"
+#: ``general.description`` of a zoo GGUF whose builder states none of its own.
+SYNTHETIC_DESCRIPTION = (
+    "Synthetic random-weight model written by the cache-family-bench tiny model zoo; "
+    "not a trained model."
+)
+
 
 @dataclass(frozen=True)
 class TinyShape:
@@ -183,14 +192,14 @@ def open_f16_writer(
     description: str | None = None,
     split_max_tensors: int = 0,
 ) -> gguf.GGUFWriter:
-    """A writer for ``arch`` that already names the model and declares f16 weights.
+    """A writer for ``arch`` that names the model, marks it synthetic and declares f16 weights.
 
     ``split_max_tensors`` > 0 makes the writer open a new shard after that many tensors.
     """
     writer = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     writer.add_name(name)
-    if description is not None:
-        writer.add_description(description)
+    writer.add_description(SYNTHETIC_DESCRIPTION if description is None else description)
+    writer.add_tags([SYNTHETIC_TAG])
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     return writer
 

@@ -4,8 +4,11 @@ Every packaged preset keeps its key, family, payload, load mode, paths and polic
 made against the zoo exercises the same 14 rows. What changes is what the tiny model really
 is: its layer count and width, the KV bytes one token occupies in it, the architecture that
 was written (with a note where it differs from the reference) and ``synthetic: true`` on the
-catalog and every preset. A preset whose model could not be built keeps its entry with the
-reason in ``architecture_note``; its snapshot path stays absent, so a plan against the zoo
+catalog and every preset. ``ctx`` stays the benchmark's run context (the reference's, capped
+at what the model declares); the model's own trained context, ``context_length`` in its GGUF,
+is usually larger, and ``architecture_note`` says both so nobody reads ``ctx`` as the model's.
+A preset whose model could not be built keeps its entry with the reason in
+``architecture_note``; its snapshot path stays absent, so a plan against the zoo
 observes a missing model there.
 """
 
@@ -42,6 +45,7 @@ def tiny_preset(reference: Preset, built: BuiltModel) -> Preset:
             f"zoo: written as {built.architecture!r} because the reference architecture "
             f"{reference.architecture!r} could not be made to load. {note}"
         ).strip()
+    note = f"{note} {context_note(ctx, built.shape.n_ctx_train)}".strip()
     return msgspec.structs.replace(
         reference,
         architecture=built.architecture,
@@ -53,6 +57,14 @@ def tiny_preset(reference: Preset, built: BuiltModel) -> Preset:
         kv_bytes_per_token=built.kv_bytes_per_token if reference.payload == "resident-kv" else None,
         synthetic=True,
         architecture_note=note,
+    )
+
+
+def context_note(run_ctx: int, n_ctx_train: int) -> str:
+    """Why a zoo preset's ``ctx`` is not the tiny model's trained context."""
+    return (
+        f"zoo: ctx {run_ctx} is the benchmark's run context, not the model's; the tiny GGUF "
+        f"declares context_length {n_ctx_train} (its n_ctx_train)."
     )
 
 
