@@ -23,7 +23,13 @@ import pytest
 
 from cache_family.errors import Refused
 from cache_family.oracles import native_build
-from cache_family.oracles.test_parts import Parts, free_port, producer_matches
+from cache_family.oracles.test_parts import (
+    Parts,
+    ensure_native,
+    free_port,
+    producer_matches,
+    tools_dir,
+)
 
 
 @pytest.fixture
@@ -161,6 +167,164 @@ def test_cache_key_covers_the_pin_and_every_option() -> None:
 
 def test_cached_build_entry_is_none_in_an_empty_cache(private_cache: Path) -> None:
     assert native_build.cached_build_entry() is None
+
+
+# --- where install may write ------------------------------------------------------------------
+
+OLD_STYLE_LIBS = {
+    # An entry built before the soname links were kept: three byte-identical copies.
+    "libggml.so": b"ggml library bytes",
+    "libggml.so.0": b"ggml library bytes",
+    "libggml.so.0.25.3": b"ggml library bytes",
+    # A chain whose copies differ is not a chain of links: left alone.
+    "libodd.so": b"odd bytes one",
+    "libodd.so.1": b"odd bytes two",
+    "libllama-server-impl.so": b"a library without a soname chain",
+}
+
+
+@pytest.fixture
+def stand_in_cache_entry(private_cache: Path) -> Path:
+    """A cache entry for the pinned key that install copies and nothing ever executes.
+
+    Its bytes are stand-ins (fault injection for the install step only); with it present,
+    ``install`` never compiles.
+    """
+    entry = (
+        private_cache
+        / "llama.cpp"
+        / native_build.cache_key(native_build.source_pin(), native_build.build_options())
+    )
+    (entry / "bin").mkdir(parents=True)
+    (entry / "lib").mkdir()
+    (entry / "bin" / "llama-server").write_bytes(b"stand-in server bytes, never executed")
+    for name, data in OLD_STYLE_LIBS.items():
+        (entry / "lib" / name).write_bytes(data)
+    (entry / "build-info.json").write_text(json.dumps({"compiler": "stand-in"}))
+    return entry
+
+
+@pytest.fixture
+def no_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, private_cache: Path) -> None:
+    """No compiler and an empty build cache: an install that got past its output checks would
+    stop at ``native.no_compiler``, so an output refusal proves it came before any build."""
+    monkeypatch.setenv("PATH", _path_with(tmp_path, {}))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    seen = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            seen[str(path)] = "link:" + os.readlink(path)
+        elif path.is_file():
+            seen[str(path)] = "file:" + path.read_text()
+    return seen
+
+
+def test_install_refuses_a_symlink_at_output_native(no_toolchain: None, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious").write_text("not the installer's")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "native").symlink_to(elsewhere)
+    with pytest.raises(Refused) as refused:
+        native_build.install(out, io.StringIO())
+    assert refused.value.codes == ["native.output_not_ours"]
+    assert refused.value.refusals[0].path == "$.output"
+    assert (out / "native").is_symlink()
+    assert (elsewhere / "precious").read_text() == "not the installer's"
+
+
+def test_install_refuses_an_output_that_is_a_file(no_toolchain: None, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.write_text("a file")
+    with pytest.raises(Refused) as refused:
+        native_build.install(out, io.StringIO())
+    assert refused.value.codes == ["native.output_unusable"]
+    assert out.read_text() == "a file"
+
+
+def test_install_refuses_a_native_directory_no_producer_names(
+    no_toolchain: None, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    (out / "native").mkdir(parents=True)
+    (out / "native" / "someone-elses").write_text("kept")
+    before = _snapshot(out)
+    with pytest.raises(Refused) as refused:
+        native_build.install(out, io.StringIO())
+    assert refused.value.codes == ["native.output_not_ours"]
+    assert _snapshot(out) == before
+
+
+def test_install_refuses_a_producer_json_it_did_not_write(
+    no_toolchain: None, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "producer.json").write_text('{"producer": "someone else"}')
+    with pytest.raises(Refused) as refused:
+        native_build.install(out, io.StringIO())
+    assert refused.value.codes == ["native.output_not_ours"]
+    assert (out / "producer.json").read_text() == '{"producer": "someone else"}'
+
+
+def test_install_into_an_impossible_path_is_a_refusal(stand_in_cache_entry: Path) -> None:
+    with pytest.raises(Refused) as refused:
+        native_build.install(Path("/proc/cache-family-native-test"), io.StringIO())
+    assert refused.value.codes == ["native.output_unusable"]
+    assert "/proc/cache-family-native-test" in str(refused.value)
+
+
+def test_install_replaces_its_own_earlier_install_whole(
+    stand_in_cache_entry: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    native_build.install(out, io.StringIO())
+    (out / "native" / "left-over").write_text("from the earlier install")
+    producer = native_build.install(out, io.StringIO())
+    assert not (out / "native" / "left-over").exists()
+    assert producer["native"] == str(out / "native")
+    assert producer_matches(out)
+
+
+def test_install_from_an_old_entry_links_identical_soname_copies(
+    stand_in_cache_entry: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    producer = native_build.install(out, io.StringIO())
+    lib = out / "native" / "lib"
+    assert os.readlink(lib / "libggml.so") == "libggml.so.0"
+    assert os.readlink(lib / "libggml.so.0") == "libggml.so.0.25.3"
+    assert not (lib / "libggml.so.0.25.3").is_symlink()
+    assert (lib / "libggml.so").read_bytes() == b"ggml library bytes"
+    for name in ("libodd.so", "libodd.so.1", "libllama-server-impl.so"):
+        assert not (lib / name).is_symlink(), name
+        assert (lib / name).read_bytes() == OLD_STYLE_LIBS[name]
+    assert sorted(producer["files"]) == [
+        "native/bin/llama-server",
+        "native/lib/libggml.so.0.25.3",
+        "native/lib/libllama-server-impl.so",
+        "native/lib/libodd.so",
+        "native/lib/libodd.so.1",
+    ]
+    assert producer_matches(out)
+    # The cache entry itself is never rewritten: only the installed copy is.
+    assert not (stand_in_cache_entry / "lib" / "libggml.so").is_symlink()
+
+
+def test_parts_cache_replaces_an_interrupted_install(stand_in_cache_entry: Path) -> None:
+    """The parts cache's tools directory is the cache's own: an install cut short before its
+    producer record is cleared there (``install`` alone would refuse it) and redone."""
+    tools = tools_dir()
+    (tools / "native" / "bin").mkdir(parents=True)
+    (tools / "native" / "bin" / "llama-server").write_bytes(b"half copied")
+    assert ensure_native(io.StringIO(), build=False) == tools
+    assert producer_matches(tools)
+    assert (tools / "native" / "bin" / "llama-server").read_bytes() != b"half copied"
 
 
 # --- the real build ---------------------------------------------------------------------------

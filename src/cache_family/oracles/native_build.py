@@ -12,6 +12,7 @@ is rebuilt.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cache_family.errors import Refused
+from cache_family.schemas.bounded import read_bounded
 
 SERVER_NAME = "llama-server"
 _PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
@@ -359,8 +361,107 @@ def build_into_cache(progress: TextIO, jobs: int | None = None) -> Path:
     return entry
 
 
+PRODUCER_NAME = "cache-family-bench native build"
+_OUTPUT_JSON_PATH = "$.output"
+_PRODUCER_LIMIT = 16 * 1024 * 1024
+# libX.so, libX.so.0, libX.so.0.25.3: one library's soname chain.
+_SONAME_CHAIN = re.compile(r"^(?P<base>.+\.so)(?:\.\d+)*$")
+
+
+def _output_unusable(path: Path, why: str) -> Refused:
+    return Refused.one(
+        "native.output_unusable",
+        _OUTPUT_JSON_PATH,
+        f"{path} {why}",
+        "give an absolute output directory that is new, empty or an earlier install's",
+    )
+
+
+def _not_ours(path: Path, why: str) -> Refused:
+    return Refused.one(
+        "native.output_not_ours",
+        _OUTPUT_JSON_PATH,
+        f"{path} {why}",
+        "an install replaces only its own earlier OUTPUT/native (OUTPUT/producer.json names "
+        "it); remove that path yourself or choose another output directory",
+    )
+
+
+def _own_producer(output: Path) -> dict[str, Any] | None:
+    """OUTPUT/producer.json as an earlier install wrote it, or None if it is not one."""
+    try:
+        raw = read_bounded(str(output / "producer.json"), _PRODUCER_LIMIT, what="producer record")
+        loaded = json.loads(raw.data)
+    except (Refused, ValueError):
+        return None
+    if isinstance(loaded, dict) and loaded.get("producer") == PRODUCER_NAME:
+        return loaded
+    return None
+
+
+def check_output(output: Path) -> None:
+    """Refuse, before any build, an OUTPUT an install may not write into.
+
+    OUTPUT must be absent or a directory. ``OUTPUT/native`` and ``OUTPUT/producer.json`` must be
+    absent or an earlier install's: a real directory that ``producer.json`` names. Nothing
+    else there is ever removed.
+    """
+    native = output / "native"
+    producer_path = output / "producer.json"
+    try:
+        if output.exists() and not output.is_dir():
+            raise _output_unusable(output, "exists and is not a directory")
+        if output.is_symlink() and not output.exists():
+            raise _output_unusable(output, "is a dangling symlink")
+        producer = _own_producer(output)
+        if (producer_path.is_symlink() or producer_path.exists()) and producer is None:
+            raise _not_ours(producer_path, "exists and is not this tool's producer record")
+        if native.is_symlink():
+            raise _not_ours(native, "is a symlink; an install never writes one there")
+        if native.exists():
+            if not native.is_dir():
+                raise _not_ours(native, "exists and is not a directory")
+            if producer is None or producer.get("native") != str(native):
+                raise _not_ours(native, "exists and no producer.json of an install names it")
+    except OSError as error:
+        raise _output_unusable(output, f"cannot be inspected: {error.strerror}") from None
+
+
+def link_identical_sonames(lib: Path) -> list[str]:
+    """Make byte-identical copies in one library's soname chain relative links again.
+
+    A cache entry built before the builder kept soname links holds every library three times
+    (``libX.so``, ``libX.so.0``, ``libX.so.0.25.3``). The longest name keeps the bytes and
+    each shorter name links to the next longer one, as CMake lays them out. A chain whose
+    copies differ is left alone. Returns the names that became links.
+    """
+    chains: dict[str, list[Path]] = {}
+    for path in sorted(lib.iterdir()):
+        match = _SONAME_CHAIN.match(path.name)
+        if match and path.is_file() and not path.is_symlink():
+            chains.setdefault(match["base"], []).append(path)
+    linked: list[str] = []
+    for members in chains.values():
+        if len(members) < 2:
+            continue
+        chain = sorted(members, key=lambda p: (len(p.name), p.name))
+        if len({sha256_file(p) for p in chain}) != 1:
+            continue
+        for shorter, longer in itertools.pairwise(chain):
+            tmp = shorter.with_name(f".{shorter.name}.link-tmp")
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(longer.name)
+            tmp.replace(shorter)
+            linked.append(shorter.name)
+    return linked
+
+
 def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str, Any]:
-    """Place the build under ``OUTPUT/native`` and write ``OUTPUT/producer.json``."""
+    """Place the build under ``OUTPUT/native`` and write ``OUTPUT/producer.json``.
+
+    Refuses before building anything when OUTPUT is not usable or ``OUTPUT/native`` is not
+    an earlier install's (``check_output``); replaces an earlier install whole.
+    """
     if not output.is_absolute():
         raise Refused.one(
             "native.output_not_absolute",
@@ -368,28 +469,41 @@ def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str
             f"{output} is not absolute",
             "give an absolute output directory",
         )
+    check_output(output)
     started = time.monotonic()
     entry = build_into_cache(progress, jobs)
     native = output / "native"
-    if native.exists():
-        shutil.rmtree(native)
-    (native / "bin").mkdir(parents=True)
-    shutil.copy2(entry / "bin" / SERVER_NAME, native / "bin" / SERVER_NAME)
-    shutil.copytree(entry / "lib", native / "lib", symlinks=True)
-    info = json.loads((entry / "build-info.json").read_text())
-    files = sorted(p for p in native.rglob("*") if p.is_file() and not p.is_symlink())
-    producer = {
-        "schema_version": 1,
-        "producer": "cache-family-bench native build",
-        **info,
-        "cache_entry": str(entry),
-        "native": str(native),
-        "files": {str(p.relative_to(output)): sha256_file(p) for p in files},
-        "seconds": round(time.monotonic() - started, 3),
-    }
-    tmp = output / ".producer.json.tmp"
-    tmp.write_text(json.dumps(producer, indent=2, sort_keys=True) + "\n")
-    tmp.replace(output / "producer.json")
+    try:
+        if native.exists():
+            shutil.rmtree(native)  # an earlier install's, by check_output
+        (native / "bin").mkdir(parents=True)
+        shutil.copy2(entry / "bin" / SERVER_NAME, native / "bin" / SERVER_NAME)
+        shutil.copytree(entry / "lib", native / "lib", symlinks=True)
+        link_identical_sonames(native / "lib")
+        info = json.loads((entry / "build-info.json").read_text())
+        files = sorted(p for p in native.rglob("*") if p.is_file() and not p.is_symlink())
+        producer = {
+            "schema_version": 1,
+            "producer": PRODUCER_NAME,
+            **info,
+            "cache_entry": str(entry),
+            "native": str(native),
+            "files": {str(p.relative_to(output)): sha256_file(p) for p in files},
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        fd, tmp = tempfile.mkstemp(prefix=".producer.json.tmp-", dir=output)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(json.dumps(producer, indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, output / "producer.json")
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as error:
+        where = error.filename if error.filename is not None else output
+        raise _output_unusable(
+            Path(where), f"could not be written: {error.strerror or type(error).__name__}"
+        ) from None
     print(f"native: {native / 'bin' / SERVER_NAME}", file=progress, flush=True)
     return producer
 

@@ -132,8 +132,24 @@ def ensure_native(progress: TextIO, *, build: bool) -> Path:
                 "run `just native-parts` (a cold build takes about 12 minutes on 2 cores)",
             )
         tools.mkdir(parents=True, exist_ok=True)
+        _forget_unmatched_install(tools)
         native_build.install(tools, progress)
         return tools
+
+
+def _forget_unmatched_install(tools: Path) -> None:
+    """Clear an install in the parts cache that no longer matches its producer record.
+
+    ``tools`` is this cache's own directory, so whatever an interrupted or edited install left
+    there is ours to remove; ``install`` itself refuses an ``OUTPUT/native`` that no
+    ``producer.json`` names. A symlink is never followed: ``install`` refuses it.
+    """
+    native = tools / "native"
+    if native.is_dir() and not native.is_symlink():
+        shutil.rmtree(native)
+    producer = tools / "producer.json"
+    if producer.is_file() and not producer.is_symlink():
+        producer.unlink()
 
 
 # --- the zoo --------------------------------------------------------------------------------
