@@ -1,12 +1,16 @@
 """The real parts together: the built llama-server loads and serves every zoo model.
 
 For each model with a monolithic baseline: the server starts on the model's hub snapshot path,
-answers ``/health``, serves ``/completion`` with ``cache_prompt``, and a second request that
-extends the first prompt reuses the cached prefix (``timings.cache_n`` > 0) and spends less
-prompt time than the cold one. The second prompt extends the first on purpose: sliding-window,
-recurrent and hybrid models reuse a prefix only at the server's context checkpoints, which an
-extension always reaches (see llama-cpp-facts.md). Cold prompts are fresh random token
-sequences, and ``--cache-ram 0`` keeps the server from restoring evicted prompts.
+answers ``/health``, serves ``/completion`` with ``cache_prompt``, and a request that extends
+the previous prompt reuses the cached prefix. The proof of reuse is the server's own token
+accounting, exact for every pair: the cold request evaluates all of its prompt
+(``cache_n == 0``), the warm one takes ``cache_n > 0`` tokens from the cache and evaluates only
+the rest. Prompt time is the secondary check, made robust against a loaded machine: three
+cold/warm pairs, each cold prompt fresh, and the median warm prompt time must be below the
+median cold one. The warm prompt extends the cold one on purpose: sliding-window, recurrent and
+hybrid models reuse a prefix only at the server's context checkpoints, which an extension
+always reaches (see llama-cpp-facts.md). ``--cache-ram 0`` keeps the server from restoring
+evicted prompts.
 
 Numbers here come from tiny random-weight models: they prove the mechanism, they are not
 performance figures.
@@ -15,12 +19,15 @@ performance figures.
 from __future__ import annotations
 
 import re
+import statistics
 import zlib
+from typing import Any
 
 import numpy as np
 import pytest
 
 from cache_family.oracles.test_parts import Parts, serve
+from cache_family.oracles.zoo.base import SYNTHETIC_TAG
 from cache_family.oracles.zoo.vocab import CONTROL_TOKENS, vocabulary
 from cache_family.schemas.catalog import packaged_catalog
 
@@ -31,6 +38,8 @@ PREFIX_TOKENS = 600
 # Log level 4 makes the loader print the architecture and the split files it opened.
 VERBOSE = ("-lv", "4")
 EXTENSION_TOKENS = 24
+# Cold/warm pairs per model; the prompt-time check compares medians, not one noisy pair.
+PAIRS = 3
 
 
 def fresh_tokens(label: str, n: int) -> list[int]:
@@ -65,22 +74,32 @@ def test_server_loads_serves_and_reuses_an_extended_prefix(native_parts: Parts, 
         assert (status, health) == (200, {"status": "ok"})
         arch = re.search(r"print_info: arch\s+=\s+(\S+)", server.log_text())
         assert arch is not None and arch.group(1) == preset["architecture"]
+        # The loader read the synthetic marker (its log cuts long values short).
+        tags = re.search(r"general\.tags\s+arr\[str,1\]\s+= \[\"([^\".]+)", server.log_text())
+        assert tags is not None, server.log_text()[-3000:]
+        assert len(tags.group(1)) > 20 and SYNTHETIC_TAG.startswith(tags.group(1)), tags.group(0)
         status, models = server.request("GET", "/v1/models")
         meta = models["data"][0]["meta"]
         assert meta["n_embd"] == preset["activation_width"]
         assert meta["n_vocab"] == len(vocabulary()[0])
 
-        prefix = fresh_tokens(f"{key}:{native_parts.seed}:prefix", PREFIX_TOKENS)
-        cold = server.completion(prefix, n_predict=1)["timings"]
-        extended = prefix + fresh_tokens(f"{key}:extension", EXTENSION_TOKENS)
-        warm = server.completion(extended, n_predict=1)["timings"]
+        pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        for pair in range(PAIRS):
+            prefix = fresh_tokens(f"{key}:{native_parts.seed}:prefix:{pair}", PREFIX_TOKENS)
+            cold = server.completion(prefix, n_predict=1)["timings"]
+            extended = prefix + fresh_tokens(f"{key}:extension:{pair}", EXTENSION_TOKENS)
+            warm = server.completion(extended, n_predict=1)["timings"]
+            pairs.append((cold, warm))
 
-    assert cold["cache_n"] == 0, cold
-    assert cold["prompt_n"] == PREFIX_TOKENS, cold
-    assert warm["cache_n"] > 0, warm
-    assert warm["cache_n"] + warm["prompt_n"] == len(extended), warm
-    assert warm["prompt_n"] < cold["prompt_n"], (cold, warm)
-    assert warm["prompt_ms"] < cold["prompt_ms"], (cold, warm)
+    for cold, warm in pairs:
+        assert cold["cache_n"] == 0, cold
+        assert cold["prompt_n"] == PREFIX_TOKENS, cold
+        assert warm["cache_n"] > 0, warm
+        assert warm["cache_n"] + warm["prompt_n"] == PREFIX_TOKENS + EXTENSION_TOKENS, warm
+        assert warm["prompt_n"] < cold["prompt_n"], (cold, warm)
+    cold_ms = statistics.median(cold["prompt_ms"] for cold, _ in pairs)
+    warm_ms = statistics.median(warm["prompt_ms"] for _, warm in pairs)
+    assert warm_ms < cold_ms, pairs
 
 
 def test_split_model_loads_from_its_first_shard_snapshot_path(native_parts: Parts) -> None:
