@@ -47,9 +47,16 @@ PIN_B = "b" * 64
 PIN_X = "f" * 64
 
 
-def run_started() -> RunStarted:
+def run_started(*, synthetic: bool = False) -> RunStarted:
+    """``run_started`` of a run planned by the packaged catalog, or by a synthetic (zoo) one."""
     return RunStarted(
-        run_id="run-test", request_sha256="1" * 64, catalog_sha256="2" * 64, tool_version="t"
+        run_id="run-test",
+        request_sha256="1" * 64,
+        catalog_sha256="2" * 64,
+        tool_version="t",
+        catalog_path="/zoo/catalog.json" if synthetic else "/pkg/catalog.json",
+        catalog_synthetic=synthetic,
+        catalog_packaged=not synthetic,
     )
 
 
@@ -77,6 +84,7 @@ class CellScript:
     rungs: Sequence[tuple[int, int]] = ((1, 2), (2, 4))
     pid: int = 4242
     create_time: float = 1700000000.25
+    synthetic: bool = False
     records: list[Record] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -112,6 +120,7 @@ class CellScript:
                 rungs=tuple(RungPlan(concurrency=c, requests=n) for c, n in self.rungs),
                 ttft_slo_ms=2000.0,
                 tpot_slo_ms=100.0,
+                synthetic=self.synthetic,
             )
         )
         return self
@@ -285,6 +294,7 @@ def row_records(
     arms: Sequence[ArmPlan],
     *,
     model_status: str = "present",
+    synthetic: bool = False,
 ) -> RowOpened:
     """``row_opened`` as the row actor writes it (correctness journaled as not run)."""
     missing = model_status == "missing-model"
@@ -299,6 +309,7 @@ def row_records(
         arms=tuple(arms),
         correctness_status="not-run",
         correctness_reason="missing-model" if missing else CORRECTNESS_NOT_BUILT,
+        synthetic=synthetic,
     )
 
 

@@ -25,8 +25,15 @@ from cache_family.schemas.journal import (
     encode_journal,
     read_journal,
 )
+from cache_family.schemas.matrix import (
+    MATRIX_SCOPE,
+    MATRIX_SCOPE_SYNTHETIC,
+    MatrixCatalog,
+    encode_matrix,
+)
 from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import (
+    SYNTHETIC_EVIDENCE_CLASS,
     CellReceipt,
     CorrectnessObservation,
     decode_cell_receipt,
@@ -35,6 +42,7 @@ from cache_family.schemas.receipts import (
 )
 from cache_family.states.cell import CellEvent, CellState, RowEvent
 from cache_family.states.fold import CellFold, JournalIndex, fold_cell, fold_row
+from cache_family.states.matrix import fold_matrix
 from cache_family.states.receipts import (
     ALL_STATUSES,
     MEASURED_CHAIN,
@@ -46,8 +54,8 @@ from cache_family.states.receipts import (
 from cell_journal_builder import CellScript, RowScript, row_records, run_started
 
 
-def journal(*records: Record) -> tuple[JournalLine, ...]:
-    read = read_journal(encode_journal([run_started(), *records]))
+def journal(*records: Record, synthetic_catalog: bool = False) -> tuple[JournalLine, ...]:
+    read = read_journal(encode_journal([run_started(synthetic=synthetic_catalog), *records]))
     assert read.chain_break is None
     return read.lines
 
@@ -588,6 +596,109 @@ def test_identity_records_route_to_their_views() -> None:
     assert isinstance(cell_lines[1].record, CellOpened)
     assert sum(isinstance(line.record, RequestOutcome) for line in cell_lines) == 6
     assert "cells=1" in repr(index)
+
+
+# --- synthetic evidence ---------------------------------------------------------------------------
+
+
+def synthetic_run(
+    *, catalog: bool, row: bool, cell: bool, second_cell: bool | None = None
+) -> tuple[JournalLine, ...]:
+    """A completed row with a serial and a concurrent cell; who is flagged synthetic is chosen
+    (``second_cell`` defaults to ``cell``)."""
+    cells = [
+        CellScript(
+            cell_id="cell-0000/native-serial",
+            arm="native-serial",
+            kind="serial",
+            rungs=((1, 3),),
+            synthetic=cell,
+        ).happy(),
+        CellScript(synthetic=cell if second_cell is None else second_cell).happy(),
+    ]
+    records = row_with(cells, [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")])
+    opened = records[0]
+    assert isinstance(opened, RowOpened)
+    records[0] = msgspec.structs.replace(opened, synthetic=row)
+    return journal(*records, synthetic_catalog=catalog)
+
+
+def test_receipts_of_a_real_catalog_carry_no_synthetic_label() -> None:
+    lines = synthetic_run(catalog=False, row=False, cell=False)
+    cell = fold_cell(lines, "cell-0000/native-serial")
+    row = fold_row(lines, 0)
+    assert (cell.synthetic, cell.evidence_class) == (False, None)
+    assert (row.synthetic, row.evidence_class) == (False, None)
+    # New members go last, after every member older readers know.
+    for receipt in (cell, row):
+        published = list(json.loads(encode_receipt(receipt)))
+        assert published[-2:] == ["synthetic", "evidence_class"]
+    matrix = fold_matrix(JournalIndex(lines), through_seq=lines[-1].seq)
+    assert matrix.scope == MATRIX_SCOPE and SYNTHETIC_EVIDENCE_CLASS not in matrix.scope
+    assert matrix.catalog == MatrixCatalog(
+        path="/pkg/catalog.json", sha256="2" * 64, synthetic=False, packaged=True
+    )
+    assert [r.synthetic for r in matrix.rows] == [False]
+    assert list(json.loads(encode_matrix(matrix)))[-1] == "catalog"
+
+
+def test_a_synthetic_catalog_labels_every_receipt_level() -> None:
+    lines = synthetic_run(catalog=True, row=True, cell=True)
+    cells = [fold_cell(lines, c) for c in ("cell-0000/native-serial", CellScript().cell_id)]
+    row = fold_row(lines, 0)
+    for receipt in (*cells, row):
+        assert receipt.status == "completed"  # the label never changes a verdict
+        assert receipt.synthetic and receipt.evidence_class == SYNTHETIC_EVIDENCE_CLASS
+        published = json.loads(encode_receipt(receipt))
+        assert published["synthetic"] is True
+        assert published["evidence_class"] == SYNTHETIC_EVIDENCE_CLASS
+    matrix = fold_matrix(JournalIndex(lines), through_seq=lines[-1].seq)
+    assert matrix.scope == MATRIX_SCOPE_SYNTHETIC and SYNTHETIC_EVIDENCE_CLASS in matrix.scope
+    assert matrix.catalog == MatrixCatalog(
+        path="/zoo/catalog.json", sha256="2" * 64, synthetic=True, packaged=False
+    )
+    assert [r.synthetic for r in matrix.rows] == [True]
+    assert json.loads(encode_matrix(matrix))["rows"][0]["synthetic"] is True
+
+
+@pytest.mark.parametrize(
+    ("catalog", "row", "cell"),
+    [(True, False, False), (False, True, False), (False, False, True), (False, True, True)],
+)
+def test_the_synthetic_label_is_only_ever_added(catalog: bool, row: bool, cell: bool) -> None:
+    """Any one source (catalog, row_opened, cell_opened) labels what it reaches: the catalog
+    every level, a row its row and matrix entry, a cell its own receipt, its row and entry."""
+    lines = synthetic_run(catalog=catalog, row=row, cell=cell)
+    receipt = fold_cell(lines, "cell-0000/native-serial")
+    assert receipt.synthetic == (catalog or cell)
+    assert receipt.evidence_class == (SYNTHETIC_EVIDENCE_CLASS if catalog or cell else None)
+    row_receipt = fold_row(lines, 0)
+    assert row_receipt.synthetic and row_receipt.evidence_class == SYNTHETIC_EVIDENCE_CLASS
+    matrix = fold_matrix(JournalIndex(lines), through_seq=lines[-1].seq)
+    assert [r.synthetic for r in matrix.rows] == [True]
+    assert matrix.scope == MATRIX_SCOPE_SYNTHETIC
+    assert matrix.catalog is not None and matrix.catalog.synthetic == catalog
+
+
+def test_one_synthetic_cell_labels_its_row_but_not_its_sibling_cell() -> None:
+    lines = synthetic_run(catalog=False, row=False, cell=True, second_cell=False)
+    assert fold_cell(lines, "cell-0000/native-serial").synthetic
+    assert not fold_cell(lines, CellScript().cell_id).synthetic
+    assert fold_row(lines, 0).synthetic
+
+
+def test_a_journal_from_before_the_label_folds_unlabelled() -> None:
+    """Records written before the fields existed decode with their defaults: not synthetic."""
+    older = RowOpened(row_index=0, row_key="k", case_key="c", arms=(ArmPlan(arm="native-serial"),))
+    script = serial_cell().happy()
+    row = RowScript(0)
+    row.fire(RowEvent.CORRECTNESS_NOT_RUN)
+    row.fire(RowEvent.ARM_FINISHED)
+    row.fire(RowEvent.ARMS_EXHAUSTED)
+    lines = journal(older, *script.records, *row.records)
+    assert not fold_row(lines, 0).synthetic
+    matrix = fold_matrix(JournalIndex(lines), through_seq=lines[-1].seq)
+    assert matrix.scope == MATRIX_SCOPE and not matrix.rows[0].synthetic
 
 
 # --- the lattice ----------------------------------------------------------------------------------

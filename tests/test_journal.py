@@ -190,7 +190,7 @@ def _raw_line(seq: int, prev: str, record: dict[str, object]) -> bytes:
 
 
 def test_fields_added_to_records_are_typed_not_dropped() -> None:
-    """The argv, prompt, correctness and plan fields are the records' own now: a
+    """The argv, prompt, correctness, plan and synthetic-catalog fields are the records' own: a
     reader decodes them with their types, and a line from before them gets the defaults."""
     spawned = ChildSpawned(
         cell_id="cell-0000/native-serial",
@@ -219,6 +219,16 @@ def test_fields_added_to_records_are_typed_not_dropped() -> None:
         case_key="llama",
         correctness_status="not-run",
         correctness_reason="correctness arm not built yet",
+        synthetic=True,
+    )
+    cell = CellOpened(
+        cell_id="cell-0000/native-serial",
+        row_index=0,
+        row_key="llama-p128",
+        arm="native-serial",
+        cohort="native",
+        cell_dir="cell-0000/native-serial",
+        synthetic=True,
     )
     started = RunStarted(
         run_id="r",
@@ -237,10 +247,14 @@ def test_fields_added_to_records_are_typed_not_dropped() -> None:
                 use_case=None,
                 model_status="present",
                 output_relative="llama-p128",
+                synthetic=True,
             ),
         ),
+        catalog_path="/zoo/catalog.json",
+        catalog_synthetic=True,
+        catalog_packaged=False,
     )
-    records: list[Record] = [started, opened, spawned, warmup]
+    records: list[Record] = [started, opened, cell, spawned, warmup]
     read = read_journal(encode_journal(records))
     assert read.chain_break is None
     assert [line.record for line in read.lines] == records
@@ -250,6 +264,8 @@ def test_fields_added_to_records_are_typed_not_dropped() -> None:
     older = [
         {"type": "run_started", "run_id": "r", "request_sha256": "1", "catalog_sha256": "2"},
         {"type": "row_opened", "row_index": 0, "row_key": "k", "case_key": "c"},
+        {"type": "cell_opened", "cell_id": "c", "row_index": 0, "row_key": "k",
+         "arm": "native-serial", "cohort": "native", "cell_dir": "c"},
         {"type": "child_spawned", "cell_id": None, "pid": 7, "create_time": 1.5,
          "argv_sha256": "3"},
         {"type": "warmup_exclusion", "cell_id": "c", "rung_index": 0, "request_ids": [],
@@ -263,11 +279,14 @@ def test_fields_added_to_records_are_typed_not_dropped() -> None:
         data += line + b"\n"
     read = read_journal(data)
     assert read.chain_break is None and len(read.lines) == len(older)
-    run, row, child, warm = (line.record for line in read.lines)
+    run, row, opened_cell, child, warm = (line.record for line in read.lines)
     assert isinstance(run, RunStarted) and run.planned_rows == () and run.input_path == ""
     assert run.execution_seconds is None and run.operator_threads is None
+    assert (run.catalog_path, run.catalog_synthetic, run.catalog_packaged) == ("", False, False)
     assert isinstance(row, RowOpened)
     assert (row.correctness_status, row.correctness_reason) == ("not-run", None)
+    assert row.synthetic is False
+    assert isinstance(opened_cell, CellOpened) and opened_cell.synthetic is False
     assert isinstance(child, ChildSpawned) and child.host_argv == () and child.host_threads is None
     assert isinstance(warm, WarmupExclusion) and warm.prompt_tokens is None
     assert warm.prompt_source == warm.prompt_sha256 == ""

@@ -33,24 +33,30 @@ from cache_family.schemas.journal import (
     decode_line,
     encode_journal,
 )
-from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
+from cache_family.schemas.matrix import MATRIX_FILENAME, MATRIX_SCOPE_SYNTHETIC, decode_matrix
+from cache_family.schemas.receipts import SYNTHETIC_EVIDENCE_CLASS
 from cache_family.states.cell import CellEvent, RowEvent
 from cache_family.states.fold import REFOLDERS, JournalIndex, register_refolder
 from cell_journal_builder import CellScript, RowScript, row_records, run_started
 
 
-def build_run(run_dir: Path, *, drift: bool = False) -> None:
+def build_run(run_dir: Path, *, drift: bool = False, synthetic: bool = False) -> None:
     """One row, a serial and a concurrent cell, every receipt published through the writer,
-    then the matrix receipt folded from the journal file, as ``cache-family run`` ends."""
+    then the matrix receipt folded from the journal file, as ``cache-family run`` ends;
+    ``synthetic``: planned by a synthetic catalog, as the zoo's runs are."""
 
     async def main() -> None:
         writer = JournalWriter(journal_path(str(run_dir)))
         async with trio.open_nursery() as nursery:
             await nursery.start(writer.run)
             row = RowScript(0)
-            await writer.append(run_started())
+            await writer.append(run_started(synthetic=synthetic))
             await writer.append(
-                row_records(0, [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")])
+                row_records(
+                    0,
+                    [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")],
+                    synthetic=synthetic,
+                )
             )
             row.fire(RowEvent.CORRECTNESS_NOT_RUN)
             await writer.append(row.records[-1])
@@ -60,8 +66,9 @@ def build_run(run_dir: Path, *, drift: bool = False) -> None:
                     arm="native-serial",
                     kind="serial",
                     rungs=((1, 3),),
+                    synthetic=synthetic,
                 ),
-                CellScript(cell_id="cell-0000/native-concurrent"),
+                CellScript(cell_id="cell-0000/native-concurrent", synthetic=synthetic),
             ]
             for script in cells:
                 script.happy(drift=drift and script.kind == "concurrent")
@@ -139,6 +146,29 @@ def test_drifted_run_still_replays_identically(tmp_path: Path) -> None:
     assert cell["status"] == "incomplete" and not cell["accepted_for_parity"]
     row = json.loads((build_drift / "cell-0000/row.json").read_text())
     assert row["status"] == "incomplete"
+
+
+def test_synthetic_run_replays_identically_and_an_erased_label_differs(tmp_path: Path) -> None:
+    build_run(tmp_path, synthetic=True)
+    verdict = replay(str(tmp_path))
+    assert verdict.exit_code == 0 and len(verdict.identical) == 4
+    published = [
+        tmp_path / "cell-0000/native-serial/cell.json",
+        tmp_path / "cell-0000/native-concurrent/cell.json",
+        tmp_path / "cell-0000/row.json",
+    ]
+    for path in published:
+        receipt = json.loads(path.read_text())
+        assert receipt["synthetic"] is True
+        assert receipt["evidence_class"] == SYNTHETIC_EVIDENCE_CLASS
+    matrix = decode_matrix((tmp_path / MATRIX_FILENAME).read_bytes())
+    assert matrix.catalog is not None and matrix.catalog.synthetic
+    assert matrix.scope == MATRIX_SCOPE_SYNTHETIC and [r.synthetic for r in matrix.rows] == [True]
+    # A receipt whose label was removed no longer matches the journal's fold.
+    row = published[2]
+    row.write_bytes(row.read_bytes().replace(b'"synthetic": true', b'"synthetic": false'))
+    edited = replay(str(tmp_path))
+    assert edited.exit_code == 1 and edited.mismatched == ["cell-0000/row.json"]
 
 
 def test_edited_receipt_differs(run_dir: Path) -> None:

@@ -8,6 +8,7 @@ test checks what the journal and the published receipts say, never internal flag
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -36,18 +38,23 @@ from cache_family.actors.cell import (
     RunStop,
 )
 from cache_family.actors.matrix import (
+    RUN_INPUT_MAX_BYTES,
     MatrixOutcome,
     Progress,
     RunOptions,
     admit_run,
+    final_line,
     supervise,
 )
 from cache_family.actors.pins import Budget
 from cache_family.actors.preparation import admit, observe
 from cache_family.actors.replay import replay
 from cache_family.errors import Refused
+from cache_family.schemas.bounded import MIB
+from cache_family.schemas.catalog import packaged_catalog
 from cache_family.schemas.journal import (
     Cancellation,
+    CellOpened,
     ChildSpawned,
     CleanupOutcome,
     DeadlineExpired,
@@ -63,7 +70,13 @@ from cache_family.schemas.journal import (
     WarmupExclusion,
     read_journal,
 )
-from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
+from cache_family.schemas.matrix import (
+    MATRIX_FILENAME,
+    MATRIX_SCOPE,
+    MATRIX_SCOPE_SYNTHETIC,
+    MatrixCatalog,
+    decode_matrix,
+)
 from cache_family.schemas.measurement import (
     CleanupOutcome as HostCleanupOutcome,
 )
@@ -74,8 +87,13 @@ from cache_family.schemas.measurement import (
     HostReady,
     HostSpawned,
 )
-from cache_family.schemas.prepared import PreparationRequest, encode_document
+from cache_family.schemas.prepared import (
+    PREPARED_INPUT_MAX_BYTES,
+    PreparationRequest,
+    encode_document,
+)
 from cache_family.schemas.receipts import (
+    SYNTHETIC_EVIDENCE_CLASS,
     CorrectnessObservation,
     decode_cell_receipt,
     decode_row_receipt,
@@ -323,6 +341,7 @@ async def run(
     on_started: Callable[[RunContext], None] | None = None,
     host_opener: Any = None,
     host_port: int = 0,
+    progress_stream: io.StringIO | None = None,
 ) -> MatrixOutcome:
     admitted = admit_run(str(input_path), str(out))
     os.mkdir(admitted.output)
@@ -330,7 +349,11 @@ async def run(
         host_opener=host_opener or fake_opener(script),
         pin_hasher=pins or hasher(),
         host_port=host_port,
-        progress=Progress(io.StringIO(), len(admitted.prepared.rows)),
+        progress=Progress(
+            progress_stream or io.StringIO(),
+            len(admitted.prepared.rows),
+            synthetic=admitted.prepared.catalog.synthetic,
+        ),
         on_started=on_started,
     )
     return await supervise(admitted, options)
@@ -443,7 +466,20 @@ async def test_a_complete_run_measures_both_arms_and_replays(
     assert [(p.index, p.case) for p in started.planned_rows] == [
         (r.row_index, r.case_key) for r in opened
     ]
+    # The packaged catalog: recorded as such, and nothing is labelled synthetic.
+    assert (started.catalog_packaged, started.catalog_synthetic) == (True, False)
+    assert started.catalog_sha256 == packaged_catalog().sha256
+    for receipt in (serial, concurrent, row(out)):
+        assert (receipt.synthetic, receipt.evidence_class) == (False, None)
+    assert matrix(out).scope == MATRIX_SCOPE
+    assert matrix(out).catalog == MatrixCatalog(
+        path=started.catalog_path,
+        sha256=packaged_catalog().sha256,
+        synthetic=False,
+        packaged=True,
+    )
     entries = matrix(out).rows
+    assert not any(e.synthetic for e in entries)
     assert entries[0].result.status == "completed"
     assert entries[0].result.evidence == "cell-0000/row.json"
     assert {e.result.status for e in entries[1:]} == {"missing-model"}
@@ -782,3 +818,103 @@ async def test_package_only_and_skipped_baselines_are_recorded_not_launched(
         ("skipped", "skip_llama_server is set in the plan")
     }
     assert script.launched == [] and matrix(skipped_out).status == "completed"
+
+
+# --- synthetic evidence and the input cap ---------------------------------------------------------
+
+
+def synthetic_catalog(root: Path) -> dict[str, str]:
+    """The packaged presets written as a synthetic catalog file (as the zoo's catalog is
+    marked), and the plan's ``catalog`` member pinning it."""
+    packaged = packaged_catalog().catalog
+    catalog = msgspec.structs.replace(
+        packaged,
+        synthetic=True,
+        presets=tuple(msgspec.structs.replace(p, synthetic=True) for p in packaged.presets),
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "synthetic-catalog.json"
+    data = msgspec.json.encode(catalog)
+    path.write_bytes(data)
+    return {"path": str(path), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+async def test_a_synthetic_catalog_is_labelled_from_the_journal_to_the_last_line(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    pinned = synthetic_catalog(tmp_path / "catalog")
+    prepared = make_prepared(tmp_path / "p", catalog=pinned)
+    stream = io.StringIO()
+    out = tmp_path / "out"
+    outcome = await run(prepared, out, FakeHostScript(), progress_stream=stream)
+    assert outcome.status == "completed"  # the label never changes a verdict
+
+    [started] = records(out, RunStarted)
+    assert (started.catalog_path, started.catalog_sha256) == (pinned["path"], pinned["sha256"])
+    assert (started.catalog_synthetic, started.catalog_packaged) == (True, False)
+    assert {p.synthetic for p in started.planned_rows} == {True}
+    assert {r.synthetic for r in records(out, RowOpened)} == {True}
+    assert {c.synthetic for c in records(out, CellOpened)} == {True}
+
+    cell_paths = sorted(out.glob("cell-*/*/cell.json"))
+    row_paths = sorted(out.glob("cell-*/row.json"))
+    assert len(cell_paths) == 2 and row_paths
+    for path in (*cell_paths, *row_paths):
+        published = json.loads(path.read_bytes())
+        assert published["synthetic"] is True, path
+        assert published["evidence_class"] == SYNTHETIC_EVIDENCE_CLASS, path
+    published_matrix = json.loads((out / MATRIX_FILENAME).read_bytes())
+    assert published_matrix["catalog"] == {
+        "path": pinned["path"],
+        "sha256": pinned["sha256"],
+        "synthetic": True,
+        "packaged": False,
+    }
+    assert published_matrix["scope"] == MATRIX_SCOPE_SYNTHETIC
+    assert SYNTHETIC_EVIDENCE_CLASS in published_matrix["scope"]
+    # Every row, the missing-model ones included, is synthetic evidence.
+    assert len(published_matrix["rows"]) > 1
+    assert {r["synthetic"] for r in published_matrix["rows"]} == {True}
+
+    progress = stream.getvalue().splitlines()
+    assert progress[0].startswith("run: ") and progress[0].endswith(" (synthetic)")
+    row_lines = [line for line in progress if line.startswith("row ")]
+    assert row_lines and all("(synthetic)" in line for line in row_lines)
+    admitted = admit_run(str(prepared), str(tmp_path / "unused"))
+    assert final_line(admitted, outcome) == (
+        f"completed: {tmp_path / 'unused' / MATRIX_FILENAME} (synthetic)"
+    )
+    verdict = replay(str(out))
+    assert verdict.exit_code == 0 and MATRIX_FILENAME in verdict.identical
+
+
+async def test_progress_and_the_final_line_carry_no_mark_for_a_real_catalog(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    prepared = make_prepared(tmp_path / "p")
+    stream = io.StringIO()
+    outcome = await run(prepared, tmp_path / "out", FakeHostScript(), progress_stream=stream)
+    assert stream.getvalue().count("row ") >= 2 and "synthetic" not in stream.getvalue()
+    admitted = admit_run(str(prepared), str(tmp_path / "unused"))
+    assert final_line(admitted, outcome) == f"completed: {tmp_path / 'unused' / MATRIX_FILENAME}"
+
+
+def test_the_run_reads_every_size_preparation_may_publish(tmp_path: Path) -> None:
+    """A large use-case sweep's prepared input passes 1 MiB: the run admits up to the prepared
+    cap (the same constant preparation refuses beyond) and refuses a byte more."""
+    assert RUN_INPUT_MAX_BYTES == PREPARED_INPUT_MAX_BYTES > 1 * MIB
+    document = make_prepared(tmp_path / "p").read_bytes()
+    # Trailing JSON whitespace stands in for more rows: the document is the same, its size is
+    # what admission reads and bounds.
+    for size in (1 * MIB + 64 * 1024, PREPARED_INPUT_MAX_BYTES):
+        large = tmp_path / f"input-{size}.json"
+        large.write_bytes(document + b" " * (size - len(document)))
+        assert large.stat().st_size == size
+        admitted = admit_run(str(large), str(tmp_path / f"out-{size}"))
+        assert admitted.prepared.rows and admitted.request_sha256
+    too_large = tmp_path / "too-large.json"
+    too_large.write_bytes(document)
+    os.truncate(too_large, PREPARED_INPUT_MAX_BYTES + 1)
+    with pytest.raises(Refused) as refused:
+        admit_run(str(too_large), str(tmp_path / "out-too-large"))
+    assert refused.value.codes == ["file.too_large"]

@@ -20,7 +20,11 @@ from cache_family.actors.replay import replay
 from cache_family.oracles.test_parts import Parts
 from cache_family.schemas.journal import ChildSpawned, WarmupExclusion, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
-from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
+from cache_family.schemas.receipts import (
+    SYNTHETIC_EVIDENCE_CLASS,
+    decode_cell_receipt,
+    decode_row_receipt,
+)
 from hub_fixture import plan_document, write_tool
 
 pytestmark = pytest.mark.native
@@ -98,15 +102,20 @@ def test_prepare_full_then_run_measures_both_native_arms_for_real(
         cwd=tmp_path,
     )
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.startswith("completed: ")
+    # The zoo's catalog is synthetic: the progress, the last line and every receipt say so.
+    assert ran.stdout.startswith("completed: ") and ran.stdout.rstrip().endswith("(synthetic)")
+    assert "(synthetic)" in ran.stderr
 
     matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
     assert matrix.status == "completed" and matrix.terminal_refusal is None
+    assert matrix.catalog is not None and matrix.catalog.synthetic
+    assert matrix.catalog.path == str(native_parts.zoo_catalog) and not matrix.catalog.packaged
+    assert SYNTHETIC_EVIDENCE_CLASS in matrix.scope and all(r.synthetic for r in matrix.rows)
     [entry] = [r for r in matrix.rows if r.case == "llama"]
     assert entry.result.status == "completed"
     row_dir = out / str(entry.result.evidence).removesuffix("/row.json")
     row = decode_row_receipt((row_dir / "row.json").read_bytes())
-    assert row.status == "completed"
+    assert row.status == "completed" and row.evidence_class == SYNTHETIC_EVIDENCE_CLASS
     correctness = json.loads((row_dir / "row.json").read_bytes())["correctness"]
     assert correctness == {"status": "not-run", "reason": "correctness arm not built yet"}
     assert [(o.arm, o.status) for o in row.observations] == [
@@ -140,6 +149,7 @@ def test_prepare_full_then_run_measures_both_native_arms_for_real(
         assert metrics.goodput_requests_per_sec is not None
         assert all(r.tokens_predicted == 128 for r in ladder_rung.rows)
     for cell in (serial, sweep):
+        assert cell.synthetic and cell.evidence_class == SYNTHETIC_EVIDENCE_CLASS
         assert cell.cleanup is not None and cell.cleanup.clean
         assert all(p.matches for p in cell.pins_before + cell.pins_after)
         assert {p.name for p in cell.pins_before} >= {"binary", "native_build", "model"}

@@ -289,6 +289,8 @@ class CellPlan:
     pins: tuple[PinTarget, ...]
     # A reason this cell must not launch although planned (pins disagree with the plan).
     refusal: str | None = None
+    # The row's preset is from a synthetic catalog (journaled so the cell's receipt says so).
+    synthetic: bool = False
 
 
 def pin_targets(profile: HostProfile) -> tuple[PinTarget, ...]:
@@ -528,6 +530,7 @@ class CellActor:
                     rungs=plan.rungs,
                     ttft_slo_ms=plan.ttft_slo_ms,
                     tpot_slo_ms=plan.tpot_slo_ms,
+                    synthetic=plan.synthetic,
                 )
             )
             with trio.CancelScope(deadline=self.deadline):

@@ -1,8 +1,9 @@
 """``cache-family run --input PREPARED --output FRESH``: the matrix supervisor.
 
 Admission (nothing is written unless all of it passes; refusals exit 2):
-  * ``--input`` and ``--output`` are absolute; the input is a regular file of at most 1 MiB
-    that decodes as ``cache-family-input.json``; the corpora its rows need still match their
+  * ``--input`` and ``--output`` are absolute; the input is a regular file of at most
+    ``PREPARED_INPUT_MAX_BYTES`` (the most preparation ever publishes) that decodes as
+    ``cache-family-input.json``; the corpora its rows need still match their
     pins; the output's parent is a real directory and the output does not exist yet.
 
 The run (one trio task tree):
@@ -20,6 +21,10 @@ planned row, the status the row's receipt reached and where its evidence lies. C
 deadline expiry and a failed interrupt-finish make the matrix ``incomplete`` with a
 ``terminal_refusal``. Exit codes: 0 completed, 1 incomplete or failed, 2 refused, 130
 interrupted by a signal.
+
+Rows from a synthetic catalog (the tiny random-weight zoo) are plumbing evidence, never
+performance claims: the journal records the catalog, every receipt level labels them, and
+the progress lines and the final line say "(synthetic)".
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.publish import publish_fresh
 from cache_family.actors.row import RowActor, RowResult
 from cache_family.errors import Refused
-from cache_family.schemas.bounded import MIB, read_bounded
+from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
     Cancellation,
     DeadlineExpired,
@@ -69,11 +74,18 @@ from cache_family.schemas.matrix import (
     MatrixReceipt,
     encode_matrix,
 )
-from cache_family.schemas.prepared import PreparedInput, PreparedRow, decode_document
+from cache_family.schemas.prepared import (
+    PREPARED_INPUT_MAX_BYTES,
+    PreparedInput,
+    PreparedRow,
+    decode_document,
+)
 from cache_family.states.fold import JournalIndex
 from cache_family.states.matrix import fold_matrix
 
-RUN_INPUT_MAX_BYTES: Final = 1 * MIB
+# The run reads whatever preparation may publish, and no more.
+RUN_INPUT_MAX_BYTES: Final = PREPARED_INPUT_MAX_BYTES
+SYNTHETIC_MARK: Final = " (synthetic)"
 
 EXIT_COMPLETED: Final = 0
 EXIT_NOT_COMPLETED: Final = 1
@@ -166,15 +178,26 @@ class MatrixOutcome:
 # --- progress -----------------------------------------------------------------------------------
 
 
+def synthetic_mark(synthetic: bool) -> str:
+    """ " (synthetic)" after a line about a synthetic row or run, else nothing."""
+    return SYNTHETIC_MARK if synthetic else ""
+
+
 class Progress:
     """One plain line per row on stderr (not a terminal: logs, CI)."""
 
-    def __init__(self, stream: TextIO, total: int) -> None:
+    def __init__(self, stream: TextIO, total: int, *, synthetic: bool = False) -> None:
         self.stream = stream
         self.total = total
+        # The run's catalog is synthetic: the start line says so.
+        self.synthetic = synthetic
 
     def start(self, run_dir: str) -> None:
-        print(f"run: {self.total} planned row(s) -> {run_dir}", file=self.stream, flush=True)
+        print(
+            f"run: {self.total} planned row(s) -> {run_dir}{synthetic_mark(self.synthetic)}",
+            file=self.stream,
+            flush=True,
+        )
 
     def row_started(self, row: PreparedRow) -> None:
         del row
@@ -186,7 +209,7 @@ class Progress:
         detail = f" ({result.reason})" if result.reason and result.status != "completed" else ""
         print(
             f"row {row.index + 1}/{self.total} {row.output_relative}: {result.status}{detail}"
-            f" [{seconds:.1f}s]",
+            f"{synthetic_mark(row.synthetic)} [{seconds:.1f}s]",
             file=self.stream,
             flush=True,
         )
@@ -201,8 +224,8 @@ class Progress:
 class RichProgress(Progress):
     """A live rows bar naming the row and the cell state (stderr is a terminal)."""
 
-    def __init__(self, stream: TextIO, total: int) -> None:
-        super().__init__(stream, total)
+    def __init__(self, stream: TextIO, total: int, *, synthetic: bool = False) -> None:
+        super().__init__(stream, total, synthetic=synthetic)
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichBar
@@ -221,7 +244,10 @@ class RichProgress(Progress):
 
     def start(self, run_dir: str) -> None:
         self._bar.start()
-        self._console.print(f"run: {self.total} planned row(s) -> {run_dir}")
+        self._console.print(
+            f"run: {self.total} planned row(s) -> {run_dir}{synthetic_mark(self.synthetic)}",
+            markup=False,
+        )
 
     def row_started(self, row: PreparedRow) -> None:
         self._row = row.output_relative
@@ -234,7 +260,8 @@ class RichProgress(Progress):
         colour = {"completed": "green", "missing-model": "dim"}.get(result.status, "yellow")
         self._console.print(
             f"row {row.index + 1}/{self.total} {row.output_relative}: "
-            f"[{colour}]{result.status}[/{colour}] [{seconds:.1f}s]"
+            f"[{colour}]{result.status}[/{colour}]{synthetic_mark(row.synthetic)} "
+            f"[{seconds:.1f}s]"
         )
         self._bar.advance(self._task)
 
@@ -245,11 +272,11 @@ class RichProgress(Progress):
         self._bar.stop()
 
 
-def progress_for(stream: TextIO, total: int) -> Progress:
+def progress_for(stream: TextIO, total: int, *, synthetic: bool = False) -> Progress:
     isatty = getattr(stream, "isatty", None)
     if isatty is not None and isatty():
-        return RichProgress(stream, total)
-    return Progress(stream, total)
+        return RichProgress(stream, total, synthetic=synthetic)
+    return Progress(stream, total, synthetic=synthetic)
 
 
 # --- the supervisor -----------------------------------------------------------------------------
@@ -276,7 +303,9 @@ async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) ->
     options = options or RunOptions()
     prepared = admitted.prepared
     run_dir = admitted.output
-    progress = options.progress or Progress(sys.stderr, len(prepared.rows))
+    progress = options.progress or Progress(
+        sys.stderr, len(prepared.rows), synthetic=prepared.catalog.synthetic
+    )
     writer = JournalWriter(journal_path(run_dir))
     stop = RunStop(run_deadline=trio.current_time() + prepared.execution_seconds)
     ctx = RunContext(
@@ -368,10 +397,11 @@ async def _journal_unreached(
 def _run_started(admitted: AdmittedRun) -> RunStarted:
     prepared = admitted.prepared
     threads = thread_setting(prepared.environment)
+    catalog = prepared.catalog
     return RunStarted(
         run_id=f"run-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}",
         request_sha256=admitted.request_sha256,
-        catalog_sha256=prepared.catalog.sha256,
+        catalog_sha256=catalog.sha256,
         tool_version=__version__,
         input_path=admitted.input_path,
         execution_seconds=prepared.execution_seconds,
@@ -386,9 +416,13 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
                 use_case=row.use_case,
                 model_status=row.model_observation.status,
                 output_relative=row.output_relative,
+                synthetic=row.synthetic,
             )
             for row in prepared.rows
         ),
+        catalog_path=catalog.path,
+        catalog_synthetic=catalog.synthetic,
+        catalog_packaged=catalog.packaged,
     )
 
 
@@ -472,13 +506,22 @@ def run_command(input: str, output: str) -> int:
         for refusal in refused.refusals:
             print(f"refused: {refusal.line()}", file=sys.stderr)
         return EXIT_REFUSED
-    options = RunOptions(progress=progress_for(sys.stderr, len(admitted.prepared.rows)))
+    synthetic = admitted.prepared.catalog.synthetic
+    options = RunOptions(
+        progress=progress_for(sys.stderr, len(admitted.prepared.rows), synthetic=synthetic)
+    )
     outcome = trio.run(supervise, admitted, options)
-    matrix = os.path.join(admitted.output, MATRIX_FILENAME)
-    print(f"{outcome.status}: {matrix}")
+    print(final_line(admitted, outcome))
     if outcome.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_COMPLETED if outcome.status == "completed" else EXIT_NOT_COMPLETED
+
+
+def final_line(admitted: AdmittedRun, outcome: MatrixOutcome) -> str:
+    """The run's last line on stdout: the matrix status and path, "(synthetic)" when the
+    catalog was synthetic."""
+    matrix = os.path.join(admitted.output, MATRIX_FILENAME)
+    return f"{outcome.status}: {matrix}{synthetic_mark(admitted.prepared.catalog.synthetic)}"
 
 
 def _make_fresh_dir(path: str) -> None:

@@ -180,6 +180,7 @@ class RowActor:
             prompt=self.prompts.choose(row),
             pins=pin_targets(profile) if profile is not None else (),
             refusal=refusal,
+            synthetic=row.synthetic,
         )
 
     # -- machine -----------------------------------------------------------------------------
@@ -225,6 +226,7 @@ class RowActor:
                     arms=arms,
                     correctness_status="not-run",
                     correctness_reason="missing-model",
+                    synthetic=row.synthetic,
                 )
             )
             await self._fire(RowEvent.MODEL_MISSING)
@@ -245,6 +247,7 @@ class RowActor:
                     arms=arms,
                     correctness_status="not-run",
                     correctness_reason=CORRECTNESS_NOT_BUILT,
+                    synthetic=row.synthetic,
                 )
             )
             await self._arms(arms)
@@ -275,6 +278,7 @@ class RowActor:
                 arms=self.arm_plans(),
                 correctness_status="not-run",
                 correctness_reason=CORRECTNESS_NOT_BUILT if present else "missing-model",
+                synthetic=row.synthetic,
             )
         )
         if not present:

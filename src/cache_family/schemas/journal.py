@@ -64,6 +64,8 @@ class PlannedRowBrief(msgspec.Struct, frozen=True, kw_only=True):
     use_case: str | None
     model_status: str
     output_relative: str
+    # The row's preset is from a synthetic (zoo) catalog: plumbing evidence only.
+    synthetic: bool = False
 
 
 # --- run level ---------------------------------------------------------------------------
@@ -85,6 +87,12 @@ class RunStarted(_Record, tag="run_started", frozen=True, kw_only=True):
     # a positive whole number: no other environment value is ever journaled.
     operator_threads: str | None = None
     planned_rows: tuple[PlannedRowBrief, ...] = ()
+    # The catalog that planned the rows (its bytes are ``catalog_sha256``): its path, whether
+    # it is a synthetic (tiny random-weight zoo) catalog, and whether it is the packaged one.
+    # Journals written before these were recorded read as "", False, False.
+    catalog_path: str = ""
+    catalog_synthetic: bool = False
+    catalog_packaged: bool = False
 
 
 class Cancellation(_Record, tag="cancellation", frozen=True, kw_only=True):
@@ -126,6 +134,8 @@ class RowOpened(_Record, tag="row_opened", frozen=True, kw_only=True):
     # What happened to the row's correctness arm; row.json shows it as {"status", "reason"}.
     correctness_status: str = "not-run"
     correctness_reason: str | None = None
+    # The row's preset is from a synthetic (zoo) catalog: its receipts say so.
+    synthetic: bool = False
 
 
 class CellOpened(_Record, tag="cell_opened", frozen=True, kw_only=True):
@@ -142,6 +152,9 @@ class CellOpened(_Record, tag="cell_opened", frozen=True, kw_only=True):
     rungs: tuple[RungPlan, ...] = ()
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
+    # The cell's row is synthetic; repeated here because a cell's fold reads only the run-wide
+    # lines and its own, never ``row_opened``.
+    synthetic: bool = False
 
 
 class Transition(_Record, tag="transition", frozen=True, kw_only=True):

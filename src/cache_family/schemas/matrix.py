@@ -6,8 +6,14 @@ Shape (reference §5/§6, native arms only for now)::
      "request_sha256": "...", "catalog_sha256": "...", "planned_cells": N,
      "rows": [{"index", "case", "prefix_tokens", "use_case",
                "result": {"status", "evidence"} | {"status": "missing-model", "launched": false}
-                         | {"status", "reason"}}],
-     "promotion": null, "terminal_refusal": "cancelled" (only when set)}
+                         | {"status", "reason"},
+               "synthetic": bool}],
+     "promotion": null, "terminal_refusal": "cancelled" (only when set),
+     "journal_through_seq": N,
+     "catalog": {"path", "sha256", "synthetic", "packaged"}}
+
+A synthetic catalog (the tiny random-weight zoo) marks every row ``synthetic`` and adds the
+synthetic evidence class to ``scope``: such figures are never performance claims.
 
 Encoded like the other receipts: struct fields in definition order, two-space indent, one
 trailing newline; members whose value is "not set" (``None`` defaults) are left out, so a
@@ -21,12 +27,17 @@ from typing import Final
 
 import msgspec
 
+from cache_family.schemas.receipts import SYNTHETIC_EVIDENCE_CLASS
+
 MATRIX_SCHEMA_VERSION: Final = 1
 MATRIX_FILENAME: Final = "cache-family-matrix.json"
 MATRIX_SCOPE: Final = (
     "native arms (serial baseline and concurrent ladder) of every present row, measured "
     "against llama-server; the correctness and paired serving arms are not built yet; pins "
     "describe observed local bytes, not build attestation"
+)
+MATRIX_SCOPE_SYNTHETIC: Final = (
+    f"{MATRIX_SCOPE}; rows marked synthetic are evidence of class '{SYNTHETIC_EVIDENCE_CLASS}'"
 )
 PIPELINE_FAILED: Final = "owned_plan_or_matrix_execution_refused"
 
@@ -44,6 +55,16 @@ class MatrixRow(msgspec.Struct, frozen=True, kw_only=True):
     prefix_tokens: int | None
     use_case: str | None
     result: MatrixRowResult
+    synthetic: bool = False
+
+
+class MatrixCatalog(msgspec.Struct, frozen=True, kw_only=True):
+    """The catalog that planned the rows, as ``run_started`` recorded it."""
+
+    path: str
+    sha256: str
+    synthetic: bool
+    packaged: bool
 
 
 class MatrixReceipt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -57,6 +78,7 @@ class MatrixReceipt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     promotion: None
     terminal_refusal: str | None = None
     journal_through_seq: int | None = None
+    catalog: MatrixCatalog | None = None
 
 
 class FailedMatrix(msgspec.Struct, frozen=True, kw_only=True):

@@ -20,6 +20,19 @@ from cache_family.schemas.measurement import RequestRow, RungSummary, SerialSumm
 CELL_SCHEMA_VERSION: Final = 1
 ROW_SCHEMA_VERSION: Final = 1
 
+#: The one wording every receipt level (``cell.json``, ``row.json``, the matrix's scope) uses
+#: for evidence from a synthetic catalog's tiny random-weight models: their figures exercise
+#: the tool, they never describe a model's or a server's performance.
+SYNTHETIC_EVIDENCE_CLASS: Final = (
+    "synthetic: tiny random-weight zoo model; plumbing evidence, not a performance claim"
+)
+
+
+def evidence_class(synthetic: bool) -> str | None:
+    """A receipt's ``evidence_class``: the synthetic label, or None for real evidence."""
+    return SYNTHETIC_EVIDENCE_CLASS if synthetic else None
+
+
 ReceiptStatus = Literal[
     # The measured chain, best first (states/receipts.py orders it):
     "completed",
@@ -150,6 +163,9 @@ class CellReceipt(msgspec.Struct, frozen=True, kw_only=True):
     cleanup: CleanupReceipt | None
     measurement: Measurement
     journal_through_seq: int
+    # From a synthetic catalog: ``evidence_class`` is then SYNTHETIC_EVIDENCE_CLASS.
+    synthetic: bool = False
+    evidence_class: str | None = None
 
 
 class RungBrief(msgspec.Struct, frozen=True, kw_only=True):
@@ -208,6 +224,9 @@ class RowReceipt(msgspec.Struct, frozen=True, kw_only=True):
     # The correctness arm as ``row_opened`` recorded it, e.g. {"status": "not-run", "reason":
     # "correctness arm not built yet"}; its own machine will fold it once the arm is built.
     correctness: CorrectnessObservation = CORRECTNESS_UNRECORDED
+    # From a synthetic catalog: ``evidence_class`` is then SYNTHETIC_EVIDENCE_CLASS.
+    synthetic: bool = False
+    evidence_class: str | None = None
 
 
 _ENCODER: Final = msgspec.json.Encoder(order="deterministic")

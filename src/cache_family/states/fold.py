@@ -22,6 +22,10 @@ Rules the fold applies (see ``states/receipts.py`` for the lattice):
   unchanged, clean cleanup. A journal that stops before ``finalize`` folds to ``incomplete``.
 * Transition records are replayed through the machine tables; a step the table does not allow
   is itself a fault (``journal_transition_invalid``).
+* A cell or row is ``synthetic`` when its ``cell_opened`` / ``row_opened`` says so or the run's
+  catalog is synthetic (``run_started``); a synthetic receipt carries
+  ``SYNTHETIC_EVIDENCE_CLASS``. Like a downgrade, the label is only ever added: a row from a
+  synthetic catalog is never presented as real evidence, whatever its own flag says.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ from cache_family.schemas.receipts import (
     RungReceipt,
     TerminalRefusal,
     encode_receipt,
+    evidence_class,
 )
 from cache_family.states import metrics
 from cache_family.states.cell import (
@@ -100,6 +105,11 @@ def _terminal_of(record: object) -> TerminalRefusal | None:
     if isinstance(record, InterruptFinishFailed):
         return "interrupt_finish_failed"
     return None
+
+
+def _synthetic(run: RunStarted | None, opened: CellOpened | RowOpened | None) -> bool:
+    """Synthetic if the opening record or the run's catalog says so (the label only adds)."""
+    return (opened is not None and opened.synthetic) or (run is not None and run.catalog_synthetic)
 
 
 def _scope_cell(record: object) -> str | None:
@@ -359,6 +369,7 @@ class CellFold:
         run = self.run
         host = self.host
         cleanup = self.cleanup
+        synthetic = _synthetic(run, opened)
         return CellReceipt(
             run_id=run.run_id if run else "",
             request_sha256=run.request_sha256 if run else "",
@@ -418,6 +429,8 @@ class CellFold:
             else None,
             measurement=measurement,
             journal_through_seq=self.last_seq if through_seq is None else through_seq,
+            synthetic=synthetic,
+            evidence_class=evidence_class(synthetic),
         )
 
     def _measurement(self) -> tuple[Measurement, list[str]]:
@@ -685,6 +698,7 @@ class RowFold:
             (c.terminal_refusal for c in cell_receipts if c.terminal_refusal), None
         )
         run = self.run
+        synthetic = _synthetic(run, opened) or any(c.synthetic for c in cell_receipts)
         return RowReceipt(
             run_id=run.run_id if run else "",
             request_sha256=run.request_sha256 if run else "",
@@ -708,6 +722,8 @@ class RowFold:
             )
             if opened
             else CORRECTNESS_UNRECORDED,
+            synthetic=synthetic,
+            evidence_class=evidence_class(synthetic),
         )
 
 

@@ -8,6 +8,11 @@ stopped at once, without a directory), so the journal alone names the whole plan
 * otherwise the row fold's status and reason (``not-launched`` / ``cancellation_or_deadline``
   for a row that a cancellation or the deadline kept from starting).
 
+Each row is ``synthetic`` as its row receipt is (its ``row_opened``, one of its cells'
+``cell_opened`` or the run's catalog says so). The matrix names the catalog as ``run_started``
+recorded it and, for a synthetic catalog or any synthetic row, says in ``scope`` that those
+rows are synthetic evidence, never performance claims.
+
 The matrix is ``completed`` only if every measured row is; a run-wide cancellation, deadline
 expiry or failed interrupt-finish sets ``terminal_refusal`` and lowers it to ``incomplete``.
 Importing this module registers the ``matrix`` refolder, so ``cache-family replay`` re-folds
@@ -31,6 +36,8 @@ from cache_family.schemas.journal import (
 )
 from cache_family.schemas.matrix import (
     MATRIX_SCOPE,
+    MATRIX_SCOPE_SYNTHETIC,
+    MatrixCatalog,
     MatrixReceipt,
     MatrixRow,
     MatrixRowResult,
@@ -106,14 +113,18 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
             ),
             None,
         )
+        # A folded row's label also counts its cells' (the row receipt says the same).
+        synthetic = opened.synthetic or run.catalog_synthetic
         if opened.model_status == "missing-model":
             result = MatrixRowResult(status="missing-model", launched=False)
         elif published is not None:
             receipt = fold_row(lines, row_index, through_seq=published.through_seq)
             result = MatrixRowResult(status=receipt.status, evidence=published.path)
+            synthetic = receipt.synthetic
         else:
             receipt = fold_row(lines, row_index, through_seq=through_seq)
             result = MatrixRowResult(status=receipt.status, reason=receipt.reason)
+            synthetic = receipt.synthetic
         rows.append(
             MatrixRow(
                 index=row_index,
@@ -121,6 +132,7 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
                 prefix_tokens=opened.prefix_tokens,
                 use_case=opened.use_case,
                 result=result,
+                synthetic=synthetic,
             )
         )
     rows.sort(key=lambda row: row.index)
@@ -129,9 +141,10 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
     status: ReceiptStatus = meet_all(measured)
     if terminal is not None:
         status = terminal_downgrade(status)
+    synthetic = run.catalog_synthetic or any(row.synthetic for row in rows)
     return MatrixReceipt(
         status=status,
-        scope=MATRIX_SCOPE,
+        scope=MATRIX_SCOPE_SYNTHETIC if synthetic else MATRIX_SCOPE,
         request_sha256=run.request_sha256,
         catalog_sha256=run.catalog_sha256,
         planned_cells=len(rows),
@@ -139,6 +152,12 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
         promotion=None,
         terminal_refusal=terminal,
         journal_through_seq=through_seq,
+        catalog=MatrixCatalog(
+            path=run.catalog_path,
+            sha256=run.catalog_sha256,
+            synthetic=run.catalog_synthetic,
+            packaged=run.catalog_packaged,
+        ),
     )
 
 
