@@ -141,21 +141,49 @@ def run_demo(out: Path, progress: TextIO) -> int:
     return 0
 
 
+def _arm_figures(row: dict[str, Any]) -> str:
+    """The serial warm median with its cache hits and each rung's throughput, from row.json."""
+    parts: list[str] = []
+    for observation in row.get("observations", []):
+        for rung in observation.get("rungs", []):
+            serial = rung.get("serial_summary")
+            summary = rung.get("rung_summary")
+            if serial and serial.get("warm_median_ms") is not None:
+                parts.append(
+                    f"serial warm median {serial['warm_median_ms']:.1f} ms "
+                    f"(cache_n min {serial.get('warm_cache_n_min')})"
+                )
+            elif summary and summary.get("throughput_requests_per_sec") is not None:
+                parts.append(
+                    f"c{summary['concurrency']} {summary['throughput_requests_per_sec']:.1f} req/s"
+                )
+    if not parts:
+        reasons = {o.get("reason") for o in row.get("observations", []) if o.get("reason")}
+        parts = sorted(str(r) for r in reasons) or [str(row.get("reason") or "")]
+    return "; ".join(parts)
+
+
 def _summarize(run_dir: Path, progress: TextIO) -> None:
     matrix_path = run_dir / "cache-family-matrix.json"
     if not matrix_path.is_file():
         return
     matrix = json.loads(matrix_path.read_text())
-    print(
-        f"\ndemo: matrix status {matrix.get('status')} "
-        "(tiny random-weight models: synthetic figures, not performance claims)",
-        file=progress,
+    catalog = matrix.get("catalog") or {}
+    label = (
+        " (synthetic catalog: plumbing evidence, not performance claims)"
+        if catalog.get("synthetic")
+        else ""
     )
+    print(f"\ndemo: matrix status {matrix.get('status')}{label}", file=progress)
     for row in matrix.get("rows", []):
         result = row.get("result", {})
+        figures = ""
+        evidence = result.get("evidence")
+        if evidence and (run_dir / evidence).is_file():
+            figures = _arm_figures(json.loads((run_dir / evidence).read_text()))
         print(
             f"  {row.get('case', '?'):<14} p{row.get('prefix_tokens', '?'):<5} "
-            f"{result.get('status', '?')}",
+            f"{result.get('status', '?'):<11} {figures}",
             file=progress,
         )
 
