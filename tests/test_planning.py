@@ -352,6 +352,72 @@ def test_too_many_rows_is_refused_before_planning() -> None:
     assert caught.value.codes == ["planning.too_many_rows"]
 
 
+U32_MAX = 2**32 - 1
+
+
+def bounds_codes(**overrides: object) -> dict[str, str]:
+    with pytest.raises(Refused) as caught:
+        check_selection(plan(**overrides), catalog(), None)
+    return {r.code: r.path for r in caught.value.refusals}
+
+
+def test_a_prefix_whose_headroom_overflows_uint32_is_refused() -> None:
+    # 4294967295 + 128 would be the ctx: refused once, not once per row
+    with pytest.raises(Refused) as caught:
+        check_selection(plan(prefix_tokens=U32_MAX), catalog(), None)
+    assert caught.value.codes == ["planning.prefix_too_large"]
+    refusal = caught.value.refusals[0]
+    assert refusal.path == "$.plan.prefix_tokens"
+    # 13 rows: the layer package keeps its contract's prefix and is not refused
+    assert "4294967423" in refusal.message and "(and 12 more rows)" in refusal.message
+    assert bounds_codes(prefix_sweep=[64, U32_MAX - 127]) == {
+        "planning.prefix_too_large": "$.plan.prefix_sweep"
+    }
+    with pytest.raises(Refused) as caught:
+        check_selection(
+            plan(use_cases=["all"], corpus={"path": "/c", "sha256": "f" * 64}),
+            catalog(),
+            corpus(("fine", 64), ("huge", U32_MAX)),
+        )
+    assert [(r.code, r.path) for r in caught.value.refusals] == [
+        ("planning.prefix_too_large", "$.plan.corpus.use_cases.huge.prefix_tokens")
+    ]
+
+
+def test_ctx_times_lanes_or_parallel_must_fit_uint32() -> None:
+    biggest = U32_MAX - 128  # ctx exactly 2**32 - 1
+    check_selection(
+        plan(prefix_tokens=biggest, runtime_lane_count=1, llama_parallel=1, concurrency=[1]),
+        catalog(),
+        None,
+    )
+    assert bounds_codes(prefix_tokens=biggest, runtime_lane_count=2, concurrency=[1]) == {
+        "planning.serving_ctx_too_large": "$.plan.runtime_lane_count"
+    }
+    assert bounds_codes(prefix_tokens=biggest // 4 + 1, concurrency=[1, 4]) == {
+        "planning.serving_ctx_too_large": "$.plan.concurrency"
+    }
+    # an explicit shared serving ctx replaces ctx × lanes, the native host still multiplies
+    assert bounds_codes(
+        prefix_tokens=biggest // 2, serving_ctx_size=4096, llama_parallel=3, concurrency=[1]
+    ) == {"planning.host_ctx_too_large": "$.plan.llama_parallel"}
+
+
+def test_a_prefix_must_leave_room_for_the_generated_token() -> None:
+    tight = msgspec.structs.replace(
+        catalog(),
+        presets=tuple(
+            msgspec.structs.replace(p, ctx=p.prefix_tokens) if p.key == "llama" else p
+            for p in catalog().presets
+        ),
+    )
+    with pytest.raises(Refused) as caught:
+        check_selection(plan(cases=["llama"]), tight, None)
+    assert caught.value.codes == ["planning.prefix_exceeds_ctx"]
+    # an explicit prefix raises the ctx instead
+    check_selection(plan(cases=["llama"], prefix_tokens=512), tight, None)
+
+
 def test_every_selected_case_needs_an_observation() -> None:
     with pytest.raises(Refused) as caught:
         plan_rows(plan(cases=["llama", "olmo"]), catalog(), None, {"llama": missing("llama")})

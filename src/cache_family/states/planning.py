@@ -8,7 +8,11 @@ for each use case (none, the listed ones, or the corpus's in its order for ``["a
 each selected catalog case in catalog order (the order of ``plan.cases`` is ignored).
 
 Effective prefix: the explicit one (override or sweep), else the use case's, else the
-catalog's; when it is not the catalog's, ``ctx = max(catalog ctx, prefix + 128)``. A
+catalog's; when it is not the catalog's, ``ctx = max(catalog ctx, prefix + 128)``. Every
+token count a host is given must fit a ``uint32``: a plan is refused before any byte is
+observed when a prefix plus its headroom, a row's ctx, ctx × serving lanes or ctx ×
+``llama_parallel`` (the native host's ``--ctx-size``) exceeds 2**32 - 1, or when a row's
+prefix plus the one token it generates does not fit its ctx. A
 package-only preset whose admission contract fixes ctx and prefix keeps them, says why in
 ``prefix_note``, and is planned once per use case (at the first prefix), since every prefix
 would plan the same row.
@@ -62,6 +66,7 @@ USE_CASES_ALL = "all"
 HostKind = Literal["native-baseline", "skippy-old", "skippy-new"]
 CTX_HEADROOM = 128  # tokens kept free after an overridden prefix
 CONCURRENT_BASELINE_OUTPUT_TOKENS = 128
+U32_MAX = 2**32 - 1
 STARTUP_MARGIN_SECONDS = 14
 STARTUP_MAX_SECONDS = 900
 CORRECTNESS_MARGIN_SECONDS = 9
@@ -160,6 +165,95 @@ def check_selection(plan: PlanInput, catalog: Catalog, corpus: Corpus | None) ->
             f"the plan has {count} rows, more than {MAX_ROWS}",
             "select fewer cases, use cases or prefixes",
         )
+    bounds = bounds_refusals(plan, presets, use_cases)
+    if bounds:
+        raise Refused(tuple(bounds))
+
+
+def _prefix_where(plan: PlanInput, source: PrefixSource, use_case: UseCase | None) -> str:
+    if source == "override":
+        return "$.plan.prefix_tokens"
+    if source == "sweep":
+        return "$.plan.prefix_sweep"
+    if source == "use-case" and use_case is not None:
+        return json_path(["plan", "corpus", "use_cases", use_case.key, "prefix_tokens"])
+    return "$.plan.cases"
+
+
+def bounds_refusals(
+    plan: PlanInput, presets: Sequence[Preset], use_cases: Sequence[UseCase | None]
+) -> list[Refusal]:
+    """Every row's token counts against uint32 and its own ctx; one refusal per cause."""
+    found: dict[tuple[str, str], tuple[Refusal, int]] = {}
+
+    def add(code: str, where: str, message: str, hint: str) -> None:
+        first, rows = found.get((code, where), (Refusal(code, where, message, hint), 0))
+        found[(code, where)] = (first, rows + 1)
+
+    lanes = plan.runtime_lane_count or max(plan.concurrency)
+    lanes_where = "$.plan.runtime_lane_count" if plan.runtime_lane_count else "$.plan.concurrency"
+    loop = prefix_loop(plan)
+    requested = [p for p, _ in loop if p is not None]
+    for loop_index, (explicit, explicit_source) in enumerate(loop):
+        for use_case in use_cases:
+            asked = requested or ([use_case.prefix_tokens] if use_case else [])
+            for preset in presets:
+                if preset.package_contract is not None and loop_index > 0:
+                    continue  # planned once, at the first prefix
+                prefix = effective_prefix(preset, explicit, explicit_source, use_case, asked)
+                where = _prefix_where(plan, prefix.source, use_case)
+                if prefix.source not in ("catalog", "package-contract") and (
+                    prefix.tokens + CTX_HEADROOM > U32_MAX
+                ):
+                    add(
+                        "planning.prefix_too_large",
+                        where,
+                        f"prefix {prefix.tokens} plus {CTX_HEADROOM} tokens of headroom is "
+                        f"{prefix.tokens + CTX_HEADROOM}, more than {U32_MAX}",
+                        f"use a prefix of at most {U32_MAX - CTX_HEADROOM} tokens",
+                    )
+                    continue
+                if prefix.ctx > U32_MAX:
+                    add(
+                        "planning.ctx_too_large",
+                        where,
+                        f"{preset.key} would run with ctx {prefix.ctx}, more than {U32_MAX}",
+                        "use a shorter prefix",
+                    )
+                    continue
+                if prefix.tokens + 1 > prefix.ctx:
+                    add(
+                        "planning.prefix_exceeds_ctx",
+                        where,
+                        f"{preset.key}: prefix {prefix.tokens} and the token it generates do "
+                        f"not fit in ctx {prefix.ctx}",
+                        "use a shorter prefix or a catalog ctx that holds it",
+                    )
+                if plan.serving_ctx_size is None and prefix.ctx * lanes > U32_MAX:
+                    add(
+                        "planning.serving_ctx_too_large",
+                        lanes_where,
+                        f"{preset.key}: ctx {prefix.ctx} × {lanes} serving lanes is "
+                        f"{prefix.ctx * lanes}, more than {U32_MAX}",
+                        "use fewer lanes, a shorter prefix or an explicit serving_ctx_size",
+                    )
+                if prefix.ctx * plan.llama_parallel > U32_MAX:
+                    add(
+                        "planning.host_ctx_too_large",
+                        "$.plan.llama_parallel",
+                        f"{preset.key}: ctx {prefix.ctx} × llama_parallel "
+                        f"{plan.llama_parallel} is {prefix.ctx * plan.llama_parallel}, "
+                        f"more than {U32_MAX}",
+                        "lower llama_parallel or use a shorter prefix",
+                    )
+    out = []
+    for first, rows in found.values():
+        if rows > 1:
+            first = Refusal(
+                first.code, first.path, f"{first.message} (and {rows - 1} more rows)", first.hint
+            )
+        out.append(first)
+    return out
 
 
 def _row_count(plan: PlanInput, presets: Sequence[Preset], use_cases: Sequence[object]) -> int:
