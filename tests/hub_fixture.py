@@ -13,6 +13,11 @@ layer package (a snapshot *directory* whose ``manifest.json`` and per-layer GGUF
 symlinks into ``blobs/``). The weights are tiny zero tensors: these files exercise layout and
 pins, not inference (the model zoo writes loadable models).
 
+Headers say what the preset says (``general.architecture``, ``<arch>.block_count`` =
+``layer_end``; the package manifest's ``architecture`` and ``layer_count``) unless a test
+asks for other claims through :class:`Claims`, e.g. a 4-layer model under a 28-layer preset or
+the zoo's synthetic tag.
+
 ``huge_sparse_bytes`` extends one model's blob with a sparse hole so hashing it takes minutes
 while the disk holds only the GGUF header: tests use it to catch a worker in the middle of
 hashing.
@@ -31,6 +36,17 @@ import gguf
 import numpy as np
 
 from cache_family.schemas.catalog import Catalog, Preset, packaged_catalog
+from cache_family.schemas.gguf_header import ZOO_SYNTHETIC_TAG
+
+
+@dataclass(frozen=True)
+class Claims:
+    """What a model's bytes say about themselves, when a test wants them to lie."""
+
+    architecture: str | None = None  # None: the preset's
+    block_count: int | None = None  # None: the preset's layer_end
+    synthetic: bool = False  # the zoo's tag in general.tags (and in a manifest's tags)
+    omit_architecture: bool = False
 
 
 @dataclass
@@ -51,13 +67,25 @@ class HubFixture:
 
 
 def _write_gguf(
-    path: Path, preset: Preset, *, split: tuple[int, int] | None = None, tag: str = ""
+    path: Path,
+    preset: Preset,
+    *,
+    split: tuple[int, int] | None = None,
+    tag: str = "",
+    claims: Claims = Claims(),
 ) -> None:
-    writer = gguf.GGUFWriter(str(path), preset.architecture)
+    architecture = claims.architecture or preset.architecture
+    writer = gguf.GGUFWriter(str(path), architecture)
+    if claims.omit_architecture:
+        writer.kv_data[0].pop(gguf.Keys.General.ARCHITECTURE)
     writer.add_name(f"fixture {preset.key} {tag}".strip())
-    writer.add_block_count(preset.layer_end)
-    writer.add_context_length(max(preset.ctx, 32))
-    writer.add_embedding_length(preset.activation_width)
+    if split is None or split[0] == 0:  # later shards of a split hold no model metadata
+        if claims.synthetic:
+            writer.add_tags([ZOO_SYNTHETIC_TAG])
+        block_count = preset.layer_end if claims.block_count is None else claims.block_count
+        writer.add_uint32(f"{architecture}.block_count", block_count)
+        writer.add_uint32(f"{architecture}.context_length", max(preset.ctx, 32))
+        writer.add_uint32(f"{architecture}.embedding_length", preset.activation_width)
     if split is not None:
         index, count = split
         writer.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, index)
@@ -96,7 +124,9 @@ def _repo_dir(root: Path, preset: Preset) -> Path:
     return repo_dir
 
 
-def add_model(root: Path, preset: Preset, *, huge_sparse_bytes: int = 0) -> HubModel:
+def add_model(
+    root: Path, preset: Preset, *, huge_sparse_bytes: int = 0, claims: Claims = Claims()
+) -> HubModel:
     repo_dir = _repo_dir(root, preset)
     snapshot = root / preset.snapshot_relative
     staging = repo_dir / ".staging"
@@ -104,7 +134,7 @@ def add_model(root: Path, preset: Preset, *, huge_sparse_bytes: int = 0) -> HubM
     blobs: list[Path] = []
     if preset.artifact_kind == "single-gguf":
         staged = staging / "model.gguf"
-        _write_gguf(staged, preset)
+        _write_gguf(staged, preset, claims=claims)
         blob, _ = _into_blobs(repo_dir, staged)
         _link(snapshot, blob)
         blobs.append(blob)
@@ -112,33 +142,40 @@ def add_model(root: Path, preset: Preset, *, huge_sparse_bytes: int = 0) -> HubM
         count = len(preset.shard_names)
         for index, name in enumerate(preset.shard_names):
             staged = staging / name
-            _write_gguf(staged, preset, split=(index, count), tag=name)
+            _write_gguf(staged, preset, split=(index, count), tag=name, claims=claims)
             blob, _ = _into_blobs(repo_dir, staged)
             _link(snapshot.parent / name, blob)
             blobs.append(blob)
     else:
-        layer_digests = {}
+        entries = []
         for layer in range(preset.state_layer_start, preset.state_layer_end):
             staged = staging / f"layer-{layer:03d}.gguf"
-            _write_gguf(staged, preset, tag=f"layer {layer}")
+            _write_gguf(staged, preset, tag=f"layer {layer}", claims=claims)
+            size = staged.stat().st_size
             blob, digest = _into_blobs(repo_dir, staged)
             _link(snapshot / "layers" / f"layer-{layer:03d}.gguf", blob)
-            layer_digests[f"layers/layer-{layer:03d}.gguf"] = digest
+            entries.append(
+                {
+                    "path": f"layers/layer-{layer:03d}.gguf",
+                    "layer_start": layer,
+                    "layer_end": layer + 1,
+                    "sha256": digest,
+                    "size_bytes": size,
+                }
+            )
             blobs.append(blob)
         manifest = staging / "manifest.json"
-        manifest.write_text(
-            json.dumps(
-                {
-                    "schema_version": 1,
-                    "model_id": preset.model_id,
-                    "layer_start": preset.state_layer_start,
-                    "layer_end": preset.state_layer_end,
-                    "files": layer_digests,
-                },
-                indent=2,
-                sort_keys=True,
-            )
-        )
+        document: dict[str, object] = {
+            "schema_version": 1,
+            "model_id": preset.model_id,
+            "architecture": claims.architecture or preset.architecture,
+            "layer_count": (preset.layer_end if claims.block_count is None else claims.block_count),
+            "activation_width": preset.activation_width,
+            "files": entries,
+        }
+        if claims.omit_architecture:
+            del document["architecture"]
+        manifest.write_text(json.dumps(document, indent=2, sort_keys=True))
         blob, _ = _into_blobs(repo_dir, manifest)
         _link(snapshot / "manifest.json", blob)
         blobs.insert(0, blob)
@@ -153,6 +190,21 @@ def add_model(root: Path, preset: Preset, *, huge_sparse_bytes: int = 0) -> HubM
         blob_paths=blobs,
         sha256=hashlib.sha256(blobs[0].read_bytes()).hexdigest() if not huge_sparse_bytes else "",
     )
+
+
+def replace_model(hub: HubFixture, preset: Preset, claims: Claims) -> HubModel:
+    """Put other bytes (with other claims) behind a model's snapshot links."""
+    snapshot = hub.root / preset.snapshot_relative
+    if preset.artifact_kind == "split-gguf":
+        for name in preset.shard_names:
+            (snapshot.parent / name).unlink()
+    elif preset.artifact_kind == "layer-package":
+        for link in sorted(snapshot.rglob("*"), reverse=True):
+            link.unlink() if link.is_symlink() else link.rmdir()
+    else:
+        snapshot.unlink()
+    hub.models[preset.key] = add_model(hub.root, preset, claims=claims)
+    return hub.models[preset.key]
 
 
 def build_hub(

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -53,7 +54,14 @@ from cache_family.schemas.prepared import (
     encode_document,
     load_prepared_input,
 )
-from hub_fixture import Toolbox, build_toolbox, operator_document, write_tool
+from hub_fixture import (
+    Claims,
+    Toolbox,
+    build_toolbox,
+    operator_document,
+    replace_model,
+    write_tool,
+)
 
 PRESENT = ("llama", "minimax_m27", "deepseek3")
 TIB = 1024**4
@@ -351,6 +359,233 @@ def test_a_layer_package_needs_its_manifest(box: Toolbox, tmp_path: Path) -> Non
     assert observe_codes(request_for(box, tmp_path)) == ["preparation.package_manifest_missing"]
 
 
+# --- model identity from the bytes ------------------------------------------------------------
+
+
+def refusals_of(request: PreparationRequest) -> list[tuple[str, str]]:
+    with pytest.raises(Refused) as caught:
+        observe(request, Budget.seconds(60), SilentEvents())  # type: ignore[arg-type]
+    return [(r.code, r.path) for r in caught.value.refusals]
+
+
+def only(*keys: str) -> dict[str, object]:
+    return {"cases": list(keys)}
+
+
+@pytest.mark.parametrize(
+    ("key", "claims", "says"),
+    [
+        ("llama", Claims(block_count=4), "llama.block_count is 4, the catalog's layer_end is 16"),
+        ("llama", Claims(architecture="qwen3"), "general.architecture is 'qwen3'"),
+        ("llama", Claims(omit_architecture=True), "no general.architecture"),
+        ("minimax_m27", Claims(block_count=4), "block_count is 4, the catalog's layer_end is 62"),
+        ("deepseek3", Claims(block_count=6), "layer_count is 6, the catalog's layer_end is 61"),
+        ("deepseek3", Claims(architecture="llama"), "architecture is 'llama'"),
+    ],
+)
+def test_a_model_that_is_not_its_preset_is_refused(
+    box: Toolbox, tmp_path: Path, key: str, claims: Claims, says: str
+) -> None:
+    preset = packaged_catalog().catalog.preset(key)
+    replace_model(box.hub, preset, claims)
+    with pytest.raises(Refused) as caught:
+        observe(request_for(box, tmp_path, **only(key)), Budget.seconds(60), SilentEvents())  # type: ignore[arg-type]
+    (refusal,) = caught.value.refusals
+    assert (refusal.code, refusal.path) == (
+        "preparation.model_identity_mismatch",
+        f"$.plan.model_sha256.{key}",
+    )
+    assert says in refusal.message and "catalog" in refusal.hint
+
+
+def test_a_manifest_without_its_claims_is_refused(box: Toolbox, tmp_path: Path) -> None:
+    replace_model(
+        box.hub, packaged_catalog().catalog.preset("deepseek3"), Claims(omit_architecture=True)
+    )
+    assert refusals_of(request_for(box, tmp_path, **only("deepseek3"))) == [
+        ("preparation.package_manifest_invalid", "$.plan.model_sha256.deepseek3")
+    ]
+
+
+def test_a_file_that_is_not_gguf_is_refused_typed(box: Toolbox, tmp_path: Path) -> None:
+    blob = box.hub.model("llama").blob_paths[0]
+    blob.write_bytes(b"<html>rate limited</html>\n")
+    assert refusals_of(request_for(box, tmp_path, **only("llama"))) == [
+        ("gguf.not_gguf", "$.plan.model_sha256.llama")
+    ]
+
+
+def test_the_observation_records_what_the_bytes_say(box: Toolbox, tmp_path: Path) -> None:
+    prepared = observe(request_for(box, tmp_path), Budget.seconds(60), SilentEvents())  # type: ignore[arg-type]
+    observed = {r.key: r.model_observation for r in prepared.rows}
+    assert (
+        observed["llama"].identity_source,
+        observed["llama"].architecture,
+        observed["llama"].block_count,
+        observed["llama"].context_length,
+        observed["llama"].synthetic_marker,
+    ) == ("gguf-header", "llama", 16, 512, None)
+    assert (observed["minimax_m27"].architecture, observed["minimax_m27"].block_count) == (
+        "minimax-m2",
+        62,
+    )
+    assert (
+        observed["deepseek3"].identity_source,
+        observed["deepseek3"].architecture,
+        observed["deepseek3"].block_count,
+        observed["deepseek3"].context_length,
+    ) == ("package-manifest", "deepseek2", 61, None)
+    assert observed["olmo"].identity_source is None and observed["olmo"].architecture is None
+
+
+def synthetic_catalog(tmp_path: Path) -> dict[str, str]:
+    document = json.loads(Path(packaged_catalog().path).read_text())
+    document["synthetic"] = True
+    for preset in document["presets"]:
+        preset["synthetic"] = True
+    catalog = tmp_path / "synthetic-catalog.json"
+    catalog.write_text(json.dumps(document))
+    return {"path": str(catalog), "sha256": sha256_of(catalog)}
+
+
+@pytest.mark.parametrize("key", ["llama", "minimax_m27", "deepseek3"])
+def test_zoo_bytes_are_never_a_real_family(box: Toolbox, tmp_path: Path, key: str) -> None:
+    preset = packaged_catalog().catalog.preset(key)
+    replace_model(box.hub, preset, Claims(synthetic=True))
+    # the shapes match the real preset: only the zoo's own tag tells the bytes apart
+    assert refusals_of(request_for(box, tmp_path, **only(key))) == [
+        ("preparation.synthetic_model_in_real_catalog", f"$.plan.model_sha256.{key}")
+    ]
+    prepared = observe(
+        request_for(box, tmp_path, **only(key), catalog=synthetic_catalog(tmp_path)),
+        Budget.seconds(60),
+        SilentEvents(),  # type: ignore[arg-type]
+    )
+    (row,) = prepared.rows
+    assert row.synthetic
+    assert (
+        row.model_observation.synthetic_marker == "cache-family-bench-zoo:synthetic-random-weights"
+    )
+
+
+def test_bytes_changed_after_their_header_was_read_are_refused(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    from cache_family.actors.pins import NullProgress
+    from cache_family.actors.preparation import _Gathered, examine_models, hash_models
+
+    preset = packaged_catalog().catalog.preset("llama")
+    gathered = _Gathered()
+    looks = examine_models([preset], str(box.hub.root), None, gathered)
+    assert gathered.refusals == [] and looks[0].identity is not None
+    with box.hub.model("llama").blob_paths[0].open("ab") as blob:
+        blob.write(b"appended after the header was read")
+    hash_models(looks, {}, Budget.seconds(60), NullProgress(), gathered)
+    assert [r.code for r in gathered.refusals] == ["preparation.model_changed"]
+
+
+# --- every refusal at once ---------------------------------------------------------------------
+
+
+def test_layout_file_and_identity_refusals_come_together(box: Toolbox, tmp_path: Path) -> None:
+    catalog = packaged_catalog().catalog
+    # llama: a dangling link; minimax: a missing shard; deepseek3: no manifest;
+    # qwen3_dense: a FIFO behind its link; gemma2: a 4-layer model; a tool that is a FIFO
+    box.hub.model("llama").blob_paths[0].unlink()
+    shards = box.hub.model("minimax_m27").snapshot_path.parent
+    (shards / "MiniMax-M2.7-UD-Q2_K_XL-00003-of-00003.gguf").unlink()
+    (box.hub.model("deepseek3").snapshot_path / "manifest.json").unlink()
+    from hub_fixture import add_model
+
+    qwen = add_model(box.hub.root, catalog.preset("qwen3_dense"))
+    qwen.blob_paths[0].unlink()
+    os.mkfifo(qwen.blob_paths[0])
+    add_model(box.hub.root, catalog.preset("gemma2"), claims=Claims(block_count=4))
+    fifo = tmp_path / "stage.fifo"
+    os.mkfifo(fifo)
+    found = refusals_of(request_for(box, tmp_path, top={"stage_server": str(fifo)}))
+    assert sorted(found) == sorted(
+        [
+            ("pin.not_regular", "$.stage_server"),
+            ("preparation.model_unreadable", "$.plan.cases.llama"),
+            ("preparation.split_shard_missing", "$.plan.cases.minimax_m27"),
+            ("preparation.package_manifest_missing", "$.plan.cases.deepseek3"),
+            ("pin.not_regular", "$.plan.cases.qwen3_dense"),
+            ("preparation.model_identity_mismatch", "$.plan.model_sha256.gemma2"),
+        ]
+    )
+
+
+def test_a_declared_pin_mismatch_comes_with_the_other_hashing_results(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    request = request_for(box, tmp_path, model_sha256={"llama": "0" * 64, "minimax_m27": "1" * 64})
+    assert sorted(refusals_of(request)) == [
+        ("preparation.model_pin_mismatch", "$.plan.model_sha256.llama"),
+        ("preparation.model_pin_mismatch", "$.plan.model_sha256.minimax_m27"),
+    ]
+
+
+# --- bounds and sizes --------------------------------------------------------------------------
+
+
+def test_a_prefix_overflowing_uint32_is_refused_before_any_write(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    err = refused_admission(box, tmp_path, tmp_path / "out", "--prefix-tokens", "4294967295")
+    assert "planning.prefix_too_large at $.plan.prefix_tokens" in err
+    assert "4294967423" in err
+
+
+def test_an_input_over_the_runs_cap_is_refused(
+    box: Toolbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cache_family.actors import preparation
+
+    monkeypatch.setattr(preparation, "PREPARED_INPUT_MAX_BYTES", 4096)
+    # the worker refuses before it publishes observations...
+    assert observe_codes(request_for(box, tmp_path)) == ["preparation.input_too_large"]
+    # ...and the parent before it publishes the input (its worker, a fresh process, had the
+    # real cap and answered)
+    out = tmp_path / "out"
+    code, stdout, err = prepare(box, out)
+    assert code == 3 and stdout == ""
+    assert "preparation.input_too_large at $" in err and "4096-byte limit" in err
+    assert not (out / INPUT_NAME).exists()
+    assert json.loads((out / OBSERVATIONS_NAME).read_text())["complete"] is True
+
+
+def test_rows_share_one_model_observation_per_key(box: Toolbox, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "use_cases": [
+                    {"key": f"u{i}", "label": f"U{i}", "prompt": f"prompt {i}"} for i in range(4)
+                ],
+            }
+        )
+    )
+    out = tmp_path / "out"
+    code, _, err = prepare(box, out, "--use-case-corpus", str(corpus), command="prepare-use-cases")
+    assert code == 0, err
+    document = json.loads((out / INPUT_NAME).read_text())
+    assert len(document["rows"]) == 4 * 14
+    assert not any("model_observation" in row for row in document["rows"])
+    assert sorted(document["models"]) == sorted(packaged_catalog().catalog.keys)
+    prepared = load_prepared_input(str(out / INPUT_NAME))
+    llama = [r.model_observation for r in prepared.rows if r.key == "llama"]
+    assert len(llama) == 4 and all(o == llama[0] for o in llama)
+    assert llama[0].sha256 == sha256_of(box.hub.model("llama").blob_paths[0])
+    # a hand edit that gives a row its own observation is refused
+    document["rows"][0]["model_observation"] = document["models"]["qwen3_dense"]
+    (tmp_path / "edited.json").write_text(json.dumps(document))
+    with pytest.raises(Refused) as caught:
+        load_prepared_input(str(tmp_path / "edited.json"))
+    assert caught.value.codes == ["prepared.invalid"]
+
+
 def test_an_incomplete_native_build_is_refused(box: Toolbox, tmp_path: Path) -> None:
     os.mkfifo(box.native_build / "lib" / "socket-like")
     assert observe_codes(request_for(box, tmp_path)) == ["tree.special_file"]
@@ -512,21 +747,27 @@ def test_prepare_use_cases_binds_the_selected_corpus(
     ]
 
 
-def test_prepare_full_drops_a_corpus_selection(box: Toolbox, tmp_path: Path) -> None:
+def test_prepare_full_drops_the_plans_corpus_and_refuses_the_flag(
+    box: Toolbox, tmp_path: Path
+) -> None:
     corpus = tmp_path / "corpus.json"
     corpus.write_text(
         json.dumps({"version": 1, "use_cases": [{"key": "alpha", "label": "Alpha", "prompt": "p"}]})
     )
-    out = tmp_path / "out"
-    code, _, err = prepare(
-        box,
-        out,
-        "--use-case-corpus",
-        str(corpus),
-        cases=["llama"],
-        use_cases=["alpha"],
-        corpus={"path": str(corpus), "sha256": sha256_of(corpus)},
+    plan: dict[str, object] = {
+        "cases": ["llama"],
+        "use_cases": ["alpha"],
+        "corpus": {"path": str(corpus), "sha256": sha256_of(corpus)},
+    }
+    # the flag would be read and ignored: refused, nothing created
+    err = refused_admission(
+        box, tmp_path, tmp_path / "out", "--use-case-corpus", str(corpus), **plan
     )
+    assert "preparation.override.corpus_for_full at $.cli" in err
+    assert "run prepare-use-cases" in err
+    # an operator file shared with prepare-use-cases keeps its corpus; prepare-full plans none
+    out = tmp_path / "out"
+    code, _, err = prepare(box, out, **plan)
     assert code == 0, err
     prepared = load_prepared_input(str(out / INPUT_NAME))
     assert (prepared.plan.use_cases, prepared.plan.corpus, prepared.corpus) == ([], None, None)
@@ -556,6 +797,14 @@ def test_a_named_synthetic_catalog_is_pinned_and_recorded(box: Toolbox, tmp_path
     assert [r.synthetic for r in prepared.rows] == [True]
 
 
+def refused_observations(out: Path) -> dict[str, Any]:
+    """The worker's ``observations.json`` after it refused: bound to this request, no input."""
+    document: dict[str, Any] = json.loads((out / OBSERVATIONS_NAME).read_text())
+    assert document["complete"] is False and document["input"] is None
+    assert document["request_sha256"] == sha256_of(out / REQUEST_NAME)
+    return document
+
+
 def test_a_worker_refusal_keeps_observations_and_publishes_nothing(
     box: Toolbox, tmp_path: Path
 ) -> None:
@@ -566,9 +815,42 @@ def test_a_worker_refusal_keeps_observations_and_publishes_nothing(
     code, stdout, err = prepare(box, out, operator=op)
     assert code == 3
     assert stdout == ""
-    assert "preparation.worker_refused" in err
-    assert sorted(os.listdir(out)) == sorted([REQUEST_NAME, STDOUT_LOG, STDERR_LOG])
+    assert sorted(os.listdir(out)) == sorted(
+        [REQUEST_NAME, OBSERVATIONS_NAME, STDOUT_LOG, STDERR_LOG]
+    )
     assert "pin.not_regular at $.correctness" in (out / STDERR_LOG).read_text()
+    # the operator sees the worker's own refusal, then the summary
+    refused = [line for line in err.splitlines() if line.startswith("refused: ")]
+    assert refused[0].startswith("refused: pin.not_regular at $.correctness: ")
+    assert refused[-1].startswith("refused: preparation.worker_refused at $: ")
+    assert len(refused) == 2
+    observed = refused_observations(out)
+    assert [r["code"] for r in observed["refusals"]] == ["pin.not_regular"]
+    # what was observed before the refusal is kept: the other tools, the build, the models
+    so_far = observed["observed"]
+    assert so_far["tools"]["stage_server"]["sha256"] == sha256_of(box.stage_server)
+    assert "correctness" not in so_far["tools"]
+    assert so_far["native_build"]["path"] == str(box.native_build)
+    assert so_far["models"]["olmo"]["status"] == "missing-model"
+    assert so_far["models_hashed"] is False  # a plan already refused hashes no model bytes
+    assert so_far["phase"] == "examining models"
+
+
+def test_relayed_refusals_never_carry_environment_values(box: Toolbox, tmp_path: Path) -> None:
+    secret = "s3cr3t-value-never-printed"
+    fifo = tmp_path / "tool.fifo"
+    os.mkfifo(fifo)
+    op = write_operator(
+        box,
+        tmp_path / "operator.json",
+        {"correctness": str(fifo), "environment": {"GGML_SCHED_NOTE": secret}},
+    )
+    out = tmp_path / "out"
+    code, stdout, err = prepare(box, out, operator=op)
+    assert code == 3
+    assert secret not in err and secret not in stdout
+    assert secret not in (out / STDERR_LOG).read_text()
+    assert secret not in (out / STDOUT_LOG).read_text()
 
 
 def test_observations_must_answer_this_request(tmp_path: Path) -> None:
@@ -745,8 +1027,15 @@ async def test_a_signal_to_the_parent_stops_the_hashing_worker(
                 await parent.wait()
     assert parent.returncode == 130, bytes(seen)
     assert b"preparation.interrupted" in seen
+    assert b"refused: budget.cancelled" in seen  # the worker's own refusal, relayed
     assert_gone(worker_pid(bytes(seen)))
-    assert sorted(os.listdir(out)) == sorted([REQUEST_NAME, STDOUT_LOG, STDERR_LOG])
+    assert sorted(os.listdir(out)) == sorted(
+        [REQUEST_NAME, OBSERVATIONS_NAME, STDOUT_LOG, STDERR_LOG]
+    )
+    observed = refused_observations(out)
+    assert [r["code"] for r in observed["refusals"]] == ["budget.cancelled"]
+    assert observed["observed"]["phase"] == "hashing model bytes"
+    assert observed["observed"]["native_build"] is not None
 
 
 def run_driver(mode: str, box: Toolbox, tmp_path: Path) -> tuple[int, str, Path]:
@@ -768,8 +1057,12 @@ def test_an_expired_deadline_stops_the_worker(slow_box: Toolbox, tmp_path: Path)
     assert code == 3, err
     assert "preparation.deadline_expired" in err
     assert_gone(worker_pid(err.encode()))
-    assert not (out / INPUT_NAME).exists() and not (out / OBSERVATIONS_NAME).exists()
-    assert (out / REQUEST_NAME).exists()
+    assert not (out / INPUT_NAME).exists()
+    # the worker's budget ends first: it says where it was, and keeps what it observed
+    assert "refused: budget.deadline_expired" in err
+    observed = refused_observations(out)
+    assert [r["code"] for r in observed["refusals"]] == ["budget.deadline_expired"]
+    assert observed["observed"]["phase"] == "hashing model bytes"
 
 
 @pytest.mark.parametrize(("mode", "exit_code"), [("late-sigterm", 130), ("late-deadline", 3)])
@@ -963,12 +1256,16 @@ def test_the_worker_command_is_hidden() -> None:
 
 def test_admission_reports_every_refusal_at_once(box: Toolbox, tmp_path: Path) -> None:
     (tmp_path / "taken").mkdir()
-    err = refused_admission(
+    op = write_operator(box, tmp_path / "operator.json", cases=["llama"])
+    before = tree_listing(tmp_path)
+    code, _, err = prepare(
         box,
-        tmp_path,
         tmp_path / "taken",
         "--use-case-corpus",
         str(tmp_path / "no-corpus.json"),
-        cases=["llama"],
+        command="prepare-use-cases",
+        operator=op,
     )
+    assert code == 2
     assert "file.missing" in err and "preparation.output_exists" in err
+    assert tree_listing(tmp_path) == before

@@ -20,8 +20,18 @@
    atomically, re-checks cancellation and the deadline after the write (and again after its
    signal handling is taken down), and on a late refusal removes only the file it wrote.
 
+The corpus of ``prepare-use-cases`` (which plans every use case, ``["all"]``) is the first of:
+``--use-case-corpus ABS`` (``corpus.source`` "override"), ``$SKIPPY_CACHE_USECASE_CORPUS``
+("environment"), the operator input's own ``plan.corpus``, whose bytes must match its declared
+SHA-256 ("operator-plan"), and the repository's ``corpus/use-cases.json`` ("checked-in"). The
+prepared input records the path, the SHA-256 of the bytes read and that source.
+``prepare-full`` plans no use cases: it ignores ``plan.corpus`` and the environment variable
+and refuses ``--use-case-corpus``.
+
 Exit codes: 0 published; 2 input refused, nothing written; 3 refused during preparation,
-observations kept; 130 interrupted.
+observations kept; 130 interrupted. A worker that refuses still publishes ``observations.json``
+with ``complete: false``, every refusal it found and what it had observed until then (pins
+of tools, trees and models); the parent prints those refusals before its own summary.
 
 Test-only parameters of :func:`run_prepare` (``budget_seconds``, ``after_publish``) are
 reachable from Python only: never from the command line, the environment or the operator
@@ -66,10 +76,18 @@ from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import LoadedCatalog, Preset, load_catalog
 from cache_family.schemas.catalog import packaged_catalog as _packaged_catalog
 from cache_family.schemas.corpus import LoadedCorpus, default_corpus_path, load_corpus
+from cache_family.schemas.gguf_header import (
+    ZOO_SYNTHETIC_TAG,
+    FileIdentity,
+    file_identity,
+    read_gguf_header,
+)
 from cache_family.schemas.operator import OperatorInput, PlanInput, validate_operator_object
 from cache_family.schemas.prepared import (
     OBSERVATIONS_MAX_BYTES,
+    PREPARED_INPUT_MAX_BYTES,
     PREPARED_SCOPE,
+    RELAYED_REFUSALS_MAX,
     REQUEST_MAX_BYTES,
     CatalogUsed,
     CorpusSource,
@@ -78,8 +96,10 @@ from cache_family.schemas.prepared import (
     Mode,
     ModelObservation,
     Observations,
+    ObservedSoFar,
     PreparationRequest,
     PreparedInput,
+    RefusalRecord,
     ShardPin,
     SourceCommits,
     ToolPins,
@@ -88,6 +108,7 @@ from cache_family.schemas.prepared import (
     UseCaseSourceRecord,
     decode_document,
     encode_document,
+    refuse_oversized_input,
 )
 from cache_family.states.planning import (
     ProfileInputs,
@@ -259,12 +280,21 @@ def _select_corpus(
     mode: Mode, overrides: Overrides, environ: Mapping[str, str], declared: object
 ) -> tuple[LoadedCorpus | None, CorpusSource | None]:
     """prepare-use-cases: --use-case-corpus, else $SKIPPY_CACHE_USECASE_CORPUS, else the
-    plan's own corpus (checked against its pin), else the checked-in corpus."""
-    if overrides.corpus is not None:
-        loaded = load_corpus(overrides.corpus)
-        return (loaded, "override") if mode == "use-cases" else (None, None)
+    plan's own corpus (checked against its pin), else the checked-in corpus. prepare-full
+    selects none and refuses --use-case-corpus (reading a corpus it then ignored would
+    suggest the prompts were used)."""
     if mode == "full":
+        if overrides.corpus is not None:
+            raise Refused.one(
+                "preparation.override.corpus_for_full",
+                "$.cli",
+                f"prepare-full plans no use cases, so {CORPUS_FLAG} {overrides.corpus} "
+                "would be ignored",
+                f"drop {CORPUS_FLAG}, or run prepare-use-cases to plan every use case of it",
+            )
         return None, None
+    if overrides.corpus is not None:
+        return load_corpus(overrides.corpus), "override"
     from_env = environ.get(CORPUS_ENV)
     if from_env:
         if not Path(from_env).is_absolute():
@@ -706,13 +736,50 @@ def _worker_refusal(outcome: WorkerOutcome, output: str) -> tuple[int, Refusal] 
             how += " after SIGKILL"
         if outcome.stdout_truncated:
             how += "; its stdout exceeded the capture limit"
-        return EXIT_REFUSED_DURING_WORK, Refusal(
-            "preparation.worker_refused",
-            "$",
-            f"the preparation worker {how}",
-            f"{logs} for the refusals; observations, if any, are kept",
-        )
+        return EXIT_REFUSED_DURING_WORK, _worker_refused(output, f"the preparation worker {how}")
     return None
+
+
+def _worker_refused(output: str, message: str) -> Refusal:
+    return Refusal(
+        "preparation.worker_refused",
+        "$",
+        message,
+        f"the worker's refusals are listed above and in {os.path.join(output, STDERR_LOG)}; "
+        f"{OBSERVATIONS_NAME} keeps what it observed (complete: false)",
+    )
+
+
+def relayed_refusals(output: str, request_sha256: str) -> list[Refusal]:
+    """The refusals a worker published in an incomplete ``observations.json`` for this
+    request (at most :data:`RELAYED_REFUSALS_MAX`, then a count); none when there is none."""
+    path = os.path.join(output, OBSERVATIONS_NAME)
+    if not os.path.lexists(path):
+        return []
+    try:
+        raw = read_bounded(path, OBSERVATIONS_MAX_BYTES, what="observations")
+        observations = decode_document(raw.data, Observations, what="observations")
+    except Refused:
+        return []
+    if observations.complete or observations.request_sha256 != request_sha256:
+        return []
+    relayed = []
+    for record in observations.refusals[:RELAYED_REFUSALS_MAX]:
+        try:
+            relayed.append(Refusal(record.code, record.path, record.message, record.hint))
+        except ValueError:  # not a dotted code: not one of ours, so not relayed as one
+            continue
+    left = len(observations.refusals) - RELAYED_REFUSALS_MAX
+    if left > 0:
+        relayed.append(
+            Refusal(
+                "preparation.more_refusals",
+                "$",
+                f"the worker refused {left} more times",
+                f"every refusal is listed in {path}",
+            )
+        )
+    return relayed
 
 
 def _read_observations(output: str, request_sha256: str, mode: Mode) -> PreparedInput:
@@ -727,6 +794,9 @@ def _read_observations(output: str, request_sha256: str, mode: Mode) -> Prepared
             "observations.json answers a different request.json",
             "run preparation again into a fresh output directory",
         )
+    if observations.input is None:
+        summary = _worker_refused(output, "the preparation worker published refused observations")
+        raise Refused((*relayed_refusals(output, request_sha256), summary))
     if observations.input.mode != mode:
         raise Refused.one(
             "preparation.request_mismatch",
@@ -789,6 +859,8 @@ async def _parent(
             )
             report.worker = outcome
             refused = _worker_refusal(outcome, output)
+            if refused is not None:
+                report.refusals.extend(relayed_refusals(output, request_sha256))
             if refused is None:
                 try:
                     prepared = _read_observations(output, request_sha256, admission.mode)
@@ -819,9 +891,9 @@ async def _publish(
         report.refusals.append(refusal)
         return report
     try:
-        report.published = publish_fresh(
-            os.path.join(output, INPUT_NAME), encode_document(prepared)
-        )
+        data = encode_document(prepared)
+        refuse_oversized_input(data, PREPARED_INPUT_MAX_BYTES)
+        report.published = publish_fresh(os.path.join(output, INPUT_NAME), data)
     except Refused as exc:
         report.exit_code = EXIT_REFUSED_DURING_WORK
         report.refusals.extend(exc.refusals)
@@ -1012,11 +1084,35 @@ def _tree_record(pin: TreePin) -> TreePinRecord:
     return TreePinRecord(path=pin.path, sha256=pin.sha256, files=pin.files, size=pin.size)
 
 
+class _Gathered:
+    """Refusals of every check so far, so one run reports them all; cancellation or the
+    deadline (a ``budget.*`` refusal) ends the run at once, with what was gathered."""
+
+    def __init__(self) -> None:
+        self.refusals: list[Refusal] = []
+
+    def add(self, refused: Refused) -> None:
+        budget = [r for r in refused.refusals if r.code.startswith("budget.")]
+        if budget:
+            raise Refused((*self.refusals, budget[0]))
+        self.refusals.extend(refused.refusals)
+
+    def raise_any(self) -> None:
+        if self.refusals:
+            raise Refused(tuple(self.refusals))
+
+
 def _pin_files(
-    named: Sequence[tuple[str, str, str]], budget: Budget, progress: ProgressSink
+    named: Sequence[tuple[str, str, str]],
+    budget: Budget,
+    progress: ProgressSink,
+    gathered: _Gathered,
 ) -> dict[str, FilePin]:
-    """Pin (name, path, json_path) triples: canonical regular files, hashed in parallel."""
-    refusals: list[Refusal] = []
+    """Pin (name, path, json_path) triples: canonical regular files, hashed in parallel.
+
+    A file that is missing, not regular or unreadable is refused into ``gathered``; the
+    others are still pinned.
+    """
     jobs: list[tuple[str, HashJob]] = []
     for name, path, where in named:
         try:
@@ -1024,11 +1120,31 @@ def _pin_files(
                 (name, HashJob(canonical_regular_file(path, what=name, json_path=where), where))
             )
         except Refused as exc:
-            refusals.extend(exc.refusals)
-    if refusals:
-        raise Refused(tuple(refusals))
-    pins = hash_files([job for _, job in jobs], budget, progress=progress)
+            gathered.add(exc)
+    try:
+        pins = hash_files([job for _, job in jobs], budget, progress=progress)
+    except Refused as exc:
+        gathered.add(exc)
+        return {}
     return {name: pin for (name, _), pin in zip(jobs, pins, strict=True)}
+
+
+# --- models: layout, identity, bytes ------------------------------------------------------------
+
+PACKAGE_MANIFEST_MAX_BYTES: Final = 4 * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    """What a model's bytes claim to be, and the bytes the claim was read from."""
+
+    source: Literal["gguf-header", "package-manifest"]
+    architecture: str
+    block_count: int
+    context_length: int | None
+    synthetic_marker: str | None
+    file_identity: FileIdentity | None = None  # a GGUF header's file, as it was read
+    manifest_sha256: str | None = None  # the manifest bytes that were parsed
 
 
 @dataclass(slots=True)
@@ -1039,13 +1155,27 @@ class _ModelLook:
     canonical: str | None = None
     entrypoint: str | None = None
     pinned: str | None = None
+    root: str = "/"  # the canonical cache root every file must stay inside
     shards: list[tuple[str, str, str]] = field(default_factory=list)  # name, logical, canonical
+    identity: _Identity | None = None
+
+    @property
+    def present(self) -> bool:
+        return self.kind is not None
+
+    @property
+    def files(self) -> list[tuple[str, str]]:
+        """(pin name, canonical path) of every file whose bytes are pinned."""
+        key = self.preset.key
+        if self.kind == "split-gguf-first-shard":
+            return [(f"{key}/{name}", canonical) for name, _, canonical in self.shards]
+        return [(key, self.pinned)] if self.pinned is not None else []
 
 
 def _look_at_model(preset: Preset, root: str) -> _ModelLook:
     """Find a model's files without reading their bytes; refusals for a broken layout."""
     requested = os.path.join(root, preset.snapshot_relative)
-    look = _ModelLook(preset=preset, requested=requested)
+    look = _ModelLook(preset=preset, requested=requested, root=root)
     where = json_path(["plan", "cases", preset.key])
     if not os.path.lexists(requested):
         return look
@@ -1114,44 +1244,246 @@ def _look_at_model(preset: Preset, root: str) -> _ModelLook:
     return look
 
 
-def observe_models(
-    presets: Sequence[Preset],
-    cache_root: str,
-    declared: Mapping[str, str],
-    budget: Budget,
-    progress: ProgressSink,
-) -> dict[str, ModelObservation]:
-    """One observation per preset: missing, or present with the pins of its bytes."""
-    refusals: list[Refusal] = []
+def _identity_where(key: str) -> str:
+    return json_path(["plan", "model_sha256", key])
+
+
+def _not_the_preset(preset: Preset, path: str, differences: Sequence[str]) -> Refusal:
+    return Refusal(
+        "preparation.model_identity_mismatch",
+        _identity_where(preset.key),
+        f"{preset.key} ({preset.model_id}) at {path}: " + "; ".join(differences),
+        "put the model the catalog names at its snapshot path, or plan against a catalog "
+        "that describes these bytes (a zoo's own catalog.json for zoo models)",
+    )
+
+
+def _synthetic_refusal(preset: Preset, path: str) -> Refusal:
+    return Refusal(
+        "preparation.synthetic_model_in_real_catalog",
+        _identity_where(preset.key),
+        f"{preset.key} at {path} is a synthetic random-weight zoo model "
+        f"({ZOO_SYNTHETIC_TAG}), but its catalog preset is not marked synthetic",
+        "plan zoo models against the zoo's catalog.json, never as a real family",
+    )
+
+
+def _gguf_identity(look: _ModelLook) -> tuple[_Identity | None, list[Refusal]]:
+    """Compare the entrypoint's (split: first shard's) header with the preset."""
+    preset = look.preset
+    assert look.pinned is not None
+    header = read_gguf_header(look.pinned, json_path=_identity_where(preset.key))
+    differences = []
+    architecture, block_count = header.architecture, header.block_count
+    if architecture is None:
+        differences.append("the GGUF header has no general.architecture")
+    elif architecture != preset.architecture:
+        differences.append(
+            f"general.architecture is {architecture!r}, the catalog says {preset.architecture!r}"
+        )
+    if architecture is not None and block_count is None:
+        differences.append(f"the GGUF header has no {architecture}.block_count")
+    elif block_count is not None and block_count != preset.layer_end:
+        differences.append(
+            f"{architecture}.block_count is {block_count}, the catalog's layer_end is "
+            f"{preset.layer_end}"
+        )
+    if look.kind == "split-gguf-first-shard" and header.split_count != len(preset.shard_names):
+        differences.append(
+            f"split.count is {header.split_count}, the catalog names "
+            f"{len(preset.shard_names)} shards"
+        )
+    synthetic = ZOO_SYNTHETIC_TAG in header.tags
+    refusals = [_not_the_preset(preset, look.pinned, differences)] if differences else []
+    if synthetic and not preset.synthetic:
+        refusals.append(_synthetic_refusal(preset, look.pinned))
+    if refusals or architecture is None or block_count is None:
+        return None, refusals
+    return (
+        _Identity(
+            source="gguf-header",
+            architecture=architecture,
+            block_count=block_count,
+            context_length=header.context_length,
+            synthetic_marker=ZOO_SYNTHETIC_TAG if synthetic else None,
+            file_identity=header.identity,
+        ),
+        [],
+    )
+
+
+def _package_first_file_tags(look: _ModelLook, manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``general.tags`` of the package's first listed GGUF, when the manifest lists one."""
+    files = manifest.get("files")
+    first = files[0] if isinstance(files, list) and files else None
+    relative = first.get("path") if isinstance(first, dict) else None
+    if not isinstance(relative, str) or not relative.endswith(".gguf") or look.canonical is None:
+        return ()
+    path = os.path.realpath(os.path.join(look.canonical, relative))
+    if not _inside(path, look.root):
+        raise Refused.one(
+            "preparation.model_outside_cache_root",
+            _identity_where(look.preset.key),
+            f"layer package file {relative} resolves to {path}, outside the cache",
+            "keep every package link pointing into the cache's own blobs",
+        )
+    return read_gguf_header(path, json_path=_identity_where(look.preset.key)).tags
+
+
+def _package_identity(look: _ModelLook) -> tuple[_Identity | None, list[Refusal]]:
+    """Compare a layer package manifest's architecture and layer_count with the preset."""
+    preset = look.preset
+    assert look.pinned is not None
+    where = _identity_where(preset.key)
+    raw = read_bounded(
+        look.pinned, PACKAGE_MANIFEST_MAX_BYTES, what="layer package manifest", json_path=where
+    )
+    manifest = _strict_json(raw.data, "layer package manifest")
+    architecture = manifest.get("architecture") if isinstance(manifest, dict) else None
+    layer_count = manifest.get("layer_count") if isinstance(manifest, dict) else None
+    if (
+        not isinstance(architecture, str)
+        or not isinstance(layer_count, int)
+        or isinstance(layer_count, bool)
+    ):
+        return None, [
+            Refusal(
+                "preparation.package_manifest_invalid",
+                where,
+                f"layer package manifest {look.pinned} does not state its architecture "
+                "(a string) and layer_count (a whole number)",
+                "rebuild the package with a builder that records what it was cut from",
+            )
+        ]
+    assert isinstance(manifest, dict)
+    differences = []
+    if architecture != preset.architecture:
+        differences.append(
+            f"the manifest's architecture is {architecture!r}, the catalog says "
+            f"{preset.architecture!r}"
+        )
+    if layer_count != preset.layer_end:
+        differences.append(
+            f"the manifest's layer_count is {layer_count}, the catalog's layer_end is "
+            f"{preset.layer_end}"
+        )
+    tags = manifest.get("tags")
+    synthetic = (isinstance(tags, list) and ZOO_SYNTHETIC_TAG in tags) or (
+        ZOO_SYNTHETIC_TAG in _package_first_file_tags(look, manifest)
+    )
+    refusals = [_not_the_preset(preset, look.pinned, differences)] if differences else []
+    if synthetic and not preset.synthetic:
+        refusals.append(_synthetic_refusal(preset, look.pinned))
+    if refusals:
+        return None, refusals
+    return (
+        _Identity(
+            source="package-manifest",
+            architecture=architecture,
+            block_count=layer_count,
+            context_length=None,
+            synthetic_marker=ZOO_SYNTHETIC_TAG if synthetic else None,
+            manifest_sha256=raw.sha256,
+        ),
+        [],
+    )
+
+
+def examine_models(
+    presets: Sequence[Preset], cache_root: str, artifact_tool: str | None, gathered: _Gathered
+) -> list[_ModelLook]:
+    """Layout, file kind and identity of every selected model, all refusals gathered; no
+    model byte beyond a GGUF header or a package manifest is read."""
     looks: list[_ModelLook] = []
     for preset in presets:
         try:
-            looks.append(_look_at_model(preset, cache_root))
+            look = _look_at_model(preset, cache_root)
         except Refused as exc:
-            refusals.extend(exc.refusals)
-    if refusals:
-        raise Refused(tuple(refusals))
-    named: list[tuple[str, str, str]] = []
-    for look in looks:
-        where = json_path(["plan", "cases", look.preset.key])
-        if look.kind == "split-gguf-first-shard":
-            named += [
-                (f"{look.preset.key}/{name}", canonical, where)
-                for name, _, canonical in look.shards
-            ]
-        elif look.pinned is not None:
-            named.append((look.preset.key, look.pinned, where))
-    pins = _pin_files(named, budget, progress)
+            gathered.add(exc)
+            continue
+        looks.append(look)
+        if not look.present:
+            continue
+        where = json_path(["plan", "cases", preset.key])
+        regular = True
+        for name, path in look.files:
+            try:
+                canonical_regular_file(path, what=name, json_path=where)
+            except Refused as exc:
+                gathered.add(exc)
+                regular = False
+        if not regular:
+            continue
+        try:
+            if look.kind == "layer-package-tree":
+                look.identity, refusals = _package_identity(look)
+            else:
+                look.identity, refusals = _gguf_identity(look)
+        except Refused as exc:
+            gathered.add(exc)
+            continue
+        gathered.refusals.extend(refusals)
+    needing_tool = [
+        look.preset.key
+        for look in looks
+        if look.present and look.preset.artifact_kind != "single-gguf"
+    ]
+    if needing_tool and artifact_tool is None:
+        gathered.refusals.append(
+            Refusal(
+                "preparation.artifact_tool_missing",
+                "$.artifact_tool",
+                f"{', '.join(needing_tool)} need the artifact tool (split or layer package "
+                "models) but artifact_tool is null",
+                "give the shard/package admission tool (skippy-package-builder)",
+            )
+        )
+    return looks
+
+
+def _missing(look: _ModelLook, declared: Mapping[str, str]) -> ModelObservation:
+    return ModelObservation(
+        status="missing-model",
+        requested=look.requested,
+        declared_revision=look.preset.revision,
+        declared_byte_sha256=declared.get(look.preset.key),
+    )
+
+
+def _changed_since_read(look: _ModelLook, pin: FilePin) -> bool:
+    """Whether the bytes hashed can differ from those whose identity was read."""
+    identity = look.identity
+    assert identity is not None
+    if identity.manifest_sha256 is not None:
+        return identity.manifest_sha256 != pin.sha256
+    try:
+        now = file_identity(os.stat(pin.path))
+    except OSError:
+        return True
+    return now != identity.file_identity or pin.size != now[2]
+
+
+def hash_models(
+    looks: Sequence[_ModelLook],
+    declared: Mapping[str, str],
+    budget: Budget,
+    progress: ProgressSink,
+    gathered: _Gathered,
+) -> dict[str, ModelObservation]:
+    """Pin every present model's bytes and record what it is; declared pins must match."""
+    named = [
+        (name, path, json_path(["plan", "cases", look.preset.key]))
+        for look in looks
+        for name, path in look.files
+    ]
+    pins = _pin_files(named, budget, progress, gathered)
     observations: dict[str, ModelObservation] = {}
     for look in looks:
         key = look.preset.key
-        if look.kind is None:
-            observations[key] = ModelObservation(
-                status="missing-model",
-                requested=look.requested,
-                declared_revision=look.preset.revision,
-                declared_byte_sha256=declared.get(key),
-            )
+        if not look.present:
+            observations[key] = _missing(look, declared)
+            continue
+        if not all(name in pins for name, _ in look.files) or look.identity is None:
             continue
         shards = [
             ShardPin(
@@ -1163,7 +1495,30 @@ def observe_models(
             )
             for name, logical, canonical in look.shards
         ]
-        first = pins[f"{key}/{look.shards[0][0]}"] if shards else pins[key]
+        first = pins[look.files[0][0]]
+        identity = look.identity
+        if _changed_since_read(look, first):
+            gathered.refusals.append(
+                Refusal(
+                    "preparation.model_changed",
+                    json_path(["plan", "cases", key]),
+                    f"{first.path} changed between reading what it is and hashing it",
+                    "leave the model files alone during preparation and run it again",
+                )
+            )
+            continue
+        expected = declared.get(key)
+        if expected is not None and expected != first.sha256:
+            gathered.refusals.append(
+                Refusal(
+                    "preparation.model_pin_mismatch",
+                    json_path(["plan", "model_sha256", key]),
+                    f"{key} at {first.path} has SHA-256 {first.sha256}, "
+                    f"not the declared {expected}",
+                    "restore the model bytes or update plan.model_sha256",
+                )
+            )
+        assert look.kind is not None
         observations[key] = ModelObservation(
             status="present",
             kind=look.kind,
@@ -1175,31 +1530,66 @@ def observe_models(
             shard_pins=shards,
             requested=look.requested,
             declared_revision=look.preset.revision,
-            declared_byte_sha256=declared.get(key),
+            declared_byte_sha256=expected,
+            identity_source=identity.source,
+            architecture=identity.architecture,
+            block_count=identity.block_count,
+            context_length=identity.context_length,
+            synthetic_marker=identity.synthetic_marker,
         )
-        expected = declared.get(key)
-        if expected is not None and expected != first.sha256:
-            refusals.append(
-                Refusal(
-                    "preparation.model_pin_mismatch",
-                    json_path(["plan", "model_sha256", key]),
-                    f"{key} at {first.path} has SHA-256 {first.sha256}, "
-                    f"not the declared {expected}",
-                    "restore the model bytes or update plan.model_sha256",
-                )
-            )
-    if refusals:
-        raise Refused(tuple(refusals))
     return observations
 
 
-def observe(request: PreparationRequest, budget: Budget, events: EventWriter) -> PreparedInput:
-    """The worker's whole observation: pins, trees, models, rows and profiles."""
+@dataclass(slots=True)
+class WorkerRecord:
+    """What the worker has observed so far: published with its refusals when it refuses."""
+
+    phase: str = "reading the request"
+    tools: dict[str, FilePinRecord] = field(default_factory=dict)
+    native_build: TreePinRecord | None = None
+    toolkit_directories: dict[str, TreePinRecord] = field(default_factory=dict)
+    catalog: CatalogUsed | None = None
+    corpus: CorpusUsed | None = None
+    models: dict[str, ModelObservation] = field(default_factory=dict)
+    models_hashed: bool = False
+
+    def so_far(self) -> ObservedSoFar:
+        return ObservedSoFar(
+            phase=self.phase,
+            tools=dict(self.tools),
+            native_build=self.native_build,
+            toolkit_directories=dict(self.toolkit_directories),
+            catalog=self.catalog,
+            corpus=self.corpus,
+            models=dict(self.models),
+            models_hashed=self.models_hashed,
+        )
+
+
+def observe(
+    request: PreparationRequest,
+    budget: Budget,
+    events: EventWriter,
+    record: WorkerRecord | None = None,
+) -> PreparedInput:
+    """The worker's whole observation: pins, trees, models, rows and profiles.
+
+    Every check runs and every refusal is gathered before the worker refuses, except that
+    model bytes are hashed only when every cheaper check passed (hashing a 100 GB model
+    to report one more refusal of an already refused plan would delay the answer by
+    minutes), and that planning needs a catalog, a corpus and a cache root.
+    """
+    record = WorkerRecord() if record is None else record
+    gathered = _Gathered()
     operator = request.operator
     plan = operator.plan
     progress = JsonProgress(events)
 
-    events.phase("pinning tools and servers")
+    def phase(text: str) -> None:
+        record.phase = text
+        events.phase(text)
+
+    phase("pinning tools and servers")
     named = [
         ("correctness", operator.correctness, "$.correctness"),
         ("stage_server", operator.stage_server, "$.stage_server"),
@@ -1211,11 +1601,15 @@ def observe(request: PreparationRequest, budget: Budget, events: EventWriter) ->
     if plan.old_server is not None and plan.new_server is not None:
         named.append(("old_server", plan.old_server.path, "$.plan.old_server.path"))
         named.append(("new_server", plan.new_server.path, "$.plan.new_server.path"))
-    tools = _pin_files(named, budget, progress)
-    refusals: list[Refusal] = []
+    tools = _pin_files(named, budget, progress, gathered)
+    record.tools = {name: _file_record(pin) for name, pin in tools.items()}
     for name, declared in (("old_server", plan.old_server), ("new_server", plan.new_server)):
-        if declared is not None and declared.sha256 not in (None, tools[name].sha256):
-            refusals.append(
+        if (
+            name in tools
+            and declared is not None
+            and declared.sha256 not in (None, tools[name].sha256)
+        ):
+            gathered.refusals.append(
                 Refusal(
                     "preparation.server_pin_mismatch",
                     json_path(["plan", name, "sha256"]),
@@ -1225,18 +1619,27 @@ def observe(request: PreparationRequest, budget: Budget, events: EventWriter) ->
                 )
             )
 
-    events.phase("pinning the native build tree")
-    native_build = pin_tree(
-        operator.native_build, budget, json_path="$.native_build", progress=progress
-    )
+    phase("pinning the native build tree")
+    native_build: TreePin | None = None
+    try:
+        native_build = pin_tree(
+            operator.native_build, budget, json_path="$.native_build", progress=progress
+        )
+        record.native_build = _tree_record(native_build)
+    except Refused as exc:
+        gathered.add(exc)
     toolkits: dict[str, TreePinRecord] = {}
     if operator.toolkit_directories:
-        events.phase("pinning toolkit directories")
+        phase("pinning toolkit directories")
     for name, toolkit in sorted(operator.toolkit_directories.items()):
         where = json_path(["toolkit_directories", name])
-        pin = pin_tree(toolkit.path, budget, json_path=where, progress=progress)
+        try:
+            pin = pin_tree(toolkit.path, budget, json_path=where, progress=progress)
+        except Refused as exc:
+            gathered.add(exc)
+            continue
         if pin.sha256 != toolkit.sha256:
-            refusals.append(
+            gathered.refusals.append(
                 Refusal(
                     "preparation.toolkit_pin_mismatch",
                     f"{where}.sha256",
@@ -1245,57 +1648,51 @@ def observe(request: PreparationRequest, budget: Budget, events: EventWriter) ->
                     "restore the toolkit or update its pin",
                 )
             )
+            continue
         toolkits[name] = _tree_record(pin)
-    if refusals:
-        raise Refused(tuple(refusals))
+    record.toolkit_directories = dict(toolkits)
 
-    events.phase("loading the catalog and corpus")
-    catalog = load_plan_catalog(plan)
-    corpus = None
-    if request.mode == "use-cases":
-        if plan.corpus is None or request.corpus_source is None:
-            raise Refused.one(
-                "preparation.corpus_missing",
-                "$.plan.corpus",
-                "prepare-use-cases needs a corpus",
-                "give --use-case-corpus",
-            )
-        corpus = load_corpus(plan.corpus.path)
-        if corpus.sha256 != plan.corpus.sha256:
-            raise Refused.one(
-                "preparation.corpus_pin_mismatch",
-                "$.plan.corpus.sha256",
-                f"corpus {corpus.path} changed since admission",
-                "run preparation again",
-            )
-    elif plan.use_cases or plan.corpus is not None:
-        raise Refused.one(
-            "preparation.mode",
-            "$.plan.use_cases",
-            "prepare-full plans no use cases",
-            "run prepare-use-cases",
-        )
-    check_selection(plan, catalog.catalog, corpus.corpus if corpus else None)
-
-    events.phase("hashing model bytes")
+    phase("loading the catalog and corpus")
+    catalog = _load_catalog_and_corpus(request, record, gathered)
+    if catalog is None:
+        gathered.raise_any()
+    assert catalog is not None
+    loaded_catalog, corpus = catalog
     try:
         cache_root = os.path.realpath(plan.cache_root, strict=True)
     except OSError:
         cache_root = ""
     if not cache_root or not Path(cache_root).is_dir():
-        raise Refused.one(
-            "preparation.cache_root_missing",
-            "$.plan.cache_root",
-            f"cache root {plan.cache_root} is not a directory",
-            "point plan.cache_root at the hub cache directory",
+        gathered.refusals.append(
+            Refusal(
+                "preparation.cache_root_missing",
+                "$.plan.cache_root",
+                f"cache root {plan.cache_root} is not a directory",
+                "point plan.cache_root at the hub cache directory",
+            )
         )
-    presets = selected_presets(plan, catalog.catalog)
-    observations = observe_models(presets, cache_root, plan.model_sha256, budget, progress)
+        gathered.raise_any()
+
+    phase("examining models")
+    presets = selected_presets(plan, loaded_catalog.catalog)
+    looks = examine_models(presets, cache_root, operator.artifact_tool, gathered)
+    record.models = {
+        look.preset.key: _missing(look, plan.model_sha256) for look in looks if not look.present
+    }
+    gathered.raise_any()
+
+    phase("hashing model bytes")
+    observations = hash_models(looks, plan.model_sha256, budget, progress, gathered)
+    record.models, record.models_hashed = dict(observations), True
+    gathered.raise_any()
     budget.check("$")
 
-    events.phase("planning rows and profiles")
+    phase("planning rows and profiles")
+    assert native_build is not None
     pinned_plan = _pinned_plan(plan, tools, observations)
-    rows = plan_rows(pinned_plan, catalog.catalog, corpus.corpus if corpus else None, observations)
+    rows = plan_rows(
+        pinned_plan, loaded_catalog.catalog, corpus.corpus if corpus else None, observations
+    )
     tool_pins = ToolPins(
         correctness=_file_record(tools["correctness"]),
         stage_server=_file_record(tools["stage_server"]),
@@ -1313,17 +1710,13 @@ def observe(request: PreparationRequest, budget: Budget, events: EventWriter) ->
             new_server=_file_record(tools["new_server"]) if "new_server" in tools else None,
         ),
     )
-    return PreparedInput(
+    prepared = PreparedInput(
         schema_version=1,
         scope=PREPARED_SCOPE,
         mode=request.mode,
         plan=pinned_plan,
-        catalog=_catalog_used(catalog),
-        corpus=(
-            CorpusUsed(path=corpus.path, sha256=corpus.sha256, source=request.corpus_source)
-            if corpus is not None and request.corpus_source is not None
-            else None
-        ),
+        catalog=_catalog_used(loaded_catalog),
+        corpus=record.corpus,
         cache_root=cache_root,
         native_build=_tree_record(native_build),
         tools=tool_pins,
@@ -1353,6 +1746,55 @@ def observe(request: PreparationRequest, budget: Budget, events: EventWriter) ->
             for use_case in (corpus.corpus.use_cases if corpus is not None else ())
         ],
     )
+    phase("checking the prepared input's size")
+    refuse_oversized_input(encode_document(prepared), PREPARED_INPUT_MAX_BYTES)
+    return prepared
+
+
+def _load_catalog_and_corpus(
+    request: PreparationRequest, record: WorkerRecord, gathered: _Gathered
+) -> tuple[LoadedCatalog, LoadedCorpus | None] | None:
+    """The plan's catalog and, for prepare-use-cases, its corpus, both still as admitted."""
+    plan = request.operator.plan
+    try:
+        catalog = load_plan_catalog(plan)
+    except Refused as exc:
+        gathered.add(exc)
+        return None
+    record.catalog = _catalog_used(catalog)
+    corpus = None
+    try:
+        if request.mode == "use-cases":
+            if plan.corpus is None or request.corpus_source is None:
+                raise Refused.one(
+                    "preparation.corpus_missing",
+                    "$.plan.corpus",
+                    "prepare-use-cases needs a corpus",
+                    "give --use-case-corpus",
+                )
+            corpus = load_corpus(plan.corpus.path)
+            if corpus.sha256 != plan.corpus.sha256:
+                raise Refused.one(
+                    "preparation.corpus_pin_mismatch",
+                    "$.plan.corpus.sha256",
+                    f"corpus {corpus.path} changed since admission",
+                    "run preparation again",
+                )
+            record.corpus = CorpusUsed(
+                path=corpus.path, sha256=corpus.sha256, source=request.corpus_source
+            )
+        elif plan.use_cases or plan.corpus is not None:
+            raise Refused.one(
+                "preparation.mode",
+                "$.plan.use_cases",
+                "prepare-full plans no use cases",
+                "run prepare-use-cases",
+            )
+        check_selection(plan, catalog.catalog, corpus.corpus if corpus else None)
+    except Refused as exc:
+        gathered.add(exc)
+        return None
+    return catalog, corpus
 
 
 def _catalog_used(loaded: LoadedCatalog) -> CatalogUsed:
@@ -1379,8 +1821,37 @@ def _pinned_plan(
     return PlanInput.model_validate(document, strict=True)
 
 
+def _publish_refused(
+    output_path: str, request_sha256: str, refusals: Sequence[Refusal], record: WorkerRecord
+) -> Refusal | None:
+    """Publish ``observations.json`` with ``complete: false``; a refusal if that fails."""
+    partial = Observations(
+        schema_version=1,
+        request_sha256=request_sha256,
+        scope=PREPARED_SCOPE,
+        input=None,
+        complete=False,
+        refusals=[RefusalRecord(**refusal.as_dict()) for refusal in refusals],
+        observed=record.so_far(),
+    )
+    try:
+        publish_fresh(output_path, encode_document(partial))
+    except Refused as refused:
+        return refused.refusals[0]
+    except OSError as exc:
+        return Refusal(
+            "preparation.io",
+            "$",
+            f"the refused observations could not be written: {exc.strerror}",
+            "check the disk and the output directory",
+        )
+    return None
+
+
 async def _worker(input_path: str, output_path: str, stderr: TextIO) -> int:
     budget = Budget(float("inf"))
+    record = WorkerRecord()
+    request_sha256: str | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -1391,10 +1862,11 @@ async def _worker(input_path: str, output_path: str, stderr: TextIO) -> int:
             nursery.start_soon(watch_signals)
             try:
                 raw = read_bounded(input_path, REQUEST_MAX_BYTES, what="preparation request")
+                request_sha256 = raw.sha256
                 request = decode_document(raw.data, PreparationRequest, what="preparation request")
                 budget.deadline = time.monotonic() + request.worker_budget_ms / 1000
                 events = EventWriter(sys.stdout)
-                prepared = await trio.to_thread.run_sync(observe, request, budget, events)
+                prepared = await trio.to_thread.run_sync(observe, request, budget, events, record)
                 budget.check("$")
                 observations = Observations(
                     schema_version=1,
@@ -1411,7 +1883,12 @@ async def _worker(input_path: str, output_path: str, stderr: TextIO) -> int:
                 events.phase(f"observed {prepared.row_count} rows")
                 code = EXIT_OK
             except Refused as refused:
-                _print_refusals(refused.refusals, stderr)
+                refusals = list(refused.refusals)
+                if request_sha256 is not None:
+                    failed = _publish_refused(output_path, request_sha256, refusals, record)
+                    if failed is not None:
+                        refusals.append(failed)
+                _print_refusals(refusals, stderr)
                 code = EXIT_REFUSED_DURING_WORK
                 if budget.cancelled:
                     code = EXIT_INTERRUPTED

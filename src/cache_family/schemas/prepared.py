@@ -20,7 +20,15 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, Self, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    computed_field,
+    model_validator,
+)
 
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
@@ -37,8 +45,13 @@ PARITY_REQUIREMENT: Final = "old-new-generated-digests-match"
 MAX_ROWS: Final = 8192
 
 REQUEST_MAX_BYTES: Final = 2 * MIB
-OBSERVATIONS_MAX_BYTES: Final = 32 * MIB
+#: The one cap on ``cache-family-input.json``: preparation refuses to publish more, and the
+#: run reads at most this much.
 PREPARED_INPUT_MAX_BYTES: Final = 32 * MIB
+# observations.json holds the input one indentation level deeper, plus a few members.
+OBSERVATIONS_MAX_BYTES: Final = PREPARED_INPUT_MAX_BYTES + PREPARED_INPUT_MAX_BYTES // 4
+# A worker that refuses lists its refusals in observations.json; the parent relays this many.
+RELAYED_REFUSALS_MAX: Final = 200
 
 # Topologies the correctness arm runs, by load mode (reference §5 step 4).
 RUNTIME_SLICE_TOPOLOGIES: Final = ("one-stage", "split-stage0", "split-middle", "split-final")
@@ -57,6 +70,7 @@ SkipReason = Literal[
 PrefixSource = Literal["override", "sweep", "use-case", "catalog", "package-contract"]
 ObservationStatus = Literal["present", "missing-model"]
 ObservedKind = Literal["single-gguf", "split-gguf-first-shard", "layer-package-tree"]
+IdentitySource = Literal["gguf-header", "package-manifest"]
 CorpusSource = Literal["override", "environment", "operator-plan", "checked-in"]
 
 
@@ -154,6 +168,13 @@ class ModelObservation(_Strict):
     except for a split model (the first shard's snapshot path, so sibling discovery by name
     works) and a layer package (its canonical directory). ``sha256`` pins the canonical bytes
     of the entrypoint (layer package: of ``manifest.json``, at ``pinned_file``).
+
+    ``architecture``, ``block_count`` and ``context_length`` are what the bytes say about
+    themselves: a GGUF header's ``general.architecture``, ``<arch>.block_count`` and
+    ``<arch>.context_length`` (a split model: its first shard's), or a layer package
+    manifest's ``architecture`` and ``layer_count`` (no context length). Preparation refuses
+    a model whose claims differ from its catalog preset. ``synthetic_marker`` is the zoo's
+    mark of random-weight bytes, when the bytes carry one.
     """
 
     status: ObservationStatus
@@ -168,6 +189,11 @@ class ModelObservation(_Strict):
     size: int | None = None
     shard_pins: list[ShardPin] = Field(default_factory=list)
     custody: Literal["observed_local_bytes_not_model_admission"] = MODEL_CUSTODY
+    identity_source: IdentitySource | None = None
+    architecture: str | None = None
+    block_count: int | None = None
+    context_length: int | None = None
+    synthetic_marker: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -187,6 +213,11 @@ class ModelObservation(_Strict):
             raise ValueError("a missing model has no observed fields")
         if (self.kind == "split-gguf-first-shard") != bool(self.shard_pins):
             raise ValueError("shard pins are recorded exactly for a split model")
+        claims = (self.architecture, self.block_count, self.context_length, self.synthetic_marker)
+        if self.identity_source is None and any(v is not None for v in claims):
+            raise ValueError("identity claims need the identity_source they were read from")
+        if self.status == "missing-model" and self.identity_source is not None:
+            raise ValueError("a missing model has no identity")
         return self
 
     @property
@@ -251,7 +282,12 @@ class RowTasks(_Strict):
 
 
 class PreparedRow(_Strict):
-    """One planned (prefix, use case or none, catalog case); ``cell-NNNN`` is ``index``."""
+    """One planned (prefix, use case or none, catalog case); ``cell-NNNN`` is ``index``.
+
+    ``model_observation`` is written once per key in the document's ``models`` member, not in
+    every row (a use-case sweep repeats each key dozens of times): it is left out when a row
+    is encoded and filled in from ``models`` when the document is read.
+    """
 
     index: int
     key: str
@@ -274,7 +310,7 @@ class PreparedRow(_Strict):
     activation_width: int
     kv_bytes_per_token: int | None
     output_relative: str
-    model_observation: ModelObservation
+    model_observation: ModelObservation = Field(exclude=True)
     tasks: RowTasks
 
 
@@ -367,7 +403,12 @@ class CaseProfiles(_Strict):
 
 
 class PreparedInput(_Strict):
-    """``cache-family-input.json``: the run's only input."""
+    """``cache-family-input.json``: the run's only input.
+
+    On disk, ``models`` maps every planned key to its one model observation and rows carry
+    none of their own; in memory each row holds its key's observation (see
+    :class:`PreparedRow`).
+    """
 
     schema_version: Literal[1]
     scope: Literal["observed_local_bytes_and_declared_source_commits_not_build_attestation"]
@@ -393,6 +434,38 @@ class PreparedInput(_Strict):
     # The corpus entries the rows use (corpus order); empty for prepare-full.
     use_cases: list[UseCaseRecord] = Field(default_factory=list)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _rows_from_models(cls, data: Any) -> Any:
+        """Give each encoded row the observation of its key from ``models``."""
+        if not isinstance(data, dict) or "models" not in data:
+            return data
+        data = dict(data)
+        models = data.pop("models")
+        rows = data.get("rows")
+        if not isinstance(models, dict) or not isinstance(rows, list):
+            # pydantic turns a ValueError into a validation error, never a TypeError
+            raise ValueError("models must be an object and rows a list")  # noqa: TRY004
+        filled = []
+        for row in rows:
+            if isinstance(row, dict):
+                if "model_observation" in row:
+                    raise ValueError("a row repeats its model observation outside models")
+                if row.get("key") in models:
+                    row = {**row, "model_observation": models[row["key"]]}
+            filled.append(row)
+        unused = sorted(set(models) - {r.get("key") for r in rows if isinstance(r, dict)})
+        if unused:
+            raise ValueError(f"models names keys no row plans: {unused}")
+        data["rows"] = filled
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def models(self) -> dict[str, ModelObservation]:
+        """Each planned key's model observation, once (rows are encoded without theirs)."""
+        return {row.key: row.model_observation for row in self.rows}
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         problems = prepared_input_problems(self)
@@ -417,6 +490,10 @@ def prepared_input_problems(doc: PreparedInput) -> list[str]:
     repeated = [name for name, n in Counter(r.output_relative for r in doc.rows).items() if n > 1]
     if repeated:
         out.append(f"output_relative repeated: {sorted(repeated)}")
+    first: dict[str, ModelObservation] = {}
+    for row in doc.rows:
+        if first.setdefault(row.key, row.model_observation) != row.model_observation:
+            out.append(f"rows of {row.key} hold different model observations")
     present = {r.key for r in doc.rows if r.model_observation.present}
     missing = {r.key for r in doc.rows if not r.model_observation.present}
     if present & missing:
@@ -461,13 +538,63 @@ class PreparationRequest(_Strict):
     worker_budget_ms: Annotated[int, Field(ge=1, le=3_600_000)]
 
 
+class RefusalRecord(_Strict):
+    """One refusal as the worker wrote it, for the parent to relay to the operator."""
+
+    code: str
+    path: str
+    message: str
+    hint: str
+
+
+class ObservedSoFar(_Strict):
+    """What a worker that refused had observed before it stopped (pins are of real bytes)."""
+
+    phase: str  # the step the worker was in when it refused
+    tools: dict[str, FilePinRecord] = Field(default_factory=dict)
+    native_build: TreePinRecord | None = None
+    toolkit_directories: dict[str, TreePinRecord] = Field(default_factory=dict)
+    catalog: CatalogUsed | None = None
+    corpus: CorpusUsed | None = None
+    models: dict[str, ModelObservation] = Field(default_factory=dict)
+    # Model bytes are hashed only once every cheaper check has passed.
+    models_hashed: bool = False
+
+
 class Observations(_Strict):
-    """``observations.json``: the worker's answer, bound to the request's exact bytes."""
+    """``observations.json``: the worker's answer, bound to the request's exact bytes.
+
+    Complete: ``input`` is the prepared input. A worker that refused publishes
+    ``complete: false``, its ``refusals`` and what it ``observed`` so far, and no input.
+    """
 
     schema_version: Literal[1]
     request_sha256: Sha256
     scope: Literal["observed_local_bytes_and_declared_source_commits_not_build_attestation"]
-    input: PreparedInput
+    input: PreparedInput | None
+    complete: bool = True
+    refusals: list[RefusalRecord] = Field(default_factory=list)
+    observed: ObservedSoFar | None = None
+
+    @model_validator(mode="after")
+    def _complete_or_refused(self) -> Self:
+        if self.complete and (self.input is None or self.refusals or self.observed):
+            raise ValueError("complete observations hold the input and nothing else")
+        if not self.complete and (self.input is not None or not self.refusals):
+            raise ValueError("incomplete observations hold refusals and no input")
+        return self
+
+
+def refuse_oversized_input(encoded: bytes, limit: int = PREPARED_INPUT_MAX_BYTES) -> None:
+    """Refuse an encoded prepared input the run would not read."""
+    if len(encoded) > limit:
+        raise Refused.one(
+            "preparation.input_too_large",
+            "$",
+            f"the prepared input would be {len(encoded)} bytes, more than the run's "
+            f"{limit}-byte limit",
+            "plan fewer rows: fewer cases, use cases or prefixes per preparation",
+        )
 
 
 # --- encoding and loading ----------------------------------------------------------------------
