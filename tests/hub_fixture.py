@@ -45,6 +45,7 @@ class Claims:
 
     architecture: str | None = None  # None: the preset's
     block_count: int | None = None  # None: the preset's layer_end
+    nextn_predict_layers: int | None = None  # None: the key is not written
     synthetic: bool = False  # the zoo's tag in general.tags (and in a manifest's tags)
     omit_architecture: bool = False
 
@@ -84,6 +85,8 @@ def _write_gguf(
             writer.add_tags([ZOO_SYNTHETIC_TAG])
         block_count = preset.layer_end if claims.block_count is None else claims.block_count
         writer.add_uint32(f"{architecture}.block_count", block_count)
+        if claims.nextn_predict_layers is not None:
+            writer.add_uint32(f"{architecture}.nextn_predict_layers", claims.nextn_predict_layers)
         writer.add_uint32(f"{architecture}.context_length", max(preset.ctx, 32))
         writer.add_uint32(f"{architecture}.embedding_length", preset.activation_width)
     if split is not None:

@@ -47,7 +47,7 @@ from cache_family.actors.preparation import (
 from cache_family.actors.publish import publish_fresh
 from cache_family.cli import build_parser, main, normalize_argv
 from cache_family.errors import Refused
-from cache_family.schemas.catalog import packaged_catalog
+from cache_family.schemas.catalog import Preset, packaged_catalog
 from cache_family.schemas.prepared import (
     PreparationRequest,
     PreparedInput,
@@ -57,6 +57,7 @@ from cache_family.schemas.prepared import (
 from hub_fixture import (
     Claims,
     Toolbox,
+    add_model,
     build_toolbox,
     operator_document,
     replace_model,
@@ -368,6 +369,14 @@ def refusals_of(request: PreparationRequest) -> list[tuple[str, str]]:
     return [(r.code, r.path) for r in caught.value.refusals]
 
 
+def put_model(box: Toolbox, preset: Preset, claims: Claims) -> None:
+    """Give a preset other bytes, whether or not the fixture hub held it already."""
+    if preset.key in box.hub.models:
+        replace_model(box.hub, preset, claims)
+    else:
+        box.hub.models[preset.key] = add_model(box.hub.root, preset, claims=claims)
+
+
 def only(*keys: str) -> dict[str, object]:
     return {"cases": list(keys)}
 
@@ -376,6 +385,11 @@ def only(*keys: str) -> dict[str, object]:
     ("key", "claims", "says"),
     [
         ("llama", Claims(block_count=4), "llama.block_count is 4, the catalog's layer_end is 16"),
+        (
+            "glm47_flash",
+            Claims(block_count=49, nextn_predict_layers=1),
+            "block_count is 49 (48 without its 1 prediction layer(s)), the catalog's layer_end",
+        ),
         ("llama", Claims(architecture="qwen3"), "general.architecture is 'qwen3'"),
         ("llama", Claims(omit_architecture=True), "no general.architecture"),
         ("minimax_m27", Claims(block_count=4), "block_count is 4, the catalog's layer_end is 62"),
@@ -387,7 +401,7 @@ def test_a_model_that_is_not_its_preset_is_refused(
     box: Toolbox, tmp_path: Path, key: str, claims: Claims, says: str
 ) -> None:
     preset = packaged_catalog().catalog.preset(key)
-    replace_model(box.hub, preset, claims)
+    put_model(box, preset, claims)
     with pytest.raises(Refused) as caught:
         observe(request_for(box, tmp_path, **only(key)), Budget.seconds(60), SilentEvents())  # type: ignore[arg-type]
     (refusal,) = caught.value.refusals
@@ -396,6 +410,22 @@ def test_a_model_that_is_not_its_preset_is_refused(
         f"$.plan.model_sha256.{key}",
     )
     assert says in refusal.message and "catalog" in refusal.hint
+
+
+def test_prediction_layers_counted_in_block_count_are_not_trunk_layers(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    # Real GLM-4.7-Flash GGUFs declare block_count 48 = 47 trunk layers + 1 MTP layer.
+    preset = packaged_catalog().catalog.preset("glm47_flash")
+    put_model(box, preset, Claims(block_count=preset.layer_end + 1, nextn_predict_layers=1))
+    prepared = observe(
+        request_for(box, tmp_path, **only("glm47_flash")),
+        Budget.seconds(60),
+        SilentEvents(),  # type: ignore[arg-type]
+    )
+    (row,) = prepared.rows
+    assert row.model_observation.status == "present"
+    assert row.model_observation.block_count == preset.layer_end + 1
 
 
 def test_a_manifest_without_its_claims_is_refused(box: Toolbox, tmp_path: Path) -> None:
@@ -495,7 +525,6 @@ def test_layout_file_and_identity_refusals_come_together(box: Toolbox, tmp_path:
     shards = box.hub.model("minimax_m27").snapshot_path.parent
     (shards / "MiniMax-M2.7-UD-Q2_K_XL-00003-of-00003.gguf").unlink()
     (box.hub.model("deepseek3").snapshot_path / "manifest.json").unlink()
-    from hub_fixture import add_model
 
     qwen = add_model(box.hub.root, catalog.preset("qwen3_dense"))
     qwen.blob_paths[0].unlink()

@@ -1283,9 +1283,16 @@ def _gguf_identity(look: _ModelLook) -> tuple[_Identity | None, list[Refusal]]:
         )
     if architecture is not None and block_count is None:
         differences.append(f"the GGUF header has no {architecture}.block_count")
-    elif block_count is not None and block_count != preset.layer_end:
+    elif block_count is not None and preset.layer_end not in {
+        block_count,
+        # Converters count next-token-prediction layers in block_count (GLM-4.7-Flash:
+        # 47 trunk layers + 1); the catalog's layer_end counts the trunk.
+        block_count - header.nextn_predict_layers,
+    }:
+        extra = header.nextn_predict_layers
+        trunk = f" ({block_count - extra} without its {extra} prediction layer(s))" if extra else ""
         differences.append(
-            f"{architecture}.block_count is {block_count}, the catalog's layer_end is "
+            f"{architecture}.block_count is {block_count}{trunk}, the catalog's layer_end is "
             f"{preset.layer_end}"
         )
     if look.kind == "split-gguf-first-shard" and header.split_count != len(preset.shard_names):

@@ -102,6 +102,13 @@ class GgufHeader:
         return None if arch is None else self.whole_number(f"{arch}.block_count")
 
     @property
+    def nextn_predict_layers(self) -> int:
+        """Multi-token-prediction layers counted in block_count beyond the trunk (GLM-4.7)."""
+        arch = self.architecture
+        found = None if arch is None else self.whole_number(f"{arch}.nextn_predict_layers")
+        return found or 0
+
+    @property
     def context_length(self) -> int | None:
         arch = self.architecture
         return None if arch is None else self.whole_number(f"{arch}.context_length")
