@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TextIO
 
 from cache_family.errors import Refusal, Refused
+from cache_family.schemas.bounded import READ_NO_FOLLOW
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -270,9 +271,8 @@ def hash_file(
     """
     sink = progress or NullProgress()
     budget.check(json_path)
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, READ_NO_FOLLOW)
     except FileNotFoundError:
         raise Refused.one(
             "pin.missing",

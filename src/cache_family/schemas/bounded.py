@@ -8,12 +8,18 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Final
 
 from cache_family.errors import Refused
 
 KIB = 1024
 MIB = 1024 * KIB
+
+#: Read-only, refusing a final symlink, and never blocking on a FIFO's missing writer.
+READ_NO_FOLLOW: Final = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +27,53 @@ class BoundedBytes:
     path: str
     data: bytes
     sha256: str
+
+
+@contextmanager
+def open_regular_file(
+    path: str, *, subject: str, json_path: str
+) -> Iterator[tuple[int, os.stat_result]]:
+    """Open the regular file ``path`` for reading without following a final symlink.
+
+    Yields the descriptor and its ``fstat``, and closes the descriptor afterwards. A missing
+    file, a symlink, a file that cannot be opened and anything but a regular file are refused
+    (``file.*``); ``subject`` names the file in those messages (e.g. "operator input /x").
+    """
+    try:
+        fd = os.open(path, READ_NO_FOLLOW)
+    except FileNotFoundError:
+        raise Refused.one(
+            "file.missing",
+            json_path,
+            f"{subject} does not exist",
+            "check the path",
+        ) from None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise Refused.one(
+                "file.symlink",
+                json_path,
+                f"{subject} is a symlink",
+                "point at the regular file itself",
+            ) from None
+        raise Refused.one(
+            "file.unreadable",
+            json_path,
+            f"{subject} cannot be opened: {exc.strerror}",
+            "check permissions",
+        ) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Refused.one(
+                "file.not_regular",
+                json_path,
+                f"{subject} is not a regular file",
+                "point at a regular file (not a directory, FIFO or device)",
+            )
+        yield fd, info
+    finally:
+        os.close(fd)
 
 
 def read_bounded(
@@ -34,39 +87,7 @@ def read_bounded(
             f"{what} path {path!r} is not absolute",
             "give an absolute path",
         )
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise Refused.one(
-            "file.missing",
-            json_path,
-            f"{what} {path} does not exist",
-            "check the path",
-        ) from None
-    except OSError as exc:
-        if os.path.islink(path):
-            raise Refused.one(
-                "file.symlink",
-                json_path,
-                f"{what} {path} is a symlink",
-                "point at the regular file itself",
-            ) from None
-        raise Refused.one(
-            "file.unreadable",
-            json_path,
-            f"{what} {path} cannot be opened: {exc.strerror}",
-            "check permissions",
-        ) from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise Refused.one(
-                "file.not_regular",
-                json_path,
-                f"{what} {path} is not a regular file",
-                "point at a regular file (not a directory, FIFO or device)",
-            )
+    with open_regular_file(path, subject=f"{what} {path}", json_path=json_path) as (fd, info):
         if info.st_size > limit:
             raise Refused.one(
                 "file.too_large",
@@ -89,7 +110,5 @@ def read_bounded(
                     f"{what} {path} grew past the {limit}-byte limit while being read",
                     f"keep the {what} under {limit} bytes",
                 )
-    finally:
-        os.close(fd)
     data = b"".join(chunks)
     return BoundedBytes(path=path, data=data, sha256=hashlib.sha256(data).hexdigest())

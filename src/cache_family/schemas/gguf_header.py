@@ -23,14 +23,13 @@ themselves.
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from cache_family.errors import Refused
-from cache_family.schemas.bounded import KIB, MIB
+from cache_family.schemas.bounded import KIB, MIB, open_regular_file
 
 GGUF_MAGIC: Final = b"GGUF"
 SUPPORTED_VERSIONS: Final = (2, 3)
@@ -316,36 +315,7 @@ def read_gguf_header(
     path: str, *, max_bytes: int = HEADER_MAX_BYTES, json_path: str = "$"
 ) -> GgufHeader:
     """Read the metadata of the regular file ``path`` (a final symlink is refused)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise _refuse(
-            "file.missing", json_path, f"{path} does not exist", "check the path"
-        ) from None
-    except OSError as exc:
-        if os.path.islink(path):
-            raise _refuse(
-                "file.symlink",
-                json_path,
-                f"{path} is a symlink",
-                "read the canonical file the link points to",
-            ) from None
-        raise _refuse(
-            "file.unreadable",
-            json_path,
-            f"{path} cannot be opened: {exc.strerror}",
-            "check the path and its permissions",
-        ) from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _refuse(
-                "file.not_regular",
-                json_path,
-                f"{path} is not a regular file",
-                "point at a regular file (not a directory, FIFO or device)",
-            )
+    with open_regular_file(path, subject=path, json_path=json_path) as (fd, info):
         source = _Source(lambda n: os.read(fd, n), max_bytes, path, json_path)
         try:
             return _parse(source, file_identity(info))
@@ -356,5 +326,3 @@ def read_gguf_header(
                 f"{path} could not be read: {exc.strerror}",
                 "check the file and the disk",
             ) from None
-    finally:
-        os.close(fd)
