@@ -242,13 +242,9 @@ async def hash_pins_in_threads(targets: Sequence[PinTarget], seconds: float) -> 
 
 
 @dataclass(slots=True)
-class RunContext:
-    """Everything the row and cell actors share within one run."""
+class HostSettings:
+    """How every cell of a run opens, pins and ends its host; tests replace the seams."""
 
-    writer: JournalWriter
-    run_dir: str
-    budgets: Budgets
-    stop: RunStop
     host_opener: HostOpener = real_host_opener
     pin_hasher: PinHasher = hash_pins_in_threads
     # 0: an ephemeral port per host (tests pin one to provoke a busy port).
@@ -256,6 +252,29 @@ class RunContext:
     grace_seconds: float = 5.0
     kill_wait_seconds: float = 5.0
     cleanup_bound_seconds: float = 30.0
+
+    def host_config(self, label: str, cell_path: str) -> custody.HostConfig:
+        """Custody's settings for one cell's host: state and logs under ``cell_path``."""
+        return custody.HostConfig(
+            label=label,
+            state_parent=cell_path,
+            log_dir=os.path.join(cell_path, "logs"),
+            port=self.host_port,
+            grace_seconds=self.grace_seconds,
+            kill_wait_seconds=self.kill_wait_seconds,
+            cleanup_bound_seconds=self.cleanup_bound_seconds,
+        )
+
+
+@dataclass(slots=True)
+class RunContext:
+    """Everything the row and cell actors share within one run."""
+
+    writer: JournalWriter
+    run_dir: str
+    budgets: Budgets
+    stop: RunStop
+    hosts: HostSettings = field(default_factory=HostSettings)
     # Called with (cell_id, state) at every transition, for the progress display.
     on_transition: Callable[[str, str], None] | None = None
 
@@ -408,13 +427,14 @@ class CellActor:
         self.host: HostHandle | None = None
         self.prompt: BenchmarkPrompt | None = None
         self.receipt: CellReceipt | None = None
+        # The cell's own directory: its receipt, its host's private state dir and logs.
+        self.cell_path = os.path.join(ctx.run_dir, plan.cell_dir)
         self._opened_at: float | None = None
         self._cleanup_started: float | None = None
         self._cleanup_journaled = False
         self._faults_journaled: set[str] = set()
         self._stop_recorded = False
         self._argv: list[str] = []
-        self._env_names: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         elapsed = "-"
@@ -515,8 +535,7 @@ class CellActor:
         self._opened_at = now
         self.deadline = self.ctx.budgets.cell_deadline(now)
         self.work_deadline = Budgets.work_deadline(self.deadline, now)
-        cell_path = os.path.join(self.ctx.run_dir, plan.cell_dir)
-        os.makedirs(os.path.join(cell_path, "logs"), exist_ok=True)
+        os.makedirs(os.path.join(self.cell_path, "logs"), exist_ok=True)
         try:
             await self._journal(
                 CellOpened(
@@ -536,9 +555,7 @@ class CellActor:
             with trio.CancelScope(deadline=self.deadline):
                 await self._session()
         except BaseException as exc:
-            if is_cancellation(exc):
-                with trio.CancelScope(shield=True):
-                    await self._stopped()
+            await self._record_if_stopped(exc)
             raise
         finally:
             with trio.CancelScope(shield=True):
@@ -548,18 +565,28 @@ class CellActor:
     async def _session(self) -> None:
         try:
             await self._pin_verify_and_host()
-        except Refused as refused:
-            code = refused.codes[0]
-            await self._fault(
-                fault_kind(refused), str(refused), journaled=code in self._faults_journaled
-            )
-        except _Fault as fault:
-            await self._fault(fault.kind, fault.detail)
+        except (Refused, _Fault) as failure:
+            await self._record_failure(failure)
         except BaseException as exc:
-            if is_cancellation(exc):
-                with trio.CancelScope(shield=True):
-                    await self._stopped()
+            await self._record_if_stopped(exc)
             raise
+
+    async def _record_failure(self, failure: Refused | _Fault) -> None:
+        """A refusal from a lower layer or a fault the cell found: journal it, go to cleanup.
+
+        A custody refusal its observer already journaled as a fault is not journaled twice.
+        """
+        if isinstance(failure, Refused):
+            journaled = failure.codes[0] in self._faults_journaled
+            await self._fault(fault_kind(failure), str(failure), journaled=journaled)
+        else:
+            await self._fault(failure.kind, failure.detail)
+
+    async def _record_if_stopped(self, exc: BaseException) -> None:
+        """When ``exc`` is a cancellation, journal (shielded) why the cell stopped."""
+        if is_cancellation(exc):
+            with trio.CancelScope(shield=True):
+                await self._stopped()
 
     async def _pin_verify_and_host(self) -> None:
         plan = self.plan
@@ -574,37 +601,23 @@ class CellActor:
             )
             await self._fire(CellEvent.PINS_MISMATCH)
             return
-        config = custody.HostConfig(
-            label=ARM_DIRS[plan.arm],
-            state_parent=os.path.join(self.ctx.run_dir, plan.cell_dir),
-            log_dir=os.path.join(self.ctx.run_dir, plan.cell_dir, "logs"),
-            port=self.ctx.host_port,
-            grace_seconds=self.ctx.grace_seconds,
-            kill_wait_seconds=self.ctx.kill_wait_seconds,
-            cleanup_bound_seconds=self.ctx.cleanup_bound_seconds,
-        )
+        hosts = self.ctx.hosts
+        config = hosts.host_config(ARM_DIRS[plan.arm], self.cell_path)
         # Entering custody reserves the port and makes the private state dir; a busy port is
         # refused here, before anything is launched.
         live = self.ctx.stop.live_hosts
         try:
-            async with self.ctx.host_opener(config, self._observe) as host:
+            async with hosts.host_opener(config, self._observe) as host:
                 self.host = host
                 live.append(host)
                 try:
                     await self._journal(PortReserved(cell_id=plan.cell_id, port=host.port))
                     await self._fire(CellEvent.PINS_VERIFIED)
                     await self._in_custody(plan.profile, host)
-                except Refused as refused:
-                    code = refused.codes[0]
-                    await self._fault(
-                        fault_kind(refused), str(refused), journaled=code in self._faults_journaled
-                    )
-                except _Fault as fault:
-                    await self._fault(fault.kind, fault.detail)
+                except (Refused, _Fault) as failure:
+                    await self._record_failure(failure)
                 except BaseException as exc:
-                    if is_cancellation(exc):
-                        with trio.CancelScope(shield=True):
-                            await self._stopped()
+                    await self._record_if_stopped(exc)
                     raise  # custody's exit ends the host, shielded and bounded
                 # Normal path and faults alike: end the host now (custody's exit would too).
                 await host.cleanup()
@@ -624,7 +637,6 @@ class CellActor:
         )
         argv = llama_server_argv(plan, profile, host.port)
         self._argv = argv
-        self._env_names = tuple(sorted(env))
         await host.launch(argv, env)
         now = trio.current_time()
         await host.wait_ready(
@@ -755,7 +767,7 @@ class CellActor:
 
     async def _verify_pins(self, phase: str) -> bool:
         remaining = self.work_deadline - trio.current_time()
-        results = await self.ctx.pin_hasher(self.plan.pins, remaining)
+        results = await self.ctx.hosts.pin_hasher(self.plan.pins, remaining)
         ok = True
         for result in results:
             target = result.target

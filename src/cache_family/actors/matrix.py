@@ -43,16 +43,7 @@ from typing import Any, Final, TextIO
 import trio
 
 from cache_family import __version__
-from cache_family.actors.cell import (
-    Budgets,
-    HostOpener,
-    PinHasher,
-    RunContext,
-    RunStop,
-    hash_pins_in_threads,
-    real_host_opener,
-    thread_setting,
-)
+from cache_family.actors.cell import Budgets, HostSettings, RunContext, RunStop, thread_setting
 from cache_family.actors.journal import JOURNAL_READ_LIMIT, JournalWriter, journal_path
 from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.publish import publish_fresh
@@ -283,15 +274,9 @@ def progress_for(stream: TextIO, total: int, *, synthetic: bool = False) -> Prog
 
 
 @dataclass(slots=True)
-class RunOptions:
-    """Seams for tests; a real run uses the defaults."""
+class RunOptions(HostSettings):
+    """Seams for tests (the hosts' and the run's own); a real run uses the defaults."""
 
-    host_opener: HostOpener = real_host_opener
-    pin_hasher: PinHasher = hash_pins_in_threads
-    host_port: int = 0
-    grace_seconds: float = 5.0
-    kill_wait_seconds: float = 5.0
-    cleanup_bound_seconds: float = 30.0
     progress: Progress | None = None
     # Called with the run context once the run starts (tests reach its stop and writer).
     on_started: Callable[[RunContext], None] | None = None
@@ -317,12 +302,7 @@ async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) ->
             request_timeout_ms=prepared.request_timeout_ms,
         ),
         stop=stop,
-        host_opener=options.host_opener,
-        pin_hasher=options.pin_hasher,
-        host_port=options.host_port,
-        grace_seconds=options.grace_seconds,
-        kill_wait_seconds=options.kill_wait_seconds,
-        cleanup_bound_seconds=options.cleanup_bound_seconds,
+        hosts=options,
         on_transition=progress.transition,
     )
     receipt: MatrixReceipt | FailedMatrix | None = None
