@@ -321,6 +321,37 @@ def test_a_changed_toolkit_pin_refuses_and_a_matching_one_is_recorded(
     assert observe_codes(request) == ["preparation.toolkit_pin_mismatch"]
 
 
+class ProgressEvents(SilentEvents):
+    """Keeps the progress events of each phase, as the parent's display would see them."""
+
+    def __init__(self) -> None:
+        self.current = ""
+        self.progress: dict[str, list[dict[str, object]]] = {}
+
+    def emit(self, **event: object) -> None:
+        if event.get("event") == "progress":
+            self.progress.setdefault(self.current, []).append(event)
+
+    def phase(self, text: str) -> None:
+        self.current = text
+
+
+def test_a_library_and_its_link_in_the_native_build_are_hashed_once(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    events = ProgressEvents()
+    prepared = observe(request_for(box, tmp_path), Budget.seconds(60), events)  # type: ignore[arg-type]
+    library = box.native_build / "lib" / "libllama.so.0.0.1"
+    server = box.native_build / "bin" / "llama-server"
+    unique_bytes = library.stat().st_size + server.stat().st_size
+    begun, *_, ended = events.progress["pinning the native build tree"]
+    assert (begun["files"], begun["total"]) == (2, unique_bytes)
+    assert ended["done"] == unique_bytes
+    # the pin still counts the link with its target's bytes under its own name
+    assert prepared.native_build.files == 3
+    assert prepared.native_build.size == unique_bytes + library.stat().st_size
+
+
 def test_declared_server_pins_must_match(box: Toolbox, tmp_path: Path) -> None:
     servers = {
         "old_server": {"path": str(box.old_server), "sha256": "0" * 64},

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TextIO
+from typing import TYPE_CHECKING, Literal, Protocol, TextIO
 
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import READ_NO_FOLLOW
@@ -221,6 +221,30 @@ class TreePin:
     size: int
 
 
+def _resolved(
+    path: str, *, family: Literal["pin", "tree"], what: str, json_path: str
+) -> tuple[str, os.stat_result]:
+    """``path`` with every symlink resolved, and the status of what it names; refused as
+    ``<family>.missing`` or ``<family>.unreadable`` when it does not resolve."""
+    try:
+        canonical = os.path.realpath(path, strict=True)
+        return canonical, os.stat(canonical)
+    except FileNotFoundError:
+        raise Refused.one(
+            f"{family}.missing",
+            json_path,
+            f"{what} {path} does not exist",
+            "check the path",
+        ) from None
+    except OSError as exc:
+        raise Refused.one(
+            f"{family}.unreadable",
+            json_path,
+            f"{what} {path} cannot be resolved: {exc.strerror}",
+            "check the path and its permissions",
+        ) from None
+
+
 def canonical_regular_file(path: str, *, what: str, json_path: str) -> str:
     """Resolve every symlink and refuse anything but an existing regular file."""
     if not Path(path).is_absolute():
@@ -230,23 +254,7 @@ def canonical_regular_file(path: str, *, what: str, json_path: str) -> str:
             f"{what} path {path!r} is not absolute",
             "give an absolute path",
         )
-    try:
-        canonical = os.path.realpath(path, strict=True)
-        info = Path(canonical).stat()
-    except FileNotFoundError:
-        raise Refused.one(
-            "pin.missing",
-            json_path,
-            f"{what} {path} does not exist",
-            "check the path",
-        ) from None
-    except OSError as exc:
-        raise Refused.one(
-            "pin.unreadable",
-            json_path,
-            f"{what} {path} cannot be resolved: {exc.strerror}",
-            "check the path and its permissions",
-        ) from None
+    canonical, info = _resolved(path, family="pin", what=what, json_path=json_path)
     if not stat.S_ISREG(info.st_mode):
         raise Refused.one(
             "pin.not_regular",
@@ -403,23 +411,8 @@ class TreeFile:
 
 def list_tree(root: str, *, json_path: str = "$") -> tuple[str, list[TreeFile]]:
     """Canonicalize ``root`` and list its files, refusing an incomplete tree (all reasons)."""
-    try:
-        canonical = os.path.realpath(root, strict=True)
-    except FileNotFoundError:
-        raise Refused.one(
-            "tree.missing",
-            json_path,
-            f"directory {root} does not exist",
-            "check the path",
-        ) from None
-    except OSError as exc:
-        raise Refused.one(
-            "tree.unreadable",
-            json_path,
-            f"directory {root} cannot be resolved: {exc.strerror}",
-            "check the path and its permissions",
-        ) from None
-    if not Path(canonical).is_dir():
+    canonical, info = _resolved(root, family="tree", what="directory", json_path=json_path)
+    if not stat.S_ISDIR(info.st_mode):
         raise Refused.one(
             "tree.not_directory",
             json_path,
@@ -520,23 +513,21 @@ def pin_tree(
     """Check completeness and compute the tree pin of ``root``."""
     canonical, files = list_tree(root, json_path=json_path)
     budget.check(json_path)
-    pins = hash_files(
-        [
-            HashJob(item.source, f"{json_path}:{item.relative.decode(errors='replace')}")
-            for item in files
-        ],
-        budget,
-        progress=progress,
-        workers=workers,
-    )
+    # A link and its target (lib/libllama.so -> libllama.so.0.0.1) are one file: hash it once,
+    # reported under the first name that reaches it.
+    first_names: dict[str, str] = {}
+    for item in files:
+        first_names.setdefault(item.source, item.relative.decode(errors="replace"))
+    jobs = [HashJob(source, f"{json_path}:{name}") for source, name in first_names.items()]
+    pins = hash_files(jobs, budget, progress=progress, workers=workers)
+    by_source = {job.path: pin for job, pin in zip(jobs, pins, strict=True)}
     return TreePin(
         path=canonical,
         sha256=tree_digest(
-            (item.relative, bytes.fromhex(pin.sha256))
-            for item, pin in zip(files, pins, strict=True)
+            (item.relative, bytes.fromhex(by_source[item.source].sha256)) for item in files
         ),
         files=len(files),
-        size=sum(pin.size for pin in pins),
+        size=sum(by_source[item.source].size for item in files),
     )
 
 
