@@ -289,6 +289,17 @@ class CellScript:
         return self
 
 
+def serial_cell(*, synthetic: bool = False) -> CellScript:
+    """Row 0's serial baseline cell: one rung of three requests, the first one the warmup."""
+    return CellScript(
+        cell_id="cell-0000/native-serial",
+        arm="native-serial",
+        kind="serial",
+        rungs=((1, 3),),
+        synthetic=synthetic,
+    )
+
+
 def row_records(
     row_index: int,
     arms: Sequence[ArmPlan],

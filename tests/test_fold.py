@@ -51,7 +51,7 @@ from cache_family.states.receipts import (
     meet,
     terminal_downgrade,
 )
-from cell_journal_builder import CellScript, RowScript, row_records, run_started
+from cell_journal_builder import CellScript, RowScript, row_records, run_started, serial_cell
 
 
 def journal(*records: Record, synthetic_catalog: bool = False) -> tuple[JournalLine, ...]:
@@ -102,10 +102,7 @@ def test_complete_concurrent_cell() -> None:
 
 
 def test_complete_serial_cell_excludes_its_warmup() -> None:
-    script = CellScript(
-        cell_id="cell-0000/native-serial", arm="native-serial", kind="serial", rungs=((1, 3),)
-    )
-    receipt = fold(script.happy())
+    receipt = fold(serial_cell().happy())
     assert receipt.status == "completed"
     rung = receipt.measurement.rungs[0]
     assert rung.warmup_excluded_ids == (0,)
@@ -365,6 +362,22 @@ def test_a_transition_the_table_refuses_is_a_fault() -> None:
     assert receipt.final_state == "finalize"
 
 
+def test_a_transition_naming_an_unknown_event_is_a_fault() -> None:
+    script = CellScript().happy()
+    bogus = Transition(
+        machine="cell",
+        cell_id=script.cell_id,
+        from_state="finalize",
+        event="teleport",
+        to_state="done",
+    )
+    receipt = fold(script, bogus)
+    assert receipt.status == "incomplete" and receipt.final_state == "finalize"
+    [fault] = receipt.faults
+    assert fault.kind == "journal_transition_invalid"
+    assert fault.detail.startswith("unknown name in ") and "teleport" in fault.detail
+
+
 def test_short_roster_is_refused_by_the_metrics_and_marks_incomplete() -> None:
     script = CellScript(rungs=((1, 3),)).open()
     script.launch()
@@ -466,12 +479,6 @@ def row_with(
     return records + row.records
 
 
-def serial_cell() -> CellScript:
-    return CellScript(
-        cell_id="cell-0000/native-serial", arm="native-serial", kind="serial", rungs=((1, 3),)
-    )
-
-
 def test_completed_row() -> None:
     cells = [serial_cell().happy(), CellScript().happy()]
     arms = [
@@ -563,6 +570,23 @@ def test_late_run_wide_cancel_downgrades_the_row_not_the_finished_cell() -> None
     assert receipt.status == "incomplete" and receipt.terminal_refusal == "cancelled"
 
 
+@pytest.mark.parametrize(
+    ("from_state", "event", "to_state"),
+    [("finalize", "model-missing", "done"), ("finalize", "teleport", "done")],
+)
+def test_a_row_transition_the_table_refuses_leaves_the_row_incomplete(
+    from_state: str, event: str, to_state: str
+) -> None:
+    records = row_with([serial_cell().happy()], [ArmPlan(arm="native-serial")])
+    bogus = Transition(
+        machine="row", row_index=0, from_state=from_state, event=event, to_state=to_state
+    )
+    receipt = fold_row(journal(*records, bogus), 0)
+    assert receipt.status == "incomplete" and receipt.reason == "journal_transition_invalid"
+    assert receipt.final_state == "finalize"
+    assert fold_row(journal(*records), 0).status == "completed"
+
+
 def test_row_journal_that_stops_early_is_incomplete() -> None:
     cells = [serial_cell().happy()]
     receipt = fold_row(
@@ -607,13 +631,7 @@ def synthetic_run(
     """A completed row with a serial and a concurrent cell; who is flagged synthetic is chosen
     (``second_cell`` defaults to ``cell``)."""
     cells = [
-        CellScript(
-            cell_id="cell-0000/native-serial",
-            arm="native-serial",
-            kind="serial",
-            rungs=((1, 3),),
-            synthetic=cell,
-        ).happy(),
+        serial_cell(synthetic=cell).happy(),
         CellScript(synthetic=cell if second_cell is None else second_cell).happy(),
     ]
     records = row_with(cells, [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")])

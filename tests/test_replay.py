@@ -37,7 +37,7 @@ from cache_family.schemas.matrix import MATRIX_FILENAME, MATRIX_SCOPE_SYNTHETIC,
 from cache_family.schemas.receipts import SYNTHETIC_EVIDENCE_CLASS
 from cache_family.states.cell import CellEvent, RowEvent
 from cache_family.states.fold import REFOLDERS, JournalIndex, register_refolder
-from cell_journal_builder import CellScript, RowScript, row_records, run_started
+from cell_journal_builder import CellScript, RowScript, row_records, run_started, serial_cell
 
 
 def build_run(run_dir: Path, *, drift: bool = False, synthetic: bool = False) -> None:
@@ -61,13 +61,7 @@ def build_run(run_dir: Path, *, drift: bool = False, synthetic: bool = False) ->
             row.fire(RowEvent.CORRECTNESS_NOT_RUN)
             await writer.append(row.records[-1])
             cells = [
-                CellScript(
-                    cell_id="cell-0000/native-serial",
-                    arm="native-serial",
-                    kind="serial",
-                    rungs=((1, 3),),
-                    synthetic=synthetic,
-                ),
+                serial_cell(synthetic=synthetic),
                 CellScript(cell_id="cell-0000/native-concurrent", synthetic=synthetic),
             ]
             for script in cells:

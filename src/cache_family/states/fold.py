@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Sequence
-from typing import Final
+from enum import StrEnum
+from typing import Any, Final, TypeVar
 
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
@@ -83,6 +84,7 @@ from cache_family.states.cell import (
     ROW_TABLE,
     CellEvent,
     CellState,
+    MachineTable,
     RowEvent,
     RowState,
 )
@@ -107,6 +109,11 @@ def _terminal_of(record: object) -> TerminalRefusal | None:
     return None
 
 
+def run_wide_terminal(record: object) -> TerminalRefusal | None:
+    """The terminal refusal a run-wide record (one naming no cell) stands for, if any."""
+    return _terminal_of(record) if _scope_cell(record) is None else None
+
+
 def _synthetic(run: RunStarted | None, opened: CellOpened | RowOpened | None) -> bool:
     """Synthetic if the opening record or the run's catalog says so (the label only adds)."""
     return (opened is not None and opened.synthetic) or (run is not None and run.catalog_synthetic)
@@ -116,6 +123,31 @@ def _scope_cell(record: object) -> str | None:
     """The cell a record belongs to, or None for run-wide records."""
     cell_id = getattr(record, "cell_id", None)
     return cell_id if isinstance(cell_id, str) else None
+
+
+_State = TypeVar("_State", bound=StrEnum)
+_Event = TypeVar("_Event", bound=StrEnum)
+
+
+def _table_step(
+    table: MachineTable[_State, _Event, Any],
+    states: type[_State],
+    events: type[_Event],
+    record: Transition,
+    current: _State,
+) -> tuple[_State, _Event, _State] | str:
+    """The step a transition record claims, if the table allows it from ``current``; else
+    what is wrong with it (the fold journals that as an invalid transition)."""
+    try:
+        from_state = states(record.from_state)
+        event = events(record.event)
+        to_state = states(record.to_state)
+    except ValueError:
+        return f"unknown name in {record}"
+    step = table.rows.get((from_state, event))
+    if from_state != current or step is None or step.to != to_state:
+        return f"{record.from_state} --{record.event}--> {record.to_state} while in {current.value}"
+    return from_state, event, to_state
 
 
 class CellFold:
@@ -223,22 +255,11 @@ class CellFold:
             self._cleanup(seq, record)
 
     def _transition(self, seq: int, record: Transition) -> None:
-        try:
-            from_state = CellState(record.from_state)
-            event = CellEvent(record.event)
-            to_state = CellState(record.to_state)
-        except ValueError:
-            self._fault(seq, "journal_transition_invalid", f"unknown name in {record}")
+        step = _table_step(CELL_TABLE, CellState, CellEvent, record, self.state)
+        if isinstance(step, str):
+            self._fault(seq, "journal_transition_invalid", step)
             return
-        step_to = CELL_TABLE.rows.get((from_state, event))
-        if from_state != self.state or step_to is None or step_to.to != to_state:
-            self._fault(
-                seq,
-                "journal_transition_invalid",
-                f"{record.from_state} --{record.event}--> {record.to_state} while in "
-                f"{self.state.value}",
-            )
-            return
+        from_state, event, to_state = step
         if event == CellEvent.PINS_MISMATCH:
             if from_state == CellState.POST_VERIFY:
                 self.drifted = True
@@ -525,10 +546,23 @@ def _clean(cleanup: CleanupOutcome) -> bool:
     )
 
 
-def _upto(lines: Iterable[JournalLine], through_seq: int | None) -> Iterable[JournalLine]:
+def lines_through(lines: Iterable[JournalLine], through_seq: int | None) -> Iterable[JournalLine]:
+    """The lines with ``seq <= through_seq`` (all of them for None)."""
     if through_seq is None:
         return lines
     return (line for line in lines if line.seq <= through_seq)
+
+
+def _apply_through(
+    fold: CellFold | RowFold, lines: Iterable[JournalLine], through_seq: int | None
+) -> int:
+    """Apply the lines up to ``through_seq``; the seq the receipt is folded through (the last
+    line applied when no bound is given)."""
+    last = 0
+    for line in lines_through(lines, through_seq):
+        fold.apply(line)
+        last = line.seq
+    return last if through_seq is None else through_seq
 
 
 def fold_cell(
@@ -541,10 +575,7 @@ def fold_cell(
     no ``cell_opened`` record names the cell.
     """
     fold = CellFold(cell_id)
-    last = 0
-    for line in _upto(lines, through_seq):
-        fold.apply(line)
-        last = line.seq
+    through = _apply_through(fold, lines, through_seq)
     if fold.opened is None:
         raise Refused.one(
             "fold.cell.unknown",
@@ -552,7 +583,7 @@ def fold_cell(
             f"the journal opens no cell {cell_id!r}",
             "check the cell id; a receipt can only be folded for a journaled cell",
         )
-    return fold.receipt(through_seq=last if through_seq is None else through_seq)
+    return fold.receipt(through_seq=through)
 
 
 # --- rows -----------------------------------------------------------------------------------
@@ -610,20 +641,11 @@ class RowFold:
             self.terminal_refusal = terminal
 
     def _transition(self, record: Transition) -> None:
-        try:
-            from_state = RowState(record.from_state)
-            event = RowEvent(record.event)
-            to_state = RowState(record.to_state)
-        except ValueError:
-            self.invalid_transitions.append(f"unknown name in {record}")
+        step = _table_step(ROW_TABLE, RowState, RowEvent, record, self.state)
+        if isinstance(step, str):
+            self.invalid_transitions.append(step)
             return
-        step = ROW_TABLE.rows.get((from_state, event))
-        if from_state != self.state or step is None or step.to != to_state:
-            self.invalid_transitions.append(
-                f"{record.from_state} --{record.event}--> {record.to_state} while in "
-                f"{self.state.value}"
-            )
-            return
+        _, _, to_state = step
         if to_state != self.state:
             self.lifecycle.append(to_state.value)
         self.state = to_state
@@ -755,10 +777,7 @@ def fold_row(
 ) -> RowReceipt:
     """The native part of ``row.json`` for ``row_index`` from lines up to ``through_seq``."""
     fold = RowFold(row_index)
-    last = 0
-    for line in _upto(lines, through_seq):
-        fold.apply(line)
-        last = line.seq
+    through = _apply_through(fold, lines, through_seq)
     if fold.opened is None:
         raise Refused.one(
             "fold.row.unknown",
@@ -766,7 +785,7 @@ def fold_row(
             f"the journal opens no row {row_index}",
             "check the row index; a receipt can only be folded for a journaled row",
         )
-    return fold.receipt(through_seq=last if through_seq is None else through_seq)
+    return fold.receipt(through_seq=through)
 
 
 # --- indexing and refolding -----------------------------------------------------------------

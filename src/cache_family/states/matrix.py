@@ -21,19 +21,10 @@ the matrix like every other receipt.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Final
 
 from cache_family.errors import Refused
-from cache_family.schemas.journal import (
-    Cancellation,
-    DeadlineExpired,
-    InterruptFinishFailed,
-    JournalLine,
-    ReceiptPublished,
-    RowOpened,
-    RunStarted,
-)
+from cache_family.schemas.journal import ReceiptPublished, RowOpened, RunStarted
 from cache_family.schemas.matrix import (
     MATRIX_SCOPE,
     MATRIX_SCOPE_SYNTHETIC,
@@ -44,7 +35,13 @@ from cache_family.schemas.matrix import (
     encode_matrix,
 )
 from cache_family.schemas.receipts import ReceiptStatus
-from cache_family.states.fold import JournalIndex, fold_row, register_refolder
+from cache_family.states.fold import (
+    JournalIndex,
+    fold_row,
+    lines_through,
+    register_refolder,
+    run_wide_terminal,
+)
 from cache_family.states.receipts import MEASURED_CHAIN, meet_all, terminal_downgrade
 
 # Row statuses on the measured chain; unmeasured ones (missing-model, not-launched, ...) never
@@ -55,31 +52,15 @@ _MEASURED: Final[dict[str, ReceiptStatus]] = {status: status for status in MEASU
 _NO_CELL = ""
 
 
-def _terminal(record: object) -> str | None:
-    if getattr(record, "cell_id", None) is not None:
-        return None
-    if isinstance(record, Cancellation):
-        return "cancelled"
-    if isinstance(record, DeadlineExpired):
-        return "deadline_expired"
-    if isinstance(record, InterruptFinishFailed):
-        return "interrupt_finish_failed"
-    return None
-
-
-def _upto(lines: Iterable[JournalLine], through_seq: int) -> list[JournalLine]:
-    return [line for line in lines if line.seq <= through_seq]
-
-
 def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
     """The matrix receipt from the journal lines with ``seq <= through_seq``."""
     run: RunStarted | None = None
     terminal: str | None = None
-    for line in _upto(index.lines_for_cell(_NO_CELL), through_seq):
+    for line in lines_through(index.lines_for_cell(_NO_CELL), through_seq):
         record = line.record
         if isinstance(record, RunStarted) and run is None:
             run = record
-        found = _terminal(record)
+        found = run_wide_terminal(record)
         if found is not None and terminal is None:
             terminal = found
     if run is None:
@@ -92,7 +73,7 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
 
     rows: list[MatrixRow] = []
     for row_index in index.row_indices():
-        lines = _upto(index.lines_for_row(row_index), through_seq)
+        lines = list(lines_through(index.lines_for_row(row_index), through_seq))
         opened = next(
             (
                 line.record
