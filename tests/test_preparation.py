@@ -894,6 +894,10 @@ def test_a_worker_refusal_keeps_observations_and_publishes_nothing(
     assert so_far["models"]["olmo"]["status"] == "missing-model"
     assert so_far["models_hashed"] is False  # a plan already refused hashes no model bytes
     assert so_far["phase"] == "examining models"
+    # read as the worker's answer, these observations relay the same refusals and summary
+    with pytest.raises(Refused) as caught:
+        _read_observations(str(out), sha256_of(out / REQUEST_NAME), "full")
+    assert caught.value.codes == ["pin.not_regular", "preparation.worker_refused"]
 
 
 def test_relayed_refusals_never_carry_environment_values(box: Toolbox, tmp_path: Path) -> None:

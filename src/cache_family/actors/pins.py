@@ -197,13 +197,15 @@ class RichProgress:
             self._progress.update(self._task, completed=done, total=total, description=description)
 
 
+def is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return isatty is not None and bool(isatty())
+
+
 def progress_for(stream: TextIO | None = None) -> ProgressSink:
     """A rich bar when ``stream`` (default stderr) is a terminal, otherwise nothing."""
     target = sys.stderr if stream is None else stream
-    isatty = getattr(target, "isatty", None)
-    if isatty is not None and isatty():
-        return RichProgress(target)
-    return NullProgress()
+    return RichProgress(target) if is_terminal(target) else NullProgress()
 
 
 @dataclass(frozen=True, slots=True)

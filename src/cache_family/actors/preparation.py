@@ -68,6 +68,7 @@ from cache_family.actors.pins import (
     TreePin,
     canonical_regular_file,
     hash_files,
+    is_terminal,
     pin_tree,
 )
 from cache_family.actors.publish import Published, publish_fresh, revoke
@@ -307,15 +308,22 @@ def _select_corpus(
         return load_corpus(from_env), "environment"
     if isinstance(declared, dict) and isinstance(declared.get("path"), str):
         loaded = load_corpus(declared["path"])
-        if loaded.sha256 != declared.get("sha256"):
-            raise Refused.one(
-                "preparation.corpus_pin_mismatch",
-                "$.plan.corpus.sha256",
-                f"corpus {loaded.path} has SHA-256 {loaded.sha256}, not the declared one",
-                "restore the corpus or update plan.corpus.sha256",
-            )
+        _refuse_unless_declared("corpus", loaded.path, loaded.sha256, declared.get("sha256"))
         return loaded, "operator-plan"
     return load_corpus(default_corpus_path()), "checked-in"
+
+
+def _refuse_unless_declared(
+    what: Literal["catalog", "corpus"], path: str, sha256: str, declared: object
+) -> None:
+    """The plan's catalog or corpus must be the bytes its ``sha256`` declares."""
+    if sha256 != declared:
+        raise Refused.one(
+            f"preparation.{what}_pin_mismatch",
+            f"$.plan.{what}.sha256",
+            f"{what} {path} has SHA-256 {sha256}, not the declared one",
+            f"restore the {what} or update plan.{what}.sha256",
+        )
 
 
 def load_plan_catalog(plan: PlanInput) -> LoadedCatalog:
@@ -323,13 +331,7 @@ def load_plan_catalog(plan: PlanInput) -> LoadedCatalog:
     if plan.catalog is None:
         return _packaged_catalog()
     loaded = load_catalog(plan.catalog.path)
-    if loaded.sha256 != plan.catalog.sha256:
-        raise Refused.one(
-            "preparation.catalog_pin_mismatch",
-            "$.plan.catalog.sha256",
-            f"catalog {loaded.path} has SHA-256 {loaded.sha256}, not the declared one",
-            "restore the catalog or update plan.catalog.sha256",
-        )
+    _refuse_unless_declared("catalog", loaded.path, loaded.sha256, plan.catalog.sha256)
     return loaded
 
 
@@ -523,8 +525,7 @@ class WorkerEvents:
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
-        isatty = getattr(stream, "isatty", None)
-        self.bar = RichProgress(stream, "hashing") if isatty is not None and isatty() else None
+        self.bar = RichProgress(stream, "hashing") if is_terminal(stream) else None
         self.phases: list[str] = []
 
     def handle(self, line: bytes) -> None:
@@ -750,17 +751,26 @@ def _worker_refused(output: str, message: str) -> Refusal:
     )
 
 
+def _load_observations(output: str) -> Observations:
+    raw = read_bounded(
+        os.path.join(output, OBSERVATIONS_NAME), OBSERVATIONS_MAX_BYTES, what="observations"
+    )
+    return decode_document(raw.data, Observations, what="observations")
+
+
 def relayed_refusals(output: str, request_sha256: str) -> list[Refusal]:
     """The refusals a worker published in an incomplete ``observations.json`` for this
     request (at most :data:`RELAYED_REFUSALS_MAX`, then a count); none when there is none."""
-    path = os.path.join(output, OBSERVATIONS_NAME)
-    if not os.path.lexists(path):
+    if not os.path.lexists(os.path.join(output, OBSERVATIONS_NAME)):
         return []
     try:
-        raw = read_bounded(path, OBSERVATIONS_MAX_BYTES, what="observations")
-        observations = decode_document(raw.data, Observations, what="observations")
+        observations = _load_observations(output)
     except Refused:
         return []
+    return _relayed(observations, request_sha256, output)
+
+
+def _relayed(observations: Observations, request_sha256: str, output: str) -> list[Refusal]:
     if observations.complete or observations.request_sha256 != request_sha256:
         return []
     relayed = []
@@ -776,17 +786,14 @@ def relayed_refusals(output: str, request_sha256: str) -> list[Refusal]:
                 "preparation.more_refusals",
                 "$",
                 f"the worker refused {left} more times",
-                f"every refusal is listed in {path}",
+                f"every refusal is listed in {os.path.join(output, OBSERVATIONS_NAME)}",
             )
         )
     return relayed
 
 
 def _read_observations(output: str, request_sha256: str, mode: Mode) -> PreparedInput:
-    raw = read_bounded(
-        os.path.join(output, OBSERVATIONS_NAME), OBSERVATIONS_MAX_BYTES, what="observations"
-    )
-    observations = decode_document(raw.data, Observations, what="observations")
+    observations = _load_observations(output)
     if observations.request_sha256 != request_sha256:
         raise Refused.one(
             "preparation.request_mismatch",
@@ -796,7 +803,7 @@ def _read_observations(output: str, request_sha256: str, mode: Mode) -> Prepared
         )
     if observations.input is None:
         summary = _worker_refused(output, "the preparation worker published refused observations")
-        raise Refused((*relayed_refusals(output, request_sha256), summary))
+        raise Refused((*_relayed(observations, request_sha256, output), summary))
     if observations.input.mode != mode:
         raise Refused.one(
             "preparation.request_mismatch",
@@ -1176,7 +1183,7 @@ def _look_at_model(preset: Preset, root: str) -> _ModelLook:
     """Find a model's files without reading their bytes; refusals for a broken layout."""
     requested = os.path.join(root, preset.snapshot_relative)
     look = _ModelLook(preset=preset, requested=requested, root=root)
-    where = json_path(["plan", "cases", preset.key])
+    where = _case_where(preset.key)
     if not os.path.lexists(requested):
         return look
 
@@ -1242,6 +1249,10 @@ def _look_at_model(preset: Preset, root: str) -> _ModelLook:
     look.kind = "single-gguf"
     look.canonical = look.entrypoint = look.pinned = inside(requested, "model")
     return look
+
+
+def _case_where(key: str) -> str:
+    return json_path(["plan", "cases", key])
 
 
 def _identity_where(key: str) -> str:
@@ -1411,7 +1422,7 @@ def examine_models(
         looks.append(look)
         if not look.present:
             continue
-        where = json_path(["plan", "cases", preset.key])
+        where = _case_where(preset.key)
         regular = True
         for name, path in look.files:
             try:
@@ -1479,9 +1490,7 @@ def hash_models(
 ) -> dict[str, ModelObservation]:
     """Pin every present model's bytes and record what it is; declared pins must match."""
     named = [
-        (name, path, json_path(["plan", "cases", look.preset.key]))
-        for look in looks
-        for name, path in look.files
+        (name, path, _case_where(look.preset.key)) for look in looks for name, path in look.files
     ]
     pins = _pin_files(named, budget, progress, gathered)
     observations: dict[str, ModelObservation] = {}
@@ -1508,7 +1517,7 @@ def hash_models(
             gathered.refusals.append(
                 Refusal(
                     "preparation.model_changed",
-                    json_path(["plan", "cases", key]),
+                    _case_where(key),
                     f"{first.path} changed between reading what it is and hashing it",
                     "leave the model files alone during preparation and run it again",
                 )
@@ -1519,7 +1528,7 @@ def hash_models(
             gathered.refusals.append(
                 Refusal(
                     "preparation.model_pin_mismatch",
-                    json_path(["plan", "model_sha256", key]),
+                    _identity_where(key),
                     f"{key} at {first.path} has SHA-256 {first.sha256}, "
                     f"not the declared {expected}",
                     "restore the model bytes or update plan.model_sha256",
