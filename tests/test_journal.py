@@ -40,7 +40,7 @@ from cache_family.schemas.journal import (
     encode_journal,
     read_journal,
 )
-from cache_family.schemas.receipts import encode_receipt
+from cache_family.schemas.receipts import decode_cell_receipt, encode_receipt
 from cache_family.states.cell import CellEvent
 from cache_family.states.fold import fold_cell
 from cell_journal_builder import CellScript, completed_row, run_started
@@ -534,9 +534,10 @@ async def test_published_cell_receipt_is_the_fold_of_the_file(
             await writer.append(record)
         (tmp_path / "cell-0000" / "native-concurrent").mkdir(parents=True)
         syncs_before = fsync.calls
-        published = await publish_cell_receipt(
+        publication = await publish_cell_receipt(
             writer, str(tmp_path), script.cell_id, "cell-0000/native-concurrent/cell.json"
         )
+        published = publication.record
         assert fsync.calls > syncs_before
         script.fire(CellEvent.RECEIPT_PUBLISHED)
         await writer.append(script.records[-1])
@@ -549,6 +550,8 @@ async def test_published_cell_receipt_is_the_fold_of_the_file(
     assert hashlib.sha256(on_disk).hexdigest() == published.sha256
     refolded = fold_cell(read.lines, script.cell_id, through_seq=published.through_seq)
     assert encode_receipt(refolded) == on_disk
+    # What the caller gets back is the receipt as published, without reading the file again.
+    assert publication.receipt == refolded == decode_cell_receipt(on_disk)
     assert refolded.status == "completed" and refolded.final_state == "finalize"
     assert isinstance(read.lines[1].record, CellOpened)
     assert isinstance(read.lines[2].record, PinObserved)

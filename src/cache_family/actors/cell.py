@@ -67,7 +67,7 @@ from cache_family.schemas.measurement import (
     LoadRequest,
 )
 from cache_family.schemas.prepared import HostProfile
-from cache_family.schemas.receipts import CellReceipt, decode_cell_receipt
+from cache_family.schemas.receipts import CellReceipt
 from cache_family.states.cell import CellEvent, CellMachine, CellState, new_cell_machine
 
 ARM_SERIAL: Final = "native-serial"
@@ -907,9 +907,8 @@ class CellActor:
             return
         with trio.move_on_after(FINALIZE_BOUND_SECONDS):
             relative = f"{self.plan.cell_dir}/cell.json"
-            await publish_cell_receipt(
+            published = await publish_cell_receipt(
                 self.ctx.writer, self.ctx.run_dir, self.plan.cell_id, relative
             )
-            with open(os.path.join(self.ctx.run_dir, relative), "rb") as handle:
-                self.receipt = decode_cell_receipt(handle.read())
+            self.receipt = published.receipt
             await self._fire(CellEvent.RECEIPT_PUBLISHED)

@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 import trio
 
@@ -41,7 +41,13 @@ from cache_family.schemas.journal import (
     decode_line,
     read_journal,
 )
-from cache_family.schemas.receipts import encode_receipt
+from cache_family.schemas.receipts import (
+    CellReceipt,
+    RowReceipt,
+    decode_cell_receipt,
+    decode_row_receipt,
+    encode_receipt,
+)
 from cache_family.states.fold import JournalIndex, fold_cell, fold_row
 
 # A week-long run journals a few million short lines; replay and resume read at most this much.
@@ -354,9 +360,20 @@ def _fsync_dir(directory: str) -> None:
 # --- receipt publication -------------------------------------------------------------------
 
 
+_Receipt = TypeVar("_Receipt", CellReceipt, RowReceipt)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedReceipt(Generic[_Receipt]):
+    """A published receipt, decoded from the very bytes written, and the journal's record of it."""
+
+    receipt: _Receipt
+    record: ReceiptPublished
+
+
 async def publish_cell_receipt(
     writer: JournalWriter, run_dir: str, cell_id: str, relative_path: str
-) -> ReceiptPublished:
+) -> PublishedReceipt[CellReceipt]:
     """Fold ``cell.json`` from the durable journal, publish it fresh, journal the publication.
 
     Call in the cell's ``finalize`` state; then fire ``receipt-published`` on the machine and
@@ -364,47 +381,39 @@ async def publish_cell_receipt(
     """
     through = await writer.sync()
     receipt = fold_cell(writer.index.lines_for_cell(cell_id), cell_id, through_seq=through)
-    return await _publish(
-        writer,
-        run_dir,
-        relative_path,
-        encode_receipt(receipt),
-        scope="cell",
-        cell_id=cell_id,
-        row_index=None,
-        through=through,
+    data = encode_receipt(receipt)
+    record = await publish_receipt(
+        writer, run_dir, relative_path, data, scope="cell", through=through, cell_id=cell_id
     )
+    return PublishedReceipt(decode_cell_receipt(data), record)
 
 
 async def publish_row_receipt(
     writer: JournalWriter, run_dir: str, row_index: int, relative_path: str
-) -> ReceiptPublished:
+) -> PublishedReceipt[RowReceipt]:
     """Fold the native part of ``row.json`` and publish it like a cell receipt."""
     through = await writer.sync()
     receipt = fold_row(writer.index.lines_for_row(row_index), row_index, through_seq=through)
-    return await _publish(
-        writer,
-        run_dir,
-        relative_path,
-        encode_receipt(receipt),
-        scope="row",
-        cell_id=None,
-        row_index=row_index,
-        through=through,
+    data = encode_receipt(receipt)
+    record = await publish_receipt(
+        writer, run_dir, relative_path, data, scope="row", through=through, row_index=row_index
     )
+    return PublishedReceipt(decode_row_receipt(data), record)
 
 
-async def _publish(
+async def publish_receipt(
     writer: JournalWriter,
     run_dir: str,
     relative_path: str,
     data: bytes,
     *,
     scope: str,
-    cell_id: str | None,
-    row_index: int | None,
     through: int,
+    cell_id: str | None = None,
+    row_index: int | None = None,
 ) -> ReceiptPublished:
+    """Publish a receipt's bytes fresh inside the run directory, then journal the publication
+    (folded through seq ``through``) and return that record."""
     if os.path.isabs(relative_path) or ".." in relative_path.split("/"):
         raise Refused.one(
             "journal.receipt.path",

@@ -29,7 +29,6 @@ the progress lines and the final line say "(synthetic)".
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import signal
@@ -44,7 +43,12 @@ import trio
 
 from cache_family import __version__
 from cache_family.actors.cell import Budgets, HostSettings, RunContext, RunStop, thread_setting
-from cache_family.actors.journal import JOURNAL_READ_LIMIT, JournalWriter, journal_path
+from cache_family.actors.journal import (
+    JOURNAL_READ_LIMIT,
+    JournalWriter,
+    journal_path,
+    publish_receipt,
+)
 from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.publish import publish_fresh
 from cache_family.actors.row import RowActor, RowResult
@@ -55,7 +59,6 @@ from cache_family.schemas.journal import (
     DeadlineExpired,
     InterruptFinishFailed,
     PlannedRowBrief,
-    ReceiptPublished,
     RunStarted,
     read_journal,
 )
@@ -351,15 +354,8 @@ async def publish_matrix_receipt(writer: JournalWriter, run_dir: str) -> MatrixR
         return fold_matrix(JournalIndex(read.lines), through_seq=through)
 
     receipt = await trio.to_thread.run_sync(fold)
-    data = encode_matrix(receipt)
-    await trio.to_thread.run_sync(publish_fresh, os.path.join(run_dir, MATRIX_FILENAME), data)
-    await writer.append(
-        ReceiptPublished(
-            scope="matrix",
-            path=MATRIX_FILENAME,
-            sha256=hashlib.sha256(data).hexdigest(),
-            through_seq=through,
-        )
+    await publish_receipt(
+        writer, run_dir, MATRIX_FILENAME, encode_matrix(receipt), scope="matrix", through=through
     )
     return receipt
 

@@ -35,7 +35,7 @@ from cache_family.actors.journal import publish_row_receipt
 from cache_family.actors.prompts import PromptSelector
 from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan, Transition
 from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
-from cache_family.schemas.receipts import RowReceipt, decode_row_receipt
+from cache_family.schemas.receipts import RowReceipt
 from cache_family.states.cell import RowEvent, RowMachine, RowState, new_row_machine
 
 ROW_FINALIZE_BOUND_SECONDS: Final = 30.0
@@ -328,9 +328,10 @@ class RowActor:
                 reason=f"row stopped in state {self.machine.state.value}",
             )
         with trio.move_on_after(ROW_FINALIZE_BOUND_SECONDS):
-            await publish_row_receipt(self.ctx.writer, self.ctx.run_dir, row.index, relative)
-            with open(os.path.join(self.ctx.run_dir, relative), "rb") as handle:
-                receipt = decode_row_receipt(handle.read())
+            published = await publish_row_receipt(
+                self.ctx.writer, self.ctx.run_dir, row.index, relative
+            )
+            receipt = published.receipt
             await self._fire(RowEvent.RECEIPT_PUBLISHED)
             # Its receipts are on disk: the journal index need not keep the row's lines. The
             # matrix does not need them either: it is folded from the journal file itself.
