@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache_family.actors.row import CORRECTNESS_NOT_BUILT
+from cache_family.actors.cell import PinResult, PinTarget, fire_cell, pin_records
+from cache_family.actors.row import fire_row, row_dir_name, row_opened_record
 from cache_family.schemas.journal import (
     ArmPlan,
     Cancellation,
@@ -20,8 +21,6 @@ from cache_family.schemas.journal import (
     DeadlineExpired,
     Fault,
     ListeningMarkerSeen,
-    PinDrift,
-    PinObserved,
     PortReserved,
     Ready,
     Record,
@@ -30,7 +29,6 @@ from cache_family.schemas.journal import (
     RungCompleted,
     RungPlan,
     RunStarted,
-    Transition,
     WarmupExclusion,
 )
 from cache_family.schemas.measurement import RequestRow, ServerTimings
@@ -95,17 +93,7 @@ class CellScript:
         return self.machine.state
 
     def fire(self, event: CellEvent) -> None:
-        before = self.machine.state
-        step = self.machine.fire(event)
-        self.records.append(
-            Transition(
-                machine="cell",
-                cell_id=self.cell_id,
-                from_state=before.value,
-                event=event.value,
-                to_state=step.to.value,
-            )
-        )
+        self.records.append(fire_cell(self.machine, self.cell_id, event))
 
     def open(self) -> CellScript:
         self.records.append(
@@ -115,7 +103,7 @@ class CellScript:
                 row_key="llama-p128",
                 arm=self.arm,
                 cohort=self.arm,
-                cell_dir=f"cell-{self.row_index:04d}/{self.arm}",
+                cell_dir=f"{row_dir_name(self.row_index)}/{self.arm}",
                 measurement_kind=self.kind,
                 rungs=tuple(RungPlan(concurrency=c, requests=n) for c, n in self.rungs),
                 ttft_slo_ms=2000.0,
@@ -128,27 +116,8 @@ class CellScript:
     def pins(self, phase: str, *, drift: bool = False) -> None:
         for name, pin in (("binary", PIN_A), ("model", PIN_B)):
             observed = PIN_X if drift and name == "model" else pin
-            self.records.append(
-                PinObserved(
-                    cell_id=self.cell_id,
-                    phase=phase,
-                    name=name,
-                    path=f"/pins/{name}",
-                    expected_sha256=pin,
-                    observed_sha256=observed,
-                )
-            )
-            if observed != pin:
-                self.records.append(
-                    PinDrift(
-                        cell_id=self.cell_id,
-                        phase=phase,
-                        name=name,
-                        path=f"/pins/{name}",
-                        expected_sha256=pin,
-                        observed_sha256=observed,
-                    )
-                )
+            result = PinResult(PinTarget(name, f"/pins/{name}", pin, "file"), observed)
+            self.records += pin_records(self.cell_id, phase, result)
 
     def launch(self) -> None:
         """pin-verify -> launch: pins match, port reserved, host spawned."""
@@ -308,18 +277,16 @@ def row_records(
     synthetic: bool = False,
 ) -> RowOpened:
     """``row_opened`` as the row actor writes it (correctness journaled as not run)."""
-    missing = model_status == "missing-model"
-    return RowOpened(
+    present = {"present": True, "missing-model": False}[model_status]
+    return row_opened_record(
         row_index=row_index,
         row_key="llama-p128",
         case_key="llama",
         prefix_tokens=128,
         use_case=None,
-        row_dir="" if missing else f"cell-{row_index:04d}",
-        model_status=model_status,
+        row_dir=row_dir_name(row_index) if present else "",
+        present=present,
         arms=tuple(arms),
-        correctness_status="not-run",
-        correctness_reason="missing-model" if missing else CORRECTNESS_NOT_BUILT,
         synthetic=synthetic,
     )
 
@@ -333,14 +300,4 @@ class RowScript:
         self.records: list[Record] = []
 
     def fire(self, event: RowEvent) -> None:
-        before = self.machine.state
-        step = self.machine.fire(event)
-        self.records.append(
-            Transition(
-                machine="row",
-                row_index=self.row_index,
-                from_state=before.value,
-                event=event.value,
-                to_state=step.to.value,
-            )
-        )
+        self.records.append(fire_row(self.machine, self.row_index, event))

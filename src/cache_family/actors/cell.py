@@ -26,6 +26,7 @@ from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
+import msgspec
 import trio
 
 from cache_family.actors import custody
@@ -394,6 +395,36 @@ def fault_kind(refused: Refused) -> str:
     return "internal"
 
 
+def fire_cell(machine: CellMachine, cell_id: str, event: CellEvent) -> Transition:
+    """Take ``event`` through the cell table (refused where it has no step); the ``transition``
+    record that journals the step."""
+    before = machine.state
+    step = machine.fire(event)
+    return Transition(
+        machine="cell",
+        cell_id=cell_id,
+        from_state=before.value,
+        event=event.value,
+        to_state=step.to.value,
+    )
+
+
+def pin_records(cell_id: str, phase: str, result: PinResult) -> tuple[PinObserved | PinDrift, ...]:
+    """What one re-hashed pin journals: the observation, and a drift record when it differs."""
+    target = result.target
+    observed = PinObserved(
+        cell_id=cell_id,
+        phase=phase,
+        name=target.name,
+        path=target.path,
+        expected_sha256=target.expected_sha256,
+        observed_sha256=result.observed_sha256,
+    )
+    if result.matches:
+        return (observed,)
+    return observed, PinDrift(**msgspec.structs.asdict(observed))
+
+
 def is_cancellation(exc: BaseException) -> bool:
     """True for trio's Cancelled, also when a nursery delivers it inside an exception group."""
     if isinstance(exc, trio.Cancelled):
@@ -453,21 +484,12 @@ class CellActor:
         await self.ctx.journal(record)
 
     async def _fire(self, event: CellEvent) -> None:
-        before = self.machine.state
-        step = self.machine.fire(event)
-        await self._journal(
-            Transition(
-                machine="cell",
-                cell_id=self.plan.cell_id,
-                from_state=before.value,
-                event=event.value,
-                to_state=step.to.value,
-            )
-        )
-        if step.to == CellState.CLEANUP and self._cleanup_started is None:
+        transition = fire_cell(self.machine, self.plan.cell_id, event)
+        await self._journal(transition)
+        if self.machine.state == CellState.CLEANUP and self._cleanup_started is None:
             self._cleanup_started = trio.current_time()
         if self.ctx.on_transition is not None:
-            self.ctx.on_transition(self.plan.cell_id, step.to.value)
+            self.ctx.on_transition(self.plan.cell_id, transition.to_state)
 
     async def _fault(self, kind: str, detail: str, *, journaled: bool = False) -> None:
         """Record a fault and move to cleanup (or stay there)."""
@@ -768,32 +790,10 @@ class CellActor:
     async def _verify_pins(self, phase: str) -> bool:
         remaining = self.work_deadline - trio.current_time()
         results = await self.ctx.hosts.pin_hasher(self.plan.pins, remaining)
-        ok = True
         for result in results:
-            target = result.target
-            await self._journal(
-                PinObserved(
-                    cell_id=self.plan.cell_id,
-                    phase=phase,
-                    name=target.name,
-                    path=target.path,
-                    expected_sha256=target.expected_sha256,
-                    observed_sha256=result.observed_sha256,
-                )
-            )
-            if not result.matches:
-                ok = False
-                await self._journal(
-                    PinDrift(
-                        cell_id=self.plan.cell_id,
-                        phase=phase,
-                        name=target.name,
-                        path=target.path,
-                        expected_sha256=target.expected_sha256,
-                        observed_sha256=result.observed_sha256,
-                    )
-                )
-        return ok
+            for record in pin_records(self.plan.cell_id, phase, result):
+                await self._journal(record)
+        return all(result.matches for result in results)
 
     # -- custody events --------------------------------------------------------------------
 

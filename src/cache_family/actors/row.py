@@ -77,6 +77,49 @@ def _arm_plan(arm: str, planned: bool, skip_reason: SkipReason | None) -> ArmPla
     return ArmPlan(arm=arm, status=status, reason=reason)
 
 
+def row_opened_record(
+    *,
+    row_index: int,
+    row_key: str,
+    case_key: str,
+    prefix_tokens: int,
+    use_case: str | None,
+    row_dir: str,
+    present: bool,
+    arms: tuple[ArmPlan, ...],
+    synthetic: bool,
+) -> RowOpened:
+    """``row_opened`` as every row journals it: its correctness arm not run, because the model
+    is missing or because that arm is not built yet."""
+    return RowOpened(
+        row_index=row_index,
+        row_key=row_key,
+        case_key=case_key,
+        prefix_tokens=prefix_tokens,
+        use_case=use_case,
+        row_dir=row_dir,
+        model_status="present" if present else "missing-model",
+        arms=arms,
+        correctness_status="not-run",
+        correctness_reason=CORRECTNESS_NOT_BUILT if present else "missing-model",
+        synthetic=synthetic,
+    )
+
+
+def fire_row(machine: RowMachine, row_index: int, event: RowEvent) -> Transition:
+    """Take ``event`` through the row table (refused where it has no step); the ``transition``
+    record that journals the step."""
+    before = machine.state
+    step = machine.fire(event)
+    return Transition(
+        machine="row",
+        row_index=row_index,
+        from_state=before.value,
+        event=event.value,
+        to_state=step.to.value,
+    )
+
+
 class RowActor:
     """One row of the matrix. ``await RowActor(...).run()`` returns its matrix entry."""
 
@@ -186,17 +229,7 @@ class RowActor:
     # -- machine -----------------------------------------------------------------------------
 
     async def _fire(self, event: RowEvent) -> None:
-        before = self.machine.state
-        step = self.machine.fire(event)
-        await self.ctx.journal(
-            Transition(
-                machine="row",
-                row_index=self.row.index,
-                from_state=before.value,
-                event=event.value,
-                to_state=step.to.value,
-            )
-        )
+        await self.ctx.journal(fire_row(self.machine, self.row.index, event))
 
     async def _stopped(self) -> None:
         if self._stop_recorded:
@@ -210,46 +243,27 @@ class RowActor:
 
     # -- run ---------------------------------------------------------------------------------
 
-    async def run(self) -> RowResult:
+    def _row_opened(self, arms: tuple[ArmPlan, ...], row_dir: str) -> RowOpened:
         row = self.row
-        arms = self.arm_plans()
-        if not row.model_observation.present:
-            await self.ctx.journal(
-                RowOpened(
-                    row_index=row.index,
-                    row_key=row.output_relative,
-                    case_key=row.key,
-                    prefix_tokens=row.prefix_tokens,
-                    use_case=row.use_case,
-                    row_dir="",
-                    model_status="missing-model",
-                    arms=arms,
-                    correctness_status="not-run",
-                    correctness_reason="missing-model",
-                    synthetic=row.synthetic,
-                )
-            )
-            await self._fire(RowEvent.MODEL_MISSING)
-            self.result = RowResult(index=row.index, status="missing-model", launched=False)
-            return self.result
+        return row_opened_record(
+            row_index=row.index,
+            row_key=row.output_relative,
+            case_key=row.key,
+            prefix_tokens=row.prefix_tokens,
+            use_case=row.use_case,
+            row_dir=row_dir,
+            present=row.model_observation.present,
+            arms=arms,
+            synthetic=row.synthetic,
+        )
 
+    async def run(self) -> RowResult:
+        if not self.row.model_observation.present:
+            return await self._journal_missing_model()
+        arms = self.arm_plans()
         os.makedirs(os.path.join(self.ctx.run_dir, self.dir), exist_ok=True)
         try:
-            await self.ctx.journal(
-                RowOpened(
-                    row_index=row.index,
-                    row_key=row.output_relative,
-                    case_key=row.key,
-                    prefix_tokens=row.prefix_tokens,
-                    use_case=row.use_case,
-                    row_dir=self.dir,
-                    model_status="present",
-                    arms=arms,
-                    correctness_status="not-run",
-                    correctness_reason=CORRECTNESS_NOT_BUILT,
-                    synthetic=row.synthetic,
-                )
-            )
+            await self.ctx.journal(self._row_opened(arms, self.dir))
             await self._arms(arms)
         except BaseException as exc:
             with trio.CancelScope(shield=True):
@@ -264,35 +278,24 @@ class RowActor:
 
     async def journal_unreached(self) -> RowResult:
         """Journal a row the run never reached (cancelled or out of time): no dir, no cells."""
-        row = self.row
-        present = row.model_observation.present
-        await self.ctx.journal(
-            RowOpened(
-                row_index=row.index,
-                row_key=row.output_relative,
-                case_key=row.key,
-                prefix_tokens=row.prefix_tokens,
-                use_case=row.use_case,
-                row_dir="",
-                model_status="present" if present else "missing-model",
-                arms=self.arm_plans(),
-                correctness_status="not-run",
-                correctness_reason=CORRECTNESS_NOT_BUILT if present else "missing-model",
-                synthetic=row.synthetic,
-            )
+        if not self.row.model_observation.present:
+            return await self._journal_missing_model()
+        await self.ctx.journal(self._row_opened(self.arm_plans(), ""))
+        self._stop_recorded = False
+        await self._stopped()
+        self.result = RowResult(
+            index=self.row.index,
+            status="not-launched",
+            launched=False,
+            reason="cancellation_or_deadline",
         )
-        if not present:
-            await self._fire(RowEvent.MODEL_MISSING)
-            self.result = RowResult(index=row.index, status="missing-model", launched=False)
-        else:
-            self._stop_recorded = False
-            await self._stopped()
-            self.result = RowResult(
-                index=row.index,
-                status="not-launched",
-                launched=False,
-                reason="cancellation_or_deadline",
-            )
+        return self.result
+
+    async def _journal_missing_model(self) -> RowResult:
+        """A row whose model is missing is journaled and kept, never launched."""
+        await self.ctx.journal(self._row_opened(self.arm_plans(), ""))
+        await self._fire(RowEvent.MODEL_MISSING)
+        self.result = RowResult(index=self.row.index, status="missing-model", launched=False)
         return self.result
 
     async def _arms(self, arms: tuple[ArmPlan, ...]) -> None:
