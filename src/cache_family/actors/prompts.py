@@ -34,8 +34,6 @@ class PromptChoice:
     corpus_path: str
     corpus_sha256: str
     entry_key: str
-    # prefix tokens plus one suffix token: what the host's tokenizer cuts the text to.
-    target_tokens: int
 
     @property
     def label(self) -> str:
@@ -62,7 +60,6 @@ class PromptSelector:
             self._fixed()
 
     def choose(self, row: PreparedRow) -> PromptChoice:
-        target = row.prefix_tokens + 1
         if row.use_case is not None:
             entry, pinned = self._use_case(row.use_case)
             return PromptChoice(
@@ -71,7 +68,6 @@ class PromptSelector:
                 corpus_path=pinned.path,
                 corpus_sha256=pinned.sha256,
                 entry_key=entry.key,
-                target_tokens=target,
             )
         loaded = self._fixed()
         first = loaded.corpus.use_cases[0]
@@ -81,7 +77,6 @@ class PromptSelector:
             corpus_path=loaded.path,
             corpus_sha256=loaded.sha256,
             entry_key=first.key,
-            target_tokens=target,
         )
 
     def _use_case(self, key: str) -> tuple[UseCaseRecord, CorpusUsed]:

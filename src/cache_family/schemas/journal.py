@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import ClassVar, Final, TypeAlias
+from typing import ClassVar, Final, TypeAlias, get_args
 
 import msgspec
 
@@ -338,27 +338,8 @@ Record: TypeAlias = (
     | ReceiptPublished
 )
 
-RECORD_TYPES: Final[tuple[type[_Record], ...]] = (
-    RunStarted,
-    Cancellation,
-    DeadlineExpired,
-    InterruptFinishFailed,
-    RowOpened,
-    CellOpened,
-    Transition,
-    PinObserved,
-    PinDrift,
-    PortReserved,
-    ChildSpawned,
-    ListeningMarkerSeen,
-    Ready,
-    WarmupExclusion,
-    RequestOutcome,
-    RungCompleted,
-    Fault,
-    CleanupOutcome,
-    ReceiptPublished,
-)
+# The members of ``Record`` in order, read from the union so the two never disagree.
+RECORD_TYPES: Final[tuple[type[_Record], ...]] = get_args(Record)
 KNOWN_TAGS: Final[frozenset[str]] = frozenset(str(t.__struct_config__.tag) for t in RECORD_TYPES)
 
 # Fault kinds the fold knows; an unknown kind is still a fault.
@@ -402,10 +383,6 @@ _ENCODER: Final = msgspec.json.Encoder(order="deterministic")
 _DECODER: Final = msgspec.json.Decoder(JournalLine)
 _LOOSE_DECODER: Final = msgspec.json.Decoder(_LooseLine)
 _LOOSE_RECORD_DECODER: Final = msgspec.json.Decoder(_LooseRecord)
-
-
-def is_durable(record: Record) -> bool:
-    return record.durable
 
 
 def line_sha256(line_bytes: bytes) -> str:
