@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache_family.actors.cell import PinResult, PinTarget, fire_cell, pin_records
-from cache_family.actors.row import fire_row, row_dir_name, row_opened_record
+from cache_family.actors.cell import PinResult, PinTarget, fire_and_record, pin_records
+from cache_family.actors.row import row_dir_name, row_opened_record
 from cache_family.schemas.journal import (
     ArmPlan,
     Cancellation,
@@ -93,7 +93,7 @@ class CellScript:
         return self.machine.state
 
     def fire(self, event: CellEvent) -> None:
-        self.records.append(fire_cell(self.machine, self.cell_id, event))
+        self.records.append(fire_and_record(self.machine, event, cell_id=self.cell_id))
 
     def open(self) -> CellScript:
         self.records.append(
@@ -300,4 +300,4 @@ class RowScript:
         self.records: list[Record] = []
 
     def fire(self, event: RowEvent) -> None:
-        self.records.append(fire_row(self.machine, self.row_index, event))
+        self.records.append(fire_and_record(self.machine, event, row_index=self.row_index))

@@ -83,25 +83,26 @@ def operator_for(parts: Parts, root: Path, cases: list[str]) -> Path:
     return path
 
 
+def prepare_then_run(
+    parts: Parts, root: Path, cases: list[str], verb: str
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``verb`` (prepare-full or prepare-use-cases) then ``run``, both succeeding: the run
+    directory and the run's completed process."""
+    operator = operator_for(parts, root, cases)
+    prepared_dir = root / "prepared"
+    prepare = cli(verb, "--input", str(operator), "--output", str(prepared_dir), cwd=root)
+    assert prepare.returncode == 0, prepare.stderr
+    out = root / "run"
+    prepared = prepared_dir / "cache-family-input.json"
+    ran = cli("run", "--input", str(prepared), "--output", str(out), cwd=root)
+    assert ran.returncode == 0, ran.stderr
+    return out, ran
+
+
 def test_prepare_full_then_run_measures_both_native_arms_for_real(
     native_parts: Parts, tmp_path: Path
 ) -> None:
-    operator = operator_for(native_parts, tmp_path, ["llama"])
-    prepared_dir = tmp_path / "prepared"
-    prepare = cli(
-        "prepare-full", "--input", str(operator), "--output", str(prepared_dir), cwd=tmp_path
-    )
-    assert prepare.returncode == 0, prepare.stderr
-    out = tmp_path / "run"
-    ran = cli(
-        "run",
-        "--input",
-        str(prepared_dir / "cache-family-input.json"),
-        "--output",
-        str(out),
-        cwd=tmp_path,
-    )
-    assert ran.returncode == 0, ran.stderr
+    out, ran = prepare_then_run(native_parts, tmp_path, ["llama"], "prepare-full")
     # The zoo's catalog is synthetic: the progress, the last line and every receipt say so.
     assert ran.stdout.startswith("completed: ") and ran.stdout.rstrip().endswith("(synthetic)")
     assert "(synthetic)" in ran.stderr
@@ -177,22 +178,7 @@ def test_prepare_full_then_run_measures_both_native_arms_for_real(
 def test_prepare_use_cases_then_run_uses_each_use_case_prompt(
     native_parts: Parts, tmp_path: Path
 ) -> None:
-    operator = operator_for(native_parts, tmp_path, ["qwen3_dense"])
-    prepared_dir = tmp_path / "prepared"
-    prepare = cli(
-        "prepare-use-cases", "--input", str(operator), "--output", str(prepared_dir), cwd=tmp_path
-    )
-    assert prepare.returncode == 0, prepare.stderr
-    out = tmp_path / "run"
-    ran = cli(
-        "run",
-        "--input",
-        str(prepared_dir / "cache-family-input.json"),
-        "--output",
-        str(out),
-        cwd=tmp_path,
-    )
-    assert ran.returncode == 0, ran.stderr
+    out, _ = prepare_then_run(native_parts, tmp_path, ["qwen3_dense"], "prepare-use-cases")
     matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
     use_cases = [r.use_case for r in matrix.rows]
     assert len(use_cases) == 8 and None not in use_cases

@@ -24,7 +24,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass, field
-from typing import Final, Literal, Protocol
+from enum import StrEnum
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import msgspec
 import trio
@@ -69,7 +70,13 @@ from cache_family.schemas.measurement import (
 )
 from cache_family.schemas.prepared import HostProfile
 from cache_family.schemas.receipts import CellReceipt
-from cache_family.states.cell import CellEvent, CellMachine, CellState, new_cell_machine
+from cache_family.states.cell import (
+    CellEvent,
+    CellMachine,
+    CellState,
+    Machine,
+    new_cell_machine,
+)
 
 ARM_SERIAL: Final = "native-serial"
 ARM_CONCURRENT: Final = "native-concurrent"
@@ -395,14 +402,25 @@ def fault_kind(refused: Refused) -> str:
     return "internal"
 
 
-def fire_cell(machine: CellMachine, cell_id: str, event: CellEvent) -> Transition:
-    """Take ``event`` through the cell table (refused where it has no step); the ``transition``
-    record that journals the step."""
+_State = TypeVar("_State", bound=StrEnum)
+_Event = TypeVar("_Event", bound=StrEnum)
+
+
+def fire_and_record(
+    machine: Machine[_State, _Event, Any],
+    event: _Event,
+    *,
+    cell_id: str | None = None,
+    row_index: int | None = None,
+) -> Transition:
+    """Take ``event`` through the machine's table (refused where it has no step); the
+    ``transition`` record that journals the step, named by the table (``cell`` or ``row``)."""
     before = machine.state
     step = machine.fire(event)
     return Transition(
-        machine="cell",
+        machine=machine.table.name,
         cell_id=cell_id,
+        row_index=row_index,
         from_state=before.value,
         event=event.value,
         to_state=step.to.value,
@@ -484,7 +502,7 @@ class CellActor:
         await self.ctx.journal(record)
 
     async def _fire(self, event: CellEvent) -> None:
-        transition = fire_cell(self.machine, self.plan.cell_id, event)
+        transition = fire_and_record(self.machine, event, cell_id=self.plan.cell_id)
         await self._journal(transition)
         if self.machine.state == CellState.CLEANUP and self._cleanup_started is None:
             self._cleanup_started = trio.current_time()

@@ -379,26 +379,53 @@ async def publish_cell_receipt(
     Call in the cell's ``finalize`` state; then fire ``receipt-published`` on the machine and
     journal that transition.
     """
-    through = await writer.sync()
-    receipt = fold_cell(writer.index.lines_for_cell(cell_id), cell_id, through_seq=through)
-    data = encode_receipt(receipt)
-    record = await publish_receipt(
-        writer, run_dir, relative_path, data, scope="cell", through=through, cell_id=cell_id
+
+    def fold(through: int) -> CellReceipt:
+        return fold_cell(writer.index.lines_for_cell(cell_id), cell_id, through_seq=through)
+
+    return await _publish_folded(
+        writer, run_dir, relative_path, fold, decode_cell_receipt, scope="cell", cell_id=cell_id
     )
-    return PublishedReceipt(decode_cell_receipt(data), record)
 
 
 async def publish_row_receipt(
     writer: JournalWriter, run_dir: str, row_index: int, relative_path: str
 ) -> PublishedReceipt[RowReceipt]:
     """Fold the native part of ``row.json`` and publish it like a cell receipt."""
-    through = await writer.sync()
-    receipt = fold_row(writer.index.lines_for_row(row_index), row_index, through_seq=through)
-    data = encode_receipt(receipt)
-    record = await publish_receipt(
-        writer, run_dir, relative_path, data, scope="row", through=through, row_index=row_index
+
+    def fold(through: int) -> RowReceipt:
+        return fold_row(writer.index.lines_for_row(row_index), row_index, through_seq=through)
+
+    return await _publish_folded(
+        writer, run_dir, relative_path, fold, decode_row_receipt, scope="row", row_index=row_index
     )
-    return PublishedReceipt(decode_row_receipt(data), record)
+
+
+async def _publish_folded(
+    writer: JournalWriter,
+    run_dir: str,
+    relative_path: str,
+    fold: Callable[[int], _Receipt],
+    decode: Callable[[bytes], _Receipt],
+    *,
+    scope: str,
+    cell_id: str | None = None,
+    row_index: int | None = None,
+) -> PublishedReceipt[_Receipt]:
+    """Fold through everything durable so far, publish the canonical bytes, journal that."""
+    through = await writer.sync()
+    data = encode_receipt(fold(through))
+    record = await publish_receipt(
+        writer,
+        run_dir,
+        relative_path,
+        data,
+        scope=scope,
+        through=through,
+        cell_id=cell_id,
+        row_index=row_index,
+    )
+    return PublishedReceipt(decode(data), record)
 
 
 async def publish_receipt(

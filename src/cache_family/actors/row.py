@@ -28,12 +28,13 @@ from cache_family.actors.cell import (
     CellActor,
     CellPlan,
     RunContext,
+    fire_and_record,
     is_cancellation,
     pin_targets,
 )
 from cache_family.actors.journal import publish_row_receipt
 from cache_family.actors.prompts import PromptSelector
-from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan, Transition
+from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan
 from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
 from cache_family.schemas.receipts import RowReceipt
 from cache_family.states.cell import RowEvent, RowMachine, RowState, new_row_machine
@@ -103,20 +104,6 @@ def row_opened_record(
         correctness_status="not-run",
         correctness_reason=CORRECTNESS_NOT_BUILT if present else "missing-model",
         synthetic=synthetic,
-    )
-
-
-def fire_row(machine: RowMachine, row_index: int, event: RowEvent) -> Transition:
-    """Take ``event`` through the row table (refused where it has no step); the ``transition``
-    record that journals the step."""
-    before = machine.state
-    step = machine.fire(event)
-    return Transition(
-        machine="row",
-        row_index=row_index,
-        from_state=before.value,
-        event=event.value,
-        to_state=step.to.value,
     )
 
 
@@ -229,7 +216,7 @@ class RowActor:
     # -- machine -----------------------------------------------------------------------------
 
     async def _fire(self, event: RowEvent) -> None:
-        await self.ctx.journal(fire_row(self.machine, self.row.index, event))
+        await self.ctx.journal(fire_and_record(self.machine, event, row_index=self.row.index))
 
     async def _stopped(self) -> None:
         if self._stop_recorded:
