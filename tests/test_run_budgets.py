@@ -42,6 +42,7 @@ from cache_family.actors.matrix import (
     MatrixOutcome,
     Progress,
     RunOptions,
+    _make_fresh_dir,
     admit_run,
     final_line,
     supervise,
@@ -918,3 +919,31 @@ def test_the_run_reads_every_size_preparation_may_publish(tmp_path: Path) -> Non
     with pytest.raises(Refused) as refused:
         admit_run(str(too_large), str(tmp_path / "out-too-large"))
     assert refused.value.codes == ["file.too_large"]
+
+
+def test_admission_reports_every_refusal_it_finds_in_order(tmp_path: Path) -> None:
+    prepared = make_prepared(tmp_path / "p")
+    with pytest.raises(Refused) as relative:
+        admit_run("in.json", "out")
+    # Relative paths are refused before anything is looked at.
+    assert relative.value.codes == ["run.not_absolute", "run.not_absolute"]
+    assert [r.path for r in relative.value.refusals] == ["$.input", "$.output"]
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    with pytest.raises(Refused) as both:
+        admit_run(str(tmp_path / "absent.json"), str(taken))
+    assert both.value.codes[0] == "run.output_exists" and len(both.value.codes) == 2
+    with pytest.raises(Refused) as parent:
+        admit_run(str(prepared), str(tmp_path / "absent" / "out"))
+    assert parent.value.codes == ["run.output_parent"]
+    with pytest.raises(Refused) as exists:
+        admit_run(str(prepared), str(taken))
+    assert exists.value.codes == ["run.output_exists"]
+    # The same refusal when the output appears between admission and creating it.
+    with pytest.raises(Refused) as raced:
+        _make_fresh_dir(str(taken))
+    assert raced.value.refusals == exists.value.refusals
+    assert str(raced.value) == (
+        f"run.output_exists at $.output: {taken} already exists "
+        "(hint: a run writes into a fresh directory; choose a new --output)"
+    )

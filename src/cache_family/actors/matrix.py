@@ -52,7 +52,7 @@ from cache_family.actors.journal import (
 from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.publish import publish_fresh
 from cache_family.actors.row import RowActor, RowResult
-from cache_family.errors import Refused
+from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
     Cancellation,
@@ -103,11 +103,11 @@ class AdmittedRun:
 
 def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = None) -> AdmittedRun:
     """Every check that needs no output directory; raises ``Refused`` with all it found."""
-    problems: list[Refused] = []
+    problems: list[Refusal] = []
     for name, value in (("input", input_path), ("output", output)):
         if not os.path.isabs(value):
             problems.append(
-                Refused.one(
+                Refusal(
                     "run.not_absolute",
                     f"$.{name}",
                     f"--{name} {value!r} is not an absolute path",
@@ -115,7 +115,7 @@ def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = N
                 )
             )
     if problems:
-        raise Refused(tuple(r for p in problems for r in p.refusals))
+        raise Refused(tuple(problems))
     output = os.path.normpath(output)
     parent = os.path.dirname(output)
     try:
@@ -124,7 +124,7 @@ def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = N
         parent_mode = 0
     if not stat.S_ISDIR(parent_mode):
         problems.append(
-            Refused.one(
+            Refusal(
                 "run.output_parent",
                 "$.output",
                 f"the parent of {output} is not a real directory",
@@ -132,30 +132,31 @@ def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = N
             )
         )
     if os.path.lexists(output):
-        problems.append(
-            Refused.one(
-                "run.output_exists",
-                "$.output",
-                f"{output} already exists",
-                "a run writes into a fresh directory; choose a new --output",
-            )
-        )
+        problems.append(_output_exists(output))
     try:
         raw = read_bounded(input_path, RUN_INPUT_MAX_BYTES, what="prepared input")
         prepared = decode_document(raw.data, PreparedInput, what="prepared input")
         prompts = PromptSelector(prepared, fixed_corpus_path=fixed_corpus_path)
         prompts.check()
     except Refused as refused:
-        problems.append(refused)
-        raise Refused(tuple(r for p in problems for r in p.refusals)) from None
+        raise Refused((*problems, *refused.refusals)) from None
     if problems:
-        raise Refused(tuple(r for p in problems for r in p.refusals))
+        raise Refused(tuple(problems))
     return AdmittedRun(
         prepared=prepared,
         input_path=raw.path,
         request_sha256=raw.sha256,
         output=output,
         prompts=prompts,
+    )
+
+
+def _output_exists(output: str) -> Refusal:
+    return Refusal(
+        "run.output_exists",
+        "$.output",
+        f"{output} already exists",
+        "a run writes into a fresh directory; choose a new --output",
     )
 
 
@@ -504,12 +505,7 @@ def _make_fresh_dir(path: str) -> None:
     try:
         os.mkdir(path, 0o755)
     except FileExistsError:
-        raise Refused.one(
-            "run.output_exists",
-            "$.output",
-            f"{path} already exists",
-            "a run writes into a fresh directory; choose a new --output",
-        ) from None
+        raise Refused((_output_exists(path),)) from None
     except OSError as exc:
         raise Refused.one(
             "run.output_unwritable",
