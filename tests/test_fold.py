@@ -21,6 +21,7 @@ from cache_family.schemas.journal import (
     Record,
     RequestOutcome,
     RowOpened,
+    RungCompleted,
     Transition,
     encode_journal,
     read_journal,
@@ -386,6 +387,33 @@ def test_short_roster_is_refused_by_the_metrics_and_marks_incomplete() -> None:
     assert receipt.measurement.rungs[0].summary_refusals == ("metrics.short_roster",)
     assert receipt.status == "incomplete"
     assert fault_kinds(receipt) == ["measurement_incomplete"]
+
+
+def without_makespan(script: CellScript, rung_index: int) -> list[Record]:
+    return [
+        msgspec.structs.replace(r, makespan_seconds=None)
+        if isinstance(r, RungCompleted) and r.rung_index == rung_index
+        else r
+        for r in script.records
+    ]
+
+
+def test_a_concurrent_rung_without_its_makespan_is_not_summarised() -> None:
+    script = CellScript().happy()
+    receipt = fold_cell(journal(*without_makespan(script, 1)), script.cell_id)
+    first, second = receipt.measurement.rungs
+    assert first.rung_summary is not None and first.summary_refusals == ()
+    assert second.rung_summary is None and second.serial_summary is None
+    assert second.summary_refusals == ("fold.makespan_missing",)
+    assert receipt.status == "incomplete"
+    assert [(f.kind, f.detail) for f in receipt.faults] == [
+        ("measurement_incomplete", "rung 1 roster refused: fold.makespan_missing")
+    ]
+    # A serial baseline is summarised from its requests alone.
+    serial = serial_cell().happy()
+    receipt = fold_cell(journal(*without_makespan(serial, 0)), serial.cell_id)
+    assert receipt.status == "completed"
+    assert receipt.measurement.rungs[0].serial_summary is not None
 
 
 def test_unknown_cell_is_refused() -> None:

@@ -58,7 +58,7 @@ from cache_family.schemas.journal import (
     Transition,
     WarmupExclusion,
 )
-from cache_family.schemas.measurement import RequestRow
+from cache_family.schemas.measurement import RequestRow, RungSummary, SerialSummary
 from cache_family.schemas.receipts import (
     CORRECTNESS_UNRECORDED,
     ArmObservation,
@@ -475,26 +475,13 @@ class CellFold:
             requested = (
                 record.requested_requests if record else plan.requests if plan else len(rows)
             )
-            rung_summary = None
-            serial_summary = None
+            rung_summary: RungSummary | None = None
+            serial_summary: SerialSummary | None = None
             refusals: tuple[str, ...] = ()
             if record is not None:
-                try:
-                    if kind == "serial":
-                        serial_summary = metrics.serial_summary(rows, requested=requested)
-                    elif record.makespan_seconds is None:
-                        refusals = ("fold.makespan_missing",)
-                    else:
-                        rung_summary = metrics.rung_summary(
-                            rows,
-                            concurrency=concurrency,
-                            requested_requests=requested,
-                            makespan_seconds=record.makespan_seconds,
-                            ttft_slo_ms=opened.ttft_slo_ms if opened else None,
-                            tpot_slo_ms=opened.tpot_slo_ms if opened else None,
-                        )
-                except Refused as refused:
-                    refusals = tuple(sorted(set(refused.codes)))
+                rung_summary, serial_summary, refusals = _summarise(
+                    kind, rows, record, opened, concurrency=concurrency, requested=requested
+                )
             status = record.status if record else "not-run"
             if plan is None:
                 problems.append(f"rung {index} was not planned")
@@ -529,6 +516,35 @@ class CellFold:
         if not planned:
             problems.append("no rung was planned")
         return Measurement(kind=kind, complete=not problems, rungs=tuple(rungs)), problems
+
+
+def _summarise(
+    kind: str,
+    rows: tuple[RequestRow, ...],
+    record: RungCompleted,
+    opened: CellOpened | None,
+    *,
+    concurrency: int,
+    requested: int,
+) -> tuple[RungSummary | None, SerialSummary | None, tuple[str, ...]]:
+    """A reported rung's summary from the metrics functions (a rung summary for a concurrent
+    cell, a serial one for a serial cell), or the codes the roster was refused with."""
+    try:
+        if kind == "serial":
+            return None, metrics.serial_summary(rows, requested=requested), ()
+        if record.makespan_seconds is None:
+            return None, None, ("fold.makespan_missing",)
+        summary = metrics.rung_summary(
+            rows,
+            concurrency=concurrency,
+            requested_requests=requested,
+            makespan_seconds=record.makespan_seconds,
+            ttft_slo_ms=opened.ttft_slo_ms if opened else None,
+            tpot_slo_ms=opened.tpot_slo_ms if opened else None,
+        )
+    except Refused as refused:
+        return None, None, tuple(sorted(set(refused.codes)))
+    return summary, None, ()
 
 
 def _clean(cleanup: CleanupOutcome) -> bool:
