@@ -18,6 +18,7 @@ from cache_family.schemas.journal import (
     Fault,
     InterruptFinishFailed,
     JournalLine,
+    PinDrift,
     Record,
     RequestOutcome,
     RowOpened,
@@ -126,6 +127,34 @@ def test_pin_mismatch_before_launch_fails_without_launching() -> None:
     assert receipt.host is None and receipt.lifecycle == ("pin-verify", "cleanup", "finalize")
     assert "pin_mismatch" in fault_kinds(receipt)
     assert not receipt.pins_before[1].matches
+
+
+@pytest.mark.parametrize(
+    ("phase", "drift_record", "ceiling", "faults"),
+    [
+        ("before", True, "failed", ["pin_drift"]),
+        ("before", False, "failed", []),
+        ("after", True, "incomplete", ["pin_drift"]),
+        ("after", False, "incomplete", []),
+    ],
+)
+def test_a_pin_that_differs_lowers_the_cell_by_phase(
+    phase: str, drift_record: bool, ceiling: str, faults: list[str]
+) -> None:
+    """Before launch a differing pin fails the cell; after the ladder it keeps the measurements
+    and refuses parity. A ``pin_drift`` record adds its fault; the observation alone lowers."""
+    script = CellScript()
+    script.pins(phase, drift=True)
+    records = [r for r in script.records if drift_record or not isinstance(r, PinDrift)]
+    assert any(isinstance(r, PinDrift) for r in records) == drift_record
+    cell = CellFold(script.cell_id)
+    for line in journal(*records):
+        cell.apply(line)
+    assert cell.ceiling == ceiling
+    assert [f.kind for f in cell.faults] == faults
+    assert cell.drifted == cell.parity_refused == (phase == "after")
+    table = cell.pins_after if phase == "after" else cell.pins_before
+    assert [pin.matches for pin in table.values()] == [True, False]
 
 
 @pytest.mark.parametrize(

@@ -184,15 +184,21 @@ class CellFold:
     def _lower(self, status: ReceiptStatus) -> None:
         self.ceiling = meet(self.ceiling, status)
 
-    def _fault(self, seq: int | None, kind: str, detail: str = "") -> None:
+    def _note_fault(self, seq: int | None, kind: str, detail: str) -> None:
         self.faults.append(FaultEntry(seq=seq, kind=kind, state=self.state.value, detail=detail))
+
+    def _fault(self, seq: int | None, kind: str, detail: str = "") -> None:
+        self._note_fault(seq, kind, detail)
         self._lower("failed" if self.state in _BEFORE_READY else "incomplete")
 
-    def _custody_fault(self, seq: int | None, kind: str, detail: str) -> None:
-        """Late custody failures keep the observations but refuse parity."""
-        self.faults.append(FaultEntry(seq=seq, kind=kind, state=self.state.value, detail=detail))
+    def _refuse_parity(self) -> None:
+        """Late failures keep the observations but refuse parity."""
         self._lower("incomplete")
         self.parity_refused = True
+
+    def _custody_fault(self, seq: int | None, kind: str, detail: str) -> None:
+        self._note_fault(seq, kind, detail)
+        self._refuse_parity()
 
     def _terminal(self, refusal: TerminalRefusal) -> None:
         if self.terminal_refusal is None:
@@ -263,8 +269,7 @@ class CellFold:
         if event == CellEvent.PINS_MISMATCH:
             if from_state == CellState.POST_VERIFY:
                 self.drifted = True
-                self.parity_refused = True
-                self._lower("incomplete")
+                self._refuse_parity()
             else:
                 self._lower("failed")
         elif event == CellEvent.FAULT:
@@ -289,24 +294,19 @@ class CellFold:
         table = self.pins_after if record.phase == "after" else self.pins_before
         if isinstance(record, PinObserved) or record.name not in table:
             table[record.name] = entry
-        if isinstance(record, PinDrift) or not matches:
+        if matches and isinstance(record, PinObserved):
+            return
+        # Drift after the ladder keeps the measurements; a pin that differs before launch fails.
+        if record.phase == "after":
+            self.drifted = True
+            self._refuse_parity()
+        else:
+            self._lower("failed")
+        if isinstance(record, PinDrift):
             detail = (
                 f"{record.name}: expected {record.expected_sha256}, got {record.observed_sha256}"
             )
-            if record.phase == "after":
-                self.drifted = True
-                if isinstance(record, PinDrift):
-                    self._custody_fault(seq, "pin_drift", detail)
-                else:
-                    self._lower("incomplete")
-                    self.parity_refused = True
-            elif isinstance(record, PinDrift):
-                self.faults.append(
-                    FaultEntry(seq=seq, kind="pin_drift", state=self.state.value, detail=detail)
-                )
-                self._lower("failed")
-            else:
-                self._lower("failed")
+            self._note_fault(seq, "pin_drift", detail)
 
     def _rung(self, seq: int, record: RungCompleted) -> None:
         self.rungs[record.rung_index] = record
