@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from typing import Any
 
 import msgspec
 import pytest
@@ -14,6 +15,7 @@ from cache_family.schemas.journal import (
     ArmPlan,
     Cancellation,
     CellOpened,
+    CleanupOutcome,
     DeadlineExpired,
     Fault,
     InterruptFinishFailed,
@@ -33,6 +35,7 @@ from cache_family.schemas.matrix import (
     MatrixCatalog,
     encode_matrix,
 )
+from cache_family.schemas.measurement import CleanupOutcome as HostCleanupOutcome
 from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import (
     SYNTHETIC_EVIDENCE_CLASS,
@@ -203,6 +206,36 @@ def test_post_run_drift_keeps_measurements_and_refuses_parity() -> None:
     assert receipt.measurement.complete and len(receipt.measurement.rungs) == 2
     assert [f.kind for f in receipt.faults] == ["pin_drift"]
     assert receipt.faults[0].state == "post-verify"
+
+
+@pytest.mark.parametrize("flags", list(itertools.product([False, True], repeat=8)))
+def test_the_cleanup_verdict_is_custodys_and_every_unclean_cleanup_is_a_fault(
+    flags: tuple[bool, ...],
+) -> None:
+    graceful, forced, escaped, survived, port_free, removed, truncated, bounded = flags
+    fields: dict[str, Any] = {
+        "pid": 4242,
+        "graceful": graceful,
+        "forced": forced,
+        "exit_code": 0,
+        "escaped_descendants": (7,) if escaped else (),
+        "surviving_descendants": (8,) if survived else (),
+        "port_free": port_free,
+        "state_dir_removed": removed,
+        "capture_truncated": truncated,
+        "oversized_lines": 0,
+        "bounded_out": bounded,
+    }
+    custody_verdict = HostCleanupOutcome(**fields).clean
+    script = CellScript().happy()
+    records = [
+        CleanupOutcome(cell_id=script.cell_id, **fields) if isinstance(r, CleanupOutcome) else r
+        for r in script.records
+    ]
+    receipt = fold_cell(journal(*records), script.cell_id)
+    assert receipt.cleanup is not None and receipt.cleanup.clean == custody_verdict
+    assert (receipt.status == "completed") == custody_verdict
+    assert receipt.accepted_for_parity == custody_verdict
 
 
 def test_forced_kill_keeps_measurements_and_refuses_parity() -> None:

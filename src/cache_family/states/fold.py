@@ -330,32 +330,10 @@ class CellFold:
 
     def _cleanup(self, seq: int, record: CleanupOutcome) -> None:
         self.cleanup = record
-        problems = []
-        if record.forced:
-            problems.append("host needed SIGKILL")
-        if not record.graceful and not record.forced:
-            problems.append("host did not end gracefully")
-        if record.escaped_descendants:
-            problems.append(
-                f"descendants escaped the process group: {list(record.escaped_descendants)}"
-            )
-        if record.surviving_descendants:
-            problems.append(f"descendants survived: {list(record.surviving_descendants)}")
-        if not record.port_free:
-            problems.append("port still bound")
-        if not record.state_dir_removed:
-            why = f" ({record.state_dir_error})" if record.state_dir_error else ""
-            problems.append(f"state dir not removed{why}")
-        if record.bounded_out:
-            problems.append("cleanup ran past its time bound")
-        if problems:
+        custody, capture = _cleanup_problems(record)
+        if custody:
             kind = "cleanup_forced" if record.forced else "cleanup_unclean"
-            self._custody_fault(seq, kind, "; ".join(problems))
-        capture = []
-        if record.capture_truncated:
-            capture.append("host output capture was truncated")
-        if record.oversized_lines:
-            capture.append(f"{record.oversized_lines} oversized output line(s) were cut")
+            self._custody_fault(seq, kind, "; ".join(custody))
         if capture:
             self._custody_fault(seq, "capture_truncated", "; ".join(capture))
 
@@ -547,19 +525,37 @@ def _summarise(
     return summary, None, ()
 
 
+def _cleanup_problems(record: CleanupOutcome) -> tuple[list[str], list[str]]:
+    """What custody's cleanup left undone, and what was lost of the host's output capture."""
+    custody = []
+    if record.forced:
+        custody.append("host needed SIGKILL")
+    if not record.graceful and not record.forced:
+        custody.append("host did not end gracefully")
+    if record.escaped_descendants:
+        custody.append(f"descendants escaped the process group: {list(record.escaped_descendants)}")
+    if record.surviving_descendants:
+        custody.append(f"descendants survived: {list(record.surviving_descendants)}")
+    if not record.port_free:
+        custody.append("port still bound")
+    if not record.state_dir_removed:
+        why = f" ({record.state_dir_error})" if record.state_dir_error else ""
+        custody.append(f"state dir not removed{why}")
+    if record.bounded_out:
+        custody.append("cleanup ran past its time bound")
+    capture = []
+    if record.capture_truncated:
+        capture.append("host output capture was truncated")
+    if record.oversized_lines:
+        capture.append(f"{record.oversized_lines} oversized output line(s) were cut")
+    return custody, capture
+
+
 def _clean(cleanup: CleanupOutcome) -> bool:
-    """Custody's own verdict (``schemas.measurement.CleanupOutcome.clean``) from the record."""
-    return (
-        cleanup.graceful
-        and not cleanup.forced
-        and not cleanup.escaped_descendants
-        and not cleanup.surviving_descendants
-        and cleanup.port_free
-        and cleanup.state_dir_removed
-        and not cleanup.capture_truncated
-        and cleanup.oversized_lines == 0
-        and not cleanup.bounded_out
-    )
+    """Custody's own verdict (``schemas.measurement.CleanupOutcome.clean``) from the record:
+    nothing left undone and the whole capture kept."""
+    custody, capture = _cleanup_problems(cleanup)
+    return not custody and not capture
 
 
 def lines_through(lines: Iterable[JournalLine], through_seq: int | None) -> Iterable[JournalLine]:
