@@ -34,16 +34,14 @@ from cache_family.actors.preparation import (
     STDOUT_LOG,
     InterruptLatch,
     ParentReport,
-    WorkerEvents,
     _publish,
     _read_observations,
-    admit,
     observe,
-    parse_overrides,
     revoke_if_late,
     run_prepare,
-    supervise_worker,
 )
+from cache_family.actors.preparation_admission import admit, parse_overrides
+from cache_family.actors.preparation_supervisor import WorkerEvents, supervise_worker
 from cache_family.actors.publish import publish_fresh
 from cache_family.cli import build_parser, main, normalize_argv
 from cache_family.errors import Refused
@@ -533,10 +531,10 @@ def test_bytes_changed_after_their_header_was_read_are_refused(
     box: Toolbox, tmp_path: Path
 ) -> None:
     from cache_family.actors.pins import NullProgress
-    from cache_family.actors.preparation import _Gathered, examine_models, hash_models
+    from cache_family.actors.preparation_models import Gathered, examine_models, hash_models
 
     preset = packaged_catalog().catalog.preset("llama")
-    gathered = _Gathered()
+    gathered = Gathered()
     looks = examine_models([preset], str(box.hub.root), None, gathered)
     assert gathered.refusals == [] and looks[0].identity is not None
     with box.hub.model("llama").blob_paths[0].open("ab") as blob:

@@ -33,6 +33,11 @@ observations kept; 130 interrupted. A worker that refuses still publishes ``obse
 with ``complete: false``, every refusal it found and what it had observed until then (pins
 of tools, trees and models); the parent prints those refusals before its own summary.
 
+Step 1 is :mod:`~cache_family.actors.preparation_admission`; running and stopping the worker
+(step 2) is :mod:`~cache_family.actors.preparation_supervisor`; the models' layout, identity
+and pins (step 3) are :mod:`~cache_family.actors.preparation_models`. This module is the parent
+and the worker that tie them together.
+
 Test-only parameters of :func:`run_prepare` (``budget_seconds``, ``after_publish``) are
 reachable from Python only: never from the command line, the environment or the operator
 input (whose ``preparation_seconds`` is at least 30).
@@ -46,7 +51,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -54,36 +58,34 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, Final, Literal, Protocol, TextIO
+from typing import IO, Final, TextIO
 
 import msgspec
 import trio
 
-from cache_family.actors.pins import (
-    Budget,
-    FilePin,
-    HashJob,
-    ProgressSink,
-    RichProgress,
-    TreePin,
-    canonical_regular_file,
-    hash_files,
-    is_terminal,
-    pin_tree,
+from cache_family.actors.pins import Budget, FilePin, TreePin, pin_tree
+from cache_family.actors.preparation_admission import Admission, admit, load_plan_catalog
+from cache_family.actors.preparation_models import (
+    Gathered,
+    examine_models,
+    hash_models,
+    missing_observation,
+    pin_files,
+)
+from cache_family.actors.preparation_supervisor import (
+    GRACE_SECONDS,
+    WorkerEvents,
+    WorkerOutcome,
+    supervise_worker,
+    worker_environment,
 )
 from cache_family.actors.publish import Published, publish_fresh, revoke
 from cache_family.errors import Refusal, Refused, json_path
-from cache_family.schemas.bounded import MIB, read_bounded
-from cache_family.schemas.catalog import LoadedCatalog, Preset, load_catalog
+from cache_family.schemas.bounded import read_bounded
+from cache_family.schemas.catalog import LoadedCatalog
 from cache_family.schemas.catalog import packaged_catalog as _packaged_catalog
-from cache_family.schemas.corpus import LoadedCorpus, default_corpus_path, load_corpus
-from cache_family.schemas.gguf_header import (
-    ZOO_SYNTHETIC_TAG,
-    FileIdentity,
-    file_identity,
-    read_gguf_header,
-)
-from cache_family.schemas.operator import OperatorInput, PlanInput, validate_operator_object
+from cache_family.schemas.corpus import LoadedCorpus, load_corpus
+from cache_family.schemas.operator import PlanInput
 from cache_family.schemas.prepared import (
     OBSERVATIONS_MAX_BYTES,
     PREPARED_INPUT_MAX_BYTES,
@@ -91,7 +93,6 @@ from cache_family.schemas.prepared import (
     RELAYED_REFUSALS_MAX,
     REQUEST_MAX_BYTES,
     CatalogUsed,
-    CorpusSource,
     CorpusUsed,
     FilePinRecord,
     Mode,
@@ -101,7 +102,6 @@ from cache_family.schemas.prepared import (
     PreparationRequest,
     PreparedInput,
     RefusalRecord,
-    ShardPin,
     SourceCommits,
     ToolPins,
     TreePinRecord,
@@ -126,335 +126,15 @@ EXIT_INTERRUPTED: Final = 130
 # The worker's own code for "my budget ran out", so the parent can say which refusal it was.
 WORKER_EXIT_DEADLINE: Final = 124
 
-OPERATOR_MAX_BYTES: Final = MIB
-CORPUS_ENV: Final = "SKIPPY_CACHE_USECASE_CORPUS"
 REQUEST_NAME: Final = "request.json"
 OBSERVATIONS_NAME: Final = "observations.json"
 INPUT_NAME: Final = "cache-family-input.json"
 STDOUT_LOG: Final = "prepare.stdout.log"
 STDERR_LOG: Final = "prepare.stderr.log"
 
-GRACE_SECONDS: Final = 12.0
-KILL_WAIT_SECONDS: Final = 5.0
-DRAIN_SECONDS: Final = 5.0
 # The worker's budget ends this much before the parent's, so it can refuse on its own terms.
 WORKER_MARGIN_SECONDS: Final = 5.0
-STDOUT_LOG_MAX_BYTES: Final = 16 * MIB
-EVENT_LINE_MAX_BYTES: Final = 64 * 1024
 PROGRESS_INTERVAL_SECONDS: Final = 0.2
-
-COMMAND_MODES: Final[Mapping[str, Mode]] = {
-    "prepare-full": "full",
-    "prepare-use-cases": "use-cases",
-}
-OVERRIDE_FIELDS: Final[Mapping[str, str]] = {
-    "--prefix-tokens": "prefix_tokens",
-    "--runtime-lane-count": "runtime_lane_count",
-    "--llama-parallel": "llama_parallel",
-    "--llama-repeats": "llama_repeats",
-    "--cache-hit-repeats": "cache_hit_repeats",
-}
-CORPUS_FLAG: Final = "--use-case-corpus"
-U32_MAX: Final = 2**32 - 1
-
-
-# --- overrides ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Overrides:
-    plan_fields: Mapping[str, int]
-    corpus: str | None
-
-
-def parse_overrides(arguments: Sequence[str]) -> Overrides:
-    """``--name VALUE`` (or ``--name=VALUE``) pairs; each name once; unknown names refused."""
-    refusals: list[Refusal] = []
-    values: dict[str, int] = {}
-    corpus: str | None = None
-    seen: set[str] = set()
-    items = list(arguments)
-    if items[:1] == ["--"]:
-        items = items[1:]
-    position = 0
-
-    def refuse(code: str, message: str, hint: str) -> None:
-        refusals.append(Refusal(code, "$.cli", message, hint))
-
-    while position < len(items):
-        token = items[position]
-        name, has_inline, inline = token.partition("=")
-        if not token.startswith("--") or name not in (*OVERRIDE_FIELDS, CORPUS_FLAG):
-            refuse(
-                "preparation.override.unknown",
-                f"unknown argument {token!r}",
-                "overrides are --use-case-corpus ABS, --prefix-tokens, --runtime-lane-count, "
-                "--llama-parallel, --llama-repeats, --cache-hit-repeats N",
-            )
-            position += 1
-            # an unknown --flag's value is part of the same mistake, not a second one
-            if token.startswith("--") and not has_inline and position < len(items):
-                position += 0 if items[position].startswith("--") else 1
-            continue
-        if has_inline:
-            value: str | None = inline
-            position += 1
-        elif position + 1 < len(items):
-            value = items[position + 1]
-            position += 2
-        else:
-            value = None
-            position += 1
-        if name in seen:
-            refuse(
-                "preparation.override.duplicate",
-                f"{name} is given more than once",
-                "give each override at most once",
-            )
-            continue
-        seen.add(name)
-        if value is None:
-            refuse(
-                "preparation.override.missing_value", f"{name} has no value", f"write {name} VALUE"
-            )
-            continue
-        if name == CORPUS_FLAG:
-            if not Path(value).is_absolute():
-                refuse(
-                    "preparation.override.not_absolute",
-                    f"{name} {value!r} is not an absolute path",
-                    "give an absolute path",
-                )
-            corpus = value
-            continue
-        if not value.isascii() or not value.isdigit() or not 0 < int(value) <= U32_MAX:
-            refuse(
-                "preparation.override.bad_value",
-                f"{name} {value!r} is not a whole number from 1 to {U32_MAX}",
-                "give a positive whole number",
-            )
-            continue
-        values[OVERRIDE_FIELDS[name]] = int(value)
-    if refusals:
-        raise Refused(tuple(refusals))
-    return Overrides(plan_fields=values, corpus=corpus)
-
-
-# --- admission ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """Everything decided before the first write."""
-
-    mode: Mode
-    operator: OperatorInput
-    catalog: LoadedCatalog
-    corpus: LoadedCorpus | None
-    corpus_source: CorpusSource | None
-    output: str  # canonical parent + the new name
-    budget_seconds: float
-
-
-def _strict_json(data: bytes, what: str) -> Any:
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        names = [name for name, _ in items]
-        if len(set(names)) != len(names):
-            raise ValueError(f"a member name appears twice in one object ({names})")
-        return dict(items)
-
-    def constant(name: str) -> object:
-        raise ValueError(f"{name} is not a JSON number")
-
-    try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=pairs, parse_constant=constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise Refused.one(
-            "operator.json.decode",
-            "$",
-            f"the {what} is not strict UTF-8 JSON: {exc}",
-            "write one UTF-8 JSON object, each member once, without NaN or Infinity",
-        ) from None
-
-
-def _select_corpus(
-    mode: Mode, overrides: Overrides, environ: Mapping[str, str], declared: object
-) -> tuple[LoadedCorpus | None, CorpusSource | None]:
-    """prepare-use-cases: --use-case-corpus, else $SKIPPY_CACHE_USECASE_CORPUS, else the
-    plan's own corpus (checked against its pin), else the checked-in corpus. prepare-full
-    selects none and refuses --use-case-corpus (reading a corpus it then ignored would
-    suggest the prompts were used)."""
-    if mode == "full":
-        if overrides.corpus is not None:
-            raise Refused.one(
-                "preparation.override.corpus_for_full",
-                "$.cli",
-                f"prepare-full plans no use cases, so {CORPUS_FLAG} {overrides.corpus} "
-                "would be ignored",
-                f"drop {CORPUS_FLAG}, or run prepare-use-cases to plan every use case of it",
-            )
-        return None, None
-    if overrides.corpus is not None:
-        return load_corpus(overrides.corpus), "override"
-    from_env = environ.get(CORPUS_ENV)
-    if from_env:
-        if not Path(from_env).is_absolute():
-            raise Refused.one(
-                "preparation.corpus_env_not_absolute",
-                f"$env.{CORPUS_ENV}",
-                f"{CORPUS_ENV}={from_env!r} is not an absolute path",
-                "give an absolute path",
-            )
-        return load_corpus(from_env), "environment"
-    if isinstance(declared, dict) and isinstance(declared.get("path"), str):
-        loaded = load_corpus(declared["path"])
-        _refuse_unless_declared("corpus", loaded.path, loaded.sha256, declared.get("sha256"))
-        return loaded, "operator-plan"
-    return load_corpus(default_corpus_path()), "checked-in"
-
-
-def _refuse_unless_declared(
-    what: Literal["catalog", "corpus"], path: str, sha256: str, declared: object
-) -> None:
-    """The plan's catalog or corpus must be the bytes its ``sha256`` declares."""
-    if sha256 != declared:
-        raise Refused.one(
-            f"preparation.{what}_pin_mismatch",
-            f"$.plan.{what}.sha256",
-            f"{what} {path} has SHA-256 {sha256}, not the declared one",
-            f"restore the {what} or update plan.{what}.sha256",
-        )
-
-
-def load_plan_catalog(plan: PlanInput) -> LoadedCatalog:
-    """The catalog a plan names (its bytes must match the pin), else the packaged one."""
-    if plan.catalog is None:
-        return _packaged_catalog()
-    loaded = load_catalog(plan.catalog.path)
-    _refuse_unless_declared("catalog", loaded.path, loaded.sha256, plan.catalog.sha256)
-    return loaded
-
-
-def _inside(child: str, parent: str) -> bool:
-    return child == parent or child.startswith(parent.rstrip("/") + "/")
-
-
-def _check_output(output: str, operator: OperatorInput) -> str:
-    if not Path(output).is_absolute():
-        raise Refused.one(
-            "preparation.output_not_absolute",
-            "$.output",
-            f"output {output!r} is not absolute",
-            "give an absolute path for a directory that does not exist yet",
-        )
-    if os.path.lexists(output):
-        raise Refused.one(
-            "preparation.output_exists",
-            "$.output",
-            f"output {output} already exists",
-            "choose a fresh output path; preparation never writes into an existing one",
-        )
-    parent = os.path.dirname(output.rstrip("/")) or "/"
-    if not Path(parent).is_dir():
-        raise Refused.one(
-            "preparation.output_parent_missing",
-            "$.output",
-            f"the parent directory of {output} does not exist",
-            "create the parent directory first",
-        )
-    canonical = os.path.join(os.path.realpath(parent), os.path.basename(output.rstrip("/")))
-    guarded = [
-        ("$.native_build", operator.native_build),
-        ("$.plan.cache_root", operator.plan.cache_root),
-    ]
-    guarded += [
-        (json_path(["toolkit_directories", name]), toolkit.path)
-        for name, toolkit in operator.toolkit_directories.items()
-    ]
-    refusals = []
-    for where, tree in guarded:
-        tree_canonical = os.path.realpath(tree)
-        if _inside(canonical, tree_canonical) or _inside(tree_canonical, canonical):
-            refusals.append(
-                Refusal(
-                    "preparation.output_not_disjoint",
-                    where,
-                    f"output {canonical} overlaps {tree_canonical}",
-                    "write the prepared input outside the build, cache and toolkit trees",
-                )
-            )
-    if refusals:
-        raise Refused(tuple(refusals))
-    return canonical
-
-
-def admit(
-    command: str,
-    input_path: str,
-    output: str,
-    overrides: Sequence[str],
-    *,
-    environ: Mapping[str, str],
-) -> Admission:
-    """Every check that needs no write; raises :class:`Refused` (exit 2) with all it found."""
-    mode = COMMAND_MODES.get(command)
-    if mode is None:
-        raise Refused.one(
-            "preparation.command",
-            "$.cli",
-            f"unknown command {command!r}",
-            "use prepare-full or prepare-use-cases",
-        )
-    parsed = parse_overrides(overrides)
-    raw = read_bounded(input_path, OPERATOR_MAX_BYTES, what="operator input")
-    document = _strict_json(raw.data, "operator input")
-    if not isinstance(document, dict):
-        raise Refused.one(
-            "operator.type", "$", "the operator input is not an object", "write one JSON object"
-        )
-    refusals: list[Refusal] = []
-    plan = document.get("plan")
-    corpus: LoadedCorpus | None = None
-    corpus_source: CorpusSource | None = None
-    try:
-        corpus, corpus_source = _select_corpus(
-            mode, parsed, environ, plan.get("corpus") if isinstance(plan, dict) else None
-        )
-    except Refused as refused:
-        refusals.extend(refused.refusals)
-    if isinstance(plan, dict):
-        plan = dict(plan)
-        plan.update(parsed.plan_fields)
-        # Without a usable corpus the plan is validated as a full one: its refusal is enough.
-        plan["use_cases"] = ["all"] if corpus is not None else []
-        plan["corpus"] = (
-            {"path": corpus.path, "sha256": corpus.sha256} if corpus is not None else None
-        )
-        document = {**document, "plan": plan}
-    try:
-        operator = validate_operator_object(document)
-    except Refused as refused:
-        raise Refused((*refusals, *refused.refusals)) from None
-    try:
-        catalog = load_plan_catalog(operator.plan)
-        check_selection(operator.plan, catalog.catalog, corpus.corpus if corpus else None)
-    except Refused as refused:
-        refusals.extend(refused.refusals)
-    try:
-        canonical_output = _check_output(output, operator)
-    except Refused as refused:
-        refusals.extend(refused.refusals)
-    if refusals:
-        raise Refused(tuple(refusals))
-    return Admission(
-        mode=mode,
-        operator=operator,
-        catalog=catalog,
-        corpus=corpus,
-        corpus_source=corpus_source,
-        output=canonical_output,
-        budget_seconds=float(operator.preparation_seconds),
-    )
 
 
 # --- signals -----------------------------------------------------------------------------------
@@ -486,198 +166,6 @@ class InterruptLatch:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-
-
-# --- supervising the worker --------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class WorkerOutcome:
-    returncode: int | None = None
-    exited_in_time: bool = False
-    cancelled: bool = False
-    deadline_expired: bool = False
-    terminated: bool = False  # SIGTERM sent
-    killed: bool = False  # SIGKILL needed
-    stdout_truncated: bool = False
-    pid: int | None = None
-
-    @property
-    def clean(self) -> bool:
-        return (
-            self.returncode == 0
-            and self.exited_in_time
-            and not (self.cancelled or self.deadline_expired or self.killed)
-            and not self.stdout_truncated
-        )
-
-
-class EventSink(Protocol):
-    """Receives each complete line the worker writes on stdout."""
-
-    def handle(self, line: bytes) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class WorkerEvents:
-    """Renders the worker's JSON-lines events: phase lines always, a bar on a terminal."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.bar = RichProgress(stream, "hashing") if is_terminal(stream) else None
-        self.phases: list[str] = []
-
-    def handle(self, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return
-        if not isinstance(event, dict):
-            return
-        kind = event.get("event")
-        if kind == "phase" and isinstance(event.get("text"), str):
-            self.phases.append(event["text"])
-            if self.bar is not None:
-                self.bar.end()
-            print(f"preparation: {event['text']}", file=self.stream, flush=True)
-        elif kind == "progress" and self.bar is not None:
-            done, total = event.get("done"), event.get("total")
-            if isinstance(done, int) and isinstance(total, int):
-                self.bar.set_completed(done, total, f"hashing {event.get('files', '?')} file(s)")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.end()
-
-
-async def _pump_stdout(
-    stream: trio.abc.ReceiveStream,
-    log: IO[bytes],
-    events: EventSink | None,
-    outcome: WorkerOutcome,
-) -> None:
-    written = 0
-    pending = b""
-    while True:
-        chunk = await stream.receive_some(64 * 1024)
-        if not chunk:
-            break
-        room = STDOUT_LOG_MAX_BYTES - written
-        if len(chunk) > room:
-            outcome.stdout_truncated = True
-        if room > 0:
-            log.write(chunk[:room])
-            log.flush()
-            written += min(room, len(chunk))
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        if len(pending) > EVENT_LINE_MAX_BYTES:
-            pending = b""  # an event line is never this long: drop it
-        if events is not None:
-            for line in lines:
-                events.handle(line)
-
-
-async def _stop_process(process: trio.Process, outcome: WorkerOutcome, grace: float) -> None:
-    """SIGTERM the worker's process group, wait ``grace``, then SIGKILL; shielded, bounded."""
-    with trio.CancelScope(shield=True):
-        if process.returncode is not None:
-            return
-        outcome.terminated = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with trio.move_on_after(grace):
-            await process.wait()
-        if process.returncode is None:
-            outcome.killed = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with trio.move_on_after(KILL_WAIT_SECONDS):
-                await process.wait()
-
-
-async def _first_of(
-    process: trio.Process, cancel: trio.Event, deadline: float
-) -> Literal["exited", "cancelled", "deadline"]:
-    """Wait for whichever comes first: the process exits, ``cancel`` is set, the deadline."""
-    ended: list[Literal["exited", "cancelled"]] = []
-    async with trio.open_nursery() as waiters:
-        waiters.cancel_scope.deadline = deadline
-
-        async def exits() -> None:
-            await process.wait()
-            ended.append("exited")
-            waiters.cancel_scope.cancel()
-
-        async def cancelled() -> None:
-            await cancel.wait()
-            ended.append("cancelled")
-            waiters.cancel_scope.cancel()
-
-        waiters.start_soon(exits)
-        waiters.start_soon(cancelled)
-    return ended[0] if ended else "deadline"
-
-
-async def supervise_worker(
-    argv: Sequence[str],
-    *,
-    env: Mapping[str, str],
-    cwd: str,
-    stdout_log: str,
-    stderr_log: str,
-    deadline: float,
-    cancel: trio.Event,
-    grace_seconds: float = GRACE_SECONDS,
-    events: EventSink | None = None,
-    on_start: Callable[[int], None] | None = None,
-) -> WorkerOutcome:
-    """Run the worker until it exits, ``cancel`` is set or ``deadline`` (trio time) passes."""
-    outcome = WorkerOutcome()
-    if cancel.is_set():
-        outcome.cancelled = True
-        return outcome
-    with open(stdout_log, "xb") as out_log, open(stderr_log, "xb") as err_log:
-        process = await trio.lowlevel.open_process(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=err_log,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-        )
-        outcome.pid = process.pid
-        if on_start is not None:
-            on_start(process.pid)
-        assert process.stdout is not None
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_pump_stdout, process.stdout, out_log, events, outcome)
-                first = await _first_of(process, cancel, deadline)
-                outcome.exited_in_time = first == "exited"
-                outcome.cancelled = first == "cancelled"
-                outcome.deadline_expired = first == "deadline"
-                await _stop_process(process, outcome, grace_seconds)
-                # The pump ends at EOF; a pipe held open by a stray grandchild is not waited on.
-                nursery.cancel_scope.deadline = trio.current_time() + DRAIN_SECONDS
-        finally:
-            with trio.CancelScope(shield=True):
-                await _stop_process(process, outcome, grace_seconds)
-                await process.stdout.aclose()
-        outcome.returncode = process.returncode
-    if events is not None:
-        events.close()
-    return outcome
-
-
-def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """PATH, and PYTHONPATH only when the parent itself runs from one; nothing else."""
-    env = {"PATH": environ.get("PATH", os.defpath), "PYTHONSAFEPATH": "1"}
-    if environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = environ["PYTHONPATH"]
-    return env
 
 
 # --- the parent --------------------------------------------------------------------------------
@@ -1091,471 +579,6 @@ def _tree_record(pin: TreePin) -> TreePinRecord:
     return TreePinRecord(path=pin.path, sha256=pin.sha256, files=pin.files, size=pin.size)
 
 
-class _Gathered:
-    """Refusals of every check so far, so one run reports them all; cancellation or the
-    deadline (a ``budget.*`` refusal) ends the run at once, with what was gathered."""
-
-    def __init__(self) -> None:
-        self.refusals: list[Refusal] = []
-
-    def add(self, refused: Refused) -> None:
-        budget = [r for r in refused.refusals if r.code.startswith("budget.")]
-        if budget:
-            raise Refused((*self.refusals, budget[0]))
-        self.refusals.extend(refused.refusals)
-
-    def raise_any(self) -> None:
-        if self.refusals:
-            raise Refused(tuple(self.refusals))
-
-
-def _pin_files(
-    named: Sequence[tuple[str, str, str]],
-    budget: Budget,
-    progress: ProgressSink,
-    gathered: _Gathered,
-) -> dict[str, FilePin]:
-    """Pin (name, path, json_path) triples: canonical regular files, hashed in parallel.
-
-    A file that is missing, not regular or unreadable is refused into ``gathered``; the
-    others are still pinned.
-    """
-    jobs: list[tuple[str, HashJob]] = []
-    for name, path, where in named:
-        try:
-            jobs.append(
-                (name, HashJob(canonical_regular_file(path, what=name, json_path=where), where))
-            )
-        except Refused as exc:
-            gathered.add(exc)
-    try:
-        pins = hash_files([job for _, job in jobs], budget, progress=progress)
-    except Refused as exc:
-        gathered.add(exc)
-        return {}
-    return {name: pin for (name, _), pin in zip(jobs, pins, strict=True)}
-
-
-# --- models: layout, identity, bytes ------------------------------------------------------------
-
-PACKAGE_MANIFEST_MAX_BYTES: Final = 4 * MIB
-
-
-@dataclass(frozen=True, slots=True)
-class _Identity:
-    """What a model's bytes claim to be, and the bytes the claim was read from."""
-
-    source: Literal["gguf-header", "package-manifest"]
-    architecture: str
-    block_count: int
-    context_length: int | None
-    synthetic_marker: str | None
-    file_identity: FileIdentity | None = None  # a GGUF header's file, as it was read
-    manifest_sha256: str | None = None  # the manifest bytes that were parsed
-
-
-@dataclass(slots=True)
-class _ModelLook:
-    preset: Preset
-    requested: str
-    kind: Literal["single-gguf", "split-gguf-first-shard", "layer-package-tree"] | None = None
-    canonical: str | None = None
-    entrypoint: str | None = None
-    pinned: str | None = None
-    root: str = "/"  # the canonical cache root every file must stay inside
-    shards: list[tuple[str, str, str]] = field(default_factory=list)  # name, logical, canonical
-    identity: _Identity | None = None
-
-    @property
-    def present(self) -> bool:
-        return self.kind is not None
-
-    @property
-    def files(self) -> list[tuple[str, str]]:
-        """(pin name, canonical path) of every file whose bytes are pinned."""
-        key = self.preset.key
-        if self.kind == "split-gguf-first-shard":
-            return [(f"{key}/{name}", canonical) for name, _, canonical in self.shards]
-        return [(key, self.pinned)] if self.pinned is not None else []
-
-
-def _look_at_model(preset: Preset, root: str) -> _ModelLook:
-    """Find a model's files without reading their bytes; refusals for a broken layout."""
-    requested = os.path.join(root, preset.snapshot_relative)
-    look = _ModelLook(preset=preset, requested=requested, root=root)
-    where = _case_where(preset.key)
-    if not os.path.lexists(requested):
-        return look
-
-    def inside(path: str, what: str) -> str:
-        canonical = os.path.realpath(path)
-        if not _inside(canonical, root):
-            raise Refused.one(
-                "preparation.model_outside_cache_root",
-                where,
-                f"{what} {path} resolves to {canonical}, outside the cache root {root}",
-                "keep every snapshot link pointing into the cache's own blobs",
-            )
-        if not os.path.exists(canonical):
-            raise Refused.one(
-                "preparation.model_unreadable",
-                where,
-                f"{what} {path} is a dangling link",
-                "repair or re-download the model",
-            )
-        return canonical
-
-    if preset.artifact_kind == "layer-package":
-        canonical = inside(requested, "layer package")
-        if not Path(canonical).is_dir():
-            raise Refused.one(
-                "preparation.package_not_directory",
-                where,
-                f"layer package {requested} is not a directory",
-                "a layer package is the snapshot directory holding manifest.json",
-            )
-        manifest = os.path.join(canonical, "manifest.json")
-        if not os.path.lexists(manifest):
-            raise Refused.one(
-                "preparation.package_manifest_missing",
-                where,
-                f"layer package {canonical} has no manifest.json",
-                "repair the package",
-            )
-        look.kind, look.canonical, look.entrypoint = "layer-package-tree", canonical, canonical
-        look.pinned = inside(manifest, "package manifest")
-        return look
-    if preset.artifact_kind == "split-gguf":
-        directory = inside(os.path.dirname(requested), "snapshot directory")
-        look.kind = "split-gguf-first-shard"
-        look.entrypoint = os.path.join(directory, os.path.basename(requested))
-        missing = []
-        for name in preset.shard_names:
-            logical = os.path.join(directory, name)
-            if not os.path.lexists(logical):
-                missing.append(name)
-                continue
-            look.shards.append((name, logical, inside(logical, "shard")))
-        if missing:
-            raise Refused.one(
-                "preparation.split_shard_missing",
-                where,
-                f"{preset.key} needs all {len(preset.shard_names)} shards; missing "
-                + ", ".join(missing),
-                "download every shard of the split model into the same snapshot",
-            )
-        look.canonical = look.pinned = look.shards[0][2]
-        return look
-    look.kind = "single-gguf"
-    look.canonical = look.entrypoint = look.pinned = inside(requested, "model")
-    return look
-
-
-def _case_where(key: str) -> str:
-    return json_path(["plan", "cases", key])
-
-
-def _identity_where(key: str) -> str:
-    return json_path(["plan", "model_sha256", key])
-
-
-def _not_the_preset(preset: Preset, path: str, differences: Sequence[str]) -> Refusal:
-    return Refusal(
-        "preparation.model_identity_mismatch",
-        _identity_where(preset.key),
-        f"{preset.key} ({preset.model_id}) at {path}: " + "; ".join(differences),
-        "put the model the catalog names at its snapshot path, or plan against a catalog "
-        "that describes these bytes (a zoo's own catalog.json for zoo models)",
-    )
-
-
-def _synthetic_refusal(preset: Preset, path: str) -> Refusal:
-    return Refusal(
-        "preparation.synthetic_model_in_real_catalog",
-        _identity_where(preset.key),
-        f"{preset.key} at {path} is a synthetic random-weight zoo model "
-        f"({ZOO_SYNTHETIC_TAG}), but its catalog preset is not marked synthetic",
-        "plan zoo models against the zoo's catalog.json, never as a real family",
-    )
-
-
-def _gguf_identity(look: _ModelLook) -> tuple[_Identity | None, list[Refusal]]:
-    """Compare the entrypoint's (split: first shard's) header with the preset."""
-    preset = look.preset
-    assert look.pinned is not None
-    header = read_gguf_header(look.pinned, json_path=_identity_where(preset.key))
-    differences = []
-    architecture, block_count = header.architecture, header.block_count
-    if architecture is None:
-        differences.append("the GGUF header has no general.architecture")
-    elif architecture != preset.architecture:
-        differences.append(
-            f"general.architecture is {architecture!r}, the catalog says {preset.architecture!r}"
-        )
-    if architecture is not None and block_count is None:
-        differences.append(f"the GGUF header has no {architecture}.block_count")
-    elif block_count is not None and preset.layer_end not in {
-        block_count,
-        # Converters count next-token-prediction layers in block_count (GLM-4.7-Flash:
-        # 47 trunk layers + 1); the catalog's layer_end counts the trunk.
-        block_count - header.nextn_predict_layers,
-    }:
-        extra = header.nextn_predict_layers
-        trunk = f" ({block_count - extra} without its {extra} prediction layer(s))" if extra else ""
-        differences.append(
-            f"{architecture}.block_count is {block_count}{trunk}, the catalog's layer_end is "
-            f"{preset.layer_end}"
-        )
-    if look.kind == "split-gguf-first-shard" and header.split_count != len(preset.shard_names):
-        differences.append(
-            f"split.count is {header.split_count}, the catalog names "
-            f"{len(preset.shard_names)} shards"
-        )
-    synthetic = ZOO_SYNTHETIC_TAG in header.tags
-    refusals = [_not_the_preset(preset, look.pinned, differences)] if differences else []
-    if synthetic and not preset.synthetic:
-        refusals.append(_synthetic_refusal(preset, look.pinned))
-    if refusals or architecture is None or block_count is None:
-        return None, refusals
-    return (
-        _Identity(
-            source="gguf-header",
-            architecture=architecture,
-            block_count=block_count,
-            context_length=header.context_length,
-            synthetic_marker=ZOO_SYNTHETIC_TAG if synthetic else None,
-            file_identity=header.identity,
-        ),
-        [],
-    )
-
-
-def _package_first_file_tags(look: _ModelLook, manifest: Mapping[str, Any]) -> tuple[str, ...]:
-    """The ``general.tags`` of the package's first listed GGUF, when the manifest lists one."""
-    files = manifest.get("files")
-    first = files[0] if isinstance(files, list) and files else None
-    relative = first.get("path") if isinstance(first, dict) else None
-    if not isinstance(relative, str) or not relative.endswith(".gguf") or look.canonical is None:
-        return ()
-    path = os.path.realpath(os.path.join(look.canonical, relative))
-    if not _inside(path, look.root):
-        raise Refused.one(
-            "preparation.model_outside_cache_root",
-            _identity_where(look.preset.key),
-            f"layer package file {relative} resolves to {path}, outside the cache",
-            "keep every package link pointing into the cache's own blobs",
-        )
-    return read_gguf_header(path, json_path=_identity_where(look.preset.key)).tags
-
-
-def _package_identity(look: _ModelLook) -> tuple[_Identity | None, list[Refusal]]:
-    """Compare a layer package manifest's architecture and layer_count with the preset."""
-    preset = look.preset
-    assert look.pinned is not None
-    where = _identity_where(preset.key)
-    raw = read_bounded(
-        look.pinned, PACKAGE_MANIFEST_MAX_BYTES, what="layer package manifest", json_path=where
-    )
-    manifest = _strict_json(raw.data, "layer package manifest")
-    architecture = manifest.get("architecture") if isinstance(manifest, dict) else None
-    layer_count = manifest.get("layer_count") if isinstance(manifest, dict) else None
-    if (
-        not isinstance(architecture, str)
-        or not isinstance(layer_count, int)
-        or isinstance(layer_count, bool)
-    ):
-        return None, [
-            Refusal(
-                "preparation.package_manifest_invalid",
-                where,
-                f"layer package manifest {look.pinned} does not state its architecture "
-                "(a string) and layer_count (a whole number)",
-                "rebuild the package with a builder that records what it was cut from",
-            )
-        ]
-    assert isinstance(manifest, dict)
-    differences = []
-    if architecture != preset.architecture:
-        differences.append(
-            f"the manifest's architecture is {architecture!r}, the catalog says "
-            f"{preset.architecture!r}"
-        )
-    if layer_count != preset.layer_end:
-        differences.append(
-            f"the manifest's layer_count is {layer_count}, the catalog's layer_end is "
-            f"{preset.layer_end}"
-        )
-    tags = manifest.get("tags")
-    synthetic = (isinstance(tags, list) and ZOO_SYNTHETIC_TAG in tags) or (
-        ZOO_SYNTHETIC_TAG in _package_first_file_tags(look, manifest)
-    )
-    refusals = [_not_the_preset(preset, look.pinned, differences)] if differences else []
-    if synthetic and not preset.synthetic:
-        refusals.append(_synthetic_refusal(preset, look.pinned))
-    if refusals:
-        return None, refusals
-    return (
-        _Identity(
-            source="package-manifest",
-            architecture=architecture,
-            block_count=layer_count,
-            context_length=None,
-            synthetic_marker=ZOO_SYNTHETIC_TAG if synthetic else None,
-            manifest_sha256=raw.sha256,
-        ),
-        [],
-    )
-
-
-def examine_models(
-    presets: Sequence[Preset], cache_root: str, artifact_tool: str | None, gathered: _Gathered
-) -> list[_ModelLook]:
-    """Layout, file kind and identity of every selected model, all refusals gathered; no
-    model byte beyond a GGUF header or a package manifest is read."""
-    looks: list[_ModelLook] = []
-    for preset in presets:
-        try:
-            look = _look_at_model(preset, cache_root)
-        except Refused as exc:
-            gathered.add(exc)
-            continue
-        looks.append(look)
-        if not look.present:
-            continue
-        where = _case_where(preset.key)
-        regular = True
-        for name, path in look.files:
-            try:
-                canonical_regular_file(path, what=name, json_path=where)
-            except Refused as exc:
-                gathered.add(exc)
-                regular = False
-        if not regular:
-            continue
-        try:
-            if look.kind == "layer-package-tree":
-                look.identity, refusals = _package_identity(look)
-            else:
-                look.identity, refusals = _gguf_identity(look)
-        except Refused as exc:
-            gathered.add(exc)
-            continue
-        gathered.refusals.extend(refusals)
-    needing_tool = [
-        look.preset.key
-        for look in looks
-        if look.present and look.preset.artifact_kind != "single-gguf"
-    ]
-    if needing_tool and artifact_tool is None:
-        gathered.refusals.append(
-            Refusal(
-                "preparation.artifact_tool_missing",
-                "$.artifact_tool",
-                f"{', '.join(needing_tool)} need the artifact tool (split or layer package "
-                "models) but artifact_tool is null",
-                "give the shard/package admission tool (skippy-package-builder)",
-            )
-        )
-    return looks
-
-
-def _missing(look: _ModelLook, declared: Mapping[str, str]) -> ModelObservation:
-    return ModelObservation(
-        status="missing-model",
-        requested=look.requested,
-        declared_revision=look.preset.revision,
-        declared_byte_sha256=declared.get(look.preset.key),
-    )
-
-
-def _changed_since_read(look: _ModelLook, pin: FilePin) -> bool:
-    """Whether the bytes hashed can differ from those whose identity was read."""
-    identity = look.identity
-    assert identity is not None
-    if identity.manifest_sha256 is not None:
-        return identity.manifest_sha256 != pin.sha256
-    try:
-        now = file_identity(os.stat(pin.path))
-    except OSError:
-        return True
-    return now != identity.file_identity or pin.size != now[2]
-
-
-def hash_models(
-    looks: Sequence[_ModelLook],
-    declared: Mapping[str, str],
-    budget: Budget,
-    progress: ProgressSink,
-    gathered: _Gathered,
-) -> dict[str, ModelObservation]:
-    """Pin every present model's bytes and record what it is; declared pins must match."""
-    named = [
-        (name, path, _case_where(look.preset.key)) for look in looks for name, path in look.files
-    ]
-    pins = _pin_files(named, budget, progress, gathered)
-    observations: dict[str, ModelObservation] = {}
-    for look in looks:
-        key = look.preset.key
-        if not look.present:
-            observations[key] = _missing(look, declared)
-            continue
-        if not all(name in pins for name, _ in look.files) or look.identity is None:
-            continue
-        shards = [
-            ShardPin(
-                name=name,
-                logical_path=logical,
-                canonical=canonical,
-                sha256=pins[f"{key}/{name}"].sha256,
-                size=pins[f"{key}/{name}"].size,
-            )
-            for name, logical, canonical in look.shards
-        ]
-        first = pins[look.files[0][0]]
-        identity = look.identity
-        if _changed_since_read(look, first):
-            gathered.refusals.append(
-                Refusal(
-                    "preparation.model_changed",
-                    _case_where(key),
-                    f"{first.path} changed between reading what it is and hashing it",
-                    "leave the model files alone during preparation and run it again",
-                )
-            )
-            continue
-        expected = declared.get(key)
-        if expected is not None and expected != first.sha256:
-            gathered.refusals.append(
-                Refusal(
-                    "preparation.model_pin_mismatch",
-                    _identity_where(key),
-                    f"{key} at {first.path} has SHA-256 {first.sha256}, "
-                    f"not the declared {expected}",
-                    "restore the model bytes or update plan.model_sha256",
-                )
-            )
-        assert look.kind is not None
-        observations[key] = ModelObservation(
-            status="present",
-            kind=look.kind,
-            canonical=look.canonical,
-            runtime_entrypoint=look.entrypoint,
-            pinned_file=first.path,
-            sha256=first.sha256,
-            size=first.size,
-            shard_pins=shards,
-            requested=look.requested,
-            declared_revision=look.preset.revision,
-            declared_byte_sha256=expected,
-            identity_source=identity.source,
-            architecture=identity.architecture,
-            block_count=identity.block_count,
-            context_length=identity.context_length,
-            synthetic_marker=identity.synthetic_marker,
-        )
-    return observations
-
-
 @dataclass(slots=True)
 class WorkerRecord:
     """What the worker has observed so far: published with its refusals when it refuses."""
@@ -1596,7 +619,7 @@ def observe(
     minutes), and that planning needs a catalog, a corpus and a cache root.
     """
     record = WorkerRecord() if record is None else record
-    gathered = _Gathered()
+    gathered = Gathered()
     operator = request.operator
     plan = operator.plan
     progress = JsonProgress(events)
@@ -1617,7 +640,7 @@ def observe(
     if plan.old_server is not None and plan.new_server is not None:
         named.append(("old_server", plan.old_server.path, "$.plan.old_server.path"))
         named.append(("new_server", plan.new_server.path, "$.plan.new_server.path"))
-    tools = _pin_files(named, budget, progress, gathered)
+    tools = pin_files(named, budget, progress, gathered)
     record.tools = {name: _file_record(pin) for name, pin in tools.items()}
     for name, declared in (("old_server", plan.old_server), ("new_server", plan.new_server)):
         if (
@@ -1693,7 +716,9 @@ def observe(
     presets = selected_presets(plan, loaded_catalog.catalog)
     looks = examine_models(presets, cache_root, operator.artifact_tool, gathered)
     record.models = {
-        look.preset.key: _missing(look, plan.model_sha256) for look in looks if not look.present
+        look.preset.key: missing_observation(look, plan.model_sha256)
+        for look in looks
+        if not look.present
     }
     gathered.raise_any()
 
@@ -1768,7 +793,7 @@ def observe(
 
 
 def _load_catalog_and_corpus(
-    request: PreparationRequest, record: WorkerRecord, gathered: _Gathered
+    request: PreparationRequest, record: WorkerRecord, gathered: Gathered
 ) -> tuple[LoadedCatalog, LoadedCorpus | None] | None:
     """The plan's catalog and, for prepare-use-cases, its corpus, both still as admitted."""
     plan = request.operator.plan

@@ -1,0 +1,218 @@
+"""Running the preparation worker: its own session, a deadline, cancellation, bounded capture.
+
+The worker runs as a child in its own process group with only the environment it is given.
+Whichever comes first of its exit, cancellation and the deadline ends the wait; a worker still
+running then gets SIGTERM, a grace period and SIGKILL, shielded and bounded. Its stdout is kept
+in a capped log and read as JSON-lines events (phases, hashing progress) for the display.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Final, Literal, Protocol, TextIO
+
+import trio
+
+from cache_family.actors.pins import RichProgress, is_terminal
+from cache_family.schemas.bounded import MIB
+
+GRACE_SECONDS: Final = 12.0
+KILL_WAIT_SECONDS: Final = 5.0
+DRAIN_SECONDS: Final = 5.0
+STDOUT_LOG_MAX_BYTES: Final = 16 * MIB
+EVENT_LINE_MAX_BYTES: Final = 64 * 1024
+
+
+@dataclass(slots=True)
+class WorkerOutcome:
+    returncode: int | None = None
+    exited_in_time: bool = False
+    cancelled: bool = False
+    deadline_expired: bool = False
+    terminated: bool = False  # SIGTERM sent
+    killed: bool = False  # SIGKILL needed
+    stdout_truncated: bool = False
+    pid: int | None = None
+
+    @property
+    def clean(self) -> bool:
+        return (
+            self.returncode == 0
+            and self.exited_in_time
+            and not (self.cancelled or self.deadline_expired or self.killed)
+            and not self.stdout_truncated
+        )
+
+
+class EventSink(Protocol):
+    """Receives each complete line the worker writes on stdout."""
+
+    def handle(self, line: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class WorkerEvents:
+    """Renders the worker's JSON-lines events: phase lines always, a bar on a terminal."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.bar = RichProgress(stream, "hashing") if is_terminal(stream) else None
+        self.phases: list[str] = []
+
+    def handle(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        kind = event.get("event")
+        if kind == "phase" and isinstance(event.get("text"), str):
+            self.phases.append(event["text"])
+            if self.bar is not None:
+                self.bar.end()
+            print(f"preparation: {event['text']}", file=self.stream, flush=True)
+        elif kind == "progress" and self.bar is not None:
+            done, total = event.get("done"), event.get("total")
+            if isinstance(done, int) and isinstance(total, int):
+                self.bar.set_completed(done, total, f"hashing {event.get('files', '?')} file(s)")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.end()
+
+
+async def _pump_stdout(
+    stream: trio.abc.ReceiveStream,
+    log: IO[bytes],
+    events: EventSink | None,
+    outcome: WorkerOutcome,
+) -> None:
+    written = 0
+    pending = b""
+    while True:
+        chunk = await stream.receive_some(64 * 1024)
+        if not chunk:
+            break
+        room = STDOUT_LOG_MAX_BYTES - written
+        if len(chunk) > room:
+            outcome.stdout_truncated = True
+        if room > 0:
+            log.write(chunk[:room])
+            log.flush()
+            written += min(room, len(chunk))
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        if len(pending) > EVENT_LINE_MAX_BYTES:
+            pending = b""  # an event line is never this long: drop it
+        if events is not None:
+            for line in lines:
+                events.handle(line)
+
+
+async def _stop_process(process: trio.Process, outcome: WorkerOutcome, grace: float) -> None:
+    """SIGTERM the worker's process group, wait ``grace``, then SIGKILL; shielded, bounded."""
+    with trio.CancelScope(shield=True):
+        if process.returncode is not None:
+            return
+        outcome.terminated = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        with trio.move_on_after(grace):
+            await process.wait()
+        if process.returncode is None:
+            outcome.killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with trio.move_on_after(KILL_WAIT_SECONDS):
+                await process.wait()
+
+
+async def _first_of(
+    process: trio.Process, cancel: trio.Event, deadline: float
+) -> Literal["exited", "cancelled", "deadline"]:
+    """Wait for whichever comes first: the process exits, ``cancel`` is set, the deadline."""
+    ended: list[Literal["exited", "cancelled"]] = []
+    async with trio.open_nursery() as waiters:
+        waiters.cancel_scope.deadline = deadline
+
+        async def exits() -> None:
+            await process.wait()
+            ended.append("exited")
+            waiters.cancel_scope.cancel()
+
+        async def cancelled() -> None:
+            await cancel.wait()
+            ended.append("cancelled")
+            waiters.cancel_scope.cancel()
+
+        waiters.start_soon(exits)
+        waiters.start_soon(cancelled)
+    return ended[0] if ended else "deadline"
+
+
+async def supervise_worker(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str,
+    stdout_log: str,
+    stderr_log: str,
+    deadline: float,
+    cancel: trio.Event,
+    grace_seconds: float = GRACE_SECONDS,
+    events: EventSink | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> WorkerOutcome:
+    """Run the worker until it exits, ``cancel`` is set or ``deadline`` (trio time) passes."""
+    outcome = WorkerOutcome()
+    if cancel.is_set():
+        outcome.cancelled = True
+        return outcome
+    with open(stdout_log, "xb") as out_log, open(stderr_log, "xb") as err_log:
+        process = await trio.lowlevel.open_process(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err_log,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+        outcome.pid = process.pid
+        if on_start is not None:
+            on_start(process.pid)
+        assert process.stdout is not None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_pump_stdout, process.stdout, out_log, events, outcome)
+                first = await _first_of(process, cancel, deadline)
+                outcome.exited_in_time = first == "exited"
+                outcome.cancelled = first == "cancelled"
+                outcome.deadline_expired = first == "deadline"
+                await _stop_process(process, outcome, grace_seconds)
+                # The pump ends at EOF; a pipe held open by a stray grandchild is not waited on.
+                nursery.cancel_scope.deadline = trio.current_time() + DRAIN_SECONDS
+        finally:
+            with trio.CancelScope(shield=True):
+                await _stop_process(process, outcome, grace_seconds)
+                await process.stdout.aclose()
+        outcome.returncode = process.returncode
+    if events is not None:
+        events.close()
+    return outcome
+
+
+def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """PATH, and PYTHONPATH only when the parent itself runs from one; nothing else."""
+    env = {"PATH": environ.get("PATH", os.defpath), "PYTHONSAFEPATH": "1"}
+    if environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = environ["PYTHONPATH"]
+    return env
