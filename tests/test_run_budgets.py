@@ -41,6 +41,7 @@ from cache_family.actors.matrix import (
     RUN_INPUT_MAX_BYTES,
     MatrixOutcome,
     Progress,
+    RichProgress,
     RunOptions,
     _make_fresh_dir,
     admit_run,
@@ -947,3 +948,14 @@ def test_admission_reports_every_refusal_it_finds_in_order(tmp_path: Path) -> No
         f"run.output_exists at $.output: {taken} already exists "
         "(hint: a run writes into a fresh directory; choose a new --output)"
     )
+
+
+def test_both_progress_displays_open_with_the_same_start_line() -> None:
+    plain = io.StringIO()
+    Progress(plain, 3, synthetic=True).start("/runs/x")
+    assert plain.getvalue() == "run: 3 planned row(s) -> /runs/x (synthetic)\n"
+    live = io.StringIO()
+    bar = RichProgress(live, 3, synthetic=True)
+    bar.start("/runs/x")
+    bar.close()
+    assert "run: 3 planned row(s) -> /runs/x (synthetic)\n" in live.getvalue()

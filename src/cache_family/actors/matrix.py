@@ -187,12 +187,11 @@ class Progress:
         # The run's catalog is synthetic: the start line says so.
         self.synthetic = synthetic
 
+    def start_line(self, run_dir: str) -> str:
+        return f"run: {self.total} planned row(s) -> {run_dir}{synthetic_mark(self.synthetic)}"
+
     def start(self, run_dir: str) -> None:
-        print(
-            f"run: {self.total} planned row(s) -> {run_dir}{synthetic_mark(self.synthetic)}",
-            file=self.stream,
-            flush=True,
-        )
+        print(self.start_line(run_dir), file=self.stream, flush=True)
 
     def row_started(self, row: PreparedRow) -> None:
         del row
@@ -239,10 +238,7 @@ class RichProgress(Progress):
 
     def start(self, run_dir: str) -> None:
         self._bar.start()
-        self._console.print(
-            f"run: {self.total} planned row(s) -> {run_dir}{synthetic_mark(self.synthetic)}",
-            markup=False,
-        )
+        self._console.print(self.start_line(run_dir), markup=False)
 
     def row_started(self, row: PreparedRow) -> None:
         self._row = row.output_relative
