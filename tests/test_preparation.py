@@ -41,7 +41,12 @@ from cache_family.actors.preparation import (
     run_prepare,
 )
 from cache_family.actors.preparation_admission import admit, parse_overrides
-from cache_family.actors.preparation_supervisor import WorkerEvents, supervise_worker
+from cache_family.actors.preparation_supervisor import (
+    EventSink,
+    WorkerEvents,
+    WorkerOutcome,
+    supervise_worker,
+)
 from cache_family.actors.publish import publish_fresh
 from cache_family.cli import build_parser, main, normalize_argv
 from cache_family.errors import Refused
@@ -1157,6 +1162,29 @@ IGNORES_SIGTERM = (
 )
 
 
+async def supervise_python(
+    tmp_path: Path,
+    code: str,
+    *,
+    deadline: float,
+    cancel: trio.Event | None = None,
+    grace_seconds: float = 12.0,
+    events: EventSink | None = None,
+) -> WorkerOutcome:
+    """Supervise ``python -c code`` as the worker, logging to out.log and err.log."""
+    return await supervise_worker(
+        [sys.executable, "-c", code],
+        env=base_environ(),
+        cwd=str(tmp_path),
+        stdout_log=str(tmp_path / "out.log"),
+        stderr_log=str(tmp_path / "err.log"),
+        deadline=deadline,
+        cancel=trio.Event() if cancel is None else cancel,
+        grace_seconds=grace_seconds,
+        events=events,
+    )
+
+
 class CancelWhenReady:
     def __init__(self, cancel: trio.Event) -> None:
         self.cancel = cancel
@@ -1179,12 +1207,9 @@ async def test_a_worker_ignoring_sigterm_is_killed_after_the_grace(
     mock_clock.autojump_threshold = 0.5
     cancel = trio.Event()
     start = trio.current_time()
-    outcome = await supervise_worker(
-        [sys.executable, "-c", IGNORES_SIGTERM],
-        env=base_environ(),
-        cwd=str(tmp_path),
-        stdout_log=str(tmp_path / "out.log"),
-        stderr_log=str(tmp_path / "err.log"),
+    outcome = await supervise_python(
+        tmp_path,
+        IGNORES_SIGTERM,
         deadline=float("inf"),
         cancel=cancel,
         grace_seconds=12.0,
@@ -1201,14 +1226,8 @@ async def test_the_deadline_terminates_the_worker(
     tmp_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
     mock_clock.autojump_threshold = 0.5
-    outcome = await supervise_worker(
-        [sys.executable, "-c", "import signal\nwhile True: signal.pause()"],
-        env=base_environ(),
-        cwd=str(tmp_path),
-        stdout_log=str(tmp_path / "o"),
-        stderr_log=str(tmp_path / "e"),
-        deadline=trio.current_time() + 30,
-        cancel=trio.Event(),
+    outcome = await supervise_python(
+        tmp_path, "import signal\nwhile True: signal.pause()", deadline=trio.current_time() + 30
     )
     assert outcome.deadline_expired and outcome.terminated and not outcome.killed
     assert outcome.returncode == -signal.SIGTERM and not outcome.clean
@@ -1217,34 +1236,19 @@ async def test_the_deadline_terminates_the_worker(
 async def test_a_clean_worker_and_its_logs(tmp_path: Path) -> None:
     code = 'import sys\nprint(\'{"event":"phase","text":"x"}\')\nsys.stderr.write(\'note\')\n'
     sink = CancelWhenReady(trio.Event())
-    outcome = await supervise_worker(
-        [sys.executable, "-c", code],
-        env=base_environ(),
-        cwd=str(tmp_path),
-        stdout_log=str(tmp_path / "o"),
-        stderr_log=str(tmp_path / "e"),
-        deadline=trio.current_time() + 120,
-        cancel=trio.Event(),
-        events=sink,
+    outcome = await supervise_python(
+        tmp_path, code, deadline=trio.current_time() + 120, events=sink
     )
     assert outcome.clean and outcome.returncode == 0 and not outcome.terminated
     assert sink.lines == [b'{"event":"phase","text":"x"}']
-    assert (tmp_path / "e").read_text() == "note"
+    assert (tmp_path / "err.log").read_text() == "note"
 
 
 async def test_an_oversized_stdout_makes_the_worker_unclean(tmp_path: Path) -> None:
     code = "import sys\nsys.stdout.buffer.write(b'x' * (17 * 1024 * 1024))\n"
-    outcome = await supervise_worker(
-        [sys.executable, "-c", code],
-        env=base_environ(),
-        cwd=str(tmp_path),
-        stdout_log=str(tmp_path / "o"),
-        stderr_log=str(tmp_path / "e"),
-        deadline=trio.current_time() + 120,
-        cancel=trio.Event(),
-    )
+    outcome = await supervise_python(tmp_path, code, deadline=trio.current_time() + 120)
     assert outcome.returncode == 0 and outcome.stdout_truncated and not outcome.clean
-    assert (tmp_path / "o").stat().st_size == 16 * 1024 * 1024
+    assert (tmp_path / "out.log").stat().st_size == 16 * 1024 * 1024
 
 
 # --- display and command line ------------------------------------------------------------------
