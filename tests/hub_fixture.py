@@ -36,6 +36,7 @@ import gguf
 import numpy as np
 
 from cache_family.schemas.catalog import Catalog, Preset, packaged_catalog
+from cache_family.schemas.examples import example_operator, example_plan
 from cache_family.schemas.gguf_header import ZOO_SYNTHETIC_TAG
 
 
@@ -253,30 +254,9 @@ ZERO_COMMIT = "0" * 40
 
 def plan_document(root: Path, **overrides: object) -> dict[str, object]:
     """A valid plan input (reference §2) for the hub cache at ``root``, every member given."""
-    plan: dict[str, object] = {
-        "schema_version": 1,
-        "cache_root": str(root),
-        "cases": [],
-        "use_cases": [],
-        "corpus": None,
-        "prefix_sweep": [],
-        "prefix_tokens": None,
-        "n_gpu_layers": None,
-        "cache_hit_repeats": None,
-        "runtime_lane_count": None,
-        "serving_ctx_size": None,
-        "concurrency": [1, 2, 4],
-        "concurrent_requests": 3,
-        "concurrent_output_tokens": 32,
-        "llama_parallel": 1,
-        "llama_repeats": 3,
-        "ttft_slo_ms": 2000,
-        "tpot_slo_ms": 100,
-        "skip_llama_server": False,
-        "old_server": None,
-        "new_server": None,
-        "model_sha256": {},
-    }
+    plan = example_plan(
+        str(root), runtime_lane_count=None, concurrency=[1, 2, 4], concurrent_requests=3
+    )
     plan.update(overrides)
     return plan
 
@@ -315,21 +295,16 @@ def build_toolbox(
 
 def operator_document(box: Toolbox, **plan_overrides: object) -> dict[str, object]:
     """A valid operator input (schema_version 1) naming the toolbox's files."""
-    return {
-        "schema_version": 1,
-        "plan": plan_document(box.hub.root, **plan_overrides),
-        "correctness": str(box.correctness),
-        "stage_server": str(box.stage_server),
-        "native_server": str(box.native_server),
-        "artifact_tool": str(box.artifact_tool),
-        "native_build": str(box.native_build),
-        "old_source_commit": "1" * 40,
-        "new_source_commit": "2" * 40,
-        "native_source_commit": "3" * 40,
-        "environment": {"OMP_NUM_THREADS": "2", "LLAMA_STAGE_BACKEND": "cpu"},
-        "toolkit_directories": {},
-        "execution_seconds": 7200,
-        "cell_seconds": 900,
-        "request_timeout_ms": 120000,
-        "preparation_seconds": 60,
-    }
+    return example_operator(
+        plan_document(box.hub.root, **plan_overrides),
+        correctness=str(box.correctness),
+        stage_server=str(box.stage_server),
+        native_server=str(box.native_server),
+        artifact_tool=str(box.artifact_tool),
+        native_build=str(box.native_build),
+        old_source_commit="1" * 40,
+        new_source_commit="2" * 40,
+        native_source_commit="3" * 40,
+        environment={"OMP_NUM_THREADS": "2", "LLAMA_STAGE_BACKEND": "cpu"},
+        preparation_seconds=60,
+    )

@@ -13,6 +13,12 @@ from pydantic import ValidationError
 
 from cache_family.errors import Refused
 from cache_family.schemas.catalog import packaged_catalog
+from cache_family.schemas.examples import (
+    EXAMPLE_COMMIT,
+    EXAMPLE_SHA256_COMMIT,
+    example_operator,
+    example_plan,
+)
 from cache_family.schemas.operator import (
     OperatorInput,
     PlanInput,
@@ -22,55 +28,21 @@ from cache_family.schemas.operator import (
 )
 from cache_family.schemas.refusal_codes import OPERATOR_REFUSAL_CODES
 
-C40 = "0123456789abcdef0123456789abcdef01234567"
-C64 = "0123456789abcdef" * 4
+C40 = EXAMPLE_COMMIT
+C64 = EXAMPLE_SHA256_COMMIT
 SHA = "ab" * 32
 KEYS = packaged_catalog().catalog.keys
 
 
 def valid_document() -> dict[str, Any]:
     """The reference example (§1), with real hex where it shows placeholders."""
-    return {
-        "schema_version": 1,
-        "plan": {
-            "schema_version": 1,
-            "cache_root": "/data/hf/hub",
-            "cases": [],
-            "use_cases": [],
-            "corpus": None,
-            "prefix_sweep": [],
-            "prefix_tokens": None,
-            "n_gpu_layers": None,
-            "cache_hit_repeats": None,
-            "runtime_lane_count": 1,
-            "serving_ctx_size": None,
-            "concurrency": [1, 2, 4, 8],
-            "concurrent_requests": 16,
-            "concurrent_output_tokens": 32,
-            "llama_parallel": 1,
-            "llama_repeats": 3,
-            "ttft_slo_ms": 2000,
-            "tpot_slo_ms": 100,
-            "skip_llama_server": False,
-            "old_server": {"path": "/opt/old/skippy", "sha256": None},
-            "new_server": {"path": "/t/cargo/debug/skippy", "sha256": None},
-            "model_sha256": {},
-        },
-        "correctness": "/t/cargo/debug/skippy-correctness",
-        "stage_server": "/t/cargo/debug/skippy",
-        "native_server": "/t/native/bin/llama-server",
-        "artifact_tool": "/t/cargo/debug/skippy-package-builder",
-        "native_build": "/t/native",
-        "old_source_commit": C40,
-        "new_source_commit": C40,
-        "native_source_commit": C64,
-        "environment": {"OMP_NUM_THREADS": "8", "LLAMA_STAGE_BACKEND": "cpu"},
-        "toolkit_directories": {},
-        "execution_seconds": 7200,
-        "cell_seconds": 900,
-        "request_timeout_ms": 120000,
-        "preparation_seconds": 1800,
-    }
+    return example_operator(
+        example_plan(
+            "/data/hf/hub",
+            old_server={"path": "/opt/old/skippy", "sha256": None},
+            new_server={"path": "/t/cargo/debug/skippy", "sha256": None},
+        )
+    )
 
 
 def refusals_of(doc: dict[str, Any] | bytes) -> list[tuple[str, str]]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cache_family.oracles.test_parts import Parts, ensure_parts
+from cache_family.schemas.examples import example_operator, example_plan
 
 PLACEHOLDER_NAME = "skippy-tool-placeholder-not-built"
 PLACEHOLDER_SCRIPT = """#!/bin/sh
@@ -49,50 +50,31 @@ def operator_input(parts: Parts, tools: Path) -> dict[str, Any]:
     catalog_sha = hashlib.sha256(parts.zoo_catalog.read_bytes()).hexdigest()
     producer = json.loads(parts.producer_json.read_text())
     native_commit = str(producer.get("source", {}).get("llama_cpp_commit", _UNKNOWN_COMMIT))
-    return {
-        "schema_version": 1,
-        "plan": {
-            "schema_version": 1,
-            "cache_root": str(parts.zoo_root),
-            "cases": [],
-            "use_cases": [],
-            "corpus": None,
-            "prefix_sweep": [],
-            "prefix_tokens": None,
-            "n_gpu_layers": None,
-            "cache_hit_repeats": None,
-            "runtime_lane_count": 1,
-            "serving_ctx_size": None,
-            "concurrency": [1, 2],
-            "concurrent_requests": 4,
-            "concurrent_output_tokens": 16,
-            "llama_parallel": 2,
-            "llama_repeats": 3,
-            "ttft_slo_ms": 2000,
-            "tpot_slo_ms": 100,
-            "skip_llama_server": False,
-            "old_server": None,
-            "new_server": None,
-            "model_sha256": {},
-            "catalog": {"path": str(parts.zoo_catalog), "sha256": catalog_sha},
-        },
-        "correctness": placeholder,
-        "stage_server": placeholder,
-        "native_server": str(parts.llama_server),
-        "artifact_tool": placeholder,
-        "native_build": str(parts.native_build),
-        "old_source_commit": _UNKNOWN_COMMIT,
-        "new_source_commit": _UNKNOWN_COMMIT,
-        "native_source_commit": native_commit,
-        "borrow_resident_hits": False,
-        "cache_decoded_result_hits": False,
-        "environment": {"OMP_NUM_THREADS": "1", "LLAMA_STAGE_BACKEND": "cpu"},
-        "toolkit_directories": {},
-        "execution_seconds": 3600,
-        "cell_seconds": 300,
-        "request_timeout_ms": 60000,
-        "preparation_seconds": 600,
-    }
+    return example_operator(
+        example_plan(
+            str(parts.zoo_root),
+            concurrency=[1, 2],
+            concurrent_requests=4,
+            concurrent_output_tokens=16,
+            llama_parallel=2,
+            catalog={"path": str(parts.zoo_catalog), "sha256": catalog_sha},
+        ),
+        correctness=placeholder,
+        stage_server=placeholder,
+        native_server=str(parts.llama_server),
+        artifact_tool=placeholder,
+        native_build=str(parts.native_build),
+        old_source_commit=_UNKNOWN_COMMIT,
+        new_source_commit=_UNKNOWN_COMMIT,
+        native_source_commit=native_commit,
+        borrow_resident_hits=False,
+        cache_decoded_result_hits=False,
+        environment={"OMP_NUM_THREADS": "1", "LLAMA_STAGE_BACKEND": "cpu"},
+        execution_seconds=3600,
+        cell_seconds=300,
+        request_timeout_ms=60000,
+        preparation_seconds=600,
+    )
 
 
 def _step(title: str, argv: list[str], progress: TextIO) -> int:
