@@ -29,7 +29,7 @@ from typing import Final, Generic, TypeVar
 
 import trio
 
-from cache_family.actors.publish import publish_fresh
+from cache_family.actors.publish import fsync_dir, publish_fresh
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
@@ -318,7 +318,7 @@ class JournalWriter:
                 f"{self.path} already exists",
                 "a run directory gets one fresh journal; use a new output directory",
             ) from None
-        _fsync_dir(os.path.dirname(self.path) or ".")
+        fsync_dir(os.path.dirname(self.path) or ".")
 
     def _load_existing(self) -> None:
         raw = read_bounded(self.path, JOURNAL_READ_LIMIT, what="journal")
@@ -347,14 +347,6 @@ class JournalWriter:
         if must_sync:
             self._fsync(fd)
             self.fsync_count += 1
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- receipt publication -------------------------------------------------------------------

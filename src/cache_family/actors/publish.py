@@ -68,7 +68,7 @@ def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
         info = os.fstat(fd)
     finally:
         os.close(fd)
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return Published(
         path=path,
         device=info.st_dev,
@@ -84,11 +84,12 @@ def revoke(published: Published) -> bool:
     if not published.still_ours():
         return False
     os.unlink(published.path)
-    _fsync_dir(os.path.dirname(published.path) or ".")
+    fsync_dir(os.path.dirname(published.path) or ".")
     return True
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """Make a directory entry change (a new link, an unlink) durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
