@@ -839,21 +839,14 @@ def test_prepare_full_drops_the_plans_corpus_and_refuses_the_flag(
 
 
 def test_a_named_synthetic_catalog_is_pinned_and_recorded(box: Toolbox, tmp_path: Path) -> None:
-    document = json.loads(Path(packaged_catalog().path).read_text())
-    document["synthetic"] = True
-    for preset in document["presets"]:
-        preset["synthetic"] = True
-    catalog = tmp_path / "zoo-catalog.json"
-    catalog.write_text(json.dumps(document))
+    catalog = synthetic_catalog(tmp_path)
     out = tmp_path / "out"
-    code, _, err = prepare(
-        box, out, cases=["llama"], catalog={"path": str(catalog), "sha256": sha256_of(catalog)}
-    )
+    code, _, err = prepare(box, out, cases=["llama"], catalog=catalog)
     assert code == 0, err
     prepared = load_prepared_input(str(out / INPUT_NAME))
     assert prepared.catalog.model_dump() == {
-        "path": str(catalog),
-        "sha256": sha256_of(catalog),
+        "path": catalog["path"],
+        "sha256": sha256_of(Path(catalog["path"])),
         "synthetic": True,
         "packaged": False,
     }

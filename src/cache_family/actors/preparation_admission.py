@@ -8,7 +8,6 @@ cache root and every toolkit directory.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from cache_family.schemas.catalog import LoadedCatalog, load_catalog
 from cache_family.schemas.catalog import packaged_catalog as _packaged_catalog
 from cache_family.schemas.corpus import LoadedCorpus, default_corpus_path, load_corpus
 from cache_family.schemas.operator import OperatorInput, PlanInput, validate_operator_object
-from cache_family.schemas.prepared import CorpusSource, Mode
+from cache_family.schemas.prepared import CorpusSource, Mode, loads_strict_json
 from cache_family.states.planning import check_selection
 
 OPERATOR_MAX_BYTES: Final = MIB
@@ -140,17 +139,8 @@ class Admission:
 
 
 def strict_json(data: bytes, what: str) -> Any:
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        names = [name for name, _ in items]
-        if len(set(names)) != len(names):
-            raise ValueError(f"a member name appears twice in one object ({names})")
-        return dict(items)
-
-    def constant(name: str) -> object:
-        raise ValueError(f"{name} is not a JSON number")
-
     try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=pairs, parse_constant=constant)
+        return loads_strict_json(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise Refused.one(
             "operator.json.decode",

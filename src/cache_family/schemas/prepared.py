@@ -627,12 +627,18 @@ def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def loads_strict_json(data: bytes) -> Any:
+    """UTF-8 JSON with each member name once per object and no NaN or Infinity; raises
+    ``UnicodeDecodeError``, ``ValueError`` or ``RecursionError`` otherwise."""
+    return json.loads(
+        data.decode("utf-8"), object_pairs_hook=_no_repeats, parse_constant=_reject_constant
+    )
+
+
 def decode_document(data: bytes, model: type[_M], *, what: str) -> _M:
     """Decode strict JSON bytes into ``model``; every problem becomes a refusal."""
     try:
-        obj = json.loads(
-            data.decode("utf-8"), object_pairs_hook=_no_repeats, parse_constant=_reject_constant
-        )
+        obj = loads_strict_json(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise Refused.one(
             "prepared.decode",
