@@ -316,6 +316,19 @@ def test_install_from_an_old_entry_links_identical_soname_copies(
     assert not (stand_in_cache_entry / "lib" / "libggml.so").is_symlink()
 
 
+def test_a_redirected_soname_link_no_longer_matches_its_producer(
+    stand_in_cache_entry: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    producer = native_build.install(out, io.StringIO())
+    assert producer["links"]["native/lib/libggml.so"] == "libggml.so.0"
+    assert producer_matches(out)
+    link = out / "native" / "lib" / "libggml.so"
+    link.unlink()
+    link.symlink_to("libodd.so")
+    assert not producer_matches(out)
+
+
 def test_parts_cache_replaces_an_interrupted_install(stand_in_cache_entry: Path) -> None:
     """The parts cache's tools directory is the cache's own: an install cut short before its
     producer record is cleared there (``install`` alone would refuse it) and redone."""
@@ -340,9 +353,18 @@ def test_producer_json_hashes_match_the_installed_files(native_parts: Parts) -> 
     installed = {
         str(p.relative_to(native_parts.tools))
         for p in native_parts.native_build.rglob("*")
-        if p.is_file()
+        if p.is_file() and not p.is_symlink()
+    }
+    links = {
+        str(p.relative_to(native_parts.tools)): os.readlink(p)
+        for p in native_parts.native_build.rglob("*")
+        if p.is_symlink()
     }
     assert set(producer["files"]) == installed
+    assert producer.get("links", {}) == links
+    for relative in links:  # every link resolves to a hashed file inside the tree
+        target = (native_parts.tools / relative).resolve()
+        assert str(target.relative_to(native_parts.tools.resolve())) in producer["files"]
     assert "native/bin/llama-server" in installed
     assert any(name.startswith("native/lib/libllama") for name in installed)
     for relative, digest in producer["files"].items():

@@ -6,11 +6,12 @@ the previous prompt reuses the cached prefix. The proof of reuse is the server's
 accounting, exact for every pair: the cold request evaluates all of its prompt
 (``cache_n == 0``), the warm one takes ``cache_n > 0`` tokens from the cache and evaluates only
 the rest. Prompt time is the secondary check, made robust against a loaded machine: three
-cold/warm pairs, each cold prompt fresh, and the median warm prompt time must be below the
-median cold one. The warm prompt extends the cold one on purpose: sliding-window, recurrent and
-hybrid models reuse a prefix only at the server's context checkpoints, which an extension
-always reaches (see llama-cpp-facts.md). ``--cache-ram 0`` keeps the server from restoring
-evicted prompts.
+cold/warm pairs, each cold prompt fresh, and the fastest warm prompt time must be below the
+fastest cold one (contention from other processes only ever adds time, so minima are the
+stable estimate on a shared 2-core machine). The warm prompt extends the cold one on purpose:
+sliding-window, recurrent and hybrid models reuse a prefix only at the server's context
+checkpoints, which an extension always reaches (see llama-cpp-facts.md). ``--cache-ram 0``
+keeps the server from restoring evicted prompts.
 
 Numbers here come from tiny random-weight models: they prove the mechanism, they are not
 performance figures.
@@ -19,7 +20,6 @@ performance figures.
 from __future__ import annotations
 
 import re
-import statistics
 import zlib
 from typing import Any
 
@@ -38,7 +38,7 @@ PREFIX_TOKENS = 600
 # Log level 4 makes the loader print the architecture and the split files it opened.
 VERBOSE = ("-lv", "4")
 EXTENSION_TOKENS = 24
-# Cold/warm pairs per model; the prompt-time check compares medians, not one noisy pair.
+# Cold/warm pairs per model; the prompt-time check compares minima, not one noisy pair.
 PAIRS = 3
 
 
@@ -97,8 +97,8 @@ def test_server_loads_serves_and_reuses_an_extended_prefix(native_parts: Parts, 
         assert warm["cache_n"] > 0, warm
         assert warm["cache_n"] + warm["prompt_n"] == PREFIX_TOKENS + EXTENSION_TOKENS, warm
         assert warm["prompt_n"] < cold["prompt_n"], (cold, warm)
-    cold_ms = statistics.median(cold["prompt_ms"] for cold, _ in pairs)
-    warm_ms = statistics.median(warm["prompt_ms"] for _, warm in pairs)
+    cold_ms = min(cold["prompt_ms"] for cold, _ in pairs)
+    warm_ms = min(warm["prompt_ms"] for _, warm in pairs)
     assert warm_ms < cold_ms, pairs
 
 

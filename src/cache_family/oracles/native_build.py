@@ -482,6 +482,7 @@ def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str
         link_identical_sonames(native / "lib")
         info = json.loads((entry / "build-info.json").read_text())
         files = sorted(p for p in native.rglob("*") if p.is_file() and not p.is_symlink())
+        links = sorted(p for p in native.rglob("*") if p.is_symlink())
         producer = {
             "schema_version": 1,
             "producer": PRODUCER_NAME,
@@ -489,6 +490,8 @@ def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str
             "cache_entry": str(entry),
             "native": str(native),
             "files": {str(p.relative_to(output)): sha256_file(p) for p in files},
+            # soname links, by target: their bytes are the files above
+            "links": {str(p.relative_to(output)): os.readlink(p) for p in links},
             "seconds": round(time.monotonic() - started, 3),
         }
         fd, tmp = tempfile.mkstemp(prefix=".producer.json.tmp-", dir=output)

@@ -86,19 +86,26 @@ def tools_dir() -> Path:
 
 
 def producer_matches(tools: Path) -> bool:
-    """True when ``producer.json`` exists and lists exactly the installed files, by digest."""
+    """True when ``producer.json`` lists exactly the installed files (by digest) and links."""
     producer_path = tools / "producer.json"
     if not producer_path.is_file():
         return False
     try:
-        files: dict[str, str] = json.loads(producer_path.read_text())["files"]
-    except (ValueError, KeyError):
+        producer = json.loads(producer_path.read_text())
+        files: dict[str, str] = producer["files"]
+        links: dict[str, str] = producer.get("links", {})
+    except (ValueError, KeyError, TypeError):
         return False
     native = tools / "native"
     present = {
         str(p.relative_to(tools)) for p in native.rglob("*") if p.is_file() and not p.is_symlink()
     }
     if present != set(files) or not present:
+        return False
+    present_links = {
+        str(p.relative_to(tools)): os.readlink(p) for p in native.rglob("*") if p.is_symlink()
+    }
+    if present_links != links:
         return False
     return all(native_build.sha256_file(tools / rel) == digest for rel, digest in files.items())
 
