@@ -463,7 +463,8 @@ def run_prepare(
                     mode=admission.mode,
                     operator=admission.operator,
                     corpus_source=admission.corpus_source,
-                    worker_budget_ms=_worker_budget_ms(budget.remaining()),
+                    worker_budget_ms=(worker_ms := _worker_budget_ms(budget.remaining())),
+                    worker_deadline_monotonic_ns=time.monotonic_ns() + worker_ms * 1_000_000,
                 )
             )
             publish_fresh(os.path.join(admission.output, REQUEST_NAME), request_bytes)
@@ -906,6 +907,10 @@ async def _worker(input_path: str, output_path: str, stderr: TextIO) -> int:
                 request_sha256 = raw.sha256
                 request = decode_document(raw.data, PreparationRequest, what="preparation request")
                 budget.deadline = time.monotonic() + request.worker_budget_ms / 1000
+                if request.worker_deadline_monotonic_ns is not None:
+                    budget.deadline = min(
+                        budget.deadline, request.worker_deadline_monotonic_ns / 1e9
+                    )
                 events = EventWriter(sys.stdout)
                 prepared = await trio.to_thread.run_sync(observe, request, budget, events, record)
                 budget.check("$")

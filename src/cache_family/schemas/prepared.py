@@ -536,6 +536,9 @@ class PreparationRequest(_Strict):
     corpus_source: CorpusSource | None
     # Whole milliseconds the worker may spend; the parent keeps a grace margin of its own.
     worker_budget_ms: Annotated[int, Field(ge=1, le=3_600_000)]
+    # The same end on the host's monotonic clock (CLOCK_MONOTONIC is one clock for every
+    # process of a host), so the worker's start-up time cannot eat the parent's margin.
+    worker_deadline_monotonic_ns: Annotated[int, Field(ge=0)] | None = None
 
 
 class RefusalRecord(_Strict):
