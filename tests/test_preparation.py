@@ -50,7 +50,7 @@ from cache_family.actors.preparation_supervisor import (
 from cache_family.actors.publish import publish_fresh
 from cache_family.cli import build_parser, main, normalize_argv
 from cache_family.errors import Refused
-from cache_family.schemas.catalog import Preset, packaged_catalog
+from cache_family.schemas.catalog import NOT_BUILT_NOTE_PREFIX, Preset, packaged_catalog
 from cache_family.schemas.prepared import (
     PreparationRequest,
     PreparedInput,
@@ -510,6 +510,28 @@ def synthetic_catalog(tmp_path: Path) -> dict[str, str]:
     catalog = tmp_path / "synthetic-catalog.json"
     catalog.write_text(json.dumps(document))
     return {"path": str(catalog), "sha256": sha256_of(catalog)}
+
+
+def test_a_preset_the_zoo_could_not_build_is_a_missing_model_with_the_zoo_reason(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    catalog = synthetic_catalog(tmp_path)
+    document = json.loads(Path(catalog["path"]).read_text())
+    (gemma2,) = [p for p in document["presets"] if p["key"] == "gemma2"]
+    gemma2["architecture_note"] = NOT_BUILT_NOTE_PREFIX + "llama.cpp refused the tiny shape"
+    Path(catalog["path"]).write_text(json.dumps(document))
+    catalog["sha256"] = sha256_of(Path(catalog["path"]))
+    prepared = observe(
+        request_for(box, tmp_path, cases=["gemma2", "llama"], catalog=catalog),
+        Budget.seconds(60),
+        SilentEvents(),  # type: ignore[arg-type]
+    )
+    by_key = {row.key: row.model_observation for row in prepared.rows}
+    assert by_key["gemma2"].status == "missing-model"
+    assert by_key["gemma2"].missing_reason == "llama.cpp refused the tiny shape"
+    assert by_key["llama"].status == "present"
+    assert by_key["llama"].missing_reason is None
+    assert "gemma2" not in prepared.profiles
 
 
 @pytest.mark.parametrize("key", ["llama", "minimax_m27", "deepseek3"])

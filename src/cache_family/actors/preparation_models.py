@@ -27,7 +27,7 @@ from cache_family.actors.pins import (
 from cache_family.actors.preparation_admission import path_inside, strict_json
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
-from cache_family.schemas.catalog import Preset
+from cache_family.schemas.catalog import NOT_BUILT_NOTE_PREFIX, Preset
 from cache_family.schemas.gguf_header import (
     ZOO_SYNTHETIC_TAG,
     FileIdentity,
@@ -403,11 +403,16 @@ def examine_models(
 
 
 def missing_observation(look: ModelLook, declared: Mapping[str, str]) -> ModelObservation:
+    note = look.preset.architecture_note
+    reason = None
+    if look.preset.synthetic and NOT_BUILT_NOTE_PREFIX in note:
+        reason = note[note.index(NOT_BUILT_NOTE_PREFIX) + len(NOT_BUILT_NOTE_PREFIX) :].strip()
     return ModelObservation(
         status="missing-model",
         requested=look.requested,
         declared_revision=look.preset.revision,
         declared_byte_sha256=declared.get(look.preset.key),
+        missing_reason=reason,
     )
 
 

@@ -33,6 +33,8 @@ CATALOG_MAX_PRESETS = 256
 CATALOG_MAX_USE_CASES = 128
 
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
+# How a synthetic (zoo) catalog says it holds no model for a preset, followed by the reason.
+NOT_BUILT_NOTE_PREFIX = "zoo: no tiny model: "
 REVISION_PATTERN = re.compile(r"[0-9a-f]{40}")
 # llama.cpp names split GGUF shards "<stem>-%05d-of-%05d.gguf".
 SHARD_PATTERN = re.compile(r"(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf")

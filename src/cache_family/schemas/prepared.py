@@ -174,7 +174,9 @@ class ModelObservation(_Strict):
     ``<arch>.context_length`` (a split model: its first shard's), or a layer package
     manifest's ``architecture`` and ``layer_count`` (no context length). Preparation refuses
     a model whose claims differ from its catalog preset. ``synthetic_marker`` is the zoo's
-    mark of random-weight bytes, when the bytes carry one.
+    mark of random-weight bytes, when the bytes carry one. ``missing_reason`` says why a
+    synthetic catalog holds no model for a preset (the zoo could not build one), so such a row
+    is a missing model with that reason, never a stand-in.
     """
 
     status: ObservationStatus
@@ -194,6 +196,8 @@ class ModelObservation(_Strict):
     block_count: int | None = None
     context_length: int | None = None
     synthetic_marker: str | None = None
+    # missing-model only: why a synthetic catalog has no model here (the zoo's own reason).
+    missing_reason: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

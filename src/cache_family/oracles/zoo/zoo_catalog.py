@@ -18,9 +18,8 @@ import msgspec
 
 from cache_family.errors import Refused
 from cache_family.oracles.zoo.base import BuiltModel
+from cache_family.schemas.catalog import NOT_BUILT_NOTE_PREFIX as NOT_BUILT_PREFIX
 from cache_family.schemas.catalog import Catalog, Preset, check_catalog
-
-NOT_BUILT_PREFIX = "zoo: no tiny model: "
 
 
 def tiny_preset(reference: Preset, built: BuiltModel) -> Preset:
