@@ -15,12 +15,16 @@ The run (one trio task tree):
     cancels the rows the same way (so every receipt folded afterwards sees it);
   * the rows, strictly in plan order (``actors/row.py``), each publishing its ``row.json``.
 
-Afterwards the signal handlers are restored and checked (a failure is the reference's
-"interrupt-finish" refusal), and ``cache-family-matrix.json`` is published: one entry per
-planned row, the status the row's receipt reached and where its evidence lies. Cancellation,
-deadline expiry and a failed interrupt-finish make the matrix ``incomplete`` with a
-``terminal_refusal``. Exit codes: 0 completed, 1 incomplete or failed, 2 refused, 130
-interrupted by a signal.
+SIGINT/SIGTERM stay turned into cancellation until the matrix is published and the journal
+closed: a signal while unreached rows are journaled or the matrix is folded is counted, never
+Python's default KeyboardInterrupt or termination. Before the fold the interrupt-finish check
+confirms the displaced handlers can be put back (a failure is the reference's "interrupt-finish"
+refusal, journaled so the matrix carries it); they are restored once the journal is closed.
+``cache-family-matrix.json`` is always published: one entry per planned row, the status the
+row's receipt reached and where its evidence lies, or the failed receipt when the fold itself
+failed. Cancellation, deadline expiry and a failed interrupt-finish make the matrix
+``incomplete`` with a ``terminal_refusal``. Exit codes: 0 completed, 1 incomplete or failed, 2
+refused, 130 cancelled by a signal (one that lands after the fold began changes nothing).
 
 Rows from a synthetic catalog (the tiny random-weight zoo) are plumbing evidence, never
 performance claims: the journal records the catalog, every receipt level labels them, and
@@ -35,9 +39,10 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TextIO
+from types import FrameType
+from typing import Any, Final, TextIO, TypeAlias
 
 import trio
 
@@ -273,6 +278,24 @@ def progress_for(stream: TextIO, total: int, *, synthetic: bool = False) -> Prog
 # --- the supervisor -----------------------------------------------------------------------------
 
 
+SignalHandler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
+
+
+def check_interrupt_finish(originals: Mapping[int, SignalHandler]) -> str | None:
+    """The interrupt-finish check, made before the matrix is folded: SIGINT/SIGTERM must still
+    be turned into cancellation (nobody replaced the run's handlers) and every handler the run
+    displaced must be one that can be put back. None when restoring will succeed, else why not."""
+    problems: list[str] = []
+    for signum, original in originals.items():
+        name = signal.Signals(signum).name
+        current = signal.getsignal(signum)
+        if current is original or current in (signal.SIG_DFL, signal.SIG_IGN, None):
+            problems.append(f"{name} is no longer turned into cancellation ({current!r})")
+        if original is None:
+            problems.append(f"{name}'s previous handler was not set from Python; cannot restore")
+    return "; ".join(problems) or None
+
+
 @dataclass(slots=True)
 class RunOptions(HostSettings):
     """Seams for tests (the hosts' and the run's own); a real run uses the defaults."""
@@ -281,10 +304,27 @@ class RunOptions(HostSettings):
     # Called with the run context once the run starts (tests reach its stop and writer).
     on_started: Callable[[RunContext], None] | None = None
     results: dict[int, RowResult] = field(default_factory=dict)
+    # The interrupt-finish check (tests make it fail to see the matrix downgraded).
+    interrupt_finish: Callable[[Mapping[int, SignalHandler]], str | None] = check_interrupt_finish
+
+
+@dataclass(slots=True)
+class _Signals:
+    """What the run's signal watcher saw. A signal counts as a cancellation only while the
+    matrix can still say so; one that lands after its fold began is ``late``."""
+
+    received: int = 0
+    folded: bool = False
+    late: list[str] = field(default_factory=list)
 
 
 async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) -> MatrixOutcome:
-    """Run every row in order under the run's budgets and signals; publish the matrix."""
+    """Run every row in order under the run's budgets and signals; publish the matrix.
+
+    SIGINT/SIGTERM stay turned into cancellation from before the first row until the matrix
+    is published and the journal closed: journaling the unreached rows, the interrupt-finish
+    check, the fold and the publication never meet Python's default handlers. A matrix
+    receipt is always written: the folded one, or the failed fallback."""
     options = options or RunOptions()
     prepared = admitted.prepared
     run_dir = admitted.output
@@ -305,42 +345,106 @@ async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) ->
         hosts=options,
         on_transition=progress.transition,
     )
+    seen = _Signals()
     receipt: MatrixReceipt | FailedMatrix | None = None
+    originals: dict[int, SignalHandler] = {signum: signal.getsignal(signum) for signum in _SIGNALS}
     try:
-        async with trio.open_nursery() as writer_nursery:
-            await writer_nursery.start(writer.run)
-            try:
-                await writer.append(_run_started(admitted))
-                if options.on_started is not None:
-                    options.on_started(ctx)
-                progress.start(run_dir)
-                restored = await _rows_under_signals(admitted, ctx, progress, options.results)
-                await _journal_unreached(admitted, ctx, options.results)
-                if not restored:
-                    await writer.append(
-                        InterruptFinishFailed(detail="SIGINT/SIGTERM handlers were not restored")
-                    )
-                receipt = await publish_matrix_receipt(writer, run_dir)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await writer.aclose()
+        with trio.open_signal_receiver(*_SIGNALS) as signals:
+            async with trio.open_nursery() as writer_nursery:
+                await writer_nursery.start(writer.run)
+                try:
+                    async with trio.open_nursery() as watchers:
+                        rows_scope = trio.CancelScope()
+                        watchers.start_soon(
+                            _watch_signals, signals, ctx, rows_scope, progress, seen
+                        )
+                        receipt = await _run_and_publish(
+                            admitted, ctx, progress, options, rows_scope, watchers, seen, originals
+                        )
+                        watchers.cancel_scope.cancel()
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await writer.aclose()
+        # The receiver is closed: the displaced handlers are back.
+        restored = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+        if restored != originals:
+            progress.note("interrupt finish: SIGINT/SIGTERM handlers were not restored")
     except Exception as exc:
         progress.note(f"run failed: {exc}")
         if receipt is None:
-            receipt = FailedMatrix(detail=str(exc)[:2000], request_sha256=admitted.request_sha256)
-            await trio.to_thread.run_sync(
-                publish_fresh, os.path.join(run_dir, MATRIX_FILENAME), encode_matrix(receipt)
-            )
+            receipt = await _publish_failed(admitted, str(exc), progress)
     finally:
         progress.close()
+    for name in seen.late:
+        progress.note(f"{name} after the matrix was folded: the run had already finished")
     return MatrixOutcome(
         status=receipt.status, receipt=receipt, interrupted=stop.signal_name is not None
     )
 
 
-async def publish_matrix_receipt(writer: JournalWriter, run_dir: str) -> MatrixReceipt:
+async def _run_and_publish(
+    admitted: AdmittedRun,
+    ctx: RunContext,
+    progress: Progress,
+    options: RunOptions,
+    rows_scope: trio.CancelScope,
+    watchers: trio.Nursery,
+    seen: _Signals,
+    originals: Mapping[int, SignalHandler],
+) -> MatrixReceipt | FailedMatrix:
+    writer = ctx.writer
+    await writer.append(_run_started(admitted))
+    if options.on_started is not None:
+        options.on_started(ctx)
+    progress.start(ctx.run_dir)
+    # The deadline stops rows only: unreached rows and the matrix are journaled regardless.
+    deadline_scope = trio.CancelScope()
+    watchers.start_soon(_watch_deadline, ctx, rows_scope, progress, deadline_scope)
+    with rows_scope:
+        await _rows(admitted, ctx, progress, options.results)
+    deadline_scope.cancel()
+    await _journal_unreached(admitted, ctx, options.results)
+    # Checked before the fold, so a failure downgrades the matrix itself.
+    problem = options.interrupt_finish(originals)
+    if problem is not None:
+        await writer.append(InterruptFinishFailed(detail=problem[:2000]))
+        progress.note(f"interrupt finish failed: {problem}")
+
+    def folding() -> None:
+        seen.folded = True
+
+    try:
+        return await publish_matrix_receipt(writer, ctx.run_dir, on_fold=folding)
+    except BaseException as exc:
+        with trio.CancelScope(shield=True):
+            progress.note(f"matrix not folded: {exc!r}")
+            failed = await _publish_failed(admitted, repr(exc), progress)
+        if not isinstance(exc, Exception):
+            raise
+        return failed
+
+
+async def _publish_failed(admitted: AdmittedRun, detail: str, progress: Progress) -> FailedMatrix:
+    """The matrix of a run whose own pipeline failed (the reference's failed receipt)."""
+    receipt = FailedMatrix(detail=detail[:2000], request_sha256=admitted.request_sha256)
+    try:
+        await trio.to_thread.run_sync(
+            publish_fresh, os.path.join(admitted.output, MATRIX_FILENAME), encode_matrix(receipt)
+        )
+    except OSError as exc:
+        # The folded matrix may already be on disk (its publication record was what failed).
+        progress.note(f"failed matrix not written: {exc}")
+    return receipt
+
+
+async def publish_matrix_receipt(
+    writer: JournalWriter, run_dir: str, *, on_fold: Callable[[], None] | None = None
+) -> MatrixReceipt:
     """Fold the matrix from the durable journal file (exactly what replay reads), publish it
-    fresh and journal the publication."""
+    fresh and journal the publication. ``on_fold`` is called just before the journal is
+    synced for the fold: whatever is appended later is not in the matrix."""
+    if on_fold is not None:
+        on_fold()
     through = await writer.sync()
     path = journal_path(run_dir)
 
@@ -399,26 +503,6 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
     )
 
 
-async def _rows_under_signals(
-    admitted: AdmittedRun,
-    ctx: RunContext,
-    progress: Progress,
-    results: dict[int, RowResult],
-) -> bool:
-    """Run the rows with SIGINT/SIGTERM turned into cancellation; True if handlers restored."""
-    before = {signum: signal.getsignal(signum) for signum in _SIGNALS}
-    with trio.open_signal_receiver(*_SIGNALS) as signals:
-        async with trio.open_nursery() as watchers:
-            rows_scope = trio.CancelScope()
-            watchers.start_soon(_watch_signals, signals, ctx, rows_scope, progress)
-            watchers.start_soon(_watch_deadline, ctx, rows_scope, progress)
-            with rows_scope:
-                await _rows(admitted, ctx, progress, results)
-            watchers.cancel_scope.cancel()
-    after = {signum: signal.getsignal(signum) for signum in _SIGNALS}
-    return after == before
-
-
 async def _rows(
     admitted: AdmittedRun, ctx: RunContext, progress: Progress, results: dict[int, RowResult]
 ) -> None:
@@ -435,11 +519,20 @@ async def _rows(
 
 
 async def _watch_signals(
-    signals: Any, ctx: RunContext, rows_scope: trio.CancelScope, progress: Progress
+    signals: Any,
+    ctx: RunContext,
+    rows_scope: trio.CancelScope,
+    progress: Progress,
+    seen: _Signals,
 ) -> None:
     async for signum in signals:
         name = signal.Signals(signum).name
-        if ctx.stop.signal_name is None and not ctx.stop.deadline_hit:
+        seen.received += 1
+        if seen.folded:
+            # The matrix is being folded or published: nothing is left to cancel, and
+            # publication is never skipped.
+            seen.late.append(name)
+        elif ctx.stop.signal_name is None and not ctx.stop.deadline_hit:
             ctx.stop.signal_name = name
             # Stamped before the rows see the cancellation, so every later fold sees it.
             ctx.writer.append_nowait(
@@ -455,16 +548,20 @@ async def _watch_signals(
 
 
 async def _watch_deadline(
-    ctx: RunContext, rows_scope: trio.CancelScope, progress: Progress
+    ctx: RunContext,
+    rows_scope: trio.CancelScope,
+    progress: Progress,
+    deadline_scope: trio.CancelScope,
 ) -> None:
-    await trio.sleep_until(ctx.stop.run_deadline)
-    if ctx.stop.signal_name is None:
-        ctx.stop.deadline_hit = True
-        ctx.writer.append_nowait(
-            DeadlineExpired(cell_id=None, budget="execution", detail="execution_seconds spent")
-        )
-        rows_scope.cancel()
-        progress.note("execution deadline reached: stopping the run")
+    with deadline_scope:
+        await trio.sleep_until(ctx.stop.run_deadline)
+        if ctx.stop.signal_name is None:
+            ctx.stop.deadline_hit = True
+            ctx.writer.append_nowait(
+                DeadlineExpired(cell_id=None, budget="execution", detail="execution_seconds spent")
+            )
+            rows_scope.cancel()
+            progress.note("execution deadline reached: stopping the run")
 
 
 # --- the command ----------------------------------------------------------------------------------
@@ -483,7 +580,19 @@ def run_command(input: str, output: str) -> int:
     options = RunOptions(
         progress=progress_for(sys.stderr, len(admitted.prepared.rows), synthetic=synthetic)
     )
-    outcome = trio.run(supervise, admitted, options)
+    try:
+        outcome = trio.run(supervise, admitted, options)
+    except KeyboardInterrupt:
+        # Python's handlers are in place only before the run's receiver opens and after the
+        # matrix is published: a matrix receipt is on disk either way.
+        matrix = os.path.join(admitted.output, MATRIX_FILENAME)
+        if not os.path.lexists(matrix):
+            failed = FailedMatrix(
+                detail="interrupted before the run began", request_sha256=admitted.request_sha256
+            )
+            publish_fresh(matrix, encode_matrix(failed))
+        print(f"interrupted: {matrix}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(final_line(admitted, outcome))
     if outcome.interrupted:
         return EXIT_INTERRUPTED
