@@ -397,6 +397,154 @@ def test_first_terminal_refusal_wins() -> None:
     assert fold(script).terminal_refusal == "deadline_expired"
 
 
+# --- the measurement level: its own status and terminal refusal -----------------------------
+
+
+def _ladder_started(script: CellScript) -> CellScript:
+    script.open()
+    script.launch()
+    script.become_ready()
+    script.warmup()
+    return script
+
+
+def test_measurement_fields_are_defaulted_and_last() -> None:
+    """Evolution rule: the new fields go last with defaults, so an older cell.json decodes."""
+    from cache_family.schemas.receipts import Measurement
+
+    assert Measurement.__struct_fields__[-2:] == ("status", "terminal_refusal")
+    published = json.loads(encode_receipt(fold(CellScript().happy())))
+    del published["measurement"]["status"], published["measurement"]["terminal_refusal"]
+    older = decode_cell_receipt(json.dumps(published).encode())
+    assert older.measurement.status is None and older.measurement.terminal_refusal is None
+
+
+def test_a_whole_ladder_without_a_stop_is_a_completed_measurement() -> None:
+    for script in (CellScript().happy(), serial_cell().happy()):
+        measurement = fold(script).measurement
+        assert measurement.status == "completed" and measurement.terminal_refusal is None
+        published = json.loads(encode_receipt(fold(script)))["measurement"]
+        assert published["status"] == "completed" and published["terminal_refusal"] is None
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [("cancel", "cancelled"), ("deadline", "deadline_expired"), ("run-wide", "cancelled")],
+)
+def test_a_stop_during_the_ladder_downgrades_the_measurement_level(
+    stop: str, expected: str
+) -> None:
+    script = _ladder_started(CellScript())
+    script.request(0, 0)
+    if stop == "deadline":
+        script.deadline()
+    else:
+        script.cancel(run_wide=stop == "run-wide")
+    script.cleanup()
+    receipt = fold(script)
+    measurement = receipt.measurement
+    assert measurement.status == "incomplete" and measurement.terminal_refusal == expected
+    assert measurement.terminal_refusal == receipt.terminal_refusal
+    assert len(measurement.rungs[0].rows) == 1  # the downgrade erases nothing
+
+
+@pytest.mark.parametrize("when", ["post-verify", "cleanup", "finalize"])
+def test_a_stop_after_a_whole_ladder_still_downgrades_the_measurement(when: str) -> None:
+    """Every receipt level is downgraded by a stop before the cell is done, even when the
+    rungs themselves were all completed (``complete`` keeps saying so)."""
+    script = _ladder_started(CellScript())
+    script.ladder()
+    if when == "post-verify":
+        script.deadline()
+        script.cleanup()
+    else:
+        script.pins("after")
+        script.fire(CellEvent.PINS_VERIFIED)
+        if when == "cleanup":
+            script.deadline()
+        script.cleanup()
+        if when == "finalize":
+            script.deadline()
+    measurement = fold(script).measurement
+    assert measurement.complete
+    assert measurement.status == "incomplete"
+    assert measurement.terminal_refusal == "deadline_expired"
+
+
+def test_an_interrupt_finish_failure_before_done_downgrades_the_measurement() -> None:
+    script = CellScript().happy()
+    during = fold(script, InterruptFinishFailed(detail="sigaction restore failed"))
+    assert during.measurement.status == "incomplete"
+    assert during.measurement.terminal_refusal == "interrupt_finish_failed"
+    script.fire(CellEvent.RECEIPT_PUBLISHED)
+    after = fold(script, InterruptFinishFailed(detail="sigaction restore failed"))
+    assert after.measurement.status == "completed"
+    assert after.measurement.terminal_refusal is None
+
+
+def test_a_late_custody_fault_leaves_the_measurement_level_completed() -> None:
+    """Drift or a forced kill after the ladder lowers the cell, not the rungs it measured."""
+    for script in (CellScript().happy(drift=True), CellScript().happy(forced=True)):
+        receipt = fold(script)
+        assert receipt.status == "incomplete"
+        assert receipt.measurement.status == "completed"
+
+
+def test_a_measurement_that_never_ran_is_not_run_and_keeps_the_stop() -> None:
+    mismatch = CellScript().open()
+    mismatch.pins("before", drift=True)
+    mismatch.records.append(Fault(cell_id=mismatch.cell_id, kind="pin_mismatch"))
+    mismatch.fire(CellEvent.PINS_MISMATCH)
+    mismatch.cleanup()
+    measurement = fold(mismatch).measurement
+    assert measurement.status == "not-run" and measurement.terminal_refusal is None
+
+    cancelled = CellScript().open()
+    cancelled.launch()
+    cancelled.cancel()
+    cancelled.cleanup()
+    receipt = fold(cancelled)
+    assert receipt.measurement.status == "not-run"  # nothing to downgrade
+    assert receipt.measurement.terminal_refusal == "cancelled" == receipt.terminal_refusal
+
+
+def test_a_cut_short_rung_is_an_incomplete_measurement() -> None:
+    script = _ladder_started(CellScript())
+    script.request(0, 0)
+    script.request(0, 1, RequestRow(request_id=1, status="incomplete", error="timed out"))
+    script.rung_done(0, status="incomplete")
+    script.fault("request_timeout", "request 1 after 120000 ms")
+    script.cleanup()
+    measurement = fold(script).measurement
+    assert measurement.status == "incomplete" and measurement.terminal_refusal is None
+
+
+def test_rungs_that_ran_and_produced_nothing_usable_are_a_failed_measurement() -> None:
+    script = _ladder_started(CellScript())
+    for request_id in range(2):
+        script.request(0, request_id, RequestRow(request_id=request_id, status="failed"))
+    script.rung_done(0, status="failed")
+    script.fault("request_failed", "rung 0 ended failed")
+    script.cleanup()
+    receipt = fold(script)
+    assert receipt.status == "incomplete"
+    assert receipt.measurement.status == "failed"
+
+
+def test_no_planned_rung_is_an_unmeasured_measurement() -> None:
+    script = CellScript(rungs=()).open()
+    script.launch()
+    script.become_ready()
+    script.warmup()
+    script.fire(CellEvent.LADDER_DONE)
+    script.pins("after")
+    script.fire(CellEvent.PINS_VERIFIED)
+    script.cleanup()
+    receipt = fold(script)
+    assert receipt.measurement.status == "unmeasured"
+    assert receipt.status == "incomplete"
+
+
 # --- malformed or partial journals ---------------------------------------------------------------
 
 
@@ -617,6 +765,54 @@ def test_row_with_a_drifted_arm_is_incomplete() -> None:
     assert receipt.status == "incomplete"
     assert not receipt.observations[1].accepted_for_parity
     assert receipt.observations[1].reason == "pin_drift"
+    # The row says why it fell short: its first arm that did not complete.
+    assert receipt.reason == "pin_drift"
+
+
+def test_a_completed_row_has_no_reason() -> None:
+    cells = [serial_cell().happy(), CellScript().happy()]
+    arms = [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")]
+    assert fold_row(journal(*row_with(cells, arms)), 0).reason is None
+
+
+def test_an_incomplete_row_takes_its_first_shortfall_as_its_reason() -> None:
+    """The first planned arm that did not complete names the row's reason, also when that cell
+    recorded no fault (a cancelled cell; a rung reported incomplete without a fault)."""
+    cancelled = _ladder_started(CellScript())
+    cancelled.request(0, 0)
+    cancelled.cancel()
+    cancelled.cleanup()
+    cells = [serial_cell().happy(), cancelled]
+    arms = [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")]
+    receipt = fold_row(journal(*row_with(cells, arms)), 0)
+    assert fault_kinds(fold(cancelled)) == []
+    assert receipt.status == "incomplete" and receipt.reason == "cancelled"
+
+    short = _ladder_started(CellScript())
+    short.ladder()
+    short_records = [
+        msgspec.structs.replace(r, status="incomplete")
+        if isinstance(r, RungCompleted) and r.rung_index == 1
+        else r
+        for r in short.records
+    ]
+    short.records[:] = short_records
+    short.pins("after")
+    short.fire(CellEvent.PINS_VERIFIED)
+    short.cleanup()
+    assert fault_kinds(fold(short)) == []
+    receipt = fold_row(journal(*row_with([serial_cell().happy(), short], arms)), 0)
+    assert receipt.status == "incomplete" and receipt.reason == "measurement_incomplete"
+    assert receipt.observations[1].reason == "measurement_incomplete"
+
+    # A failed first arm is named before a later drifted one.
+    failed = CellScript(cell_id="cell-0000/native-serial", arm="native-serial").open()
+    failed.launch()
+    failed.fault("readiness_failed", "GET /health never returned ok")
+    failed.cleanup()
+    cells = [failed, CellScript().happy(drift=True)]
+    receipt = fold_row(journal(*row_with(cells, arms)), 0)
+    assert receipt.status == "failed" and receipt.reason == "readiness_failed"
 
 
 def test_missing_model_row() -> None:

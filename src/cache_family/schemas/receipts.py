@@ -134,6 +134,14 @@ class Measurement(msgspec.Struct, frozen=True, kw_only=True):
     kind: str  # serial | concurrent
     complete: bool
     rungs: tuple[RungReceipt, ...] = ()
+    # The measurement's own receipt level (the fold's ``_measurement_status``): ``completed``
+    # when every planned rung completed with a summarisable roster and no stop came;
+    # ``incomplete`` when evidence is partial or a terminal refusal downgraded it; ``failed``
+    # when rungs ran and produced nothing usable; ``not-run`` when no rung ever reported;
+    # ``unmeasured`` when none was planned. None only in a receipt from before this field.
+    status: ReceiptStatus | None = None
+    # The cell's terminal refusal, which downgrades this level as it does the cell's.
+    terminal_refusal: TerminalRefusal | None = None
 
 
 class CellReceipt(msgspec.Struct, frozen=True, kw_only=True):

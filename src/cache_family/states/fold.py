@@ -493,7 +493,35 @@ class CellFold:
             )
         if not planned:
             problems.append("no rung was planned")
-        return Measurement(kind=kind, complete=not problems, rungs=tuple(rungs)), problems
+        status = _measurement_status(planned=bool(planned), rungs=rungs, problems=problems)
+        if self.terminal_refusal is not None:
+            status = terminal_downgrade(status)
+        measurement = Measurement(
+            kind=kind,
+            complete=not problems,
+            rungs=tuple(rungs),
+            status=status,
+            terminal_refusal=self.terminal_refusal,
+        )
+        return measurement, problems
+
+
+def _measurement_status(
+    *, planned: bool, rungs: Sequence[RungReceipt], problems: Sequence[str]
+) -> ReceiptStatus:
+    """The measurement level's status before any terminal refusal: ``unmeasured`` with nothing
+    planned, ``not-run`` when no rung reported and no request was journaled, ``completed``
+    with nothing missing, ``incomplete`` when some evidence was produced, else ``failed``."""
+    if not planned:
+        return "unmeasured"
+    if all(rung.status == "not-run" and not rung.rows for rung in rungs):
+        return "not-run"
+    if not problems:
+        return "completed"
+    produced = any(rung.status in ("completed", "incomplete") for rung in rungs) or any(
+        row.status == "completed" for rung in rungs for row in rung.rows
+    )
+    return "incomplete" if produced else "failed"
 
 
 def _summarise(
@@ -731,6 +759,8 @@ class RowFold:
         terminal = self.terminal_refusal or next(
             (c.terminal_refusal for c in cell_receipts if c.terminal_refusal), None
         )
+        if reason is None and status != "completed":
+            reason = _first_shortfall(observations) or terminal
         run = self.run
         synthetic = _synthetic(run, opened) or any(c.synthetic for c in cell_receipts)
         return RowReceipt(
@@ -761,12 +791,34 @@ class RowFold:
         )
 
 
+def _first_shortfall(observations: Iterable[ArmObservation]) -> str | None:
+    """Why a row fell short: the reason of its first planned arm that did not complete."""
+    for observation in observations:
+        if observation.planned == "planned" and observation.status != "completed":
+            return observation.reason or observation.status
+    return None
+
+
+def _cell_reason(cell: CellReceipt) -> str | None:
+    """An arm's reason: the cell's first fault, else what else kept it from completing (a
+    terminal refusal, or a measurement that is not whole, e.g. a rung that ended early)."""
+    if cell.faults:
+        return cell.faults[0].kind
+    if cell.status == "completed":
+        return None
+    if cell.terminal_refusal is not None:
+        return cell.terminal_refusal
+    if not cell.measurement.complete:
+        return "measurement_incomplete"
+    return None
+
+
 def _observation(cell: CellReceipt, planned: str) -> ArmObservation:
     return ArmObservation(
         arm=cell.arm or "",
         planned=planned,
         status=cell.status,
-        reason=cell.faults[0].kind if cell.faults else None,
+        reason=_cell_reason(cell),
         cell_id=cell.cell_id,
         cell_dir=cell.cell_dir,
         terminal_refusal=cell.terminal_refusal,
