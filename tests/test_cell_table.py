@@ -4,10 +4,16 @@ every other pair is a typed refusal with a stable code."""
 from __future__ import annotations
 
 import itertools
+import logging
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
 
 import pytest
 
 from cache_family.errors import Refused
+from cache_family.states import cell as cell_module
 from cache_family.states.cell import (
     CELL_TABLE,
     ROW_TABLE,
@@ -98,6 +104,86 @@ def test_table_has_exactly_the_expected_pairs() -> None:
 def test_transitions_library_agrees_with_both_tables() -> None:
     validate_with_transitions(CELL_TABLE)
     validate_with_transitions(ROW_TABLE)
+
+
+def test_validation_refuses_a_table_whose_rows_name_an_unlisted_state() -> None:
+    unlisted = replace(CELL_TABLE, states=tuple(s for s in CellState if s != C.WARMUP))
+    with pytest.raises(ValueError, match="warmup is not a state"):
+        validate_with_transitions(unlisted)
+    no_final = replace(ROW_TABLE, states=tuple(s for s in RowState if s != R.DONE))
+    with pytest.raises(ValueError, match="final state done is not among"):
+        validate_with_transitions(no_final)
+
+
+def test_validation_fires_nothing_and_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG):
+        validate_with_transitions(CELL_TABLE)
+        validate_with_transitions(ROW_TABLE)
+    assert [r for r in caplog.records if r.name.startswith("transitions")] == []
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": ":".join(sys.path), "PYTHONDONTWRITEBYTECODE": "1"},
+        check=False,
+    )
+
+
+def test_importing_the_tables_validates_them() -> None:
+    """A transitions machine that disagrees with the tables fails the import itself."""
+    broken = _python(
+        """
+        import transitions
+        transitions.Machine.get_triggers = lambda self, *states: []
+        import cache_family.states.cell
+        """
+    )
+    assert broken.returncode != 0
+    assert "cell table disagrees with transitions" in broken.stderr
+    assert "pins-verified: transitions refused it" in broken.stderr
+
+
+def test_importing_the_tables_does_no_io() -> None:
+    """Importing the tables (and validating them with transitions) opens, lists, spawns and
+    connects nothing; only the import machinery itself reads files (finding modules)."""
+    probe = _python(
+        """
+        import sys
+
+        seen = []
+
+        def audit(event, args):
+            if not event.startswith(("open", "os.", "subprocess.", "socket.", "shutil.")):
+                return
+            caller = sys._getframe(1)
+            if caller.f_code.co_filename.startswith("<frozen importlib"):
+                return  # finding and reading modules, not work done by them
+            seen.append(f"{event} {args[:1]} from {caller.f_code.co_filename}")
+
+        sys.addaudithook(audit)
+        import cache_family.states.cell
+        print("\\n".join(seen))
+        """
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == ""
+
+
+def test_the_warmup_state_sends_no_request() -> None:
+    """host-ready cuts the prompt and journals the warmup rule; the excluded warmup request is
+    the serial rung's request 0, sent by run-rungs in ladder (the module docstring says so)."""
+    assert CELL_TABLE.step(C.LAUNCH, V.HOST_READY).actions == (
+        CellAction.CUT_PROMPT,
+        CellAction.JOURNAL_WARMUP_RULE,
+    )
+    assert CELL_TABLE.step(C.WARMUP, V.WARMUP_DONE).actions == (CellAction.RUN_RUNGS,)
+    assert not [a for a in CellAction if "send" in a.value]
+    assert cell_module.__doc__ is not None
+    assert "request 0 of the serial cell's one rung" in " ".join(cell_module.__doc__.split())
 
 
 def test_happy_path_visits_every_state_with_the_intended_actions() -> None:

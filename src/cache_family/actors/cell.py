@@ -685,7 +685,9 @@ class CellActor:
         host.note_descendants()
         await self._fire(CellEvent.HOST_READY)
 
-        # warmup: the benchmark prompt, cut by the host's own tokenizer, and the warmup rule
+        # warmup (cut-prompt-with-host-tokenizer, journal-warmup-rule): no completion request
+        # is sent here. The benchmark prompt is cut by the host's own tokenizer and the warmup
+        # rule journaled; the excluded warmup request is request 0 of the serial rung below.
         choice = plan.prompt
         self.prompt = await build_benchmark_prompt(host.base_url, choice.text, plan.prefix_tokens)
         serial = plan.kind == "serial"
