@@ -45,7 +45,9 @@ from cache_family.actors.matrix import (
     RunOptions,
     _make_fresh_dir,
     admit_run,
+    check_interrupt_finish,
     final_line,
+    is_interrupt,
     supervise,
 )
 from cache_family.actors.pins import Budget
@@ -796,6 +798,82 @@ async def test_a_failed_interrupt_finish_downgrades_the_matrix(
     assert receipt.status == "incomplete"
     assert receipt.terminal_refusal == "interrupt_finish_failed"
     assert receipt.rows[0].result.status == "completed"  # the row's own receipt is kept
+
+
+def options_for(admitted: Any, script: FakeHostScript, **seams: Any) -> RunOptions:
+    return RunOptions(
+        host_opener=fake_opener(script),
+        pin_hasher=hasher(),
+        progress=Progress(io.StringIO(), len(admitted.prepared.rows)),
+        **seams,
+    )
+
+
+async def test_the_interrupt_finish_check_runs_before_the_fold_and_downgrades_the_matrix(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    admitted = admit_run(str(make_prepared(tmp_path / "p")), str(tmp_path / "out"))
+    os.mkdir(admitted.output)
+    seen: list[dict[int, Any]] = []
+    real_verdicts: list[str | None] = []
+
+    def handlers_cannot_be_restored(originals: Any) -> str:
+        seen.append(dict(originals))
+        # While the run holds the signals the real check finds nothing wrong.
+        real_verdicts.append(check_interrupt_finish(originals))
+        return "SIGTERM's previous handler cannot be put back"
+
+    outcome = await supervise(
+        admitted,
+        options_for(admitted, FakeHostScript(), interrupt_finish=handlers_cannot_be_restored),
+    )
+    out = Path(admitted.output)
+    assert [sorted(s) for s in seen] == [sorted((signal.SIGINT, signal.SIGTERM))]
+    assert real_verdicts == [None]
+    failed = records(out, InterruptFinishFailed)
+    assert [f.detail for f in failed] == ["SIGTERM's previous handler cannot be put back"]
+    received = matrix(out)
+    assert (
+        received.status == "incomplete" and received.terminal_refusal == "interrupt_finish_failed"
+    )
+    assert received.rows[0].result.status == "completed"  # the row's own receipt is kept
+    assert outcome.status == "incomplete" and not outcome.interrupted
+    finished_at = next(
+        line.seq for line in journal(out) if isinstance(line.record, InterruptFinishFailed)
+    )
+    assert received.journal_through_seq >= finished_at
+    assert replay(str(out)).exit_code == 0
+    # Handlers are back after the run.
+    assert signal.getsignal(signal.SIGTERM) == seen[0][signal.SIGTERM]
+
+
+def test_the_interrupt_finish_check_outside_the_runs_receiver_fails() -> None:
+    originals = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    # Nothing turns the signals into cancellation here: the run's handlers are gone.
+    problem = check_interrupt_finish(originals)
+    assert problem is not None and "SIGINT is no longer turned into cancellation" in problem
+    assert "SIGTERM is no longer turned into cancellation" in problem
+    unrestorable = check_interrupt_finish({signal.SIGTERM: None})
+    assert unrestorable is not None and "not set from Python" in unrestorable
+
+
+async def test_a_fold_that_fails_still_publishes_the_failed_matrix(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admitted = admit_run(str(make_prepared(tmp_path / "p")), str(tmp_path / "out"))
+    os.mkdir(admitted.output)
+
+    def fold_interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt  # what Python's default SIGINT handler would raise
+
+    monkeypatch.setattr("cache_family.actors.matrix.fold_matrix", fold_interrupted)
+    with pytest.raises(BaseException) as raised:
+        await supervise(admitted, options_for(admitted, FakeHostScript()))
+    assert is_interrupt(raised.value)  # re-raised, after the fallback was written
+    failed = msgspec.json.decode((Path(admitted.output) / MATRIX_FILENAME).read_bytes())
+    assert failed["status"] == "failed"
+    assert failed["request_sha256"] == admitted.request_sha256
+    assert "KeyboardInterrupt" in failed["detail"]
 
 
 async def test_package_only_and_skipped_baselines_are_recorded_not_launched(

@@ -26,6 +26,8 @@ from cache_family.schemas.journal import (
     ChildSpawned,
     CleanupOutcome,
     PortReserved,
+    ReceiptPublished,
+    RowOpened,
     read_journal,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
@@ -197,3 +199,62 @@ async def test_an_existing_output_is_refused_and_left_untouched(tmp_path: Path) 
     relative = await start_run(prepared, Path("relative-out"), tmp_path / "logs")
     assert await wait_exit(relative) == 2
     assert not (Path.cwd() / "relative-out").exists()
+
+
+async def poll_journal_until(out: Path, process: trio.Process, wanted: Any) -> None:
+    """Yield until a complete journal line satisfies ``wanted`` (bounded by WAIT): the run's
+    own journal says where it is, so the next signal lands at a known point."""
+    path = out / "journal.jsonl"
+    with trio.fail_after(WAIT):
+        while True:
+            assert process.returncode is None and process.poll() is None, "the run ended early"
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                data = b""
+            complete = data[: data.rfind(b"\n") + 1]
+            if complete and any(wanted(line.record) for line in read_journal(complete).lines):
+                return
+            await trio.sleep(0)
+
+
+async def test_a_second_signal_after_the_rows_still_publishes_the_cancelled_matrix(
+    tmp_path: Path,
+) -> None:
+    """SIGINT mid-ladder, then SIGTERM once the rows are over (while the unreached rows are
+    journaled): the run still journals every row, publishes the matrix and exits 130."""
+    prepared = make_prepared(tmp_path / "p", keys=("qwen3_dense", "llama"))
+    fifo = Fifo(tmp_path / "notify")
+    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path))
+    out = tmp_path / "out"
+    logs = logs_dir(tmp_path)
+    process = await start_run(prepared, out, logs)
+    try:
+        assert (await fifo.next_line()).startswith("stream ")
+        process.send_signal(signal.SIGINT)
+        # A row with a model that the cancellation kept from starting: the rows are over.
+        await poll_journal_until(
+            out,
+            process,
+            lambda r: isinstance(r, RowOpened) and r.row_dir == "" and r.model_status == "present",
+        )
+        process.send_signal(signal.SIGTERM)
+        code = await wait_exit(process)
+    finally:
+        fifo.close()
+        if process.returncode is None:
+            process.kill()
+    stderr = (logs / "run.stderr").read_text()
+    assert code == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.status == "incomplete" and matrix.terminal_refusal == "cancelled"
+    opened = journal_records(out, RowOpened)
+    assert len(opened) == len(matrix.rows) > 1  # every planned row is journaled
+    later = {r.result.status for r in matrix.rows[1:]}
+    assert "not-launched" in later and later <= {"not-launched", "missing-model"}
+    assert [c.signal for c in journal_records(out, Cancellation) if c.cell_id is None] == ["SIGINT"]
+    published = journal_records(out, ReceiptPublished)
+    assert published[-1].scope == "matrix"
+    assert_no_orphan_and_ports_free(out)
+    assert replay(str(out)).exit_code == 0

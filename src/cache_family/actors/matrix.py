@@ -582,7 +582,9 @@ def run_command(input: str, output: str) -> int:
     )
     try:
         outcome = trio.run(supervise, admitted, options)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not is_interrupt(exc):
+            raise
         # Python's handlers are in place only before the run's receiver opens and after the
         # matrix is published: a matrix receipt is on disk either way.
         matrix = os.path.join(admitted.output, MATRIX_FILENAME)
@@ -597,6 +599,14 @@ def run_command(input: str, output: str) -> int:
     if outcome.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_COMPLETED if outcome.status == "completed" else EXIT_NOT_COMPLETED
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """A KeyboardInterrupt, alone or as the only thing in (nested) exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(KeyboardInterrupt)
+        return rest is None
+    return isinstance(exc, KeyboardInterrupt)
 
 
 def final_line(admitted: AdmittedRun, outcome: MatrixOutcome) -> str:
