@@ -321,6 +321,51 @@ def test_planted_receipt_is_not_accounted_for(run_dir: Path) -> None:
     assert any("no receipt_published record" in line for line in report.lines)
 
 
+def test_a_run_killed_mid_ladder_did_not_finish(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What SIGKILL leaves: the journal stops inside the concurrent cell; no later receipt."""
+    lines = journal_lines(run_dir)
+    opened = next(i for i, line in enumerate(lines) if b'"cell-0000/native-concurrent"' in line)
+    assert b'"cell_opened"' in lines[opened]
+    write_lines(run_dir, lines[: opened + 3])  # the cell got a little further, then nothing
+    for later in ("cell-0000/native-concurrent/cell.json", "cell-0000/row.json", MATRIX_FILENAME):
+        (run_dir / later).unlink()
+    assert replay_command(str(run_dir), reap=False) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "identical cell-0000/native-serial/cell.json" in out[1]  # what exists still compares
+    assert out[-2] == (
+        f"replay: run did not finish: cell cell-0000/native-concurrent opened at seq {opened + 1}"
+        " never published its receipt; row 0 opened at seq 2 never published its receipt; no "
+        f"{MATRIX_FILENAME} was published (the trusted journal ends at seq {opened + 3})"
+    )
+    assert out[-1] == "replay: UNFINISHED (1 identical, 0 differing)"
+
+
+def test_a_row_that_never_published_is_unfinished_even_with_a_matrix(tmp_path: Path) -> None:
+    async def main() -> None:
+        writer = JournalWriter(journal_path(str(tmp_path)))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            await writer.append(run_started())
+            await writer.append(row_records(0, [ArmPlan(arm="native-serial")]))
+            await publish_matrix_receipt(writer, str(tmp_path))
+            await writer.aclose()
+
+    trio.run(main)
+    report = replay(str(tmp_path))
+    assert report.identical == [MATRIX_FILENAME] and not report.differs
+    assert report.exit_code == 1
+    assert report.unfinished == (
+        "row 0 opened at seq 2 never published its receipt (the trusted journal ends at seq 3)"
+    )
+    # A finished run with the same shape replays identically (no false alarm).
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    build_run(finished)
+    assert replay(str(finished)).unfinished is None
+
+
 def test_unreadable_journals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert replay_command(str(tmp_path), reap=False) == 2
     assert "file.missing" in capsys.readouterr().out
@@ -387,7 +432,10 @@ def test_reap_ends_a_journaled_child(tmp_path: Path) -> None:
         assert not psutil.pid_exists(child.pid)
         assert f"reap: ended with SIGTERM: [{child.pid}]" in report.lines
         assert not any("SIGKILL" in line for line in report.lines)
-        assert report.exit_code == 0
+        # A journal that stops after spawning a host is a crashed run: reaped, still unfinished.
+        assert report.exit_code == 1 and not report.differs and not report.mismatched
+        assert report.lines[-2].startswith("replay: run did not finish: ")
+        assert report.lines[-1] == "replay: UNFINISHED (0 identical, 0 differing)"
     finally:
         child.kill()
         child.wait()
@@ -399,9 +447,11 @@ def test_reap_kills_a_child_that_ignores_sigterm(
     child = spawn_child(FAULT_CHILD_IGNORES_SIGTERM)
     try:
         journal_children(tmp_path, [(child.pid, psutil.Process(child.pid).create_time())])
-        assert replay_command(str(tmp_path), reap=True, reap_grace_s=0.3) == 0
+        assert replay_command(str(tmp_path), reap=True, reap_grace_s=0.3) == 1
         assert not psutil.pid_exists(child.pid)
-        assert f"killed with SIGKILL after 0.3 s: [{child.pid}]" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert f"killed with SIGKILL after 0.3 s: [{child.pid}]" in out
+        assert "replay: run did not finish: " in out
     finally:
         child.kill()
         child.wait()
@@ -449,7 +499,11 @@ def test_receipt_scopes_come_from_the_refolder_registry(
         return receipt if record.through_seq == 1 else b""
 
     monkeypatch.setitem(REFOLDERS, scope, refold_unregistered)
-    assert replay(str(tmp_path)).exit_code == 0
+    registered = replay(str(tmp_path))
+    assert registered.identical == ["unregistered.json"] and not registered.differs
+    # The receipt matches; only the missing matrix says this journal is not a finished run.
+    assert registered.exit_code == 1
+    assert registered.unfinished is not None and MATRIX_FILENAME in registered.unfinished
     assert seen == [2]
     # Replay loaded states/matrix.py, which registered the matrix refolder once and for all.
     assert "matrix" in REFOLDERS

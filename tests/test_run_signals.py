@@ -258,3 +258,32 @@ async def test_a_second_signal_after_the_rows_still_publishes_the_cancelled_matr
     assert published[-1].scope == "matrix"
     assert_no_orphan_and_ports_free(out)
     assert replay(str(out)).exit_code == 0
+
+
+async def test_a_run_killed_mid_ladder_replays_as_unfinished_and_reap_ends_its_host(
+    tmp_path: Path,
+) -> None:
+    prepared = make_prepared(tmp_path / "p")
+    fifo = Fifo(tmp_path / "notify")
+    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path))
+    out = tmp_path / "out"
+    process = await start_run(prepared, out, logs_dir(tmp_path))
+    try:
+        event, pid = (await fifo.next_line()).split()
+        assert event == "stream"
+        process.kill()  # SIGKILL: no cleanup, no receipt, no matrix
+        assert await wait_exit(process) == -signal.SIGKILL
+    finally:
+        fifo.close()
+        if process.returncode is None:
+            process.kill()
+    host = psutil.Process(int(pid))
+    assert host.is_running()  # the orphaned host is still in the concurrent ladder
+    report = await trio.to_thread.run_sync(lambda: replay(str(out), reap=True, reap_grace_s=10))
+    assert report.exit_code == 1 and not report.differs
+    assert report.identical == ["cell-0000/native-serial/cell.json"]
+    assert report.unfinished is not None
+    assert report.unfinished.startswith("cell cell-0000/native-concurrent opened at seq ")
+    assert f"no {MATRIX_FILENAME} was published" in report.unfinished
+    assert any(line.startswith("reap: ended with SIGTERM: ") for line in report.lines)
+    assert_no_orphan_and_ports_free(out)  # the journaled host is gone, its port free

@@ -13,9 +13,15 @@
    (and that process's descendants): SIGTERM, a bounded grace, then SIGKILL. A pid now used by a
    different process is left alone.
 
-Exit codes: 0 every receipt identical and the chain intact; 1 something differs (chain break,
-torn tail, a receipt that differs, is missing or is not journaled); 2 the journal or a receipt
-cannot be read at all (missing, unreadable, written by a newer version).
+5. The run must have finished: a journal without the matrix's ``receipt_published`` record, or
+   with a cell or row (one with a directory) opened but never published, is a run that was
+   killed or crashed; replay names the first such cell or row and the last trusted seq. The
+   receipts that do exist are still compared and listed.
+
+Exit codes: 0 every receipt identical, the chain intact and the run finished; 1 something
+differs (chain break, torn tail, a receipt that differs, is missing or is not journaled) or the
+run did not finish; 2 the journal or a receipt cannot be read at all (missing, unreadable,
+written by a newer version).
 """
 
 from __future__ import annotations
@@ -37,9 +43,11 @@ from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.journal import (
     JOURNAL_FILENAME,
+    CellOpened,
     ChildSpawned,
     JournalLine,
     ReceiptPublished,
+    RowOpened,
     read_journal,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
@@ -68,6 +76,8 @@ class ReplayReport:
     first_bad_seq: int | None = None
     identical: list[str] = field(default_factory=list)
     mismatched: list[str] = field(default_factory=list)
+    # Why the journal says the run never finished (killed, crashed), or None.
+    unfinished: str | None = None
 
     def say(self, text: str) -> None:
         self.lines.append(text)
@@ -76,7 +86,7 @@ class ReplayReport:
     def exit_code(self) -> int:
         if self.unreadable:
             return EXIT_UNREADABLE
-        return EXIT_DIFFERS if self.differs else EXIT_IDENTICAL
+        return EXIT_DIFFERS if self.differs or self.unfinished else EXIT_IDENTICAL
 
 
 def replay_command(run_dir: str, *, reap: bool, reap_grace_s: float = 5.0) -> int:
@@ -133,14 +143,61 @@ def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> Re
     index = JournalIndex(read.lines)
     journaled = _compare_published(report, root, index, read.lines)
     _account_for_files(report, root, journaled, read.last_seq)
+    report.unfinished = _unfinished(read.lines)
     if reap:
         _reap(report, read.lines, reap_grace_s)
+    if report.unfinished is not None:
+        report.say(f"replay: run did not finish: {report.unfinished}")
     verdict = {EXIT_IDENTICAL: "identical", EXIT_DIFFERS: "DIFFERS", EXIT_UNREADABLE: "UNREADABLE"}
+    if report.unfinished is not None and not report.differs and not report.unreadable:
+        verdict[EXIT_DIFFERS] = "UNFINISHED"
     report.say(
         f"replay: {verdict[report.exit_code]} ({len(report.identical)} identical, "
         f"{len(report.mismatched)} differing)"
     )
     return report
+
+
+def _unfinished(lines: tuple[JournalLine, ...]) -> str | None:
+    """Why the trusted journal is not that of a finished run, or None: the matrix was never
+    published, or a cell or a row with a directory was opened and never published its receipt
+    (a row journaled without a directory, never launched, has no receipt to publish). Names the
+    first such cell and the first such row: the cell is where the run was when it stopped."""
+    opened: dict[tuple[str, str], int] = {}
+    published: set[tuple[str, str]] = set()
+    matrix_published = False
+    for line in lines:
+        record = line.record
+        if isinstance(record, CellOpened):
+            opened.setdefault(("cell", record.cell_id), line.seq)
+        elif isinstance(record, RowOpened) and record.row_dir:
+            opened.setdefault(("row", str(record.row_index)), line.seq)
+        elif isinstance(record, ReceiptPublished):
+            if record.scope == "matrix":
+                matrix_published = True
+            elif record.scope == "cell" and record.cell_id is not None:
+                published.add(("cell", record.cell_id))
+            elif record.scope == "row" and record.row_index is not None:
+                published.add(("row", str(record.row_index)))
+    problems: list[str] = []
+    for wanted in ("cell", "row"):
+        first = next(
+            (
+                (key, seq)
+                for key, seq in opened.items()
+                if key[0] == wanted and key not in published
+            ),
+            None,
+        )
+        if first is not None:
+            (kind, name), seq = first
+            problems.append(f"{kind} {name} opened at seq {seq} never published its receipt")
+    if not matrix_published:
+        problems.append(f"no {MATRIX_FILENAME} was published")
+    if not problems:
+        return None
+    last_seq = lines[-1].seq if lines else 0
+    return "; ".join(problems) + f" (the trusted journal ends at seq {last_seq})"
 
 
 def _unreadable(report: ReplayReport, refusals: Iterable[Refusal]) -> None:
