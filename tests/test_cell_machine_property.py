@@ -4,8 +4,10 @@ faults a real host session meets, and the invariants are checked after every ste
 * a receipt never rises after a downgrade (and the fold's ceiling never rises at all);
 * replay equals live: the receipt folded incrementally from the records as they were appended
   equals the receipt folded from scratch out of the encoded journal bytes;
-* after finalize no recorded process is alive: every spawned pid has a cleanup record and the
-  simulated process table is empty;
+* after finalize no recorded process is alive, judged from the journal bytes alone (never
+  from state the rules keep): every ``child_spawned`` pid has a later ``cleanup_outcome`` for
+  that pid with no surviving or escaped descendant before the cell's cleanup-done transition,
+  and the fold's cleanup section names the last host;
 * failure is sticky: a faulted machine is only ever in cleanup, finalize or done.
 """
 
@@ -26,6 +28,7 @@ from cache_family.schemas.journal import (
     JournalChain,
     Record,
     RequestOutcome,
+    Transition,
     encode_line,
     read_journal,
 )
@@ -50,7 +53,7 @@ class CellSession(RuleBasedStateMachine):
         self.appended = 0
         self.live = CellFold(self.script.cell_id)
         self.clock = 0
-        self.alive: set[int] = set()
+        # What the cleanup actor knows it spawned (the invariant reads the journal instead).
         self.spawned: list[int] = []
         self.next_pid = 5000
         self.rung = 0
@@ -83,7 +86,6 @@ class CellSession(RuleBasedStateMachine):
         self.next_pid += 1
         self.script.pid = self.next_pid
         self.script.create_time = 1_700_000_000.0 + self.next_pid
-        self.alive.add(self.next_pid)
         self.spawned.append(self.next_pid)
 
     # -- the happy path, one step at a time ----------------------------------------------------
@@ -152,20 +154,20 @@ class CellSession(RuleBasedStateMachine):
     @precondition(lambda self: self.state == C.CLEANUP)
     @rule(forced=st.booleans())
     def cleanup(self, forced: bool) -> None:
-        # The cleanup actor ends every process it spawned (SIGTERM, or SIGKILL when forced).
-        pid = self.spawned[-1] if self.spawned else None
-        self.alive.clear()
-        self.script.records.append(
-            CleanupOutcome(
-                cell_id=self.script.cell_id,
-                pid=pid,
-                graceful=not forced,
-                forced=forced and pid is not None,
-                exit_code=-9 if forced else 0,
-                port_free=True,
-                state_dir_removed=True,
+        # The cleanup actor ends every process it spawned (SIGTERM, or SIGKILL when forced)
+        # and journals one outcome per pid, the current host last.
+        for pid in self.spawned or [None]:
+            self.script.records.append(
+                CleanupOutcome(
+                    cell_id=self.script.cell_id,
+                    pid=pid,
+                    graceful=not forced,
+                    forced=forced and pid is not None,
+                    exit_code=-9 if forced else 0,
+                    port_free=True,
+                    state_dir_removed=True,
+                )
             )
-        )
         self.script.fire(CellEvent.CLEANUP_DONE)
         self._flush()
 
@@ -214,8 +216,18 @@ class CellSession(RuleBasedStateMachine):
     @precondition(lambda self: self.state in (C.LAUNCH, C.WARMUP, C.LADDER))
     @rule()
     def child_exits(self) -> None:
-        self.alive.discard(self.script.pid)
+        # Exited on its own: cleanup must still reap it and journal its outcome.
         self.script.fault("child_exited", "exit status 139")
+        self._flush()
+
+    @precondition(lambda self: self.state == C.LAUNCH and len(self.spawned) == 1)
+    @rule()
+    def host_spawned_twice(self) -> None:
+        """A faulty launch leaves two hosts; cleanup owes an outcome for each pid."""
+        event("host spawned twice")
+        self._spawn()
+        self.script.spawn()
+        self.script.fault("internal", f"a second host {self.script.pid} was spawned")
         self._flush()
 
     @precondition(lambda self: self.state == C.LAUNCH)
@@ -293,13 +305,29 @@ class CellSession(RuleBasedStateMachine):
     def no_recorded_process_alive_after_finalize(self) -> None:
         if self.state not in (C.FINALIZE, C.DONE):
             return
-        assert not self.alive
-        records = [r for r in self.script.records]
-        spawned = {r.pid for r in records if isinstance(r, ChildSpawned)}
-        cleaned = {r.pid for r in records if isinstance(r, CleanupOutcome)}
-        assert spawned <= cleaned
+        alive: set[int] = set()
+        spawned: list[int] = []
+        alive_at_cleanup_done: set[int] | None = None
+        for line in read_journal(bytes(self.journal)).lines:
+            record = line.record
+            if isinstance(record, ChildSpawned):
+                alive.add(record.pid)
+                spawned.append(record.pid)
+            elif isinstance(record, CleanupOutcome) and record.pid is not None:
+                if not record.surviving_descendants and not record.escaped_descendants:
+                    alive.discard(record.pid)
+            elif (
+                isinstance(record, Transition)
+                and record.machine == "cell"
+                and (record.from_state, record.to_state) == (C.CLEANUP, C.FINALIZE)
+            ):
+                alive_at_cleanup_done = set(alive)
+        assert alive_at_cleanup_done is not None, "finalize reached without cleanup-done"
+        assert not alive_at_cleanup_done, f"alive when cleanup was done: {alive_at_cleanup_done}"
         receipt = self.live.receipt()
         assert receipt.cleanup is not None
+        assert receipt.cleanup.pid == (spawned[-1] if spawned else None)
+        assert receipt.cleanup.surviving_descendants == ()
         if receipt.status == "completed":
             assert receipt.cleanup.clean and receipt.accepted_for_parity
             assert receipt.measurement.complete and not receipt.pins_drifted
