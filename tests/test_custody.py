@@ -34,6 +34,9 @@ from cache_family.schemas.measurement import (
     HostMarkerSeen,
 )
 
+# Real child processes have no event to await: readiness files are polled at this interval.
+CHILD_POLL_SECONDS = 0.01
+
 FAKE_HOSTS = Path(__file__).parent / "fake_hosts"
 IGNORES_SIGTERM = str(FAKE_HOSTS / "fake_host_ignores_sigterm.py")
 SCRIPTED = str(FAKE_HOSTS / "fake_host_scripted.py")
@@ -73,7 +76,7 @@ def alive(pid: int, create_time: float) -> bool:
 async def read_pids(path: Path) -> list[int]:
     with trio.fail_after(10):
         while not path.exists():
-            await trio.sleep(0.01)
+            await trio.sleep(CHILD_POLL_SECONDS)
     return list(json.loads(path.read_text()))
 
 
@@ -124,7 +127,7 @@ async def test_grandchild_that_left_the_group_is_found_by_identity(tmp_path: Pat
             leader, grandchild = await read_pids(pids_path)
             with trio.fail_after(5):
                 while os.getsid(grandchild) != grandchild:
-                    await trio.sleep(0.01)
+                    await trio.sleep(CHILD_POLL_SECONDS)
             created = psutil.Process(grandchild).create_time()
             outcome = await host.cleanup()
     assert outcome.forced is True

@@ -417,7 +417,7 @@ async def test_many_tasks_get_consecutive_seqs_in_file_order(
                 Fault(cell_id=name, kind="internal", detail=str(i)), durable=(i % 4 == 0)
             )
             got.append((seq, f"{name}:{i}"))
-            await trio.sleep(0.001 * (i % 3))
+            await trio.sleep(0.001 * (i % 3))  # virtual time: autojump_clock interleaves tasks
 
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
