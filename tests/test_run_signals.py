@@ -13,6 +13,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,23 +114,45 @@ def logs_dir(tmp_path: Path) -> Path:
     return logs
 
 
+@dataclass
+class StalledRun:
+    """A real `cache-family run` whose FAKE host holds every streamed reply open."""
+
+    out: Path
+    logs: Path
+    process: trio.Process
+    fifo: Fifo
+
+
+async def start_stalled_run(
+    tmp_path: Path, *, keys: Sequence[str] = ("qwen3_dense",), **behaviour: Any
+) -> StalledRun:
+    prepared = make_prepared(tmp_path / "p", keys=keys)
+    fifo = Fifo(tmp_path / "notify")
+    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path), **behaviour)
+    out = tmp_path / "out"
+    logs = logs_dir(tmp_path)
+    return StalledRun(out, logs, await start_run(prepared, out, logs), fifo)
+
+
+def stop(run: StalledRun) -> None:
+    run.fifo.close()
+    if run.process.returncode is None:
+        run.process.kill()
+
+
 async def test_sigint_mid_ladder_downgrades_every_receipt_and_leaves_nothing(
     tmp_path: Path,
 ) -> None:
-    prepared = make_prepared(tmp_path / "p")
-    fifo = Fifo(tmp_path / "notify")
-    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path))
-    out = tmp_path / "out"
-    process = await start_run(prepared, out, logs_dir(tmp_path))
+    run = await start_stalled_run(tmp_path)
+    out, process, fifo = run.out, run.process, run.fifo
     try:
         event, pid = (await fifo.next_line()).split()
         assert event == "stream"  # the concurrent ladder's first request is in the host
         process.send_signal(signal.SIGINT)
         code = await wait_exit(process)
     finally:
-        fifo.close()
-        if process.returncode is None:
-            process.kill()
+        stop(run)
     assert code == 130
     matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
     assert matrix.status == "incomplete" and matrix.terminal_refusal == "cancelled"
@@ -152,12 +176,9 @@ async def test_sigint_mid_ladder_downgrades_every_receipt_and_leaves_nothing(
 async def test_sigterm_then_a_second_signal_shortens_the_grace_but_cleans_up(
     tmp_path: Path,
 ) -> None:
-    prepared = make_prepared(tmp_path / "p")
-    fifo = Fifo(tmp_path / "notify")
     # The ladder's host ignores SIGTERM (it only reports it), so custody must SIGKILL it.
-    behave(prepared, stream_delay=3600, ignore_sigterm="after_stream", notify_fifo=str(fifo.path))
-    out = tmp_path / "out"
-    process = await start_run(prepared, out, logs_dir(tmp_path))
+    run = await start_stalled_run(tmp_path, ignore_sigterm="after_stream")
+    out, process, fifo = run.out, run.process, run.fifo
     try:
         assert (await fifo.next_line()).startswith("stream ")
         process.send_signal(signal.SIGTERM)
@@ -168,9 +189,7 @@ async def test_sigterm_then_a_second_signal_shortens_the_grace_but_cleans_up(
         # Custody's grace is 5 s; the second signal ended it (kill wait and reaping remain).
         assert trio.current_time() - interrupted_at < 4.5
     finally:
-        fifo.close()
-        if process.returncode is None:
-            process.kill()
+        stop(run)
     assert code == 130
     sweep = decode_cell_receipt(
         (out / "cell-0000" / "sweep-native-concurrent" / "cell.json").read_bytes()
@@ -226,12 +245,8 @@ async def test_a_second_signal_after_the_rows_still_publishes_the_cancelled_matr
 ) -> None:
     """SIGINT mid-ladder, then SIGTERM once the rows are over (while the unreached rows are
     journaled): the run still journals every row, publishes the matrix and exits 130."""
-    prepared = make_prepared(tmp_path / "p", keys=("qwen3_dense", "llama"))
-    fifo = Fifo(tmp_path / "notify")
-    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path))
-    out = tmp_path / "out"
-    logs = logs_dir(tmp_path)
-    process = await start_run(prepared, out, logs)
+    run = await start_stalled_run(tmp_path, keys=("qwen3_dense", "llama"))
+    out, logs, process, fifo = run.out, run.logs, run.process, run.fifo
     try:
         assert (await fifo.next_line()).startswith("stream ")
         process.send_signal(signal.SIGINT)
@@ -244,9 +259,7 @@ async def test_a_second_signal_after_the_rows_still_publishes_the_cancelled_matr
         process.send_signal(signal.SIGTERM)
         code = await wait_exit(process)
     finally:
-        fifo.close()
-        if process.returncode is None:
-            process.kill()
+        stop(run)
     stderr = (logs / "run.stderr").read_text()
     assert code == 130, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
@@ -266,20 +279,15 @@ async def test_a_second_signal_after_the_rows_still_publishes_the_cancelled_matr
 async def test_a_run_killed_mid_ladder_replays_as_unfinished_and_reap_ends_its_host(
     tmp_path: Path,
 ) -> None:
-    prepared = make_prepared(tmp_path / "p")
-    fifo = Fifo(tmp_path / "notify")
-    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path))
-    out = tmp_path / "out"
-    process = await start_run(prepared, out, logs_dir(tmp_path))
+    run = await start_stalled_run(tmp_path)
+    out, process, fifo = run.out, run.process, run.fifo
     try:
         event, pid = (await fifo.next_line()).split()
         assert event == "stream"
         process.kill()  # SIGKILL: no cleanup, no receipt, no matrix
         assert await wait_exit(process) == -signal.SIGKILL
     finally:
-        fifo.close()
-        if process.returncode is None:
-            process.kill()
+        stop(run)
     host = psutil.Process(int(pid))
     assert host.is_running()  # the orphaned host is still in the concurrent ladder
     report = await trio.to_thread.run_sync(lambda: replay(str(out), reap=True, reap_grace_s=10))
