@@ -212,6 +212,7 @@ def test_plumbing_rule(tmp_path: Path) -> None:
         {"synthetic": False},
         {"synthetic": None, "evidence_class": None},
         {"evidence_class": ""},
+        {"evidence_class": "reference-oracle evidence"},
         {"notes": "gretelai/synthetic_text_to_sql"},  # a word inside a name is not a label
     ]
     path = tmp_path / "rows.json"
@@ -219,7 +220,7 @@ def test_plumbing_rule(tmp_path: Path) -> None:
     refusals = Refusals()
     marks = [row.plumbing for row in read_rows([str(path)], refusals)]
     assert not refusals
-    assert marks == [True, True, True, True, False, False, False, False]
+    assert marks == [True, True, True, True, False, False, False, False, False]
 
 
 def test_default_corpus_is_the_one_preparation_uses(

@@ -22,7 +22,7 @@ MAX_INPUT_BYTES: Final = 16 * MIB
 MAX_ROWS: Final = 100_000
 MAX_SERIES: Final = 100_000
 
-# Words in a row's notes that mark it as plumbing evidence rather than a measurement.
+# Words in a row's notes or evidence class that mark it as plumbing evidence rather than a measurement.
 _PLUMBING_WORDS: Final = re.compile(r"\b(synthetic|scripted)\b", re.IGNORECASE)
 
 
@@ -125,7 +125,7 @@ def _row(reader: Reader, file: str, index: int, value: Any) -> ReportRow | None:
             warm_mean_ms=reader.opt_ms(llama, "warm_mean_ms", at_llama),
         ),
         plumbing=synthetic is True
-        or bool(evidence_class)
+        or _PLUMBING_WORDS.search(evidence_class or "") is not None
         or _PLUMBING_WORDS.search(notes) is not None,
     )
 
