@@ -22,7 +22,7 @@ MAX_INPUT_BYTES: Final = 16 * MIB
 MAX_ROWS: Final = 100_000
 MAX_SERIES: Final = 100_000
 
-# Words in a row's notes or evidence class that mark it as plumbing evidence rather than a measurement.
+# Words in a row's notes or evidence class that mark it as plumbing evidence, not a measurement.
 _PLUMBING_WORDS: Final = re.compile(r"\b(synthetic|scripted)\b", re.IGNORECASE)
 
 
