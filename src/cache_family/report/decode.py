@@ -103,7 +103,8 @@ class Reader:
             self.refuse("report.duplicate_field", [*where, name], f"member {name!r} appears twice")
         return True, obj[name]
 
-    def _wrong(self, where: Where, expected: str, value: object) -> None:
+    def wrong(self, where: Where, expected: str, value: object) -> None:
+        """Refuse a value of the wrong JSON type."""
         self.refuse("report.type", where, f"expected {expected}, got {_kind(value)}")
 
     def obj(self, obj: dict[str, Any], name: str, where: Where) -> dict[str, Any]:
@@ -113,7 +114,7 @@ class Reader:
             return {}
         if isinstance(value, dict):
             return value
-        self._wrong([*where, name], "an object", value)
+        self.wrong([*where, name], "an object", value)
         return {}
 
     def text(self, obj: dict[str, Any], name: str, where: Where) -> str:
@@ -131,7 +132,7 @@ class Reader:
 
     def _string(self, where: Where, value: object) -> str | None:
         if not isinstance(value, str):
-            self._wrong(where, "a string", value)
+            self.wrong(where, "a string", value)
             return None
         if _has_surrogate(value):
             self.refuse("report.bad_text", where, "the string holds an unpaired surrogate")
@@ -144,7 +145,7 @@ class Reader:
             return None
         if isinstance(value, bool):
             return value
-        self._wrong([*where, name], "a boolean", value)
+        self.wrong([*where, name], "a boolean", value)
         return None
 
     def opt_count(self, obj: dict[str, Any], name: str, where: Where) -> int | None:
@@ -154,7 +155,7 @@ class Reader:
             return None
         at = [*where, name]
         if isinstance(value, bool) or not isinstance(value, int):
-            self._wrong(at, "an integer", value)
+            self.wrong(at, "an integer", value)
             return None
         if not 0 <= value <= U64_MAX:
             self.refuse("report.out_of_range", at, f"{value} is not an integer in 0..=2^64-1")
@@ -172,7 +173,7 @@ class Reader:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
-            self._wrong(where, "a number", value)
+            self.wrong(where, "a number", value)
             return None
         try:
             number = float(value)
@@ -195,7 +196,7 @@ class Reader:
             return None
         at = [*where, name]
         if not isinstance(value, list):
-            self._wrong(at, "an array", value)
+            self.wrong(at, "an array", value)
             return None
         if len(value) > limit:
             self.refuse(

@@ -68,7 +68,7 @@ class ReportRow:
 def _row(reader: Reader, file: str, index: int, value: Any) -> ReportRow | None:
     where: Where = [index]
     if not isinstance(value, dict):
-        reader.refuse("report.type", where, f"a row must be an object, not {type(value).__name__}")
+        reader.wrong(where, "an object (a row)", value)
         return None
     skippy = reader.obj(value, "skippy", where)
     at_skippy: Where = [index, "skippy"]
@@ -151,7 +151,7 @@ def read_rows(inputs: Sequence[str], refusals: Refusals) -> list[ReportRow]:
         if not ok:
             continue
         if not isinstance(document, list):
-            reader.refuse("report.type", [], "the file must hold a JSON array of rows")
+            reader.wrong([], "an array of rows", document)
             continue
         total += len(document)
         if total > MAX_ROWS:

@@ -34,13 +34,13 @@ def read_sources(path: str, refusals: Refusals) -> tuple[SourceEntry, ...]:
     if not ok:
         return ()
     if not isinstance(document, dict):
-        reader.refuse("report.type", [], "the corpus must be a JSON object")
+        reader.wrong([], "an object (the corpus)", document)
         return ()
     present, entries = reader.member(document, "use_cases", [])
     if not present:
         entries = []
     if not isinstance(entries, list):
-        reader.refuse("report.type", ["use_cases"], "use_cases must be an array")
+        reader.wrong(["use_cases"], "an array", entries)
         return ()
     if len(entries) > MAX_CORPUS_ENTRIES:
         reader.refuse(
@@ -53,7 +53,7 @@ def read_sources(path: str, refusals: Refusals) -> tuple[SourceEntry, ...]:
     for i, entry in enumerate(entries):
         where: Where = ["use_cases", i]
         if not isinstance(entry, dict):
-            reader.refuse("report.type", where, "a use case must be an object")
+            reader.wrong(where, "an object (a use case)", entry)
             continue
         source = reader.obj(entry, "source", where)
         at_source: Where = [*where, "source"]
