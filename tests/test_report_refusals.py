@@ -179,6 +179,7 @@ MALFORMED: list[tuple[str, str, str, str]] = [
         "$[0].family",
     ),
     ("not JSON", '[{"family": "Llama",]', "report.json", "$"),
+    ("nesting too deep", "[" * 200_000 + "]" * 200_000, "report.json", "$"),
     ("a lone surrogate", '[{"family": "\\ud800"}]', "report.bad_text", "$[0].family"),
     (
         "storage overflow in a shown row",
