@@ -38,6 +38,12 @@ class _Members(dict[str, Any]):
         self.repeated = frozenset(repeated)
 
 
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Repeats are rare: only an object that has one pays for remembering them.
+    plain = dict(pairs)
+    return plain if len(plain) == len(pairs) else _Members(pairs)
+
+
 def _kind(value: object) -> str:
     if value is None:
         return "null"
@@ -82,7 +88,7 @@ class Reader:
                 self.sink.add(refusal)
             return False, None
         try:
-            return True, json.loads(raw.data.decode("utf-8"), object_pairs_hook=_Members)
+            return True, json.loads(raw.data.decode("utf-8"), object_pairs_hook=_object)
         except UnicodeDecodeError as exc:
             self.refuse("report.json", [], f"{self.what} is not UTF-8 (byte {exc.start})")
         except json.JSONDecodeError as exc:
