@@ -145,6 +145,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     from cache_family.actors.publish import publish_replace
     from cache_family.report import build_report
+    from cache_family.schemas.refusal_codes import report_hint
 
     text = build_report(args.input, args.use_case_corpus)  # refuses before anything is written
     if args.output is None:
@@ -159,7 +160,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             "report.output_unwritable",
             "$",
             f"cannot write {target}: {exc.strerror or exc}",
-            "choose an output path in a writable directory",
+            report_hint("report.output_unwritable"),
         ) from None
     print(f"Wrote {args.output}")
     return EXIT_OK
