@@ -25,6 +25,7 @@ EXIT_INTERRUPTED = 130
 # The operator guide's compatibility spelling: `cache-family automation cache-family-run <sub>`.
 _COMPAT_PREFIX = ("automation",)
 _COMPAT_RUN = "cache-family-run"
+_COMPAT_REPORT = "cache-family-report"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -136,6 +137,67 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return replay_command(args.run_dir, reap=args.reap)
 
 
+# --- cache-family report (the combined README tables) ------------------------------------
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import os
+
+    from cache_family.actors.publish import publish_replace
+    from cache_family.report import build_report
+    from cache_family.schemas.refusal_codes import report_hint
+
+    text = build_report(args.input, args.use_case_corpus)  # refuses before anything is written
+    if args.output is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    target = str(Path(args.output).absolute())
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        publish_replace(target, text.encode("utf-8"))
+    except OSError as exc:
+        raise Refused.one(
+            "report.output_unwritable",
+            "$",
+            f"cannot write {target}: {exc.strerror or exc}",
+            report_hint("report.output_unwritable"),
+        ) from None
+    print(f"Wrote {args.output}")
+    return EXIT_OK
+
+
+def _add_report_command(sub: argparse._SubParsersAction[_Parser]) -> None:
+    report = sub.add_parser(
+        "report",
+        help="render the combined README tables from production-cache-bench.json files",
+    )
+    report.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        type=_path_text,
+        metavar="JSON",
+        help="a production-cache-bench.json (1 to 32, repeatable), at most 16 MiB each",
+    )
+    # --output and --use-case-corpus: the last occurrence counts, as in the reference CLI.
+    report.add_argument(
+        "--output",
+        type=_path_text,
+        metavar="MARKDOWN",
+        help="write the tables here (parents created, replaced atomically); default stdout",
+    )
+    report.add_argument(
+        "--use-case-corpus",
+        type=_path_text,
+        metavar="CORPUS_JSON",
+        help="corpus for the prompt-source table (default: the checked-in corpus)",
+    )
+    report.set_defaults(func=_cmd_report)
+
+
+# --- end of cache-family report ----------------------------------------------------------
+
+
 def _available(module: str) -> bool:
     """A command appears only once the module that does its work exists."""
     import importlib.util
@@ -244,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="end processes the journal recorded that still match pid and create time",
         )
         replay.set_defaults(func=_cmd_replay)
+
+    _add_report_command(sub)
     return parser
 
 
@@ -260,7 +324,8 @@ def _worker_parser() -> argparse.ArgumentParser:
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
-    """Map `automation cache-family-run [<sub>] ...` onto the native command names."""
+    """Map `automation cache-family-run [<sub>] ...` and `automation cache-family-report ...`
+    onto the native command names."""
     args = list(argv)
     if args[: len(_COMPAT_PREFIX)] == list(_COMPAT_PREFIX):
         args = args[len(_COMPAT_PREFIX) :]
@@ -269,6 +334,8 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
             if rest and not rest[0].startswith("-"):
                 return rest  # automation cache-family-run prepare-full --input ...
             return ["run", *rest]  # automation cache-family-run --input ... --output ...
+        if args and args[0] == _COMPAT_REPORT:
+            return ["report", *args[1:]]  # automation cache-family-report --input ...
     return args
 
 

@@ -41,8 +41,8 @@ class Published:
         )
 
 
-def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
-    """Write ``data`` to ``path``, which must not exist; atomic and durable."""
+def _temporary(path: str, data: bytes, mode: int) -> tuple[str, int]:
+    """A fresh temporary file beside ``path`` holding ``data``, fsynced; name and open fd."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
@@ -52,6 +52,19 @@ def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
             written = os.write(fd, view)
             view = view[written:]
         os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return tmp, fd
+
+
+def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
+    """Write ``data`` to ``path``, which must not exist; atomic and durable."""
+    directory = os.path.dirname(path) or "."
+    tmp, fd = _temporary(path, data, mode)
+    try:
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -77,6 +90,23 @@ def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
         mtime_ns=info.st_mtime_ns,
         ctime_ns=info.st_ctime_ns,
     )
+
+
+def publish_replace(path: str, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path``, replacing a file already there; atomic and durable.
+
+    For a document the operator names and regenerates (the report's README tables): a
+    reader sees the old bytes or the new ones, never a mix. Receipts use ``publish_fresh``.
+    """
+    tmp, fd = _temporary(path, data, mode)
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(os.path.dirname(path) or ".")
 
 
 def revoke(published: Published) -> bool:

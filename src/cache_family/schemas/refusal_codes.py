@@ -278,3 +278,94 @@ OPERATOR_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
 def default_hint(code: str) -> str:
     """The registered hint of ``code``; an unregistered code is a programming error."""
     return OPERATOR_REFUSAL_CODES[code].hint
+
+
+# `cache-family report`: every code names the file in its message and the JSON path inside it.
+REPORT_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
+    RefusalCode(
+        "report.input_count",
+        "fewer than 1 or more than 32 `--input` files",
+        "give 1 to 32 production-cache-bench.json files",
+    ),
+    RefusalCode(
+        "report.json",
+        "an input or the corpus is not UTF-8 JSON (or nests too deeply)",
+        "pass the production-cache-bench.json (or corpus) file itself, unedited",
+    ),
+    RefusalCode(
+        "report.type",
+        "a value has the wrong JSON type: null for a text or object member, a float where an "
+        "integer is expected (`128.0`), a string where a number is, a file that is not an array",
+        "fix the producer of the file; members may be left out, but not given the wrong type",
+    ),
+    RefusalCode(
+        "report.duplicate_field",
+        "an object names a member the report reads twice",
+        "give each member once per object",
+    ),
+    RefusalCode(
+        "report.out_of_range",
+        "an integer is negative or above 2^64-1",
+        "write counts as integers from 0 to 2^64-1",
+    ),
+    RefusalCode(
+        "report.bad_text",
+        "a string holds an unpaired UTF-16 surrogate escape",
+        "write valid Unicode text",
+    ),
+    RefusalCode(
+        "report.too_many_rows",
+        "the inputs hold more than 100,000 rows in all",
+        "report fewer files at once",
+    ),
+    RefusalCode(
+        "report.corpus_too_large",
+        "the corpus has more than 10,000 use cases",
+        "pass the corpus the run used",
+    ),
+    RefusalCode(
+        "report.timing.non_finite",
+        "a timing is NaN, infinite or beyond the float range",
+        "re-run the row; a timing must be a finite number of milliseconds",
+    ),
+    RefusalCode(
+        "report.timing.negative",
+        "a timing is negative",
+        "re-run the row; a timing must be >= 0 milliseconds",
+    ),
+    RefusalCode(
+        "report.timing.series_too_long",
+        "a per-repeat timing series has more than 100,000 samples",
+        "keep cache_hit_repeats at most 100,000",
+    ),
+    RefusalCode(
+        "report.timing.series_mismatch",
+        "cache_hit_import_ms and cache_hit_decode_ms have different lengths",
+        "each repeat needs one import and one decode sample; re-run the row",
+    ),
+    RefusalCode(
+        "report.timing.sum_overflow",
+        "a repeat's import + decode is not a finite number",
+        "re-run the row; its timings are not plausible",
+    ),
+    RefusalCode(
+        "report.storage_overflow",
+        "resident_kv_bytes_per_token x prefix_tokens of a shown row overflows 64 bits",
+        "fix the row's case metadata or give cache_storage_bytes",
+    ),
+    RefusalCode(
+        "report.more_refusals",
+        "more refusals than are listed (the first 32 are printed)",
+        "fix the listed refusals and run the report again",
+    ),
+    RefusalCode(
+        "report.output_unwritable",
+        "the output file or its parent directories cannot be written",
+        "choose an output path in a writable directory",
+    ),
+)
+
+
+def report_hint(code: str) -> str:
+    """The registered hint of a `cache-family report` code."""
+    return REPORT_REFUSAL_CODES[code].hint
