@@ -409,7 +409,7 @@ def _checked(args: HandoffArgs) -> HandoffArgs:
 def assemble_package(package: Path, into: Path) -> tuple[Path, dict[str, Any]]:
     """Join a schema-1 layer package into one GGUF under ``into``; returns it and the manifest.
 
-    Every part is checked against the manifest's size and SHA-256 first. Tensors repeated in
+    Every part is checked against the manifest's SHA-256 first. Tensors repeated in
     several parts (tokenizer-role tensors are in every slice) are written once.
     """
     import gguf
@@ -431,14 +431,15 @@ def assemble_package(package: Path, into: Path) -> tuple[Path, dict[str, Any]]:
         shared = manifest["shared"]
         layers = sorted(manifest["layers"], key=lambda entry: int(entry["layer_index"]))
         parts = [shared["metadata"], shared["embeddings"], *layers, shared["output"]]
+        indices = [int(entry["layer_index"]) for entry in layers]
     except (ValueError, KeyError, TypeError) as error:
         raise bad(f"{PACKAGE_MANIFEST} is not a layer package manifest: {error!r}") from None
-    if [int(entry["layer_index"]) for entry in layers] != list(range(layer_count)):
+    if indices != list(range(layer_count)):
         raise bad(f"the package does not hold every layer 0..{layer_count - 1}")
     root = package.resolve()
     paths: list[Path] = []
     for part in parts:
-        relative = str(part.get("path", ""))
+        relative = str(part.get("path", "")) if isinstance(part, dict) else ""
         path = (root / relative).resolve()
         if not relative or relative.startswith("/") or not path.is_relative_to(root):
             raise bad(f"part path {relative!r} is not inside the package")
@@ -446,40 +447,42 @@ def assemble_package(package: Path, into: Path) -> tuple[Path, dict[str, Any]]:
             raise bad(f"part {relative} is missing or does not match its SHA-256")
         paths.append(path)
     metadata = gguf.GGUFReader(paths[0])
-    arch_field = metadata.get_field(gguf.Keys.General.ARCHITECTURE)
-    if arch_field is None:
+    if metadata.get_field(gguf.Keys.General.ARCHITECTURE) is None:
         raise bad("the metadata part names no general.architecture")
+    seen: set[str] = set()
+    tensors: list[Any] = []
+    for path in paths:
+        for tensor in gguf.GGUFReader(path).tensors:
+            if tensor.name not in seen:
+                seen.add(tensor.name)
+                tensors.append(tensor)
     joined = into / "package-joined.gguf"
-    writer = gguf.GGUFWriter(joined, str(arch_field.contents()))
+    write_gguf_from(joined, metadata, tensors)
+    return joined, manifest
+
+
+def write_gguf_from(path: Path, metadata: Any, tensors: Sequence[Any]) -> None:
+    """Write a GGUF with every metadata key of the reader ``metadata`` and the reader tensors."""
+    import gguf
+
+    architecture = str(metadata.get_field(gguf.Keys.General.ARCHITECTURE).contents())
+    writer = gguf.GGUFWriter(path, architecture)
     for item in metadata.fields.values():
+        # the writer adds the architecture and the GGUF.* header fields itself
         if item.name == gguf.Keys.General.ARCHITECTURE or item.name.startswith("GGUF."):
             continue
         main_type = item.types[0]
         sub_type = item.types[-1] if main_type == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(item.name, item.contents(), main_type, sub_type=sub_type)
-    readers = [gguf.GGUFReader(path) for path in paths]
-    seen: set[str] = set()
-    tensors: list[Any] = []
-    for reader in readers:
-        for tensor in reader.tensors:
-            if tensor.name in seen:
-                continue
-            seen.add(tensor.name)
-            tensors.append(tensor)
-            writer.add_tensor_info(
-                tensor.name,
-                tensor.data.shape,
-                tensor.data.dtype,
-                tensor.data.nbytes,
-                tensor.tensor_type,
-            )
+    for tensor in tensors:
+        data = tensor.data
+        writer.add_tensor_info(tensor.name, data.shape, data.dtype, data.nbytes, tensor.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for tensor in tensors:
         writer.write_tensor_data(tensor.data)
     writer.close()
-    return joined, manifest
 
 
 # --- the handoff on llama.cpp ---------------------------------------------------------------
@@ -682,7 +685,7 @@ def benchmark_prompt(session: Session, prompt: str | None, prefix_tokens: int) -
     base = prompt if prompt is not None else DEFAULT_PROMPT
     text = base
     tokens = session.tokenize(text)
-    while len(tokens) < want + 1 and len(text.encode()) < PROMPT_TEXT_MAX_BYTES:
+    while len(tokens) < want and len(text.encode()) < PROMPT_TEXT_MAX_BYTES:
         text = f"{text} {base}" if prompt is not None else text + base
         tokens = session.tokenize(text)
     if len(tokens) < want:
