@@ -131,7 +131,8 @@ def test_help_describes_the_checks_and_the_fault_injection(
         assert flag in text
     assert "FAULT INJECTION" in text
     assert correctness.FAULT_ENV in text
-    assert str(correctness.LOGITS_ABS_TOLERANCE) in text
+    assert str(correctness.HIT_LOGITS_TOLERANCE) in text
+    assert str(correctness.RECOMPUTE_LOGITS_REL_TOLERANCE) in text
     assert correctness.main(["--help"]) == 0
 
 

@@ -190,6 +190,8 @@ def test_package_stage1_needs_the_61_layer_package() -> None:
     assert handoff_report_refusals(report, package) == []
     too_few = dataclasses.replace(package, layer_end=4)
     assert [r.code for r in handoff_report_refusals(report, too_few)] == ["handoff.range"]
+    synthetic = dataclasses.replace(too_few, package_layer_count=4)
+    assert handoff_report_refusals(report, synthetic) == []
 
 
 def test_zero_repeats_are_refused() -> None:

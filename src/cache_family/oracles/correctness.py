@@ -46,12 +46,17 @@ COMMAND: Final = "state-handoff"
 #: Test-only fault injection: when this variable is "1", the exported kv-recurrent bytes are
 #: altered before every import, so the token or logits check must fail.
 FAULT_ENV: Final = "CACHE_FAMILY_FAULT_ALTER_STATE_BYTES"
-#: A restored decode's logits may differ from the recompute baseline by this much: the
-#: baseline prefills K+1 tokens in one batch, the hit decodes 1 token after a K-token batch,
-#: and the summation order differs (measured up to 1.7e-4 on the zoo's qwen3next).
-LOGITS_ABS_TOLERANCE: Final = 1e-3
-LOGITS_REL_TOLERANCE: Final = 1e-3
+#: A hit's logits against an uninterrupted decode with the same batch split (K tokens, then
+#: the suffix): the handoff is exact, so only float noise is allowed (measured: 0.0).
+HIT_LOGITS_TOLERANCE: Final = 1e-5
+#: A hit's logits against the recompute baseline, relative to max(1, max |baseline logit|):
+#: the baseline prefills K+1 tokens in one batch, the hit decodes 1 token after a K-token
+#: batch, and the summation order differs (measured 1.7e-4 to 2.1e-3 on the zoo at K=128).
+RECOMPUTE_LOGITS_REL_TOLERANCE: Final = 1e-2
 MAX_REPEATS: Final = 10_000
+#: Untimed hits before the R timed ones: a context's first decode of a new batch shape
+#: allocates (measured 200 ms against 0.7 ms afterwards on the zoo's qwen3next).
+WARMUP_HITS: Final = 1
 MAX_PREFIX_TOKENS: Final = 1_000_000
 EVIDENCE: Final = "reference-oracle"
 PACKAGE_MANIFEST: Final = "model-package.json"
@@ -73,7 +78,7 @@ what it does:
   prompt. Recompute baseline: prefill all K+1 tokens in one batch, greedy next token;
   recompute_total_ms is the mean of R timed recomputes after an untimed reference run.
   Then the K-token prefix is prefilled once and each of R repeats restores it and decodes
-  the suffix token:
+  the suffix token (after one untimed warm-up hit, as the recompute has its reference run):
     resident-kv   the prefix KV stays resident in the context; a hit copies the prefix
                   sequence into a second sequence (llama_memory_seq_cp: import) and decodes
                   the suffix there (decode). cache_storage_bytes is the size of the prefix
@@ -86,13 +91,15 @@ what it does:
   its reason (status fail, exit 1).
 
 checks (status pass needs all):
-  predicted_token_matches  every hit's greedy token equals the baseline's, exactly
-  cache_hit_matches        every hit's logits are within the tolerance of the baseline's:
-                           max|hit - base| <= A + R * max|base|,
-                           A = {LOGITS_ABS_TOLERANCE}, R = {LOGITS_REL_TOLERANCE}
+  predicted_token_matches  every hit's greedy token equals the recompute baseline's, exactly
+  cache_hit_matches        every hit's logits equal those of an uninterrupted decode with
+                           the same batch split (K tokens, then the suffix, no handoff):
+                           max|hit - reference| <= {HIT_LOGITS_TOLERANCE}
+  suffix_prefill_matches   every hit's logits agree with the recompute baseline's:
+                           max|hit - base| <= R * max(1, max|base|),
+                           R = {RECOMPUTE_LOGITS_REL_TOLERANCE}
                            (the baseline prefills K+1 tokens in one batch, a hit decodes one
-                           token after a K-token batch; summation order differs by ~1e-4)
-  suffix_prefill_matches   the same, against an uninterrupted K-then-1 decode
+                           token after a K-token batch: summation order differs, ~1e-3)
   matches                  all of the above, and every timed recompute repeats the token
 
 topologies:
@@ -722,7 +729,7 @@ class Measured:
     hit_tokens: list[int] = field(default_factory=list)
     baseline_diffs: list[float] = field(default_factory=list)
     split_diffs: list[float] = field(default_factory=list)
-    tolerance: float | None = None
+    recompute_tolerance: float | None = None
     state_bytes: int = 0
     resident_state_bytes: int = 0
     kv_bytes: int = 0
@@ -781,8 +788,8 @@ def run_handoff(args: HandoffArgs, lib: Any, model_path: Path, seen: Measured) -
         lib.llama_memory_clear(source_mem, True)
         baseline = session.decode(source, benchmark.tokens, 0, 0)
         seen.baseline_token = baseline.token
-        scale = float(np.max(np.abs(baseline.logits)))
-        seen.tolerance = LOGITS_ABS_TOLERANCE + LOGITS_REL_TOLERANCE * scale
+        scale = max(1.0, float(np.max(np.abs(baseline.logits))))
+        seen.recompute_tolerance = RECOMPUTE_LOGITS_REL_TOLERANCE * scale
         for _ in range(args.repeats):
             lib.llama_memory_clear(source_mem, True)
             started = time.perf_counter_ns()
@@ -815,16 +822,17 @@ def run_handoff(args: HandoffArgs, lib: Any, model_path: Path, seen: Measured) -
             seen.state_bytes = seen.resident_state_bytes
             if os.environ.get(FAULT_ENV) == "1":
                 seen.fault_injection = "not-applicable: resident-kv imports no bytes"
-            for _ in range(args.repeats):
+            for repeat in range(WARMUP_HITS + args.repeats):
                 lib.llama_memory_seq_rm(source_mem, 1, -1, -1)
                 started = time.perf_counter_ns()
                 lib.llama_memory_seq_cp(source_mem, 0, 1, -1, -1)
                 imported = time.perf_counter_ns()
                 hit = session.decode(source, suffix, k, 1)
                 decoded = time.perf_counter_ns()
-                seen.import_ms.append(_ms(started, imported))
-                seen.decode_ms.append(_ms(imported, decoded))
-                record(hit)
+                if repeat >= WARMUP_HITS:
+                    seen.import_ms.append(_ms(started, imported))
+                    seen.decode_ms.append(_ms(imported, decoded))
+                    record(hit)
             return
 
         started = time.perf_counter_ns()
@@ -837,16 +845,17 @@ def run_handoff(args: HandoffArgs, lib: Any, model_path: Path, seen: Measured) -
         seen.payload_sha256 = hashlib.sha256(payload).hexdigest()
         restore = session.context(args.ctx_size, n_batch, 1)
         restore_mem = session.memory(restore)
-        for _ in range(args.repeats):
+        for repeat in range(WARMUP_HITS + args.repeats):
             lib.llama_memory_clear(restore_mem, True)
             started = time.perf_counter_ns()
             session.import_state(restore, payload, 0)
             imported = time.perf_counter_ns()
             hit = session.decode(restore, suffix, k, 0)
             decoded = time.perf_counter_ns()
-            seen.import_ms.append(_ms(started, imported))
-            seen.decode_ms.append(_ms(imported, decoded))
-            record(hit)
+            if repeat >= WARMUP_HITS:
+                seen.import_ms.append(_ms(started, imported))
+                seen.decode_ms.append(_ms(imported, decoded))
+                record(hit)
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -862,14 +871,15 @@ def _mean(values: Sequence[float]) -> float:
 def build_report(args: HandoffArgs, seen: Measured, failure: str | None) -> dict[str, Any]:
     """The report, in the reference's members plus informative extras."""
     repeats_done = len(seen.hit_tokens)
-    tolerance = seen.tolerance if seen.tolerance is not None else 0.0
+    tolerance = seen.recompute_tolerance if seen.recompute_tolerance is not None else 0.0
     token_ok = (
         repeats_done == args.repeats
         and seen.baseline_token is not None
         and all(t == seen.baseline_token for t in seen.hit_tokens)
     )
-    logits_ok = repeats_done == args.repeats and all(d <= tolerance for d in seen.baseline_diffs)
-    split_ok = repeats_done == args.repeats and all(d <= tolerance for d in seen.split_diffs)
+    done = repeats_done == args.repeats
+    logits_ok = done and all(d <= HIT_LOGITS_TOLERANCE for d in seen.split_diffs)
+    split_ok = done and all(d <= tolerance for d in seen.baseline_diffs)
     recompute_ok = bool(seen.recompute_tokens) and all(
         t == seen.baseline_token for t in seen.recompute_tokens
     )
@@ -880,13 +890,13 @@ def build_report(args: HandoffArgs, seen: Measured, failure: str | None) -> dict
             name
             for name, ok in (
                 ("predicted_token", token_ok),
-                ("logits", logits_ok),
-                ("suffix_prefill", split_ok),
+                ("cache_hit_logits", logits_ok),
+                ("recompute_logits", split_ok),
                 ("recompute_token", recompute_ok),
             )
             if not ok
         ]
-        reason = f"mismatch: {', '.join(broken)} check failed against the recompute baseline"
+        reason = f"mismatch: the {', '.join(broken)} check failed"
     pairs = [i + d for i, d in zip(seen.import_ms, seen.decode_ms, strict=True)]
     benchmark = seen.benchmark
     pin = native_build.source_pin()
@@ -924,12 +934,12 @@ def build_report(args: HandoffArgs, seen: Measured, failure: str | None) -> dict
         "recompute_ms": seen.recompute_ms,
         "baseline_token": seen.baseline_token,
         "cache_hit_tokens": seen.hit_tokens,
-        "logits_max_abs_diff": seen.baseline_diffs,
-        "suffix_prefill_max_abs_diff": seen.split_diffs,
+        "cache_hit_logits_max_abs_diff": seen.split_diffs,
+        "recompute_logits_max_abs_diff": seen.baseline_diffs,
         "logits_tolerance": {
-            "absolute": LOGITS_ABS_TOLERANCE,
-            "relative_to_max_baseline_logit": LOGITS_REL_TOLERANCE,
-            "effective": seen.tolerance,
+            "cache_hit_absolute": HIT_LOGITS_TOLERANCE,
+            "recompute_relative": RECOMPUTE_LOGITS_REL_TOLERANCE,
+            "recompute_effective": seen.recompute_tolerance,
         },
         "state_bytes": seen.state_bytes,
         "cache_storage_bytes": seen.state_bytes,
@@ -980,7 +990,7 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
 
 def _finite(report: dict[str, Any]) -> dict[str, Any]:
     """JSON has no infinity: a diverged logits difference is reported as null."""
-    for member in ("logits_max_abs_diff", "suffix_prefill_max_abs_diff"):
+    for member in ("cache_hit_logits_max_abs_diff", "recompute_logits_max_abs_diff"):
         report[member] = [d if np.isfinite(d) else None for d in report[member]]
     return report
 

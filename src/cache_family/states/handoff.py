@@ -110,6 +110,9 @@ class HandoffExpectation:
     activation_width: int
     prefix_tokens: int
     repeats: int
+    #: The reference plans package-stage1 only for the 61-layer DeepSeek3 package; a
+    #: synthetic zoo package with fewer layers passes its own count.
+    package_layer_count: int = PACKAGE_LAYER_COUNT
 
 
 def _unsigned(value: object) -> bool:
@@ -180,11 +183,11 @@ def handoff_report_refusals(
             f"payload {report['state_payload_kind']!r} is not the family's {expect.payload!r}",
             "the family's catalog payload decides the kind",
         )
-    if expect.topology == PACKAGE_TOPOLOGY and expect.layer_end != PACKAGE_LAYER_COUNT:
+    if expect.topology == PACKAGE_TOPOLOGY and expect.layer_end != expect.package_layer_count:
         refuse(
             "range",
             "layer_start",
-            f"package-stage1 needs the {PACKAGE_LAYER_COUNT}-layer package, not "
+            f"package-stage1 needs the {expect.package_layer_count}-layer package, not "
             f"{expect.layer_end} layers",
             "package-stage1 is planned only for the DeepSeek3 layer package",
         )
