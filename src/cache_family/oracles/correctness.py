@@ -49,10 +49,6 @@ FAULT_ENV: Final = "CACHE_FAMILY_FAULT_ALTER_STATE_BYTES"
 #: A hit's logits against an uninterrupted decode with the same batch split (K tokens, then
 #: the suffix): the handoff is exact, so only float noise is allowed (measured: 0.0).
 HIT_LOGITS_TOLERANCE: Final = 1e-5
-#: A hit's logits against the recompute baseline, relative to max(1, max |baseline logit|):
-#: the baseline prefills K+1 tokens in one batch, the hit decodes 1 token after a K-token
-#: batch, and the summation order differs (measured 1.7e-4 to 2.1e-3 on the zoo at K=128).
-RECOMPUTE_LOGITS_REL_TOLERANCE: Final = 1e-2
 MAX_REPEATS: Final = 10_000
 #: Untimed hits before the R timed ones: a context's first decode of a new batch shape
 #: allocates (measured 200 ms against 0.7 ms afterwards on the zoo's qwen3next).
@@ -95,12 +91,12 @@ checks (status pass needs all):
   cache_hit_matches        every hit's logits equal those of an uninterrupted decode with
                            the same batch split (K tokens, then the suffix, no handoff):
                            max|hit - reference| <= {HIT_LOGITS_TOLERANCE}
-  suffix_prefill_matches   every hit's logits agree with the recompute baseline's:
-                           max|hit - base| <= R * max(1, max|base|),
-                           R = {RECOMPUTE_LOGITS_REL_TOLERANCE}
-                           (the baseline prefills K+1 tokens in one batch, a hit decodes one
-                           token after a K-token batch: summation order differs, ~1e-3)
+  suffix_prefill_matches   that same-split decode's greedy token equals the baseline's
   matches                  all of the above, and every timed recompute repeats the token
+  Logits are not compared with the recompute baseline's for the verdict: it prefills K+1
+  tokens in one batch, a hit decodes one token after a K-token batch, and the summation
+  order differs (zoo, K=64: up to 3e-3, and 2.8e-2 on a mixture-of-experts model whose
+  routing moves). The report gives that difference as recompute_logits_max_abs_diff.
 
 topologies:
   --layer-end must be the model's block count and (--state-layer-start,
@@ -729,7 +725,7 @@ class Measured:
     hit_tokens: list[int] = field(default_factory=list)
     baseline_diffs: list[float] = field(default_factory=list)
     split_diffs: list[float] = field(default_factory=list)
-    recompute_tolerance: float | None = None
+    split_token: int | None = None
     state_bytes: int = 0
     resident_state_bytes: int = 0
     kv_bytes: int = 0
@@ -788,8 +784,6 @@ def run_handoff(args: HandoffArgs, lib: Any, model_path: Path, seen: Measured) -
         lib.llama_memory_clear(source_mem, True)
         baseline = session.decode(source, benchmark.tokens, 0, 0)
         seen.baseline_token = baseline.token
-        scale = max(1.0, float(np.max(np.abs(baseline.logits))))
-        seen.recompute_tolerance = RECOMPUTE_LOGITS_REL_TOLERANCE * scale
         for _ in range(args.repeats):
             lib.llama_memory_clear(source_mem, True)
             started = time.perf_counter_ns()
@@ -801,6 +795,7 @@ def run_handoff(args: HandoffArgs, lib: Any, model_path: Path, seen: Measured) -
         lib.llama_memory_clear(source_mem, True)
         session.decode(source, prefix, 0, 0)
         split = session.decode(source, suffix, k, 0)
+        seen.split_token = split.token
 
         # the prefix state every hit restores
         lib.llama_memory_clear(source_mem, True)
@@ -871,7 +866,6 @@ def _mean(values: Sequence[float]) -> float:
 def build_report(args: HandoffArgs, seen: Measured, failure: str | None) -> dict[str, Any]:
     """The report, in the reference's members plus informative extras."""
     repeats_done = len(seen.hit_tokens)
-    tolerance = seen.recompute_tolerance if seen.recompute_tolerance is not None else 0.0
     token_ok = (
         repeats_done == args.repeats
         and seen.baseline_token is not None
@@ -879,7 +873,7 @@ def build_report(args: HandoffArgs, seen: Measured, failure: str | None) -> dict
     )
     done = repeats_done == args.repeats
     logits_ok = done and all(d <= HIT_LOGITS_TOLERANCE for d in seen.split_diffs)
-    split_ok = done and all(d <= tolerance for d in seen.baseline_diffs)
+    split_ok = seen.split_token is not None and seen.split_token == seen.baseline_token
     recompute_ok = bool(seen.recompute_tokens) and all(
         t == seen.baseline_token for t in seen.recompute_tokens
     )
@@ -891,7 +885,7 @@ def build_report(args: HandoffArgs, seen: Measured, failure: str | None) -> dict
             for name, ok in (
                 ("predicted_token", token_ok),
                 ("cache_hit_logits", logits_ok),
-                ("recompute_logits", split_ok),
+                ("suffix_prefill_token", split_ok),
                 ("recompute_token", recompute_ok),
             )
             if not ok
@@ -936,11 +930,8 @@ def build_report(args: HandoffArgs, seen: Measured, failure: str | None) -> dict
         "cache_hit_tokens": seen.hit_tokens,
         "cache_hit_logits_max_abs_diff": seen.split_diffs,
         "recompute_logits_max_abs_diff": seen.baseline_diffs,
-        "logits_tolerance": {
-            "cache_hit_absolute": HIT_LOGITS_TOLERANCE,
-            "recompute_relative": RECOMPUTE_LOGITS_REL_TOLERANCE,
-            "recompute_effective": seen.recompute_tolerance,
-        },
+        "cache_hit_logits_tolerance": HIT_LOGITS_TOLERANCE,
+        "suffix_prefill_token": seen.split_token,
         "state_bytes": seen.state_bytes,
         "cache_storage_bytes": seen.state_bytes,
         "resident_state_bytes": seen.resident_state_bytes,
