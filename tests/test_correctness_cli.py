@@ -110,6 +110,7 @@ def test_a_flag_given_twice_or_without_its_value_is_refused(
         ("--model-id", "has space", "correctness.argv.invalid"),
         ("--report-out", "/nonexistent/dir/state-handoff.json", "correctness.report_out"),
         ("--prompt", "   ", "correctness.prompt"),
+        ("--report-out", __file__, "correctness.report_out"),  # exists: reports are fresh
     ],
 )
 def test_inconsistent_values_are_refused_before_loading(

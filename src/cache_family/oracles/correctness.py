@@ -29,6 +29,7 @@ from typing import Any, Final, NoReturn
 
 import numpy as np
 
+from cache_family.actors.publish import publish_fresh
 from cache_family.errors import Refusal, Refused
 from cache_family.oracles import llama_bindings, native_build
 from cache_family.schemas.bounded import MIB, read_bounded
@@ -110,7 +111,8 @@ topologies:
   --stage-load-mode layer-package: --model is a schema-1 layer package directory
   ({PACKAGE_MANIFEST}, shared/metadata|embeddings|output.gguf, layers/...); its parts are
   checked against the manifest's SHA-256 and joined into one temporary GGUF that llama.cpp
-  loads (llama.cpp cannot load a layer package directly).
+  loads (llama.cpp cannot load a layer package directly). The join needs free space for
+  the whole model in $TMPDIR: fine for the zoo, not for a full-size DeepSeek package.
 
 accepted, recorded, not used (the handoff runs in this process):
   --stage-server-bin (must be a file), --source-bind-addr and --restore-bind-addr (must be
@@ -401,6 +403,8 @@ def _checked(args: HandoffArgs) -> HandoffArgs:
         )
     if not args.report_out.parent.is_dir():
         refuse("report_out", "--report-out", "its directory does not exist", "create it first")
+    elif args.report_out.exists() or args.report_out.is_symlink():
+        refuse("report_out", "--report-out", "already exists", "give a fresh report path")
     if refusals:
         raise Refused(tuple(refusals))
     return dataclasses.replace(args, topology=topology or "")
@@ -965,18 +969,8 @@ def build_report(args: HandoffArgs, seen: Measured, failure: str | None) -> dict
 
 
 def write_report(path: Path, report: dict[str, Any]) -> None:
-    """Atomic: a reader sees the old file or the whole new one."""
-    data = (json.dumps(report, indent=2, allow_nan=False) + "\n").encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Publish the report atomically at a fresh path (a reader never sees half of it)."""
+    publish_fresh(str(path), (json.dumps(report, indent=2, allow_nan=False) + "\n").encode())
 
 
 def _finite(report: dict[str, Any]) -> dict[str, Any]:
