@@ -168,10 +168,16 @@ def test_the_library_directory_comes_from_the_environment(tmp_path: Path) -> Non
     (tmp_path / "lib" / "libllama.so").write_bytes(b"")
     found = llama_bindings.library_dir({llama_bindings.STAGE_BUILD_ENV: str(tmp_path)})
     assert found == (tmp_path / "lib").resolve()
-    explicit = llama_bindings.library_dir(
-        {llama_bindings.LIB_PATH_ENV: str(tmp_path / "lib"), llama_bindings.STAGE_BUILD_ENV: "/x"}
-    )
-    assert explicit == found
+    bindings_only = llama_bindings.library_dir({llama_bindings.LIB_PATH_ENV: str(tmp_path / "lib")})
+    assert bindings_only == found
+    with pytest.raises(Refused) as stage_build_first:
+        llama_bindings.library_dir(
+            {
+                llama_bindings.LIB_PATH_ENV: str(tmp_path / "lib"),
+                llama_bindings.STAGE_BUILD_ENV: "/x",
+            }
+        )
+    assert stage_build_first.value.codes == ["bindings.library_absent"]
 
 
 def test_fault_injection_alters_only_the_tail() -> None:

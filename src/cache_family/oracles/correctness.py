@@ -120,7 +120,7 @@ accepted, recorded, not used (the handoff runs in this process):
   --cache-decoded-result-hits.
 
 environment:
-  LLAMA_CPP_LIB_PATH, else LLAMA_STAGE_BUILD_DIR/lib: the directory of libllama.so.
+  LLAMA_STAGE_BUILD_DIR/lib, else LLAMA_CPP_LIB_PATH: the directory of libllama.so.
   {FAULT_ENV}=1: FAULT INJECTION, tests only: alters the exported kv-recurrent bytes
   before each import (no effect on resident-kv, which imports no bytes).
 

@@ -72,12 +72,15 @@ def ensure_installed(progress: TextIO) -> None:
 
 
 def library_dir(environ: dict[str, str] | None = None) -> Path:
-    """Where ``libllama.so`` is: ``$LLAMA_CPP_LIB_PATH``, else ``$LLAMA_STAGE_BUILD_DIR/lib``."""
+    """Where ``libllama.so`` is: ``$LLAMA_STAGE_BUILD_DIR/lib``, else ``$LLAMA_CPP_LIB_PATH``.
+
+    The run's native build comes first: it is the build the run pinned.
+    """
     env = os.environ if environ is None else environ
-    if env.get(LIB_PATH_ENV):
-        where = Path(env[LIB_PATH_ENV])
-    elif env.get(STAGE_BUILD_ENV):
+    if env.get(STAGE_BUILD_ENV):
         where = Path(env[STAGE_BUILD_ENV]) / "lib"
+    elif env.get(LIB_PATH_ENV):
+        where = Path(env[LIB_PATH_ENV])
     else:
         raise Refused.one(
             "bindings.library_unset",
