@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from cache_family.oracles import correctness, llama_bindings
+from cache_family.oracles.native_build import sha256_file
 from cache_family.oracles.test_parts import SKIP_NATIVE_ENV, Parts
 from cache_family.states.handoff import (
     RUNTIME_SLICE_TOPOLOGIES,
@@ -200,8 +201,6 @@ def write_layer_package(source: Path, out: Path, model_id: str) -> int:
     """
     import gguf
 
-    from cache_family.oracles.native_build import sha256_file
-
     reader = gguf.GGUFReader(source)
     groups: dict[str, list[Any]] = {"metadata": [], "embeddings": [], "output": []}
     layers: dict[int, list[Any]] = {}
@@ -267,3 +266,14 @@ def test_package_stage1_loads_a_layer_package(parts: Parts, tmp_path: Path) -> N
     assert code == 2
     assert "refused: correctness.package" in output
     assert "layers/layer-003.gguf is missing or does not match its SHA-256" in output
+    # a part that matches its manifest digest but is no GGUF is refused too, never a traceback
+    manifest_path = package / correctness.PACKAGE_MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    layer.write_bytes(b"not a gguf file")
+    manifest["layers"][3]["sha256"] = sha256_file(layer)
+    manifest_path.write_text(json.dumps(manifest))
+    code, _, output = run_oracle(parts, tmp_path, RESIDENT, override=args)
+    assert code == 2
+    assert "refused: correctness.package" in output
+    assert "not a readable GGUF" in output
+    assert "Traceback" not in output

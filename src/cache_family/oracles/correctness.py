@@ -468,6 +468,19 @@ def assemble_package(package: Path, into: Path) -> tuple[Path, dict[str, Any]]:
     return joined, manifest
 
 
+def _join_package(package: Path, into: Path) -> tuple[Path, dict[str, Any]]:
+    """:func:`assemble_package`, with a part gguf cannot read refused like any bad part."""
+    try:
+        return assemble_package(package, into)
+    except (ValueError, OSError, KeyError) as error:
+        raise Refused.one(
+            "correctness.package",
+            "$.argv[--model]",
+            f"a part of the package is not a readable GGUF: {error!r}",
+            "rewrite the package with skippy-package-builder write-package",
+        ) from None
+
+
 def write_gguf_from(path: Path, metadata: Any, tensors: Sequence[Any]) -> None:
     """Write a GGUF with every metadata key of the reader ``metadata`` and the reader tensors."""
     import gguf
@@ -991,7 +1004,7 @@ def state_handoff(args: HandoffArgs) -> dict[str, Any]:
         try:
             model_path = args.model
             if args.load_mode == "layer-package":
-                model_path, manifest = assemble_package(args.model, Path(scratch))
+                model_path, manifest = _join_package(args.model, Path(scratch))
                 seen.package = {
                     "root": str(args.model.resolve()),
                     "manifest_sha256": native_build.sha256_file(args.model / PACKAGE_MANIFEST),
