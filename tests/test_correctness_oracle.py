@@ -277,3 +277,13 @@ def test_package_stage1_loads_a_layer_package(parts: Parts, tmp_path: Path) -> N
     assert "refused: correctness.package" in output
     assert "not a readable GGUF" in output
     assert "Traceback" not in output
+
+
+def test_a_model_llama_cpp_cannot_load_fails_with_its_reason(parts: Parts, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF but not really")
+    code, report, _ = run_oracle(parts, tmp_path, RESIDENT, override=["--model", str(broken)])
+    assert code == 1
+    assert report["status"] == "fail"
+    assert report["reason"].startswith("model.load_failed:")
+    assert report["benchmark_prompt_text"] == ""

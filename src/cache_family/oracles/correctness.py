@@ -714,6 +714,11 @@ def benchmark_prompt(session: Session, prompt: str | None, prefix_tokens: int) -
             f"{PROMPT_TEXT_MAX_BYTES} bytes, fewer than prefix + 1 = {want}"
         )
     candidate = session.detokenize(tokens[:want])
+    if len(candidate.encode()) > PROMPT_TEXT_MAX_BYTES:
+        raise HandoffFailed(
+            f"prompt.too_long: {want} tokens take more than the report's "
+            f"{PROMPT_TEXT_MAX_BYTES}-byte benchmark prompt text"
+        )
     if candidate and session.tokenize(candidate) == tokens[:want]:
         return Benchmark(candidate, tokens[:want], len(tokens))
     # nearest character cut around the detokenized length whose tokenization has K+1 tokens
