@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cache_family.errors import Refused
-from cache_family.oracles import native_build
+from cache_family.oracles import llama_bindings, native_build
 
 DEFAULT_SEED = 0
 SKIP_NATIVE_ENV = "CACHE_FAMILY_SKIP_NATIVE"
@@ -401,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     del argv
     try:
         parts = ensure_parts(sys.stderr, build=True)
+        # The correctness oracle's bindings: installed here, after the build, never compiled.
+        llama_bindings.ensure_installed(sys.stderr)
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"error: {refusal.line()}", file=sys.stderr)

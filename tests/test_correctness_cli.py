@@ -1,0 +1,189 @@
+"""``skippy-correctness state-handoff``'s command line: the reference flags, typed refusals, help.
+
+No llama.cpp here: every case is decided before the bindings load (they load lazily, so
+``cache-family`` and these refusals work on a machine without them).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cache_family.errors import Refused
+from cache_family.oracles import correctness, llama_bindings
+
+
+@pytest.fixture
+def reference_argv(tmp_path: Path) -> list[str]:
+    """The harness's command line, in its order, for split-middle of a 28-layer model."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    server = tmp_path / "skippy"
+    server.write_text("#!/bin/sh\n")
+    return [
+        "state-handoff",
+        "--model", str(model),
+        "--model-id", "Qwen/Qwen3-0.6B:Q8_0",
+        "--stage-server-bin", str(server),
+        "--layer-end", "28",
+        "--ctx-size", "512",
+        "--n-gpu-layers=0",
+        "--activation-width", "1024",
+        "--stage-load-mode", "runtime-slice",
+        "--state-layer-start", "9",
+        "--state-layer-end", "18",
+        "--state-stage-index", "1",
+        "--state-payload-kind", "resident-kv",
+        "--prefix-token-count", "128",
+        "--cache-hit-repeats", "3",
+        "--runtime-lane-count", "1",
+        "--source-bind-addr", "127.0.0.1:40001",
+        "--restore-bind-addr", "127.0.0.1:40002",
+        "--report-out", str(tmp_path / "state-handoff.json"),
+        "--borrow-resident-hits",
+        "--cache-decoded-result-hits",
+        "--prompt", "-a prompt that starts with a dash",
+    ]  # fmt: skip
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert correctness.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("refused: correctness."), err
+    return err
+
+
+def test_the_reference_command_line_parses(reference_argv: list[str]) -> None:
+    args = correctness.parse_args(reference_argv)
+    assert args is not None
+    assert args.topology == "split-middle"
+    assert (args.layer_start_state, args.layer_end_state, args.stage_index) == (9, 18, 1)
+    assert args.n_gpu_layers == 0
+    assert args.borrow_resident_hits and args.cache_decoded_result_hits
+    assert args.prompt == "-a prompt that starts with a dash"
+    without_options = reference_argv[: reference_argv.index("--borrow-resident-hits")]
+    parsed = correctness.parse_args(without_options)
+    assert parsed is not None
+    assert parsed.prompt is None
+    assert not parsed.borrow_resident_hits
+
+
+def test_unknown_flags_and_abbreviations_are_refused(
+    reference_argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = refused([*reference_argv, "--telemetry-level", "debug"], capsys)
+    assert "correctness.argv.unknown_flag at $.argv[" in err
+    assert "--telemetry-level" in err
+    abbreviated = [w if w != "--model-id" else "--model-i" for w in reference_argv]
+    assert "correctness.argv.unknown_flag" in refused(abbreviated, capsys)
+    assert "correctness.argv.unknown_argument" in refused([*reference_argv, "stray"], capsys)
+    assert "correctness.argv.command" in refused(["serve", *reference_argv[1:]], capsys)
+    assert "correctness.argv.command" in refused([], capsys)
+
+
+def test_a_flag_given_twice_or_without_its_value_is_refused(
+    reference_argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "correctness.argv.duplicate" in refused([*reference_argv, "--ctx-size", "64"], capsys)
+    assert "correctness.argv.missing_value" in refused([*reference_argv, "--ctx-size"], capsys)
+    missing = reference_argv[: reference_argv.index("--report-out")]
+    err = refused(missing, capsys)
+    assert "correctness.argv.invalid" in err
+    assert "--report-out" in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "code"),
+    [
+        ("--state-layer-end", "19", "correctness.range"),  # not split-middle of 28 layers
+        ("--stage-load-mode", "layer-package", "correctness.range"),
+        ("--ctx-size", "128", "correctness.context"),  # 128 + 1 tokens do not fit
+        ("--source-bind-addr", "0.0.0.0:40001", "correctness.argv.invalid"),
+        ("--cache-hit-repeats", "0", "correctness.argv.invalid"),
+        ("--state-payload-kind", "resident", "correctness.argv.invalid"),
+        ("--layer-end", "x", "correctness.argv.invalid"),
+        ("--model", "relative.gguf", "correctness.argv.invalid"),
+        ("--model", "/nonexistent/model.gguf", "correctness.model"),
+        ("--model-id", "has space", "correctness.argv.invalid"),
+        ("--report-out", "/nonexistent/dir/state-handoff.json", "correctness.report_out"),
+        ("--prompt", "   ", "correctness.prompt"),
+        ("--report-out", __file__, "correctness.report_out"),  # exists: reports are fresh
+    ],
+)
+def test_inconsistent_values_are_refused_before_loading(
+    reference_argv: list[str], flag: str, value: str, code: str
+) -> None:
+    argv = list(reference_argv)
+    argv[argv.index(flag) + 1] = value
+    with pytest.raises(Refused) as caught:
+        correctness.parse_args(argv)
+    assert code in caught.value.codes
+
+
+def test_help_describes_the_checks_and_the_fault_injection(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert correctness.main(["state-handoff", "--help"]) == 0
+    text = capsys.readouterr().out
+    for flag in ("--state-payload-kind", "--report-out", "--borrow-resident-hits", "--prompt"):
+        assert flag in text
+    assert "FAULT INJECTION" in text
+    assert correctness.FAULT_ENV in text
+    assert str(correctness.HIT_LOGITS_TOLERANCE) in text
+    assert correctness.main(["--help"]) == 0
+
+
+def test_the_module_runs_as_a_command_without_loading_the_bindings() -> None:
+    """A real child: ``python -m ... --help`` works, and importing the oracle loads no llama.cpp."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "cache_family.oracles.correctness", "state-handoff", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "state-handoff" in shown.stdout
+    probe = (
+        "import sys, cache_family.cli, cache_family.oracles.correctness; "
+        "print('llama_cpp' in sys.modules)"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert loaded.stdout.strip() == "False"
+
+
+def test_the_library_directory_comes_from_the_environment(tmp_path: Path) -> None:
+    with pytest.raises(Refused) as unset:
+        llama_bindings.library_dir({})
+    assert unset.value.codes == ["bindings.library_unset"]
+    with pytest.raises(Refused) as absent:
+        llama_bindings.library_dir({llama_bindings.STAGE_BUILD_ENV: str(tmp_path)})
+    assert absent.value.codes == ["bindings.library_absent"]
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libllama.so").write_bytes(b"")
+    found = llama_bindings.library_dir({llama_bindings.STAGE_BUILD_ENV: str(tmp_path)})
+    assert found == (tmp_path / "lib").resolve()
+    bindings_only = llama_bindings.library_dir({llama_bindings.LIB_PATH_ENV: str(tmp_path / "lib")})
+    assert bindings_only == found
+    with pytest.raises(Refused) as stage_build_first:
+        llama_bindings.library_dir(
+            {
+                llama_bindings.LIB_PATH_ENV: str(tmp_path / "lib"),
+                llama_bindings.STAGE_BUILD_ENV: "/x",
+            }
+        )
+    assert stage_build_first.value.codes == ["bindings.library_absent"]
+
+
+def test_fault_injection_alters_only_the_tail() -> None:
+    payload = bytes(range(256)) * 4
+    altered = correctness.alter_state_bytes(payload)
+    assert len(altered) == len(payload)
+    span = len(payload) // 16
+    assert altered[:-span] == payload[:-span]
+    assert all(a != b for a, b in zip(altered[-span:], payload[-span:], strict=True))
