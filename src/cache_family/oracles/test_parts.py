@@ -23,12 +23,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +40,9 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, TextIO
 
+import trio
+
+from cache_family.actors.process_group import stop_group
 from cache_family.errors import Refused
 from cache_family.oracles import native_build
 
@@ -307,16 +310,7 @@ class _LogReader(threading.Thread):
 
 
 def _stop(process: subprocess.Popen[str], grace_s: float = 10.0) -> None:
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=grace_s)
+    trio.run(functools.partial(stop_group, process, grace=grace_s, kill_wait=grace_s))
 
 
 @contextlib.contextmanager
