@@ -17,7 +17,7 @@ import gguf
 import pytest
 
 from cache_family.errors import Refused
-from cache_family.oracles.test_parts import zoo_key
+from cache_family.oracles.native_parts import zoo_key
 from cache_family.oracles.zoo import (
     BUILDERS,
     REPORT_NAME,

@@ -10,7 +10,7 @@
   change to any builder writes a fresh zoo.
 
 ``<cache>`` is ``$CACHE_FAMILY_CACHE`` or ``~/.cache/cache-family``. Run
-``python -m cache_family.oracles.test_parts`` (``just native-parts``) to build both and print
+``python -m cache_family.oracles.native_parts`` (``just native-parts``) to build both and print
 the paths.
 
 ``serve`` runs one ``llama-server`` on one model for a test or a benchmark: loopback only, a
