@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, TextIO
 
 from cache_family.errors import Refusal, Refused
-from cache_family.schemas.bounded import READ_NO_FOLLOW
+from cache_family.schemas.bounded import open_regular_file
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -281,59 +281,35 @@ def hash_file(
     """
     sink = progress or NullProgress()
     budget.check(json_path)
-    try:
-        fd = os.open(path, READ_NO_FOLLOW)
-    except FileNotFoundError:
-        raise Refused.one(
-            "pin.missing",
-            json_path,
-            f"{path} vanished before it was hashed",
-            "check the path",
-        ) from None
-    except OSError as exc:
-        raise Refused.one(
-            "pin.unreadable",
-            json_path,
-            f"{path} cannot be opened: {exc.strerror}",
-            "check the path and its permissions",
-        ) from None
     digest = hashlib.sha256()
     size = 0
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+    buffer = bytearray(CHUNK_BYTES)
+    view = memoryview(buffer)
+    with open_regular_file(path, subject=path, json_path=json_path) as (fd, _):
+        try:
+            with os.fdopen(fd, "rb", buffering=0, closefd=False) as stream:
+                while True:
+                    if stop is not None and stop.is_set():
+                        raise Refused.one(
+                            "pin.aborted",
+                            json_path,
+                            f"hashing {path} stopped because another pin was refused",
+                            "fix the other refusal and run again",
+                        )
+                    budget.check(json_path)
+                    count = stream.readinto(buffer)
+                    if not count:
+                        break
+                    digest.update(view[:count])
+                    size += count
+                    sink.advance(count)
+        except OSError as exc:
             raise Refused.one(
-                "pin.not_regular",
+                "file.unreadable",
                 json_path,
-                f"{path} is not a regular file",
-                "point at a regular file (not a directory, FIFO or device)",
-            )
-        buffer = bytearray(CHUNK_BYTES)
-        view = memoryview(buffer)
-        with os.fdopen(fd, "rb", buffering=0, closefd=False) as stream:
-            while True:
-                if stop is not None and stop.is_set():
-                    raise Refused.one(
-                        "pin.aborted",
-                        json_path,
-                        f"hashing {path} stopped because another pin was refused",
-                        "fix the other refusal and run again",
-                    )
-                budget.check(json_path)
-                count = stream.readinto(buffer)
-                if not count:
-                    break
-                digest.update(view[:count])
-                size += count
-                sink.advance(count)
-    except OSError as exc:
-        raise Refused.one(
-            "pin.unreadable",
-            json_path,
-            f"{path} could not be read: {exc.strerror}",
-            "check the file and the disk",
-        ) from None
-    finally:
-        os.close(fd)
+                f"{path} could not be read: {exc.strerror}",
+                "check the file and the disk",
+            ) from None
     budget.check(json_path)
     return FilePin(path=path, sha256=digest.hexdigest(), size=size)
 
