@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Any, Final
 
 import psutil
 import trio
@@ -20,13 +21,8 @@ import trio
 POLL_SECONDS: Final = 0.02
 
 
-class Leader(Protocol):
-    """A child started with ``start_new_session=True``: its pid is also its group's id."""
-
-    @property
-    def pid(self) -> int: ...
-
-    def poll(self) -> int | None: ...
+# A child started with ``start_new_session=True``: its pid is also its process group's id.
+Leader = trio.Process | subprocess.Popen[Any]
 
 
 @dataclass(frozen=True, slots=True)

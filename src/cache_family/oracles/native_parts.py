@@ -309,10 +309,6 @@ class _LogReader(threading.Thread):
         self.ready.set()  # wake the waiter: the process closed its output
 
 
-def _stop(process: subprocess.Popen[str], grace_s: float = 10.0) -> None:
-    trio.run(functools.partial(stop_group, process, grace=grace_s, kill_wait=grace_s))
-
-
 @contextlib.contextmanager
 def serve(
     llama_server: Path,
@@ -387,7 +383,7 @@ def serve(
                 raise RuntimeError(f"/health answered {status}: {reply!r}")
             yield server
         finally:
-            _stop(process)
+            trio.run(functools.partial(stop_group, process, grace=10.0, kill_wait=10.0))
             reader.join(timeout=10)
 
 
