@@ -15,7 +15,6 @@ from cache_family.actors.pins import (
     TREE_MAX_DEPTH,
     TREE_MAX_ENTRIES,
     Budget,
-    CountingProgress,
     HashJob,
     NullProgress,
     RichProgress,
@@ -40,6 +39,32 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class CountingProgress:
+    """Progress that only counts, thread-safely."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.files = 0
+        self.total_bytes = 0
+        self.done_bytes = 0
+        self.began = 0
+        self.ended = 0
+
+    def begin(self, files: int, total_bytes: int) -> None:
+        with self._lock:
+            self.files += files
+            self.total_bytes += total_bytes
+            self.began += 1
+
+    def advance(self, nbytes: int) -> None:
+        with self._lock:
+            self.done_bytes += nbytes
+
+    def end(self) -> None:
+        with self._lock:
+            self.ended += 1
 
 
 class CancelAfter(CountingProgress):

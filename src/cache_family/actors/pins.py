@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, TextIO
@@ -109,32 +108,6 @@ class NullProgress:
 
     def end(self) -> None:
         pass
-
-
-class CountingProgress:
-    """Progress that only counts, thread-safely; the JSON progress writer and tests read it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.files = 0
-        self.total_bytes = 0
-        self.done_bytes = 0
-        self.began = 0
-        self.ended = 0
-
-    def begin(self, files: int, total_bytes: int) -> None:
-        with self._lock:
-            self.files += files
-            self.total_bytes += total_bytes
-            self.began += 1
-
-    def advance(self, nbytes: int) -> None:
-        with self._lock:
-            self.done_bytes += nbytes
-
-    def end(self) -> None:
-        with self._lock:
-            self.ended += 1
 
 
 class RichProgress:
@@ -517,13 +490,3 @@ def tree_digest(entries: Iterable[tuple[bytes, bytes]]) -> str:
         total.update(relative)
         total.update(digest)
     return total.hexdigest()
-
-
-@contextmanager
-def showing_progress(stream: TextIO | None = None) -> Iterator[ProgressSink]:
-    """``progress_for`` as a context manager that always closes the display."""
-    sink = progress_for(stream)
-    try:
-        yield sink
-    finally:
-        sink.end()
