@@ -50,7 +50,7 @@ skippy-workload-oracles-build OUTPUT:
 # Build (or reuse) the real parts the tests use: llama-server and the tiny model zoo.
 [group('native')]
 native-parts:
-    {{venv}}/python -m cache_family.oracles.test_parts
+    {{venv}}/python -m cache_family.oracles.native_parts
 
 # --- operator ---------------------------------------------------------------
 

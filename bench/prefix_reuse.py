@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from cache_family.errors import Refused
-from cache_family.oracles.test_parts import ensure_parts, serve
+from cache_family.oracles.native_parts import ensure_parts, serve
 from cache_family.oracles.zoo.vocab import CONTROL_TOKENS, vocabulary
 
 SUFFIX_TOKENS = 16

@@ -8,11 +8,10 @@ changes; the heading and markers are appended at the end if the README lacks the
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
+from cache_family.actors.publish import replace_atomically
 from cache_family.schemas.docs import render_operator_reference, replace_marked_section
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -32,16 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"{readme}: operator input reference is stale; run `just readme-fields`")
         return 1
-    # Replace atomically so a concurrent reader never sees half a README.
-    fd, tmp = tempfile.mkstemp(dir=readme.parent, prefix=".README.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(wanted)
-        Path(tmp).chmod(readme.stat().st_mode & 0o777)
-        Path(tmp).replace(readme)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_atomically(readme, wanted.encode("utf-8"), mode=readme.stat().st_mode & 0o777)
     print(f"{readme}: operator input reference regenerated")
     return 0
 

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from cache_family.actors.publish import replace_atomically
 from cache_family.states.cell import render_table_markdown
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machines.md"
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"{DOC}: stale; run `just docs`")
         return 1
-    DOC.write_text(wanted, encoding="utf-8")
+    replace_atomically(DOC, wanted.encode("utf-8"))
     print(f"{DOC}: regenerated")
     return 0
 

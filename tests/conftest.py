@@ -8,12 +8,12 @@ import sys
 import pytest
 
 from cache_family.errors import Refused
-from cache_family.oracles.test_parts import SKIP_NATIVE_ENV, Parts, ensure_parts
+from cache_family.oracles.native_parts import SKIP_NATIVE_ENV, Parts, ensure_parts
 
 
 @pytest.fixture(scope="session")
 def native_parts() -> Parts:
-    """The real llama-server build and the tiny model zoo (see ``oracles/test_parts.py``).
+    """The real llama-server build and the tiny model zoo (see ``oracles/native_parts.py``).
 
     Never compiles: a missing build fails the test (``just test`` builds it first through
     ``just native-parts``), except under ``CACHE_FAMILY_SKIP_NATIVE=1``, where it is skipped

@@ -23,7 +23,7 @@ import pytest
 
 from cache_family.errors import Refused
 from cache_family.oracles import native_build
-from cache_family.oracles.test_parts import (
+from cache_family.oracles.native_parts import (
     Parts,
     ensure_native,
     free_port,

@@ -15,7 +15,6 @@ from cache_family.actors.pins import (
     TREE_MAX_DEPTH,
     TREE_MAX_ENTRIES,
     Budget,
-    CountingProgress,
     HashJob,
     NullProgress,
     RichProgress,
@@ -40,6 +39,32 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class CountingProgress:
+    """Progress that only counts, thread-safely."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.files = 0
+        self.total_bytes = 0
+        self.done_bytes = 0
+        self.began = 0
+        self.ended = 0
+
+    def begin(self, files: int, total_bytes: int) -> None:
+        with self._lock:
+            self.files += files
+            self.total_bytes += total_bytes
+            self.began += 1
+
+    def advance(self, nbytes: int) -> None:
+        with self._lock:
+            self.done_bytes += nbytes
+
+    def end(self) -> None:
+        with self._lock:
+            self.ended += 1
 
 
 class CancelAfter(CountingProgress):
@@ -154,12 +179,23 @@ def test_fifo_directory_missing_and_relative_tools_are_refused(tmp_path: Path) -
         assert caught.value.refusals[0].path == "$.correctness"
 
 
-def test_hash_file_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+def test_hash_file_opens_with_the_bounded_readers_refusals(tmp_path: Path) -> None:
+    """One way to open a regular file without following links, one set of codes."""
     fifo = tmp_path / "swap.fifo"
     os.mkfifo(fifo)  # no writer: a blocking open would hang forever
-    with pytest.raises(Refused) as caught:
-        hash_file(str(fifo), unlimited())
-    assert caught.value.codes == ["pin.not_regular"]
+    link = tmp_path / "link"
+    link.symlink_to(write(tmp_path / "target", b"bytes"))
+    cases = {
+        fifo: "file.not_regular",
+        tmp_path: "file.not_regular",
+        link: "file.symlink",
+        tmp_path / "absent": "file.missing",
+    }
+    for path, code in cases.items():
+        with pytest.raises(Refused) as caught:
+            hash_file(str(path), unlimited(), json_path="$.x")
+        assert caught.value.codes == [code], path
+        assert caught.value.refusals[0].path == "$.x"
 
 
 # --- parallel hashing ------------------------------------------------------------------------
@@ -202,7 +238,7 @@ def test_one_refused_file_stops_the_others_and_is_the_reported_reason(tmp_path: 
             progress=progress,
             workers=2,
         )
-    assert caught.value.codes == ["pin.missing"]
+    assert caught.value.codes == ["file.missing"]
     assert caught.value.refusals[0].path == "$.missing"
 
 

@@ -34,6 +34,7 @@ from cache_family.actors.preparation import (
     STDOUT_LOG,
     InterruptLatch,
     ParentReport,
+    WorkerRecord,
     _publish,
     _read_observations,
     observe,
@@ -322,6 +323,51 @@ def test_a_changed_toolkit_pin_refuses_and_a_matching_one_is_recorded(
     assert profile.correctness.toolkit_directories["VULKAN_SDK"].sha256 == good
     (toolkit / "bin" / "glslc").write_text("changed")
     assert observe_codes(request) == ["preparation.toolkit_pin_mismatch"]
+
+
+class PhaseEvents(SilentEvents):
+    def __init__(self) -> None:
+        self.phases: list[str] = []
+
+    def phase(self, text: str) -> None:
+        self.phases.append(text)
+
+
+OBSERVATION_STEPS = [
+    "pinning tools and servers",
+    "pinning the native build tree",
+    "pinning toolkit directories",
+    "loading the catalog and corpus",
+    "examining models",
+    "hashing model bytes",
+    "planning rows and profiles",
+    "checking the prepared input's size",
+]
+
+
+def test_observation_runs_its_steps_in_order(box: Toolbox, tmp_path: Path) -> None:
+    from cache_family.actors.pins import pin_tree
+
+    toolkit = tmp_path / "vulkan"
+    write_tool(toolkit / "bin" / "glslc")
+    good = pin_tree(str(toolkit), Budget.seconds(60)).sha256
+    top = {"toolkit_directories": {"VULKAN_SDK": {"path": str(toolkit), "sha256": good}}}
+    events, record = PhaseEvents(), WorkerRecord()
+    observe(request_for(box, tmp_path, top=top), Budget.seconds(60), events, record)  # type: ignore[arg-type]
+    assert events.phases == OBSERVATION_STEPS
+    assert record.phase == OBSERVATION_STEPS[-1] and record.models_hashed
+
+
+def test_a_refused_model_stops_observation_before_hashing(box: Toolbox, tmp_path: Path) -> None:
+    """What a refused worker publishes says how far it got: here, examining models."""
+    preset = packaged_catalog().catalog.preset("llama")
+    put_model(box, preset, Claims(block_count=4))
+    events, record = PhaseEvents(), WorkerRecord()
+    with pytest.raises(Refused):
+        observe(request_for(box, tmp_path, **only("llama")), Budget.seconds(60), events, record)  # type: ignore[arg-type]
+    assert events.phases == [s for s in OBSERVATION_STEPS[:5] if "toolkit" not in s]
+    assert record.phase == "examining models" and not record.models_hashed
+    assert record.tools and record.native_build is not None and record.catalog is not None
 
 
 class ProgressEvents(SilentEvents):

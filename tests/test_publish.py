@@ -1,4 +1,5 @@
-"""Atomic, no-clobber publication and revocation of only the file we wrote."""
+"""Atomic publication: fresh (no-clobber) with revocation of only the file we wrote, and
+replacing writes that never leave a partial file or a temporary name behind."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from cache_family.actors.publish import publish_fresh, revoke
+from cache_family.actors.publish import (
+    publish_fresh,
+    replace_atomically,
+    replace_with_symlink,
+    revoke,
+)
 from cache_family.errors import Refused
 
 
@@ -59,3 +65,48 @@ def test_revoke_ignores_a_same_size_replacement(tmp_path: Path) -> None:
     os.utime(target, ns=(published.mtime_ns + 1_000_000, published.mtime_ns + 1_000_000))
     assert revoke(published) is False
     assert target.read_bytes() == b"them"
+
+
+def test_replace_atomically_replaces_the_bytes_and_leaves_no_temporary_file(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "producer.json"
+    target.write_bytes(b"old")
+    replace_atomically(target, b"new", mode=0o600)
+    assert target.read_bytes() == b"new"
+    assert target.stat().st_mode & 0o777 == 0o600
+    assert os.listdir(tmp_path) == ["producer.json"]
+
+
+def test_replacing_a_symlink_replaces_the_link_not_its_target(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"not ours")
+    target = tmp_path / "catalog.json"
+    target.symlink_to(elsewhere)
+    replace_atomically(target, b"ours")
+    assert not target.is_symlink() and target.read_bytes() == b"ours"
+    assert elsewhere.read_bytes() == b"not ours"
+
+
+def test_a_failed_replacement_leaves_no_temporary_file(tmp_path: Path) -> None:
+    occupied = tmp_path / "report.json"
+    occupied.mkdir()
+    with pytest.raises(IsADirectoryError):
+        replace_atomically(occupied, b"data")
+    assert os.listdir(tmp_path) == ["report.json"]
+
+
+def test_a_failed_link_replacement_leaves_no_temporary_link(tmp_path: Path) -> None:
+    occupied = tmp_path / "m.gguf"
+    occupied.mkdir()
+    with pytest.raises(IsADirectoryError):
+        replace_with_symlink(occupied, "../../blobs/x")
+    assert os.listdir(tmp_path) == ["m.gguf"]
+
+
+def test_replace_with_symlink_points_an_existing_link_elsewhere(tmp_path: Path) -> None:
+    link = tmp_path / "libllama.so"
+    link.symlink_to("old-target")
+    replace_with_symlink(link, "libllama.so.0")
+    assert os.readlink(link) == "libllama.so.0"
+    assert os.listdir(tmp_path) == ["libllama.so"]

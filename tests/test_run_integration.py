@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cache_family.actors.replay import replay
-from cache_family.oracles.test_parts import Parts
+from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.journal import ChildSpawned, WarmupExclusion, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 from cache_family.schemas.receipts import (

@@ -17,7 +17,7 @@ import gguf
 import pytest
 
 from cache_family.errors import Refused
-from cache_family.oracles.test_parts import zoo_key
+from cache_family.oracles.native_parts import zoo_key
 from cache_family.oracles.zoo import (
     BUILDERS,
     REPORT_NAME,
@@ -521,12 +521,3 @@ def test_publish_refuses_a_directory_at_a_link_path_and_moves_nothing(tmp_path: 
     assert refused.value.codes == ["zoo.cache_root_not_ours"]
     assert (staging / "m.gguf").read_bytes() == b"GGUF-bytes"
     assert not (tmp_path / "hub" / "models--o--n" / "blobs").exists()
-
-
-def test_a_failed_link_replacement_leaves_no_temporary_link(tmp_path: Path) -> None:
-    """The last step of every link: if the rename fails, its temporary link goes too."""
-    occupied = tmp_path / "m.gguf"
-    occupied.mkdir()
-    with pytest.raises(IsADirectoryError):
-        hub._atomic_symlink(occupied, "../../blobs/x")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]

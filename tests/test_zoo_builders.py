@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import trio
 
-from cache_family.oracles.test_parts import Parts, free_port
+from cache_family.oracles.native_parts import Parts, free_port
 from cache_family.oracles.zoo import hybrid, minimax, moe
 from cache_family.oracles.zoo.base import Builder, BuiltModel, write_gguf
 from cache_family.oracles.zoo.vocab import vocabulary

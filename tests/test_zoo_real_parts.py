@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cache_family.oracles.test_parts import Parts, serve
+from cache_family.oracles.native_parts import Parts, serve
 from cache_family.oracles.zoo.base import SYNTHETIC_TAG
 from cache_family.oracles.zoo.vocab import CONTROL_TOKENS, vocabulary
 from cache_family.schemas.catalog import packaged_catalog

@@ -143,7 +143,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     import os
 
-    from cache_family.actors.publish import publish_replace
+    from cache_family.actors.publish import replace_atomically
     from cache_family.report import build_report
     from cache_family.schemas.refusal_codes import report_hint
 
@@ -154,7 +154,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     target = str(Path(args.output).absolute())
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        publish_replace(target, text.encode("utf-8"))
+        replace_atomically(target, text.encode("utf-8"))
     except OSError as exc:
         raise Refused.one(
             "report.output_unwritable",

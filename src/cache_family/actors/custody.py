@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -42,6 +41,7 @@ import httpx
 import psutil
 import trio
 
+from cache_family.actors.process_group import stop_group
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.measurement import (
     CaptureStream,
@@ -290,7 +290,7 @@ class Host:
         self._logs: list[_BoundedLog] = []
         self._oversized_lines = 0
         self._known_descendants: dict[int, float] = {}
-        self._grace_scope: trio.CancelScope | None = None
+        self._hurry = trio.Event()
         self._grace_shortened = False
         self._outcome: CleanupOutcome | None = None
         self.terminating = trio.Event()
@@ -549,8 +549,7 @@ class Host:
     def shorten_grace(self) -> None:
         """End the SIGTERM grace now (an operator's second interrupt): SIGKILL follows."""
         self._grace_shortened = True
-        if self._grace_scope is not None:
-            self._grace_scope.cancel()
+        self._hurry.set()
 
     async def cleanup(self) -> CleanupOutcome:
         """End the host and everything it started; shielded, bounded and idempotent."""
@@ -592,28 +591,14 @@ class Host:
             self.state = "terminating"
             self._remember_descendants()
             self.terminating.set()
-            pgid = process.pid
-            # SIGTERM goes to the whole group even when the leader already died: its helpers
-            # may still run. The grace covers every member, not just the leader.
-            _signal_group(pgid, signal.SIGTERM)
-            with trio.move_on_after(self.config.grace_seconds) as grace:
-                self._grace_scope = grace
-                if self._grace_shortened:
-                    grace.cancel()
-                await process.wait()
-                while _group_members(pgid):
-                    await trio.sleep(0.02)
-            self._grace_scope = None
-            if process.returncode is None or _group_members(pgid):
-                progress["forced"] = True
-                _signal_group(pgid, signal.SIGKILL)
-                with trio.move_on_after(self.config.kill_wait_seconds):
-                    await process.wait()
-                    while _group_members(pgid):
-                        await trio.sleep(0.02)
-            else:
-                progress["graceful"] = True
-            self.exit_code = process.returncode
+            stopped = await stop_group(
+                process,
+                grace=self.config.grace_seconds,
+                kill_wait=self.config.kill_wait_seconds,
+                hurry=self._hurry,
+            )
+            progress["forced" if stopped.forced else "graceful"] = True
+            self.exit_code = stopped.returncode
             escaped, surviving = await _end_descendants(self._known_descendants)
             progress["escaped"] = escaped
             progress["surviving"] = surviving
@@ -723,22 +708,6 @@ async def _health_once(client: httpx.AsyncClient, url: str, seconds: float) -> t
     if isinstance(answer, dict) and answer.get("status") == "ok":
         return True, "ok"
     return False, f"health said {body[:200]!r}"
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group ``pgid``: a reaper-less PID 1 may keep
-    zombies forever, so only psutil's status, not kill(0), says whether anything still runs."""
-    members = []
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, ProcessLookupError):
-            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
-                members.append(process.pid)
-    return members
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
 
 
 async def _end_descendants(known: Mapping[int, float]) -> tuple[list[int], list[int]]:

@@ -24,13 +24,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, TextIO
 
 from cache_family.errors import Refusal, Refused
-from cache_family.schemas.bounded import READ_NO_FOLLOW
+from cache_family.schemas.bounded import open_regular_file
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -109,32 +108,6 @@ class NullProgress:
 
     def end(self) -> None:
         pass
-
-
-class CountingProgress:
-    """Progress that only counts, thread-safely; the JSON progress writer and tests read it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.files = 0
-        self.total_bytes = 0
-        self.done_bytes = 0
-        self.began = 0
-        self.ended = 0
-
-    def begin(self, files: int, total_bytes: int) -> None:
-        with self._lock:
-            self.files += files
-            self.total_bytes += total_bytes
-            self.began += 1
-
-    def advance(self, nbytes: int) -> None:
-        with self._lock:
-            self.done_bytes += nbytes
-
-    def end(self) -> None:
-        with self._lock:
-            self.ended += 1
 
 
 class RichProgress:
@@ -281,59 +254,35 @@ def hash_file(
     """
     sink = progress or NullProgress()
     budget.check(json_path)
-    try:
-        fd = os.open(path, READ_NO_FOLLOW)
-    except FileNotFoundError:
-        raise Refused.one(
-            "pin.missing",
-            json_path,
-            f"{path} vanished before it was hashed",
-            "check the path",
-        ) from None
-    except OSError as exc:
-        raise Refused.one(
-            "pin.unreadable",
-            json_path,
-            f"{path} cannot be opened: {exc.strerror}",
-            "check the path and its permissions",
-        ) from None
     digest = hashlib.sha256()
     size = 0
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+    buffer = bytearray(CHUNK_BYTES)
+    view = memoryview(buffer)
+    with open_regular_file(path, subject=path, json_path=json_path) as (fd, _):
+        try:
+            with os.fdopen(fd, "rb", buffering=0, closefd=False) as stream:
+                while True:
+                    if stop is not None and stop.is_set():
+                        raise Refused.one(
+                            "pin.aborted",
+                            json_path,
+                            f"hashing {path} stopped because another pin was refused",
+                            "fix the other refusal and run again",
+                        )
+                    budget.check(json_path)
+                    count = stream.readinto(buffer)
+                    if not count:
+                        break
+                    digest.update(view[:count])
+                    size += count
+                    sink.advance(count)
+        except OSError as exc:
             raise Refused.one(
-                "pin.not_regular",
+                "file.unreadable",
                 json_path,
-                f"{path} is not a regular file",
-                "point at a regular file (not a directory, FIFO or device)",
-            )
-        buffer = bytearray(CHUNK_BYTES)
-        view = memoryview(buffer)
-        with os.fdopen(fd, "rb", buffering=0, closefd=False) as stream:
-            while True:
-                if stop is not None and stop.is_set():
-                    raise Refused.one(
-                        "pin.aborted",
-                        json_path,
-                        f"hashing {path} stopped because another pin was refused",
-                        "fix the other refusal and run again",
-                    )
-                budget.check(json_path)
-                count = stream.readinto(buffer)
-                if not count:
-                    break
-                digest.update(view[:count])
-                size += count
-                sink.advance(count)
-    except OSError as exc:
-        raise Refused.one(
-            "pin.unreadable",
-            json_path,
-            f"{path} could not be read: {exc.strerror}",
-            "check the file and the disk",
-        ) from None
-    finally:
-        os.close(fd)
+                f"{path} could not be read: {exc.strerror}",
+                "check the file and the disk",
+            ) from None
     budget.check(json_path)
     return FilePin(path=path, sha256=digest.hexdigest(), size=size)
 
@@ -541,13 +490,3 @@ def tree_digest(entries: Iterable[tuple[bytes, bytes]]) -> str:
         total.update(relative)
         total.update(digest)
     return total.hexdigest()
-
-
-@contextmanager
-def showing_progress(stream: TextIO | None = None) -> Iterator[ProgressSink]:
-    """``progress_for`` as a context manager that always closes the display."""
-    sink = progress_for(stream)
-    try:
-        yield sink
-    finally:
-        sink.end()

@@ -1,46 +1,14 @@
-"""Native preparation: operator input in, ``cache-family-input.json`` out, observing bytes.
+"""Native preparation: operator input in, ``cache-family-input.json`` out (README, "Using it").
 
-``prepare-full`` / ``prepare-use-cases`` (the parent) and ``prepare-worker`` (its child):
-
-1. Admission, before any write: bounded read of the operator input, CLI overrides and the
-   mode's use-case selection applied, full validation (schema, catalog pin, selection), and
-   the output checked: it must not exist, its parent must, and its canonical path must be
-   disjoint from the native build, the cache root and every toolkit directory. A refusal
-   here creates nothing (exit 2).
-2. The parent creates the output directory, writes ``request.json`` and runs the worker as
-   ``python -m cache_family.cli prepare-worker`` in its own session, with a minimal
-   environment, under the preparation deadline; cancellation (SIGINT/SIGTERM to the parent)
-   or the deadline stop it with SIGTERM, a grace period, then SIGKILL. Worker logs are kept
-   as ``prepare.stdout.log`` / ``prepare.stderr.log``.
-3. The worker pins tools, servers, the native build tree, toolkit trees and every model's
-   bytes (threads, 1 MiB chunks, budget checked between chunks), plans the rows and builds
-   the profiles, and writes ``observations.json`` bound to the SHA-256 of ``request.json``.
-4. The parent accepts the observations only from a clean, timely, uncancelled worker whose
-   ``request_sha256`` matches, then publishes ``cache-family-input.json`` fresh and
-   atomically, re-checks cancellation and the deadline after the write (and again after its
-   signal handling is taken down), and on a late refusal removes only the file it wrote.
-
-The corpus of ``prepare-use-cases`` (which plans every use case, ``["all"]``) is the first of:
-``--use-case-corpus ABS`` (``corpus.source`` "override"), ``$SKIPPY_CACHE_USECASE_CORPUS``
-("environment"), the operator input's own ``plan.corpus``, whose bytes must match its declared
-SHA-256 ("operator-plan"), and the repository's ``corpus/use-cases.json`` ("checked-in"). The
-prepared input records the path, the SHA-256 of the bytes read and that source.
-``prepare-full`` plans no use cases: it ignores ``plan.corpus`` and the environment variable
-and refuses ``--use-case-corpus``.
-
-Exit codes: 0 published; 2 input refused, nothing written; 3 refused during preparation,
-observations kept; 130 interrupted. A worker that refuses still publishes ``observations.json``
-with ``complete: false``, every refusal it found and what it had observed until then (pins
-of tools, trees and models); the parent prints those refusals before its own summary.
-
-Step 1 is :mod:`~cache_family.actors.preparation_admission`; running and stopping the worker
-(step 2) is :mod:`~cache_family.actors.preparation_supervisor`; the models' layout, identity
-and pins (step 3) are :mod:`~cache_family.actors.preparation_models`. This module is the parent
-and the worker that tie them together.
-
-Test-only parameters of :func:`run_prepare` (``budget_seconds``, ``after_publish``) are
-reachable from Python only: never from the command line, the environment or the operator
-input (whose ``preparation_seconds`` is at least 30).
+The parent (``prepare-full`` / ``prepare-use-cases``) admits the input before any write
+(:mod:`~cache_family.actors.preparation_admission`), creates the output directory and
+``request.json``, and runs ``prepare-worker`` in its own session under the preparation
+deadline (:mod:`~cache_family.actors.preparation_supervisor`). The worker pins tools, trees and
+models (:mod:`~cache_family.actors.preparation_models`), plans rows and profiles, and writes
+``observations.json`` bound to the SHA-256 of ``request.json``, with ``complete: false`` and
+every refusal when it refuses. The parent publishes the prepared input fresh and atomically
+only from a clean, timely, uncancelled worker, and on a late cancellation or deadline removes
+only the file it wrote.
 """
 
 from __future__ import annotations
@@ -55,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import FrameType
 from typing import IO, Final, TextIO
@@ -67,6 +35,7 @@ from cache_family.actors.pins import Budget, FilePin, TreePin, pin_tree
 from cache_family.actors.preparation_admission import Admission, admit, load_plan_catalog
 from cache_family.actors.preparation_models import (
     Gathered,
+    ModelLook,
     examine_models,
     hash_models,
     missing_observation,
@@ -594,16 +563,8 @@ class WorkerRecord:
     models_hashed: bool = False
 
     def so_far(self) -> ObservedSoFar:
-        return ObservedSoFar(
-            phase=self.phase,
-            tools=dict(self.tools),
-            native_build=self.native_build,
-            toolkit_directories=dict(self.toolkit_directories),
-            catalog=self.catalog,
-            corpus=self.corpus,
-            models=dict(self.models),
-            models_hashed=self.models_hashed,
-        )
+        # The same fields by the same names; ObservedSoFar refuses any field it does not have.
+        return ObservedSoFar(**{f.name: getattr(self, f.name) for f in fields(self)})
 
 
 def observe(
@@ -619,17 +580,43 @@ def observe(
     to report one more refusal of an already refused plan would delay the answer by
     minutes), and that planning needs a catalog, a corpus and a cache root.
     """
-    record = WorkerRecord() if record is None else record
-    gathered = Gathered()
-    operator = request.operator
+    run = _Observing(request, budget, events, WorkerRecord() if record is None else record)
+    _pin_tools(run)
+    _pin_trees(run)
+    _load_catalog(run)  # refuses now without a catalog, corpus or cache root
+    _examine_models(run)  # refuses now when a model's layout or identity is wrong
+    _hash_models(run)  # refuses now when bytes differ from a declared pin
+    return _plan(run)
+
+
+@dataclass(slots=True)
+class _Observing:
+    """One observation in progress: pins so far in ``record``, the rest of what steps found."""
+
+    request: PreparationRequest
+    budget: Budget
+    events: EventWriter
+    record: WorkerRecord
+    gathered: Gathered = field(default_factory=Gathered)
+    catalog: LoadedCatalog | None = None
+    corpus: LoadedCorpus | None = None
+    cache_root: str = ""
+    looks: list[ModelLook] = field(default_factory=list)
+    progress: JsonProgress = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.progress = JsonProgress(self.events)
+
+    def phase(self, text: str) -> None:
+        self.record.phase = text
+        self.events.phase(text)
+
+
+def _pin_tools(run: _Observing) -> None:
+    """Pin every tool and server binary; a server's declared pin must match its bytes."""
+    run.phase("pinning tools and servers")
+    operator = run.request.operator
     plan = operator.plan
-    progress = JsonProgress(events)
-
-    def phase(text: str) -> None:
-        record.phase = text
-        events.phase(text)
-
-    phase("pinning tools and servers")
     named = [
         ("correctness", operator.correctness, "$.correctness"),
         ("stage_server", operator.stage_server, "$.stage_server"),
@@ -641,69 +628,73 @@ def observe(
     if plan.old_server is not None and plan.new_server is not None:
         named.append(("old_server", plan.old_server.path, "$.plan.old_server.path"))
         named.append(("new_server", plan.new_server.path, "$.plan.new_server.path"))
-    tools = pin_files(named, budget, progress, gathered)
-    record.tools = {name: _file_record(pin) for name, pin in tools.items()}
+    tools = pin_files(named, run.budget, run.progress, run.gathered)
+    run.record.tools = {name: _file_record(pin) for name, pin in tools.items()}
     for name, declared in (("old_server", plan.old_server), ("new_server", plan.new_server)):
-        if (
-            name in tools
-            and declared is not None
-            and declared.sha256 not in (None, tools[name].sha256)
-        ):
-            gathered.refusals.append(
+        pin = tools.get(name)
+        if pin is not None and declared is not None and declared.sha256 not in (None, pin.sha256):
+            run.gathered.refusals.append(
                 Refusal(
                     "preparation.server_pin_mismatch",
                     json_path(["plan", name, "sha256"]),
-                    f"{name} {tools[name].path} has SHA-256 {tools[name].sha256}, "
+                    f"{name} {pin.path} has SHA-256 {pin.sha256}, "
                     f"not the declared {declared.sha256}",
                     "restore the binary or update its sha256 (or set it to null to fill it in)",
                 )
             )
 
-    phase("pinning the native build tree")
-    native_build: TreePin | None = None
+
+def _pin_trees(run: _Observing) -> None:
+    """Pin the native build tree and every toolkit directory (whose declared pin must match)."""
+    operator = run.request.operator
+    run.phase("pinning the native build tree")
     try:
         native_build = pin_tree(
-            operator.native_build, budget, json_path="$.native_build", progress=progress
+            operator.native_build, run.budget, json_path="$.native_build", progress=run.progress
         )
-        record.native_build = _tree_record(native_build)
+        run.record.native_build = _tree_record(native_build)
     except Refused as exc:
-        gathered.add(exc)
+        run.gathered.add(exc)
     toolkits: dict[str, TreePinRecord] = {}
     if operator.toolkit_directories:
-        phase("pinning toolkit directories")
+        run.phase("pinning toolkit directories")
     for name, toolkit in sorted(operator.toolkit_directories.items()):
         where = json_path(["toolkit_directories", name])
         try:
-            pin = pin_tree(toolkit.path, budget, json_path=where, progress=progress)
+            pin = pin_tree(toolkit.path, run.budget, json_path=where, progress=run.progress)
         except Refused as exc:
-            gathered.add(exc)
+            run.gathered.add(exc)
             continue
-        if pin.sha256 != toolkit.sha256:
-            gathered.refusals.append(
-                Refusal(
-                    "preparation.toolkit_pin_mismatch",
-                    f"{where}.sha256",
-                    f"toolkit {name} at {pin.path} has tree pin {pin.sha256}, "
-                    f"not the declared {toolkit.sha256}",
-                    "restore the toolkit or update its pin",
-                )
+        if pin.sha256 == toolkit.sha256:
+            toolkits[name] = _tree_record(pin)
+            continue
+        run.gathered.refusals.append(
+            Refusal(
+                "preparation.toolkit_pin_mismatch",
+                f"{where}.sha256",
+                f"toolkit {name} at {pin.path} has tree pin {pin.sha256}, "
+                f"not the declared {toolkit.sha256}",
+                "restore the toolkit or update its pin",
             )
-            continue
-        toolkits[name] = _tree_record(pin)
-    record.toolkit_directories = dict(toolkits)
+        )
+    run.record.toolkit_directories = toolkits
 
-    phase("loading the catalog and corpus")
-    catalog = _load_catalog_and_corpus(request, record, gathered)
-    if catalog is None:
-        gathered.raise_any()
-    assert catalog is not None
-    loaded_catalog, corpus = catalog
+
+def _load_catalog(run: _Observing) -> None:
+    """The plan's catalog, its corpus (prepare-use-cases) and the canonical cache root."""
+    run.phase("loading the catalog and corpus")
     try:
-        cache_root = os.path.realpath(plan.cache_root, strict=True)
+        run.catalog, run.corpus = _catalog_and_corpus(run.request, run.record)
+    except Refused as exc:
+        run.gathered.add(exc)
+        run.gathered.raise_any()
+    plan = run.request.operator.plan
+    try:
+        run.cache_root = os.path.realpath(plan.cache_root, strict=True)
     except OSError:
-        cache_root = ""
-    if not cache_root or not Path(cache_root).is_dir():
-        gathered.refusals.append(
+        run.cache_root = ""
+    if not run.cache_root or not Path(run.cache_root).is_dir():
+        run.gathered.refusals.append(
             Refusal(
                 "preparation.cache_root_missing",
                 "$.plan.cache_root",
@@ -711,58 +702,70 @@ def observe(
                 "point plan.cache_root at the hub cache directory",
             )
         )
-        gathered.raise_any()
+        run.gathered.raise_any()
 
-    phase("examining models")
-    presets = selected_presets(plan, loaded_catalog.catalog)
-    looks = examine_models(presets, cache_root, operator.artifact_tool, gathered)
-    record.models = {
-        look.preset.key: missing_observation(look, plan.model_sha256)
-        for look in looks
+
+def _examine_models(run: _Observing) -> None:
+    """Find each selected model's files and check what their headers claim."""
+    run.phase("examining models")
+    assert run.catalog is not None
+    operator = run.request.operator
+    presets = selected_presets(operator.plan, run.catalog.catalog)
+    run.looks = examine_models(presets, run.cache_root, operator.artifact_tool, run.gathered)
+    run.record.models = {
+        look.preset.key: missing_observation(look, operator.plan.model_sha256)
+        for look in run.looks
         if not look.present
     }
-    gathered.raise_any()
+    run.gathered.raise_any()
 
-    phase("hashing model bytes")
-    observations = hash_models(looks, plan.model_sha256, budget, progress, gathered)
-    record.models, record.models_hashed = dict(observations), True
-    gathered.raise_any()
-    budget.check("$")
 
-    phase("planning rows and profiles")
-    assert native_build is not None
-    pinned_plan = _pinned_plan(plan, tools, observations)
-    rows = plan_rows(
-        pinned_plan, loaded_catalog.catalog, corpus.corpus if corpus else None, observations
-    )
-    tool_pins = ToolPins(
-        correctness=_file_record(tools["correctness"]),
-        stage_server=_file_record(tools["stage_server"]),
-        native_server=_file_record(tools["native_server"]) if "native_server" in tools else None,
-        artifact_tool=_file_record(tools["artifact_tool"]) if "artifact_tool" in tools else None,
+def _hash_models(run: _Observing) -> None:
+    """Pin every present model's bytes (every shard of a split model)."""
+    run.phase("hashing model bytes")
+    declared = run.request.operator.plan.model_sha256
+    models = hash_models(run.looks, declared, run.budget, run.progress, run.gathered)
+    run.record.models, run.record.models_hashed = models, True
+    run.gathered.raise_any()
+    run.budget.check("$")
+
+
+def _plan(run: _Observing) -> PreparedInput:
+    """Plan the rows and build the profiles from the pins; the prepared input, size-checked."""
+    run.phase("planning rows and profiles")
+    record, operator = run.record, run.request.operator
+    assert record.native_build is not None and run.catalog is not None
+    pinned_plan = _pinned_plan(operator.plan, record.tools, record.models)
+    corpus = run.corpus.corpus if run.corpus is not None else None
+    rows = plan_rows(pinned_plan, run.catalog.catalog, corpus, record.models)
+    tools = ToolPins(
+        correctness=record.tools["correctness"],
+        stage_server=record.tools["stage_server"],
+        native_server=record.tools.get("native_server"),
+        artifact_tool=record.tools.get("artifact_tool"),
     )
     profiles = build_profiles(
         rows,
         ProfileInputs(
             operator=operator,
-            tools=tool_pins,
-            native_build=_tree_record(native_build),
-            toolkit_directories=toolkits,
-            old_server=_file_record(tools["old_server"]) if "old_server" in tools else None,
-            new_server=_file_record(tools["new_server"]) if "new_server" in tools else None,
+            tools=tools,
+            native_build=record.native_build,
+            toolkit_directories=record.toolkit_directories,
+            old_server=record.tools.get("old_server"),
+            new_server=record.tools.get("new_server"),
         ),
     )
     prepared = PreparedInput(
         schema_version=1,
         scope=PREPARED_SCOPE,
-        mode=request.mode,
+        mode=run.request.mode,
         plan=pinned_plan,
-        catalog=_catalog_used(loaded_catalog),
+        catalog=_catalog_used(run.catalog),
         corpus=record.corpus,
-        cache_root=cache_root,
-        native_build=_tree_record(native_build),
-        tools=tool_pins,
-        toolkit_directories=toolkits,
+        cache_root=run.cache_root,
+        native_build=record.native_build,
+        tools=tools,
+        toolkit_directories=record.toolkit_directories,
         environment=dict(operator.environment),
         source_commits=SourceCommits(
             old=operator.old_source_commit,
@@ -777,65 +780,61 @@ def observe(
         rows=rows,
         row_count=len(rows),
         profiles=profiles,
-        use_cases=[
-            UseCaseRecord(
-                key=use_case.key,
-                label=use_case.label,
-                prompt=use_case.prompt,
-                prefix_tokens=use_case.prefix_tokens,
-                source=UseCaseSourceRecord(**msgspec.structs.asdict(use_case.source)),
-            )
-            for use_case in (corpus.corpus.use_cases if corpus is not None else ())
-        ],
+        use_cases=_use_case_records(run.corpus),
     )
-    phase("checking the prepared input's size")
+    run.phase("checking the prepared input's size")
     refuse_oversized_input(encode_document(prepared), PREPARED_INPUT_MAX_BYTES)
     return prepared
 
 
-def _load_catalog_and_corpus(
-    request: PreparationRequest, record: WorkerRecord, gathered: Gathered
-) -> tuple[LoadedCatalog, LoadedCorpus | None] | None:
+def _use_case_records(corpus: LoadedCorpus | None) -> list[UseCaseRecord]:
+    return [
+        UseCaseRecord(
+            key=use_case.key,
+            label=use_case.label,
+            prompt=use_case.prompt,
+            prefix_tokens=use_case.prefix_tokens,
+            source=UseCaseSourceRecord(**msgspec.structs.asdict(use_case.source)),
+        )
+        for use_case in (corpus.corpus.use_cases if corpus is not None else ())
+    ]
+
+
+def _catalog_and_corpus(
+    request: PreparationRequest, record: WorkerRecord
+) -> tuple[LoadedCatalog, LoadedCorpus | None]:
     """The plan's catalog and, for prepare-use-cases, its corpus, both still as admitted."""
     plan = request.operator.plan
-    try:
-        catalog = load_plan_catalog(plan)
-    except Refused as exc:
-        gathered.add(exc)
-        return None
+    catalog = load_plan_catalog(plan)
     record.catalog = _catalog_used(catalog)
     corpus = None
-    try:
-        if request.mode == "use-cases":
-            if plan.corpus is None or request.corpus_source is None:
-                raise Refused.one(
-                    "preparation.corpus_missing",
-                    "$.plan.corpus",
-                    "prepare-use-cases needs a corpus",
-                    "give --use-case-corpus",
-                )
-            corpus = load_corpus(plan.corpus.path)
-            if corpus.sha256 != plan.corpus.sha256:
-                raise Refused.one(
-                    "preparation.corpus_pin_mismatch",
-                    "$.plan.corpus.sha256",
-                    f"corpus {corpus.path} changed since admission",
-                    "run preparation again",
-                )
-            record.corpus = CorpusUsed(
-                path=corpus.path, sha256=corpus.sha256, source=request.corpus_source
-            )
-        elif plan.use_cases or plan.corpus is not None:
+    if request.mode == "use-cases":
+        if plan.corpus is None or request.corpus_source is None:
             raise Refused.one(
-                "preparation.mode",
-                "$.plan.use_cases",
-                "prepare-full plans no use cases",
-                "run prepare-use-cases",
+                "preparation.corpus_missing",
+                "$.plan.corpus",
+                "prepare-use-cases needs a corpus",
+                "give --use-case-corpus",
             )
-        check_selection(plan, catalog.catalog, corpus.corpus if corpus else None)
-    except Refused as exc:
-        gathered.add(exc)
-        return None
+        corpus = load_corpus(plan.corpus.path)
+        if corpus.sha256 != plan.corpus.sha256:
+            raise Refused.one(
+                "preparation.corpus_pin_mismatch",
+                "$.plan.corpus.sha256",
+                f"corpus {corpus.path} changed since admission",
+                "run preparation again",
+            )
+        record.corpus = CorpusUsed(
+            path=corpus.path, sha256=corpus.sha256, source=request.corpus_source
+        )
+    elif plan.use_cases or plan.corpus is not None:
+        raise Refused.one(
+            "preparation.mode",
+            "$.plan.use_cases",
+            "prepare-full plans no use cases",
+            "run prepare-use-cases",
+        )
+    check_selection(plan, catalog.catalog, corpus.corpus if corpus else None)
     return catalog, corpus
 
 
@@ -850,7 +849,9 @@ def _catalog_used(loaded: LoadedCatalog) -> CatalogUsed:
 
 
 def _pinned_plan(
-    plan: PlanInput, tools: Mapping[str, FilePin], observations: Mapping[str, ModelObservation]
+    plan: PlanInput,
+    tools: Mapping[str, FilePinRecord],
+    observations: Mapping[str, ModelObservation],
 ) -> PlanInput:
     """The plan with server paths canonical, server pins observed and model pins observed."""
     document = plan.model_dump(mode="json")

@@ -8,10 +8,8 @@ in a capped log and read as JSON-lines events (phases, hashing progress) for the
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from typing import IO, Final, Literal, Protocol, TextIO
 import trio
 
 from cache_family.actors.pins import RichProgress, is_terminal
+from cache_family.actors.process_group import stop_group
 from cache_family.schemas.bounded import MIB
 
 GRACE_SECONDS: Final = 12.0
@@ -118,21 +117,9 @@ async def _pump_stdout(
 
 
 async def _stop_process(process: trio.Process, outcome: WorkerOutcome, grace: float) -> None:
-    """SIGTERM the worker's process group, wait ``grace``, then SIGKILL; shielded, bounded."""
-    with trio.CancelScope(shield=True):
-        if process.returncode is not None:
-            return
-        outcome.terminated = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with trio.move_on_after(grace):
-            await process.wait()
-        if process.returncode is None:
-            outcome.killed = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with trio.move_on_after(KILL_WAIT_SECONDS):
-                await process.wait()
+    stopped = await stop_group(process, grace=grace, kill_wait=KILL_WAIT_SECONDS)
+    outcome.terminated |= stopped.signalled
+    outcome.killed |= stopped.forced
 
 
 async def _first_of(
@@ -201,8 +188,8 @@ async def supervise_worker(
                 # The pump ends at EOF; a pipe held open by a stray grandchild is not waited on.
                 nursery.cancel_scope.deadline = trio.current_time() + DRAIN_SECONDS
         finally:
+            await _stop_process(process, outcome, grace_seconds)
             with trio.CancelScope(shield=True):
-                await _stop_process(process, outcome, grace_seconds)
                 await process.stdout.aclose()
         outcome.returncode = process.returncode
     if events is not None:

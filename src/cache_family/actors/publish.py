@@ -1,7 +1,8 @@
-"""Atomic, no-clobber publication of files this tool owns.
+"""Atomic publication of files this tool owns: fresh (no-clobber) or replacing.
 
-A file is written to a temporary name in the target's directory, fsynced, then linked into
-place with ``os.link`` (which refuses an existing target) and the temporary name removed.
+A file is written to a temporary name in the target's directory and fsynced, then linked into
+place with ``os.link`` (which refuses an existing target) or, where replacing is the point
+(caches, generated documents), moved over the target with ``os.replace``.
 The returned identity lets a late refusal revoke exactly the file we wrote. Device and inode
 alone are not enough: a file written at the same path after ours was unlinked may get the
 very same inode number back, so size and both timestamps are part of the identity.
@@ -41,29 +42,10 @@ class Published:
         )
 
 
-def _temporary(path: str, data: bytes, mode: int) -> tuple[str, int]:
-    """A fresh temporary file beside ``path`` holding ``data``, fsynced; name and open fd."""
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return tmp, fd
-
-
 def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
     """Write ``data`` to ``path``, which must not exist; atomic and durable."""
-    directory = os.path.dirname(path) or "."
-    tmp, fd = _temporary(path, data, mode)
+    tmp = _temp_sibling(path)
+    fd = _write_durably(tmp, data, mode)
     try:
         try:
             os.link(tmp, path)
@@ -81,7 +63,7 @@ def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
         info = os.fstat(fd)
     finally:
         os.close(fd)
-    fsync_dir(directory)
+    fsync_dir(os.path.dirname(path) or ".")
     return Published(
         path=path,
         device=info.st_dev,
@@ -92,21 +74,51 @@ def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
     )
 
 
-def publish_replace(path: str, data: bytes, *, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path``, replacing a file already there; atomic and durable.
+def replace_atomically(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path``, replacing what is there: a reader sees the old bytes or the
+    new ones, never a part. Only for files this tool regenerates (caches, generated docs)."""
+    tmp = _temp_sibling(path)
+    os.close(_write_durably(tmp, data, mode))
+    _move_into_place(tmp, path)
 
-    For a document the operator names and regenerates (the report's README tables): a
-    reader sees the old bytes or the new ones, never a mix. Receipts use ``publish_fresh``.
-    """
-    tmp, fd = _temporary(path, data, mode)
-    os.close(fd)
+
+def replace_with_symlink(link: str | os.PathLike[str], target: str) -> None:
+    """Point ``link`` at ``target``, replacing whatever ``link`` names, in one step."""
+    tmp = _temp_sibling(link)
+    os.symlink(target, tmp)  # a fresh random name: nothing there is ever overwritten
+    _move_into_place(tmp, link)
+
+
+def _temp_sibling(path: str | os.PathLike[str]) -> str:
+    directory, name = os.path.split(os.fspath(path))
+    return os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
+
+
+def _write_durably(tmp: str, data: bytes, mode: int) -> int:
+    """Create ``tmp`` (never through a link), write all of ``data`` and fsync; its descriptor."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return fd
+
+
+def _move_into_place(tmp: str, path: str | os.PathLike[str]) -> None:
     try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(os.path.dirname(path) or ".")
+    fsync_dir(os.path.dirname(os.fspath(path)) or ".")
 
 
 def revoke(published: Published) -> bool:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from cache_family.oracles.test_parts import Parts, ensure_parts
+from cache_family.oracles.native_parts import Parts, ensure_parts
 from cache_family.schemas.examples import example_operator, example_plan
 
 PLACEHOLDER_NAME = "skippy-tool-placeholder-not-built"

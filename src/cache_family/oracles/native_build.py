@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
+from cache_family.actors.publish import replace_atomically, replace_with_symlink
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import read_bounded
 
@@ -448,10 +449,7 @@ def link_identical_sonames(lib: Path) -> list[str]:
         if len({sha256_file(p) for p in chain}) != 1:
             continue
         for shorter, longer in itertools.pairwise(chain):
-            tmp = shorter.with_name(f".{shorter.name}.link-tmp")
-            tmp.unlink(missing_ok=True)
-            tmp.symlink_to(longer.name)
-            tmp.replace(shorter)
+            replace_with_symlink(shorter, longer.name)
             linked.append(shorter.name)
     return linked
 
@@ -494,14 +492,8 @@ def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str
             "links": {str(p.relative_to(output)): os.readlink(p) for p in links},
             "seconds": round(time.monotonic() - started, 3),
         }
-        fd, tmp = tempfile.mkstemp(prefix=".producer.json.tmp-", dir=output)
-        try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(json.dumps(producer, indent=2, sort_keys=True) + "\n")
-            os.replace(tmp, output / "producer.json")
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        text = json.dumps(producer, indent=2, sort_keys=True) + "\n"
+        replace_atomically(output / "producer.json", text.encode())
     except OSError as error:
         where = error.filename if error.filename is not None else output
         raise _output_unusable(

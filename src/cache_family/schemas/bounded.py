@@ -19,7 +19,7 @@ KIB = 1024
 MIB = 1024 * KIB
 
 #: Read-only, refusing a final symlink, and never blocking on a FIFO's missing writer.
-READ_NO_FOLLOW: Final = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+_READ_NO_FOLLOW: Final = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ def open_regular_file(
     (``file.*``); ``subject`` names the file in those messages (e.g. "operator input /x").
     """
     try:
-        fd = os.open(path, READ_NO_FOLLOW)
+        fd = os.open(path, _READ_NO_FOLLOW)
     except FileNotFoundError:
         raise Refused.one(
             "file.missing",

@@ -27,7 +27,6 @@ is ``zoo.cache_root_not_a_directory``, one that cannot be listed
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -40,6 +39,7 @@ from typing import Literal, TextIO
 
 import gguf
 
+from cache_family.actors.publish import replace_atomically
 from cache_family.errors import Refusal, Refused
 from cache_family.oracles.zoo import dense, hybrid, minimax, moe
 from cache_family.oracles.zoo.base import SYNTHETIC_TAG, Builder, BuiltModel, ZooUnsupported
@@ -310,17 +310,9 @@ def build_one(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_or_refuse(path: Path, data: bytes) -> None:
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace_atomically(path, data)
     except OSError as error:
         raise write_failed(error, path.name) from None
 
@@ -365,14 +357,14 @@ def build_zoo(
     catalog = zoo_catalog(reference, presets)
     catalog_path = cache_root / CATALOG_NAME
     report_path = cache_root / REPORT_NAME
-    _write_atomic(catalog_path, encode_catalog(catalog))
+    _write_or_refuse(catalog_path, encode_catalog(catalog))
     report = {
         "schema_version": REPORT_SCHEMA_VERSION,
         "synthetic": True,
         "seed": seed,
         "models": {key: entry.report() for key, entry in entries.items()},
     }
-    _write_atomic(report_path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())
+    _write_or_refuse(report_path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())
     return ZooResult(
         cache_root=cache_root,
         seed=seed,

@@ -19,13 +19,12 @@ import contextlib
 import hashlib
 import os
 import re
-import secrets
 import stat
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from cache_family.actors.publish import replace_atomically, replace_with_symlink
 from cache_family.errors import Refusal, Refused
 
 _REPO_DIR = re.compile(r"^models--[^/]+--[^/]+$")
@@ -220,33 +219,6 @@ def _is_blob_of(path: Path, digest: str, size: int) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_size == size and sha256_file(path) == digest
 
 
-def _fresh_sibling(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
-
-
-def _atomic_symlink(link: Path, target: str) -> None:
-    tmp = _fresh_sibling(link)
-    os.symlink(target, tmp)  # a random name: an existing file there is never overwritten
-    try:
-        os.replace(tmp, link)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def publish_snapshot(
     cache_root: Path,
     snapshot_relative: str,
@@ -305,7 +277,7 @@ def publish_snapshot(
             link = snapshot.joinpath(*placed.parts)
             link.parent.mkdir(parents=True, exist_ok=True)
             snapshot_path = link.relative_to(cache_root).as_posix()
-            _atomic_symlink(link, link_target(snapshot_path, digest))
+            replace_with_symlink(link, link_target(snapshot_path, digest))
             claim.record(snapshot_path, digest)
             linked.append(
                 HubFile(
@@ -315,7 +287,7 @@ def publish_snapshot(
                     size=size,
                 )
             )
-        _atomic_text(repo / "refs" / "main", target.revision)
+        replace_atomically(repo / "refs" / "main", target.revision.encode())
     except OSError as error:
         raise write_failed(error, f"the snapshot {snapshot_relative}") from None
     return linked

@@ -10,7 +10,7 @@
   change to any builder writes a fresh zoo.
 
 ``<cache>`` is ``$CACHE_FAMILY_CACHE`` or ``~/.cache/cache-family``. Run
-``python -m cache_family.oracles.test_parts`` (``just native-parts``) to build both and print
+``python -m cache_family.oracles.native_parts`` (``just native-parts``) to build both and print
 the paths.
 
 ``serve`` runs one ``llama-server`` on one model for a test or a benchmark: loopback only, a
@@ -23,12 +23,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +40,9 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, TextIO
 
+import trio
+
+from cache_family.actors.process_group import stop_group
 from cache_family.errors import Refused
 from cache_family.oracles import llama_bindings, native_build
 
@@ -306,19 +309,6 @@ class _LogReader(threading.Thread):
         self.ready.set()  # wake the waiter: the process closed its output
 
 
-def _stop(process: subprocess.Popen[str], grace_s: float = 10.0) -> None:
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=grace_s)
-
-
 @contextlib.contextmanager
 def serve(
     llama_server: Path,
@@ -393,7 +383,7 @@ def serve(
                 raise RuntimeError(f"/health answered {status}: {reply!r}")
             yield server
         finally:
-            _stop(process)
+            trio.run(functools.partial(stop_group, process, grace=10.0, kill_wait=10.0))
             reader.join(timeout=10)
 
 

@@ -1,0 +1,113 @@
+"""The one process-group stopper against real child processes (FAKE host under tests/fake_hosts/).
+
+Real processes need real time: every wait here is bounded by ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import trio
+
+from cache_family.actors.process_group import live_members, stop_group
+
+CHILD_POLL_SECONDS = 0.01
+IGNORES_SIGTERM = str(Path(__file__).parent / "fake_hosts" / "fake_host_ignores_sigterm.py")
+SLEEPER = "import signal\nwhile True: signal.pause()\n"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def ignoring_group(tmp_path: Path) -> tuple[trio.Process, list[int]]:
+    """A leader and its grandchild, both ignoring SIGTERM, in a session of their own."""
+    pids = tmp_path / "pids.json"
+    process = await trio.lowlevel.open_process(
+        [sys.executable, IGNORES_SIGTERM, str(free_port()), str(pids)],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    with trio.fail_after(10):
+        while not pids.exists():
+            await trio.sleep(CHILD_POLL_SECONDS)
+    return process, list(json.loads(pids.read_text()))
+
+
+async def test_a_group_ignoring_sigterm_is_killed_with_its_grandchild(tmp_path: Path) -> None:
+    process, (leader, grandchild) = await ignoring_group(tmp_path)
+    with trio.fail_after(30):
+        stopped = await stop_group(process, grace=0.3, kill_wait=10)
+    assert stopped.signalled and stopped.forced
+    assert stopped.returncode == -signal.SIGKILL
+    assert live_members(leader) == []
+    assert not running(grandchild)
+
+
+async def test_a_popen_leader_is_stopped_the_same_way(tmp_path: Path) -> None:
+    pids = tmp_path / "pids.json"
+    process = subprocess.Popen(
+        [sys.executable, IGNORES_SIGTERM, str(free_port()), str(pids)],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    with trio.fail_after(10):
+        while not pids.exists():
+            await trio.sleep(CHILD_POLL_SECONDS)
+    grandchild = json.loads(pids.read_text())[1]
+    with trio.fail_after(30):
+        stopped = await stop_group(process, grace=0.3, kill_wait=10)
+    assert stopped.forced and process.returncode == -signal.SIGKILL
+    assert not running(grandchild)
+
+
+async def test_hurry_ends_the_grace_at_once(tmp_path: Path) -> None:
+    process, (_, grandchild) = await ignoring_group(tmp_path)
+    hurry = trio.Event()
+    hurry.set()
+    with trio.fail_after(30):  # far below the grace: only the hurry can end it in time
+        stopped = await stop_group(process, grace=600, kill_wait=10, hurry=hurry)
+    assert stopped.forced and not running(grandchild)
+
+
+async def test_stopping_is_shielded_from_cancellation(tmp_path: Path) -> None:
+    process, (_, grandchild) = await ignoring_group(tmp_path)
+    with trio.fail_after(30), trio.CancelScope() as scope:
+        scope.cancel()
+        stopped = await stop_group(process, grace=0.3, kill_wait=10)
+    assert stopped.forced and stopped.returncode == -signal.SIGKILL
+    assert not running(grandchild)
+
+
+async def test_an_obedient_leader_ends_within_the_grace() -> None:
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-c", SLEEPER], start_new_session=True
+    )
+    with trio.fail_after(30):
+        stopped = await stop_group(process, grace=600, kill_wait=10)
+    assert stopped.signalled and not stopped.forced
+    assert stopped.returncode == -signal.SIGTERM
+
+
+async def test_an_ended_group_is_not_signalled() -> None:
+    process = await trio.lowlevel.open_process([sys.executable, "-c", ""], start_new_session=True)
+    with trio.fail_after(30):
+        await process.wait()
+        stopped = await stop_group(process, grace=600, kill_wait=10)
+    assert not stopped.signalled and not stopped.forced and stopped.returncode == 0
