@@ -20,7 +20,7 @@ import pytest
 
 from cache_family.oracles import correctness, llama_bindings
 from cache_family.oracles.native_build import sha256_file
-from cache_family.oracles.test_parts import SKIP_NATIVE_ENV, Parts
+from cache_family.oracles.native_parts import SKIP_NATIVE_ENV, Parts
 from cache_family.states.handoff import (
     RUNTIME_SLICE_TOPOLOGIES,
     HandoffExpectation,
