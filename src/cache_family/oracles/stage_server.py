@@ -481,6 +481,7 @@ async def serve(args: argparse.Namespace) -> int:
                     )
                     await nursery.start(trio.serve_listeners, relay.handle, listeners)
                     await _answers_models(port, config.model_id)
+                    _say(f"ready: /v1/models answered through 127.0.0.1:{port}")
                 except (RuntimeError, httpx.HTTPError, ValueError) as error:
                     ending.reason = f"not ready: {error}"
                     nursery.cancel_scope.cancel()
