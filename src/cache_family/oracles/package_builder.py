@@ -566,6 +566,42 @@ def write_package(
     return manifest
 
 
+def assemble_package(
+    root: Path, out: Path, layer_start: int = 0, layer_end: int | None = None
+) -> Path:
+    """One GGUF from a package's stage ``[layer_start, layer_end)`` (default: every layer).
+
+    The metadata artifact gives the keys; the stage's artifacts give the tensors, each once, in
+    stage order. A whole range rebuilds a loadable model; the manifest is verified first.
+    """
+    manifest, _ = read_package_manifest(root)
+    parts = stage_parts(
+        manifest, layer_start, manifest.layer_count if layer_end is None else layer_end
+    )
+    for part in parts:
+        _verified(root, part)
+    metadata = gguf.GGUFReader(root / manifest.shared.metadata.path)
+    arch = read_gguf_header(os.path.realpath(root / manifest.shared.metadata.path)).architecture
+    writer = gguf.GGUFWriter(out, arch or "")
+    _copy_metadata(metadata, writer)
+    seen: set[str] = set()
+    for part in parts:
+        for tensor in gguf.GGUFReader(root / part.artifact.path).tensors:
+            if tensor.name not in seen:
+                seen.add(tensor.name)
+                writer.add_tensor(
+                    tensor.name,
+                    tensor.data,
+                    raw_shape=tensor.data.shape,
+                    raw_dtype=tensor.tensor_type,
+                )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
 # --- command line -------------------------------------------------------------------------------
 
 
