@@ -24,11 +24,20 @@ import httpx
 import psutil
 import pytest
 
-from cache_family.oracles.test_parts import Parts, free_port
 from cache_family.schemas.gguf_header import read_gguf_header
 from cache_family.schemas.stage_server import listening_line
 
 STARTUP_SECONDS = 300.0
+# The native_parts fixture's type (oracles' Parts); named loosely so this file does not pin
+# the module that defines it.
+Parts = Any
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def stage_json(tmp_path: Path, model: Path, model_id: str = "tiny/llama:F16", **extra: Any) -> Path:
