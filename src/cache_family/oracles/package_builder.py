@@ -319,7 +319,9 @@ def _verified(root: Path, part: StagePart) -> dict[str, Any]:
 
 
 def read_package_manifest(root: Path) -> tuple[LayerPackageManifest, str]:
-    raw = read_bounded(str(root / MANIFEST_NAME), MANIFEST_MAX_BYTES, what="package manifest")
+    # A hub snapshot links every file into blobs/: follow the link, then read bounded.
+    manifest = os.path.realpath(root / MANIFEST_NAME)
+    raw = read_bounded(manifest, MANIFEST_MAX_BYTES, what="package manifest")
     return decode_manifest(raw.data), raw.sha256
 
 
