@@ -495,7 +495,12 @@ def write_package(
         raise _refused("package.out_dir_exists", f"{out_dir} already exists", "give a new path")
     canonical = Path(os.path.realpath(source))
     if not canonical.is_file():
-        raise _refused("source.not_a_file", f"{source} is not a regular file", "")
+        raise _refused(
+            "source.not_a_file",
+            f"{source} is not a regular file",
+            "give a local GGUF path; hub coordinates (org/repo:QUANT) need a download, which "
+            "this oracle never makes",
+        )
     header = read_gguf_header(str(canonical))
     dimensions = header_dimensions(header, 1)
     reader = gguf.GGUFReader(canonical)
