@@ -1,5 +1,8 @@
 """A stage server's config file (``stage.json``) and the listening lines of its two dialects.
 
+``listening_line`` is what a server prints; ``is_listening_line`` is the reference's test of a
+captured host line (a line over 16384 bytes never counts).
+
 The run writes ``stage.json`` for a Skippy host and starts ``<bin> serve --config stage.json
 --bind-addr 127.0.0.1:P --generation-concurrency L`` (the Current dialect) or ``serve-openai``
 with the same flags (Legacy). Members this reader does not know are ignored: the reference
@@ -54,4 +57,38 @@ def listening_line(
     return (
         f"skippy-server listening: openai={address} model_id={model_id} backend={backend} "
         f"generation_concurrency={generation_concurrency}"
+    )
+
+
+LINE_MAX_BYTES: Final = 16384
+
+
+def is_listening_line(
+    dialect: Dialect, line: str, port: int, *, model_id: str, generation_concurrency: int
+) -> bool:
+    """Whether one captured line of the host is its dialect's listening line for ``port``."""
+    if len(line.encode("utf-8", errors="surrogatepass")) > LINE_MAX_BYTES:
+        return False
+    text = line.strip()
+    address = f"127.0.0.1:{port}"
+    if dialect == "legacy":
+        prefix = f"skippy-server listening: openai={address} model_id={model_id} backend="
+        if not text.startswith(prefix):
+            return False
+        return f"generation_concurrency={generation_concurrency}" in text[len(prefix) :].split()
+    try:
+        status = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(status, dict):
+        return False
+    sequence, data = status.get("sequence"), status.get("data")
+    return (
+        status.get("schema_version") == 1
+        and not isinstance(sequence, bool)
+        and isinstance(sequence, int)
+        and sequence > 0
+        and status.get("type") == "status"
+        and isinstance(data, dict)
+        and data.get("message") == f"skippy-serving listening: openai={address}"
     )
