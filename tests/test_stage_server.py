@@ -315,3 +315,24 @@ def test_a_layer_package_stage_is_refused(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "stage_server.config_unsupported" in result.stderr
+
+
+@pytest.mark.native
+def test_a_child_that_dies_ends_the_stage_server_with_a_failure(
+    native_parts: Parts, tmp_path: Path
+) -> None:
+    config = stage_json(tmp_path, native_parts.model_path("llama"))
+    with stage_server(native_parts, config, "serve-openai", lanes=2) as served:
+        served.wait_for(
+            listening_line(
+                "legacy",
+                served.port,
+                model_id="tiny/llama:F16",
+                generation_concurrency=2,
+                backend="llama-server",
+            )
+        )
+        (child,) = psutil.Process(served.process.pid).children(recursive=True)
+        child.kill()
+        assert served.process.wait(timeout=60) == 1
+        assert "llama-server exited with -9" in "".join(served.lines)
