@@ -416,6 +416,8 @@ def admit_package(look: ModelLook, manifest_sha256: str, budget: Budget) -> list
     """Run the artifact tool's ``admit-package`` and check its receipt against the preset."""
     preset = look.preset
     where = _case_where(preset.key)
+    if look.artifact_tool is None:
+        return [_admission_refusal(look, "cannot run: artifact_tool is null")]
     try:
         code, stdout, stderr = _run_admission(admission_argv(look, manifest_sha256), budget, where)
     except OSError as error:
