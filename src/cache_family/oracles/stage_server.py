@@ -357,7 +357,10 @@ class Relay:
                         await self.chat(connection, body)
                     else:
                         await connection.send(404, _error(f"no {method} {target}", "not_found"))
-                except httpx.HTTPError as error:
+                except (httpx.HTTPError, ValueError, AttributeError) as error:
+                    # An upstream failure or an unreadable upstream reply ends this exchange,
+                    # never the server.
+                    _say(f"{method} {target}: upstream failed: {error!r}")
                     if connection.h11.our_state is h11.SEND_RESPONSE:
                         await connection.send(502, _error(f"llama-server: {error}", "upstream"))
 
