@@ -42,7 +42,7 @@ fmt:
 
 # --- native parts -------------------------------------------------------------
 
-# Build llama-server from the registry sdist into OUTPUT/native (cached by content hash).
+# Build llama-server into OUTPUT/native (cached) and the reference oracles into OUTPUT/cargo/debug.
 [group('native')]
 skippy-workload-oracles-build OUTPUT:
     {{venv}}/python -m cache_family.oracles.native_build "{{OUTPUT}}"

@@ -9,12 +9,13 @@ Layout, as the hub client writes it::
 Every catalog kind is written for real with the ``gguf`` library: a single GGUF, a split GGUF
 whose shards carry ``split.no``/``split.count`` (all three snapshot names are symlinks into
 ``blobs/``, so llama.cpp's sibling discovery by name works in the snapshot directory), and a
-layer package (a snapshot *directory* whose ``manifest.json`` and per-layer GGUF files are
-symlinks into ``blobs/``). The weights are tiny zero tensors: these files exercise layout and
+schema-1 layer package cut by the package builder oracle (a snapshot *directory* whose
+``model-package.json``, ``shared/*.gguf`` and ``layers/layer-NNN.gguf`` are symlinks into
+``blobs/``). The weights are tiny zero tensors: these files exercise layout and
 pins, not inference (the model zoo writes loadable models).
 
 Headers say what the preset says (``general.architecture``, ``<arch>.block_count`` =
-``layer_end``; the package manifest's ``architecture`` and ``layer_count``) unless a test
+``layer_end``; a package's metadata header and its manifest's ``layer_count``) unless a test
 asks for other claims through :class:`Claims`, e.g. a 4-layer model under a 28-layer preset or
 the zoo's synthetic tag.
 
@@ -25,9 +26,11 @@ hashing.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +38,11 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from cache_family.oracles.package_builder import write_package
 from cache_family.schemas.catalog import Catalog, Preset, packaged_catalog
 from cache_family.schemas.examples import example_operator, example_plan
 from cache_family.schemas.gguf_header import ZOO_SYNTHETIC_TAG
+from cache_family.schemas.layer_package import MANIFEST_NAME
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class Claims:
     architecture: str | None = None  # None: the preset's
     block_count: int | None = None  # None: the preset's layer_end
     nextn_predict_layers: int | None = None  # None: the key is not written
-    synthetic: bool = False  # the zoo's tag in general.tags (and in a manifest's tags)
+    synthetic: bool = False  # the zoo's tag in general.tags (a package: in every artifact)
     omit_architecture: bool = False
 
 
@@ -55,8 +60,8 @@ class Claims:
 class HubModel:
     key: str
     snapshot_path: Path  # what the plan's cache_root/snapshot_relative names
-    blob_paths: list[Path]  # canonical bytes, in shard order (package: manifest first)
-    sha256: str  # of the first blob (package: of manifest.json)
+    blob_paths: list[Path]  # canonical bytes, in shard order (package: model-package.json first)
+    sha256: str  # of the first blob (package: of model-package.json)
 
 
 @dataclass
@@ -102,6 +107,32 @@ def _write_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _write_package(staging: Path, preset: Preset, claims: Claims) -> Path:
+    """A schema-1 layer package cut by the package builder oracle from a fixture GGUF.
+
+    ``omit_architecture`` cannot be cut (the writer needs the architecture), so its package is
+    cut whole and then given a metadata artifact that lacks it, re-pinned in the manifest.
+    """
+    source = staging / "package-source.gguf"
+    _write_gguf(source, preset, claims=dataclasses.replace(claims, omit_architecture=False))
+    package = staging / "package"
+    write_package(source, package, preset.model_id, created_at_unix_secs=0)
+    source.unlink()
+    if claims.omit_architecture:
+        metadata = package / "shared" / "metadata.gguf"
+        metadata.unlink()
+        _write_gguf(metadata, preset, claims=claims)
+        manifest = json.loads((package / MANIFEST_NAME).read_text())
+        manifest["shared"]["metadata"].update(
+            tensor_count=1,
+            tensor_bytes=128,
+            artifact_bytes=metadata.stat().st_size,
+            sha256=hashlib.sha256(metadata.read_bytes()).hexdigest(),
+        )
+        (package / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    return package
 
 
 def _into_blobs(repo_dir: Path, staged: Path) -> tuple[Path, str]:
@@ -151,38 +182,17 @@ def add_model(
             _link(snapshot.parent / name, blob)
             blobs.append(blob)
     else:
-        entries = []
-        for layer in range(preset.state_layer_start, preset.state_layer_end):
-            staged = staging / f"layer-{layer:03d}.gguf"
-            _write_gguf(staged, preset, tag=f"layer {layer}", claims=claims)
-            size = staged.stat().st_size
-            blob, digest = _into_blobs(repo_dir, staged)
-            _link(snapshot / "layers" / f"layer-{layer:03d}.gguf", blob)
-            entries.append(
-                {
-                    "path": f"layers/layer-{layer:03d}.gguf",
-                    "layer_start": layer,
-                    "layer_end": layer + 1,
-                    "sha256": digest,
-                    "size_bytes": size,
-                }
-            )
+        package = _write_package(staging, preset, claims)
+        files = sorted(p for p in package.rglob("*") if p.is_file())
+        files.sort(key=lambda p: p.name != MANIFEST_NAME)  # the manifest's blob first
+        for staged in files:
+            relative = staged.relative_to(package)
+            blob, _ = _into_blobs(repo_dir, staged)
+            _link(snapshot / relative, blob)
             blobs.append(blob)
-        manifest = staging / "manifest.json"
-        document: dict[str, object] = {
-            "schema_version": 1,
-            "model_id": preset.model_id,
-            "architecture": claims.architecture or preset.architecture,
-            "layer_count": (preset.layer_end if claims.block_count is None else claims.block_count),
-            "activation_width": preset.activation_width,
-            "files": entries,
-        }
-        if claims.omit_architecture:
-            del document["architecture"]
-        manifest.write_text(json.dumps(document, indent=2, sort_keys=True))
-        blob, _ = _into_blobs(repo_dir, manifest)
-        _link(snapshot / "manifest.json", blob)
-        blobs.insert(0, blob)
+        for directory in sorted(package.rglob("*"), reverse=True):
+            directory.rmdir()
+        package.rmdir()
     staging.rmdir()
     if huge_sparse_bytes:
         # Blobs are named by digest; this one no longer matches its name, which no pin reads.
@@ -287,7 +297,10 @@ def build_toolbox(
         correctness=write_tool(tools / "skippy-correctness", "#!/bin/sh\necho correctness\n"),
         stage_server=write_tool(tools / "skippy", "#!/bin/sh\necho stage server\n"),
         old_server=write_tool(tools / "old" / "skippy", "#!/bin/sh\necho old server\n"),
-        artifact_tool=write_tool(tools / "skippy-package-builder", "#!/bin/sh\necho pkg\n"),
+        artifact_tool=write_tool(
+            tools / "skippy-package-builder",
+            f'#!/bin/sh\nexec {sys.executable} -I -m cache_family.oracles.package_builder "$@"\n',
+        ),
         native_build=write_native_build(root / "native"),
         hub=build_hub(root / "hub", keys, huge_sparse=huge_sparse),
     )

@@ -413,3 +413,81 @@ def test_the_build_command_installs_a_runnable_server(native_parts: Parts, tmp_p
     )
     assert version.returncode == 0, version.stderr
     assert "version" in (version.stdout + version.stderr)
+
+
+GUIDE_TOOLS = ("skippy", "skippy-correctness", "skippy-package-builder")
+
+
+def _run_tool(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(path), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+
+
+def test_the_recipe_lays_out_the_guides_tool_paths_pinned_in_producer_json(
+    stand_in_cache_entry: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "tools"
+    just = Path(sys.executable).with_name("just")
+    justfile = Path(__file__).resolve().parents[1] / "justfile"
+    subprocess.run(
+        [str(just), "--justfile", str(justfile), "skippy-workload-oracles-build", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    producer = json.loads((out / "producer.json").read_text())
+    assert (out / "native" / "bin" / "llama-server").is_file()
+    assert producer_matches(out)
+    tools = producer["tools"]
+    for name in GUIDE_TOOLS:
+        path = out / "cargo" / "debug" / name
+        assert path.is_file() and os.access(path, os.X_OK), name
+        assert (
+            tools[f"cargo/debug/{name}"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        )
+    runtime = producer["oracle_runtime"]
+    assert runtime["distribution"] == "cache-family-bench"
+    assert runtime["package_source_sha256"] == native_build.package_source_sha256()
+    assert runtime["interpreter"] == sys.executable
+    assert tools["cargo/debug/skippy"]["serving_option"] == {"prefix_reuse": "on"}
+    assert tools["cargo/debug/skippy-prefix-reuse-off"]["serving_option"] == {"prefix_reuse": "off"}
+    skippy = out / "cargo" / "debug" / "skippy"
+    assert f"CACHE_FAMILY_ORACLE_NATIVE={out / 'native'}" in skippy.read_text()
+    for args in (["serve", "--help"], ["serve-openai", "--help"]):
+        answered = _run_tool(skippy, *args)
+        assert answered.returncode == 0 and "--generation-concurrency" in answered.stdout
+    answered = _run_tool(out / "cargo" / "debug" / "skippy-package-builder", "--help")
+    assert answered.returncode == 0 and "admit-package" in answered.stdout
+
+
+def test_a_launcher_refuses_package_source_it_was_not_built_for() -> None:
+    result = subprocess.run(
+        [sys.executable, "-I", "-m", "cache_family.oracles.launch", "0" * 64, "package_builder"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 126
+    assert "oracle.source_changed" in result.stderr
+
+
+def test_an_install_replaces_its_own_tools_and_refuses_a_foreign_cargo_dir(
+    stand_in_cache_entry: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    native_build.install(out, io.StringIO(), tools=True)
+    (out / "cargo" / "debug" / "left-over").write_text("from the earlier install")
+    native_build.install(out, io.StringIO(), tools=True)
+    assert not (out / "cargo" / "debug" / "left-over").exists()
+    other = tmp_path / "other"
+    (other / "cargo").mkdir(parents=True)
+    with pytest.raises(Refused) as refused:
+        native_build.install(other, io.StringIO(), tools=True)
+    assert refused.value.codes == ["native.output_not_ours"]

@@ -52,6 +52,7 @@ from cache_family.actors.publish import publish_fresh
 from cache_family.cli import build_parser, main, normalize_argv
 from cache_family.errors import Refused
 from cache_family.schemas.catalog import NOT_BUILT_NOTE_PREFIX, Preset, packaged_catalog
+from cache_family.schemas.layer_package import MANIFEST_NAME
 from cache_family.schemas.prepared import (
     PreparationRequest,
     PreparedInput,
@@ -436,7 +437,7 @@ def test_snapshot_links_must_stay_inside_the_cache_root(box: Toolbox, tmp_path: 
 
 
 def test_a_layer_package_needs_its_manifest(box: Toolbox, tmp_path: Path) -> None:
-    (box.hub.model("deepseek3").snapshot_path / "manifest.json").unlink()
+    (box.hub.model("deepseek3").snapshot_path / MANIFEST_NAME).unlink()
     assert observe_codes(request_for(box, tmp_path)) == ["preparation.package_manifest_missing"]
 
 
@@ -508,13 +509,55 @@ def test_prediction_layers_counted_in_block_count_are_not_trunk_layers(
     assert row.model_observation.block_count == preset.layer_end + 1
 
 
-def test_a_manifest_without_its_claims_is_refused(box: Toolbox, tmp_path: Path) -> None:
+def test_a_package_whose_metadata_has_no_architecture_is_refused(
+    box: Toolbox, tmp_path: Path
+) -> None:
     replace_model(
         box.hub, packaged_catalog().catalog.preset("deepseek3"), Claims(omit_architecture=True)
     )
     assert refusals_of(request_for(box, tmp_path, **only("deepseek3"))) == [
+        ("preparation.model_identity_mismatch", "$.plan.model_sha256.deepseek3")
+    ]
+
+
+def test_a_manifest_that_is_not_schema_1_is_refused(box: Toolbox, tmp_path: Path) -> None:
+    manifest = box.hub.model("deepseek3").blob_paths[0]
+    document = json.loads(manifest.read_text())
+    document["format"] = "gguf"
+    manifest.write_text(json.dumps(document))
+    assert refusals_of(request_for(box, tmp_path, **only("deepseek3"))) == [
         ("preparation.package_manifest_invalid", "$.plan.model_sha256.deepseek3")
     ]
+
+
+def test_a_package_is_admitted_by_the_artifact_tool_and_a_tampered_layer_refused(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    prepared = observe(
+        request_for(box, tmp_path, **only("deepseek3")),
+        Budget.seconds(120),
+        SilentEvents(),  # type: ignore[arg-type]
+    )
+    assert [r.model_observation.status for r in prepared.rows] == ["present"]
+    preset = packaged_catalog().catalog.preset("deepseek3")
+    layer = (
+        box.hub.model("deepseek3").snapshot_path
+        / "layers"
+        / (f"layer-{preset.state_layer_start:03d}.gguf")
+    )
+    blob = layer.resolve()
+    blob.write_bytes(blob.read_bytes() + b"\0")
+    refusals = refusals_of(request_for(box, tmp_path, **only("deepseek3")))
+    assert refusals == [("preparation.package_admission_refused", "$.plan.cases.deepseek3")]
+
+
+def test_a_receipt_that_does_not_answer_the_stage_is_refused(box: Toolbox, tmp_path: Path) -> None:
+    # Fault injection: an artifact tool that exits 0 with another package's receipt.
+    box.artifact_tool.write_text(
+        '#!/bin/sh\necho \'{"schema_version": 1, "kind": "layer-package", "dimensions": {}}\'\n'
+    )
+    (refusal,) = refusals_of(request_for(box, tmp_path, **only("deepseek3")))
+    assert refusal == ("preparation.package_admission_refused", "$.plan.cases.deepseek3")
 
 
 def test_a_file_that_is_not_gguf_is_refused_typed(box: Toolbox, tmp_path: Path) -> None:
@@ -544,7 +587,7 @@ def test_the_observation_records_what_the_bytes_say(box: Toolbox, tmp_path: Path
         observed["deepseek3"].architecture,
         observed["deepseek3"].block_count,
         observed["deepseek3"].context_length,
-    ) == ("package-manifest", "deepseek2", 61, None)
+    ) == ("package-manifest", "deepseek2", 61, 32)
     assert observed["olmo"].identity_source is None and observed["olmo"].architecture is None
 
 
@@ -626,7 +669,7 @@ def test_layout_file_and_identity_refusals_come_together(box: Toolbox, tmp_path:
     box.hub.model("llama").blob_paths[0].unlink()
     shards = box.hub.model("minimax_m27").snapshot_path.parent
     (shards / "MiniMax-M2.7-UD-Q2_K_XL-00003-of-00003.gguf").unlink()
-    (box.hub.model("deepseek3").snapshot_path / "manifest.json").unlink()
+    (box.hub.model("deepseek3").snapshot_path / MANIFEST_NAME).unlink()
 
     qwen = add_model(box.hub.root, catalog.preset("qwen3_dense"))
     qwen.blob_paths[0].unlink()
@@ -796,7 +839,7 @@ def test_prepare_full_observes_bytes_and_plans_every_row(box: Toolbox, tmp_path:
     assert artifact.tool_sha256 == sha256_of(box.artifact_tool)
 
     package = next(r for r in prepared.rows if r.key == "deepseek3")
-    manifest = box.hub.model("deepseek3").snapshot_path / "manifest.json"
+    manifest = box.hub.model("deepseek3").snapshot_path / MANIFEST_NAME
     assert package.model_observation.sha256 == sha256_of(manifest)
     assert package.model_observation.runtime_entrypoint == str(
         box.hub.model("deepseek3").snapshot_path

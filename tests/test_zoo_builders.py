@@ -9,7 +9,6 @@ check that a prompt extending the previous one reuses the server's prompt cache.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import re
 import subprocess
@@ -24,11 +23,13 @@ import numpy as np
 import pytest
 import trio
 
+from cache_family.oracles import package_builder
 from cache_family.oracles.native_parts import Parts, free_port
 from cache_family.oracles.zoo import hybrid, minimax, moe
-from cache_family.oracles.zoo.base import Builder, BuiltModel, write_gguf
+from cache_family.oracles.zoo.base import Builder, BuiltModel
 from cache_family.oracles.zoo.vocab import vocabulary
 from cache_family.schemas.catalog import Preset, packaged_catalog
+from cache_family.schemas.layer_package import MANIFEST_NAME
 
 BUILDERS: dict[str, Builder] = {
     "deepseek2": moe.build_deepseek2,
@@ -99,14 +100,16 @@ def test_builder_writes_the_catalog_file_names_into_the_staging_dir(
     built = build(key, tmp_path)
     entry = preset(key)
     names = [f.name for f in built.files]
-    assert all(f.parent == tmp_path and f.is_file() for f in built.files)
+    assert all(f.is_file() and f.is_relative_to(tmp_path) for f in built.files)
     if entry.artifact_kind == "split-gguf":
         assert names == list(entry.shard_names)
     elif entry.artifact_kind == "single-gguf":
         assert names == [entry.snapshot_relative.rsplit("/", 1)[-1]]
     else:
-        assert names[0] == moe.PACKAGE_MANIFEST
-        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+        assert (tmp_path / MANIFEST_NAME) in built.files
+        assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == sorted(built.files)
+    if entry.artifact_kind != "layer-package":
+        assert all(f.parent == tmp_path for f in built.files)
     assert built.architecture == entry.architecture
 
 
@@ -220,53 +223,45 @@ def test_minimax_is_three_real_split_shards(tmp_path: Path) -> None:
 # --- layer package --------------------------------------------------------------------------
 
 
-def test_deepseek3_package_manifest_pins_contiguous_layer_files(tmp_path: Path) -> None:
+def test_deepseek3_package_is_a_schema_1_layer_package_the_builder_admits(tmp_path: Path) -> None:
     built = build("deepseek3", tmp_path)
-    manifest = json.loads((tmp_path / moe.PACKAGE_MANIFEST).read_text())
+    manifest = json.loads((tmp_path / MANIFEST_NAME).read_text())
     entry = preset("deepseek3")
-    assert manifest["schema_version"] == moe.PACKAGE_SCHEMA_VERSION
+    assert manifest["schema_version"] == 1 and manifest["format"] == "layer-package"
     assert manifest["model_id"] == entry.model_id
-    assert manifest["architecture"] == entry.architecture == "deepseek2"
     assert manifest["layer_count"] == built.shape.n_layer
     assert manifest["activation_width"] == built.shape.n_embd
+    assert manifest["created_at_unix_secs"] == 0
     assert entry.state_layer_end <= manifest["layer_count"], "the state range lies inside"
-
-    files = manifest["files"]
-    assert [f["path"] for f in files] == [p.name for p in built.files[1:]]
-    assert files[0]["layer_start"] == 0 and files[-1]["layer_end"] == manifest["layer_count"]
-    for before, after in itertools.pairwise(files):
-        assert before["layer_end"] == after["layer_start"]
-    for item in files:
-        path = tmp_path / item["path"]
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == item["sha256"]
-        assert path.stat().st_size == item["size_bytes"]
-        reader = gguf.GGUFReader(path)
-        assert field_value(reader, "deepseek2.block_count") == manifest["layer_count"]
-        assert field_value(reader, "deepseek2.embedding_length") == manifest["activation_width"]
-        names = {t.name for t in reader.tensors}
-        blocks = {int(n.split(".")[1]) for n in names if n.startswith("blk.")}
-        assert blocks == set(range(item["layer_start"], item["layer_end"]))
-        assert ("token_embd.weight" in names) == item["holds_token_embedding"]
-        assert ("output.weight" in names) == item["holds_output"]
-    assert [f["holds_token_embedding"] for f in files].count(True) == 1
-    assert [f["holds_output"] for f in files].count(True) == 1
+    listed = [manifest["shared"][r]["path"] for r in ("metadata", "embeddings", "output")]
+    listed += [layer["path"] for layer in manifest["layers"]]
+    assert sorted([MANIFEST_NAME, *listed]) == sorted(
+        p.relative_to(tmp_path).as_posix() for p in built.files
+    )
+    metadata = gguf.GGUFReader(tmp_path / "shared" / "metadata.gguf")
+    assert field_value(metadata, "general.architecture") == entry.architecture == "deepseek2"
+    assert field_value(metadata, "deepseek2.block_count") == manifest["layer_count"]
+    receipt = package_builder.admit_package(
+        str(tmp_path),
+        hashlib.sha256((tmp_path / MANIFEST_NAME).read_bytes()).hexdigest(),
+        entry.model_id,
+        entry.state_layer_start,
+        entry.state_layer_end,
+        entry.ctx,
+    )
+    assert receipt["dimensions"]["layer_count"] == built.shape.n_layer
 
 
 def reassemble_package(package: Path, into: Path) -> Path:
-    """One monolithic GGUF from a package's files: the package's own bytes, in layer order."""
-    manifest = json.loads((package / moe.PACKAGE_MANIFEST).read_text())
-    readers = [gguf.GGUFReader(package / item["path"]) for item in manifest["files"]]
-    path = into / "deepseek3-reassembled.gguf"
-    tensors = [(t.name, np.array(t.data)) for reader in readers for t in reader.tensors]
-    write_gguf(moe.deepseek2_writer(path, moe.DEEPSEEK_V32), tensors)
-    return path
+    """One monolithic GGUF from a package's artifacts: the package's own bytes."""
+    return package_builder.assemble_package(package, into / "deepseek3-reassembled.gguf")
 
 
 def test_package_files_carry_the_metadata_a_whole_model_would(tmp_path: Path) -> None:
     build("deepseek3", tmp_path / "package")
     (tmp_path / "whole").mkdir()
     whole = gguf.GGUFReader(reassemble_package(tmp_path / "package", tmp_path / "whole"))
-    first = gguf.GGUFReader(tmp_path / "package" / moe.package_file_name(0, 2))
+    first = gguf.GGUFReader(tmp_path / "package" / "layers" / "layer-000.gguf")
     for key in whole.fields:
         if key.startswith("GGUF."):
             continue

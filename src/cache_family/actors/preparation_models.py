@@ -4,17 +4,22 @@
 their bytes beyond a GGUF header or a package manifest, and compares what those claim
 (architecture, block count, split count, the zoo's synthetic tag) with the catalog preset.
 :func:`hash_models` then pins every present model's bytes and refuses bytes that changed since
-their identity was read. Every refusal is gathered (:class:`Gathered`) so one run reports
-them all.
+their identity was read; a layer package is then admitted by the artifact tool's
+``admit-package`` for its preset's stage, which verifies the selected artifacts' bytes. Every
+refusal is gathered (:class:`Gathered`) so one run reports them all.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from cache_family.actors.pins import (
     Budget,
@@ -24,7 +29,7 @@ from cache_family.actors.pins import (
     canonical_regular_file,
     hash_files,
 )
-from cache_family.actors.preparation_admission import path_inside, strict_json
+from cache_family.actors.preparation_admission import path_inside
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import NOT_BUILT_NOTE_PREFIX, Preset
@@ -34,9 +39,13 @@ from cache_family.schemas.gguf_header import (
     file_identity,
     read_gguf_header,
 )
+from cache_family.schemas.layer_package import MANIFEST_NAME, decode_manifest
 from cache_family.schemas.prepared import ModelObservation, ShardPin
 
 PACKAGE_MANIFEST_MAX_BYTES: Final = 4 * MIB
+ADMISSION_STDOUT_MAX_BYTES: Final = MIB
+ADMISSION_STDERR_KEEP_BYTES: Final = 4096
+ADMISSION_POLL_SECONDS: Final = 0.2
 
 
 class Gathered:
@@ -116,6 +125,7 @@ class ModelLook:
     root: str = "/"  # the canonical cache root every file must stay inside
     shards: list[tuple[str, str, str]] = field(default_factory=list)  # name, logical, canonical
     identity: _Identity | None = None
+    artifact_tool: str | None = None  # runs admit-package on a layer package
 
     @property
     def present(self) -> bool:
@@ -163,15 +173,15 @@ def _look_at_model(preset: Preset, root: str) -> ModelLook:
                 "preparation.package_not_directory",
                 where,
                 f"layer package {requested} is not a directory",
-                "a layer package is the snapshot directory holding manifest.json",
+                f"a layer package is the snapshot directory holding {MANIFEST_NAME}",
             )
-        manifest = os.path.join(canonical, "manifest.json")
+        manifest = os.path.join(canonical, MANIFEST_NAME)
         if not os.path.lexists(manifest):
             raise Refused.one(
                 "preparation.package_manifest_missing",
                 where,
-                f"layer package {canonical} has no manifest.json",
-                "repair the package",
+                f"layer package {canonical} has no {MANIFEST_NAME}",
+                "repair the package (a schema-1 layer package keeps its manifest there)",
             )
         look.kind, look.canonical, look.entrypoint = "layer-package-tree", canonical, canonical
         look.pinned = inside(manifest, "package manifest")
@@ -273,81 +283,183 @@ def _gguf_identity(look: ModelLook) -> tuple[_Identity | None, list[Refusal]]:
     )
 
 
-def _package_first_file_tags(look: ModelLook, manifest: Mapping[str, Any]) -> tuple[str, ...]:
-    """The ``general.tags`` of the package's first listed GGUF, when the manifest lists one."""
-    files = manifest.get("files")
-    first = files[0] if isinstance(files, list) and files else None
-    relative = first.get("path") if isinstance(first, dict) else None
-    if not isinstance(relative, str) or not relative.endswith(".gguf") or look.canonical is None:
-        return ()
-    path = os.path.realpath(os.path.join(look.canonical, relative))
-    if not path_inside(path, look.root):
-        raise Refused.one(
-            "preparation.model_outside_cache_root",
-            _identity_where(look.preset.key),
-            f"layer package file {relative} resolves to {path}, outside the cache",
-            "keep every package link pointing into the cache's own blobs",
-        )
-    return read_gguf_header(path, json_path=_identity_where(look.preset.key)).tags
-
-
 def _package_identity(look: ModelLook) -> tuple[_Identity | None, list[Refusal]]:
-    """Compare a layer package manifest's architecture and layer_count with the preset."""
+    """What a schema-1 layer package claims: its manifest's model and layer count, and the
+    architecture, context and tags of its metadata artifact's GGUF header."""
     preset = look.preset
-    assert look.pinned is not None
+    assert look.pinned is not None and look.canonical is not None
     where = _identity_where(preset.key)
     raw = read_bounded(
         look.pinned, PACKAGE_MANIFEST_MAX_BYTES, what="layer package manifest", json_path=where
     )
-    manifest = strict_json(raw.data, "layer package manifest")
-    architecture = manifest.get("architecture") if isinstance(manifest, dict) else None
-    layer_count = manifest.get("layer_count") if isinstance(manifest, dict) else None
-    if (
-        not isinstance(architecture, str)
-        or not isinstance(layer_count, int)
-        or isinstance(layer_count, bool)
-    ):
+    try:
+        manifest = decode_manifest(raw.data, where)
+    except Refused as refused:
         return None, [
             Refusal(
                 "preparation.package_manifest_invalid",
                 where,
-                f"layer package manifest {look.pinned} does not state its architecture "
-                "(a string) and layer_count (a whole number)",
-                "rebuild the package with a builder that records what it was cut from",
+                f"layer package manifest {look.pinned}: {refused.refusals[0].message}",
+                "rebuild the package with a schema-1 layer-package writer",
             )
         ]
-    assert isinstance(manifest, dict)
+    metadata = os.path.realpath(os.path.join(look.canonical, manifest.shared.metadata.path))
+    if not path_inside(metadata, look.root):
+        raise Refused.one(
+            "preparation.model_outside_cache_root",
+            where,
+            f"layer package file {manifest.shared.metadata.path} resolves to {metadata}, "
+            "outside the cache",
+            "keep every package link pointing into the cache's own blobs",
+        )
+    header = read_gguf_header(metadata, json_path=where)
+    architecture = header.architecture
     differences = []
-    if architecture != preset.architecture:
+    if manifest.model_id != preset.model_id:
         differences.append(
-            f"the manifest's architecture is {architecture!r}, the catalog says "
+            f"the manifest's model_id is {manifest.model_id!r}, the catalog says "
+            f"{preset.model_id!r}"
+        )
+    if architecture is None:
+        differences.append("the package's metadata GGUF has no general.architecture")
+    elif architecture != preset.architecture:
+        differences.append(
+            f"the package's general.architecture is {architecture!r}, the catalog says "
             f"{preset.architecture!r}"
         )
-    if layer_count != preset.layer_end:
+    if manifest.layer_count != preset.layer_end:
         differences.append(
-            f"the manifest's layer_count is {layer_count}, the catalog's layer_end is "
+            f"the manifest's layer_count is {manifest.layer_count}, the catalog's layer_end is "
             f"{preset.layer_end}"
         )
-    tags = manifest.get("tags")
-    synthetic = (isinstance(tags, list) and ZOO_SYNTHETIC_TAG in tags) or (
-        ZOO_SYNTHETIC_TAG in _package_first_file_tags(look, manifest)
-    )
+    synthetic = ZOO_SYNTHETIC_TAG in header.tags
     refusals = [_not_the_preset(preset, look.pinned, differences)] if differences else []
     if synthetic and not preset.synthetic:
         refusals.append(_synthetic_refusal(preset, look.pinned))
-    if refusals:
+    if refusals or architecture is None:
         return None, refusals
     return (
         _Identity(
             source="package-manifest",
             architecture=architecture,
-            block_count=layer_count,
-            context_length=None,
+            block_count=manifest.layer_count,
+            context_length=header.context_length,
             synthetic_marker=ZOO_SYNTHETIC_TAG if synthetic else None,
             manifest_sha256=raw.sha256,
         ),
         [],
     )
+
+
+def _admission_refusal(look: ModelLook, message: str) -> Refusal:
+    return Refusal(
+        "preparation.package_admission_refused",
+        _case_where(look.preset.key),
+        f"{look.preset.key}: admit-package {message}",
+        "repair the layer package (or give the artifact tool that admits it) and prepare again",
+    )
+
+
+def admission_argv(look: ModelLook, manifest_sha256: str) -> list[str]:
+    """The reference's exact ``admit-package`` call for the preset's correctness stage."""
+    preset = look.preset
+    assert look.artifact_tool is not None and look.canonical is not None
+    return [
+        look.artifact_tool,
+        "admit-package",
+        look.canonical,
+        "--manifest-sha256",
+        manifest_sha256,
+        "--model-id",
+        preset.model_id,
+        "--layer-start",
+        str(preset.state_layer_start),
+        "--layer-end",
+        str(preset.state_layer_end),
+        "--minimum-context",
+        str(preset.ctx),
+    ]
+
+
+def _run_admission(argv: list[str], budget: Budget, where: str) -> tuple[int, bytes, bytes]:
+    """Run the tool with no inherited environment, bounded by the budget; output to files so a
+    chatty tool cannot fill memory."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            start_new_session=True,
+        )
+        try:
+            while True:
+                try:
+                    code = process.wait(timeout=ADMISSION_POLL_SECONDS)
+                    break
+                except subprocess.TimeoutExpired:
+                    budget.check(where)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        out.seek(0)
+        stdout = out.read(ADMISSION_STDOUT_MAX_BYTES + 1)
+        err.seek(0)
+        stderr = err.read(ADMISSION_STDERR_KEEP_BYTES)
+    return code, stdout, stderr
+
+
+def admit_package(look: ModelLook, manifest_sha256: str, budget: Budget) -> list[Refusal]:
+    """Run the artifact tool's ``admit-package`` and check its receipt against the preset."""
+    preset = look.preset
+    where = _case_where(preset.key)
+    if look.artifact_tool is None:
+        return [_admission_refusal(look, "cannot run: artifact_tool is null")]
+    try:
+        code, stdout, stderr = _run_admission(admission_argv(look, manifest_sha256), budget, where)
+    except OSError as error:
+        return [_admission_refusal(look, f"could not start: {error.strerror}")]
+    if code != 0:
+        tail = stderr.decode("utf-8", errors="replace").strip().splitlines()[-1:] or [""]
+        return [_admission_refusal(look, f"exited {code}: {tail[0]}")]
+    if len(stdout) > ADMISSION_STDOUT_MAX_BYTES:
+        return [_admission_refusal(look, "printed more than 1 MiB")]
+    try:
+        receipt = json.loads(stdout)
+    except ValueError:
+        return [_admission_refusal(look, "printed no JSON receipt")]
+    dimensions = receipt.get("dimensions") if isinstance(receipt, dict) else None
+    if not isinstance(receipt, dict) or not isinstance(dimensions, dict):
+        return [_admission_refusal(look, "printed a receipt without dimensions")]
+    context = dimensions.get("native_context_tokens")
+    expected = {
+        "schema_version": 1,
+        "kind": "layer-package",
+        "root": look.canonical,
+        "manifest_sha256": manifest_sha256,
+        "model_id": preset.model_id,
+        "state_layer_start": preset.state_layer_start,
+        "state_layer_end": preset.state_layer_end,
+        "independent_full_source_verified": False,
+        "baseline": "n/a-package-only",
+    }
+    wrong = [
+        f"{k} is {receipt.get(k)!r}, not {v!r}" for k, v in expected.items() if receipt.get(k) != v
+    ]
+    for name, value in (
+        ("layer_count", preset.layer_end),
+        ("activation_width", preset.activation_width),
+    ):
+        if dimensions.get(name) != value:
+            wrong.append(f"dimensions.{name} is {dimensions.get(name)!r}, not {value}")
+    if not isinstance(context, int) or context < preset.ctx:
+        wrong.append(f"dimensions.native_context_tokens {context!r} is below {preset.ctx}")
+    if not receipt.get("selected_files"):
+        wrong.append("selected_files is empty")
+    return [_admission_refusal(look, "receipt: " + "; ".join(wrong))] if wrong else []
 
 
 def examine_models(
@@ -362,6 +474,7 @@ def examine_models(
         except Refused as exc:
             gathered.add(exc)
             continue
+        look.artifact_tool = artifact_tool
         looks.append(look)
         if not look.present:
             continue
@@ -471,6 +584,11 @@ def hash_models(
                 )
             )
             continue
+        if look.kind == "layer-package-tree":
+            refusals = admit_package(look, first.sha256, budget)
+            if refusals:
+                gathered.refusals.extend(refusals)
+                continue
         expected = declared.get(key)
         if expected is not None and expected != first.sha256:
             gathered.refusals.append(

@@ -1,20 +1,22 @@
 """The demo: the main job end to end on the embedded default (``./bootstrap demo``).
 
 It builds or reuses the real parts (``llama-server`` from registry source and the tiny
-model zoo as a Hugging Face hub cache), writes an operator input naming them, then runs the
+model zoo as a Hugging Face hub cache), installs them with the reference workload oracles as
+``skippy-workload-oracles-build`` lays them out (``out/tools``: ``native/``,
+``cargo/debug/{skippy,skippy-correctness,skippy-package-builder}``, ``producer.json``), writes
+an operator input naming those tools exactly as it would name real Skippy tools, then runs the
 operator's own commands as child processes: ``validate``, ``prepare-full``, ``run`` and
 ``replay``. Everything lands in a fresh ``out/demo-<time>/`` directory.
 
-The Skippy correctness tool and stage server are operator binaries that this project does
-not ship yet (the reference workload oracles arrive with the embedded-default work). The
-operator input still has to name them, so the demo writes one clearly named placeholder
-script that refuses to run; preparation pins its bytes like any tool, and the run records
-the correctness arm as not run, so the placeholder is never executed. All figures come from
-tiny random-weight models: the receipts and the report mark them synthetic.
+Old and new stage servers are the same oracle build with one serving option apart: the old
+arm (``skippy-prefix-reuse-off``) never reuses a cached prompt prefix, the new one (``skippy``)
+does; ``producer.json`` records the option of each. All figures come from tiny random-weight
+models: the receipts and the report mark them synthetic.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -23,20 +25,15 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from cache_family.oracles import native_build
 from cache_family.oracles.native_parts import Parts, ensure_parts
 from cache_family.schemas.examples import example_operator, example_plan
 
-PLACEHOLDER_NAME = "skippy-tool-placeholder-not-built"
-PLACEHOLDER_SCRIPT = """#!/bin/sh
-# Placeholder named by the cache-family-bench demo's operator input. The Skippy
-# correctness tool, stage server and artifact tool are not built by this project yet;
-# the run records the correctness arm as not run and never executes this file.
-echo "cache-family demo: this Skippy tool is a placeholder and was not built" >&2
-exit 69
-"""
-# Declared provenance only (never verified); the demo declares the llama.cpp commit its
-# native build came from and says nothing about Skippy sources it does not have.
+# Declared provenance only (never verified): the oracles are this project's source at the
+# commit the operator checked out, which the demo does not know; the native commit is the
+# llama.cpp commit of the build.
 _UNKNOWN_COMMIT = "0" * 40
+OLD_SERVER = "skippy-prefix-reuse-off"
 
 
 def _repo_root() -> Path:
@@ -44,11 +41,11 @@ def _repo_root() -> Path:
 
 
 def operator_input(parts: Parts, tools: Path) -> dict[str, Any]:
-    import hashlib
-
-    placeholder = str(tools / PLACEHOLDER_NAME)
+    """The operator input naming the installed tools under ``tools`` (an install OUTPUT)."""
+    debug = tools.joinpath(*native_build.TOOLS_SUBDIR)
+    native = tools / "native"
     catalog_sha = hashlib.sha256(parts.zoo_catalog.read_bytes()).hexdigest()
-    producer = json.loads(parts.producer_json.read_text())
+    producer = json.loads((tools / "producer.json").read_text())
     native_commit = str(producer.get("source", {}).get("llama_cpp_commit", _UNKNOWN_COMMIT))
     return example_operator(
         example_plan(
@@ -58,12 +55,14 @@ def operator_input(parts: Parts, tools: Path) -> dict[str, Any]:
             concurrent_output_tokens=16,
             llama_parallel=2,
             catalog={"path": str(parts.zoo_catalog), "sha256": catalog_sha},
+            old_server={"path": str(debug / OLD_SERVER), "sha256": None},
+            new_server={"path": str(debug / "skippy"), "sha256": None},
         ),
-        correctness=placeholder,
-        stage_server=placeholder,
-        native_server=str(parts.llama_server),
-        artifact_tool=placeholder,
-        native_build=str(parts.native_build),
+        correctness=str(debug / "skippy-correctness"),
+        stage_server=str(debug / "skippy"),
+        native_server=str(native / "bin" / native_build.SERVER_NAME),
+        artifact_tool=str(debug / "skippy-package-builder"),
+        native_build=str(native),
         old_source_commit=_UNKNOWN_COMMIT,
         new_source_commit=_UNKNOWN_COMMIT,
         native_source_commit=native_commit,
@@ -91,10 +90,8 @@ def run_demo(out: Path, progress: TextIO) -> int:
     parts = ensure_parts(progress)
     out.mkdir(parents=True)
     tools = out / "tools"
-    tools.mkdir()
-    placeholder = tools / PLACEHOLDER_NAME
-    placeholder.write_text(PLACEHOLDER_SCRIPT)
-    placeholder.chmod(0o755)
+    print("\ndemo: install the native build and the reference workload oracles", file=progress)
+    native_build.install(tools, progress, tools=True)
     operator_path = out / "operator.json"
     operator_path.write_text(json.dumps(operator_input(parts, tools), indent=2) + "\n")
     prepared = out / "full-input"

@@ -7,6 +7,12 @@ Python bindings can load the very same code (``LLAMA_CPP_LIB_PATH``) without a s
 compile. The result is cached under ``~/.cache/cache-family/llama.cpp/<key>/`` where the key
 covers the sdist pin and every build option; a present cache entry is reused, an absent one
 is rebuilt.
+
+``install(..., tools=True)`` (the ``skippy-workload-oracles-build`` recipe) also writes the
+operator guide's tool paths, ``OUTPUT/cargo/debug/{skippy,skippy-correctness,
+skippy-package-builder}`` (plus ``skippy-prefix-reuse-off``, the demo's old stage server): small
+launchers of this project's reference oracles, pinned in ``OUTPUT/producer.json`` together with
+the interpreter and the package source they run.
 """
 
 from __future__ import annotations
@@ -17,17 +23,19 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
-from importlib import resources
+from dataclasses import dataclass, field
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, TextIO
 
+from cache_family.actors.pins import tree_digest
 from cache_family.actors.publish import replace_atomically, replace_with_symlink
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import read_bounded
@@ -403,11 +411,10 @@ def _own_producer(output: Path) -> dict[str, Any] | None:
 def check_output(output: Path) -> None:
     """Refuse, before any build, an OUTPUT an install may not write into.
 
-    OUTPUT must be absent or a directory. ``OUTPUT/native`` and ``OUTPUT/producer.json`` must be
-    absent or an earlier install's: a real directory that ``producer.json`` names. Nothing
-    else there is ever removed.
+    OUTPUT must be absent or a directory. ``OUTPUT/native``, ``OUTPUT/cargo`` and
+    ``OUTPUT/producer.json`` must be absent or an earlier install's: a real directory that
+    ``producer.json`` names. Nothing else there is ever removed.
     """
-    native = output / "native"
     producer_path = output / "producer.json"
     try:
         if output.exists() and not output.is_dir():
@@ -417,13 +424,14 @@ def check_output(output: Path) -> None:
         producer = _own_producer(output)
         if (producer_path.is_symlink() or producer_path.exists()) and producer is None:
             raise _not_ours(producer_path, "exists and is not this tool's producer record")
-        if native.is_symlink():
-            raise _not_ours(native, "is a symlink; an install never writes one there")
-        if native.exists():
-            if not native.is_dir():
-                raise _not_ours(native, "exists and is not a directory")
-            if producer is None or producer.get("native") != str(native):
-                raise _not_ours(native, "exists and no producer.json of an install names it")
+        for own, key in ((output / "native", "native"), (output / TOOLS_DIR, "tools_dir")):
+            if own.is_symlink():
+                raise _not_ours(own, "is a symlink; an install never writes one there")
+            if own.exists():
+                if not own.is_dir():
+                    raise _not_ours(own, "exists and is not a directory")
+                if producer is None or producer.get(key) != str(own):
+                    raise _not_ours(own, "exists and no producer.json of an install names it")
     except OSError as error:
         raise _output_unusable(output, f"cannot be inspected: {error.strerror}") from None
 
@@ -454,11 +462,14 @@ def link_identical_sonames(lib: Path) -> list[str]:
     return linked
 
 
-def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str, Any]:
+def install(
+    output: Path, progress: TextIO, jobs: int | None = None, *, tools: bool = False
+) -> dict[str, Any]:
     """Place the build under ``OUTPUT/native`` and write ``OUTPUT/producer.json``.
 
     Refuses before building anything when OUTPUT is not usable or ``OUTPUT/native`` is not
-    an earlier install's (``check_output``); replaces an earlier install whole.
+    an earlier install's (``check_output``); replaces an earlier install whole. ``tools`` also
+    writes the oracle launchers under ``OUTPUT/cargo/debug`` (``write_tools``).
     """
     if not output.is_absolute():
         raise Refused.one(
@@ -472,8 +483,9 @@ def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str
     entry = build_into_cache(progress, jobs)
     native = output / "native"
     try:
-        if native.exists():
-            shutil.rmtree(native)  # an earlier install's, by check_output
+        for earlier in (native, output / TOOLS_DIR):
+            if earlier.exists():
+                shutil.rmtree(earlier)  # an earlier install's, by check_output
         (native / "bin").mkdir(parents=True)
         shutil.copy2(entry / "bin" / SERVER_NAME, native / "bin" / SERVER_NAME)
         shutil.copytree(entry / "lib", native / "lib", symlinks=True)
@@ -492,6 +504,8 @@ def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str
             "links": {str(p.relative_to(output)): os.readlink(p) for p in links},
             "seconds": round(time.monotonic() - started, 3),
         }
+        if tools:
+            producer.update(write_tools(output, native))
         text = json.dumps(producer, indent=2, sort_keys=True) + "\n"
         replace_atomically(output / "producer.json", text.encode())
     except OSError as error:
@@ -500,7 +514,117 @@ def install(output: Path, progress: TextIO, jobs: int | None = None) -> dict[str
             Path(where), f"could not be written: {error.strerror or type(error).__name__}"
         ) from None
     print(f"native: {native / 'bin' / SERVER_NAME}", file=progress, flush=True)
+    for relative in producer.get("tools", {}):
+        print(f"oracle: {output / relative}", file=progress, flush=True)
     return producer
+
+
+# --- the oracle launchers -----------------------------------------------------------------------
+
+#: Where the guide's tool paths live under OUTPUT: ``cargo/debug/<tool>``.
+TOOLS_DIR = "cargo"
+TOOLS_SUBDIR = ("cargo", "debug")
+DISTRIBUTION = "cache-family-bench"
+
+
+@dataclass(frozen=True, slots=True)
+class OracleTool:
+    """One launcher: the guide's file name, the oracle module it runs and its fixed options."""
+
+    name: str
+    module: str
+    role: str
+    args: tuple[str, ...] = ()
+    serving_option: dict[str, str] = field(default_factory=dict)
+
+
+ORACLE_TOOLS: tuple[OracleTool, ...] = (
+    OracleTool(
+        "skippy",
+        "stage_server",
+        "stage_server and new_server: the stage server, reusing cached prompt prefixes",
+        serving_option={"prefix_reuse": "on"},
+    ),
+    OracleTool(
+        "skippy-prefix-reuse-off",
+        "stage_server",
+        "old_server of the demo: the same stage server with prefix reuse off",
+        args=("--prefix-reuse", "off"),
+        serving_option={"prefix_reuse": "off"},
+    ),
+    OracleTool("skippy-correctness", "correctness", "correctness: state handoff"),
+    OracleTool("skippy-package-builder", "package_builder", "artifact_tool: admission"),
+)
+
+
+def package_source_sha256(root: Path | None = None) -> str:
+    """The tree pin (reference rule) of the ``cache_family`` package's files, bytecode left out.
+
+    A launcher's bytes name the interpreter and this pin; ``oracles/launch.py`` refuses to run
+    other source, so pinning the launcher pins the code that answers.
+    """
+    import cache_family
+
+    root = Path(cache_family.__file__).resolve().parent if root is None else root
+    entries = []
+    for directory, subdirs, names in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+        for name in names:
+            path = Path(directory) / name
+            if path.is_file() and not name.endswith((".pyc", ".pyo")):
+                relative = path.relative_to(root).as_posix().encode()
+                entries.append((relative, bytes.fromhex(sha256_file(path))))
+    return tree_digest(sorted(entries))
+
+
+def launcher_script(tool: OracleTool, python: str, native: Path, source_sha256: str) -> str:
+    argv = [python, "-I", "-m", "cache_family.oracles.launch", source_sha256, tool.module]
+    command = " ".join(shlex.quote(part) for part in [*argv, *tool.args])
+    return (
+        "#!/bin/sh\n"
+        f"# {tool.name}: cache-family-bench reference workload oracle (not a Skippy build).\n"
+        f"# Runs cache_family.oracles.{tool.module} on the package source pinned below, with\n"
+        "# this interpreter; the native build is the run's LLAMA_STAGE_BUILD_DIR, else this one.\n"
+        f"CACHE_FAMILY_ORACLE_NATIVE={shlex.quote(str(native))}\n"
+        "export CACHE_FAMILY_ORACLE_NATIVE\n"
+        f'exec {command} "$@"\n'
+    )
+
+
+def write_tools(output: Path, native: Path) -> dict[str, Any]:
+    """Write every launcher under ``OUTPUT/cargo/debug``; returns producer.json's tool part."""
+    python = sys.executable
+    resolved = os.path.realpath(python)
+    source = package_source_sha256()
+    directory = output.joinpath(*TOOLS_SUBDIR)
+    directory.mkdir(parents=True)
+    tools: dict[str, Any] = {}
+    for tool in ORACLE_TOOLS:
+        path = directory / tool.name
+        path.write_text(launcher_script(tool, python, native, source))
+        path.chmod(0o755)
+        tools[str(path.relative_to(output))] = {
+            "sha256": sha256_file(path),
+            "module": f"cache_family.oracles.{tool.module}",
+            "args": list(tool.args),
+            "role": tool.role,
+            "serving_option": tool.serving_option or None,
+        }
+    return {
+        "tools_dir": str(output / TOOLS_DIR),
+        "tools": tools,
+        "oracle_runtime": {
+            "distribution": DISTRIBUTION,
+            "version": metadata.version(DISTRIBUTION),
+            "package_source_sha256": source,
+            "package_source_scope": "tree pin of the cache_family package files the "
+            "launchers refuse to run without",
+            "interpreter": python,
+            "interpreter_resolved": resolved,
+            "interpreter_sha256": sha256_file(Path(resolved)),
+            "python_version": platform.python_version(),
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -509,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m cache_family.oracles.native_build OUTPUT_DIR", file=sys.stderr)
         return 2
     try:
-        install(Path(args[0]).absolute(), sys.stderr)
+        install(Path(args[0]).absolute(), sys.stderr, tools=True)
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"error: {refusal.line()}", file=sys.stderr)

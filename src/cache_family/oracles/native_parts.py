@@ -178,6 +178,10 @@ def zoo_key(seed: int) -> str:
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     catalog = resources.files("cache_family.schemas").joinpath("catalog.json").read_bytes()
     digest.update(b"catalog\0" + hashlib.sha256(catalog).digest())
+    # The zoo's layer package is cut by the package builder oracle in the package format.
+    for package, name in (("oracles", "package_builder.py"), ("schemas", "layer_package.py")):
+        source = resources.files(f"cache_family.{package}").joinpath(name).read_bytes()
+        digest.update(name.encode() + b"\0" + hashlib.sha256(source).digest())
     digest.update(f"gguf={metadata.version('gguf')};seed={seed}".encode())
     return digest.hexdigest()[:24]
 

@@ -167,12 +167,14 @@ class ModelObservation(_Strict):
     bytes were hashed. ``runtime_entrypoint`` is what a runtime is given: the canonical file,
     except for a split model (the first shard's snapshot path, so sibling discovery by name
     works) and a layer package (its canonical directory). ``sha256`` pins the canonical bytes
-    of the entrypoint (layer package: of ``manifest.json``, at ``pinned_file``).
+    of the entrypoint (layer package: of ``model-package.json``, at ``pinned_file``).
 
     ``architecture``, ``block_count`` and ``context_length`` are what the bytes say about
     themselves: a GGUF header's ``general.architecture``, ``<arch>.block_count`` and
-    ``<arch>.context_length`` (a split model: its first shard's), or a layer package
-    manifest's ``architecture`` and ``layer_count`` (no context length). Preparation refuses
+    ``<arch>.context_length`` (a split model: its first shard's), or for a schema-1 layer
+    package its manifest's ``layer_count`` and its metadata artifact's architecture and
+    context; a package is also admitted by the artifact tool's ``admit-package`` for its
+    preset's stage, which verifies the selected artifacts' bytes. Preparation refuses
     a model whose claims differ from its catalog preset. ``synthetic_marker`` is the zoo's
     mark of random-weight bytes, when the bytes carry one. ``missing_reason`` says why a
     synthetic catalog holds no model for a preset (the zoo could not build one), so such a row

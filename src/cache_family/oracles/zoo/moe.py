@@ -7,8 +7,10 @@ Three catalog families share llama.cpp's ``deepseek2`` architecture (``src/model
 * GLM-4.7-Flash: llama.cpp's converter maps ``Glm4MoeLiteForCausalLM`` onto ``deepseek2``
   (``conversion/glm.py``), with a query LoRA, sigmoid routing plus a per-expert selection bias
   (``exp_probs_b``), normalised and scaled expert weights.
-* DeepSeek-V3.2 as a *layer package*: a directory of per-layer-range GGUF files plus
-  ``manifest.json``. It is package-only (no monolithic baseline), so it is never served whole.
+* DeepSeek-V3.2 as a *layer package*: a tiny whole model cut by the package builder oracle's
+  ``write-package`` into the public schema-1 layout (``model-package.json``,
+  ``shared/{metadata,embeddings,output}.gguf``, ``layers/layer-NNN.gguf``). It is package-only
+  (no monolithic baseline), so it is never served whole.
 
 The MLA layout is the one current converters write: ``key_length_mla``/``value_length_mla`` set,
 the KV decompression split into ``attn_k_b``/``attn_v_b``, a single KV head whose key is the
@@ -21,13 +23,13 @@ Tiny models have 4-6 layers, so the loader's "lite" guess (27 or 26 layers) neve
 
 from __future__ import annotations
 
-import hashlib
-import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 
+from cache_family.oracles.package_builder import write_package
 from cache_family.oracles.zoo.base import (
     KV_ELEMENT_BYTES,
     BuiltModel,
@@ -43,8 +45,8 @@ from cache_family.oracles.zoo.vocab import add_byte_bpe_vocab
 DEEPSEEK2_FILE = "DeepSeek-Coder-V2-Lite-Instruct-Q4_K_M.gguf"
 GLM47_FLASH_FILE = "GLM-4.7-Flash-Q4_K_M.gguf"
 DEEPSEEK3_MODEL_ID = "unsloth/DeepSeek-V3.2-GGUF:UD-Q4_K_XL"
-PACKAGE_MANIFEST = "manifest.json"
-PACKAGE_SCHEMA_VERSION = 1
+#: The whole tiny model the package is cut from; it is not part of the zoo.
+DEEPSEEK3_SOURCE_FILE = "tiny-DeepSeek-V3.2.gguf"
 ARCH = "deepseek2"
 
 
@@ -152,8 +154,6 @@ DEEPSEEK_V32 = MlaMoeSpec(
     n_expert_groups_used=1,
 )
 
-PACKAGE_LAYERS_PER_FILE = 2
-
 
 def deepseek2_writer(path: Path, spec: MlaMoeSpec) -> gguf.GGUFWriter:
     """A writer holding every deepseek2 hyperparameter of ``spec`` and the vocabulary."""
@@ -243,70 +243,30 @@ def build_glm47_flash(staging_dir: Path, seed: int) -> BuiltModel:
     return _build_monolithic(staging_dir, seed, GLM47_FLASH, GLM47_FLASH_FILE)
 
 
-def package_file_name(layer_start: int, layer_end: int) -> str:
-    """``layers-SSSSS-EEEEE.gguf``: the half-open block range ``[start, end)`` it holds."""
-    return f"layers-{layer_start:05d}-{layer_end:05d}.gguf"
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def build_deepseek3_package(staging_dir: Path, seed: int) -> BuiltModel:
     """DeepSeek-V3.2 as a layer package: ``staging_dir`` becomes the package directory.
 
-    Every file is a complete GGUF header (all ``deepseek2`` hyperparameters and the
-    vocabulary, ``block_count`` of the whole model) followed by the tensors of its half-open
-    layer range; the first file also holds ``token_embd``, the last the output head.
-    ``manifest.json`` lists the files in layer order with their SHA-256. No single file is a
-    whole model, so the package is not servable by ``llama-server``: the catalog marks
-    DeepSeek3 package-only.
+    A whole tiny model is written aside and cut by ``write-package`` (creation time fixed at 0
+    so a seed gives the same bytes). Every artifact carries the model's whole metadata, and
+    ``model-package.json`` pins each one. No single artifact is a whole model, so the package is
+    not servable by ``llama-server``: the catalog marks DeepSeek3 package-only.
     """
     spec = DEEPSEEK_V32
-    shape = tiny_shape(spec)
-    # One generator across the files: the package holds the draws one whole model would.
-    rng = model_rng(seed, "deepseek3-layer-package")
-    entries: list[dict[str, object]] = []
-    files: list[Path] = []
-    for start in range(0, spec.n_layer, PACKAGE_LAYERS_PER_FILE):
-        end = min(start + PACKAGE_LAYERS_PER_FILE, spec.n_layer)
-        path = staging_dir / package_file_name(start, end)
-        holds_embedding = start == 0
-        holds_output = end == spec.n_layer
-        t = Tensors(rng, spec.n_embd)
-        if holds_embedding:
-            t.token_embedding(shape.n_vocab)
-        for il in range(start, end):
-            add_layer_tensors(t, spec, il)
-        if holds_output:
-            t.output_head(shape.n_vocab)
-        write_gguf(deepseek2_writer(path, spec), t)
-        files.append(path)
-        entries.append(
-            {
-                "path": path.name,
-                "layer_start": start,
-                "layer_end": end,
-                "holds_token_embedding": holds_embedding,
-                "holds_output": holds_output,
-                "size_bytes": path.stat().st_size,
-                "sha256": _sha256_file(path),
-            }
+    aside = staging_dir / ".source"
+    aside.mkdir()
+    try:
+        source = _build_monolithic(aside, seed, spec, DEEPSEEK3_SOURCE_FILE).files[0]
+        cut = aside / "package"
+        write_package(
+            source,
+            cut,
+            DEEPSEEK3_MODEL_ID,
+            source_file=DEEPSEEK3_SOURCE_FILE,
+            created_at_unix_secs=0,
         )
-    manifest = {
-        "schema_version": PACKAGE_SCHEMA_VERSION,
-        "model_id": DEEPSEEK3_MODEL_ID,
-        "architecture": ARCH,
-        "layer_count": spec.n_layer,
-        "activation_width": spec.n_embd,
-        "layer_range_convention": "half-open [layer_start, layer_end)",
-        "producer": "cache-family-bench tiny model zoo: random weights, not the released model",
-        "files": entries,
-    }
-    manifest_path = staging_dir / PACKAGE_MANIFEST
-    manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return BuiltModel((manifest_path, *files), ARCH, shape, spec.kv_bytes_per_token)
+        for entry in sorted(cut.iterdir()):
+            entry.rename(staging_dir / entry.name)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+    files = sorted(p for p in staging_dir.rglob("*") if p.is_file())
+    return BuiltModel(tuple(files), ARCH, tiny_shape(spec), spec.kv_bytes_per_token)
