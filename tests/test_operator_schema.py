@@ -171,6 +171,13 @@ def _raw(text: str | bytes) -> Mutation:
     return lambda _doc: text if isinstance(text, bytes) else text.encode()
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 def _duplicate_member(doc: dict[str, Any]) -> bytes:
     text = json.dumps(doc)
     return text.replace('"cell_seconds": 900', '"cell_seconds": 900, "cell_seconds": 901').encode()
@@ -198,7 +205,11 @@ CASES: list[tuple[str, Mutation, str, str, bool]] = [
     ("nan", _raw('{"schema_version": NaN}'), "operator.json.decode", "$", True),
     ("not-utf8", _raw(b'{"a": "\xff"}'), "operator.json.decode", "$", True),
     ("bom", _raw(b"\xef\xbb\xbf{}"), "operator.json.decode", "$", True),
-    ("deep", _raw("[" * 100_000), "operator.json.decode", "$", True),
+    ("deep", _raw("[" * 100_000), "operator.json.too_deep", "$", True),
+    ("deep-member", _set("plan.cases", _nested(900)), "operator.json.too_deep",
+     "$.plan.cases" + "[0]" * 30, True),
+    ("long-array", _set("plan.prefix_sweep", list(range(1, 2000))),
+     "operator.json.too_many_entries", "$.plan.prefix_sweep", False),
     ("huge-int", _raw('{"cell_seconds": ' + "9" * 5000 + "}"), "operator.json.decode", "$", True),
     ("dup-member", _duplicate_member, "operator.json.duplicate_key", "$.cell_seconds", True),
     ("top-array", _raw("[]"), "operator.type", "$", True),
@@ -241,6 +252,10 @@ CASES: list[tuple[str, Mutation, str, str, bool]] = [
      "$.native_build", True),
     ("surrogate-name", _env({"GGML_\udc80": "1"}), "operator.text.surrogate",
      "$.environment[\"GGML_\ufffd\"]", False),
+    ("rlo", _set("correctness", "/t/\u202egnp.exe"), "operator.path.format_char",
+     "$.correctness", True),
+    ("zero-width", _set("plan.cache_root", "/data/hf\u200b/hub"), "operator.path.format_char",
+     "$.plan.cache_root", True),
     ("nul", _set("native_server", "/t/llama\x00-server"), "operator.path.bad_char",
      "$.native_server", True),
     ("newline", _set("artifact_tool", "/t/a\nb"), "operator.path.bad_char", "$.artifact_tool",

@@ -23,7 +23,7 @@ import posixpath
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Self, TypeVar
 
@@ -46,6 +46,10 @@ _M = TypeVar("_M", bound=BaseModel)
 
 SCHEMA_VERSION: Final = 1
 DOCUMENT_MAX_BYTES: Final = 1024 * 1024
+# The schema nests 4 levels and its longest list holds 128 entries; these leave room for
+# any honest mistake while keeping every document's validation work bounded.
+JSON_MAX_DEPTH: Final = 32
+JSON_MAX_ENTRIES: Final = 1024
 PATH_MAX_BYTES: Final = 4096
 U32_MAX: Final = 2**32 - 1
 I32_MAX: Final = 2**31 - 1
@@ -139,12 +143,17 @@ class Rule:
 class AbsolutePath:
     rule: str = (
         "absolute, normal form (no `.`/`..`, `//` or trailing `/`), "
-        f"≤ {PATH_MAX_BYTES} bytes, no control characters"
+        f"≤ {PATH_MAX_BYTES} bytes, no control or invisible format characters"
     )
 
     def __call__(self, value: str) -> str:
         if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
             raise _fail("operator.path.bad_char", f"path {_show(value)} has a control character")
+        if any(unicodedata.category(ch) == "Cf" for ch in value):
+            raise _fail(
+                "operator.path.format_char",
+                f"path {_show(value)} has an invisible format character",
+            )
         if not posixpath.isabs(value):
             raise _fail("operator.path.not_absolute", f"path {_show(value)} is not absolute")
         if len(value.encode("utf-8")) > PATH_MAX_BYTES:
@@ -621,16 +630,20 @@ def _toolkit_cross_entry(toolkits: Mapping[Any, object]) -> list[tuple[Loc, Refu
     return out
 
 
-def _repeated(items: Iterable[object]) -> list[object]:
-    seen: list[object] = []
-    repeated: list[object] = []
+def _repeated(items: Iterable[Hashable]) -> list[Hashable]:
+    """Items seen more than once, in order of their second sighting.
+
+    Hash-based on purpose: a 1 MiB document can hold a list of 100k entries, and a
+    list scan per entry made validation quadratic (minutes for one document).
+    """
+    seen: set[Hashable] = set()
+    repeated: dict[Hashable, None] = {}
     for item in items:
         if item in seen:
-            if item not in repeated:
-                repeated.append(item)
+            repeated[item] = None
         else:
-            seen.append(item)
-    return repeated
+            seen.add(item)
+    return list(repeated)
 
 
 def _strings(value: object) -> list[tuple[int, str]]:
@@ -955,6 +968,69 @@ def _unexplained(path: str) -> Refusal:
     return Refusal("operator.type", path, "the document was refused", default_hint("operator.type"))
 
 
+def _containers(root: object, base: Loc) -> Iterator[tuple[list[Any] | dict[Any, Any], Loc, int]]:
+    """Arrays and objects of a decoded document with their location and depth (root = 1).
+
+    Iterative, and it never looks past the bounds: the first JSON_MAX_ENTRIES entries of a
+    container, nothing below a container deeper than JSON_MAX_DEPTH. A consumer's work is
+    therefore bounded whatever the document's shape.
+    """
+    stack: list[tuple[object, Loc, int]] = [(root, base, 1)]
+    while stack:
+        node, loc, depth = stack.pop()
+        if not isinstance(node, list | dict):
+            continue
+        yield node, loc, depth
+        if depth > JSON_MAX_DEPTH:
+            continue
+        entries: Iterable[tuple[object, object]] = (
+            node.items() if isinstance(node, dict) else enumerate(node)
+        )
+        stack.extend(
+            (item, (*loc, key if isinstance(key, str | int) else str(key)), depth + 1)
+            for key, item in itertools.islice(entries, JSON_MAX_ENTRIES)
+            if isinstance(item, list | dict)
+        )
+
+
+def _bounded_shape(root: object, base: Loc) -> tuple[object, list[tuple[Loc, Refusal]]]:
+    """Bound the document's nesting and container sizes before any per-entry work.
+
+    Every later step (surrogate cleaning, pydantic, the cross-entry rules, one refusal per
+    bad entry) is linear in what it is given; without this a 1 MiB array of bad entries
+    produced half a million refusals, and a few hundred nested arrays a RecursionError.
+    Too deep refuses the document outright; an over-long container is refused and only
+    its first JSON_MAX_ENTRIES entries are checked further.
+    """
+    found: list[tuple[Loc, Refusal]] = []
+    for node, loc, depth in _containers(root, base):
+        if depth > JSON_MAX_DEPTH:
+            message = f"the document nests deeper than {JSON_MAX_DEPTH} levels here"
+            raise Refused((_refusal("operator.json.too_deep", loc, message)[1],))
+        if len(node) > JSON_MAX_ENTRIES:
+            what = "array" if isinstance(node, list) else "object"
+            found.append(
+                _refusal(
+                    "operator.json.too_many_entries",
+                    loc,
+                    f"the {what} has {len(node)} entries, more than {JSON_MAX_ENTRIES}; "
+                    f"only the first {JSON_MAX_ENTRIES} were checked",
+                )
+            )
+    return (_truncated(root) if found else root), found
+
+
+def _truncated(node: object) -> object:
+    # Recursion is safe here: _bounded_shape has already bounded the depth.
+    if isinstance(node, list):
+        return [_truncated(item) for item in node[:JSON_MAX_ENTRIES]]
+    if isinstance(node, dict):
+        return {
+            key: _truncated(item) for key, item in itertools.islice(node.items(), JSON_MAX_ENTRIES)
+        }
+    return node
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -1004,7 +1080,7 @@ def validate_operator_object(obj: object) -> OperatorInput:
             f"the operator input is {_json_kind(obj)}, not an object",
             default_hint("operator.type"),
         )
-    found: list[tuple[Loc, Refusal]] = []
+    obj, found = _bounded_shape(obj, ())
     obj = _without_surrogates(obj, (), found)
     assert isinstance(obj, dict)
     model, structural = _pass_one(OperatorInput, obj, ())
@@ -1025,7 +1101,10 @@ def validate_plan_object(obj: object) -> PlanInput:
             f"the plan is {_json_kind(obj)}, not an object",
             default_hint("operator.type"),
         )
-    model, found = _pass_one(PlanInput, obj, base)
+    obj, found = _bounded_shape(obj, base)
+    assert isinstance(obj, dict)
+    model, structural = _pass_one(PlanInput, obj, base)
+    found += structural
     found += _plan_cross_entry(obj, base)
     if found or model is None:
         raise Refused(_ordered(found) or (_unexplained(json_path(base)),))
@@ -1051,22 +1130,15 @@ def _reject_constant(name: str) -> object:
 
 
 def _repeated_members(root: object) -> list[Refusal]:
-    out: list[Refusal] = []
-    stack: list[tuple[object, Loc]] = [(root, ())]
-    while stack:  # iterative: the parser already accepted the nesting depth
-        node, loc = stack.pop()
-        if isinstance(node, dict):
-            for name in getattr(node, "repeated", ()):
-                out.append(
-                    _refusal(
-                        "operator.json.duplicate_key",
-                        (*loc, name),
-                        f"member {name!r} appears more than once",
-                    )[1]
-                )
-            stack.extend(((v, (*loc, k)) for k, v in node.items()))
-        elif isinstance(node, list):
-            stack.extend(((v, (*loc, i)) for i, v in enumerate(node)))
+    out = [
+        _refusal(
+            "operator.json.duplicate_key",
+            (*loc, name),
+            f"member {name!r} appears more than once",
+        )[1]
+        for node, loc, _ in _containers(root, ())
+        for name in getattr(node, "repeated", ())
+    ]
     return sorted(out, key=lambda r: r.path)
 
 
@@ -1097,12 +1169,18 @@ def validate_operator_document(data: bytes) -> OperatorInput:
             f"the operator input is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
             default_hint("operator.json.decode"),
         ) from None
-    except (ValueError, RecursionError) as exc:
-        reason = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)
+    except RecursionError:
+        raise Refused.one(
+            "operator.json.too_deep",
+            "$",
+            f"the document nests deeper than {JSON_MAX_DEPTH} levels",
+            default_hint("operator.json.too_deep"),
+        ) from None
+    except ValueError as exc:
         raise Refused.one(
             "operator.json.decode",
             "$",
-            f"the operator input cannot be decoded: {reason}",
+            f"the operator input cannot be decoded: {exc}",
             default_hint("operator.json.decode"),
         ) from None
     repeated = _repeated_members(obj)

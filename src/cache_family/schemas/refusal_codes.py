@@ -39,6 +39,16 @@ OPERATOR_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
         "write one UTF-8 JSON object without a byte-order mark, NaN or Infinity",
     ),
     RefusalCode(
+        "operator.json.too_deep",
+        "arrays and objects nest more than 32 levels deep",
+        "the operator input nests at most 4 levels; remove the extra nesting",
+    ),
+    RefusalCode(
+        "operator.json.too_many_entries",
+        "an array or object has more than 1024 entries (only the first 1024 are checked)",
+        "no list or map of the operator input needs more than 128 entries",
+    ),
+    RefusalCode(
         "operator.json.duplicate_key",
         "an object names the same member twice",
         "give each member once per object",
@@ -78,6 +88,12 @@ OPERATOR_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
         "operator.path.bad_char",
         "a path contains NUL, a control character or an unpaired surrogate",
         "remove control characters from the path",
+    ),
+    RefusalCode(
+        "operator.path.format_char",
+        "a path contains an invisible format character (Unicode category Cf, such as a "
+        "right-to-left override or a zero-width space), so it shows another name than it is",
+        "retype the path without invisible characters",
     ),
     RefusalCode(
         "operator.text.surrogate",
