@@ -129,6 +129,13 @@ def _environment_rows() -> Iterator[tuple[str, str]]:
         f"`{operator.ENV_GGML_PREFIX}*` (other)",
         f"any value of 1..={operator.ENV_VALUE_MAX_BYTES} bytes without control characters",
     )
+    yield (
+        "secret-looking names, refused whatever they start with: containing "
+        + ", ".join(operator.ENV_SECRET_MARKERS)
+        + "; or with a whole segment (split at `_`, digits and case changes) "
+        + ", ".join(operator.ENV_SECRET_WORDS),
+        "none (`operator.environment.secret_name`)",
+    )
 
 
 def _cell(text: str) -> str:

@@ -67,6 +67,47 @@ ENV_SECRET_MARKERS: Final = (
     "ROOT",
     "KEY",
 )
+# Abbreviations and words that mark a secret only as a whole segment of a name (split at
+# `_`, `-`, `.`, digits and case changes): `GGML_DB_PWD` and `GGML_HF_TOK` are secrets,
+# while `TOK` inside `STOKES` or `PASS` inside `BYPASS` or `PASSES` are not.
+ENV_SECRET_WORDS: Final = (
+    "TOK",
+    "TOKS",
+    "PWD",
+    "PASSWD",
+    "PASS",
+    "PW",
+    "PASSPHRASE",
+    "CRED",
+    "CREDS",
+    "COOKIE",
+    "COOKIES",
+    "SESSION",
+    "SESS",
+    "SID",
+    "PRIVATE",
+    "PRIV",
+    "CERT",
+    "CERTS",
+    "CERTIFICATE",
+    "PEM",
+    "PFX",
+    "P12",
+    "JWT",
+    "BEARER",
+    "OAUTH",
+    "SSH",
+    "GPG",
+    "PGP",
+    "PAT",
+    "OTP",
+    "TOTP",
+    "HMAC",
+    "SALT",
+    "SIGNING",
+    "APIKEY",
+    "PASSKEY",
+)
 ENV_DEVICE_NAMES: Final = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 ENV_PLAIN_NAMES: Final = (*ENV_DEVICE_NAMES, "OMP_NUM_THREADS")
 # (stage-server spelling, skippy spelling): the same setting under two names.
@@ -421,6 +462,8 @@ class OperatorInput(BaseModel):
         Rule(
             f"≤ {ENV_MAX_ENTRIES} entries; allowlisted names, never one containing "
             + "/".join(ENV_SECRET_MARKERS)
+            + " or with a segment such as "
+            + "/".join(ENV_SECRET_WORDS[:6])
             + f"; values 1..={ENV_VALUE_MAX_BYTES} bytes, no control characters; "
             "the two names of an alias pair must agree (see Environment names)"
         ),
@@ -535,15 +578,32 @@ ENV_VALUE_RULES: Final[Mapping[str, _ValueRule]] = {
 _ALIAS_NAMES: Final = frozenset(name for pair in ENV_ALIAS_PAIRS for name in pair)
 
 
-def _env_name_refusal(name: str, loc: Loc) -> tuple[Loc, Refusal] | None:
-    # Secret-looking names first: GGML_BACKEND_DL_PATH matches the GGML_ prefix but is a path.
+_NAME_SEGMENT = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def secret_name_marker(name: str) -> str | None:
+    """What makes an environment name look like a secret or a path, or None.
+
+    The reference's markers count anywhere in the name (`HF_TOKEN`, `MY_API_KEY`,
+    `GGML_BACKEND_DL_PATH`); the abbreviations in ENV_SECRET_WORDS count as a whole segment.
+    """
     upper = name.upper()
     marker = next((m for m in ENV_SECRET_MARKERS if m in upper), None)
+    if marker is not None:
+        return marker
+    segments = {segment.upper() for segment in _NAME_SEGMENT.findall(name)}
+    return next((word for word in ENV_SECRET_WORDS if word in segments), None)
+
+
+def _env_name_refusal(name: str, loc: Loc) -> tuple[Loc, Refusal] | None:
+    # Secret-looking names first: GGML_BACKEND_DL_PATH matches the GGML_ prefix but is a path.
+    marker = secret_name_marker(name)
     if marker is not None:
         return _refusal(
             "operator.environment.secret_name",
             loc,
-            f"environment name {_show(name, 80)} contains {marker}; its value is not shown",
+            f"environment name {_show(name, 80)} looks like a secret or a path ({marker}); "
+            "its value is not shown",
         )
     if name in ENV_PLAIN_NAMES or name in _ALIAS_NAMES or _GGML_NAME.fullmatch(name):
         return None
@@ -606,6 +666,12 @@ def _environment_cross_entry(env: Mapping[Any, object]) -> list[tuple[Loc, Refus
                 )
             )
     return out
+
+
+def environment_refusals(env: Mapping[Any, object]) -> list[Refusal]:
+    """The operator's environment rules applied to any environment map (names, values,
+    aliases), such as the ones a prepared input hands to each host."""
+    return [refusal for _, refusal in _environment_cross_entry(env)]
 
 
 def _toolkit_cross_entry(toolkits: Mapping[Any, object]) -> list[tuple[Loc, Refusal]]:
@@ -1207,6 +1273,8 @@ __all__ = [
     "SchemaVersion",
     "ServerBinary",
     "ToolkitDirectory",
+    "environment_refusals",
+    "secret_name_marker",
     "validate_operator_document",
     "validate_operator_object",
     "validate_plan_object",

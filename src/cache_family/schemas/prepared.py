@@ -32,7 +32,12 @@ from pydantic import (
 
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
-from cache_family.schemas.operator import LowerHex, OperatorInput, PlanInput
+from cache_family.schemas.operator import (
+    LowerHex,
+    OperatorInput,
+    PlanInput,
+    environment_refusals,
+)
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -528,7 +533,25 @@ def prepared_input_problems(doc: PreparedInput) -> list[str]:
         and (plan_corpus.path, plan_corpus.sha256) != (doc.corpus.path, doc.corpus.sha256)
     ):
         out.append("corpus differs from plan.corpus")
+    out.extend(_environment_problems(doc))
     return out
+
+
+def _environment_problems(doc: PreparedInput) -> list[str]:
+    """Every environment map handed to a host or the correctness tool obeys the operator's
+    rules, so an edited prepared input cannot pass a secret-looking name to a child."""
+    maps: dict[str, dict[str, str]] = {"environment": doc.environment}
+    for key, profiles in doc.profiles.items():
+        maps[f"profiles.{key}.correctness.settings"] = profiles.correctness.settings
+        hosts = (("native", profiles.native), ("old", profiles.old), ("new", profiles.new))
+        for host, profile in hosts:
+            if profile is not None:
+                maps[f"profiles.{key}.{host}.environment"] = profile.environment
+    return [
+        f"{where}: {refusal.code}: {refusal.message}"
+        for where, env in maps.items()
+        for refusal in environment_refusals(env)
+    ]
 
 
 class PreparationRequest(_Strict):

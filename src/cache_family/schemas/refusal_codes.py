@@ -123,8 +123,10 @@ OPERATOR_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
     ),
     RefusalCode(
         "operator.environment.secret_name",
-        "an environment name looks like a secret or a path "
-        "(contains AUTH, TOKEN, SECRET, PASSWORD, CREDENTIAL, PATH, DIR, ROOT or KEY)",
+        "an environment name looks like a secret or a path: it contains AUTH, TOKEN, SECRET, "
+        "PASSWORD, CREDENTIAL, PATH, DIR, ROOT or KEY, or one of its segments is an "
+        "abbreviation such as TOK, PWD, PASS, PASSWD, CREDS, COOKIE, SESSION, PRIVATE or CERT "
+        "(full list under Environment names)",
         "remove the entry: secrets are never passed, and paths belong in their own fields "
         "(tools, native_build, toolkit_directories)",
     ),
