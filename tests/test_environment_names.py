@@ -164,3 +164,49 @@ def test_a_prepared_input_with_a_secret_name_in_any_environment_map_is_refused(
         read_prepared_input(str(path))
     assert "operator.environment.secret_name" in str(refused.value)
     assert refused.value.codes[0] == "prepared.invalid"
+
+
+# A GPU box's real settings: device UUIDs and MIG instances, -1 (no device), CMake lists,
+# target features, ON/off spellings. The reference enumerates names, never values.
+GPU_ENVIRONMENTS = [
+    {"CUDA_VISIBLE_DEVICES": "GPU-8f6d2c1e-3b4a-4e5f-9a0b-1c2d3e4f5a6b"},
+    {"CUDA_VISIBLE_DEVICES": "MIG-4b1c7e2a-9d3f-5a6b-8c7d-0e1f2a3b4c5d"},
+    {"CUDA_VISIBLE_DEVICES": "GPU-8f6d2c1e-3b4a-4e5f-9a0b-1c2d3e4f5a6b,1"},
+    {"CUDA_VISIBLE_DEVICES": "-1"},
+    {"CUDA_VISIBLE_DEVICES": "0,1", "OMP_NUM_THREADS": "32"},
+    {"HIP_VISIBLE_DEVICES": "0,1", "ROCR_VISIBLE_DEVICES": "GPU-0123456789abcdef"},
+    {"LLAMA_STAGE_CUDA_ARCHITECTURES": "86;89", "SKIPPY_CUDA_ARCHITECTURES": "86;89"},
+    {"LLAMA_STAGE_AMDGPU_TARGETS": "gfx90a:xnack-;gfx942"},
+    {"SKIPPY_GGML_NATIVE": "off", "LLAMA_STAGE_BACKEND": "CUDA"},
+    {"LLAMA_STAGE_LINK_MODE": "Shared", "GGML_CUDA_FORCE_MMQ": "1"},
+    {"GGML_VK_VISIBLE_DEVICES": "0", "GGML_SCHED_MAX_COPIES": "4", "OMP_NUM_THREADS": "auto"},
+]
+
+
+@pytest.mark.parametrize("environment", GPU_ENVIRONMENTS)
+def test_a_gpu_style_environment_validates(environment: dict[str, str]) -> None:
+    doc = valid_document()
+    doc["environment"] = environment
+    model = validate_operator_object(doc)
+    assert model.environment == environment
+
+
+@pytest.mark.parametrize(
+    ("environment", "code", "where"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": "GPU-1\n"}, "operator.environment.bad_value",
+         "$.environment.CUDA_VISIBLE_DEVICES"),
+        ({"SKIPPY_GGML_NATIVE": "\u200boff"}, "operator.environment.bad_value",
+         "$.environment.SKIPPY_GGML_NATIVE"),
+        ({"LLAMA_STAGE_CUDA_ARCHITECTURES": "86;89", "SKIPPY_CUDA_ARCHITECTURES": "86"},
+         "operator.environment.alias_conflict", "$.environment.SKIPPY_CUDA_ARCHITECTURES"),
+        ({"NVIDIA_VISIBLE_DEVICES": "all"}, "operator.environment.not_allowed",
+         "$.environment.NVIDIA_VISIBLE_DEVICES"),
+        ({"GGML_DB_PWD": "x"}, "operator.environment.secret_name",
+         "$.environment.GGML_DB_PWD"),
+    ],
+)  # fmt: skip
+def test_free_values_still_refuse_controls_unknown_names_secrets_and_alias_conflicts(
+    environment: dict[str, str], code: str, where: str
+) -> None:
+    assert _refusals(environment) == [(code, where)]

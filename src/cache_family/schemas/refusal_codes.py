@@ -138,48 +138,14 @@ OPERATOR_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
     ),
     RefusalCode(
         "operator.environment.bad_value",
-        "an environment value is empty, longer than 256 bytes or has a control character",
-        "give 1..256 bytes without control characters",
+        "an environment value is empty, longer than 256 bytes, or has a control or "
+        "invisible format character (values are otherwise free-form)",
+        "give 1..256 bytes without control or invisible format characters",
     ),
     RefusalCode(
         "operator.environment.alias_conflict",
         "both names of an alias pair are given, with different values",
         "give one name of the pair, or the same value to both",
-    ),
-    RefusalCode(
-        "operator.environment.backend",
-        "a backend setting is not a known backend",
-        "use one of cpu, cuda, rocm, hip, vulkan, metal, sycl",
-    ),
-    RefusalCode(
-        "operator.environment.link_mode",
-        "a link-mode setting is not static or shared",
-        "use static or shared",
-    ),
-    RefusalCode(
-        "operator.environment.ggml_native",
-        "a GGML_NATIVE setting is not 0, 1, ON or OFF",
-        "use 0, 1, ON or OFF",
-    ),
-    RefusalCode(
-        "operator.environment.devices",
-        "a *_VISIBLE_DEVICES value is not a comma-separated list of device numbers",
-        "use device numbers separated by commas, such as 0 or 0,1",
-    ),
-    RefusalCode(
-        "operator.environment.threads",
-        "OMP_NUM_THREADS is not a whole number from 1 to 1024",
-        "use a whole number from 1 to 1024, such as 8",
-    ),
-    RefusalCode(
-        "operator.environment.cuda_architectures",
-        "a CUDA architecture list is malformed",
-        "use native, all, all-major, or comma-separated entries such as 86,89-real,90a",
-    ),
-    RefusalCode(
-        "operator.environment.amdgpu_targets",
-        "an AMD GPU target list is malformed",
-        "use comma-separated gfx names such as gfx90a,gfx1100",
     ),
     # --- toolkit directories
     RefusalCode(
