@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from cache_family.cli import build_parser, main, normalize_argv
+from cache_family.cli import _worker_parser, build_parser, main, normalize_argv
 
 
 def test_help_lists_every_built_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,3 +120,43 @@ def test_no_command_prints_help_and_refuses(capsys: pytest.CaptureFixture[str]) 
 
 def test_parser_builds_without_touching_the_filesystem() -> None:
     assert build_parser().prog == "cache-family"
+
+
+def _every_parser(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found += _every_parser(child)
+    return found
+
+
+def test_no_parser_accepts_abbreviated_options() -> None:
+    parsers = [*_every_parser(build_parser()), _worker_parser()]
+    assert len(parsers) >= 8
+    assert [p.prog for p in parsers if p.allow_abbrev] == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "abbreviated"),
+    [
+        (["validate", "--inp", "/a.json"], "--inp"),
+        (["validate", "--input", "/a.json", "--js"], "--js"),
+        (["prepare-full", "--input", "/a.json", "--output", "/o", "--prefix", "3"], "--prefix"),
+        (["prepare-use-cases", "--input", "/a.json", "--output", "/o", "--llama-rep", "3"],
+         "--llama-rep"),
+        (["run", "--in", "/p.json", "--output", "/o"], "--in"),
+        (["replay", "/runs/r1", "--re"], "--re"),
+        (["zoo", "build", "--cache", "/z"], "--cache"),
+        (["prepare-worker", "--inp", "/r.json", "--output", "/o"], "--inp"),
+    ],
+)  # fmt: skip
+def test_an_abbreviated_option_is_refused_in_every_command(
+    capsys: pytest.CaptureFixture[str], argv: list[str], abbreviated: str
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "refused: cli.usage at " in err
+    assert abbreviated in err

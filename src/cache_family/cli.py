@@ -39,6 +39,9 @@ class _Parser(argparse.ArgumentParser):
         # exit_on_error=False hands argparse's ArgumentError to parse_known_args below,
         # which still knows which argument it was about.
         kwargs.setdefault("exit_on_error", False)
+        # `--prefix 3` must not quietly mean --prefix-tokens: a misspelt option is refused.
+        # Subparsers are built with this class too (parser_class), so it holds for each.
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def parse_known_args(  # type: ignore[override]
