@@ -23,8 +23,9 @@
 The corpus of ``prepare-use-cases`` (which plans every use case, ``["all"]``) is the first of:
 ``--use-case-corpus ABS`` (``corpus.source`` "override"), ``$SKIPPY_CACHE_USECASE_CORPUS``
 ("environment"), the operator input's own ``plan.corpus``, whose bytes must match its declared
-SHA-256 ("operator-plan"), and the repository's ``corpus/use-cases.json`` ("checked-in"). The
-prepared input records the path, the SHA-256 of the bytes read and that source.
+SHA-256 ("operator-plan"), and the packaged ``cache_family/corpus/use-cases.json``
+("checked-in"). The prepared input records the path, the SHA-256 of the bytes read and that
+source.
 ``prepare-full`` plans no use cases: it ignores ``plan.corpus`` and the environment variable
 and refuses ``--use-case-corpus``.
 

@@ -154,7 +154,7 @@ def _select_corpus(
     mode: Mode, overrides: Overrides, environ: Mapping[str, str], declared: object
 ) -> tuple[LoadedCorpus | None, CorpusSource | None]:
     """prepare-use-cases: --use-case-corpus, else $SKIPPY_CACHE_USECASE_CORPUS, else the
-    plan's own corpus (checked against its pin), else the checked-in corpus. prepare-full
+    plan's own corpus (checked against its pin), else the packaged corpus. prepare-full
     selects none and refuses --use-case-corpus (reading a corpus it then ignored would
     suggest the prompts were used)."""
     if mode == "full":
