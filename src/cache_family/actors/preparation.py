@@ -26,8 +26,9 @@ The corpus of ``prepare-use-cases`` (which plans every use case, ``["all"]``) is
 SHA-256 ("operator-plan"), and the packaged ``cache_family/corpus/use-cases.json``
 ("checked-in"). The prepared input records the path, the SHA-256 of the bytes read and that
 source.
-``prepare-full`` plans no use cases: it ignores ``plan.corpus`` and the environment variable
-and refuses ``--use-case-corpus``.
+``prepare-full`` plans no use cases: it ignores ``plan.corpus`` and the environment variable,
+and records a ``--use-case-corpus`` (which the reference wrapper passes to both modes) as
+``unused_corpus`` without reading it.
 
 Exit codes: 0 published; 2 input refused, nothing written; 3 refused during preparation,
 observations kept; 130 interrupted. A worker that refuses still publishes ``observations.json``
@@ -93,6 +94,7 @@ from cache_family.schemas.prepared import (
     PREPARED_SCOPE,
     RELAYED_REFUSALS_MAX,
     REQUEST_MAX_BYTES,
+    UNUSED_CORPUS_REASON,
     CatalogUsed,
     CorpusUsed,
     FilePinRecord,
@@ -106,6 +108,7 @@ from cache_family.schemas.prepared import (
     SourceCommits,
     ToolPins,
     TreePinRecord,
+    UnusedCorpus,
     UseCaseRecord,
     UseCaseSourceRecord,
     decode_document,
@@ -466,6 +469,7 @@ def run_prepare(
                     corpus_source=admission.corpus_source,
                     worker_budget_ms=(worker_ms := _worker_budget_ms(budget.remaining())),
                     worker_deadline_monotonic_ns=time.monotonic_ns() + worker_ms * 1_000_000,
+                    unused_corpus=admission.unused_corpus,
                 )
             )
             publish_fresh(os.path.join(admission.output, REQUEST_NAME), request_bytes)
@@ -788,6 +792,11 @@ def observe(
             )
             for use_case in (corpus.corpus.use_cases if corpus is not None else ())
         ],
+        unused_corpus=(
+            UnusedCorpus(path=request.unused_corpus, reason=UNUSED_CORPUS_REASON)
+            if request.unused_corpus is not None
+            else None
+        ),
     )
     phase("checking the prepared input's size")
     refuse_oversized_input(encode_document(prepared), PREPARED_INPUT_MAX_BYTES)

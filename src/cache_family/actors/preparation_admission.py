@@ -136,6 +136,9 @@ class Admission:
     corpus_source: CorpusSource | None
     output: str  # canonical parent + the new name
     budget_seconds: float
+    # prepare-full's --use-case-corpus: accepted (the reference wrapper passes it to both
+    # modes) and recorded as unused in the prepared input.
+    unused_corpus: str | None = None
 
 
 def strict_json(data: bytes, what: str) -> Any:
@@ -155,17 +158,8 @@ def _select_corpus(
 ) -> tuple[LoadedCorpus | None, CorpusSource | None]:
     """prepare-use-cases: --use-case-corpus, else $SKIPPY_CACHE_USECASE_CORPUS, else the
     plan's own corpus (checked against its pin), else the packaged corpus. prepare-full
-    selects none and refuses --use-case-corpus (reading a corpus it then ignored would
-    suggest the prompts were used)."""
+    selects none; its --use-case-corpus is recorded as unused (see Admission), not read."""
     if mode == "full":
-        if overrides.corpus is not None:
-            raise Refused.one(
-                "preparation.override.corpus_for_full",
-                "$.cli",
-                f"prepare-full plans no use cases, so {CORPUS_FLAG} {overrides.corpus} "
-                "would be ignored",
-                f"drop {CORPUS_FLAG}, or run prepare-use-cases to plan every use case of it",
-            )
         return None, None
     if overrides.corpus is not None:
         return load_corpus(overrides.corpus), "override"
@@ -327,4 +321,5 @@ def admit(
         corpus_source=corpus_source,
         output=canonical_output,
         budget_seconds=float(operator.preparation_seconds),
+        unused_corpus=parsed.corpus if mode == "full" else None,
     )

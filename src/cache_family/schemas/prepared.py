@@ -411,6 +411,20 @@ class CaseProfiles(_Strict):
 # --- the documents -----------------------------------------------------------------------------
 
 
+UNUSED_CORPUS_REASON: Final = (
+    "prepare-full plans no use cases: this corpus was accepted because the reference wrapper "
+    "passes --use-case-corpus to both modes, and was not read; full rows take their prompt "
+    "from the first entry of the packaged corpus"
+)
+
+
+class UnusedCorpus(_Strict):
+    """A ``--use-case-corpus`` given to prepare-full: recorded, never read, never used."""
+
+    path: str
+    reason: str
+
+
 class PreparedInput(_Strict):
     """``cache-family-input.json``: the run's only input.
 
@@ -442,6 +456,8 @@ class PreparedInput(_Strict):
     missing_model_policy: Literal["retain_row_without_launch"] = MISSING_MODEL_POLICY
     # The corpus entries the rows use (corpus order); empty for prepare-full.
     use_cases: list[UseCaseRecord] = Field(default_factory=list)
+    # prepare-full only: the --use-case-corpus it was given and did not use.
+    unused_corpus: UnusedCorpus | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -523,6 +539,8 @@ def prepared_input_problems(doc: PreparedInput) -> list[str]:
         out.append(f"rows name use cases missing from use_cases: {unknown}")
     if doc.mode == "full" and doc.use_cases:
         out.append("mode full carries no use cases")
+    if doc.mode != "full" and doc.unused_corpus is not None:
+        out.append(f"mode {doc.mode} records no unused corpus")
     expected_use_cases = ["all"] if doc.mode == "use-cases" else []
     if doc.plan.use_cases != expected_use_cases:
         out.append(f"mode {doc.mode} needs plan.use_cases {expected_use_cases}")
@@ -566,6 +584,8 @@ class PreparationRequest(_Strict):
     # The same end on the host's monotonic clock (CLOCK_MONOTONIC is one clock for every
     # process of a host), so the worker's start-up time cannot eat the parent's margin.
     worker_deadline_monotonic_ns: Annotated[int, Field(ge=0)] | None = None
+    # prepare-full: the --use-case-corpus it accepts and records as unused (never read).
+    unused_corpus: str | None = None
 
 
 class RefusalRecord(_Strict):
