@@ -32,6 +32,7 @@ from pydantic import (
 
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
+from cache_family.schemas.catalog import payload_refusal
 from cache_family.schemas.operator import (
     LowerHex,
     OperatorInput,
@@ -685,6 +686,25 @@ def loads_strict_json(data: bytes) -> Any:
     )
 
 
+def _payload_refusals(root: object) -> list[Refusal]:
+    """Every ``payload`` member of a prepared document that is not a production cache mode
+    (rows, correctness tasks and profiles all carry one), reported with that reason."""
+    found: list[Refusal] = []
+    stack: list[tuple[object, tuple[str | int, ...]]] = [(root, ())]
+    while stack:
+        node, loc = stack.pop()
+        if isinstance(node, dict):
+            refusal = payload_refusal(
+                node.get("payload"), json_path((*loc, "payload")), "prepared.payload.not_production"
+            )
+            if refusal is not None:
+                found.append(refusal)
+            stack.extend((v, (*loc, str(k))) for k, v in node.items() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend((v, (*loc, i)) for i, v in enumerate(node) if isinstance(v, dict | list))
+    return sorted(found, key=lambda r: r.path)
+
+
 def decode_document(data: bytes, model: type[_M], *, what: str) -> _M:
     """Decode strict JSON bytes into ``model``; every problem becomes a refusal."""
     try:
@@ -696,6 +716,9 @@ def decode_document(data: bytes, model: type[_M], *, what: str) -> _M:
             f"{what} is not strict UTF-8 JSON: {exc}",
             "re-run preparation; never edit prepared documents by hand",
         ) from None
+    payloads = _payload_refusals(obj)
+    if payloads:
+        raise Refused(tuple(payloads))
     try:
         return model.model_validate(obj, strict=True)
     except ValidationError as exc:
