@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Final, TextIO, TypeAlias
 
+import psutil
 import trio
 
 from cache_family import __version__
@@ -500,6 +501,8 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
         catalog_path=catalog.path,
         catalog_synthetic=catalog.synthetic,
         catalog_packaged=catalog.packaged,
+        runner_pid=os.getpid(),
+        runner_create_time=psutil.Process().create_time(),
     )
 
 
