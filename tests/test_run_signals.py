@@ -128,12 +128,16 @@ class StalledRun:
 
 
 async def start_stalled_run(
-    tmp_path: Path, *, keys: Sequence[str] = ("qwen3_dense",), **behaviour: Any
+    tmp_path: Path,
+    *,
+    keys: Sequence[str] = ("qwen3_dense",),
+    out: Path | None = None,
+    **behaviour: Any,
 ) -> StalledRun:
     prepared = make_prepared(tmp_path / "p", keys=keys)
     fifo = Fifo(tmp_path / "notify")
     behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path), **behaviour)
-    out = tmp_path / "out"
+    out = out or tmp_path / "out"
     logs = logs_dir(tmp_path)
     return StalledRun(out, logs, await start_run(prepared, out, logs), fifo)
 

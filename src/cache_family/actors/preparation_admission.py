@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from cache_family.actors.publish import overlapping_trees
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import LoadedCatalog, load_catalog
@@ -202,10 +203,6 @@ def load_plan_catalog(plan: PlanInput) -> LoadedCatalog:
     return loaded
 
 
-def path_inside(child: str, parent: str) -> bool:
-    return child == parent or child.startswith(parent.rstrip("/") + "/")
-
-
 def _check_output(output: str, operator: OperatorInput) -> str:
     if not Path(output).is_absolute():
         raise Refused.one(
@@ -238,18 +235,15 @@ def _check_output(output: str, operator: OperatorInput) -> str:
         (json_path(["toolkit_directories", name]), toolkit.path)
         for name, toolkit in operator.toolkit_directories.items()
     ]
-    refusals = []
-    for where, tree in guarded:
-        tree_canonical = os.path.realpath(tree)
-        if path_inside(canonical, tree_canonical) or path_inside(tree_canonical, canonical):
-            refusals.append(
-                Refusal(
-                    "preparation.output_not_disjoint",
-                    where,
-                    f"output {canonical} overlaps {tree_canonical}",
-                    "write the prepared input outside the build, cache and toolkit trees",
-                )
-            )
+    refusals = [
+        Refusal(
+            "preparation.output_not_disjoint",
+            where,
+            f"output {canonical} overlaps {tree_canonical}",
+            "write the prepared input outside the build, cache and toolkit trees",
+        )
+        for where, tree_canonical in overlapping_trees(canonical, guarded)
+    ]
     if refusals:
         raise Refused(tuple(refusals))
     return canonical

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cache_family.errors import Refused
@@ -47,11 +48,18 @@ def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        except BaseException:
+            # A full disk (ENOSPC) or any other failure must not leave a partial temporary
+            # behind: nothing of this publication may remain.
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -86,6 +94,25 @@ def revoke(published: Published) -> bool:
     os.unlink(published.path)
     fsync_dir(os.path.dirname(published.path) or ".")
     return True
+
+
+def path_inside(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip("/") + "/")
+
+
+def overlapping_trees(output: str, trees: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (where, canonical tree) of every tree an output directory would overlap.
+
+    ``output`` is canonical (its parent resolved); each tree is resolved here. Inside a
+    tree the tool reads (a native build, a model cache, a toolkit), an output changes the
+    very bytes that are pinned; holding one, it would be written over them.
+    """
+    found = []
+    for where, tree in trees:
+        canonical = os.path.realpath(tree)
+        if path_inside(output, canonical) or path_inside(canonical, output):
+            found.append((where, canonical))
+    return found
 
 
 def fsync_dir(directory: str) -> None:
