@@ -21,6 +21,7 @@ from cache_family.schemas.operator import (
     validate_operator_object,
     validate_plan_object,
 )
+from cache_family.schemas.prepared import MAX_ROWS, PreparedInput, decode_document
 from test_cli_validate import valid_document
 
 # Far above what the bounded validation needs (well under a second here), far below the
@@ -169,3 +170,23 @@ def test_unencodable_text_is_escaped_rather_than_fatal() -> None:
         timeout=120, check=False,
     )  # fmt: skip
     assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"out \\udcff\n", b"err \\udcfe\n")
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (list(range(MAX_ROWS + 1)), f"more than {MAX_ROWS}"),
+        (_nested(40), "nests deeper than 32"),
+        ([[0] * 8000] * 300, "values"),
+    ],
+    ids=["long", "deep", "many-values"],
+)
+def test_a_prepared_document_of_any_shape_gets_one_refusal(rows: Any, message: str) -> None:
+    # Validation would report one error per bad value (a 32 MiB document: millions, and
+    # gigabytes of memory); the shape is refused first, with one refusal.
+    data = json.dumps({"schema_version": 1, "rows": rows}).encode()
+    with pytest.raises(Refused) as refused:
+        decode_document(data, PreparedInput, what="prepared input")
+    (refusal,) = refused.value.refusals
+    assert refusal.code == "prepared.decode"
+    assert message in refusal.message

@@ -39,6 +39,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from cache_family.errors import Refusal, Refused, json_path
+from cache_family.schemas.json_shape import containers
 from cache_family.schemas.refusal_codes import default_hint
 
 Loc = tuple[str | int, ...]
@@ -975,28 +976,7 @@ def _unexplained(path: str) -> Refusal:
 
 
 def _containers(root: object, base: Loc) -> Iterator[tuple[list[Any] | dict[Any, Any], Loc, int]]:
-    """Arrays and objects of a decoded document with their location and depth (root = 1).
-
-    Iterative, and it never looks past the bounds: the first JSON_MAX_ENTRIES entries of a
-    container, nothing below a container deeper than JSON_MAX_DEPTH. A consumer's work is
-    therefore bounded whatever the document's shape.
-    """
-    stack: list[tuple[object, Loc, int]] = [(root, base, 1)]
-    while stack:
-        node, loc, depth = stack.pop()
-        if not isinstance(node, list | dict):
-            continue
-        yield node, loc, depth
-        if depth > JSON_MAX_DEPTH:
-            continue
-        entries: Iterable[tuple[object, object]] = (
-            node.items() if isinstance(node, dict) else enumerate(node)
-        )
-        stack.extend(
-            (item, (*loc, key if isinstance(key, str | int) else str(key)), depth + 1)
-            for key, item in itertools.islice(entries, JSON_MAX_ENTRIES)
-            if isinstance(item, list | dict)
-        )
+    return containers(root, base, max_depth=JSON_MAX_DEPTH, max_entries=JSON_MAX_ENTRIES)
 
 
 def _bounded_shape(root: object, base: Loc) -> tuple[object, list[tuple[Loc, Refusal]]]:

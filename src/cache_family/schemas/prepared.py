@@ -33,6 +33,7 @@ from pydantic import (
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import payload_refusal
+from cache_family.schemas.json_shape import containers
 from cache_family.schemas.operator import (
     LowerHex,
     OperatorInput,
@@ -686,6 +687,40 @@ def loads_strict_json(data: bytes) -> Any:
     )
 
 
+# No prepared document nests deeper than a few levels, no list or map in it is longer than
+# the rows (MAX_ROWS), and the largest holds about 80 values per row; past these bounds a
+# document is refused before validation, whose work (and memory: one error per bad value)
+# would otherwise grow with whatever the file holds.
+PREPARED_MAX_DEPTH: Final = 32
+PREPARED_MAX_VALUES: Final = 250 * MAX_ROWS
+
+
+def _shape_refusal(root: object, what: str) -> Refusal | None:
+    hint = "re-run preparation; never edit prepared documents by hand"
+    total = 0
+    for node, loc, depth in containers(
+        root, (), max_depth=PREPARED_MAX_DEPTH, max_entries=MAX_ROWS
+    ):
+        where = json_path(loc)
+        if depth > PREPARED_MAX_DEPTH:
+            return Refusal(
+                "prepared.decode", where, f"{what} nests deeper than {PREPARED_MAX_DEPTH}", hint
+            )
+        if len(node) > MAX_ROWS:
+            return Refusal(
+                "prepared.decode",
+                where,
+                f"{what} has a list or map of {len(node)} entries, more than {MAX_ROWS}",
+                hint,
+            )
+        total += len(node)
+        if total > PREPARED_MAX_VALUES:
+            return Refusal(
+                "prepared.decode", "$", f"{what} holds more than {PREPARED_MAX_VALUES} values", hint
+            )
+    return None
+
+
 def _payload_refusals(root: object) -> list[Refusal]:
     """Every ``payload`` member of a prepared document that is not a production cache mode
     (rows, correctness tasks and profiles all carry one), reported with that reason."""
@@ -716,6 +751,9 @@ def decode_document(data: bytes, model: type[_M], *, what: str) -> _M:
             f"{what} is not strict UTF-8 JSON: {exc}",
             "re-run preparation; never edit prepared documents by hand",
         ) from None
+    shape = _shape_refusal(obj, what)
+    if shape is not None:
+        raise Refused((shape,))
     payloads = _payload_refusals(obj)
     if payloads:
         raise Refused(tuple(payloads))
