@@ -253,7 +253,7 @@ def _unknown_preset_field(doc: dict[str, Any]) -> None:
 CORRUPTIONS: dict[str, tuple[Mutation, str]] = {
     "unknown field": (_unknown_preset_field, "catalog.decode"),
     "wrong type": (_set("llama", ctx="512"), "catalog.decode"),
-    "unknown payload": (_set("llama", payload="full-state"), "catalog.decode"),
+    "unknown payload": (_set("llama", payload="full-state"), "catalog.payload.not_production"),
     "schema version": (_top(schema_version=2), "catalog.schema_version"),
     "no presets": (_top(presets=[], family_order=[]), "catalog.empty"),
     "duplicate key": (_duplicate_preset, "catalog.duplicate_key"),

@@ -1,19 +1,24 @@
-"""The checked-in use-case corpus loads, and malformed corpora are refused with stable codes."""
+"""The packaged use-case corpus loads, and malformed corpora are refused with stable codes."""
 
 from __future__ import annotations
 
 import copy
+import fnmatch
 import hashlib
 import json
 import os
+import tomllib
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import cache_family
 from cache_family.errors import Refused
 from cache_family.schemas.catalog import packaged_catalog
 from cache_family.schemas.corpus import (
+    DEFAULT_CORPUS_RESOURCE,
     DEFAULT_PREFIX_TOKENS,
     Corpus,
     LoadedCorpus,
@@ -70,11 +75,26 @@ def entry(key: str, prompt: str = "Summarise the following passage.") -> dict[st
     return {"key": key, "label": key.replace("_", " "), "prompt": prompt}
 
 
-def test_default_path_is_the_repository_corpus() -> None:
+def test_default_path_is_the_packaged_corpus() -> None:
     path = Path(default_corpus_path())
     assert path.is_absolute()
-    assert path.parts[-2:] == ("corpus", "use-cases.json")
-    assert (path.parent.parent / "pyproject.toml").is_file()
+    package = Path(cache_family.__file__).resolve().parent
+    assert path == package / "corpus" / "use-cases.json"
+    # Found through the package's resources, as a non-editable install finds it.
+    resource = resources.files("cache_family").joinpath(DEFAULT_CORPUS_RESOURCE)
+    assert resource.read_bytes() == path.read_bytes()
+
+
+def test_the_packaged_corpus_is_package_data_in_one_copy() -> None:
+    repo = Path(__file__).resolve().parent.parent
+    pyproject = tomllib.loads((repo / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["cache_family"]
+    assert any(fnmatch.fnmatch(DEFAULT_CORPUS_RESOURCE, p) for p in patterns)
+    copies = [
+        p for p in repo.rglob("use-cases.json")
+        if not {".venv", "build", ".git"} & set(p.relative_to(repo).parts)
+    ]  # fmt: skip
+    assert copies == [repo / "src" / "cache_family" / DEFAULT_CORPUS_RESOURCE]
 
 
 def test_checked_in_corpus_has_the_eight_use_cases_in_catalog_order() -> None:
@@ -251,20 +271,15 @@ def test_a_corpus_inside_the_limit_with_padding_still_loads(tmp_path: Path) -> N
     assert load_corpus(str(real)).corpus == checked_in().corpus
 
 
-def test_missing_default_corpus_is_refused_clearly(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_missing_default_corpus_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
     import cache_family.schemas.corpus as corpus_module
 
-    # Pretend the module lives in a checkout that has no corpus/ directory.
-    fake_module = tmp_path / "src" / "cache_family" / "schemas" / "corpus.py"
-    fake_module.parent.mkdir(parents=True)
-    fake_module.write_text("")
-    monkeypatch.setattr(corpus_module, "__file__", str(fake_module))
+    # Pretend the install lost its package data.
+    monkeypatch.setattr(corpus_module, "DEFAULT_CORPUS_RESOURCE", "corpus/absent.json")
     with pytest.raises(Refused) as info:
         corpus_module.default_corpus_path()
     assert info.value.codes == ["corpus.default_missing"]
-    assert str(tmp_path / "corpus" / "use-cases.json") in str(info.value)
+    assert "absent.json" in str(info.value)
 
 
 def test_loaded_corpus_is_immutable() -> None:

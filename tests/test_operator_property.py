@@ -24,6 +24,7 @@ from cache_family.schemas.operator import (
     PlanInput,
     ServerBinary,
     ToolkitDirectory,
+    secret_name_marker,
     validate_operator_document,
     validate_operator_object,
 )
@@ -75,10 +76,10 @@ ALIASES = {
     "GGML_NATIVE": ("LLAMA_STAGE_GGML_NATIVE", "SKIPPY_GGML_NATIVE"),
 }
 ggml_names = st.from_regex(r"GGML_[A-Z0-9_]{1,12}", fullmatch=True).filter(
-    lambda n: not any(m in n for m in SECRET_MARKERS)
+    lambda n: secret_name_marker(n) is None
 )
 free_values = st.text(
-    st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), min_size=1, max_size=40
+    st.characters(codec="utf-8", exclude_categories=("Cc", "Cs", "Cf")), min_size=1, max_size=40
 )
 
 
@@ -254,8 +255,9 @@ def retype_value(draw: st.DrawFn, doc: Doc) -> Expected:
     others = [v for v in (None, True, 7, 1.5, "text", [], {}) if _kind(v) != _kind(current)]
     value = copy.deepcopy(draw(st.sampled_from(others)))
     _node(doc, loc[:-1])[loc[-1]] = value
-    # A null can be allowed (nullable fields); any other retyping is refused at or below loc.
-    return None if value is None else ("*", _path(loc))
+    # A null can be allowed (nullable fields), and so can a value where a nullable field held
+    # null (7 for a null prefix_tokens); any other retyping is refused at or below loc.
+    return None if value is None or current is None else ("*", _path(loc))
 
 
 BOUNDED = {
@@ -316,6 +318,14 @@ def secret_env_name(draw: st.DrawFn, doc: Doc) -> Expected:
     return "operator.environment.secret_name", _path(("environment", name))
 
 
+def secret_env_abbreviation(draw: st.DrawFn, doc: Doc) -> Expected:
+    word = draw(st.sampled_from(["PWD", "PASSWD", "PASS", "TOK", "CREDS", "COOKIE", "CERT"]))
+    name = draw(st.sampled_from(["GGML_", "GGML_DB_", "GGML_HF_"])) + word
+    name += draw(st.sampled_from(["", "_X", "2"]))
+    doc.setdefault("environment", {})[name] = SECRET_VALUE
+    return "operator.environment.secret_name", _path(("environment", name))
+
+
 def reorder_ladder(draw: st.DrawFn, doc: Doc) -> Expected:
     ladder = doc["plan"]["concurrency"]
     if len(ladder) < 2:
@@ -352,22 +362,17 @@ def one_sided_servers(draw: st.DrawFn, doc: Doc) -> Expected:
 
 
 def bad_env_value(draw: st.DrawFn, doc: Doc) -> Expected:
-    name, code = draw(st.sampled_from([
-        ("OMP_NUM_THREADS", "operator.environment.threads"),
-        ("CUDA_VISIBLE_DEVICES", "operator.environment.devices"),
-        ("SKIPPY_LLAMA_BACKEND", "operator.environment.backend"),
-        ("LLAMA_STAGE_LINK_MODE", "operator.environment.link_mode"),
-        ("SKIPPY_GGML_NATIVE", "operator.environment.ggml_native"),
-        ("LLAMA_STAGE_CUDA_ARCHITECTURES", "operator.environment.cuda_architectures"),
-        ("SKIPPY_AMDGPU_TARGETS", "operator.environment.amdgpu_targets"),
-    ]))  # fmt: skip
-    doc.setdefault("environment", {})[name] = "bogus " + SECRET_VALUE
-    return code, _path(("environment", name))
+    # Values are free-form; a control or invisible format character is what is refused.
+    name = draw(st.sampled_from(["OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "GGML_SCHED"]))
+    bad = draw(st.sampled_from(["\n", "\x00", "\u202e", "\u200b", "\x1b[2J"]))
+    doc.setdefault("environment", {})[name] = "bogus " + SECRET_VALUE + bad
+    return "operator.environment.bad_value", _path(("environment", name))
 
 
 MUTATIONS: list[Mutation] = [
     drop_member, add_member, retype_value, out_of_range, bad_path, secret_env_name,
     reorder_ladder, bad_commit, unknown_case, one_sided_servers, bad_env_value,
+    secret_env_abbreviation,
 ]  # fmt: skip
 
 

@@ -171,6 +171,13 @@ def _raw(text: str | bytes) -> Mutation:
     return lambda _doc: text if isinstance(text, bytes) else text.encode()
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 def _duplicate_member(doc: dict[str, Any]) -> bytes:
     text = json.dumps(doc)
     return text.replace('"cell_seconds": 900', '"cell_seconds": 900, "cell_seconds": 901').encode()
@@ -198,7 +205,11 @@ CASES: list[tuple[str, Mutation, str, str, bool]] = [
     ("nan", _raw('{"schema_version": NaN}'), "operator.json.decode", "$", True),
     ("not-utf8", _raw(b'{"a": "\xff"}'), "operator.json.decode", "$", True),
     ("bom", _raw(b"\xef\xbb\xbf{}"), "operator.json.decode", "$", True),
-    ("deep", _raw("[" * 100_000), "operator.json.decode", "$", True),
+    ("deep", _raw("[" * 100_000), "operator.json.too_deep", "$", True),
+    ("deep-member", _set("plan.cases", _nested(900)), "operator.json.too_deep",
+     "$.plan.cases" + "[0]" * 30, True),
+    ("long-array", _set("plan.prefix_sweep", list(range(1, 2000))),
+     "operator.json.too_many_entries", "$.plan.prefix_sweep", False),
     ("huge-int", _raw('{"cell_seconds": ' + "9" * 5000 + "}"), "operator.json.decode", "$", True),
     ("dup-member", _duplicate_member, "operator.json.duplicate_key", "$.cell_seconds", True),
     ("top-array", _raw("[]"), "operator.type", "$", True),
@@ -241,6 +252,10 @@ CASES: list[tuple[str, Mutation, str, str, bool]] = [
      "$.native_build", True),
     ("surrogate-name", _env({"GGML_\udc80": "1"}), "operator.text.surrogate",
      "$.environment[\"GGML_\ufffd\"]", False),
+    ("rlo", _set("correctness", "/t/\u202egnp.exe"), "operator.path.format_char",
+     "$.correctness", True),
+    ("zero-width", _set("plan.cache_root", "/data/hf\u200b/hub"), "operator.path.format_char",
+     "$.plan.cache_root", True),
     ("nul", _set("native_server", "/t/llama\x00-server"), "operator.path.bad_char",
      "$.native_server", True),
     ("newline", _set("artifact_tool", "/t/a\nb"), "operator.path.bad_char", "$.artifact_tool",
@@ -281,27 +296,10 @@ CASES: list[tuple[str, Mutation, str, str, bool]] = [
      "$.environment.GGML_X", True),
     ("alias", _env({"LLAMA_STAGE_BACKEND": "cpu", "SKIPPY_LLAMA_BACKEND": "cuda"}),
      "operator.environment.alias_conflict", "$.environment.SKIPPY_LLAMA_BACKEND", True),
-    ("backend", _env({"SKIPPY_LLAMA_BACKEND": "CUDA"}), "operator.environment.backend",
-     "$.environment.SKIPPY_LLAMA_BACKEND", True),
-    ("link", _env({"LLAMA_STAGE_LINK_MODE": "dynamic"}), "operator.environment.link_mode",
-     "$.environment.LLAMA_STAGE_LINK_MODE", True),
-    ("native", _env({"LLAMA_STAGE_GGML_NATIVE": "yes"}), "operator.environment.ggml_native",
-     "$.environment.LLAMA_STAGE_GGML_NATIVE", True),
-    ("devices", _env({"CUDA_VISIBLE_DEVICES": "GPU-1"}), "operator.environment.devices",
+    ("rlo-value", _env({"GGML_X": "a\u202eb"}), "operator.environment.bad_value",
+     "$.environment.GGML_X", True),
+    ("devices-newline", _env({"CUDA_VISIBLE_DEVICES": "0\n1"}), "operator.environment.bad_value",
      "$.environment.CUDA_VISIBLE_DEVICES", True),
-    ("devices-gap", _env({"HIP_VISIBLE_DEVICES": "0,,1"}), "operator.environment.devices",
-     "$.environment.HIP_VISIBLE_DEVICES", True),
-    ("threads-0", _env({"OMP_NUM_THREADS": "0"}), "operator.environment.threads",
-     "$.environment.OMP_NUM_THREADS", True),
-    ("threads-big", _env({"OMP_NUM_THREADS": "1025"}), "operator.environment.threads",
-     "$.environment.OMP_NUM_THREADS", True),
-    ("cuda-sm", _env({"SKIPPY_CUDA_ARCHITECTURES": "sm_86"}),
-     "operator.environment.cuda_architectures", "$.environment.SKIPPY_CUDA_ARCHITECTURES", True),
-    ("cuda-mixed", _env({"LLAMA_STAGE_CUDA_ARCHITECTURES": "native,86"}),
-     "operator.environment.cuda_architectures", "$.environment.LLAMA_STAGE_CUDA_ARCHITECTURES",
-     True),
-    ("amd", _env({"SKIPPY_AMDGPU_TARGETS": "GFX90A"}), "operator.environment.amdgpu_targets",
-     "$.environment.SKIPPY_AMDGPU_TARGETS", True),
     ("toolkit-6", _toolkits([*("CUDA_PATH", "HIP_PATH", "ROCM_PATH", "LLVMInstallDir"),
                              "VULKAN_SDK", "CUDA_HOME"]),
      "operator.toolkit.too_many", "$.toolkit_directories", False),
@@ -445,8 +443,8 @@ def test_refused_environment_values_are_never_echoed() -> None:
     doc["environment"] = {
         "HF_TOKEN": secret,
         "HOME": secret,
-        "OMP_NUM_THREADS": secret,
-        "LLAMA_STAGE_BACKEND": secret,
+        "OMP_NUM_THREADS": secret + "\u202e",
+        "LLAMA_STAGE_BACKEND": secret + "\x00",
         "GGML_X": secret + "\n",
         "GGML_Y": secret * 20,
         "LLAMA_STAGE_LINK_MODE": "static",

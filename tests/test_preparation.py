@@ -921,7 +921,7 @@ def test_prepare_use_cases_binds_the_selected_corpus(
     ]
 
 
-def test_prepare_full_drops_the_plans_corpus_and_refuses_the_flag(
+def test_prepare_full_drops_the_plans_corpus_and_records_the_flag_as_unused(
     box: Toolbox, tmp_path: Path
 ) -> None:
     corpus = tmp_path / "corpus.json"
@@ -933,12 +933,6 @@ def test_prepare_full_drops_the_plans_corpus_and_refuses_the_flag(
         "use_cases": ["alpha"],
         "corpus": {"path": str(corpus), "sha256": sha256_of(corpus)},
     }
-    # the flag would be read and ignored: refused, nothing created
-    err = refused_admission(
-        box, tmp_path, tmp_path / "out", "--use-case-corpus", str(corpus), **plan
-    )
-    assert "preparation.override.corpus_for_full at $.cli" in err
-    assert "run prepare-use-cases" in err
     # an operator file shared with prepare-use-cases keeps its corpus; prepare-full plans none
     out = tmp_path / "out"
     code, _, err = prepare(box, out, **plan)
@@ -947,6 +941,19 @@ def test_prepare_full_drops_the_plans_corpus_and_refuses_the_flag(
     assert (prepared.plan.use_cases, prepared.plan.corpus, prepared.corpus) == ([], None, None)
     assert prepared.use_cases == []
     assert [r.use_case for r in prepared.rows] == [None]
+    assert prepared.unused_corpus is None
+    # The reference wrapper passes --use-case-corpus to both modes: prepare-full accepts it,
+    # never reads it (a path that does not exist is fine) and records that rows ignore it.
+    absent = tmp_path / "absent-corpus.json"
+    out = tmp_path / "out-with-flag"
+    code, _, err = prepare(box, out, "--use-case-corpus", str(absent), **plan)
+    assert code == 0, err
+    prepared = load_prepared_input(str(out / INPUT_NAME))
+    assert prepared.unused_corpus is not None
+    assert prepared.unused_corpus.path == str(absent)
+    assert "not read" in prepared.unused_corpus.reason
+    assert (prepared.plan.corpus, prepared.corpus, prepared.use_cases) == (None, None, [])
+    assert json.loads((out / INPUT_NAME).read_bytes())["unused_corpus"]["path"] == str(absent)
 
 
 def test_a_named_synthetic_catalog_is_pinned_and_recorded(box: Toolbox, tmp_path: Path) -> None:

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 import trio
 
 from cache_family.actors.custody import port_is_free, still_same
 from cache_family.actors.replay import replay
+from cache_family.errors import Refused
 from cache_family.schemas.journal import (
     Cancellation,
     ChildSpawned,
@@ -30,6 +32,7 @@ from cache_family.schemas.journal import (
     PortReserved,
     ReceiptPublished,
     RowOpened,
+    RunStarted,
     read_journal,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
@@ -125,12 +128,16 @@ class StalledRun:
 
 
 async def start_stalled_run(
-    tmp_path: Path, *, keys: Sequence[str] = ("qwen3_dense",), **behaviour: Any
+    tmp_path: Path,
+    *,
+    keys: Sequence[str] = ("qwen3_dense",),
+    out: Path | None = None,
+    **behaviour: Any,
 ) -> StalledRun:
     prepared = make_prepared(tmp_path / "p", keys=keys)
     fifo = Fifo(tmp_path / "notify")
     behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path), **behaviour)
-    out = tmp_path / "out"
+    out = out or tmp_path / "out"
     logs = logs_dir(tmp_path)
     return StalledRun(out, logs, await start_run(prepared, out, logs), fifo)
 
@@ -298,3 +305,41 @@ async def test_a_run_killed_mid_ladder_replays_as_unfinished_and_reap_ends_its_h
     assert f"no {MATRIX_FILENAME} was published" in report.unfinished
     assert any(line.startswith("reap: ended with SIGTERM: ") for line in report.lines)
     assert_no_orphan_and_ports_free(out)  # the journaled host is gone, its port free
+
+
+async def test_reap_is_refused_while_the_runner_lives_and_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    run = await start_stalled_run(tmp_path)
+    out, logs, process, fifo = run.out, run.logs, run.process, run.fifo
+    try:
+        event, pid = (await fifo.next_line()).split()
+        assert event == "stream"
+        (started,) = journal_records(out, RunStarted)
+        assert started.runner_pid == process.pid
+        assert started.runner_create_time == psutil.Process(process.pid).create_time()
+        host = psutil.Process(int(pid))
+        with pytest.raises(Refused) as refused:
+            await trio.to_thread.run_sync(lambda: replay(str(out), reap=True, reap_grace_s=10))
+        assert refused.value.codes == ["replay.reap.run_alive"]
+        # The same through the command line: a refusal line, exit 2.
+        ran = await trio.run_process(
+            [str(CLI), "replay", str(out), "--reap"],
+            capture_stdout=True, capture_stderr=True, check=False,
+            env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        assert ran.returncode == 2
+        assert ran.stderr.decode().startswith("refused: replay.reap.run_alive at ")
+        # Nothing was signalled: the host is still serving and the run still runs.
+        assert host.is_running() and host.status() != psutil.STATUS_ZOMBIE
+        assert process.poll() is None
+        assert [c for c in journal_records(out, CleanupOutcome) if c.pid == host.pid] == []
+        process.send_signal(signal.SIGINT)
+        code = await wait_exit(process)
+    finally:
+        stop(run)
+    assert code == 130, (logs / "run.stderr").read_text()
+    assert_no_orphan_and_ports_free(out)
+    # Once the runner is gone, reap is allowed again (and finds nothing left to end).
+    report = await trio.to_thread.run_sync(lambda: replay(str(out), reap=True, reap_grace_s=10))
+    assert report.exit_code == 0

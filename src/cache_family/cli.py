@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from cache_family import __version__
-from cache_family.errors import Refused
+from cache_family.errors import Refusal, Refused
 
 EXIT_OK = 0
 EXIT_NEGATIVE = 1
@@ -28,12 +30,36 @@ _COMPAT_RUN = "cache-family-run"
 _COMPAT_REPORT = "cache-family-report"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as a typed refusal line, exit 2."""
+_USAGE = "cli.usage"
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are refusal lines like every other refusal, exit 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # exit_on_error=False hands argparse's ArgumentError to parse_known_args below,
+        # which still knows which argument it was about.
+        kwargs.setdefault("exit_on_error", False)
+        # `--prefix 3` must not quietly mean --prefix-tokens: a misspelt option is refused.
+        # Subparsers are built with this class too (parser_class), so it holds for each.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        try:
+            return super().parse_known_args(args, namespace)
+        except argparse.ArgumentError as err:
+            self.refuse(err.argument_name or "argv", err.message)
+
+    def error(self, message: str) -> NoReturn:
+        self.refuse("argv", message)
+
+    def refuse(self, where: str, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        print(f"error: cli.usage: {message} (hint: run `{self.prog} --help`)", file=sys.stderr)
+        hint = f"run `{self.prog} --help`"
+        print(f"refused: {Refusal(_USAGE, where, message, hint).line()}", file=sys.stderr)
         raise SystemExit(EXIT_REFUSED)
 
 
@@ -48,15 +74,74 @@ class _Once(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         if getattr(namespace, self.dest, None) is not None:
-            parser.error(f"{option_string} given more than once")
+            message = f"{option_string} given more than once"
+            if isinstance(parser, _Parser):
+                parser.refuse(option_string or self.dest, message)
+            parser.error(message)
         setattr(namespace, self.dest, values)
 
 
-def _path_text(value: str) -> str:
-    """Command-line paths: no control characters (a newline in a path is never intended)."""
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-        raise argparse.ArgumentTypeError("path contains a control character")
-    return value
+def _path_refusal(where: str, value: str, *, is_file: bool) -> Refusal | None:
+    """Why a command-line path is refused, if it is.
+
+    A path is journaled, printed and written into JSON: a control character, an invisible
+    format character (a right-to-left override shows another name than the one opened) or
+    bytes that are not UTF-8 would make those lie or fail. A trailing slash on a file names
+    something that can only be a directory.
+    """
+    shown = ascii(value)
+    if any(unicodedata.category(ch) == "Cs" for ch in value):
+        return Refusal(
+            "cli.path.not_utf8",
+            where,
+            f"path {shown} is not valid UTF-8",
+            "rename the file or directory to a UTF-8 name",
+        )
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        return Refusal(
+            "cli.path.bad_char",
+            where,
+            f"path {shown} contains a control character",
+            "remove control characters from the path",
+        )
+    if any(unicodedata.category(ch) == "Cf" for ch in value):
+        return Refusal(
+            "cli.path.format_char",
+            where,
+            f"path {shown} contains an invisible format character",
+            "retype the path: it holds a character such as a right-to-left override "
+            "or a zero-width space",
+        )
+    if is_file and len(value) > 1 and value.endswith("/"):
+        return Refusal(
+            "cli.path.trailing_slash",
+            where,
+            f"file path {shown} ends with a slash",
+            "name the file without a trailing slash",
+        )
+    return None
+
+
+def _file_path(where: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        refusal = _path_refusal(where, value, is_file=True)
+        if refusal is not None:
+            raise Refused((refusal,))
+        return value
+
+    return check
+
+
+def _dir_path(where: str) -> Callable[[str], str]:
+    """A directory path; trailing slashes are dropped so the recorded name is canonical."""
+
+    def check(value: str) -> str:
+        refusal = _path_refusal(where, value, is_file=False)
+        if refusal is not None:
+            raise Refused((refusal,))
+        return value.rstrip("/") or "/"
+
+    return check
 
 
 def _print_refusals(refused: Refused, as_json: bool = False) -> None:
@@ -175,20 +260,20 @@ def _add_report_command(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--input",
         action="append",
         required=True,
-        type=_path_text,
+        type=_file_path("--input"),
         metavar="JSON",
         help="a production-cache-bench.json (1 to 32, repeatable), at most 16 MiB each",
     )
     # --output and --use-case-corpus: the last occurrence counts, as in the reference CLI.
     report.add_argument(
         "--output",
-        type=_path_text,
+        type=_file_path("--output"),
         metavar="MARKDOWN",
         help="write the tables here (parents created, replaced atomically); default stdout",
     )
     report.add_argument(
         "--use-case-corpus",
-        type=_path_text,
+        type=_file_path("--use-case-corpus"),
         metavar="CORPUS_JSON",
         help="corpus for the prompt-source table (default: the checked-in corpus)",
     )
@@ -224,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--input",
         required=True,
         action=_Once,
-        type=_path_text,
+        type=_file_path("--input"),
         metavar="OPERATOR_JSON",
         help="operator input (schema_version 1), at most 1 MiB",
     )
@@ -243,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--cache-root",
             required=True,
             action=_Once,
-            type=_path_text,
+            type=_dir_path("--cache-root"),
             metavar="DIR",
             help="hub cache root to write models--ORG--NAME/ trees into",
         )
@@ -264,11 +349,15 @@ def build_parser() -> argparse.ArgumentParser:
                 "--input",
                 required=True,
                 action=_Once,
-                type=_path_text,
+                type=_file_path("--input"),
                 metavar="ABS_OPERATOR_JSON",
             )
             prep.add_argument(
-                "--output", required=True, action=_Once, type=_path_text, metavar="ABS_FRESH_DIR"
+                "--output",
+                required=True,
+                action=_Once,
+                type=_dir_path("--output"),
+                metavar="ABS_FRESH_DIR",
             )
             for flag, metavar in _PREPARE_OVERRIDES:
                 prep.add_argument(
@@ -286,12 +375,16 @@ def build_parser() -> argparse.ArgumentParser:
             "--input",
             required=True,
             action=_Once,
-            type=_path_text,
+            type=_file_path("--input"),
             metavar="PREPARED_JSON",
             help="cache-family-input.json from prepare-full or prepare-use-cases",
         )
         run.add_argument(
-            "--output", required=True, action=_Once, type=_path_text, metavar="ABS_FRESH_DIR"
+            "--output",
+            required=True,
+            action=_Once,
+            type=_dir_path("--output"),
+            metavar="ABS_FRESH_DIR",
         )
         run.set_defaults(func=_cmd_run)
 
@@ -299,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
         replay = sub.add_parser(
             "replay", help="verify a run's journal and re-fold its receipts byte for byte"
         )
-        replay.add_argument("run_dir", metavar="RUN_DIR", type=_path_text)
+        replay.add_argument("run_dir", metavar="RUN_DIR", type=_dir_path("RUN_DIR"))
         replay.add_argument(
             "--reap",
             action="store_true",
@@ -317,8 +410,8 @@ _WORKER_COMMAND = "prepare-worker"
 def _worker_parser() -> argparse.ArgumentParser:
     """The preparation worker: started only by prepare-full/prepare-use-cases, never listed."""
     worker = _Parser(prog=f"cache-family {_WORKER_COMMAND}", add_help=False)
-    worker.add_argument("--input", required=True, action=_Once, type=_path_text)
-    worker.add_argument("--output", required=True, action=_Once, type=_path_text)
+    worker.add_argument("--input", required=True, action=_Once, type=_file_path("--input"))
+    worker.add_argument("--output", required=True, action=_Once, type=_dir_path("--output"))
     worker.set_defaults(func=_cmd_prepare_worker, command=_WORKER_COMMAND)
     return worker
 
@@ -339,14 +432,28 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     return args
 
 
+def _never_fail_on_encoding() -> None:
+    """Print what cannot be encoded as escapes instead of failing.
+
+    A path from the filesystem may hold bytes a strict UTF-8 (or ASCII) stdout cannot
+    encode; a refusal or verdict naming it must still be printed, not end in a traceback.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _never_fail_on_encoding()
     args_in = normalize_argv(sys.argv[1:] if argv is None else argv)
-    if args_in[:1] == [_WORKER_COMMAND] and _available("cache_family.actors.preparation"):
-        parser = _worker_parser()
-        args = parser.parse_args(args_in[1:])
-    else:
-        parser = build_parser()
-        args = parser.parse_args(args_in)
+    worker = args_in[:1] == [_WORKER_COMMAND] and _available("cache_family.actors.preparation")
+    parser = _worker_parser() if worker else build_parser()
+    try:
+        args = parser.parse_args(args_in[1:] if worker else args_in)
+    except Refused as refused:  # a path argument refused by its own rule
+        _print_refusals(refused)
+        return EXIT_REFUSED
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Final, TextIO, TypeAlias
 
+import psutil
 import trio
 
 from cache_family import __version__
@@ -55,7 +56,7 @@ from cache_family.actors.journal import (
     publish_receipt,
 )
 from cache_family.actors.prompts import PromptSelector
-from cache_family.actors.publish import publish_fresh
+from cache_family.actors.publish import overlapping_trees, publish_fresh
 from cache_family.actors.row import RowActor, RowResult
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import read_bounded
@@ -145,6 +146,7 @@ def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = N
         prompts.check()
     except Refused as refused:
         raise Refused((*problems, *refused.refusals)) from None
+    problems.extend(_output_overlaps(output, prepared))
     if problems:
         raise Refused(tuple(problems))
     return AdmittedRun(
@@ -154,6 +156,29 @@ def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = N
         output=output,
         prompts=prompts,
     )
+
+
+def _output_overlaps(output: str, prepared: PreparedInput) -> list[Refusal]:
+    """An output inside the native build or the model cache (or holding one) changes pinned
+    bytes: every row would fail its own pin check. Refused as preparation refuses it."""
+    canonical = os.path.join(os.path.realpath(os.path.dirname(output)), os.path.basename(output))
+    guarded = [
+        ("$.native_build.path", prepared.native_build.path),
+        ("$.cache_root", prepared.cache_root),
+        *(
+            (f"$.toolkit_directories.{name}.path", toolkit.path)
+            for name, toolkit in prepared.toolkit_directories.items()
+        ),
+    ]
+    return [
+        Refusal(
+            "run.output_not_disjoint",
+            "$.output",
+            f"output {canonical} overlaps {tree} (the prepared input's {where[2:]})",
+            "write the run outside the native build, the model cache and the toolkit trees",
+        )
+        for where, tree in overlapping_trees(canonical, guarded)
+    ]
 
 
 def _output_exists(output: str) -> Refusal:
@@ -370,9 +395,9 @@ async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) ->
         if restored != originals:
             progress.note("interrupt finish: SIGINT/SIGTERM handlers were not restored")
     except Exception as exc:
-        progress.note(f"run failed: {exc}")
+        progress.note(f"run failed: {describe_failure(exc)}")
         if receipt is None:
-            receipt = await _publish_failed(admitted, str(exc), progress)
+            receipt = await _publish_failed(admitted, describe_failure(exc), progress)
     finally:
         progress.close()
     for name in seen.late:
@@ -500,6 +525,8 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
         catalog_path=catalog.path,
         catalog_synthetic=catalog.synthetic,
         catalog_packaged=catalog.packaged,
+        runner_pid=os.getpid(),
+        runner_create_time=psutil.Process().create_time(),
     )
 
 
@@ -592,10 +619,17 @@ def run_command(input: str, output: str) -> int:
             failed = FailedMatrix(
                 detail="interrupted before the run began", request_sha256=admitted.request_sha256
             )
-            publish_fresh(matrix, encode_matrix(failed))
+            try:
+                publish_fresh(matrix, encode_matrix(failed))
+            except OSError as exc:
+                print(f"interrupted: {unwritten_matrix(admitted, exc.strerror)}", file=sys.stderr)
+                return EXIT_INTERRUPTED
         print(f"interrupted: {matrix}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(final_line(admitted, outcome))
+    if os.path.isfile(os.path.join(admitted.output, MATRIX_FILENAME)):
+        print(final_line(admitted, outcome))
+    else:  # a full disk, say: the failure was reported above; name no missing file
+        print(f"{outcome.status}: {unwritten_matrix(admitted, None)}")
     if outcome.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_COMPLETED if outcome.status == "completed" else EXIT_NOT_COMPLETED
@@ -614,6 +648,23 @@ def final_line(admitted: AdmittedRun, outcome: MatrixOutcome) -> str:
     catalog was synthetic."""
     matrix = os.path.join(admitted.output, MATRIX_FILENAME)
     return f"{outcome.status}: {matrix}{synthetic_mark(admitted.prepared.catalog.synthetic)}"
+
+
+def describe_failure(exc: BaseException) -> str:
+    """The leaf exceptions of a (nested) group: a full disk reads as "OSError: [Errno 28] No
+    space left on device", not as "Exceptions from Trio nursery"."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe_failure(inner) for inner in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def unwritten_matrix(admitted: AdmittedRun, reason: str | None) -> str:
+    """What to say when the matrix could not be written: never its (missing) path."""
+    why = f" ({reason})" if reason else " (see the error above)"
+    return (
+        f"no {MATRIX_FILENAME} could be written{why}; the journal and the receipts that "
+        f"were written are kept in {admitted.output}"
+    )
 
 
 def _make_fresh_dir(path: str) -> None:

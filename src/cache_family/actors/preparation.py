@@ -9,6 +9,8 @@ models (:mod:`~cache_family.actors.preparation_models`), plans rows and profiles
 every refusal when it refuses. The parent publishes the prepared input fresh and atomically
 only from a clean, timely, uncancelled worker, and on a late cancellation or deadline removes
 only the file it wrote.
+``prepare-full`` plans no use cases: it records a ``--use-case-corpus`` (which the
+reference wrapper passes to both modes) as ``unused_corpus`` without reading it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from cache_family.schemas.prepared import (
     PREPARED_SCOPE,
     RELAYED_REFUSALS_MAX,
     REQUEST_MAX_BYTES,
+    UNUSED_CORPUS_REASON,
     CatalogUsed,
     CorpusUsed,
     FilePinRecord,
@@ -74,6 +77,7 @@ from cache_family.schemas.prepared import (
     SourceCommits,
     ToolPins,
     TreePinRecord,
+    UnusedCorpus,
     UseCaseRecord,
     UseCaseSourceRecord,
     decode_document,
@@ -434,6 +438,7 @@ def run_prepare(
                     corpus_source=admission.corpus_source,
                     worker_budget_ms=(worker_ms := _worker_budget_ms(budget.remaining())),
                     worker_deadline_monotonic_ns=time.monotonic_ns() + worker_ms * 1_000_000,
+                    unused_corpus=admission.unused_corpus,
                 )
             )
             publish_fresh(os.path.join(admission.output, REQUEST_NAME), request_bytes)
@@ -781,6 +786,11 @@ def _plan(run: _Observing) -> PreparedInput:
         row_count=len(rows),
         profiles=profiles,
         use_cases=_use_case_records(run.corpus),
+        unused_corpus=(
+            UnusedCorpus(path=run.request.unused_corpus, reason=UNUSED_CORPUS_REASON)
+            if run.request.unused_corpus is not None
+            else None
+        ),
     )
     run.phase("checking the prepared input's size")
     refuse_oversized_input(encode_document(prepared), PREPARED_INPUT_MAX_BYTES)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from cache_family.actors.publish import overlapping_trees
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import LoadedCatalog, load_catalog
@@ -136,6 +137,9 @@ class Admission:
     corpus_source: CorpusSource | None
     output: str  # canonical parent + the new name
     budget_seconds: float
+    # prepare-full's --use-case-corpus: accepted (the reference wrapper passes it to both
+    # modes) and recorded as unused in the prepared input.
+    unused_corpus: str | None = None
 
 
 def strict_json(data: bytes, what: str) -> Any:
@@ -154,18 +158,9 @@ def _select_corpus(
     mode: Mode, overrides: Overrides, environ: Mapping[str, str], declared: object
 ) -> tuple[LoadedCorpus | None, CorpusSource | None]:
     """prepare-use-cases: --use-case-corpus, else $SKIPPY_CACHE_USECASE_CORPUS, else the
-    plan's own corpus (checked against its pin), else the checked-in corpus. prepare-full
-    selects none and refuses --use-case-corpus (reading a corpus it then ignored would
-    suggest the prompts were used)."""
+    plan's own corpus (checked against its pin), else the packaged corpus. prepare-full
+    selects none; its --use-case-corpus is recorded as unused (see Admission), not read."""
     if mode == "full":
-        if overrides.corpus is not None:
-            raise Refused.one(
-                "preparation.override.corpus_for_full",
-                "$.cli",
-                f"prepare-full plans no use cases, so {CORPUS_FLAG} {overrides.corpus} "
-                "would be ignored",
-                f"drop {CORPUS_FLAG}, or run prepare-use-cases to plan every use case of it",
-            )
         return None, None
     if overrides.corpus is not None:
         return load_corpus(overrides.corpus), "override"
@@ -208,10 +203,6 @@ def load_plan_catalog(plan: PlanInput) -> LoadedCatalog:
     return loaded
 
 
-def path_inside(child: str, parent: str) -> bool:
-    return child == parent or child.startswith(parent.rstrip("/") + "/")
-
-
 def _check_output(output: str, operator: OperatorInput) -> str:
     if not Path(output).is_absolute():
         raise Refused.one(
@@ -244,18 +235,15 @@ def _check_output(output: str, operator: OperatorInput) -> str:
         (json_path(["toolkit_directories", name]), toolkit.path)
         for name, toolkit in operator.toolkit_directories.items()
     ]
-    refusals = []
-    for where, tree in guarded:
-        tree_canonical = os.path.realpath(tree)
-        if path_inside(canonical, tree_canonical) or path_inside(tree_canonical, canonical):
-            refusals.append(
-                Refusal(
-                    "preparation.output_not_disjoint",
-                    where,
-                    f"output {canonical} overlaps {tree_canonical}",
-                    "write the prepared input outside the build, cache and toolkit trees",
-                )
-            )
+    refusals = [
+        Refusal(
+            "preparation.output_not_disjoint",
+            where,
+            f"output {canonical} overlaps {tree_canonical}",
+            "write the prepared input outside the build, cache and toolkit trees",
+        )
+        for where, tree_canonical in overlapping_trees(canonical, guarded)
+    ]
     if refusals:
         raise Refused(tuple(refusals))
     return canonical
@@ -327,4 +315,5 @@ def admit(
         corpus_source=corpus_source,
         output=canonical_output,
         budget_seconds=float(operator.preparation_seconds),
+        unused_corpus=parsed.corpus if mode == "full" else None,
     )

@@ -29,7 +29,7 @@ from cache_family.actors.pins import (
     canonical_regular_file,
     hash_files,
 )
-from cache_family.actors.preparation_admission import path_inside
+from cache_family.actors.publish import path_inside
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import NOT_BUILT_NOTE_PREFIX, Preset

@@ -4,7 +4,7 @@ Until the correctness arm exists (a later issue), the benchmark prompt comes fro
 
 * a use-case row takes its use case's prompt as preparation copied it from the pinned corpus
   into the prepared input (the run never re-reads that corpus);
-* a full row (no use case) takes a fixed entry: the FIRST entry of the checked-in corpus, so
+* a full row (no use case) takes a fixed entry: the FIRST entry of the packaged corpus, so
   that every full row of every run is measured with the same text.
 
 The text chosen here is only the source. The host's own tokenizer then cuts it to the row's
@@ -46,7 +46,7 @@ class PromptSelector:
     """Chooses prompts for the rows of one run; corpora are read at most once."""
 
     prepared: PreparedInput
-    # Injected in tests; the checked-in corpus otherwise.
+    # Injected in tests; the packaged corpus otherwise.
     fixed_corpus_path: str | None = None
     _fixed_corpus: LoadedCorpus | None = field(default=None, init=False)
 

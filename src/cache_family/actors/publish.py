@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cache_family.errors import Refused
@@ -128,6 +129,25 @@ def revoke(published: Published) -> bool:
     os.unlink(published.path)
     fsync_dir(os.path.dirname(published.path) or ".")
     return True
+
+
+def path_inside(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip("/") + "/")
+
+
+def overlapping_trees(output: str, trees: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (where, canonical tree) of every tree an output directory would overlap.
+
+    ``output`` is canonical (its parent resolved); each tree is resolved here. Inside a
+    tree the tool reads (a native build, a model cache, a toolkit), an output changes the
+    very bytes that are pinned; holding one, it would be written over them.
+    """
+    found = []
+    for where, tree in trees:
+        canonical = os.path.realpath(tree)
+        if path_inside(output, canonical) or path_inside(canonical, output):
+            found.append((where, canonical))
+    return found
 
 
 def fsync_dir(directory: str) -> None:

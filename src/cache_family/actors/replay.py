@@ -11,7 +11,8 @@
    the journal lost its tail (or the file was planted, or the run's pipeline itself failed).
 4. ``--reap`` ends every journaled child that is still alive with the same pid AND create time
    (and that process's descendants): SIGTERM, a bounded grace, then SIGKILL. A pid now used by a
-   different process is left alone.
+   different process is left alone. While the run's own runner (journaled in ``run_started``)
+   is alive, ``--reap`` is refused (``replay.reap.run_alive``, exit 2) and nothing is touched.
 
 5. The run must have finished: a journal without the matrix's ``receipt_published`` record, or
    with a cell or row (one with a directory) opened but never published, is a run that was
@@ -48,6 +49,7 @@ from cache_family.schemas.journal import (
     JournalLine,
     ReceiptPublished,
     RowOpened,
+    RunStarted,
     read_journal,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
@@ -116,6 +118,8 @@ def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> Re
     if read.unknown_types:
         _unreadable(report, read.unknown_types)
         return report
+    if reap:
+        _refuse_reaping_a_live_run(read.lines)
     if not read.lines and read.chain_break is None:
         _unreadable(
             report,
@@ -317,6 +321,43 @@ def _receipt_files(root: str) -> Iterator[str]:
 
 
 # --- reaping -------------------------------------------------------------------------------
+
+
+def _refuse_reaping_a_live_run(lines: tuple[JournalLine, ...]) -> None:
+    """Refuse --reap while the process that ran the journal's run is still alive.
+
+    Its hosts are not orphans then: they are the run's own, mid-ladder, and reaping them
+    would turn a live run's receipts into faults. A runner pid now used by another process
+    (different create time) is gone; journals from before the runner was recorded carry no
+    identity and are reaped as before.
+    """
+    for line in lines:
+        started = line.record
+        if not isinstance(started, RunStarted) or started.runner_pid is None:
+            continue
+        if started.runner_create_time is None or not _alive_as(
+            started.runner_pid, started.runner_create_time
+        ):
+            continue
+        raise Refused.one(
+            "replay.reap.run_alive",
+            f"$.journal[seq {line.seq}].runner_pid",
+            f"run {started.run_id} is still going: its runner, pid {started.runner_pid}, "
+            "is alive, so its hosts are not orphans",
+            "let the run finish, or stop it with Ctrl-C / SIGTERM (it cleans up its hosts); "
+            "reap only a run whose runner has died",
+        )
+
+
+def _alive_as(pid: int, create_time: float) -> bool:
+    try:
+        process = psutil.Process(pid)
+        same = abs(process.create_time() - create_time) <= CREATE_TIME_TOLERANCE_S
+        return same and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # cannot tell: a process we may not inspect is not ours to reap around
 
 
 def _reap(report: ReplayReport, lines: tuple[JournalLine, ...], grace_s: float) -> None:

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
@@ -40,6 +40,10 @@ REVISION_PATTERN = re.compile(r"[0-9a-f]{40}")
 SHARD_PATTERN = re.compile(r"(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf")
 
 Payload = Literal["resident-kv", "kv-recurrent"]
+# The production cache modes, as data (Payload must name exactly these; a test checks it).
+# Anything else, such as the reference's experimental full-state, is refused wherever a
+# payload is read: a catalog, or a prepared input.
+PRODUCTION_PAYLOADS: Final[tuple[str, ...]] = ("resident-kv", "kv-recurrent")
 LoadMode = Literal["runtime-slice", "layer-package"]
 ArtifactKind = Literal["single-gguf", "split-gguf", "layer-package"]
 BaselinePolicy = Literal["monolithic", "package-only"]
@@ -187,12 +191,55 @@ def decode_strict(data: bytes, kind: type[T], *, code_prefix: str, what: str) ->
     return value
 
 
+def payload_refusal(value: object, path: str, code: str) -> Refusal | None:
+    """The one check that a payload names a production cache mode; None when it does.
+
+    Only text is judged here: a payload of another JSON type is a type error for the
+    document's own decoder to report.
+    """
+    if not isinstance(value, str) or value in PRODUCTION_PAYLOADS:
+        return None
+    shown = ascii(value[:80])
+    return Refusal(
+        code,
+        path,
+        f"payload {shown} is not a production cache mode: only "
+        + " and ".join(PRODUCTION_PAYLOADS)
+        + " are",
+        "use resident-kv for attention models or kv-recurrent for recurrent and hybrid ones",
+    )
+
+
+def _catalog_payload_refusals(data: bytes) -> list[Refusal]:
+    """Payload refusals with their reason, before the typed decode calls them a bad enum."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return []  # not JSON: decode_strict refuses it with its own reason
+    presets = doc.get("presets") if isinstance(doc, dict) else None
+    if not isinstance(presets, list):
+        return []
+    found = (
+        payload_refusal(
+            preset.get("payload"),
+            json_path(["presets", index, "payload"]),
+            "catalog.payload.not_production",
+        )
+        for index, preset in enumerate(presets)
+        if isinstance(preset, dict)
+    )
+    return [refusal for refusal in found if refusal is not None]
+
+
 def _msgspec_path(message: str) -> str:
     match = re.search(r"- at `(\$[^`]*)`$", message)
     return match.group(1) if match else "$"
 
 
 def _parse_catalog(data: bytes, path: str) -> LoadedCatalog:
+    payloads = _catalog_payload_refusals(data)
+    if payloads:
+        raise Refused(tuple(payloads))
     catalog = decode_strict(data, Catalog, code_prefix="catalog", what="catalog")
     refusals = check_catalog(catalog)
     if refusals:

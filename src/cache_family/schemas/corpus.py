@@ -13,7 +13,9 @@ corpus by that SHA-256) and refuses with every problem found, never only the fir
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
+from typing import Final
 
 import msgspec
 
@@ -86,20 +88,23 @@ def load_corpus(path: str) -> LoadedCorpus:
     return LoadedCorpus(corpus=corpus, sha256=raw.sha256, path=raw.path)
 
 
-def default_corpus_path() -> str:
-    """Absolute path of the repository's ``corpus/use-cases.json``.
+DEFAULT_CORPUS_RESOURCE: Final = "corpus/use-cases.json"
 
-    The project is installed editable, so this module sits at
-    ``<repo>/src/cache_family/schemas/corpus.py`` and the corpus three levels up.
+
+def default_corpus_path() -> str:
+    """Absolute path of the packaged use-case corpus (``cache_family/corpus/use-cases.json``).
+
+    It ships as package data, so any install (editable or from a wheel) has it; its bytes
+    are read by path, like an operator's corpus, so its pin is of exactly those bytes.
     """
-    repo_root = Path(__file__).resolve().parents[3]
-    candidate = repo_root / "corpus" / "use-cases.json"
-    if not candidate.is_file():
+    resource = resources.files("cache_family").joinpath(DEFAULT_CORPUS_RESOURCE)
+    candidate = Path(str(resource))
+    if not candidate.is_absolute() or not candidate.is_file():
         raise Refused.one(
             "corpus.default_missing",
             "$",
-            f"the default use-case corpus {candidate} does not exist",
-            "run from an editable checkout of cache-family-bench or pass --use-case-corpus ABS",
+            f"the packaged use-case corpus {candidate} does not exist",
+            "reinstall cache-family-bench, or pass --use-case-corpus ABS",
         )
     return str(candidate)
 

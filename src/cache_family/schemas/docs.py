@@ -120,14 +120,21 @@ def field_rows(model: type[BaseModel] = operator.OperatorInput, prefix: str = ""
 
 
 def _environment_rows() -> Iterator[tuple[str, str]]:
+    free = (
+        f"any value of 1..={operator.ENV_VALUE_MAX_BYTES} bytes without control or invisible "
+        "format characters"
+    )
     for name in operator.ENV_PLAIN_NAMES:
-        yield f"`{name}`", operator.ENV_VALUE_RULES[name].allowed
+        yield f"`{name}`", free
     for first, second in operator.ENV_ALIAS_PAIRS:
-        rule = operator.ENV_VALUE_RULES[first]
-        yield f"`{first}` = `{second}` (alias pair)", rule.allowed
+        yield f"`{first}` = `{second}` (alias pair)", f"{free}; both names given: equal values"
+    yield f"`{operator.ENV_GGML_PREFIX}*` (other)", free
     yield (
-        f"`{operator.ENV_GGML_PREFIX}*` (other)",
-        f"any value of 1..={operator.ENV_VALUE_MAX_BYTES} bytes without control characters",
+        "secret-looking names, refused whatever they start with: containing "
+        + ", ".join(operator.ENV_SECRET_MARKERS)
+        + "; or with a whole segment (split at `_`, digits and case changes) "
+        + ", ".join(operator.ENV_SECRET_WORDS),
+        "none (`operator.environment.secret_name`)",
     )
 
 

@@ -93,6 +93,10 @@ class RunStarted(_Record, tag="run_started", frozen=True, kw_only=True):
     catalog_path: str = ""
     catalog_synthetic: bool = False
     catalog_packaged: bool = False
+    # The runner process itself (pid and psutil create time), so that `replay --reap` can
+    # refuse while the run is still going. None in journals written before they were recorded.
+    runner_pid: int | None = None
+    runner_create_time: float | None = None
 
 
 class Cancellation(_Record, tag="cancellation", frozen=True, kw_only=True):

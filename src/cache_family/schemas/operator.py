@@ -23,7 +23,7 @@ import posixpath
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Self, TypeVar
 
@@ -39,6 +39,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from cache_family.errors import Refusal, Refused, json_path
+from cache_family.schemas.json_shape import containers
 from cache_family.schemas.refusal_codes import default_hint
 
 Loc = tuple[str | int, ...]
@@ -46,6 +47,10 @@ _M = TypeVar("_M", bound=BaseModel)
 
 SCHEMA_VERSION: Final = 1
 DOCUMENT_MAX_BYTES: Final = 1024 * 1024
+# The schema nests 4 levels and its longest list holds 128 entries; these leave room for
+# any honest mistake while keeping every document's validation work bounded.
+JSON_MAX_DEPTH: Final = 32
+JSON_MAX_ENTRIES: Final = 1024
 PATH_MAX_BYTES: Final = 4096
 U32_MAX: Final = 2**32 - 1
 I32_MAX: Final = 2**31 - 1
@@ -63,6 +68,47 @@ ENV_SECRET_MARKERS: Final = (
     "ROOT",
     "KEY",
 )
+# Abbreviations and words that mark a secret only as a whole segment of a name (split at
+# `_`, `-`, `.`, digits and case changes): `GGML_DB_PWD` and `GGML_HF_TOK` are secrets,
+# while `TOK` inside `STOKES` or `PASS` inside `BYPASS` or `PASSES` are not.
+ENV_SECRET_WORDS: Final = (
+    "TOK",
+    "TOKS",
+    "PWD",
+    "PASSWD",
+    "PASS",
+    "PW",
+    "PASSPHRASE",
+    "CRED",
+    "CREDS",
+    "COOKIE",
+    "COOKIES",
+    "SESSION",
+    "SESS",
+    "SID",
+    "PRIVATE",
+    "PRIV",
+    "CERT",
+    "CERTS",
+    "CERTIFICATE",
+    "PEM",
+    "PFX",
+    "P12",
+    "JWT",
+    "BEARER",
+    "OAUTH",
+    "SSH",
+    "GPG",
+    "PGP",
+    "PAT",
+    "OTP",
+    "TOTP",
+    "HMAC",
+    "SALT",
+    "SIGNING",
+    "APIKEY",
+    "PASSKEY",
+)
 ENV_DEVICE_NAMES: Final = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 ENV_PLAIN_NAMES: Final = (*ENV_DEVICE_NAMES, "OMP_NUM_THREADS")
 # (stage-server spelling, skippy spelling): the same setting under two names.
@@ -74,11 +120,6 @@ ENV_ALIAS_PAIRS: Final = (
     ("LLAMA_STAGE_GGML_NATIVE", "SKIPPY_GGML_NATIVE"),
 )
 ENV_GGML_PREFIX: Final = "GGML_"
-ENV_BACKENDS: Final = ("cpu", "cuda", "rocm", "hip", "vulkan", "metal", "sycl")
-ENV_LINK_MODES: Final = ("static", "shared")
-ENV_GGML_NATIVE_VALUES: Final = ("0", "1", "ON", "OFF")
-ENV_CUDA_ARCH_WORDS: Final = ("native", "all", "all-major")
-OMP_MAX_THREADS: Final = 1024
 
 TOOLKIT_NAMES: Final = ("CUDA_PATH", "HIP_PATH", "ROCM_PATH", "LLVMInstallDir", "VULKAN_SDK")
 TOOLKIT_MAX_ENTRIES: Final = 5
@@ -92,10 +133,6 @@ MAX_RUNG: Final = 1024
 
 KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _GGML_NAME = re.compile(r"GGML_[A-Z0-9_]+")
-_DEVICE_LIST = re.compile(r"[0-9]+(,[0-9]+)*")
-_THREADS = re.compile(r"[1-9][0-9]{0,3}")
-_CUDA_ARCH = re.compile(r"[0-9]+[af]?(-real|-virtual)?")
-_AMDGPU_TARGET = re.compile(r"gfx[0-9a-f]+")
 _HEX = re.compile(r"[0-9a-f]+")
 
 
@@ -139,12 +176,17 @@ class Rule:
 class AbsolutePath:
     rule: str = (
         "absolute, normal form (no `.`/`..`, `//` or trailing `/`), "
-        f"≤ {PATH_MAX_BYTES} bytes, no control characters"
+        f"≤ {PATH_MAX_BYTES} bytes, no control or invisible format characters"
     )
 
     def __call__(self, value: str) -> str:
         if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
             raise _fail("operator.path.bad_char", f"path {_show(value)} has a control character")
+        if any(unicodedata.category(ch) == "Cf" for ch in value):
+            raise _fail(
+                "operator.path.format_char",
+                f"path {_show(value)} has an invisible format character",
+            )
         if not posixpath.isabs(value):
             raise _fail("operator.path.not_absolute", f"path {_show(value)} is not absolute")
         if len(value.encode("utf-8")) > PATH_MAX_BYTES:
@@ -412,7 +454,10 @@ class OperatorInput(BaseModel):
         Rule(
             f"≤ {ENV_MAX_ENTRIES} entries; allowlisted names, never one containing "
             + "/".join(ENV_SECRET_MARKERS)
-            + f"; values 1..={ENV_VALUE_MAX_BYTES} bytes, no control characters; "
+            + " or with a segment such as "
+            + "/".join(ENV_SECRET_WORDS[:6])
+            + f"; values free-form, 1..={ENV_VALUE_MAX_BYTES} bytes, "
+            "no control or invisible format characters; "
             "the two names of an alias pair must agree (see Environment names)"
         ),
         Field(description="nonsecret settings shared by correctness and every host"),
@@ -465,76 +510,35 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@dataclass(frozen=True, slots=True)
-class _ValueRule:
-    code: str
-    allowed: str
-    accepts: Callable[[str], bool]
-
-
-def _comma_list(item: re.Pattern[str]) -> Callable[[str], bool]:
-    return lambda value: all(item.fullmatch(part) for part in value.split(","))
-
-
-def _cuda_architectures(value: str) -> bool:
-    return value in ENV_CUDA_ARCH_WORDS or _comma_list(_CUDA_ARCH)(value)
-
-
-def _threads(value: str) -> bool:
-    return bool(_THREADS.fullmatch(value)) and 1 <= int(value) <= OMP_MAX_THREADS
-
-
-_BACKEND_RULE = _ValueRule(
-    "operator.environment.backend", ", ".join(ENV_BACKENDS), lambda v: v in ENV_BACKENDS
-)
-_LINK_RULE = _ValueRule(
-    "operator.environment.link_mode", ", ".join(ENV_LINK_MODES), lambda v: v in ENV_LINK_MODES
-)
-_NATIVE_RULE = _ValueRule(
-    "operator.environment.ggml_native",
-    ", ".join(ENV_GGML_NATIVE_VALUES),
-    lambda v: v in ENV_GGML_NATIVE_VALUES,
-)
-_CUDA_RULE = _ValueRule(
-    "operator.environment.cuda_architectures",
-    "native, all, all-major, or entries like 86, 89-real, 90a, 90-virtual joined by commas",
-    _cuda_architectures,
-)
-_AMD_RULE = _ValueRule(
-    "operator.environment.amdgpu_targets",
-    "gfx names like gfx90a or gfx1100 joined by commas",
-    _comma_list(_AMDGPU_TARGET),
-)
-_DEVICES_RULE = _ValueRule(
-    "operator.environment.devices",
-    "device numbers joined by commas, such as 0 or 0,1",
-    lambda v: bool(_DEVICE_LIST.fullmatch(v)),
-)
-_THREADS_RULE = _ValueRule(
-    "operator.environment.threads", f"a whole number from 1 to {OMP_MAX_THREADS}", _threads
-)
-
-ENV_VALUE_RULES: Final[Mapping[str, _ValueRule]] = {
-    **dict.fromkeys(ENV_DEVICE_NAMES, _DEVICES_RULE),
-    "OMP_NUM_THREADS": _THREADS_RULE,
-    **dict.fromkeys(ENV_ALIAS_PAIRS[0], _BACKEND_RULE),
-    **dict.fromkeys(ENV_ALIAS_PAIRS[1], _LINK_RULE),
-    **dict.fromkeys(ENV_ALIAS_PAIRS[2], _CUDA_RULE),
-    **dict.fromkeys(ENV_ALIAS_PAIRS[3], _AMD_RULE),
-    **dict.fromkeys(ENV_ALIAS_PAIRS[4], _NATIVE_RULE),
-}
 _ALIAS_NAMES: Final = frozenset(name for pair in ENV_ALIAS_PAIRS for name in pair)
+
+
+_NAME_SEGMENT = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def secret_name_marker(name: str) -> str | None:
+    """What makes an environment name look like a secret or a path, or None.
+
+    The reference's markers count anywhere in the name (`HF_TOKEN`, `MY_API_KEY`,
+    `GGML_BACKEND_DL_PATH`); the abbreviations in ENV_SECRET_WORDS count as a whole segment.
+    """
+    upper = name.upper()
+    marker = next((m for m in ENV_SECRET_MARKERS if m in upper), None)
+    if marker is not None:
+        return marker
+    segments = {segment.upper() for segment in _NAME_SEGMENT.findall(name)}
+    return next((word for word in ENV_SECRET_WORDS if word in segments), None)
 
 
 def _env_name_refusal(name: str, loc: Loc) -> tuple[Loc, Refusal] | None:
     # Secret-looking names first: GGML_BACKEND_DL_PATH matches the GGML_ prefix but is a path.
-    upper = name.upper()
-    marker = next((m for m in ENV_SECRET_MARKERS if m in upper), None)
+    marker = secret_name_marker(name)
     if marker is not None:
         return _refusal(
             "operator.environment.secret_name",
             loc,
-            f"environment name {_show(name, 80)} contains {marker}; its value is not shown",
+            f"environment name {_show(name, 80)} looks like a secret or a path ({marker}); "
+            "its value is not shown",
         )
     if name in ENV_PLAIN_NAMES or name in _ALIAS_NAMES or _GGML_NAME.fullmatch(name):
         return None
@@ -553,15 +557,21 @@ def _env_value_refusal(name: str, value: str, loc: Loc) -> tuple[Loc, Refusal] |
             loc,
             f"value of {name} has {size} bytes, outside 1..={ENV_VALUE_MAX_BYTES}",
         )
+    # Values are not enumerated (the reference allowlists names only): device UUIDs
+    # (GPU-..., MIG-...), `-1`, CMake lists (`86;89`) and target features (`gfx90a:xnack-`)
+    # are all real settings. Only what would corrupt a log line or hide text is refused.
     if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
         return _refusal(
             "operator.environment.bad_value",
             loc,
             f"value of {name} contains a control character",
         )
-    rule = ENV_VALUE_RULES.get(name)
-    if rule is not None and not rule.accepts(value):
-        return _refusal(rule.code, loc, f"value of {name} is not allowed", f"use {rule.allowed}")
+    if any(unicodedata.category(ch) == "Cf" for ch in value):
+        return _refusal(
+            "operator.environment.bad_value",
+            loc,
+            f"value of {name} contains an invisible format character",
+        )
     return None
 
 
@@ -599,6 +609,12 @@ def _environment_cross_entry(env: Mapping[Any, object]) -> list[tuple[Loc, Refus
     return out
 
 
+def environment_refusals(env: Mapping[Any, object]) -> list[Refusal]:
+    """The operator's environment rules applied to any environment map (names, values,
+    aliases), such as the ones a prepared input hands to each host."""
+    return [refusal for _, refusal in _environment_cross_entry(env)]
+
+
 def _toolkit_cross_entry(toolkits: Mapping[Any, object]) -> list[tuple[Loc, Refusal]]:
     out: list[tuple[Loc, Refusal]] = []
     if len(toolkits) > TOOLKIT_MAX_ENTRIES:
@@ -621,16 +637,20 @@ def _toolkit_cross_entry(toolkits: Mapping[Any, object]) -> list[tuple[Loc, Refu
     return out
 
 
-def _repeated(items: Iterable[object]) -> list[object]:
-    seen: list[object] = []
-    repeated: list[object] = []
+def _repeated(items: Iterable[Hashable]) -> list[Hashable]:
+    """Items seen more than once, in order of their second sighting.
+
+    Hash-based on purpose: a 1 MiB document can hold a list of 100k entries, and a
+    list scan per entry made validation quadratic (minutes for one document).
+    """
+    seen: set[Hashable] = set()
+    repeated: dict[Hashable, None] = {}
     for item in items:
         if item in seen:
-            if item not in repeated:
-                repeated.append(item)
+            repeated[item] = None
         else:
-            seen.append(item)
-    return repeated
+            seen.add(item)
+    return list(repeated)
 
 
 def _strings(value: object) -> list[tuple[int, str]]:
@@ -955,6 +975,48 @@ def _unexplained(path: str) -> Refusal:
     return Refusal("operator.type", path, "the document was refused", default_hint("operator.type"))
 
 
+def _containers(root: object, base: Loc) -> Iterator[tuple[list[Any] | dict[Any, Any], Loc, int]]:
+    return containers(root, base, max_depth=JSON_MAX_DEPTH, max_entries=JSON_MAX_ENTRIES)
+
+
+def _bounded_shape(root: object, base: Loc) -> tuple[object, list[tuple[Loc, Refusal]]]:
+    """Bound the document's nesting and container sizes before any per-entry work.
+
+    Every later step (surrogate cleaning, pydantic, the cross-entry rules, one refusal per
+    bad entry) is linear in what it is given; without this a 1 MiB array of bad entries
+    produced half a million refusals, and a few hundred nested arrays a RecursionError.
+    Too deep refuses the document outright; an over-long container is refused and only
+    its first JSON_MAX_ENTRIES entries are checked further.
+    """
+    found: list[tuple[Loc, Refusal]] = []
+    for node, loc, depth in _containers(root, base):
+        if depth > JSON_MAX_DEPTH:
+            message = f"the document nests deeper than {JSON_MAX_DEPTH} levels here"
+            raise Refused((_refusal("operator.json.too_deep", loc, message)[1],))
+        if len(node) > JSON_MAX_ENTRIES:
+            what = "array" if isinstance(node, list) else "object"
+            found.append(
+                _refusal(
+                    "operator.json.too_many_entries",
+                    loc,
+                    f"the {what} has {len(node)} entries, more than {JSON_MAX_ENTRIES}; "
+                    f"only the first {JSON_MAX_ENTRIES} were checked",
+                )
+            )
+    return (_truncated(root) if found else root), found
+
+
+def _truncated(node: object) -> object:
+    # Recursion is safe here: _bounded_shape has already bounded the depth.
+    if isinstance(node, list):
+        return [_truncated(item) for item in node[:JSON_MAX_ENTRIES]]
+    if isinstance(node, dict):
+        return {
+            key: _truncated(item) for key, item in itertools.islice(node.items(), JSON_MAX_ENTRIES)
+        }
+    return node
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -1004,7 +1066,7 @@ def validate_operator_object(obj: object) -> OperatorInput:
             f"the operator input is {_json_kind(obj)}, not an object",
             default_hint("operator.type"),
         )
-    found: list[tuple[Loc, Refusal]] = []
+    obj, found = _bounded_shape(obj, ())
     obj = _without_surrogates(obj, (), found)
     assert isinstance(obj, dict)
     model, structural = _pass_one(OperatorInput, obj, ())
@@ -1025,7 +1087,10 @@ def validate_plan_object(obj: object) -> PlanInput:
             f"the plan is {_json_kind(obj)}, not an object",
             default_hint("operator.type"),
         )
-    model, found = _pass_one(PlanInput, obj, base)
+    obj, found = _bounded_shape(obj, base)
+    assert isinstance(obj, dict)
+    model, structural = _pass_one(PlanInput, obj, base)
+    found += structural
     found += _plan_cross_entry(obj, base)
     if found or model is None:
         raise Refused(_ordered(found) or (_unexplained(json_path(base)),))
@@ -1051,22 +1116,15 @@ def _reject_constant(name: str) -> object:
 
 
 def _repeated_members(root: object) -> list[Refusal]:
-    out: list[Refusal] = []
-    stack: list[tuple[object, Loc]] = [(root, ())]
-    while stack:  # iterative: the parser already accepted the nesting depth
-        node, loc = stack.pop()
-        if isinstance(node, dict):
-            for name in getattr(node, "repeated", ()):
-                out.append(
-                    _refusal(
-                        "operator.json.duplicate_key",
-                        (*loc, name),
-                        f"member {name!r} appears more than once",
-                    )[1]
-                )
-            stack.extend(((v, (*loc, k)) for k, v in node.items()))
-        elif isinstance(node, list):
-            stack.extend(((v, (*loc, i)) for i, v in enumerate(node)))
+    out = [
+        _refusal(
+            "operator.json.duplicate_key",
+            (*loc, name),
+            f"member {name!r} appears more than once",
+        )[1]
+        for node, loc, _ in _containers(root, ())
+        for name in getattr(node, "repeated", ())
+    ]
     return sorted(out, key=lambda r: r.path)
 
 
@@ -1097,12 +1155,18 @@ def validate_operator_document(data: bytes) -> OperatorInput:
             f"the operator input is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
             default_hint("operator.json.decode"),
         ) from None
-    except (ValueError, RecursionError) as exc:
-        reason = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)
+    except RecursionError:
+        raise Refused.one(
+            "operator.json.too_deep",
+            "$",
+            f"the document nests deeper than {JSON_MAX_DEPTH} levels",
+            default_hint("operator.json.too_deep"),
+        ) from None
+    except ValueError as exc:
         raise Refused.one(
             "operator.json.decode",
             "$",
-            f"the operator input cannot be decoded: {reason}",
+            f"the operator input cannot be decoded: {exc}",
             default_hint("operator.json.decode"),
         ) from None
     repeated = _repeated_members(obj)
@@ -1129,6 +1193,8 @@ __all__ = [
     "SchemaVersion",
     "ServerBinary",
     "ToolkitDirectory",
+    "environment_refusals",
+    "secret_name_marker",
     "validate_operator_document",
     "validate_operator_object",
     "validate_plan_object",

@@ -32,7 +32,14 @@ from pydantic import (
 
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
-from cache_family.schemas.operator import LowerHex, OperatorInput, PlanInput
+from cache_family.schemas.catalog import payload_refusal
+from cache_family.schemas.json_shape import containers
+from cache_family.schemas.operator import (
+    LowerHex,
+    OperatorInput,
+    PlanInput,
+    environment_refusals,
+)
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -408,6 +415,20 @@ class CaseProfiles(_Strict):
 # --- the documents -----------------------------------------------------------------------------
 
 
+UNUSED_CORPUS_REASON: Final = (
+    "prepare-full plans no use cases: this corpus was accepted because the reference wrapper "
+    "passes --use-case-corpus to both modes, and was not read; full rows take their prompt "
+    "from the first entry of the packaged corpus"
+)
+
+
+class UnusedCorpus(_Strict):
+    """A ``--use-case-corpus`` given to prepare-full: recorded, never read, never used."""
+
+    path: str
+    reason: str
+
+
 class PreparedInput(_Strict):
     """``cache-family-input.json``: the run's only input.
 
@@ -439,6 +460,8 @@ class PreparedInput(_Strict):
     missing_model_policy: Literal["retain_row_without_launch"] = MISSING_MODEL_POLICY
     # The corpus entries the rows use (corpus order); empty for prepare-full.
     use_cases: list[UseCaseRecord] = Field(default_factory=list)
+    # prepare-full only: the --use-case-corpus it was given and did not use.
+    unused_corpus: UnusedCorpus | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -520,6 +543,8 @@ def prepared_input_problems(doc: PreparedInput) -> list[str]:
         out.append(f"rows name use cases missing from use_cases: {unknown}")
     if doc.mode == "full" and doc.use_cases:
         out.append("mode full carries no use cases")
+    if doc.mode != "full" and doc.unused_corpus is not None:
+        out.append(f"mode {doc.mode} records no unused corpus")
     expected_use_cases = ["all"] if doc.mode == "use-cases" else []
     if doc.plan.use_cases != expected_use_cases:
         out.append(f"mode {doc.mode} needs plan.use_cases {expected_use_cases}")
@@ -530,7 +555,25 @@ def prepared_input_problems(doc: PreparedInput) -> list[str]:
         and (plan_corpus.path, plan_corpus.sha256) != (doc.corpus.path, doc.corpus.sha256)
     ):
         out.append("corpus differs from plan.corpus")
+    out.extend(_environment_problems(doc))
     return out
+
+
+def _environment_problems(doc: PreparedInput) -> list[str]:
+    """Every environment map handed to a host or the correctness tool obeys the operator's
+    rules, so an edited prepared input cannot pass a secret-looking name to a child."""
+    maps: dict[str, dict[str, str]] = {"environment": doc.environment}
+    for key, profiles in doc.profiles.items():
+        maps[f"profiles.{key}.correctness.settings"] = profiles.correctness.settings
+        hosts = (("native", profiles.native), ("old", profiles.old), ("new", profiles.new))
+        for host, profile in hosts:
+            if profile is not None:
+                maps[f"profiles.{key}.{host}.environment"] = profile.environment
+    return [
+        f"{where}: {refusal.code}: {refusal.message}"
+        for where, env in maps.items()
+        for refusal in environment_refusals(env)
+    ]
 
 
 class PreparationRequest(_Strict):
@@ -545,6 +588,8 @@ class PreparationRequest(_Strict):
     # The same end on the host's monotonic clock (CLOCK_MONOTONIC is one clock for every
     # process of a host), so the worker's start-up time cannot eat the parent's margin.
     worker_deadline_monotonic_ns: Annotated[int, Field(ge=0)] | None = None
+    # prepare-full: the --use-case-corpus it accepts and records as unused (never read).
+    unused_corpus: str | None = None
 
 
 class RefusalRecord(_Strict):
@@ -644,6 +689,59 @@ def loads_strict_json(data: bytes) -> Any:
     )
 
 
+# No prepared document nests deeper than a few levels, no list or map in it is longer than
+# the rows (MAX_ROWS), and the largest holds about 80 values per row; past these bounds a
+# document is refused before validation, whose work (and memory: one error per bad value)
+# would otherwise grow with whatever the file holds.
+PREPARED_MAX_DEPTH: Final = 32
+PREPARED_MAX_VALUES: Final = 250 * MAX_ROWS
+
+
+def _shape_refusal(root: object, what: str) -> Refusal | None:
+    hint = "re-run preparation; never edit prepared documents by hand"
+    total = 0
+    for node, loc, depth in containers(
+        root, (), max_depth=PREPARED_MAX_DEPTH, max_entries=MAX_ROWS
+    ):
+        where = json_path(loc)
+        if depth > PREPARED_MAX_DEPTH:
+            return Refusal(
+                "prepared.decode", where, f"{what} nests deeper than {PREPARED_MAX_DEPTH}", hint
+            )
+        if len(node) > MAX_ROWS:
+            return Refusal(
+                "prepared.decode",
+                where,
+                f"{what} has a list or map of {len(node)} entries, more than {MAX_ROWS}",
+                hint,
+            )
+        total += len(node)
+        if total > PREPARED_MAX_VALUES:
+            return Refusal(
+                "prepared.decode", "$", f"{what} holds more than {PREPARED_MAX_VALUES} values", hint
+            )
+    return None
+
+
+def _payload_refusals(root: object) -> list[Refusal]:
+    """Every ``payload`` member of a prepared document that is not a production cache mode
+    (rows, correctness tasks and profiles all carry one), reported with that reason."""
+    found: list[Refusal] = []
+    stack: list[tuple[object, tuple[str | int, ...]]] = [(root, ())]
+    while stack:
+        node, loc = stack.pop()
+        if isinstance(node, dict):
+            refusal = payload_refusal(
+                node.get("payload"), json_path((*loc, "payload")), "prepared.payload.not_production"
+            )
+            if refusal is not None:
+                found.append(refusal)
+            stack.extend((v, (*loc, str(k))) for k, v in node.items() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend((v, (*loc, i)) for i, v in enumerate(node) if isinstance(v, dict | list))
+    return sorted(found, key=lambda r: r.path)
+
+
 def decode_document(data: bytes, model: type[_M], *, what: str) -> _M:
     """Decode strict JSON bytes into ``model``; every problem becomes a refusal."""
     try:
@@ -655,6 +753,12 @@ def decode_document(data: bytes, model: type[_M], *, what: str) -> _M:
             f"{what} is not strict UTF-8 JSON: {exc}",
             "re-run preparation; never edit prepared documents by hand",
         ) from None
+    shape = _shape_refusal(obj, what)
+    if shape is not None:
+        raise Refused((shape,))
+    payloads = _payload_refusals(obj)
+    if payloads:
+        raise Refused(tuple(payloads))
     try:
         return model.model_validate(obj, strict=True)
     except ValidationError as exc:

@@ -39,6 +39,16 @@ OPERATOR_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
         "write one UTF-8 JSON object without a byte-order mark, NaN or Infinity",
     ),
     RefusalCode(
+        "operator.json.too_deep",
+        "arrays and objects nest more than 32 levels deep",
+        "the operator input nests at most 4 levels; remove the extra nesting",
+    ),
+    RefusalCode(
+        "operator.json.too_many_entries",
+        "an array or object has more than 1024 entries (only the first 1024 are checked)",
+        "no list or map of the operator input needs more than 128 entries",
+    ),
+    RefusalCode(
         "operator.json.duplicate_key",
         "an object names the same member twice",
         "give each member once per object",
@@ -80,6 +90,12 @@ OPERATOR_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
         "remove control characters from the path",
     ),
     RefusalCode(
+        "operator.path.format_char",
+        "a path contains an invisible format character (Unicode category Cf, such as a "
+        "right-to-left override or a zero-width space), so it shows another name than it is",
+        "retype the path without invisible characters",
+    ),
+    RefusalCode(
         "operator.text.surrogate",
         "a member name or text value holds an unpaired UTF-16 surrogate escape (\\udXXX)",
         "write valid Unicode text; surrogate escapes must come in pairs",
@@ -107,8 +123,10 @@ OPERATOR_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
     ),
     RefusalCode(
         "operator.environment.secret_name",
-        "an environment name looks like a secret or a path "
-        "(contains AUTH, TOKEN, SECRET, PASSWORD, CREDENTIAL, PATH, DIR, ROOT or KEY)",
+        "an environment name looks like a secret or a path: it contains AUTH, TOKEN, SECRET, "
+        "PASSWORD, CREDENTIAL, PATH, DIR, ROOT or KEY, or one of its segments is an "
+        "abbreviation such as TOK, PWD, PASS, PASSWD, CREDS, COOKIE, SESSION, PRIVATE or CERT "
+        "(full list under Environment names)",
         "remove the entry: secrets are never passed, and paths belong in their own fields "
         "(tools, native_build, toolkit_directories)",
     ),
@@ -120,48 +138,14 @@ OPERATOR_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
     ),
     RefusalCode(
         "operator.environment.bad_value",
-        "an environment value is empty, longer than 256 bytes or has a control character",
-        "give 1..256 bytes without control characters",
+        "an environment value is empty, longer than 256 bytes, or has a control or "
+        "invisible format character (values are otherwise free-form)",
+        "give 1..256 bytes without control or invisible format characters",
     ),
     RefusalCode(
         "operator.environment.alias_conflict",
         "both names of an alias pair are given, with different values",
         "give one name of the pair, or the same value to both",
-    ),
-    RefusalCode(
-        "operator.environment.backend",
-        "a backend setting is not a known backend",
-        "use one of cpu, cuda, rocm, hip, vulkan, metal, sycl",
-    ),
-    RefusalCode(
-        "operator.environment.link_mode",
-        "a link-mode setting is not static or shared",
-        "use static or shared",
-    ),
-    RefusalCode(
-        "operator.environment.ggml_native",
-        "a GGML_NATIVE setting is not 0, 1, ON or OFF",
-        "use 0, 1, ON or OFF",
-    ),
-    RefusalCode(
-        "operator.environment.devices",
-        "a *_VISIBLE_DEVICES value is not a comma-separated list of device numbers",
-        "use device numbers separated by commas, such as 0 or 0,1",
-    ),
-    RefusalCode(
-        "operator.environment.threads",
-        "OMP_NUM_THREADS is not a whole number from 1 to 1024",
-        "use a whole number from 1 to 1024, such as 8",
-    ),
-    RefusalCode(
-        "operator.environment.cuda_architectures",
-        "a CUDA architecture list is malformed",
-        "use native, all, all-major, or comma-separated entries such as 86,89-real,90a",
-    ),
-    RefusalCode(
-        "operator.environment.amdgpu_targets",
-        "an AMD GPU target list is malformed",
-        "use comma-separated gfx names such as gfx90a,gfx1100",
     ),
     # --- toolkit directories
     RefusalCode(
