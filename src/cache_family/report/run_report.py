@@ -84,8 +84,13 @@ def _count(value: int | None) -> str:
     return "n/a" if value is None else str(value)
 
 
+def _url(path: str) -> str:
+    """A relative POSIX path as a link target: percent-encoded, no scheme possible."""
+    return quote(path, safe="/._~-")
+
+
 def _href(run_href: str, relative: str) -> str:
-    return quote(f"{run_href}/{relative}" if run_href else relative, safe="/._~-")
+    return _url(f"{run_href}/{relative}" if run_href else relative)
 
 
 def _link(run_href: str, text: str, relative: str | None) -> str:
@@ -103,7 +108,13 @@ def _row_name(view: RowView) -> str:
     return name
 
 
+def _title(view: RowView) -> str:
+    """The row's name as table, heading and link text."""
+    return cell(_row_name(view))
+
+
 def _plot_name(view: RowView) -> str:
+    """``plots/row-NNNN-<slug>.svg``: unique by row index, safe as a file name and a link."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", _row_name(view)).strip("_")
     return f"{PLOTS_DIR}/row-{view.entry.index:04d}-{slug}.svg"
 
@@ -252,17 +263,17 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
             reason = view.receipt.reason if view.receipt else view.entry.result.reason
             status = view.receipt.status if view.receipt else view.entry.result.status
             without.append(
-                f"- {cell(_row_name(view))}: {cell(status)}"
-                + (f" ({cell(reason)})" if reason else "")
+                f"- {_title(view)}: {cell(status)}" + (f" ({cell(reason)})" if reason else "")
             )
             continue
         name = _plot_name(view)
         svgs[name] = _plot(view, arms)
         lines += [
             "",
-            f"### {cell(_row_name(view))}",
+            f"### {_title(view)}",
             "",
-            f"![Concurrency curves of {cell(_row_name(view))}]({quote(name, safe='/._~-')})",
+            # Brackets would end the image's alt text early.
+            f"![Concurrency curves of {_title(view).replace('[', '(').replace(']', ')')}]({name})",
             "",
             *_curve_table(arms, with_verdicts),
         ]
@@ -271,58 +282,23 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
     return lines
 
 
-def _comparison_rows(view: RowView, old: ArmView, new: ArmView) -> list[str]:
-    old_by_c = {r.concurrency: r for r in _rungs(old)}
-    lines: list[str] = []
-    for rung in _rungs(new):
-        before = old_by_c.get(rung.concurrency)
-        if before is None:
-            continue
-        for metric, pick in (
-            ("TTFT", lambda r: r.ttft_ms),
-            ("latency", lambda r: r.elapsed_ms),
-        ):
-            effect = bootstrap_median_difference(
-                _measured(before.rows, pick), _measured(rung.rows, pick)
-            )
-            lines.append(
-                "| "
-                + " | ".join(
-                    _effect_fields(view, rung.concurrency, metric, effect, before, rung, pick)
-                )
-                + " |"
-            )
-    return lines
+#: The per-request timings compared between old and new.
+METRICS: Final[tuple[tuple[str, Callable[[RequestRow], float | None]], ...]] = (
+    ("TTFT", lambda r: r.ttft_ms),
+    ("latency", lambda r: r.elapsed_ms),
+)
 
 
-def _effect_fields(
-    view: RowView,
-    concurrency: int,
-    metric: str,
-    effect: MedianDifference | None,
-    old: _Rung,
-    new: _Rung,
-    pick: Callable[[RequestRow], float | None],
-) -> list[str]:
-    head = [cell(_row_name(view)), str(concurrency), metric]
+def _table_row(fields: Sequence[str]) -> str:
+    return "| " + " | ".join(fields) + " |"
+
+
+def _effect_cells(effect: MedianDifference | None) -> list[str]:
+    """Old median, new median, difference, interval, relative difference, verdict."""
     if effect is None:
-        n_old, n_new = len(_measured(old.rows, pick)), len(_measured(new.rows, pick))
-        return [
-            *head,
-            str(n_old),
-            str(n_new),
-            "n/a",
-            "n/a",
-            "n/a",
-            "n/a",
-            "n/a",
-            f"fewer than {MIN_SAMPLES} requests",
-        ]
+        return ["n/a"] * 5 + [f"fewer than {MIN_SAMPLES} requests"]
     relative = effect.relative
     return [
-        *head,
-        str(effect.n_old),
-        str(effect.n_new),
         format_ms(effect.median_old),
         format_ms(effect.median_new),
         f"{effect.difference:+.1f}",
@@ -330,6 +306,23 @@ def _effect_fields(
         "n/a" if relative is None else f"{relative:+.1%}",
         effect.verdict,
     ]
+
+
+def _comparison_rows(view: RowView, old: ArmView, new: ArmView) -> list[str]:
+    """One line per rung both arms ran (matched by concurrency) and metric."""
+    old_by_c = {r.concurrency: r for r in _rungs(old)}
+    lines: list[str] = []
+    for rung in _rungs(new):
+        before = old_by_c.get(rung.concurrency)
+        if before is None:
+            continue
+        for metric, pick in METRICS:
+            old_values, new_values = _measured(before.rows, pick), _measured(rung.rows, pick)
+            effect = bootstrap_median_difference(old_values, new_values)
+            head = [_title(view), str(rung.concurrency), metric]
+            counts = [str(len(old_values)), str(len(new_values))]
+            lines.append(_table_row([*head, *counts, *_effect_cells(effect)]))
+    return lines
 
 
 def _comparison(receipts: RunReceipts) -> list[str]:
@@ -353,7 +346,7 @@ def _comparison(receipts: RunReceipts) -> list[str]:
                 {a.observation.reason for a in (old, new) if a is not None and a.observation.reason}
             )
             missing.append(
-                f"- {cell(_row_name(view))}: {PAIRED_NOT_RUN}"
+                f"- {_title(view)}: {PAIRED_NOT_RUN}"
                 + (f" ({cell('; '.join(reasons))})" if reasons else "")
             )
             continue
@@ -380,7 +373,7 @@ def _receipts_table(receipts: RunReceipts) -> list[str]:
         f"Run: {_link(href, MATRIX_FILENAME, MATRIX_FILENAME)}, "
         f"{_link(href, JOURNAL_NAME, JOURNAL_NAME)}"
         + (
-            f", [production-cache-bench.json]({quote(receipts.reference.href, safe='/._~-')})"
+            f", [production-cache-bench.json]({_url(receipts.reference.href)})"
             if receipts.reference is not None
             else ""
         )
@@ -399,9 +392,7 @@ def _receipts_table(receipts: RunReceipts) -> list[str]:
             else "n/a"
         )
         if not view.arms:
-            lines.append(
-                f"| {cell(_row_name(view))} | {cell(status)} | {row_link} | n/a | n/a | n/a |"
-            )
+            lines.append(f"| {_title(view)} | {cell(status)} | {row_link} | n/a | n/a | n/a |")
         for arm in view.arms:
             cell_link = (
                 _link(href, "cell.json", arm.cell_path)
@@ -409,7 +400,7 @@ def _receipts_table(receipts: RunReceipts) -> list[str]:
                 else ("absent" if arm.cell_path else "n/a")
             )
             lines.append(
-                f"| {cell(_row_name(view))} | {cell(status)} | {row_link} | {cell(arm.arm)} "
+                f"| {_title(view)} | {cell(status)} | {row_link} | {cell(arm.arm)} "
                 f"| {cell(arm.observation.status)} | {cell_link} |"
             )
     return lines
@@ -447,7 +438,7 @@ def render_run_report(receipts: RunReceipts) -> dict[str, bytes]:
     page = markdown_to_html(
         markdown,
         f"Cache-family run report {run_id or ''}".strip(),
-        {quote(k, safe="/._~-"): v for k, v in svgs.items()},
+        svgs,
     )
     files = {MARKDOWN_NAME: markdown.encode("utf-8"), HTML_NAME: page.encode("utf-8")}
     files.update((name, text.encode("utf-8")) for name, text in svgs.items())
