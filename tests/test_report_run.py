@@ -299,6 +299,8 @@ def test_the_command_writes_into_the_run_dir_or_elsewhere_with_relative_links(
     assert main(["report-run", str(run), "--output", str(out)]) == 0
     markdown = (out / "report.md").read_text()
     assert "[row.json](../../run/cell-0000/row.json)" in markdown
+    html = (out / "report.html").read_text()
+    assert 'href="../../run/cell-0000/sweep-native-concurrent/cell.json"' in html
     assert "](plots/row-0000-fam0-p32.svg)" in markdown
     assert sorted(p.name for p in (out / "plots").iterdir()) == [
         "row-0000-fam0-p32.svg",

@@ -25,7 +25,8 @@ body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 78rem
   padding: 0 1rem; color: #1b1b1b; line-height: 1.4; }
 h1 { font-size: 1.6rem; } h2 { font-size: 1.3rem; margin-top: 2rem; }
 h3 { font-size: 1.1rem; margin-top: 1.5rem; }
-table { border-collapse: collapse; margin: 0.6rem 0 1rem; font-size: 0.85rem; }
+table { border-collapse: collapse; margin: 0.6rem 0 1rem; font-size: 0.85rem;
+  display: block; max-width: 100%; overflow-x: auto; }
 th, td { border: 1px solid #c8c8c8; padding: 0.25rem 0.5rem; vertical-align: top; }
 th { background: #f0f0f0; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code { font-size: 0.85em; background: #f4f4f4; padding: 0 0.2em; }

@@ -250,7 +250,7 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
         "Per row and concurrent arm, from each rung's summary in its `cell.json`: TTFT and",
         "TPOT at p50 and p99 (ms), throughput and goodput (requests/s; goodput counts requests",
         "meeting both the TTFT and the TPOT objective), and how many measured requests the",
-        "server reported a prompt-cache hit for (`cache_n` > 0).",
+        "server answered partly from its prompt cache (`cache_n` > 0).",
     ]
     if with_verdicts:
         lines.append(
