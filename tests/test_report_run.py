@@ -16,6 +16,7 @@ from cache_family.errors import Refused
 from cache_family.report.run import read_run
 from cache_family.report.run_report import PAIRED_NOT_RUN, SYNTHETIC_BANNER, render_run_report
 from cache_family.report.stats import bootstrap_median_difference, median
+from cache_family.schemas.matrix import FailedMatrix, encode_matrix
 from report_run_builder import rung, write_run
 
 PRODUCERS = Path(__file__).resolve().parent / "golden" / "report" / "producers"
@@ -320,3 +321,24 @@ def test_a_refused_run_dir_writes_nothing(
     assert not (run / "plots").exists()
     assert main(["report-run", str(tmp_path / "nothing")]) == 2
     assert "file.missing" in capsys.readouterr().err
+
+
+def test_any_arm_with_ladder_summaries_is_plotted_whatever_its_kind(tmp_path: Path) -> None:
+    run = paired(tmp_path)
+    path = run / "cell-0000" / "sweep-skippy-new" / "cell.json"
+    document = json.loads(path.read_text())
+    document["measurement"]["kind"] = "paired"
+    path.write_text(json.dumps(document))
+    svg = render(run)["plots/row-0000-fam0-p32.svg"].decode()
+    assert "skippy-new p50 at concurrency 2" in svg
+
+
+def test_a_failed_pipeline_matrix_is_refused_with_its_reason(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    failed = FailedMatrix(request_sha256="0" * 64, detail="journal unwritable")
+    (run / "cache-family-matrix.json").write_bytes(encode_matrix(failed))
+    with pytest.raises(Refused) as refused:
+        read_run(str(run))
+    assert refused.value.codes == ["report.receipt"]
+    assert "pipeline failed (owned_plan_or_matrix_execution_refused)" in str(refused.value)

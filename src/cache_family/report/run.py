@@ -80,10 +80,13 @@ class ArmView:
 
     @property
     def concurrent(self) -> bool:
-        """A ladder arm: its cell says so, or (cell absent) its row brief has rung summaries."""
-        if self.cell is not None:
-            return self.cell.measurement.kind == "concurrent"
-        return any(r.rung_summary is not None for r in self.observation.rungs)
+        """A ladder arm, whatever its name: its cell says so, or a rung has a ladder summary
+        (a serial baseline has only serial summaries)."""
+        if self.cell is not None and self.cell.measurement.kind == "concurrent":
+            return True
+        return any(r.rung_summary is not None for r in self.rungs) or any(
+            r.rung_summary is not None for r in self.observation.rungs
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +249,15 @@ def read_run(
     matrix_reader = Reader(os.path.join(root, MATRIX_FILENAME), what="run matrix", sink=refusals)
     ok, document = matrix_reader.load(MAX_RECEIPT_BYTES)
     matrix: MatrixReceipt | None = None
-    if ok:
+    if ok and isinstance(document, dict) and "rows" not in document and "reason" in document:
+        # The failed-pipeline matrix: the run wrote no row receipts to report.
+        matrix_reader.refuse(
+            "report.receipt",
+            [],
+            f"the run's pipeline failed ({document.get('reason')}): there are no receipts "
+            "to report",
+        )
+    elif ok:
         matrix = _convert(matrix_reader, document, MatrixReceipt, "run matrix receipt")
     if matrix is not None and len(matrix.rows) > MAX_MATRIX_ROWS:
         matrix_reader.refuse("report.receipt", ["rows"], f"more than {MAX_MATRIX_ROWS} rows")
