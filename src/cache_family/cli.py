@@ -140,16 +140,21 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 # --- cache-family report (the combined README tables) ------------------------------------
 
 
-def _publish_report_file(target: str, data: bytes) -> None:
-    """Replace ``target`` atomically, creating its parents; a failure is a typed refusal."""
+def _cmd_report(args: argparse.Namespace) -> int:
     import os
 
     from cache_family.actors.publish import publish_replace
+    from cache_family.report import build_report
     from cache_family.schemas.refusal_codes import report_hint
 
+    text = build_report(args.input, args.use_case_corpus)  # refuses before anything is written
+    if args.output is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    target = str(Path(args.output).absolute())
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        publish_replace(target, data)
+        publish_replace(target, text.encode("utf-8"))
     except OSError as exc:
         raise Refused.one(
             "report.output_unwritable",
@@ -157,35 +162,7 @@ def _publish_report_file(target: str, data: bytes) -> None:
             f"cannot write {target}: {exc.strerror or exc}",
             report_hint("report.output_unwritable"),
         ) from None
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    from cache_family.report import build_report
-
-    text = build_report(args.input, args.use_case_corpus)  # refuses before anything is written
-    if args.output is None:
-        sys.stdout.write(text)
-        return EXIT_OK
-    _publish_report_file(str(Path(args.output).absolute()), text.encode("utf-8"))
     print(f"Wrote {args.output}")
-    return EXIT_OK
-
-
-def _cmd_report_run(args: argparse.Namespace) -> int:
-    from cache_family.report.run import read_run
-    from cache_family.report.run_report import render_run_report
-
-    output = args.output if args.output is not None else args.run_dir
-    receipts = read_run(
-        args.run_dir, output, production=args.production, corpus=args.use_case_corpus
-    )
-    files = render_run_report(receipts)  # refuses before anything is written
-    root = Path(output).absolute()
-    # Plots first and report.md last: a reader who sees the new Markdown finds its plots.
-    for name in sorted(files, key=lambda n: (n.count("/") == 0, n.endswith(".md"), n)):
-        _publish_report_file(str(root / name), files[name])
-    for name in ("report.md", "report.html"):
-        print(f"Wrote {Path(output) / name}")
     return EXIT_OK
 
 
@@ -217,6 +194,51 @@ def _add_report_command(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     report.set_defaults(func=_cmd_report)
 
+
+# --- end of cache-family report ----------------------------------------------------------
+
+
+# --- cache-family report-run (the run report from a run directory's receipts) -------------
+
+
+def _publish_report_file(target: str, data: bytes) -> None:
+    """Replace ``target`` atomically, creating its parents; a failure is a typed refusal."""
+    import os
+
+    from cache_family.actors.publish import publish_replace
+    from cache_family.schemas.refusal_codes import report_hint
+
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        publish_replace(target, data)
+    except OSError as exc:
+        raise Refused.one(
+            "report.output_unwritable",
+            "$",
+            f"cannot write {target}: {exc.strerror or exc}",
+            report_hint("report.output_unwritable"),
+        ) from None
+
+
+def _cmd_report_run(args: argparse.Namespace) -> int:
+    from cache_family.report.run import read_run
+    from cache_family.report.run_report import render_run_report
+
+    output = args.output if args.output is not None else args.run_dir
+    receipts = read_run(
+        args.run_dir, output, production=args.production, corpus=args.use_case_corpus
+    )
+    files = render_run_report(receipts)  # refuses before anything is written
+    root = Path(output).absolute()
+    # Plots first and report.md last: a reader who sees the new Markdown finds its plots.
+    for name in sorted(files, key=lambda n: (n.count("/") == 0, n.endswith(".md"), n)):
+        _publish_report_file(str(root / name), files[name])
+    for name in ("report.md", "report.html"):
+        print(f"Wrote {Path(output) / name}")
+    return EXIT_OK
+
+
+def _add_report_run_command(sub: argparse._SubParsersAction[_Parser]) -> None:
     run_report = sub.add_parser(
         "report-run",
         help="write report.md, report.html and plots/*.svg from a run directory's receipts",
@@ -247,7 +269,7 @@ def _add_report_command(sub: argparse._SubParsersAction[_Parser]) -> None:
     run_report.set_defaults(func=_cmd_report_run)
 
 
-# --- end of cache-family report ----------------------------------------------------------
+# --- end of cache-family report-run ------------------------------------------------------
 
 
 def _available(module: str) -> bool:
@@ -360,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
         replay.set_defaults(func=_cmd_replay)
 
     _add_report_command(sub)
+    _add_report_run_command(sub)
     return parser
 
 
