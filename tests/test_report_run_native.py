@@ -17,7 +17,6 @@ import pytest
 
 from cache_family.cli import main
 from cache_family.oracles.demo import run_demo
-from cache_family.oracles.test_parts import Parts
 from cache_family.report.render import format_ms
 from cache_family.report.run import read_run
 from cache_family.report.run_report import SYNTHETIC_BANNER, render_run_report
@@ -37,8 +36,9 @@ TABLE_BORDER = (200, 200, 200)
 
 
 @pytest.fixture(scope="session")
-def demo_run(native_parts: Parts, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real demo run (about 45 s on the 2-core host), shared by this module's tests."""
+def demo_run(native_parts: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real demo run (about 45 s on the 2-core host), shared by this module's tests;
+    ``native_parts`` (conftest) skips or fails first when the real parts are missing."""
     out = tmp_path_factory.mktemp("report-run-demo") / "demo"
     progress = io.StringIO()
     assert run_demo(out, progress) == 0, progress.getvalue()
