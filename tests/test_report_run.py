@@ -9,6 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from cache_family.cli import main
@@ -342,3 +343,16 @@ def test_a_failed_pipeline_matrix_is_refused_with_its_reason(tmp_path: Path) -> 
         read_run(str(run))
     assert refused.value.codes == ["report.receipt"]
     assert "pipeline failed (owned_plan_or_matrix_execution_refused)" in str(refused.value)
+
+
+def test_a_rung_without_a_summary_renders_as_not_available(tmp_path: Path) -> None:
+    failed = msgspec.structs.replace(
+        rung(0, 1, [5.0, 6.0]), status="failed", rung_summary=None, rows=()
+    )
+    run = write_run(tmp_path / "run", [{"native-concurrent": [failed]}])
+    files = render(run)
+    markdown = files["report.md"].decode()
+    row = "| native-concurrent | 1 | failed | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |"
+    assert row in markdown
+    svg = files["plots/row-0000-fam0-p32.svg"].decode()
+    assert "<circle" not in svg and "<polyline" not in svg
