@@ -19,7 +19,7 @@ demo *OUT: native-parts
 
 # Run the whole test suite (builds or reuses the cached llama-server and model zoo first).
 [group('checks')]
-test *ARGS: native-parts
+test *ARGS: native-parts browser
     {{venv}}/python -m pytest {{ARGS}}
 
 # Run the suite without building first: native tests use cached parts, or skip (with a reason) when absent.
@@ -51,6 +51,20 @@ skippy-workload-oracles-build OUTPUT:
 [group('native')]
 native-parts:
     {{venv}}/python -m cache_family.oracles.native_parts
+
+# Install Debian's chromium for the browser test of report.html when missing (root only; never fails).
+[group('native')]
+browser:
+    #!/bin/sh
+    command -v chromium >/dev/null 2>&1 && exit 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "browser: installing Debian's chromium for the report.html browser test" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+            && exit 0
+        echo "browser: WARNING: chromium could not be installed; the browser test of report.html WILL BE SKIPPED" >&2
+    else
+        echo "browser: WARNING: chromium is missing and this is not root; the browser test of report.html WILL BE SKIPPED" >&2
+    fi
 
 # --- operator ---------------------------------------------------------------
 

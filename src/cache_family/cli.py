@@ -283,6 +283,80 @@ def _add_report_command(sub: argparse._SubParsersAction[_Parser]) -> None:
 # --- end of cache-family report ----------------------------------------------------------
 
 
+# --- cache-family report-run (the run report from a run directory's receipts) -------------
+
+
+def _publish_report_file(target: str, data: bytes) -> None:
+    """Replace ``target`` atomically, creating its parents; a failure is a typed refusal."""
+    import os
+
+    from cache_family.actors.publish import publish_replace
+    from cache_family.schemas.refusal_codes import report_hint
+
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        publish_replace(target, data)
+    except OSError as exc:
+        raise Refused.one(
+            "report.output_unwritable",
+            "$",
+            f"cannot write {target}: {exc.strerror or exc}",
+            report_hint("report.output_unwritable"),
+        ) from None
+
+
+def _cmd_report_run(args: argparse.Namespace) -> int:
+    from cache_family.report.run import read_run
+    from cache_family.report.run_report import render_run_report
+
+    output = args.output if args.output is not None else args.run_dir
+    receipts = read_run(
+        args.run_dir, output, production=args.production, corpus=args.use_case_corpus
+    )
+    files = render_run_report(receipts)  # refuses before anything is written
+    root = Path(output).absolute()
+    # Plots first and report.md last: a reader who sees the new Markdown finds its plots.
+    for name in sorted(files, key=lambda n: (n.count("/") == 0, n.endswith(".md"), n)):
+        _publish_report_file(str(root / name), files[name])
+    for name in ("report.md", "report.html"):
+        print(f"Wrote {Path(output) / name}")
+    return EXIT_OK
+
+
+def _add_report_run_command(sub: argparse._SubParsersAction[_Parser]) -> None:
+    run_report = sub.add_parser(
+        "report-run",
+        help="write report.md, report.html and plots/*.svg from a run directory's receipts",
+    )
+    run_report.add_argument("run_dir", metavar="RUN_DIR", type=_path_text)
+    run_report.add_argument(
+        "--output",
+        action=_Once,
+        type=_path_text,
+        metavar="DIR",
+        help="directory for the report files (default: the run directory); links stay relative",
+    )
+    run_report.add_argument(
+        "--production",
+        action=_Once,
+        type=_path_text,
+        metavar="JSON",
+        help="production-cache-bench.json for the reference tables (default: the run's own, "
+        "when it has one)",
+    )
+    run_report.add_argument(
+        "--use-case-corpus",
+        action=_Once,
+        type=_path_text,
+        metavar="CORPUS_JSON",
+        help="corpus for the prompt-source table (default: the checked-in corpus)",
+    )
+    run_report.set_defaults(func=_cmd_report_run)
+
+
+# --- end of cache-family report-run ------------------------------------------------------
+
+
 def _available(module: str) -> bool:
     """A command appears only once the module that does its work exists."""
     import importlib.util
@@ -401,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
         replay.set_defaults(func=_cmd_replay)
 
     _add_report_command(sub)
+    _add_report_run_command(sub)
     return parser
 
 

@@ -16,6 +16,7 @@ from cache_family.errors import Refusal, json_path
 from cache_family.report.decode import U64_MAX, Refusals
 from cache_family.report.rows import ReportRow
 from cache_family.report.sources import SourceEntry
+from cache_family.report.stats import median
 from cache_family.schemas.refusal_codes import report_hint
 
 FAMILY_ORDER: Final = (
@@ -72,7 +73,7 @@ def _number(value: int | None) -> str:
     return "n/a" if value is None else str(value)
 
 
-def _ms(value: float | None) -> str:
+def format_ms(value: float | None) -> str:
     # Python's fixed-point formatting rounds exact ties to even, as the reference's does.
     return "n/a" if value is None else f"{value:.1f}"
 
@@ -101,14 +102,7 @@ def hit_ms(row: ReportRow) -> float | None:
         return row.skippy.cache_hit_total_ms
     pairs = zip(imports, decodes, strict=False)
     sums = [a + b for a, b in pairs if a is not None and b is not None]
-    if not sums:
-        return None
-    # Total order as the reference sorts: -0.0 before 0.0.
-    sums.sort(key=lambda v: (v, math.copysign(1.0, v)))
-    middle = len(sums) // 2
-    if len(sums) % 2 == 1:
-        return sums[middle]
-    return sums[middle - 1] / 2.0 + sums[middle] / 2.0
+    return median(sums) if sums else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +188,7 @@ def _table(rows: Sequence[ReportRow], *, package: bool, refusals: Refusals) -> s
         if package:
             base_text = "n/a" if base is None else base.label
         else:
-            base_text = _ms(None if base is None else base.value)
+            base_text = format_ms(None if base is None else base.value)
         fields = (
             cell(row.family),
             f"`{cell(row.model_id)}`",
@@ -203,7 +197,7 @@ def _table(rows: Sequence[ReportRow], *, package: bool, refusals: Refusals) -> s
             _number(row.prefix_tokens),
             _number(row.benchmark_prompt_token_count),
             base_text,
-            _ms(hit_ms(row)),
+            format_ms(hit_ms(row)),
             _win(row, package=package, bold=True),
             _bytes(stored),
             method,

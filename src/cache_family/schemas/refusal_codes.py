@@ -347,6 +347,11 @@ REPORT_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
         "the output file or its parent directories cannot be written",
         "choose an output path in a writable directory",
     ),
+    RefusalCode(
+        "report.receipt",
+        "a run receipt does not decode as its schema, or names a path outside the run directory",
+        "report the run directory the run wrote, unedited; replay it to find the edit",
+    ),
 )
 
 

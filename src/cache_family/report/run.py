@@ -1,0 +1,284 @@
+"""A run directory's receipts as the run report reads them (`cache-family report-run`).
+
+Only published receipts are read, never the journal: ``cache-family-matrix.json``, each row's
+``row.json`` it names, each arm's ``cell.json`` the row names, and, when present, the run's
+``production-cache-bench.json``. Every read is bounded; a path a receipt names must stay
+inside the run directory. A receipt that is absent is shown as absent (a killed run's
+directory still reports); one that is present must decode as its schema.
+
+Beyond the schemas in ``schemas/receipts.py`` one optional member per rung of a ``cell.json``
+is read, tolerantly: ``measurement.rungs[i].cache_verdict``, an object whose members
+``expected_hits``, ``observed_hits``, ``expected_cached_tokens``,
+``observed_cached_tokens_min`` (integers), ``shortfall`` (boolean) and ``rule`` (text) are
+each optional; the report shows a verdict column only when some rung has one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from cache_family.report.decode import Reader, Refusals, Where
+from cache_family.report.rows import ReportRow, read_rows
+from cache_family.report.sources import SourceEntry, read_sources
+from cache_family.schemas.bounded import MIB
+from cache_family.schemas.corpus import default_corpus_path
+from cache_family.schemas.matrix import MATRIX_FILENAME, MatrixReceipt, MatrixRow
+from cache_family.schemas.receipts import ArmObservation, CellReceipt, RowReceipt, RungReceipt
+
+PRODUCTION_FILENAME: Final = "production-cache-bench.json"
+CELL_FILENAME: Final = "cell.json"
+MAX_RECEIPT_BYTES: Final = 64 * MIB
+MAX_MATRIX_ROWS: Final = 100_000
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheVerdict:
+    """Expected versus observed cache hits of one rung, as the cell receipt states them."""
+
+    expected_hits: int | None = None
+    observed_hits: int | None = None
+    expected_cached_tokens: int | None = None
+    observed_cached_tokens_min: int | None = None
+    shortfall: bool | None = None
+    rule: str | None = None
+
+    @property
+    def short(self) -> bool | None:
+        """Whether the rung fell short: stated, else observed < expected when both exist."""
+        if self.shortfall is not None:
+            return self.shortfall
+        if self.expected_hits is not None and self.observed_hits is not None:
+            return self.observed_hits < self.expected_hits
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ArmView:
+    """One arm of a row: its observation in ``row.json`` and, when published, its cell."""
+
+    observation: ArmObservation
+    #: ``cell.json`` relative to the run directory, when the row names a cell directory.
+    cell_path: str | None
+    cell: CellReceipt | None
+    verdicts: Mapping[int, CacheVerdict] = field(default_factory=dict)
+
+    @property
+    def arm(self) -> str:
+        return self.observation.arm
+
+    @property
+    def rungs(self) -> tuple[RungReceipt, ...]:
+        return () if self.cell is None else self.cell.measurement.rungs
+
+    @property
+    def concurrent(self) -> bool:
+        """A ladder arm, whatever its name: its cell says so, or a rung has a ladder summary
+        (a serial baseline has only serial summaries)."""
+        if self.cell is not None and self.cell.measurement.kind == "concurrent":
+            return True
+        return any(r.rung_summary is not None for r in self.rungs) or any(
+            r.rung_summary is not None for r in self.observation.rungs
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RowView:
+    entry: MatrixRow
+    #: ``row.json`` relative to the run directory, when the matrix names one.
+    row_path: str | None
+    receipt: RowReceipt | None
+    arms: tuple[ArmView, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceInputs:
+    """What the reference sections render: production rows and the corpus's sources."""
+
+    rows: tuple[ReportRow, ...]
+    sources: tuple[SourceEntry, ...]
+    corpus_shown: str
+    #: The production-cache-bench.json read, relative to the output directory.
+    href: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunReceipts:
+    """Everything ``render_run_report`` needs; paths in it are relative, so rendering is pure."""
+
+    matrix: MatrixReceipt
+    rows: tuple[RowView, ...]
+    #: The run directory relative to the output directory ("" when they are the same).
+    run_href: str
+    reference: ReferenceInputs | None = None
+
+
+def _inside(reader: Reader, text: str, where: Where) -> str | None:
+    """A relative POSIX path that stays inside the run directory, or None after a refusal."""
+    pure = PurePosixPath(text)
+    if not text or pure.is_absolute() or ".." in pure.parts or "\\" in text or "\x00" in text:
+        reader.refuse("report.receipt", where, f"path {text!r} is not inside the run directory")
+        return None
+    return str(pure)
+
+
+def _convert(reader: Reader, value: Any, kind: type[_T], what: str) -> _T | None:
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        reader.refuse("report.receipt", [], f"not a {what}: {exc}")
+        return None
+
+
+def _verdicts(reader: Reader, document: dict[str, Any]) -> dict[int, CacheVerdict]:
+    measurement = document.get("measurement")
+    rungs = measurement.get("rungs") if isinstance(measurement, dict) else None
+    out: dict[int, CacheVerdict] = {}
+    for i, rung in enumerate(rungs if isinstance(rungs, list) else []):
+        if not isinstance(rung, dict) or "cache_verdict" not in rung:
+            continue
+        where: Where = ["measurement", "rungs", i]
+        present, raw = reader.member(rung, "cache_verdict", where)
+        if not present or raw is None:
+            continue
+        if not isinstance(raw, dict):
+            reader.wrong([*where, "cache_verdict"], "an object", raw)
+            continue
+        at: Where = [*where, "cache_verdict"]
+        index = rung.get("rung_index")
+        out[index if isinstance(index, int) else i] = CacheVerdict(
+            expected_hits=reader.opt_count(raw, "expected_hits", at),
+            observed_hits=reader.opt_count(raw, "observed_hits", at),
+            expected_cached_tokens=reader.opt_count(raw, "expected_cached_tokens", at),
+            observed_cached_tokens_min=reader.opt_count(raw, "observed_cached_tokens_min", at),
+            shortfall=reader.opt_flag(raw, "shortfall", at),
+            rule=reader.opt_text(raw, "rule", at),
+        )
+    return out
+
+
+def _load(root: str, relative: str, what: str, refusals: Refusals) -> tuple[Reader, Any] | None:
+    """The JSON of ``root/relative``; None when absent (shown so) or after a refusal."""
+    path = os.path.join(root, relative)
+    if not os.path.lexists(path):
+        return None
+    reader = Reader(path, what=what, sink=refusals)
+    ok, document = reader.load(MAX_RECEIPT_BYTES)
+    if not ok:
+        return None
+    if not isinstance(document, dict):
+        reader.wrong([], f"an object (a {what})", document)
+        return None
+    return reader, document
+
+
+def _arm(
+    root: str, row_reader: Reader, index: int, obs: ArmObservation, refusals: Refusals
+) -> ArmView:
+    cell_path: str | None = None
+    cell: CellReceipt | None = None
+    verdicts: dict[int, CacheVerdict] = {}
+    if obs.cell_dir is not None:
+        inside = _inside(row_reader, obs.cell_dir, ["observations", index, "cell_dir"])
+        if inside is not None:
+            cell_path = f"{inside}/{CELL_FILENAME}"
+            loaded = _load(root, cell_path, "cell receipt", refusals)
+            if loaded is not None:
+                reader, document = loaded
+                cell = _convert(reader, document, CellReceipt, "cell receipt")
+                verdicts = _verdicts(reader, document)
+    return ArmView(
+        observation=obs,
+        cell_path=cell_path,
+        cell=cell,
+        verdicts=verdicts,
+    )
+
+
+def _row(root: str, matrix_reader: Reader, i: int, entry: MatrixRow, sink: Refusals) -> RowView:
+    evidence = entry.result.evidence
+    if evidence is None:
+        return RowView(entry=entry, row_path=None, receipt=None)
+    row_path = _inside(matrix_reader, evidence, ["rows", i, "result", "evidence"])
+    if row_path is None:
+        return RowView(entry=entry, row_path=None, receipt=None)
+    loaded = _load(root, row_path, "row receipt", sink)
+    if loaded is None:
+        return RowView(entry=entry, row_path=row_path, receipt=None)
+    reader, document = loaded
+    receipt: RowReceipt | None = _convert(reader, document, RowReceipt, "row receipt")
+    if receipt is None:
+        return RowView(entry=entry, row_path=row_path, receipt=None)
+    arms = tuple(_arm(root, reader, k, obs, sink) for k, obs in enumerate(receipt.observations))
+    return RowView(entry=entry, row_path=row_path, receipt=receipt, arms=arms)
+
+
+def _href(path: str, output: str) -> str:
+    return Path(os.path.relpath(path, output)).as_posix()
+
+
+def _corpus_shown(corpus: str | None) -> tuple[str, str]:
+    """(absolute path, text shown). The default corpus is named relative to its checkout so
+    the report's bytes do not depend on where the command ran."""
+    if corpus is not None:
+        return str(Path(corpus).absolute()), corpus
+    path = default_corpus_path()
+    return path, _href(path, str(Path(path).parent.parent))
+
+
+def read_run(
+    run_dir: str,
+    output_dir: str | None = None,
+    *,
+    production: str | None = None,
+    corpus: str | None = None,
+) -> RunReceipts:
+    """The receipts of ``run_dir`` for a report written to ``output_dir`` (default: the run
+    directory). ``production`` defaults to the run's own production-cache-bench.json when it
+    has one. Raises ``Refused`` with every problem found."""
+    root = str(Path(run_dir).absolute())
+    output = root if output_dir is None else str(Path(output_dir).absolute())
+    refusals = Refusals()
+    matrix_reader = Reader(os.path.join(root, MATRIX_FILENAME), what="run matrix", sink=refusals)
+    ok, document = matrix_reader.load(MAX_RECEIPT_BYTES)
+    matrix: MatrixReceipt | None = None
+    if ok and isinstance(document, dict) and "rows" not in document and "reason" in document:
+        # The failed-pipeline matrix: the run wrote no row receipts to report.
+        matrix_reader.refuse(
+            "report.receipt",
+            [],
+            f"the run's pipeline failed ({document.get('reason')}): there are no receipts "
+            "to report",
+        )
+    elif ok:
+        matrix = _convert(matrix_reader, document, MatrixReceipt, "run matrix receipt")
+    if matrix is not None and len(matrix.rows) > MAX_MATRIX_ROWS:
+        matrix_reader.refuse("report.receipt", ["rows"], f"more than {MAX_MATRIX_ROWS} rows")
+        matrix = None
+    rows: Sequence[RowView] = ()
+    if matrix is not None:
+        rows = [_row(root, matrix_reader, i, e, refusals) for i, e in enumerate(matrix.rows)]
+    reference: ReferenceInputs | None = None
+    own = os.path.join(root, PRODUCTION_FILENAME)
+    if production is None and os.path.lexists(own):
+        production = own
+    if production is not None:
+        production_path = str(Path(production).absolute())
+        corpus_path, shown = _corpus_shown(corpus)
+        reference = ReferenceInputs(
+            rows=tuple(read_rows([production_path], refusals)),
+            sources=read_sources(corpus_path, refusals),
+            corpus_shown=shown,
+            href=_href(production_path, output),
+        )
+    refusals.raise_any()
+    assert matrix is not None  # a missing matrix was refused above
+    run_href = "" if output == root else _href(root, output)
+    return RunReceipts(matrix=matrix, rows=tuple(rows), run_href=run_href, reference=reference)

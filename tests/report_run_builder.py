@@ -1,0 +1,205 @@
+"""Builds small run directories of receipts for the run-report tests (tests only).
+
+The receipts are the real structs of ``schemas/receipts.py`` and ``schemas/matrix.py``,
+encoded by their own encoders; only their figures are chosen by the test.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from cache_family.schemas.matrix import (
+    MATRIX_FILENAME,
+    MatrixCatalog,
+    MatrixReceipt,
+    MatrixRow,
+    MatrixRowResult,
+    encode_matrix,
+)
+from cache_family.schemas.measurement import RequestRow, RungSummary, ServerTimings
+from cache_family.schemas.receipts import (
+    ArmObservation,
+    CellReceipt,
+    Measurement,
+    Readiness,
+    RowReceipt,
+    RungBrief,
+    RungReceipt,
+    encode_receipt,
+)
+
+RUN_ID = "run-test-0001"
+SHA = "0" * 64
+
+
+def requests(ttfts: Sequence[float], *, elapsed_extra: float = 100.0) -> tuple[RequestRow, ...]:
+    return tuple(
+        RequestRow(
+            request_id=i,
+            status="completed",
+            elapsed_ms=t + elapsed_extra,
+            ttft_ms=t,
+            tpot_ms=1.0,
+            tokens_predicted=16,
+            timings=ServerTimings(cache_n=0 if i == 0 else 32),
+        )
+        for i, t in enumerate(ttfts)
+    )
+
+
+def rung(index: int, concurrency: int, ttfts: Sequence[float], **extra: Any) -> RungReceipt:
+    ordered = sorted(ttfts)
+    summary = RungSummary(
+        concurrency=concurrency,
+        requested_requests=len(ttfts),
+        measured_requests=len(ttfts),
+        makespan_seconds=1.0,
+        throughput_requests_per_sec=10.0 * concurrency + 0.125,
+        output_tokens_per_sec=100.0,
+        goodput_requests_per_sec=9.0 * concurrency + 0.25,
+        observed_completion_tokens=16 * len(ttfts),
+        ttft_p50_ms=ordered[len(ordered) // 2],
+        ttft_p99_ms=ordered[-1],
+        tpot_p50_ms=1.0,
+        tpot_p99_ms=1.5,
+        complete=True,
+    )
+    return RungReceipt(
+        rung_index=index,
+        concurrency=concurrency,
+        requested_requests=len(ttfts),
+        status="completed",
+        rows=requests(ttfts),
+        rung_summary=summary,
+        **extra,
+    )
+
+
+def cell(row: int, arm: str, rungs: Sequence[RungReceipt], *, synthetic: bool) -> CellReceipt:
+    return CellReceipt(
+        run_id=RUN_ID,
+        request_sha256=SHA,
+        catalog_sha256=SHA,
+        cell_id=f"cell-{row:04d}/{arm}",
+        row_index=row,
+        row_key=f"fam{row}-p32",
+        arm=arm,
+        cohort="native",
+        cell_dir=f"cell-{row:04d}/sweep-{arm}",
+        host=None,
+        status="completed",
+        terminal_refusal=None,
+        accepted_for_parity=True,
+        faults=(),
+        lifecycle=("launch", "ladder", "finalize"),
+        final_state="finalize",
+        readiness=Readiness(),
+        pins_before=(),
+        pins_after=(),
+        pins_drifted=False,
+        cleanup=None,
+        measurement=Measurement(kind="concurrent", complete=True, rungs=tuple(rungs)),
+        journal_through_seq=1,
+        synthetic=synthetic,
+    )
+
+
+def write_run(
+    root: Path,
+    arms_per_row: Sequence[dict[str, Sequence[RungReceipt]]],
+    *,
+    synthetic: bool = True,
+    verdicts: dict[tuple[int, str, int], Any] | None = None,
+) -> Path:
+    """A run directory with one row per mapping (arm name -> its rungs)."""
+    root.mkdir(parents=True)
+    entries = []
+    for index, arms in enumerate(arms_per_row):
+        row_dir = root / f"cell-{index:04d}"
+        observations = []
+        for arm, rungs in arms.items():
+            receipt = cell(index, arm, rungs, synthetic=synthetic)
+            cell_dir = root / str(receipt.cell_dir)
+            cell_dir.mkdir(parents=True)
+            data = encode_receipt(receipt)
+            wanted = {k[2]: v for k, v in (verdicts or {}).items() if k[:2] == (index, arm)}
+            if wanted:
+                document = json.loads(data)
+                for k, value in wanted.items():
+                    document["measurement"]["rungs"][k]["cache_verdict"] = value
+                data = json.dumps(document, indent=2).encode() + b"\n"
+            (cell_dir / "cell.json").write_bytes(data)
+            observations.append(
+                ArmObservation(
+                    arm=arm,
+                    planned="planned",
+                    status="completed",
+                    cell_id=receipt.cell_id,
+                    cell_dir=receipt.cell_dir,
+                    rungs=tuple(
+                        RungBrief(
+                            rung_index=r.rung_index,
+                            concurrency=r.concurrency,
+                            status=r.status,
+                            rung_summary=r.rung_summary,
+                        )
+                        for r in rungs
+                    ),
+                )
+            )
+        row = RowReceipt(
+            run_id=RUN_ID,
+            request_sha256=SHA,
+            catalog_sha256=SHA,
+            row_index=index,
+            row_key=f"fam{index}-p32",
+            case_key=f"fam{index}",
+            prefix_tokens=32,
+            use_case=None,
+            row_dir=row_dir.name,
+            model_status="present",
+            status="completed",
+            reason=None,
+            terminal_refusal=None,
+            lifecycle=("finalize",),
+            final_state="finalize",
+            observations=tuple(observations),
+            journal_through_seq=2,
+            synthetic=synthetic,
+        )
+        row_dir.mkdir(exist_ok=True)
+        (row_dir / "row.json").write_bytes(encode_receipt(row))
+        entries.append(
+            MatrixRow(
+                index=index,
+                case=f"fam{index}",
+                prefix_tokens=32,
+                use_case=None,
+                result=MatrixRowResult(status="completed", evidence=f"{row_dir.name}/row.json"),
+                synthetic=synthetic,
+            )
+        )
+    matrix = MatrixReceipt(
+        status="completed",
+        scope="test scope",
+        request_sha256=SHA,
+        catalog_sha256=SHA,
+        planned_cells=len(entries),
+        rows=tuple(entries),
+        promotion=None,
+        journal_through_seq=3,
+        catalog=MatrixCatalog(
+            path="/x/catalog.json", sha256=SHA, synthetic=synthetic, packaged=False
+        ),
+    )
+    (root / MATRIX_FILENAME).write_bytes(encode_matrix(matrix))
+    return root
+
+
+def to_builtins(value: object) -> Any:
+    return msgspec.to_builtins(value)

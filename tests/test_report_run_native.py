@@ -1,0 +1,267 @@
+"""`cache-family report-run` on a real demo run (real llama-server, the tiny model zoo), and
+its `report.html` in headless Chromium (Debian's `chromium`; `./bootstrap test` installs it
+when missing and root, otherwise the browser test is skipped with the reason)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from cache_family.cli import main
+from cache_family.oracles.demo import run_demo
+from cache_family.report.render import format_ms
+from cache_family.report.run import read_run
+from cache_family.report.run_report import SYNTHETIC_BANNER, render_run_report
+from cache_family.schemas.measurement import RequestRow
+from cache_family.schemas.receipts import (
+    ArmObservation,
+    decode_cell_receipt,
+    decode_row_receipt,
+    encode_receipt,
+)
+
+pytestmark = pytest.mark.native
+
+BROWSER = "chromium"
+#: The page's table border colour (#c8c8c8 in report/html.py's style).
+TABLE_BORDER = (200, 200, 200)
+
+
+@pytest.fixture(scope="session")
+def demo_run(native_parts: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real demo run (about 45 s on the 2-core host), shared by this module's tests;
+    ``native_parts`` (conftest) skips or fails first when the real parts are missing."""
+    out = tmp_path_factory.mktemp("report-run-demo") / "demo"
+    progress = io.StringIO()
+    assert run_demo(out, progress) == 0, progress.getvalue()
+    return out / "full-gguf"
+
+
+@pytest.fixture
+def run_copy(demo_run: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(demo_run, copy)
+    return copy
+
+
+def concurrent_cells(run: Path) -> list[tuple[int, Path]]:
+    matrix = json.loads((run / "cache-family-matrix.json").read_text())
+    out = []
+    for entry in matrix["rows"]:
+        evidence = entry["result"].get("evidence")
+        if evidence is None:
+            continue
+        row = decode_row_receipt((run / evidence).read_bytes())
+        for obs in row.observations:
+            if obs.arm == "native-concurrent" and obs.cell_dir is not None:
+                out.append((row.row_index, run / obs.cell_dir / "cell.json"))
+    return out
+
+
+def test_the_plots_of_a_real_run_exist_are_linked_and_show_its_numbers(run_copy: Path) -> None:
+    assert main(["report-run", str(run_copy)]) == 0
+    markdown = (run_copy / "report.md").read_text()
+    html = (run_copy / "report.html").read_text()
+    assert f"> {SYNTHETIC_BANNER}" in markdown
+    cells = concurrent_cells(run_copy)
+    assert len(cells) >= 10  # every full-GGUF zoo row but the package-only one
+    for row_index, cell_path in cells:
+        plots = sorted((run_copy / "plots").glob(f"row-{row_index:04d}-*.svg"))
+        assert len(plots) == 1, row_index
+        name = f"plots/{plots[0].name}"
+        assert f"]({name})" in markdown and f'href="{name}"' in html
+        svg = plots[0].read_text()
+        cell = decode_cell_receipt(cell_path.read_bytes())
+        for rung in cell.measurement.rungs:
+            summary = rung.rung_summary
+            assert summary is not None
+            c = rung.concurrency
+            p50 = f"native-concurrent p50 at concurrency {c}: {format_ms(summary.ttft_p50_ms)} ms"
+            assert p50 in svg and p50 in html
+            rate = f"{summary.throughput_requests_per_sec:.2f}"
+            assert f"native-concurrent at concurrency {c}: {rate} requests/s" in svg
+            assert f"| {format_ms(summary.ttft_p50_ms)} | {format_ms(summary.ttft_p99_ms)} |" in (
+                markdown
+            )
+    for _, cell_path in cells:
+        link = cell_path.relative_to(run_copy).as_posix()
+        assert f"[cell.json]({link})" in markdown and f'href="{link}"' in html
+    assert "paired serving not run" in markdown
+
+
+def test_the_report_of_a_real_run_is_byte_identical_when_rendered_again(run_copy: Path) -> None:
+    assert main(["report-run", str(run_copy)]) == 0
+    again = render_run_report(read_run(str(run_copy)))
+    assert again == render_run_report(read_run(str(run_copy)))
+    for name, data in again.items():
+        assert (run_copy / name).read_bytes() == data, name
+
+
+def _faster(rows: tuple[RequestRow, ...]) -> tuple[RequestRow, ...]:
+    """The same requests, each served faster than the fastest original one (per metric), so
+    every bootstrap resample sees the new arm faster, whatever the real timings were."""
+
+    def scaler(values: list[float]) -> float:
+        return 0.5 * min(values) / max(values)
+
+    ttft = scaler([r.ttft_ms for r in rows if r.ttft_ms is not None])
+    elapsed = scaler([r.elapsed_ms for r in rows if r.elapsed_ms is not None])
+    return tuple(
+        msgspec.structs.replace(
+            r,
+            ttft_ms=None if r.ttft_ms is None else r.ttft_ms * ttft,
+            elapsed_ms=None if r.elapsed_ms is None else r.elapsed_ms * elapsed,
+        )
+        for r in rows
+    )
+
+
+def test_old_and_new_cells_in_a_real_run_are_compared_per_rung(run_copy: Path) -> None:
+    """Constructed from the real receipts: the row's native ladder stands in for skippy-old,
+    and skippy-new serves every request faster than the fastest old one, so the interval
+    excludes 0."""
+    row_index, cell_path = concurrent_cells(run_copy)[0]
+    native = decode_cell_receipt(cell_path.read_bytes())
+    row_path = cell_path.parent.parent / "row.json"
+    row = decode_row_receipt(row_path.read_bytes())
+    observations = list(row.observations)
+    for arm in ("skippy-old", "skippy-new"):
+        rungs = tuple(
+            msgspec.structs.replace(r, rows=r.rows if arm == "skippy-old" else _faster(r.rows))
+            for r in native.measurement.rungs
+        )
+        cell_dir = f"{row.row_dir}/sweep-{arm}"
+        cell = msgspec.structs.replace(
+            native,
+            arm=arm,
+            cell_id=f"{row.row_dir}/{arm}",
+            cell_dir=cell_dir,
+            measurement=msgspec.structs.replace(native.measurement, rungs=rungs),
+        )
+        (run_copy / cell_dir).mkdir()
+        (run_copy / cell_dir / "cell.json").write_bytes(encode_receipt(cell))
+        observations.append(
+            ArmObservation(arm=arm, planned="planned", status="completed", cell_dir=cell_dir)
+        )
+    row_path.write_bytes(
+        encode_receipt(msgspec.structs.replace(row, observations=tuple(observations)))
+    )
+    markdown = render_run_report(read_run(str(run_copy)))["report.md"].decode()
+    comparisons = [
+        line
+        for line in markdown.splitlines()
+        if line.startswith(f"| {row.row_key} | ") and ("| TTFT |" in line or "| latency |" in line)
+    ]
+    assert len(comparisons) == 2 * len(native.measurement.rungs)
+    assert all(line.endswith("| new faster |") for line in comparisons), comparisons
+    svg = next((run_copy / "plots").glob(f"row-{row_index:04d}-*.svg"), None)
+    assert svg is None  # render_run_report wrote nothing; the command writes
+    assert main(["report-run", str(run_copy)]) == 0
+    svg_text = next((run_copy / "plots").glob(f"row-{row_index:04d}-*.svg")).read_text()
+    assert "skippy-new p50 at concurrency 1" in svg_text
+
+
+# --- the page in a real browser -------------------------------------------------------------
+
+
+def _png_rows(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Width, height and the unfiltered scanlines of an 8-bit RGB or RGBA PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat = 8, b""
+    width = height = channels = 0
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and interlace == 0 and color in (2, 6)
+            channels = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    rows: list[bytes] = []
+    previous = bytearray(stride)
+    for y in range(height):
+        kind = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for i in range(stride):
+            left = line[i - channels] if i >= channels else 0
+            up = previous[i]
+            corner = previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                pred = left if pa <= pb and pa <= pc else up if pb <= pc else corner
+                line[i] = (line[i] + pred) & 0xFF
+        rows.append(bytes(line))
+        previous = line
+    return width, channels, rows
+
+
+def _border_lines(png: bytes) -> int:
+    """Scanlines holding a run of at least 300 table-border pixels: the tables' rules."""
+    width, channels, rows = _png_rows(png)
+    count = 0
+    target = bytes(TABLE_BORDER)
+    for line in rows:
+        run = best = 0
+        for x in range(width):
+            if line[x * channels : x * channels + 3] == target:
+                run += 1
+                best = max(best, run)
+            else:
+                run = 0
+        count += best >= 300
+    return count
+
+
+def test_the_html_opens_in_chromium_without_console_errors_and_shows_the_tables(
+    run_copy: Path, tmp_path: Path
+) -> None:
+    browser = shutil.which(BROWSER)
+    if browser is None:
+        pytest.skip(
+            "BROWSER TEST SKIPPED: Debian's `chromium` is not installed; `./bootstrap test` "
+            "installs it when run as root (apt-get install chromium)"
+        )
+    assert main(["report-run", str(run_copy)]) == 0
+    page = (run_copy / "report.html").as_uri()
+    shot = tmp_path / "report.png"
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr"]
+    flags += ["--v=0", "--window-size=1200,1600"]
+    done = subprocess.run(
+        [*flags, f"--screenshot={shot}", page],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []
+    dom = subprocess.run(
+        [*flags, "--dump-dom", page], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert [line for line in dom.stderr.splitlines() if ":CONSOLE" in line] == []
+    assert dom.stdout.count("<table>") >= 10
+    assert SYNTHETIC_BANNER in dom.stdout
+    assert dom.stdout.count("<svg ") == len(concurrent_cells(run_copy))
+    # The first screen holds the first row's table: its horizontal rules are on the image.
+    assert _border_lines(shot.read_bytes()) >= 3
