@@ -290,12 +290,12 @@ def _publish_report_file(target: str, data: bytes) -> None:
     """Replace ``target`` atomically, creating its parents; a failure is a typed refusal."""
     import os
 
-    from cache_family.actors.publish import publish_replace
+    from cache_family.actors.publish import replace_atomically
     from cache_family.schemas.refusal_codes import report_hint
 
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        publish_replace(target, data)
+        replace_atomically(target, data)
     except OSError as exc:
         raise Refused.one(
             "report.output_unwritable",
@@ -328,18 +328,18 @@ def _add_report_run_command(sub: argparse._SubParsersAction[_Parser]) -> None:
         "report-run",
         help="write report.md, report.html and plots/*.svg from a run directory's receipts",
     )
-    run_report.add_argument("run_dir", metavar="RUN_DIR", type=_path_text)
+    run_report.add_argument("run_dir", metavar="RUN_DIR", type=_dir_path("RUN_DIR"))
     run_report.add_argument(
         "--output",
         action=_Once,
-        type=_path_text,
+        type=_dir_path("--output"),
         metavar="DIR",
         help="directory for the report files (default: the run directory); links stay relative",
     )
     run_report.add_argument(
         "--production",
         action=_Once,
-        type=_path_text,
+        type=_file_path("--production"),
         metavar="JSON",
         help="production-cache-bench.json for the reference tables (default: the run's own, "
         "when it has one)",
@@ -347,7 +347,7 @@ def _add_report_run_command(sub: argparse._SubParsersAction[_Parser]) -> None:
     run_report.add_argument(
         "--use-case-corpus",
         action=_Once,
-        type=_path_text,
+        type=_file_path("--use-case-corpus"),
         metavar="CORPUS_JSON",
         help="corpus for the prompt-source table (default: the checked-in corpus)",
     )
