@@ -47,7 +47,6 @@ from typing import Any, Final, TextIO, TypeAlias
 import trio
 
 from cache_family import __version__
-from cache_family.actors.cell import Budgets, HostSettings, RunContext, RunStop, thread_setting
 from cache_family.actors.journal import (
     JOURNAL_READ_LIMIT,
     JournalWriter,
@@ -57,6 +56,13 @@ from cache_family.actors.journal import (
 from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.publish import publish_fresh
 from cache_family.actors.row import RowActor, RowResult
+from cache_family.actors.run_context import (
+    Budgets,
+    HostSettings,
+    RunContext,
+    RunStop,
+    thread_setting,
+)
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
@@ -298,14 +304,9 @@ def check_interrupt_finish(originals: Mapping[int, SignalHandler]) -> str | None
 
 @dataclass(slots=True)
 class RunOptions(HostSettings):
-    """Seams for tests (the hosts' and the run's own); a real run uses the defaults."""
+    """How the run opens its hosts (``HostSettings``, with its seams) and shows progress."""
 
     progress: Progress | None = None
-    # Called with the run context once the run starts (tests reach its stop and writer).
-    on_started: Callable[[RunContext], None] | None = None
-    results: dict[int, RowResult] = field(default_factory=dict)
-    # The interrupt-finish check (tests make it fail to see the matrix downgraded).
-    interrupt_finish: Callable[[Mapping[int, SignalHandler]], str | None] = check_interrupt_finish
 
 
 @dataclass(slots=True)
@@ -359,7 +360,7 @@ async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) ->
                             _watch_signals, signals, ctx, rows_scope, progress, seen
                         )
                         receipt = await _run_and_publish(
-                            admitted, ctx, progress, options, rows_scope, watchers, seen, originals
+                            admitted, ctx, progress, rows_scope, watchers, seen, originals
                         )
                         watchers.cancel_scope.cancel()
                 finally:
@@ -386,7 +387,6 @@ async def _run_and_publish(
     admitted: AdmittedRun,
     ctx: RunContext,
     progress: Progress,
-    options: RunOptions,
     rows_scope: trio.CancelScope,
     watchers: trio.Nursery,
     seen: _Signals,
@@ -394,18 +394,17 @@ async def _run_and_publish(
 ) -> MatrixReceipt | FailedMatrix:
     writer = ctx.writer
     await writer.append(_run_started(admitted))
-    if options.on_started is not None:
-        options.on_started(ctx)
     progress.start(ctx.run_dir)
     # The deadline stops rows only: unreached rows and the matrix are journaled regardless.
     deadline_scope = trio.CancelScope()
     watchers.start_soon(_watch_deadline, ctx, rows_scope, progress, deadline_scope)
+    results: dict[int, RowResult] = {}
     with rows_scope:
-        await _rows(admitted, ctx, progress, options.results)
+        await _rows(admitted, ctx, progress, results)
     deadline_scope.cancel()
-    await _journal_unreached(admitted, ctx, options.results)
+    await _journal_unreached(admitted, ctx, results)
     # Checked before the fold, so a failure downgrades the matrix itself.
-    problem = options.interrupt_finish(originals)
+    problem = check_interrupt_finish(originals)
     if problem is not None:
         await writer.append(InterruptFinishFailed(detail=problem[:2000]))
         progress.note(f"interrupt finish failed: {problem}")

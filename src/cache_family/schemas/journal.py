@@ -31,7 +31,7 @@ from typing import ClassVar, Final, TypeAlias, get_args
 import msgspec
 
 from cache_family.errors import Refusal
-from cache_family.schemas.measurement import RequestRow
+from cache_family.schemas.measurement import HostCleanup, RequestRow
 
 JOURNAL_FILENAME: Final = "journal.jsonl"
 GENESIS_PREV: Final = "0" * 64
@@ -280,28 +280,11 @@ class Fault(_Record, tag="fault", frozen=True, kw_only=True):
 
 
 class CleanupOutcome(_Record, tag="cleanup_outcome", frozen=True, kw_only=True):
+    """Custody ended the cell's host; ``cleanup`` says how (``cell.json`` shows it as is)."""
+
     durable: ClassVar[bool] = True
     cell_id: str
-    pid: int | None = None  # None: nothing had been spawned
-    graceful: bool  # ended by SIGTERM within the grace period (or nothing to end)
-    forced: bool  # SIGKILL was needed
-    exit_code: int | None = None
-    surviving_descendants: tuple[int, ...] = ()
-    port_free: bool = True
-    state_dir_removed: bool = True
-    elapsed_ms: float | None = None
-    detail: str = ""
-    # Descendants that left the process group and had to be ended one by one: a custody
-    # failure even when they are gone now.
-    escaped_descendants: tuple[int, ...] = ()
-    # The host's output capture hit its bound, or lines longer than the line bound were cut.
-    capture_truncated: bool = False
-    oversized_lines: int = 0
-    # A second interrupt shortened the SIGTERM grace (informative, not a failure by itself).
-    grace_shortened: bool = False
-    # Cleanup ran past its own time bound; what it did not confirm counts as not done.
-    bounded_out: bool = False
-    state_dir_error: str | None = None
+    cleanup: HostCleanup
 
 
 class ReceiptPublished(_Record, tag="receipt_published", frozen=True, kw_only=True):
