@@ -32,7 +32,6 @@ from cache_family.actors.matrix import (
     MatrixOutcome,
     Progress,
     RichProgress,
-    RunOptions,
     _make_fresh_dir,
     admit_run,
     check_interrupt_finish,
@@ -43,7 +42,7 @@ from cache_family.actors.matrix import (
 from cache_family.actors.pins import Budget
 from cache_family.actors.preparation import admit, observe
 from cache_family.actors.replay import replay
-from cache_family.actors.run_context import Budgets, RunStop
+from cache_family.actors.run_context import Budgets, HostSettings, RunStop
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import MIB
 from cache_family.schemas.catalog import packaged_catalog
@@ -188,17 +187,17 @@ async def run(
 ) -> MatrixOutcome:
     admitted = admit_run(str(input_path), str(out))
     os.mkdir(admitted.output)
-    options = RunOptions(
+    hosts = HostSettings(
         host_opener=host_opener or fake_opener(script),
         pin_hasher=pins or hasher(),
         host_port=host_port,
-        progress=Progress(
-            progress_stream or io.StringIO(),
-            len(admitted.prepared.rows),
-            synthetic=admitted.prepared.catalog.synthetic,
-        ),
     )
-    return await supervise(admitted, options)
+    progress = Progress(
+        progress_stream or io.StringIO(),
+        len(admitted.prepared.rows),
+        synthetic=admitted.prepared.catalog.synthetic,
+    )
+    return await supervise(admitted, hosts, progress)
 
 
 def journal(out: Path) -> tuple[JournalLine, ...]:
@@ -647,12 +646,9 @@ async def test_a_failed_interrupt_finish_downgrades_the_matrix(
     assert receipt.rows[0].result.status == "completed"  # the row's own receipt is kept
 
 
-def options_for(admitted: Any, script: FakeHostScript) -> RunOptions:
-    return RunOptions(
-        host_opener=fake_opener(script),
-        pin_hasher=hasher(),
-        progress=Progress(io.StringIO(), len(admitted.prepared.rows)),
-    )
+async def supervise_fake(admitted: Any, script: FakeHostScript) -> MatrixOutcome:
+    hosts = HostSettings(host_opener=fake_opener(script), pin_hasher=hasher())
+    return await supervise(admitted, hosts, Progress(io.StringIO(), len(admitted.prepared.rows)))
 
 
 async def test_the_interrupt_finish_check_runs_before_the_fold_and_downgrades_the_matrix(
@@ -672,7 +668,7 @@ async def test_the_interrupt_finish_check_runs_before_the_fold_and_downgrades_th
     monkeypatch.setattr(
         "cache_family.actors.matrix.check_interrupt_finish", handlers_cannot_be_restored
     )
-    outcome = await supervise(admitted, options_for(admitted, FakeHostScript()))
+    outcome = await supervise_fake(admitted, FakeHostScript())
     out = Path(admitted.output)
     assert [sorted(s) for s in seen] == [sorted((signal.SIGINT, signal.SIGTERM))]
     assert real_verdicts == [None]
@@ -714,7 +710,7 @@ async def test_a_fold_that_fails_still_publishes_the_failed_matrix(
 
     monkeypatch.setattr("cache_family.actors.matrix.fold_matrix", fold_interrupted)
     with pytest.raises(BaseException) as raised:
-        await supervise(admitted, options_for(admitted, FakeHostScript()))
+        await supervise_fake(admitted, FakeHostScript())
     assert is_interrupt(raised.value)  # re-raised, after the fallback was written
     failed = msgspec.json.decode((Path(admitted.output) / MATRIX_FILENAME).read_bytes())
     assert failed["status"] == "failed"

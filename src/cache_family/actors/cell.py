@@ -153,38 +153,21 @@ def llama_server_argv(plan: CellPlan, profile: HostProfile, port: int) -> list[s
         str(plan.lanes),
         "--no-webui",
     ]
-    threads = host_threads(profile)
+    # The operator's OMP_NUM_THREADS, also given to llama-server as ``-t``.
+    threads = thread_setting(profile.environment)
     if threads is not None:
         argv += ["-t", threads]
     return argv
-
-
-def host_threads(profile: HostProfile) -> str | None:
-    """The operator's OMP_NUM_THREADS, also given to llama-server as ``-t``."""
-    return thread_setting(profile.environment)
 
 
 def argv_sha256(argv: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(list(argv), separators=(",", ":")).encode()).hexdigest()
 
 
-_CUSTODY_FAULT_KINDS: Final = {
-    "custody.child_exited": "child_exited",
-    "custody.marker_timeout": "marker_missing",
-    "custody.readiness_failed": "readiness_failed",
-    "custody.spawn_failed": "spawn_failed",
-    "custody.port_busy": "port_busy",
-    "custody.port_unavailable": "port_busy",
-    "custody.state_dir": "spawn_failed",
-    "custody.env_reserved": "spawn_failed",
-    "custody.env_conflict": "spawn_failed",
-}
-
-
 def fault_kind(refused: Refused) -> str:
     code = refused.codes[0]
-    if code in _CUSTODY_FAULT_KINDS:
-        return _CUSTODY_FAULT_KINDS[code]
+    if code in custody.FAULT_KIND_OF_CODE:
+        return custody.FAULT_KIND_OF_CODE[code]
     if code.startswith("load.prompt") or code == "load.tokenize":
         return "prompt_failed"
     return "internal"
@@ -306,8 +289,7 @@ class CellActor:
         stopped: BaseException | None = None  # re-raised once the cell is finalized
         while not self.machine.finished:
             try:
-                if event is None:
-                    event = await self._work(shield=stopped is not None)
+                event = event or await self._work(shield=stopped is not None)
                 step = self.machine.fire(event)
                 event = None
                 # Cleanup and finalize, and everything after a stop, are shielded and bounded.
@@ -330,7 +312,7 @@ class CellActor:
     async def _work(self, *, shield: bool) -> CellEvent:
         with trio.CancelScope(shield=shield):
             return await _WORK[self.machine.state](self)
-        raise AssertionError("unreachable: a shielded or finished scope returns above")
+        raise AssertionError("a scope that is never cancelled always returns above")
 
     async def _failed(self, failure: Refused | _Fault) -> CellEvent:
         """Journal a failure (unless custody's observer already did) as the ``fault`` event."""
@@ -667,7 +649,7 @@ class CellActor:
                     executable=argv[0] if argv else "",
                     host_argv=tuple(argv),
                     host_env_names=tuple(sorted(event.env)),
-                    host_threads=host_threads(profile) if profile is not None else None,
+                    host_threads=thread_setting(profile.environment) if profile else None,
                 )
             )
         elif isinstance(event, HostMarkerSeen):
@@ -693,7 +675,7 @@ class CellActor:
             await self._journal(
                 Fault(
                     cell_id=cell_id,
-                    kind=_CUSTODY_FAULT_KINDS.get(event.code, "internal"),
+                    kind=custody.FAULT_KIND_OF_CODE.get(event.code, "internal"),
                     detail=event.message[:2000],
                     pid=event.pid,
                 )

@@ -76,7 +76,7 @@ PRIVATE_ENV_NAMES = (
 )
 BASE_PATH = "/usr/bin:/bin"
 
-# Custody refusal code -> the journal's fault kind (schemas/journal.py FAULT_KINDS).
+# Custody refusal code -> the journal's fault kind.
 FAULT_KIND_OF_CODE: Mapping[str, str] = {
     "custody.port_busy": "port_busy",
     "custody.port_unavailable": "port_busy",
@@ -85,6 +85,8 @@ FAULT_KIND_OF_CODE: Mapping[str, str] = {
     "custody.child_exited": "child_exited",
     "custody.marker_timeout": "marker_missing",
     "custody.readiness_failed": "readiness_failed",
+    "custody.env_reserved": "spawn_failed",
+    "custody.env_conflict": "spawn_failed",
 }
 
 HEALTH_TRY_SECONDS = 2.0

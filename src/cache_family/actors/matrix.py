@@ -303,13 +303,6 @@ def check_interrupt_finish(originals: Mapping[int, SignalHandler]) -> str | None
 
 
 @dataclass(slots=True)
-class RunOptions(HostSettings):
-    """How the run opens its hosts (``HostSettings``, with its seams) and shows progress."""
-
-    progress: Progress | None = None
-
-
-@dataclass(slots=True)
 class _Signals:
     """What the run's signal watcher saw. A signal counts as a cancellation only while the
     matrix can still say so; one that lands after its fold began is ``late``."""
@@ -319,17 +312,18 @@ class _Signals:
     late: list[str] = field(default_factory=list)
 
 
-async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) -> MatrixOutcome:
+async def supervise(
+    admitted: AdmittedRun, hosts: HostSettings | None = None, progress: Progress | None = None
+) -> MatrixOutcome:
     """Run every row in order under the run's budgets and signals; publish the matrix.
 
     SIGINT/SIGTERM stay turned into cancellation from before the first row until the matrix
     is published and the journal closed: journaling the unreached rows, the interrupt-finish
     check, the fold and the publication never meet Python's default handlers. A matrix
     receipt is always written: the folded one, or the failed fallback."""
-    options = options or RunOptions()
     prepared = admitted.prepared
     run_dir = admitted.output
-    progress = options.progress or Progress(
+    progress = progress or Progress(
         sys.stderr, len(prepared.rows), synthetic=prepared.catalog.synthetic
     )
     writer = JournalWriter(journal_path(run_dir))
@@ -343,7 +337,7 @@ async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) ->
             request_timeout_ms=prepared.request_timeout_ms,
         ),
         stop=stop,
-        hosts=options,
+        hosts=hosts or HostSettings(),
         on_transition=progress.transition,
     )
     seen = _Signals()
@@ -576,11 +570,9 @@ def run_command(input: str, output: str) -> int:
             print(f"refused: {refusal.line()}", file=sys.stderr)
         return EXIT_REFUSED
     synthetic = admitted.prepared.catalog.synthetic
-    options = RunOptions(
-        progress=progress_for(sys.stderr, len(admitted.prepared.rows), synthetic=synthetic)
-    )
+    progress = progress_for(sys.stderr, len(admitted.prepared.rows), synthetic=synthetic)
     try:
-        outcome = trio.run(supervise, admitted, options)
+        outcome = trio.run(supervise, admitted, None, progress)
     except BaseException as exc:
         if not is_interrupt(exc):
             raise

@@ -270,7 +270,8 @@ class RungCompleted(_Record, tag="rung_completed", frozen=True, kw_only=True):
 
 
 class Fault(_Record, tag="fault", frozen=True, kw_only=True):
-    """Something went wrong; the cell goes to cleanup. ``kind`` names it (see FAULT_KINDS)."""
+    """Something went wrong; the cell goes to cleanup. ``kind`` is a plain word (custody's
+    ``FAULT_KIND_OF_CODE``, ``HostCleanup.problems``, the cell actor's own faults)."""
 
     durable: ClassVar[bool] = True
     cell_id: str | None
@@ -324,22 +325,6 @@ Record: TypeAlias = (
 # The members of ``Record`` in order, read from the union so the two never disagree.
 RECORD_TYPES: Final[tuple[type[_Record], ...]] = get_args(Record)
 KNOWN_TAGS: Final[frozenset[str]] = frozenset(str(t.__struct_config__.tag) for t in RECORD_TYPES)
-
-# Fault kinds the fold knows; an unknown kind is still a fault.
-FAULT_KINDS: Final = (
-    "pin_mismatch",
-    "port_busy",
-    "spawn_failed",
-    "child_exited",
-    "marker_missing",
-    "readiness_failed",
-    "request_failed",
-    "request_timeout",
-    "host_identity_changed",
-    "capture_truncated",
-    "cleanup_failed",
-    "internal",
-)
 
 
 class JournalLine(msgspec.Struct, frozen=True, kw_only=True):

@@ -269,7 +269,6 @@ class LiveMachine(Generic[S, E, A]):
         self.table = table
         self.subject = subject
         self.faulted = False
-        self.visited: list[S] = [table.initial]
         self._on_step = on_step
         self._states = type(table.initial)
         self._events = type(next(iter(table.events)))
@@ -314,10 +313,7 @@ class LiveMachine(Generic[S, E, A]):
         source = self._states(data.transition.source)
         event = self._events(data.event.name)
         dest = self._states(data.transition.dest)
-        if event in self.table.fault_events:
-            self.faulted = True
-        if dest != source:
-            self.visited.append(dest)
+        self.faulted = self.faulted or event in self.table.fault_events
         if self._on_step is not None:
             self._on_step(source, event, dest)
 
