@@ -248,6 +248,35 @@ def test_budgets_only_shrink() -> None:
     assert stop.classify(cell_deadline=40.0, now=41.0) == "cancelled"
 
 
+async def test_the_warmup_state_sends_the_excluded_request_and_the_ladder_the_measured_ones(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    out = tmp_path / "out"
+    await run(make_prepared(tmp_path / "p"), out, FakeHostScript())
+    order: list[str] = []
+    for line in journal(out):
+        record = line.record
+        if isinstance(record, WarmupExclusion) and record.cell_id == SERIAL:
+            order.append("warmup rule")
+        elif isinstance(record, RequestOutcome) and record.cell_id == SERIAL:
+            order.append(f"request {record.row.request_id} excluded={record.row.excluded_warmup}")
+        elif isinstance(record, Transition) and record.cell_id == SERIAL:
+            order.append(f"{record.from_state} -> {record.to_state}")
+    start = order.index("launch -> warmup")
+    assert order[start : start + 7] == [
+        "launch -> warmup",
+        "warmup rule",
+        "request 0 excluded=True",
+        "warmup -> ladder",
+        "request 1 excluded=False",
+        "request 2 excluded=False",
+        "ladder -> post-verify",
+    ]
+    serial = cell(out, "native-serial").measurement.rungs[0]
+    assert [r.request_id for r in serial.rows] == [0, 1, 2]
+    assert serial.warmup_excluded_ids == (0,) and serial.serial_summary.excluded_runs == 1
+
+
 async def test_a_complete_run_measures_both_arms_and_replays(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
