@@ -8,12 +8,11 @@ names, so both see exactly the same lines and produce the same bytes.
 Rules the fold applies (see ``states/receipts.py`` for the lattice):
 
 * Each fold keeps a *ceiling* that starts at ``completed`` and is only ever lowered.
-* A fault before the host is ready (``pin-verify``, ``launch``) lowers it to ``failed``; a fault
-  afterwards to ``incomplete`` (observations are kept).
+* A fault before the host is ready (``pin-verify``, ``not-launched``, ``launch``) lowers it to
+  ``failed``; a fault afterwards to ``incomplete`` (observations are kept).
 * Pins that differ before launch: ``failed``. Pins that differ after the run (drift), a rung
-  against a different host, unclean cleanup (forced kill, a descendant that escaped the process
-  group or survived, port still bound, state dir left, cleanup past its time bound) or a
-  truncated output capture: ``incomplete``, measurements kept, parity refused.
+  against a different host, or any of ``HostCleanup.problems()`` (unclean custody, a truncated
+  output capture): ``incomplete``, measurements kept, parity refused.
 * Cancellation, deadline expiry and a failed interrupt-finish set ``terminal_refusal`` (the
   first one wins) and lower the ceiling to ``incomplete``. Run-wide ones apply to every cell
   and row that had not reached ``done`` when they were journaled.
