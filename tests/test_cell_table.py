@@ -100,6 +100,7 @@ def live_at(
 def test_every_cell_pair(state: CellState, event: CellEvent) -> None:
     machine, journal = live_at(CELL_TABLE, state)
     expected = EXPECTED_CELL.get((state, event))
+    assert machine.can_fire(event) == (expected is not None)
     if expected is None:
         with pytest.raises(Refused) as refused:
             machine.fire(event)
@@ -117,6 +118,7 @@ def test_every_cell_pair(state: CellState, event: CellEvent) -> None:
 def test_every_row_pair(state: RowState, event: RowEvent) -> None:
     machine, journal = live_at(ROW_TABLE, state)
     expected = EXPECTED_ROW.get((state, event))
+    assert machine.can_fire(event) == (expected is not None)
     if expected is None:
         with pytest.raises(Refused) as refused:
             machine.fire(event)

@@ -303,7 +303,7 @@ class LiveMachine(Generic[S, E, A]):
         return self.table.rows[(source, event)]
 
     def can_fire(self, event: E) -> bool:
-        return (self.state, event) in self.table.rows
+        return event.value in self._machine.get_triggers(self._model.state)
 
     @property
     def finished(self) -> bool:
