@@ -39,10 +39,10 @@ from cache_family.actors.matrix import (
     is_interrupt,
     supervise,
 )
-from cache_family.actors.pins import Budget
+from cache_family.actors.pins import Budget, pin_tree
 from cache_family.actors.preparation import admit, observe
 from cache_family.actors.replay import replay
-from cache_family.actors.run_context import Budgets, HostSettings, RunStop
+from cache_family.actors.run_context import Budgets, HostSettings, PinTarget, RunStop, hash_pins
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import MIB
 from cache_family.schemas.catalog import packaged_catalog
@@ -231,6 +231,31 @@ def transitions(out: Path, cell_id: str) -> list[tuple[str, str, str]]:
 
 
 # --- budgets ------------------------------------------------------------------------------------
+
+
+async def test_pins_are_rehashed_together_and_each_result_names_its_own_problem(
+    tmp_path: Path,
+) -> None:
+    """The real hasher: files through pins' one pool, trees after; one unreadable target
+    gets its own problem while the others are still observed, in the targets' order."""
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "a").write_bytes(b"a")
+    (tmp_path / "model").write_bytes(b"weights")
+    model_sha = hashlib.sha256(b"weights").hexdigest()
+    tree_sha = pin_tree(str(tmp_path / "tree"), Budget.seconds(10)).sha256
+    targets = [
+        PinTarget("model", str(tmp_path / "model"), model_sha, "file"),
+        PinTarget("native_build", str(tmp_path / "tree"), tree_sha, "tree"),
+        PinTarget("binary", str(tmp_path / "gone"), "0" * 64, "file"),
+        PinTarget("shard:2", str(tmp_path / "model"), "1" * 64, "file"),
+    ]
+    results = await hash_pins(targets, 10.0)
+    assert [r.target.name for r in results] == ["model", "native_build", "binary", "shard:2"]
+    assert [r.matches for r in results] == [True, True, False, False]
+    assert results[2].observed_sha256 is None and "gone" in results[2].problem
+    assert results[3].observed_sha256 == model_sha  # read, and differs from its pin
+    everything_readable = await hash_pins([targets[0], targets[1], targets[3]], 10.0)
+    assert [r.observed_sha256 for r in everything_readable] == [model_sha, tree_sha, model_sha]
 
 
 def test_budgets_only_shrink() -> None:
