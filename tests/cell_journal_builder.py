@@ -1,7 +1,8 @@
-"""Builds journal records for one cell by driving the real cell machine (tests only).
+"""Builds journal records for the fold's tests by driving the live machines (tests only).
 
-Every transition is taken through ``CELL_TABLE`` so a script can never journal a step the
-machine would refuse; observations are the records a cell actor would write around them.
+Every transition is taken through the table's live machine, whose step callback journals it,
+so a script can never journal a step the machine would refuse; observations are the records
+the actors write around them. Tests of the actors themselves run the real actors instead.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache_family.actors.cell import PinResult, PinTarget, fire_and_record, pin_records
+from cache_family.actors.cell import pin_records
 from cache_family.actors.row import row_dir_name, row_opened_record
+from cache_family.actors.run_context import PinResult, PinTarget
 from cache_family.schemas.journal import (
     ArmPlan,
     Cancellation,
@@ -29,15 +31,17 @@ from cache_family.schemas.journal import (
     RungCompleted,
     RungPlan,
     RunStarted,
+    Transition,
     WarmupExclusion,
 )
-from cache_family.schemas.measurement import RequestRow, ServerTimings
+from cache_family.schemas.measurement import HostCleanup, RequestRow, ServerTimings
 from cache_family.states.cell import (
+    CELL_TABLE,
+    ROW_TABLE,
     CellEvent,
     CellState,
+    LiveMachine,
     RowEvent,
-    new_cell_machine,
-    new_row_machine,
 )
 
 PIN_A = "a" * 64
@@ -86,14 +90,25 @@ class CellScript:
     records: list[Record] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.machine = new_cell_machine(self.cell_id)
+        self.machine = LiveMachine(CELL_TABLE, self.cell_id, self._journal_step)
+
+    def _journal_step(self, source: CellState, event: CellEvent, dest: CellState) -> None:
+        self.records.append(
+            Transition(
+                machine="cell",
+                cell_id=self.cell_id,
+                from_state=source.value,
+                event=event.value,
+                to_state=dest.value,
+            )
+        )
 
     @property
     def state(self) -> CellState:
         return self.machine.state
 
     def fire(self, event: CellEvent) -> None:
-        self.records.append(fire_and_record(self.machine, event, cell_id=self.cell_id))
+        self.machine.fire(event)
 
     def open(self) -> CellScript:
         self.records.append(
@@ -212,23 +227,29 @@ class CellScript:
         self.records.append(
             CleanupOutcome(
                 cell_id=self.cell_id,
-                pid=self.pid if spawned else None,
-                graceful=not forced,
-                forced=forced,
-                exit_code=0 if not forced else -9,
-                surviving_descendants=survivors,
-                port_free=True,
-                state_dir_removed=state_dir_error is None,
-                elapsed_ms=12.0,
-                escaped_descendants=escaped,
-                capture_truncated=capture_truncated,
-                oversized_lines=oversized_lines,
-                grace_shortened=grace_shortened,
-                bounded_out=bounded_out,
-                state_dir_error=state_dir_error,
+                cleanup=HostCleanup(
+                    pid=self.pid if spawned else None,
+                    graceful=not forced,
+                    forced=forced,
+                    exit_code=0 if not forced else -9,
+                    surviving_descendants=survivors,
+                    port_free=True,
+                    state_dir_removed=state_dir_error is None,
+                    elapsed_ms=12.0,
+                    escaped_descendants=escaped,
+                    capture_truncated=capture_truncated,
+                    oversized_lines=oversized_lines,
+                    grace_shortened=grace_shortened,
+                    bounded_out=bounded_out,
+                    state_dir_error=state_dir_error,
+                ),
             )
         )
         self.fire(CellEvent.CLEANUP_DONE)
+
+    def nothing_launched(self) -> None:
+        """not-launched -> finalize: nothing was ended, so no cleanup is recorded."""
+        self.fire(CellEvent.NOTHING_LAUNCHED)
 
     def fault(self, kind: str, detail: str = "") -> None:
         self.records.append(Fault(cell_id=self.cell_id, kind=kind, detail=detail))
@@ -296,8 +317,19 @@ class RowScript:
 
     def __init__(self, row_index: int) -> None:
         self.row_index = row_index
-        self.machine = new_row_machine(row_index)
         self.records: list[Record] = []
+        self.machine = LiveMachine(ROW_TABLE, f"row-{row_index}", self._journal_step)
+
+    def _journal_step(self, source: Any, event: RowEvent, dest: Any) -> None:
+        self.records.append(
+            Transition(
+                machine="row",
+                row_index=self.row_index,
+                from_state=source.value,
+                event=event.value,
+                to_state=dest.value,
+            )
+        )
 
     def fire(self, event: RowEvent) -> None:
-        self.records.append(fire_and_record(self.machine, event, row_index=self.row_index))
+        self.machine.fire(event)

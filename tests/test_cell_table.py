@@ -1,17 +1,23 @@
-"""Every (state, event) pair of the cell and row tables: allowed ones go where the table says,
-every other pair is a typed refusal with a stable code."""
+"""Every (state, event) pair of the cell and row tables on the live (``transitions``) machine:
+allowed ones go where the table says and are journaled through the step callback, every other
+pair is a typed refusal with a stable code. A table whose rows break the rules is refused."""
 
 from __future__ import annotations
 
 import itertools
-import logging
 import subprocess
 import sys
 import textwrap
+from collections import deque
 from dataclasses import replace
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
 
 import pytest
+import transitions
 
+from cache_family.actors import cell as cell_actor
 from cache_family.errors import Refused
 from cache_family.states import cell as cell_module
 from cache_family.states.cell import (
@@ -20,12 +26,13 @@ from cache_family.states.cell import (
     CellAction,
     CellEvent,
     CellState,
-    Machine,
+    LiveMachine,
+    MachineTable,
     RowEvent,
     RowState,
-    new_cell_machine,
+    Step,
+    _check_sticky,
     render_table_markdown,
-    validate_with_transitions,
 )
 
 C, V = CellState, CellEvent
@@ -33,19 +40,21 @@ C, V = CellState, CellEvent
 # The expected cell lifecycle written out independently of the table, pair by pair.
 EXPECTED_CELL: dict[tuple[CellState, CellEvent], CellState] = {
     (C.PIN_VERIFY, V.PINS_VERIFIED): C.LAUNCH,
+    (C.PIN_VERIFY, V.PINS_MISMATCH): C.NOT_LAUNCHED,
+    (C.NOT_LAUNCHED, V.NOTHING_LAUNCHED): C.FINALIZE,
     (C.LAUNCH, V.HOST_READY): C.WARMUP,
     (C.WARMUP, V.WARMUP_DONE): C.LADDER,
     (C.LADDER, V.LADDER_DONE): C.POST_VERIFY,
     (C.POST_VERIFY, V.PINS_VERIFIED): C.CLEANUP,
     (C.POST_VERIFY, V.PINS_MISMATCH): C.CLEANUP,
-    (C.PIN_VERIFY, V.PINS_MISMATCH): C.CLEANUP,
     (C.CLEANUP, V.CLEANUP_DONE): C.FINALIZE,
     (C.FINALIZE, V.RECEIPT_PUBLISHED): C.DONE,
     (C.FINALIZE, V.CANCELLED): C.FINALIZE,
     (C.FINALIZE, V.DEADLINE_EXPIRED): C.FINALIZE,
 }
-for _state in (C.PIN_VERIFY, C.LAUNCH, C.WARMUP, C.LADDER, C.POST_VERIFY, C.CLEANUP):
-    for _event in (V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED):
+for _event in (V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED):
+    EXPECTED_CELL[(C.PIN_VERIFY, _event)] = C.NOT_LAUNCHED
+    for _state in (C.LAUNCH, C.WARMUP, C.LADDER, C.POST_VERIFY, C.CLEANUP):
         EXPECTED_CELL[(_state, _event)] = C.CLEANUP
 
 R, RE = RowState, RowEvent
@@ -65,35 +74,59 @@ for _rstate in (R.CORRECTNESS, R.SERIAL, R.CONCURRENT, R.FINALIZE):
         EXPECTED_ROW[(_rstate, _revent)] = R.FINALIZE
 
 
+def live_at(
+    table: MachineTable[Any, Any, Any], state: StrEnum
+) -> tuple[LiveMachine[Any, Any, Any], list[tuple[str, str, str]]]:
+    """A live machine driven along the table's shortest path to ``state``, and a journal of
+    the steps its callback reported from then on."""
+    journal: list[tuple[str, str, str]] = []
+    machine = LiveMachine(table, "t", lambda s, e, d: journal.append((s.value, e.value, d.value)))
+    paths: dict[StrEnum, list[StrEnum]] = {table.initial: []}
+    queue = deque([table.initial])
+    while queue:
+        current = queue.popleft()
+        for (source, event), step in table.rows.items():
+            if source == current and step.to not in paths:
+                paths[step.to] = [*paths[current], event]
+                queue.append(step.to)
+    for event in paths[state]:
+        machine.fire(event)
+    assert machine.state == state
+    journal.clear()
+    return machine, journal
+
+
 @pytest.mark.parametrize(("state", "event"), list(itertools.product(CellState, CellEvent)))
 def test_every_cell_pair(state: CellState, event: CellEvent) -> None:
-    machine = new_cell_machine("cell-0000/native-serial")
-    machine.state = state
+    machine, journal = live_at(CELL_TABLE, state)
     expected = EXPECTED_CELL.get((state, event))
+    assert machine.can_fire(event) == (expected is not None)
     if expected is None:
         with pytest.raises(Refused) as refused:
             machine.fire(event)
         assert refused.value.codes == ["cell.transition.refused"]
         assert refused.value.refusals[0].path == f"$.cell.{state.value}"
         assert event.value in refused.value.refusals[0].message
-        assert machine.state == state  # a refused event changes nothing
+        assert machine.state == state and journal == []  # a refused event changes nothing
     else:
         step = machine.fire(event)
-        assert step.to == expected
-        assert machine.state == expected
+        assert step.to == expected and machine.state == expected
+        assert journal == [(state.value, event.value, expected.value)]
 
 
 @pytest.mark.parametrize(("state", "event"), list(itertools.product(RowState, RowEvent)))
 def test_every_row_pair(state: RowState, event: RowEvent) -> None:
-    machine = Machine(ROW_TABLE, "row-3")
-    machine.state = state
+    machine, journal = live_at(ROW_TABLE, state)
     expected = EXPECTED_ROW.get((state, event))
+    assert machine.can_fire(event) == (expected is not None)
     if expected is None:
         with pytest.raises(Refused) as refused:
             machine.fire(event)
         assert refused.value.codes == ["row.transition.refused"]
+        assert journal == []
     else:
         assert machine.fire(event).to == expected
+        assert journal == [(state.value, event.value, expected.value)]
 
 
 def test_table_has_exactly_the_expected_pairs() -> None:
@@ -101,25 +134,45 @@ def test_table_has_exactly_the_expected_pairs() -> None:
     assert {k: v.to for k, v in ROW_TABLE.rows.items()} == EXPECTED_ROW
 
 
-def test_transitions_library_agrees_with_both_tables() -> None:
-    validate_with_transitions(CELL_TABLE)
-    validate_with_transitions(ROW_TABLE)
+def test_the_live_machine_is_a_transitions_machine() -> None:
+    """The running state is held by ``transitions``: changing its model moves the machine."""
+    machine = LiveMachine(CELL_TABLE, "c")
+    assert isinstance(machine._machine, transitions.Machine)
+    machine.fire(V.PINS_VERIFIED)
+    assert machine._model.state == "launch"
 
 
-def test_validation_refuses_a_table_whose_rows_name_an_unlisted_state() -> None:
-    unlisted = replace(CELL_TABLE, states=tuple(s for s in CellState if s != C.WARMUP))
-    with pytest.raises(ValueError, match="warmup is not a state"):
-        validate_with_transitions(unlisted)
-    no_final = replace(ROW_TABLE, states=tuple(s for s in RowState if s != R.DONE))
-    with pytest.raises(ValueError, match="final state done is not among"):
-        validate_with_transitions(no_final)
+def test_a_row_sending_a_fault_back_to_work_is_refused_at_import() -> None:
+    """One row of a copy of the table changed (ladder --fault--> launch): the import-time
+    sticky-failure check refuses it, as it would refuse the module's own table."""
+    rows = dict(CELL_TABLE.rows)
+    rows[(C.LADDER, V.FAULT)] = Step(C.LAUNCH, ())
+    broken = replace(CELL_TABLE, rows=MappingProxyType(rows))
+    with pytest.raises(ValueError, match="cell: fault fault leads to launch"):
+        _check_sticky(broken)
+    _check_sticky(CELL_TABLE)  # the real table passes
+    cleanup_back = dict(CELL_TABLE.rows)
+    cleanup_back[(C.CLEANUP, V.CLEANUP_DONE)] = Step(C.LADDER, ())
+    with pytest.raises(ValueError, match="cleanup leads back to ladder"):
+        _check_sticky(replace(CELL_TABLE, rows=MappingProxyType(cleanup_back)))
 
 
-def test_validation_fires_nothing_and_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG):
-        validate_with_transitions(CELL_TABLE)
-        validate_with_transitions(ROW_TABLE)
-    assert [r for r in caplog.records if r.name.startswith("transitions")] == []
+def test_the_actor_refuses_an_action_without_its_effect_handler() -> None:
+    """A row naming an action the actor has no handler for is refused when the actor's module
+    is imported (``check_handlers`` runs there), as is a state without work."""
+
+    class Extra(StrEnum):
+        RESTART_HOST = "restart-host"
+
+    rows: dict[Any, Any] = dict(CELL_TABLE.rows)
+    rows[(C.LADDER, V.FAULT)] = Step(C.CLEANUP, (CellAction.END_HOST, Extra.RESTART_HOST))
+    broken = replace(CELL_TABLE, rows=MappingProxyType(rows))
+    with pytest.raises(ValueError, match="restart-host"):
+        cell_actor.check_handlers(broken)
+    work = {k: v for k, v in cell_actor._WORK.items() if k != C.WARMUP}
+    with pytest.raises(ValueError, match="warmup"):
+        cell_actor.check_handlers(CELL_TABLE, work)
+    cell_actor.check_handlers()
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
@@ -133,23 +186,9 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_importing_the_tables_validates_them() -> None:
-    """A transitions machine that disagrees with the tables fails the import itself."""
-    broken = _python(
-        """
-        import transitions
-        transitions.Machine.get_triggers = lambda self, *states: []
-        import cache_family.states.cell
-        """
-    )
-    assert broken.returncode != 0
-    assert "cell table disagrees with transitions" in broken.stderr
-    assert "pins-verified: transitions refused it" in broken.stderr
-
-
 def test_importing_the_tables_does_no_io() -> None:
-    """Importing the tables (and validating them with transitions) opens, lists, spawns and
-    connects nothing; only the import machinery itself reads files (finding modules)."""
+    """Importing the tables opens, lists, spawns and connects nothing; only the import
+    machinery itself reads files (finding modules)."""
     probe = _python(
         """
         import sys
@@ -173,21 +212,20 @@ def test_importing_the_tables_does_no_io() -> None:
     assert probe.stdout.strip() == ""
 
 
-def test_the_warmup_state_sends_no_request() -> None:
-    """host-ready cuts the prompt and journals the warmup rule; the excluded warmup request is
-    the serial rung's request 0, sent by run-rungs in ladder (the module docstring says so)."""
+def test_the_warmup_state_sends_the_warmup_and_the_ladder_only_measured_requests() -> None:
     assert CELL_TABLE.step(C.LAUNCH, V.HOST_READY).actions == (
         CellAction.CUT_PROMPT,
         CellAction.JOURNAL_WARMUP_RULE,
+        CellAction.SEND_WARMUP,
     )
     assert CELL_TABLE.step(C.WARMUP, V.WARMUP_DONE).actions == (CellAction.RUN_RUNGS,)
-    assert not [a for a in CellAction if "send" in a.value]
     assert cell_module.__doc__ is not None
-    assert "request 0 of the serial cell's one rung" in " ".join(cell_module.__doc__.split())
+    assert "ladder`` sends only measured requests" in " ".join(cell_module.__doc__.split())
 
 
-def test_happy_path_visits_every_state_with_the_intended_actions() -> None:
-    machine = new_cell_machine("c")
+def test_happy_path_visits_every_working_state_with_the_intended_actions() -> None:
+    visited: list[str] = []
+    machine = LiveMachine(CELL_TABLE, "c", lambda _s, _e, dest: visited.append(dest.value))
     actions: list[CellAction] = []
     for event in (
         V.PINS_VERIFIED,
@@ -199,20 +237,29 @@ def test_happy_path_visits_every_state_with_the_intended_actions() -> None:
         V.RECEIPT_PUBLISHED,
     ):
         actions += machine.fire(event).actions
-    assert machine.visited == list(CellState)
+    assert visited == [s.value for s in CellState if s not in (C.PIN_VERIFY, C.NOT_LAUNCHED)]
     assert machine.finished and not machine.faulted
     assert actions[0] == CellAction.SPAWN_HOST
-    assert CellAction.TERMINATE_HOST in actions
-    assert actions[-2:] == [CellAction.FOLD_RECEIPT, CellAction.PUBLISH_RECEIPT]
+    assert actions[-2:] == [CellAction.END_HOST, CellAction.PUBLISH_RECEIPT]
+
+
+def test_a_pin_mismatch_before_launch_ends_and_cleans_nothing() -> None:
+    visited: list[str] = []
+    machine = LiveMachine(CELL_TABLE, "c", lambda _s, _e, dest: visited.append(dest.value))
+    actions: list[CellAction] = []
+    for event in (V.PINS_MISMATCH, V.NOTHING_LAUNCHED, V.RECEIPT_PUBLISHED):
+        actions += machine.fire(event).actions
+    assert visited == ["not-launched", "finalize", "done"]
+    assert actions == [CellAction.PUBLISH_RECEIPT] and machine.faulted
 
 
 @pytest.mark.parametrize("state", [C.PIN_VERIFY, C.LAUNCH, C.WARMUP, C.LADDER, C.POST_VERIFY])
 @pytest.mark.parametrize("stop", [V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED])
 def test_failure_is_sticky(state: CellState, stop: CellEvent) -> None:
     """After a fault, no event leads back to a working state: only cleanup and finalize."""
-    machine = new_cell_machine("c")
-    machine.state = state
-    assert machine.fire(stop).actions[0] == CellAction.TERMINATE_HOST
+    machine, _ = live_at(CELL_TABLE, state)
+    actions = machine.fire(stop).actions
+    assert actions == (() if state == C.PIN_VERIFY else (CellAction.END_HOST,))
     assert machine.faulted
     reachable = {machine.state}
     frontier = [machine.state]
@@ -223,18 +270,10 @@ def test_failure_is_sticky(state: CellState, stop: CellEvent) -> None:
             if step is not None and step.to not in reachable:
                 reachable.add(step.to)
                 frontier.append(step.to)
-    assert reachable == {C.CLEANUP, C.FINALIZE, C.DONE}
+    assert reachable <= {C.NOT_LAUNCHED, C.CLEANUP, C.FINALIZE, C.DONE}
     for working in (V.PINS_VERIFIED, V.HOST_READY, V.WARMUP_DONE, V.LADDER_DONE):
         with pytest.raises(Refused):
             machine.fire(working)
-
-
-def test_post_run_drift_is_a_fault_but_keeps_the_route() -> None:
-    machine = new_cell_machine("c")
-    for event in (V.PINS_VERIFIED, V.HOST_READY, V.WARMUP_DONE, V.LADDER_DONE):
-        machine.fire(event)
-    machine.fire(V.PINS_MISMATCH)
-    assert machine.faulted and machine.state == C.CLEANUP
 
 
 def test_generated_docs_come_from_the_table() -> None:
@@ -246,4 +285,4 @@ def test_generated_docs_come_from_the_table() -> None:
     assert (
         "| post-verify | pins-verified, pins-mismatch, fault, cancelled, deadline-expired |" in text
     )
-    assert repr(new_cell_machine("cell-7")) == "<cell machine cell-7 state=pin-verify>"
+    assert repr(LiveMachine(CELL_TABLE, "cell-7")) == "<cell machine cell-7 state=pin-verify>"

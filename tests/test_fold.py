@@ -35,8 +35,7 @@ from cache_family.schemas.matrix import (
     MatrixCatalog,
     encode_matrix,
 )
-from cache_family.schemas.measurement import CleanupOutcome as HostCleanupOutcome
-from cache_family.schemas.measurement import RequestRow
+from cache_family.schemas.measurement import HostCleanup, RequestRow
 from cache_family.schemas.receipts import (
     SYNTHETIC_EVIDENCE_CLASS,
     CellReceipt,
@@ -88,7 +87,8 @@ def test_complete_concurrent_cell() -> None:
     receipt = fold(CellScript().happy())
     assert receipt.status == "completed" and receipt.accepted_for_parity
     assert receipt.terminal_refusal is None and receipt.faults == ()
-    assert receipt.lifecycle == tuple(s.value for s in CellState if s != CellState.DONE)
+    skipped = (CellState.NOT_LAUNCHED, CellState.DONE)
+    assert receipt.lifecycle == tuple(s.value for s in CellState if s not in skipped)
     assert receipt.final_state == "finalize"
     assert receipt.host is not None and receipt.host.pid == 4242
     assert receipt.readiness.ready and receipt.readiness.marker_seen
@@ -124,10 +124,11 @@ def test_pin_mismatch_before_launch_fails_without_launching() -> None:
     script.pins("before", drift=True)
     script.records.append(Fault(cell_id=script.cell_id, kind="pin_mismatch"))
     script.fire(CellEvent.PINS_MISMATCH)
-    script.cleanup()
+    script.nothing_launched()
     receipt = fold(script)
     assert receipt.status == "failed" and not receipt.accepted_for_parity
-    assert receipt.host is None and receipt.lifecycle == ("pin-verify", "cleanup", "finalize")
+    assert receipt.host is None and receipt.cleanup is None
+    assert receipt.lifecycle == ("pin-verify", "not-launched", "finalize")
     assert "pin_mismatch" in fault_kinds(receipt)
     assert not receipt.pins_before[1].matches
 
@@ -226,14 +227,19 @@ def test_the_cleanup_verdict_is_custodys_and_every_unclean_cleanup_is_a_fault(
         "oversized_lines": 0,
         "bounded_out": bounded,
     }
-    custody_verdict = HostCleanupOutcome(**fields).clean
+    custody = HostCleanup(**fields)
+    custody_verdict = not custody.problems()
     script = CellScript().happy()
     records = [
-        CleanupOutcome(cell_id=script.cell_id, **fields) if isinstance(r, CleanupOutcome) else r
+        CleanupOutcome(cell_id=script.cell_id, cleanup=custody)
+        if isinstance(r, CleanupOutcome)
+        else r
         for r in script.records
     ]
     receipt = fold_cell(journal(*records), script.cell_id)
-    assert receipt.cleanup is not None and receipt.cleanup.clean == custody_verdict
+    assert receipt.cleanup == custody  # cell.json shows custody's record as it is
+    faults = sorted(f.kind for f in receipt.faults)
+    assert faults == sorted(kind for kind, _ in custody.problems())
     assert (receipt.status == "completed") == custody_verdict
     assert receipt.accepted_for_parity == custody_verdict
 
@@ -495,7 +501,7 @@ def test_a_measurement_that_never_ran_is_not_run_and_keeps_the_stop() -> None:
     mismatch.pins("before", drift=True)
     mismatch.records.append(Fault(cell_id=mismatch.cell_id, kind="pin_mismatch"))
     mismatch.fire(CellEvent.PINS_MISMATCH)
-    mismatch.cleanup()
+    mismatch.nothing_launched()
     measurement = fold(mismatch).measurement
     assert measurement.status == "not-run" and measurement.terminal_refusal is None
 

@@ -40,6 +40,7 @@ from cache_family.schemas.journal import (
     encode_journal,
     read_journal,
 )
+from cache_family.schemas.measurement import HostCleanup
 from cache_family.schemas.receipts import decode_cell_receipt, encode_receipt
 from cache_family.states.cell import CellEvent
 from cache_family.states.fold import fold_cell
@@ -293,8 +294,7 @@ def test_fields_added_to_records_are_typed_not_dropped() -> None:
 
 
 def test_cleanup_outcome_carries_every_custody_finding() -> None:
-    cleanup = CleanupOutcome(
-        cell_id="cell-0000/native-serial",
+    found = HostCleanup(
         pid=7,
         graceful=True,
         forced=False,
@@ -305,14 +305,19 @@ def test_cleanup_outcome_carries_every_custody_finding() -> None:
         bounded_out=True,
         state_dir_error="Directory not empty",
     )
-    [line] = read_journal(encode_journal([cleanup])).lines
-    assert line.record == cleanup
-    older = {"type": "cleanup_outcome", "cell_id": "c", "graceful": True, "forced": False}
+    record = CleanupOutcome(cell_id="cell-0000/native-serial", cleanup=found)
+    [line] = read_journal(encode_journal([record])).lines
+    assert line.record == record
+    brief = {"pid": None, "graceful": True, "forced": False}
+    older = {"type": "cleanup_outcome", "cell_id": "c", "cleanup": brief}
     [line] = read_journal(_raw_line(1, GENESIS_PREV, older) + b"\n").lines
-    clean = line.record
-    assert isinstance(clean, CleanupOutcome) and clean.escaped_descendants == ()
-    assert not clean.capture_truncated and clean.oversized_lines == 0
-    assert not clean.bounded_out and not clean.grace_shortened and clean.state_dir_error is None
+    assert isinstance(line.record, CleanupOutcome)
+    clean = line.record.cleanup
+    assert clean.escaped_descendants == () and not clean.capture_truncated
+    assert clean.oversized_lines == 0 and not clean.bounded_out and not clean.grace_shortened
+    assert clean.state_dir_error is None
+    # Defaults confirm nothing: a brief record is not clean custody.
+    assert [kind for kind, _ in clean.problems()] == ["cleanup_unclean"]
 
 
 @settings(max_examples=150, deadline=None)
@@ -610,18 +615,8 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
         "stop_reason",
     ),
     "fault": ("cell_id", "kind", "detail", "pid"),
-    "cleanup_outcome": (
-        "cell_id",
-        "pid",
-        "graceful",
-        "forced",
-        "exit_code",
-        "surviving_descendants",
-        "port_free",
-        "state_dir_removed",
-        "elapsed_ms",
-        "detail",
-    ),
+    # Re-published by issue 8 as custody's one cleanup record (journals before it do not replay).
+    "cleanup_outcome": ("cell_id", "cleanup"),
     "receipt_published": ("scope", "cell_id", "row_index", "path", "sha256", "through_seq"),
 }
 

@@ -16,9 +16,7 @@ import os
 import shutil
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +26,12 @@ import trio
 import trio.testing
 
 from cache_family.actors import custody
-from cache_family.actors.cell import (
-    Budgets,
-    HostHandle,
-    Observe,
-    PinResult,
-    PinTarget,
-    RunContext,
-    RunStop,
-)
+from cache_family.actors.journal import JournalWriter
 from cache_family.actors.matrix import (
     RUN_INPUT_MAX_BYTES,
     MatrixOutcome,
     Progress,
     RichProgress,
-    RunOptions,
     _make_fresh_dir,
     admit_run,
     check_interrupt_finish,
@@ -50,9 +39,10 @@ from cache_family.actors.matrix import (
     is_interrupt,
     supervise,
 )
-from cache_family.actors.pins import Budget
+from cache_family.actors.pins import Budget, pin_tree
 from cache_family.actors.preparation import admit, observe
 from cache_family.actors.replay import replay
+from cache_family.actors.run_context import Budgets, HostSettings, PinTarget, RunStop, hash_pins
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import MIB
 from cache_family.schemas.catalog import packaged_catalog
@@ -81,16 +71,6 @@ from cache_family.schemas.matrix import (
     MatrixCatalog,
     decode_matrix,
 )
-from cache_family.schemas.measurement import (
-    CleanupOutcome as HostCleanupOutcome,
-)
-from cache_family.schemas.measurement import (
-    HostCleaned,
-    HostFaulted,
-    HostMarkerSeen,
-    HostReady,
-    HostSpawned,
-)
 from cache_family.schemas.prepared import (
     PREPARED_INPUT_MAX_BYTES,
     PreparationRequest,
@@ -104,7 +84,8 @@ from cache_family.schemas.receipts import (
 )
 from cache_family.states.fold import JournalIndex
 from cache_family.states.matrix import fold_matrix
-from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
+from fake_hosts.fake_custody import FakeHostScript, fake_opener, hasher
+from fake_hosts.fake_llama_http import Reply
 from hub_fixture import build_toolbox, operator_document
 
 HERE = Path(__file__).parent
@@ -194,173 +175,29 @@ def make_prepared(
 # --- fakes ------------------------------------------------------------------------------------
 
 
-@dataclass
-class FakeHostScript:
-    """How the in-process FAKE host behaves (one per test)."""
-
-    reply: Callable[[int, dict[str, Any]], Reply] = lambda _i, _b: Reply(
-        first_token_delay=0.01, token_delay=0.0
-    )
-    # still_same() turns false after this many calls (None: never).
-    identity_lasts: int | None = None
-    forced_cleanup: bool = False
-    # Further custody findings of the fake cleanup (CleanupOutcome fields), e.g. a truncated
-    # capture or a descendant that escaped the process group.
-    cleanup_findings: dict[str, Any] = field(default_factory=dict)
-    never_ready: bool = False
-    launched: list[str] = field(default_factory=list)
-    cleaned: list[str] = field(default_factory=list)
-    argv: list[list[str]] = field(default_factory=list)
-    env: list[dict[str, str]] = field(default_factory=list)
-
-
-class FakeHost:
-    """A FAKE host in custody: an in-process llama HTTP endpoint and custody's events."""
-
-    def __init__(self, config: custody.HostConfig, observe: Observe, script: FakeHostScript):
-        self.config = config
-        self.observe = observe
-        self.script = script
-        self.port = 0
-        self.state_dir = os.path.join(config.state_parent, "fake-state")
-        self.pid: int | None = None
-        self.create_time: float | None = None
-        self.identity_checks = 0
-        self._outcome: HostCleanupOutcome | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def launch(self, argv: Sequence[str], env: Any) -> HostSpawned:
-        self.pid, self.create_time = 40000 + len(self.script.launched), 1700000000.5
-        self.script.launched.append(self.config.label)
-        self.script.argv.append(list(argv))
-        self.script.env.append(dict(env))
-        spawned = HostSpawned(
-            label=self.config.label,
-            pid=self.pid,
-            create_time=self.create_time,
-            port=self.port,
-            argv=tuple(argv),
-            env=dict(env),
-            state_dir=self.state_dir,
-            stdout_log="",
-            stderr_log="",
-        )
-        await self.observe(spawned)
-        return spawned
-
-    async def wait_ready(self, startup_seconds: float) -> HostReady:
-        assert self.pid is not None
-        if self.script.never_ready:
-            await trio.sleep(startup_seconds)
-            await self.observe(
-                HostFaulted(
-                    label=self.config.label,
-                    code="custody.readiness_failed",
-                    message="never healthy",
-                    pid=self.pid,
-                )
-            )
-            raise Refused.one("custody.readiness_failed", "$.host", "never healthy", "fake")
-        marker = custody.listening_marker("llama-server", self.port)
-        await self.observe(
-            HostMarkerSeen(
-                label=self.config.label, pid=self.pid, stream="stderr", line=marker, after_seconds=0
-            )
-        )
-        ready = HostReady(
-            label=self.config.label, pid=self.pid, after_seconds=0.05, health_attempts=1
-        )
-        await self.observe(ready)
-        return ready
-
-    def still_same(self) -> bool:
-        self.identity_checks += 1
-        lasts = self.script.identity_lasts
-        return self.pid is not None and (lasts is None or self.identity_checks <= lasts)
-
-    def note_descendants(self) -> None:
-        pass
-
-    def shorten_grace(self) -> None:
-        pass
-
-    async def cleanup(self) -> HostCleanupOutcome:
-        if self._outcome is None:
-            forced = self.script.forced_cleanup and self.pid is not None
-            self._outcome = HostCleanupOutcome(
-                pid=self.pid,
-                graceful=not forced,
-                forced=forced,
-                exit_code=-9 if forced else 0,
-                port_free=True,
-                state_dir_removed=True,
-                **(self.script.cleanup_findings if self.pid is not None else {}),
-            )
-            self.script.cleaned.append(self.config.label)
-            with trio.CancelScope(shield=True):
-                await self.observe(HostCleaned(label=self.config.label, outcome=self._outcome))
-        return self._outcome
-
-
-def fake_opener(script: FakeHostScript) -> Any:
-    @asynccontextmanager
-    async def open_host(config: custody.HostConfig, observe: Observe) -> AsyncIterator[HostHandle]:
-        server = FakeLlamaHttp(script=script.reply)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.serve)
-            host = FakeHost(config, observe, script)
-            host.port = server.port
-            try:
-                yield host
-            finally:
-                await host.cleanup()
-                nursery.cancel_scope.cancel()
-
-    return open_host
-
-
-def hasher(drift: dict[int, str] | None = None) -> Any:
-    """Instant FAKE pin answers: the expected pins, except ``drift[call number] = pin name``."""
-    calls: list[int] = []
-
-    async def hash_pins(targets: Sequence[PinTarget], seconds: float) -> list[PinResult]:
-        assert seconds > 0
-        bad = (drift or {}).get(len(calls))
-        calls.append(len(calls))
-        await trio.lowlevel.checkpoint()
-        return [PinResult(t, "f" * 64 if t.name == bad else t.expected_sha256) for t in targets]
-
-    return hash_pins
-
-
 async def run(
     input_path: Path,
     out: Path,
     script: FakeHostScript,
     *,
     pins: Any = None,
-    on_started: Callable[[RunContext], None] | None = None,
     host_opener: Any = None,
     host_port: int = 0,
     progress_stream: io.StringIO | None = None,
 ) -> MatrixOutcome:
     admitted = admit_run(str(input_path), str(out))
     os.mkdir(admitted.output)
-    options = RunOptions(
+    hosts = HostSettings(
         host_opener=host_opener or fake_opener(script),
         pin_hasher=pins or hasher(),
         host_port=host_port,
-        progress=Progress(
-            progress_stream or io.StringIO(),
-            len(admitted.prepared.rows),
-            synthetic=admitted.prepared.catalog.synthetic,
-        ),
-        on_started=on_started,
     )
-    return await supervise(admitted, options)
+    progress = Progress(
+        progress_stream or io.StringIO(),
+        len(admitted.prepared.rows),
+        synthetic=admitted.prepared.catalog.synthetic,
+    )
+    return await supervise(admitted, hosts, progress)
 
 
 def journal(out: Path) -> tuple[JournalLine, ...]:
@@ -396,6 +233,31 @@ def transitions(out: Path, cell_id: str) -> list[tuple[str, str, str]]:
 # --- budgets ------------------------------------------------------------------------------------
 
 
+async def test_pins_are_rehashed_together_and_each_result_names_its_own_problem(
+    tmp_path: Path,
+) -> None:
+    """The real hasher: files through pins' one pool, trees after; one unreadable target
+    gets its own problem while the others are still observed, in the targets' order."""
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "a").write_bytes(b"a")
+    (tmp_path / "model").write_bytes(b"weights")
+    model_sha = hashlib.sha256(b"weights").hexdigest()
+    tree_sha = pin_tree(str(tmp_path / "tree"), Budget.seconds(10)).sha256
+    targets = [
+        PinTarget("model", str(tmp_path / "model"), model_sha, "file"),
+        PinTarget("native_build", str(tmp_path / "tree"), tree_sha, "tree"),
+        PinTarget("binary", str(tmp_path / "gone"), "0" * 64, "file"),
+        PinTarget("shard:2", str(tmp_path / "model"), "1" * 64, "file"),
+    ]
+    results = await hash_pins(targets, 10.0)
+    assert [r.target.name for r in results] == ["model", "native_build", "binary", "shard:2"]
+    assert [r.matches for r in results] == [True, True, False, False]
+    assert results[2].observed_sha256 is None and "gone" in results[2].problem
+    assert results[3].observed_sha256 == model_sha  # read, and differs from its pin
+    everything_readable = await hash_pins([targets[0], targets[1], targets[3]], 10.0)
+    assert [r.observed_sha256 for r in everything_readable] == [model_sha, tree_sha, model_sha]
+
+
 def test_budgets_only_shrink() -> None:
     budgets = Budgets(run_deadline=100.0, cell_seconds=30.0, request_timeout_ms=5000)
     assert budgets.cell_deadline(now=10.0) == 40.0
@@ -409,6 +271,35 @@ def test_budgets_only_shrink() -> None:
     assert stop.classify(cell_deadline=100.0, now=100.0) == "execution"
     stop.signal_name = "SIGTERM"
     assert stop.classify(cell_deadline=40.0, now=41.0) == "cancelled"
+
+
+async def test_the_warmup_state_sends_the_excluded_request_and_the_ladder_the_measured_ones(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    out = tmp_path / "out"
+    await run(make_prepared(tmp_path / "p"), out, FakeHostScript())
+    order: list[str] = []
+    for line in journal(out):
+        record = line.record
+        if isinstance(record, WarmupExclusion) and record.cell_id == SERIAL:
+            order.append("warmup rule")
+        elif isinstance(record, RequestOutcome) and record.cell_id == SERIAL:
+            order.append(f"request {record.row.request_id} excluded={record.row.excluded_warmup}")
+        elif isinstance(record, Transition) and record.cell_id == SERIAL:
+            order.append(f"{record.from_state} -> {record.to_state}")
+    start = order.index("launch -> warmup")
+    assert order[start : start + 7] == [
+        "launch -> warmup",
+        "warmup rule",
+        "request 0 excluded=True",
+        "warmup -> ladder",
+        "request 1 excluded=False",
+        "request 2 excluded=False",
+        "ladder -> post-verify",
+    ]
+    serial = cell(out, "native-serial").measurement.rungs[0]
+    assert [r.request_id for r in serial.rows] == [0, 1, 2]
+    assert serial.warmup_excluded_ids == (0,) and serial.serial_summary.excluded_runs == 1
 
 
 async def test_a_complete_run_measures_both_arms_and_replays(
@@ -498,19 +389,23 @@ async def test_a_complete_run_measures_both_arms_and_replays(
 
 
 async def test_a_published_row_leaves_the_writers_index_and_the_matrix_still_folds_it(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Once a row's row.json is published its lines leave the live index (memory stays bounded
     over a long run); the matrix is folded from the journal file, so it still sees every row."""
-    contexts: list[RunContext] = []
+    writers: list[JournalWriter] = []
+    monkeypatch.setattr(
+        "cache_family.actors.matrix.JournalWriter",
+        lambda path: writers.append(JournalWriter(path)) or writers[-1],
+    )
     out = tmp_path / "out"
     prepared = make_prepared(tmp_path / "p", keys=("qwen3_dense", "llama"))
-    outcome = await run(prepared, out, FakeHostScript(), on_started=contexts.append)
+    outcome = await run(prepared, out, FakeHostScript())
     assert outcome.status == "completed"
     measured = [r for r in matrix(out).rows if r.result.status == "completed"]
     assert [r.case for r in measured] == ["qwen3_dense", "llama"]
-    [ctx] = contexts
-    index = ctx.writer.index
+    [writer] = writers
+    index = writer.index
     assert index.cell_ids() == []  # every cell's lines were dropped with its row
     assert not {r.index for r in measured} & set(index.row_indices())
     read = read_journal((out / "journal.jsonl").read_bytes())
@@ -657,12 +552,15 @@ async def test_pin_drift_before_launch_launches_nothing(
     await run(make_prepared(tmp_path / "p"), out, script, pins=pins)
     serial = cell(out, "native-serial")
     assert serial.status == "failed" and serial.host is None
-    assert serial.lifecycle == ("pin-verify", "cleanup", "finalize")
+    assert serial.lifecycle == ("pin-verify", "not-launched", "finalize")
     assert [p.name for p in serial.pins_before if not p.matches] == ["model"]
     concurrent = cell(out, "sweep-native-concurrent")
     assert [p.name for p in concurrent.pins_before if not p.matches] == ["native_build"]
-    assert script.launched == []  # neither arm launched anything
+    assert script.launched == [] and script.cleaned == []  # nothing launched, nothing ended
     assert records(out, RequestOutcome) == []
+    # Nothing was ended, so the receipts claim no cleanup at all.
+    assert serial.cleanup is None and concurrent.cleanup is None
+    assert records(out, CleanupOutcome) == []
 
 
 async def test_post_run_drift_and_forced_kill_keep_measurements_but_mark_incomplete(
@@ -701,7 +599,7 @@ async def test_custody_findings_at_cleanup_mark_the_cell_incomplete_and_refuse_p
     for cell_id, name in ((SERIAL, "native-serial"), (CONCURRENT, "sweep-native-concurrent")):
         journaled = outcomes[cell_id]
         for field_name, value in findings.items():
-            assert getattr(journaled, field_name) == value  # the journal holds the finding
+            assert getattr(journaled.cleanup, field_name) == value  # the journal holds it
         receipt = cell(out, name)
         assert receipt.status == "incomplete" and not receipt.accepted_for_parity
         assert [f.kind for f in receipt.faults] == [kind]  # once, from the cleanup record
@@ -751,8 +649,10 @@ async def test_a_busy_port_refuses_before_anything_is_launched(
     assert serial.status == "failed" and serial.host is None
     assert [f.kind for f in serial.faults] == ["port_busy"]
     assert records(out, Fault)[0].kind == "port_busy"
-    outcomes = [r for r in records(out, CleanupOutcome) if r.cell_id == SERIAL]
-    assert outcomes[0].pid is None and outcomes[0].detail == "nothing was launched"
+    # Nothing was launched, so nothing was ended: no cleanup is claimed.
+    assert serial.lifecycle == ("pin-verify", "not-launched", "finalize")
+    assert serial.cleanup is None
+    assert [r for r in records(out, CleanupOutcome) if r.cell_id == SERIAL] == []
     assert not list((out / "cell-0000" / "native-serial").glob("*-state-*"))
 
 
@@ -800,17 +700,13 @@ async def test_a_failed_interrupt_finish_downgrades_the_matrix(
     assert receipt.rows[0].result.status == "completed"  # the row's own receipt is kept
 
 
-def options_for(admitted: Any, script: FakeHostScript, **seams: Any) -> RunOptions:
-    return RunOptions(
-        host_opener=fake_opener(script),
-        pin_hasher=hasher(),
-        progress=Progress(io.StringIO(), len(admitted.prepared.rows)),
-        **seams,
-    )
+async def supervise_fake(admitted: Any, script: FakeHostScript) -> MatrixOutcome:
+    hosts = HostSettings(host_opener=fake_opener(script), pin_hasher=hasher())
+    return await supervise(admitted, hosts, Progress(io.StringIO(), len(admitted.prepared.rows)))
 
 
 async def test_the_interrupt_finish_check_runs_before_the_fold_and_downgrades_the_matrix(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     admitted = admit_run(str(make_prepared(tmp_path / "p")), str(tmp_path / "out"))
     os.mkdir(admitted.output)
@@ -823,10 +719,10 @@ async def test_the_interrupt_finish_check_runs_before_the_fold_and_downgrades_th
         real_verdicts.append(check_interrupt_finish(originals))
         return "SIGTERM's previous handler cannot be put back"
 
-    outcome = await supervise(
-        admitted,
-        options_for(admitted, FakeHostScript(), interrupt_finish=handlers_cannot_be_restored),
+    monkeypatch.setattr(
+        "cache_family.actors.matrix.check_interrupt_finish", handlers_cannot_be_restored
     )
+    outcome = await supervise_fake(admitted, FakeHostScript())
     out = Path(admitted.output)
     assert [sorted(s) for s in seen] == [sorted((signal.SIGINT, signal.SIGTERM))]
     assert real_verdicts == [None]
@@ -868,7 +764,7 @@ async def test_a_fold_that_fails_still_publishes_the_failed_matrix(
 
     monkeypatch.setattr("cache_family.actors.matrix.fold_matrix", fold_interrupted)
     with pytest.raises(BaseException) as raised:
-        await supervise(admitted, options_for(admitted, FakeHostScript()))
+        await supervise_fake(admitted, FakeHostScript())
     assert is_interrupt(raised.value)  # re-raised, after the fallback was written
     failed = msgspec.json.decode((Path(admitted.output) / MATRIX_FILENAME).read_bytes())
     assert failed["status"] == "failed"

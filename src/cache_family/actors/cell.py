@@ -1,17 +1,16 @@
-"""The cell (host) actor: one host session of one native arm, driven through ``CELL_TABLE``.
+"""The cell (host) actor: one host session of one native arm, driven by ``CELL_TABLE``.
 
-    pin-verify -> launch -> warmup -> ladder -> post-verify -> cleanup -> finalize
+The actor is one loop: perform the current state's work (``_WORK``: a coroutine that returns
+the next event), fire that event through the live machine (which journals the step), then run
+the step's actions, each through its one effect handler (``_EFFECTS``). A failure becomes the
+``fault`` event, cancellation or deadline expiry ``cancelled`` / ``deadline-expired``; from
+there the table leads through cleanup to finalize, which run shielded and bounded, so a
+cancelled or expired cell still ends its host and still publishes ``cell.json``. Every
+observation is journaled as it happens; ``cell.json`` is folded from the journal alone.
 
-The actor never decides where to go next by itself: it fires an event at the cell machine
-(``states/cell.py``), journals the transition the table returns and performs the step's
-work. Every observation (pins, port, spawn, marker, readiness, each request, each rung, the
-cleanup outcome) is journaled as it happens; ``cell.json`` is folded from the journal alone.
-
-Budgets only shrink. The cell's deadline is ``min(run deadline, now + cell_seconds)`` (taken
-when the cell opens); each request's is ``min(cell deadline, its start + request_timeout_ms)``
-(the load actor applies it); the host's startup budget is the profile's startup timeout cut to
-the cell deadline. Cleanup and finalize run shielded from cancellation and bounded in time, so
-a cancelled or expired cell still ends its host and still publishes its receipt.
+Budgets only shrink: the cell's deadline is ``min(run deadline, now + cell_seconds)``; each
+request's is ``min(cell deadline, its start + request_timeout_ms)`` (the load actor applies
+it); the host's startup budget is the profile's startup timeout cut to the cell deadline.
 """
 
 from __future__ import annotations
@@ -20,21 +19,28 @@ import hashlib
 import json
 import math
 import os
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, suppress
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Final, Literal, Protocol, TypeVar
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Final, Literal
 
 import msgspec
 import trio
 
 from cache_family.actors import custody
-from cache_family.actors.journal import JournalWriter, publish_cell_receipt
+from cache_family.actors.journal import publish_cell_receipt
 from cache_family.actors.load import BenchmarkPrompt, LoadRun, build_benchmark_prompt
-from cache_family.actors.pins import Budget, hash_file, pin_tree
 from cache_family.actors.prompts import PromptChoice
+from cache_family.actors.run_context import (
+    ARM_DIRS,
+    Budgets,
+    HostHandle,
+    PinResult,
+    PinTarget,
+    RunContext,
+    is_cancellation,
+    thread_setting,
+)
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
     Cancellation,
@@ -52,11 +58,7 @@ from cache_family.schemas.journal import (
     RequestOutcome,
     RungCompleted,
     RungPlan,
-    Transition,
     WarmupExclusion,
-)
-from cache_family.schemas.measurement import (
-    CleanupOutcome as HostCleanupOutcome,
 )
 from cache_family.schemas.measurement import (
     HostCleaned,
@@ -67,227 +69,23 @@ from cache_family.schemas.measurement import (
     HostSpawned,
     LoadOutcome,
     LoadRequest,
+    RequestRow,
 )
 from cache_family.schemas.prepared import HostProfile
 from cache_family.schemas.receipts import CellReceipt
 from cache_family.states.cell import (
+    CELL_TABLE,
+    CellAction,
     CellEvent,
     CellMachine,
     CellState,
-    Machine,
-    new_cell_machine,
+    LiveMachine,
+    MachineTable,
 )
 
-ARM_SERIAL: Final = "native-serial"
-ARM_CONCURRENT: Final = "native-concurrent"
 COHORT_NATIVE: Final = "native"
-# Directory of each native arm's cell inside its row directory (run layout).
-ARM_DIRS: Final = {ARM_SERIAL: "native-serial", ARM_CONCURRENT: "sweep-native-concurrent"}
-
-# The cell's own work (hashing, startup, requests) ends this long before the cell deadline, so
-# that a request cut by the budget is still recorded by the load actor itself (with its elapsed
-# time) and the cell reaches cleanup on its own rather than by cancellation.
-MEASUREMENT_RESERVE_SECONDS: Final = 2.0
 # Finalize (fold + publish) is shielded; this bounds it so a wedged disk cannot hang a run.
 FINALIZE_BOUND_SECONDS: Final = 30.0
-# Custody's own bound covers the host; this only guards the journal appends around it.
-CLEANUP_JOURNAL_BOUND_SECONDS: Final = 10.0
-
-StopKind = Literal["cancelled", "execution", "cell"]
-
-
-# --- budgets ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Budgets:
-    """The run's three budgets; each derived deadline is never later than its parent's."""
-
-    run_deadline: float  # trio time
-    cell_seconds: float
-    request_timeout_ms: int
-
-    def cell_deadline(self, now: float) -> float:
-        return min(self.run_deadline, now + self.cell_seconds)
-
-    @staticmethod
-    def work_deadline(cell_deadline: float, now: float) -> float:
-        """When the cell's measured work must end: the reserve before its deadline."""
-        return max(cell_deadline - MEASUREMENT_RESERVE_SECONDS, now)
-
-    @staticmethod
-    def request_deadline(cell_deadline: float, started: float, request_timeout_ms: int) -> float:
-        return min(cell_deadline, started + request_timeout_ms / 1000)
-
-    @staticmethod
-    def startup_seconds(cell_deadline: float, now: float, profile_startup: float) -> float:
-        return max(min(profile_startup, cell_deadline - now), 0.001)
-
-
-@dataclass(slots=True)
-class RunStop:
-    """Why the run is stopping, shared by every actor: the first signal, or the deadline."""
-
-    run_deadline: float
-    signal_name: str | None = None
-    # Set by the supervisor's deadline watcher when execution_seconds ran out.
-    deadline_hit: bool = False
-    # Hosts in custody now; a second interrupt shortens their SIGTERM grace.
-    live_hosts: list[HostHandle] = field(default_factory=list)
-
-    def classify(self, cell_deadline: float, now: float) -> StopKind:
-        if self.signal_name is not None:
-            return "cancelled"
-        if self.deadline_hit or now >= self.run_deadline:
-            return "execution"
-        if now >= cell_deadline:
-            return "cell"
-        return "cancelled"
-
-    def shorten_grace(self) -> None:
-        for host in list(self.live_hosts):
-            host.shorten_grace()
-
-
-# --- seams: hosts and pin hashing -------------------------------------------------------------
-
-
-class HostHandle(Protocol):
-    """What the cell needs of host custody (``actors/custody.Host`` is the real one)."""
-
-    port: int
-    state_dir: str
-    pid: int | None
-    create_time: float | None
-
-    @property
-    def base_url(self) -> str: ...
-
-    async def launch(self, argv: Sequence[str], env: Mapping[str, str]) -> HostSpawned: ...
-
-    async def wait_ready(self, startup_seconds: float) -> HostReady: ...
-
-    def still_same(self) -> bool: ...
-
-    def note_descendants(self) -> None: ...
-
-    def shorten_grace(self) -> None: ...
-
-    async def cleanup(self) -> HostCleanupOutcome: ...
-
-
-Observe = Callable[[HostEvent], Awaitable[None]]
-HostOpener = Callable[[custody.HostConfig, Observe], AbstractAsyncContextManager[HostHandle]]
-
-
-def real_host_opener(
-    config: custody.HostConfig, observe: Observe
-) -> AbstractAsyncContextManager[HostHandle]:
-    return custody.host_custody(config, observe)
-
-
-@dataclass(frozen=True, slots=True)
-class PinTarget:
-    """One pinned thing a cell re-hashes before launch and after its ladder."""
-
-    name: str
-    path: str
-    expected_sha256: str
-    kind: Literal["file", "tree"]
-
-
-@dataclass(frozen=True, slots=True)
-class PinResult:
-    target: PinTarget
-    observed_sha256: str | None  # None: could not be read (missing, unreadable, cancelled)
-    problem: str = ""
-
-    @property
-    def matches(self) -> bool:
-        return self.observed_sha256 == self.target.expected_sha256
-
-
-PinHasher = Callable[[Sequence[PinTarget], float], Awaitable[list[PinResult]]]
-
-
-def _hash_one(target: PinTarget, budget: Budget) -> PinResult:
-    try:
-        if target.kind == "tree":
-            observed = pin_tree(target.path, budget, json_path=f"$.pins.{target.name}").sha256
-        else:
-            canonical = os.path.realpath(target.path, strict=True)
-            observed = hash_file(canonical, budget, json_path=f"$.pins.{target.name}").sha256
-    except Refused as refused:
-        return PinResult(target, None, str(refused))
-    except OSError as exc:
-        return PinResult(target, None, f"{target.path}: {exc.strerror or exc}")
-    return PinResult(target, observed)
-
-
-async def hash_pins_in_threads(targets: Sequence[PinTarget], seconds: float) -> list[PinResult]:
-    """Re-hash every target in worker threads, at most one per core, under one budget.
-
-    A cancelled caller cancels the budget, which every hashing thread checks between 1 MiB
-    chunks, so abandoning the threads costs at most one chunk of work each.
-    """
-    budget = Budget.seconds(max(seconds, 0.0), clock=time.monotonic)
-    limiter = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
-    results: list[PinResult | None] = [None] * len(targets)
-
-    async def one(index: int, target: PinTarget) -> None:
-        results[index] = await trio.to_thread.run_sync(
-            _hash_one, target, budget, limiter=limiter, abandon_on_cancel=True
-        )
-
-    try:
-        async with trio.open_nursery() as nursery:
-            for index, target in enumerate(targets):
-                nursery.start_soon(one, index, target)
-    except BaseException:
-        budget.cancel()
-        raise
-    return [result for result in results if result is not None]
-
-
-@dataclass(slots=True)
-class HostSettings:
-    """How every cell of a run opens, pins and ends its host; tests replace the seams."""
-
-    host_opener: HostOpener = real_host_opener
-    pin_hasher: PinHasher = hash_pins_in_threads
-    # 0: an ephemeral port per host (tests pin one to provoke a busy port).
-    host_port: int = 0
-    grace_seconds: float = 5.0
-    kill_wait_seconds: float = 5.0
-    cleanup_bound_seconds: float = 30.0
-
-    def host_config(self, label: str, cell_path: str) -> custody.HostConfig:
-        """Custody's settings for one cell's host: state and logs under ``cell_path``."""
-        return custody.HostConfig(
-            label=label,
-            state_parent=cell_path,
-            log_dir=os.path.join(cell_path, "logs"),
-            port=self.host_port,
-            grace_seconds=self.grace_seconds,
-            kill_wait_seconds=self.kill_wait_seconds,
-            cleanup_bound_seconds=self.cleanup_bound_seconds,
-        )
-
-
-@dataclass(slots=True)
-class RunContext:
-    """Everything the row and cell actors share within one run."""
-
-    writer: JournalWriter
-    run_dir: str
-    budgets: Budgets
-    stop: RunStop
-    hosts: HostSettings = field(default_factory=HostSettings)
-    # Called with (cell_id, state) at every transition, for the progress display.
-    on_transition: Callable[[str, str], None] | None = None
-
-    async def journal(self, record: Record) -> int:
-        return await self.writer.append(record)
 
 
 # --- the plan of one cell ---------------------------------------------------------------------
@@ -355,76 +153,24 @@ def llama_server_argv(plan: CellPlan, profile: HostProfile, port: int) -> list[s
         str(plan.lanes),
         "--no-webui",
     ]
-    threads = host_threads(profile)
+    # The operator's OMP_NUM_THREADS, also given to llama-server as ``-t``.
+    threads = thread_setting(profile.environment)
     if threads is not None:
         argv += ["-t", threads]
     return argv
-
-
-def host_threads(profile: HostProfile) -> str | None:
-    """The operator's OMP_NUM_THREADS, also given to llama-server as ``-t``."""
-    return thread_setting(profile.environment)
-
-
-def thread_setting(environment: Mapping[str, str]) -> str | None:
-    """OMP_NUM_THREADS when it is a positive whole number, else None.
-
-    A thread count is a setting, not a secret, so it may appear on a host's command line and
-    in the journal; anything else in the environment is journaled by name only.
-    """
-    value = environment.get("OMP_NUM_THREADS")
-    return value if value and value.isdigit() and int(value) > 0 else None
 
 
 def argv_sha256(argv: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(list(argv), separators=(",", ":")).encode()).hexdigest()
 
 
-_CUSTODY_FAULT_KINDS: Final = {
-    "custody.child_exited": "child_exited",
-    "custody.marker_timeout": "marker_missing",
-    "custody.readiness_failed": "readiness_failed",
-    "custody.spawn_failed": "spawn_failed",
-    "custody.port_busy": "port_busy",
-    "custody.port_unavailable": "port_busy",
-    "custody.state_dir": "spawn_failed",
-    "custody.env_reserved": "spawn_failed",
-    "custody.env_conflict": "spawn_failed",
-}
-
-
 def fault_kind(refused: Refused) -> str:
     code = refused.codes[0]
-    if code in _CUSTODY_FAULT_KINDS:
-        return _CUSTODY_FAULT_KINDS[code]
+    if code in custody.FAULT_KIND_OF_CODE:
+        return custody.FAULT_KIND_OF_CODE[code]
     if code.startswith("load.prompt") or code == "load.tokenize":
         return "prompt_failed"
     return "internal"
-
-
-_State = TypeVar("_State", bound=StrEnum)
-_Event = TypeVar("_Event", bound=StrEnum)
-
-
-def fire_and_record(
-    machine: Machine[_State, _Event, Any],
-    event: _Event,
-    *,
-    cell_id: str | None = None,
-    row_index: int | None = None,
-) -> Transition:
-    """Take ``event`` through the machine's table (refused where it has no step); the
-    ``transition`` record that journals the step, named by the table (``cell`` or ``row``)."""
-    before = machine.state
-    step = machine.fire(event)
-    return Transition(
-        machine=machine.table.name,
-        cell_id=cell_id,
-        row_index=row_index,
-        from_state=before.value,
-        event=event.value,
-        to_state=step.to.value,
-    )
 
 
 def pin_records(cell_id: str, phase: str, result: PinResult) -> tuple[PinObserved | PinDrift, ...]:
@@ -441,15 +187,6 @@ def pin_records(cell_id: str, phase: str, result: PinResult) -> tuple[PinObserve
     if result.matches:
         return (observed,)
     return observed, PinDrift(**msgspec.structs.asdict(observed))
-
-
-def is_cancellation(exc: BaseException) -> bool:
-    """True for trio's Cancelled, also when a nursery delivers it inside an exception group."""
-    if isinstance(exc, trio.Cancelled):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return any(is_cancellation(inner) for inner in exc.exceptions)
-    return False
 
 
 class _Fault(Exception):
@@ -470,7 +207,9 @@ class CellActor:
     def __init__(self, plan: CellPlan, ctx: RunContext) -> None:
         self.plan = plan
         self.ctx = ctx
-        self.machine: CellMachine = new_cell_machine(plan.cell_id)
+        self.machine: CellMachine = LiveMachine(
+            CELL_TABLE, plan.cell_id, ctx.step_journal("cell", cell_id=plan.cell_id)
+        )
         self.deadline = math.inf
         self.work_deadline = math.inf
         self.host: HostHandle | None = None
@@ -478,11 +217,14 @@ class CellActor:
         self.receipt: CellReceipt | None = None
         # The cell's own directory: its receipt, its host's private state dir and logs.
         self.cell_path = os.path.join(ctx.run_dir, plan.cell_dir)
+        self._nursery: trio.Nursery | None = None
+        self._release_host = trio.Event()
+        self._host_ended = trio.Event()
         self._opened_at: float | None = None
-        self._cleanup_started: float | None = None
-        self._cleanup_journaled = False
         self._faults_journaled: set[str] = set()
         self._stop_recorded = False
+        self._out_of_time = False
+        self._warmup: tuple[RequestRow, ...] = ()
         self._argv: list[str] = []
 
     def __repr__(self) -> str:
@@ -496,77 +238,10 @@ class CellActor:
             f"elapsed={elapsed}>"
         )
 
-    # -- journal and machine -------------------------------------------------------------
-
     async def _journal(self, record: Record) -> None:
         await self.ctx.journal(record)
 
-    async def _fire(self, event: CellEvent) -> None:
-        transition = fire_and_record(self.machine, event, cell_id=self.plan.cell_id)
-        await self._journal(transition)
-        if self.machine.state == CellState.CLEANUP and self._cleanup_started is None:
-            self._cleanup_started = trio.current_time()
-        if self.ctx.on_transition is not None:
-            self.ctx.on_transition(self.plan.cell_id, transition.to_state)
-
-    async def _fault(self, kind: str, detail: str, *, journaled: bool = False) -> None:
-        """Record a fault and move to cleanup (or stay there)."""
-        if not journaled:
-            await self._journal(
-                Fault(
-                    cell_id=self.plan.cell_id,
-                    kind=kind,
-                    detail=detail[:2000],
-                    pid=self.host.pid if self.host is not None else None,
-                )
-            )
-        if self.machine.can_fire(CellEvent.FAULT):
-            await self._fire(CellEvent.FAULT)
-
-    async def _stopped(self) -> None:
-        """Cancellation or a deadline reached this cell: journal which, fire the stop event."""
-        if self._stop_recorded:
-            return
-        self._stop_recorded = True
-        now = trio.current_time()
-        kind = self.ctx.stop.classify(self.deadline, now)
-        if kind == "cancelled":
-            await self._journal(
-                Cancellation(
-                    cell_id=self.plan.cell_id,
-                    signal=self.ctx.stop.signal_name or "",
-                    detail=f"cancelled in state {self.machine.state.value}",
-                )
-            )
-            event = CellEvent.CANCELLED
-        else:
-            await self._journal(
-                DeadlineExpired(
-                    cell_id=self.plan.cell_id,
-                    budget=kind,
-                    detail=f"expired in state {self.machine.state.value}",
-                )
-            )
-            event = CellEvent.DEADLINE_EXPIRED
-        if self.machine.can_fire(event):
-            await self._fire(event)
-
-    async def _deadline_reached(self) -> None:
-        """The cell's work deadline passed without cancellation (the load actor stopped)."""
-        if self._stop_recorded:
-            return
-        self._stop_recorded = True
-        execution = self.deadline >= self.ctx.stop.run_deadline
-        await self._journal(
-            DeadlineExpired(
-                cell_id=self.plan.cell_id,
-                budget="execution" if execution else "cell",
-                detail=f"work deadline passed in state {self.machine.state.value}",
-            )
-        )
-        await self._fire(CellEvent.DEADLINE_EXPIRED)
-
-    # -- the session ---------------------------------------------------------------------
+    # -- the loop --------------------------------------------------------------------------
 
     async def run(self) -> CellReceipt | None:
         """Run the whole session; Cancelled from outside propagates after finalize."""
@@ -576,7 +251,7 @@ class CellActor:
         self.deadline = self.ctx.budgets.cell_deadline(now)
         self.work_deadline = Budgets.work_deadline(self.deadline, now)
         os.makedirs(os.path.join(self.cell_path, "logs"), exist_ok=True)
-        try:
+        with trio.CancelScope(shield=True):
             await self._journal(
                 CellOpened(
                     cell_id=plan.cell_id,
@@ -592,43 +267,124 @@ class CellActor:
                     synthetic=plan.synthetic,
                 )
             )
-            with trio.CancelScope(deadline=self.deadline):
-                await self._session()
-        except BaseException as exc:
-            await self._record_if_stopped(exc)
-            raise
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._finish()
+        escaped: BaseException | None = None
+        # The host's custody runs as a task of this nursery (started in pin-verify, ended by
+        # the end-host action), so the loop's own cancel scopes never span it.
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                with trio.CancelScope(deadline=self.deadline):
+                    await self._loop()
+            except BaseException as exc:
+                escaped = exc
+                nursery.cancel_scope.cancel()
+            finally:
+                self._release_host.set()  # custody never outlives the loop
+        if escaped is not None:
+            raise escaped
         return self.receipt
 
-    async def _session(self) -> None:
-        try:
-            await self._pin_verify_and_host()
-        except (Refused, _Fault) as failure:
-            await self._record_failure(failure)
-        except BaseException as exc:
-            await self._record_if_stopped(exc)
-            raise
+    async def _loop(self) -> None:
+        event: CellEvent | None = None
+        stopped: BaseException | None = None  # re-raised once the cell is finalized
+        while not self.machine.finished:
+            try:
+                event = event or await self._work(shield=stopped is not None)
+                step = self.machine.fire(event)
+                event = None
+                # Cleanup and finalize, and everything after a stop, are shielded and bounded.
+                shielded = stopped is not None or step.to in CELL_TABLE.after_fault
+                with trio.CancelScope(shield=shielded):
+                    with trio.move_on_after(_BOUNDS.get(step.to, math.inf)) as bounded:
+                        await self.ctx.writer.sync()
+                        for action in step.actions:
+                            await _EFFECTS[action](self)
+                if bounded.cancelled_caught:
+                    break  # a wedged disk or journal: give up on this cell, not on the run
+            except (Refused, _Fault) as failure:
+                event = await self._failed(failure)
+            except BaseException as exc:
+                stopped = stopped or exc
+                event = await self._stopped(exc)
+        if stopped is not None:
+            raise stopped
 
-    async def _record_failure(self, failure: Refused | _Fault) -> None:
-        """A refusal from a lower layer or a fault the cell found: journal it, go to cleanup.
+    async def _work(self, *, shield: bool) -> CellEvent:
+        with trio.CancelScope(shield=shield):
+            return await _WORK[self.machine.state](self)
+        raise AssertionError("a scope that is never cancelled always returns above")
 
-        A custody refusal its observer already journaled as a fault is not journaled twice.
-        """
+    async def _failed(self, failure: Refused | _Fault) -> CellEvent:
+        """Journal a failure (unless custody's observer already did) as the ``fault`` event."""
         if isinstance(failure, Refused):
+            kind, detail = fault_kind(failure), str(failure)
             journaled = failure.codes[0] in self._faults_journaled
-            await self._fault(fault_kind(failure), str(failure), journaled=journaled)
         else:
-            await self._fault(failure.kind, failure.detail)
-
-    async def _record_if_stopped(self, exc: BaseException) -> None:
-        """When ``exc`` is a cancellation, journal (shielded) why the cell stopped."""
-        if is_cancellation(exc):
+            kind, detail, journaled = failure.kind, failure.detail, False
+        if not self.machine.can_fire(CellEvent.FAULT):
+            raise failure  # finalize itself failed: nothing later could publish the receipt
+        if not journaled:
             with trio.CancelScope(shield=True):
-                await self._stopped()
+                await self._journal(
+                    Fault(
+                        cell_id=self.plan.cell_id,
+                        kind=kind,
+                        detail=detail[:2000],
+                        pid=self.host.pid if self.host is not None else None,
+                    )
+                )
+        return CellEvent.FAULT
 
-    async def _pin_verify_and_host(self) -> None:
+    async def _stopped(self, exc: BaseException) -> CellEvent:
+        """Cancellation or the cell deadline: journal which (once) as its event. Anything else
+        escaping the work is a bug: journal it as an internal fault."""
+        if not is_cancellation(exc):
+            if not self.machine.can_fire(CellEvent.FAULT):
+                raise exc
+            return await self._failed(_Fault("internal", f"{type(exc).__name__}: {exc}"))
+        kind = self.ctx.stop.classify(self.deadline, trio.current_time())
+        event = CellEvent.CANCELLED if kind == "cancelled" else CellEvent.DEADLINE_EXPIRED
+        if not self._stop_recorded:
+            self._stop_recorded = True
+            detail = f"in state {self.machine.state.value}"
+            record: Record = (
+                Cancellation(
+                    cell_id=self.plan.cell_id,
+                    signal=self.ctx.stop.signal_name or "",
+                    detail=f"cancelled {detail}",
+                )
+                if kind == "cancelled"
+                else DeadlineExpired(
+                    cell_id=self.plan.cell_id, budget=kind, detail=f"expired {detail}"
+                )
+            )
+            with trio.CancelScope(shield=True):
+                await self._journal(record)
+        if not self.machine.can_fire(event):
+            raise exc
+        return event
+
+    async def _after_work(self, done: CellEvent) -> CellEvent:
+        """``done``, or ``deadline-expired`` when the work stopped at the cell's work deadline
+        (the load actor stopped on its own: a deadline, not a fault of the host)."""
+        if not self._out_of_time:
+            return done
+        self._out_of_time = False
+        self._stop_recorded = True
+        execution = self.deadline >= self.ctx.stop.run_deadline
+        await self._journal(
+            DeadlineExpired(
+                cell_id=self.plan.cell_id,
+                budget="execution" if execution else "cell",
+                detail=f"work deadline passed in state {self.machine.state.value}",
+            )
+        )
+        return CellEvent.DEADLINE_EXPIRED
+
+    # -- the states' work ------------------------------------------------------------------
+
+    async def _pin_verify(self) -> CellEvent:
+        """Re-hash the pins, then take the host into custody (which reserves the port)."""
         plan = self.plan
         if plan.profile is None or plan.refusal is not None:
             raise _Fault(
@@ -639,57 +395,81 @@ class CellActor:
             await self._journal(
                 Fault(cell_id=plan.cell_id, kind="pin_mismatch", detail="pins differ before launch")
             )
-            await self._fire(CellEvent.PINS_MISMATCH)
-            return
-        hosts = self.ctx.hosts
-        config = hosts.host_config(ARM_DIRS[plan.arm], self.cell_path)
-        # Entering custody reserves the port and makes the private state dir; a busy port is
-        # refused here, before anything is launched.
+            return CellEvent.PINS_MISMATCH
+        assert self._nursery is not None
+        config = self.ctx.hosts.host_config(ARM_DIRS[plan.arm], self.cell_path)
+        # A busy port is refused here, before anything is launched.
+        await self._nursery.start(self._custody, config)
+        return CellEvent.PINS_VERIFIED
+
+    async def _custody(
+        self, config: custody.HostConfig, *, task_status: trio.TaskStatus[HostHandle]
+    ) -> None:
+        """Hold the host in custody until the end-host action releases it (or the cell is
+        cancelled); leaving custody ends the host, shielded and bounded."""
         live = self.ctx.stop.live_hosts
         try:
-            async with hosts.host_opener(config, self._observe) as host:
+            async with self.ctx.hosts.host_opener(config, self._observe) as host:
                 self.host = host
                 live.append(host)
-                try:
-                    await self._journal(PortReserved(cell_id=plan.cell_id, port=host.port))
-                    await self._fire(CellEvent.PINS_VERIFIED)
-                    await self._in_custody(plan.profile, host)
-                except (Refused, _Fault) as failure:
-                    await self._record_failure(failure)
-                except BaseException as exc:
-                    await self._record_if_stopped(exc)
-                    raise  # custody's exit ends the host, shielded and bounded
-                # Normal path and faults alike: end the host now (custody's exit would too).
-                await host.cleanup()
+                await self._journal(PortReserved(cell_id=self.plan.cell_id, port=host.port))
+                task_status.started(host)
+                await self._release_host.wait()
         finally:
             # Only now: a second interrupt during custody's own cleanup still reaches it.
-            if self.host is not None and self.host in live:
+            if self.host in live:
                 live.remove(self.host)
+            self._host_ended.set()
 
-    async def _in_custody(self, profile: HostProfile, host: HostHandle) -> None:
-        plan = self.plan
-        # launch
+    async def _post_verify(self) -> CellEvent:
+        ok = await self._verify_pins("after")
+        return CellEvent.PINS_VERIFIED if ok else CellEvent.PINS_MISMATCH
+
+    async def _verify_pins(self, phase: str) -> bool:
+        remaining = self.work_deadline - trio.current_time()
+        results = await self.ctx.hosts.pin_hasher(self.plan.pins, remaining)
+        for result in results:
+            for record in pin_records(self.plan.cell_id, phase, result):
+                await self._journal(record)
+        return all(result.matches for result in results)
+
+    # -- the actions' effects --------------------------------------------------------------
+
+    def _live_host(self) -> HostHandle:
+        if self.host is None:
+            raise _Fault("internal", f"no host in custody in state {self.machine.state.value}")
+        return self.host
+
+    async def _spawn_host(self) -> None:
+        host, profile = self._live_host(), self.plan.profile
+        assert profile is not None  # pin-verify refused a cell without one
         env = custody.host_environment(
             profile.environment,
             {name: pin.path for name, pin in profile.toolkit_directories.items()},
             profile.native_build,
             host.state_dir,
         )
-        argv = llama_server_argv(plan, profile, host.port)
-        self._argv = argv
-        await host.launch(argv, env)
+        self._argv = llama_server_argv(self.plan, profile, host.port)
+        await host.launch(self._argv, env)
+
+    async def _await_readiness(self) -> None:
+        host, profile = self._live_host(), self.plan.profile
+        assert profile is not None
         now = trio.current_time()
         await host.wait_ready(
             Budgets.startup_seconds(self.work_deadline, now, float(profile.startup_timeout_secs))
         )
         host.note_descendants()
-        await self._fire(CellEvent.HOST_READY)
 
-        # warmup (cut-prompt-with-host-tokenizer, journal-warmup-rule): no completion request
-        # is sent here. The benchmark prompt is cut by the host's own tokenizer and the warmup
-        # rule journaled; the excluded warmup request is request 0 of the serial rung below.
-        choice = plan.prompt
-        self.prompt = await build_benchmark_prompt(host.base_url, choice.text, plan.prefix_tokens)
+    async def _cut_prompt(self) -> None:
+        host = self._live_host()
+        self.prompt = await build_benchmark_prompt(
+            host.base_url, self.plan.prompt.text, self.plan.prefix_tokens
+        )
+
+    async def _journal_warmup_rule(self) -> None:
+        plan, choice, prompt = self.plan, self.plan.prompt, self.prompt
+        assert prompt is not None
         serial = plan.kind == "serial"
         await self._journal(
             WarmupExclusion(
@@ -706,15 +486,44 @@ class CellActor:
                 prompt_entry=choice.entry_key,
                 prompt_corpus_path=choice.corpus_path,
                 prompt_corpus_sha256=choice.corpus_sha256,
-                prompt_tokens=self.prompt.token_count,
-                prompt_sha256=self.prompt.sha256,
+                prompt_tokens=prompt.token_count,
+                prompt_sha256=prompt.sha256,
             )
         )
-        await self._fire(CellEvent.WARMUP_DONE)
 
-        # ladder: strictly ascending rungs, one retained host checked at every rung
+    async def _send_warmup(self) -> None:
+        """The serial cell's request 0 (excluded); a concurrent cell excludes none."""
+        if self.plan.kind != "serial":
+            return
+        warm = LoadRun(
+            self._request(RungPlan(concurrency=1, requests=1)), deadline=self.work_deadline
+        )
+        outcome: LoadOutcome | None = None
+        try:
+            outcome = await warm.run()
+        finally:
+            with trio.CancelScope(shield=outcome is None):
+                rung = await self._journal_warmup(outcome or warm.outcome(stop_reason="cancelled"))
+        if rung is not None:
+            self._judge(0, self.plan.rungs[0], rung)
+
+    async def _journal_warmup(self, outcome: LoadOutcome) -> LoadOutcome | None:
+        """Journal request 0 of rung 0; when it did not complete, rung 0 ends with it (the rest
+        of its roster never launched) and that rung's outcome is returned."""
+        self._warmup = outcome.rows
+        await self._journal_rows(0, outcome.rows)
+        if outcome.status == "completed":
+            return None
+        rung = self.plan.rungs[0]
+        closed = LoadRun(self._request(rung), sent=outcome.rows).outcome(outcome.stop_reason)
+        await self._journal_rung(0, rung, closed, sent=len(outcome.rows))
+        return closed
+
+    async def _run_rungs(self) -> None:
+        """Strictly ascending rungs, one retained host checked before every rung."""
+        host = self._live_host()
         previous = 0
-        for index, rung in enumerate(plan.rungs):
+        for index, rung in enumerate(self.plan.rungs):
             if rung.concurrency <= previous:
                 raise _Fault(
                     "internal", f"rung {index} concurrency {rung.concurrency} is not ascending"
@@ -727,33 +536,46 @@ class CellActor:
                     f"{host.create_time}",
                 )
             host.note_descendants()
-            outcome = await self._rung(index, rung, host)
-            if outcome.status != "completed" and trio.current_time() >= self.work_deadline:
-                # The budget ran out: a deadline, not a fault of the host; the ladder stops.
-                await self._deadline_reached()
+            self._judge(index, rung, await self._rung(index, rung))
+            if self._out_of_time:
                 return
-            if outcome.status != "completed":
-                timed_out = any(
-                    row.status == "incomplete" and row.error and "timeout" in row.error
-                    for row in outcome.rows
-                )
-                raise _Fault(
-                    "request_timeout" if timed_out else "request_failed",
-                    f"rung {index} (concurrency {rung.concurrency}) ended {outcome.status}: "
-                    f"{outcome.stop_reason or 'no reason given'}",
-                )
-        await self._fire(CellEvent.LADDER_DONE)
 
-        # post-verify: drift keeps the observations, the fold marks the cell incomplete
-        ok = await self._verify_pins("after")
-        await self._fire(CellEvent.PINS_VERIFIED if ok else CellEvent.PINS_MISMATCH)
+    def _judge(self, index: int, rung: RungPlan, outcome: LoadOutcome) -> None:
+        """A load run that did not complete: out of time (the ladder stops), or a fault."""
+        if outcome.status == "completed":
+            return
+        if trio.current_time() >= self.work_deadline:
+            self._out_of_time = True
+            return
+        timed_out = any(
+            row.status == "incomplete" and row.error and "timeout" in row.error
+            for row in outcome.rows
+        )
+        raise _Fault(
+            "request_timeout" if timed_out else "request_failed",
+            f"rung {index} (concurrency {rung.concurrency}) ended {outcome.status}: "
+            f"{outcome.stop_reason or 'no reason given'}",
+        )
 
-    async def _rung(self, index: int, rung: RungPlan, host: HostHandle) -> LoadOutcome:
-        plan = self.plan
+    async def _end_host(self) -> None:
+        """Leave custody: custody ends the host and journals its cleanup (via ``_observe``)."""
+        self._release_host.set()
+        await self._host_ended.wait()
+
+    async def _publish_receipt(self) -> None:
+        relative = f"{self.plan.cell_dir}/cell.json"
+        published = await publish_cell_receipt(
+            self.ctx.writer, self.ctx.run_dir, self.plan.cell_id, relative
+        )
+        self.receipt = published.receipt
+
+    # -- load runs -------------------------------------------------------------------------
+
+    def _request(self, rung: RungPlan) -> LoadRequest:
+        plan, serial = self.plan, self.plan.kind == "serial"
         assert self.prompt is not None
-        serial = plan.kind == "serial"
-        request = LoadRequest(
-            base_url=host.base_url,
+        return LoadRequest(
+            base_url=self._live_host().base_url,
             prompt=self.prompt.text,
             requests=rung.requests,
             concurrency=rung.concurrency,
@@ -763,32 +585,36 @@ class CellActor:
             ttft_slo_ms=None if serial else plan.ttft_slo_ms,
             tpot_slo_ms=None if serial else plan.tpot_slo_ms,
         )
-        load = LoadRun(request, deadline=self.work_deadline)
+
+    async def _rung(self, index: int, rung: RungPlan) -> LoadOutcome:
+        """One measured rung (rung 0 after its warmup, if any); its roster and completion are
+        journaled also when it is cancelled (every planned id, launched or not)."""
+        sent = self._warmup if index == 0 else ()
+        load = LoadRun(self._request(rung), deadline=self.work_deadline, sent=sent)
+        outcome: LoadOutcome | None = None
         try:
             outcome = await load.run()
-        except BaseException as exc:
-            if is_cancellation(exc):
-                # The roster is kept whatever stopped it: every planned id, launched or not.
-                with trio.CancelScope(shield=True):
-                    await self._journal_rung(
-                        index, rung, load.outcome(stop_reason="cancelled"), host
-                    )
-            raise
-        await self._journal_rung(index, rung, outcome, host)
-        return outcome
+        finally:
+            with trio.CancelScope(shield=outcome is None):
+                finished = outcome or load.outcome(stop_reason="cancelled")
+                await self._journal_rung(index, rung, finished, sent=len(sent))
+        return finished
 
-    async def _journal_rung(
-        self, index: int, rung: RungPlan, outcome: LoadOutcome, host: HostHandle
-    ) -> None:
-        for row in outcome.rows:
+    async def _journal_rows(self, index: int, rows: Sequence[RequestRow]) -> None:
+        concurrency = self.plan.rungs[index].concurrency
+        for row in rows:
             await self._journal(
                 RequestOutcome(
-                    cell_id=self.plan.cell_id,
-                    rung_index=index,
-                    concurrency=rung.concurrency,
-                    row=row,
+                    cell_id=self.plan.cell_id, rung_index=index, concurrency=concurrency, row=row
                 )
             )
+
+    async def _journal_rung(
+        self, index: int, rung: RungPlan, outcome: LoadOutcome, *, sent: int
+    ) -> None:
+        """The rows not journaled yet (the first ``sent`` were), then the rung's completion."""
+        host = self._live_host()
+        await self._journal_rows(index, outcome.rows[sent:])
         await self._journal(
             RungCompleted(
                 cell_id=self.plan.cell_id,
@@ -805,22 +631,13 @@ class CellActor:
             )
         )
 
-    # -- pins ------------------------------------------------------------------------------
-
-    async def _verify_pins(self, phase: str) -> bool:
-        remaining = self.work_deadline - trio.current_time()
-        results = await self.ctx.hosts.pin_hasher(self.plan.pins, remaining)
-        for result in results:
-            for record in pin_records(self.plan.cell_id, phase, result):
-                await self._journal(record)
-        return all(result.matches for result in results)
-
     # -- custody events --------------------------------------------------------------------
 
     async def _observe(self, event: HostEvent) -> None:
         cell_id = self.plan.cell_id
         if isinstance(event, HostSpawned):
             argv = self._argv or list(event.argv)
+            profile = self.plan.profile
             await self._journal(
                 ChildSpawned(
                     cell_id=cell_id,
@@ -832,9 +649,7 @@ class CellActor:
                     executable=argv[0] if argv else "",
                     host_argv=tuple(argv),
                     host_env_names=tuple(sorted(event.env)),
-                    host_threads=(
-                        host_threads(self.plan.profile) if self.plan.profile is not None else None
-                    ),
+                    host_threads=thread_setting(profile.environment) if profile else None,
                 )
             )
         elif isinstance(event, HostMarkerSeen):
@@ -860,75 +675,65 @@ class CellActor:
             await self._journal(
                 Fault(
                     cell_id=cell_id,
-                    kind=_CUSTODY_FAULT_KINDS.get(event.code, "internal"),
+                    kind=custody.FAULT_KIND_OF_CODE.get(event.code, "internal"),
                     detail=event.message[:2000],
                     pid=event.pid,
                 )
             )
         elif isinstance(event, HostCleaned):
-            await self._journal_cleanup(event.outcome)
+            # The whole outcome: the fold judges it, so replay downgrades exactly as live did.
+            await self._journal(CleanupOutcome(cell_id=cell_id, cleanup=event.outcome))
 
-    async def _journal_cleanup(self, outcome: HostCleanupOutcome) -> None:
-        """Journal custody's whole cleanup outcome; the fold judges it (``states/fold.py``),
-        so a truncated capture or an escaped descendant downgrades the cell in replay too."""
-        if self._cleanup_journaled:
-            return
-        self._cleanup_journaled = True
-        started = self._cleanup_started
-        elapsed = None if started is None else (trio.current_time() - started) * 1000
-        await self._journal(
-            CleanupOutcome(
-                cell_id=self.plan.cell_id,
-                pid=outcome.pid,
-                graceful=outcome.graceful,
-                forced=outcome.forced,
-                exit_code=outcome.exit_code,
-                surviving_descendants=outcome.surviving_descendants,
-                port_free=outcome.port_free,
-                state_dir_removed=outcome.state_dir_removed,
-                elapsed_ms=elapsed,
-                escaped_descendants=outcome.escaped_descendants,
-                capture_truncated=outcome.capture_truncated,
-                oversized_lines=outcome.oversized_lines,
-                grace_shortened=outcome.grace_shortened,
-                bounded_out=outcome.bounded_out,
-                state_dir_error=(outcome.state_dir_error or "")[:2000] or None,
-            )
-        )
 
-    # -- cleanup and finalize --------------------------------------------------------------
+def _done(event: CellEvent) -> Callable[[CellActor], Awaitable[CellEvent]]:
+    """The work of a state whose entering actions did everything: report it done."""
 
-    async def _finish(self) -> None:
-        """Shielded: reach cleanup, record it, fold and publish ``cell.json``."""
-        if self.machine.state not in (CellState.CLEANUP, CellState.FINALIZE, CellState.DONE):
-            # Something unexpected escaped the session (a bug, a journal failure): record it.
-            with trio.move_on_after(CLEANUP_JOURNAL_BOUND_SECONDS):
-                await self._fault("internal", "the session ended outside the cell table")
-        with trio.move_on_after(CLEANUP_JOURNAL_BOUND_SECONDS):
-            if not self._cleanup_journaled:
-                # No host was ever in custody (pins refused, port busy, no profile).
-                self._cleanup_journaled = True
-                await self._journal(
-                    CleanupOutcome(
-                        cell_id=self.plan.cell_id,
-                        pid=None,
-                        graceful=True,
-                        forced=False,
-                        exit_code=None,
-                        port_free=True,
-                        state_dir_removed=True,
-                        elapsed_ms=0.0,
-                        detail="nothing was launched",
-                    )
-                )
-            if self.machine.state == CellState.CLEANUP:
-                await self._fire(CellEvent.CLEANUP_DONE)
-        if self.machine.state != CellState.FINALIZE:
-            return
-        with trio.move_on_after(FINALIZE_BOUND_SECONDS):
-            relative = f"{self.plan.cell_dir}/cell.json"
-            published = await publish_cell_receipt(
-                self.ctx.writer, self.ctx.run_dir, self.plan.cell_id, relative
-            )
-            self.receipt = published.receipt
-            await self._fire(CellEvent.RECEIPT_PUBLISHED)
+    async def work(actor: CellActor) -> CellEvent:
+        return await actor._after_work(event)
+
+    return work
+
+
+# Each state's work: what it does before the machine takes its way out.
+_WORK: Final[Mapping[CellState, Callable[[CellActor], Awaitable[CellEvent]]]] = {
+    CellState.PIN_VERIFY: CellActor._pin_verify,
+    CellState.NOT_LAUNCHED: _done(CellEvent.NOTHING_LAUNCHED),
+    CellState.LAUNCH: _done(CellEvent.HOST_READY),
+    CellState.WARMUP: _done(CellEvent.WARMUP_DONE),
+    CellState.LADDER: _done(CellEvent.LADDER_DONE),
+    CellState.POST_VERIFY: CellActor._post_verify,
+    CellState.CLEANUP: _done(CellEvent.CLEANUP_DONE),
+    CellState.FINALIZE: _done(CellEvent.RECEIPT_PUBLISHED),
+}
+
+# The one effect handler of each action of the table.
+_EFFECTS: Final[Mapping[CellAction, Callable[[CellActor], Awaitable[None]]]] = {
+    CellAction.SPAWN_HOST: CellActor._spawn_host,
+    CellAction.AWAIT_READINESS: CellActor._await_readiness,
+    CellAction.CUT_PROMPT: CellActor._cut_prompt,
+    CellAction.JOURNAL_WARMUP_RULE: CellActor._journal_warmup_rule,
+    CellAction.SEND_WARMUP: CellActor._send_warmup,
+    CellAction.RUN_RUNGS: CellActor._run_rungs,
+    CellAction.END_HOST: CellActor._end_host,
+    CellAction.PUBLISH_RECEIPT: CellActor._publish_receipt,
+}
+
+# How long the actions of a step into these states may take (they run shielded).
+_BOUNDS: Final[Mapping[CellState, float]] = {CellState.FINALIZE: FINALIZE_BOUND_SECONDS}
+
+
+def check_handlers(
+    table: MachineTable[CellState, CellEvent, CellAction] = CELL_TABLE,
+    work: Mapping[CellState, object] = _WORK,
+    effects: Mapping[CellAction, object] = _EFFECTS,
+) -> None:
+    """Every state has its work and every action of ``table`` its one effect handler."""
+    missing = {state.value for state in table.states if state != table.final} - {
+        state.value for state in work
+    }
+    missing |= {a.value for step in table.rows.values() for a in step.actions if a not in effects}
+    if missing:
+        raise ValueError(f"cell actor: no work or effect handler for {sorted(missing)}")
+
+
+check_handlers()

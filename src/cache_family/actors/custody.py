@@ -33,7 +33,7 @@ import stat
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, NoReturn
 
@@ -45,8 +45,8 @@ from cache_family.actors.process_group import stop_group
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.measurement import (
     CaptureStream,
-    CleanupOutcome,
     HostCleaned,
+    HostCleanup,
     HostDialect,
     HostEvent,
     HostFaulted,
@@ -76,7 +76,7 @@ PRIVATE_ENV_NAMES = (
 )
 BASE_PATH = "/usr/bin:/bin"
 
-# Custody refusal code -> the journal's fault kind (schemas/journal.py FAULT_KINDS).
+# Custody refusal code -> the journal's fault kind.
 FAULT_KIND_OF_CODE: Mapping[str, str] = {
     "custody.port_busy": "port_busy",
     "custody.port_unavailable": "port_busy",
@@ -85,6 +85,8 @@ FAULT_KIND_OF_CODE: Mapping[str, str] = {
     "custody.child_exited": "child_exited",
     "custody.marker_timeout": "marker_missing",
     "custody.readiness_failed": "readiness_failed",
+    "custody.env_reserved": "spawn_failed",
+    "custody.env_conflict": "spawn_failed",
 }
 
 HEALTH_TRY_SECONDS = 2.0
@@ -292,7 +294,7 @@ class Host:
         self._known_descendants: dict[int, float] = {}
         self._hurry = trio.Event()
         self._grace_shortened = False
-        self._outcome: CleanupOutcome | None = None
+        self._outcome: HostCleanup | None = None
         self.terminating = trio.Event()
 
     def __repr__(self) -> str:
@@ -310,7 +312,7 @@ class Host:
         return f"http://127.0.0.1:{self.port}"
 
     @property
-    def outcome(self) -> CleanupOutcome | None:
+    def outcome(self) -> HostCleanup | None:
         return self._outcome
 
     # -- reserve -------------------------------------------------------------------------
@@ -551,29 +553,31 @@ class Host:
         self._grace_shortened = True
         self._hurry.set()
 
-    async def cleanup(self) -> CleanupOutcome:
+    async def cleanup(self) -> HostCleanup:
         """End the host and everything it started; shielded, bounded and idempotent."""
         if self._outcome is not None:
             return self._outcome
         with trio.CancelScope(shield=True):
+            started = trio.current_time()
             bounded = trio.move_on_after(self.config.cleanup_bound_seconds)
-            progress: dict[str, object] = {}
+            progress = CleanupProgress()
             with bounded:
                 await self._cleanup_steps(progress)
-            outcome = CleanupOutcome(
+            outcome = HostCleanup(
                 pid=self.pid,
-                graceful=bool(progress.get("graceful", False)),
-                forced=bool(progress.get("forced", False)),
+                graceful=progress.graceful,
+                forced=progress.forced,
                 exit_code=self.exit_code,
-                escaped_descendants=tuple(progress.get("escaped", ())),  # type: ignore[arg-type]
-                surviving_descendants=tuple(progress.get("surviving", ())),  # type: ignore[arg-type]
-                port_free=bool(progress.get("port_free", False)),
-                state_dir_removed=bool(progress.get("state_dir_removed", False)),
-                state_dir_error=progress.get("state_dir_error"),  # type: ignore[arg-type]
+                surviving_descendants=tuple(progress.surviving),
+                port_free=progress.port_free,
+                state_dir_removed=progress.state_dir_removed,
+                elapsed_ms=(trio.current_time() - started) * 1000,
+                escaped_descendants=tuple(progress.escaped),
                 capture_truncated=any(log.truncated for log in self._logs),
                 oversized_lines=self._oversized_lines,
                 grace_shortened=self._grace_shortened,
                 bounded_out=bounded.cancelled_caught,
+                state_dir_error=(progress.state_dir_error or "")[:2000] or None,
             )
             for log in self._logs:
                 log.close()
@@ -583,10 +587,10 @@ class Host:
             await self._emit(HostCleaned(label=self.config.label, outcome=outcome))
         return outcome
 
-    async def _cleanup_steps(self, progress: dict[str, object]) -> None:
+    async def _cleanup_steps(self, progress: CleanupProgress) -> None:
         process = self._process
         if process is None:
-            progress["graceful"] = True
+            progress.graceful = True
         else:
             self.state = "terminating"
             self._remember_descendants()
@@ -597,18 +601,21 @@ class Host:
                 kill_wait=self.config.kill_wait_seconds,
                 hurry=self._hurry,
             )
-            progress["forced" if stopped.forced else "graceful"] = True
+            if stopped.forced:
+                progress.forced = True
+            else:
+                progress.graceful = True
             self.exit_code = stopped.returncode
             escaped, surviving = await _end_descendants(self._known_descendants)
-            progress["escaped"] = escaped
-            progress["surviving"] = surviving
+            progress.escaped = escaped
+            progress.surviving = surviving
             with trio.move_on_after(2.0):
                 await self._pumps_done.wait()
         self._release_reservation()
-        progress["port_free"] = await _wait_port_free(self.port)
+        progress.port_free = await _wait_port_free(self.port)
         removed, error = _remove_tree(self.state_dir)
-        progress["state_dir_removed"] = removed
-        progress["state_dir_error"] = error
+        progress.state_dir_removed = removed
+        progress.state_dir_error = error
 
     def _remember_descendants(self) -> None:
         """Record (pid, create time) of every descendant while they are still in the tree."""
@@ -656,6 +663,19 @@ class Host:
     async def _emit(self, event: HostEvent) -> None:
         if self._observe is not None:
             await self._observe(event)
+
+
+@dataclass(slots=True)
+class CleanupProgress:
+    """What the cleanup steps confirmed so far; whatever they did not reach stays False."""
+
+    graceful: bool = False
+    forced: bool = False
+    escaped: list[int] = field(default_factory=list)
+    surviving: list[int] = field(default_factory=list)
+    port_free: bool = False
+    state_dir_removed: bool = False
+    state_dir_error: str | None = None
 
 
 @contextlib.asynccontextmanager

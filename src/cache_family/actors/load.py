@@ -29,7 +29,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -114,15 +114,19 @@ class LoadRun:
         clock: Clock = trio.current_time,
         stop_on_failure: bool = True,
         client: httpx.AsyncClient | None = None,
+        sent: Sequence[RequestRow] = (),
     ) -> None:
+        """``sent``: the rung's leading requests, already sent (the cell's warmup state sends
+        a serial rung's excluded request 0); the run sends the rest and keeps the whole roster."""
         _check_request(request)
         self.request = request
         self.deadline = math.inf if deadline is None else deadline
         self.clock = clock
         self.stop_on_failure = stop_on_failure
         self._client = client
-        self._rows: dict[int, RequestRow] = {}
-        self._launched: set[int] = set()
+        self._rows: dict[int, RequestRow] = {row.request_id: row for row in sent}
+        self._launched: set[int] = set(self._rows)
+        self._first_unsent = len(self._rows)
         self._first_launch: float | None = None
         self._last_end: float | None = None
         self._stop_reason: str | None = None
@@ -156,7 +160,7 @@ class LoadRun:
         # are cut (and recorded) by it; the loop only has to stop launching.
         slots = trio.Semaphore(self.request.concurrency)
         async with trio.open_nursery() as nursery:
-            for request_id in range(self.request.requests):
+            for request_id in range(self._first_unsent, self.request.requests):
                 await slots.acquire()
                 if self._stop_reason is None and trio.current_time() >= self.deadline:
                     self._stop_reason = "load.deadline"

@@ -48,7 +48,6 @@ import psutil
 import trio
 
 from cache_family import __version__
-from cache_family.actors.cell import Budgets, HostSettings, RunContext, RunStop, thread_setting
 from cache_family.actors.journal import (
     JOURNAL_READ_LIMIT,
     JournalWriter,
@@ -58,6 +57,13 @@ from cache_family.actors.journal import (
 from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.publish import overlapping_trees, publish_fresh
 from cache_family.actors.row import RowActor, RowResult
+from cache_family.actors.run_context import (
+    Budgets,
+    HostSettings,
+    RunContext,
+    RunStop,
+    thread_setting,
+)
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
@@ -322,18 +328,6 @@ def check_interrupt_finish(originals: Mapping[int, SignalHandler]) -> str | None
 
 
 @dataclass(slots=True)
-class RunOptions(HostSettings):
-    """Seams for tests (the hosts' and the run's own); a real run uses the defaults."""
-
-    progress: Progress | None = None
-    # Called with the run context once the run starts (tests reach its stop and writer).
-    on_started: Callable[[RunContext], None] | None = None
-    results: dict[int, RowResult] = field(default_factory=dict)
-    # The interrupt-finish check (tests make it fail to see the matrix downgraded).
-    interrupt_finish: Callable[[Mapping[int, SignalHandler]], str | None] = check_interrupt_finish
-
-
-@dataclass(slots=True)
 class _Signals:
     """What the run's signal watcher saw. A signal counts as a cancellation only while the
     matrix can still say so; one that lands after its fold began is ``late``."""
@@ -343,17 +337,18 @@ class _Signals:
     late: list[str] = field(default_factory=list)
 
 
-async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) -> MatrixOutcome:
+async def supervise(
+    admitted: AdmittedRun, hosts: HostSettings | None = None, progress: Progress | None = None
+) -> MatrixOutcome:
     """Run every row in order under the run's budgets and signals; publish the matrix.
 
     SIGINT/SIGTERM stay turned into cancellation from before the first row until the matrix
     is published and the journal closed: journaling the unreached rows, the interrupt-finish
     check, the fold and the publication never meet Python's default handlers. A matrix
     receipt is always written: the folded one, or the failed fallback."""
-    options = options or RunOptions()
     prepared = admitted.prepared
     run_dir = admitted.output
-    progress = options.progress or Progress(
+    progress = progress or Progress(
         sys.stderr, len(prepared.rows), synthetic=prepared.catalog.synthetic
     )
     writer = JournalWriter(journal_path(run_dir))
@@ -367,7 +362,7 @@ async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) ->
             request_timeout_ms=prepared.request_timeout_ms,
         ),
         stop=stop,
-        hosts=options,
+        hosts=hosts or HostSettings(),
         on_transition=progress.transition,
     )
     seen = _Signals()
@@ -384,7 +379,7 @@ async def supervise(admitted: AdmittedRun, options: RunOptions | None = None) ->
                             _watch_signals, signals, ctx, rows_scope, progress, seen
                         )
                         receipt = await _run_and_publish(
-                            admitted, ctx, progress, options, rows_scope, watchers, seen, originals
+                            admitted, ctx, progress, rows_scope, watchers, seen, originals
                         )
                         watchers.cancel_scope.cancel()
                 finally:
@@ -411,7 +406,6 @@ async def _run_and_publish(
     admitted: AdmittedRun,
     ctx: RunContext,
     progress: Progress,
-    options: RunOptions,
     rows_scope: trio.CancelScope,
     watchers: trio.Nursery,
     seen: _Signals,
@@ -419,18 +413,17 @@ async def _run_and_publish(
 ) -> MatrixReceipt | FailedMatrix:
     writer = ctx.writer
     await writer.append(_run_started(admitted))
-    if options.on_started is not None:
-        options.on_started(ctx)
     progress.start(ctx.run_dir)
     # The deadline stops rows only: unreached rows and the matrix are journaled regardless.
     deadline_scope = trio.CancelScope()
     watchers.start_soon(_watch_deadline, ctx, rows_scope, progress, deadline_scope)
+    results: dict[int, RowResult] = {}
     with rows_scope:
-        await _rows(admitted, ctx, progress, options.results)
+        await _rows(admitted, ctx, progress, results)
     deadline_scope.cancel()
-    await _journal_unreached(admitted, ctx, options.results)
+    await _journal_unreached(admitted, ctx, results)
     # Checked before the fold, so a failure downgrades the matrix itself.
-    problem = options.interrupt_finish(originals)
+    problem = check_interrupt_finish(originals)
     if problem is not None:
         await writer.append(InterruptFinishFailed(detail=problem[:2000]))
         progress.note(f"interrupt finish failed: {problem}")
@@ -604,11 +597,9 @@ def run_command(input: str, output: str) -> int:
             print(f"refused: {refusal.line()}", file=sys.stderr)
         return EXIT_REFUSED
     synthetic = admitted.prepared.catalog.synthetic
-    options = RunOptions(
-        progress=progress_for(sys.stderr, len(admitted.prepared.rows), synthetic=synthetic)
-    )
+    progress = progress_for(sys.stderr, len(admitted.prepared.rows), synthetic=synthetic)
     try:
-        outcome = trio.run(supervise, admitted, options)
+        outcome = trio.run(supervise, admitted, None, progress)
     except BaseException as exc:
         if not is_interrupt(exc):
             raise

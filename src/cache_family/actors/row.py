@@ -20,24 +20,21 @@ from typing import Final
 
 import trio
 
-from cache_family.actors.cell import (
+from cache_family.actors.cell import CellActor, CellPlan, pin_targets
+from cache_family.actors.journal import publish_row_receipt
+from cache_family.actors.prompts import PromptSelector
+from cache_family.actors.run_context import (
     ARM_CONCURRENT,
     ARM_DIRS,
     ARM_SERIAL,
     MEASUREMENT_RESERVE_SECONDS,
-    CellActor,
-    CellPlan,
     RunContext,
-    fire_and_record,
     is_cancellation,
-    pin_targets,
 )
-from cache_family.actors.journal import publish_row_receipt
-from cache_family.actors.prompts import PromptSelector
 from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan
 from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
 from cache_family.schemas.receipts import RowReceipt
-from cache_family.states.cell import RowEvent, RowMachine, RowState, new_row_machine
+from cache_family.states.cell import ROW_TABLE, LiveMachine, RowEvent, RowMachine, RowState
 
 ROW_FINALIZE_BOUND_SECONDS: Final = 30.0
 CORRECTNESS_NOT_BUILT: Final = "correctness arm not built yet"
@@ -121,7 +118,9 @@ class RowActor:
         self.prepared = prepared
         self.ctx = ctx
         self.prompts = prompts
-        self.machine: RowMachine = new_row_machine(row.index)
+        self.machine: RowMachine = LiveMachine(
+            ROW_TABLE, f"row-{row.index}", ctx.step_journal("row", row_index=row.index)
+        )
         self.dir = row_dir_name(row.index)
         self.cells: list[CellActor] = []
         self._stop_recorded = False
@@ -216,7 +215,8 @@ class RowActor:
     # -- machine -----------------------------------------------------------------------------
 
     async def _fire(self, event: RowEvent) -> None:
-        await self.ctx.journal(fire_and_record(self.machine, event, row_index=self.row.index))
+        self.machine.fire(event)  # the machine journals the step
+        await self.ctx.writer.sync()
 
     async def _stopped(self) -> None:
         if self._stop_recorded:

@@ -31,7 +31,7 @@ from typing import ClassVar, Final, TypeAlias, get_args
 import msgspec
 
 from cache_family.errors import Refusal
-from cache_family.schemas.measurement import RequestRow
+from cache_family.schemas.measurement import HostCleanup, RequestRow
 
 JOURNAL_FILENAME: Final = "journal.jsonl"
 GENESIS_PREV: Final = "0" * 64
@@ -274,7 +274,8 @@ class RungCompleted(_Record, tag="rung_completed", frozen=True, kw_only=True):
 
 
 class Fault(_Record, tag="fault", frozen=True, kw_only=True):
-    """Something went wrong; the cell goes to cleanup. ``kind`` names it (see FAULT_KINDS)."""
+    """Something went wrong; the cell goes to cleanup. ``kind`` is a plain word (custody's
+    ``FAULT_KIND_OF_CODE``, ``HostCleanup.problems``, the cell actor's own faults)."""
 
     durable: ClassVar[bool] = True
     cell_id: str | None
@@ -284,28 +285,11 @@ class Fault(_Record, tag="fault", frozen=True, kw_only=True):
 
 
 class CleanupOutcome(_Record, tag="cleanup_outcome", frozen=True, kw_only=True):
+    """Custody ended the cell's host; ``cleanup`` says how (``cell.json`` shows it as is)."""
+
     durable: ClassVar[bool] = True
     cell_id: str
-    pid: int | None = None  # None: nothing had been spawned
-    graceful: bool  # ended by SIGTERM within the grace period (or nothing to end)
-    forced: bool  # SIGKILL was needed
-    exit_code: int | None = None
-    surviving_descendants: tuple[int, ...] = ()
-    port_free: bool = True
-    state_dir_removed: bool = True
-    elapsed_ms: float | None = None
-    detail: str = ""
-    # Descendants that left the process group and had to be ended one by one: a custody
-    # failure even when they are gone now.
-    escaped_descendants: tuple[int, ...] = ()
-    # The host's output capture hit its bound, or lines longer than the line bound were cut.
-    capture_truncated: bool = False
-    oversized_lines: int = 0
-    # A second interrupt shortened the SIGTERM grace (informative, not a failure by itself).
-    grace_shortened: bool = False
-    # Cleanup ran past its own time bound; what it did not confirm counts as not done.
-    bounded_out: bool = False
-    state_dir_error: str | None = None
+    cleanup: HostCleanup
 
 
 class ReceiptPublished(_Record, tag="receipt_published", frozen=True, kw_only=True):
@@ -345,22 +329,6 @@ Record: TypeAlias = (
 # The members of ``Record`` in order, read from the union so the two never disagree.
 RECORD_TYPES: Final[tuple[type[_Record], ...]] = get_args(Record)
 KNOWN_TAGS: Final[frozenset[str]] = frozenset(str(t.__struct_config__.tag) for t in RECORD_TYPES)
-
-# Fault kinds the fold knows; an unknown kind is still a fault.
-FAULT_KINDS: Final = (
-    "pin_mismatch",
-    "port_busy",
-    "spawn_failed",
-    "child_exited",
-    "marker_missing",
-    "readiness_failed",
-    "request_failed",
-    "request_timeout",
-    "host_identity_changed",
-    "capture_truncated",
-    "cleanup_failed",
-    "internal",
-)
 
 
 class JournalLine(msgspec.Struct, frozen=True, kw_only=True):

@@ -133,41 +133,68 @@ HostDialect = Literal["llama-server"]
 CaptureStream = Literal["stdout", "stderr"]
 
 
-class CleanupOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """How the end of one host session went. ``clean`` is the custody verdict."""
+class HostCleanup(msgspec.Struct, frozen=True, kw_only=True):
+    """How the end of one host session went: custody fills it, the journal's
+    ``cleanup_outcome`` carries it and ``cell.json`` shows it. ``problems()`` is the verdict."""
 
     pid: int | None
     # The host ended without SIGKILL (on its own or within the SIGTERM grace).
     graceful: bool
     # SIGKILL was sent to the process group.
     forced: bool
-    exit_code: int | None
-    # Descendants (pid) that outlived the group signals and had to be killed one by one.
-    escaped_descendants: tuple[int, ...] = ()
+    exit_code: int | None = None
     # Descendants still alive when cleanup gave up: a custody failure.
     surviving_descendants: tuple[int, ...] = ()
     port_free: bool = False
     state_dir_removed: bool = False
-    state_dir_error: str | None = None
+    elapsed_ms: float | None = None
+    detail: str = ""
+    # Descendants (pid) that left the process group and had to be ended one by one: a custody
+    # failure even when they are gone now.
+    escaped_descendants: tuple[int, ...] = ()
     capture_truncated: bool = False
     oversized_lines: int = 0
+    # A second interrupt shortened the SIGTERM grace (informative, not a failure by itself).
     grace_shortened: bool = False
     # Cleanup ran past its own time bound; whatever is False above was not confirmed.
     bounded_out: bool = False
+    state_dir_error: str | None = None
+
+    def problems(self) -> tuple[tuple[str, str], ...]:
+        """(fault kind, what) for everything custody left undone or lost of the host's output:
+        ``cleanup_forced`` / ``cleanup_unclean`` for the host, ``capture_truncated`` for its
+        capture. Empty: clean custody."""
+        host = []
+        if self.forced:
+            host.append("host needed SIGKILL")
+        elif not self.graceful:
+            host.append("host did not end gracefully")
+        if self.escaped_descendants:
+            host.append(f"descendants escaped the process group: {list(self.escaped_descendants)}")
+        if self.surviving_descendants:
+            host.append(f"descendants survived: {list(self.surviving_descendants)}")
+        if not self.port_free:
+            host.append("port still bound")
+        if not self.state_dir_removed:
+            why = f" ({self.state_dir_error})" if self.state_dir_error else ""
+            host.append(f"state dir not removed{why}")
+        if self.bounded_out:
+            host.append("cleanup ran past its time bound")
+        capture = []
+        if self.capture_truncated:
+            capture.append("host output capture was truncated")
+        if self.oversized_lines:
+            capture.append(f"{self.oversized_lines} oversized output line(s) were cut")
+        kind = "cleanup_forced" if self.forced else "cleanup_unclean"
+        return tuple(
+            (name, "; ".join(found))
+            for name, found in ((kind, host), ("capture_truncated", capture))
+            if found
+        )
 
     @property
     def clean(self) -> bool:
-        return (
-            self.graceful
-            and not self.forced
-            and not self.escaped_descendants
-            and not self.surviving_descendants
-            and self.port_free
-            and self.state_dir_removed
-            and not self.capture_truncated
-            and self.oversized_lines == 0
-            and not self.bounded_out
-        )
+        return not self.problems()
 
 
 class HostSpawned(msgspec.Struct, frozen=True, kw_only=True, tag="host.spawned"):
@@ -209,7 +236,7 @@ class HostFaulted(msgspec.Struct, frozen=True, kw_only=True, tag="host.fault"):
 
 class HostCleaned(msgspec.Struct, frozen=True, kw_only=True, tag="host.cleanup"):
     label: str
-    outcome: CleanupOutcome
+    outcome: HostCleanup
 
 
 HostEvent = HostSpawned | HostMarkerSeen | HostReady | HostFaulted | HostCleaned

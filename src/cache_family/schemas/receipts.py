@@ -15,7 +15,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from cache_family.schemas.measurement import RequestRow, RungSummary, SerialSummary
+from cache_family.schemas.measurement import HostCleanup, RequestRow, RungSummary, SerialSummary
 
 CELL_SCHEMA_VERSION: Final = 1
 ROW_SCHEMA_VERSION: Final = 1
@@ -86,28 +86,6 @@ class Readiness(msgspec.Struct, frozen=True, kw_only=True):
     elapsed_ms: float | None = None
 
 
-class CleanupReceipt(msgspec.Struct, frozen=True, kw_only=True):
-    pid: int | None
-    graceful: bool
-    forced: bool
-    exit_code: int | None
-    surviving_descendants: tuple[int, ...]
-    port_free: bool
-    state_dir_removed: bool
-    elapsed_ms: float | None
-    # Custody's verdict: graceful, not forced, no descendant escaped the group or survived,
-    # port free, state dir removed, capture whole (not truncated, no oversized line), and
-    # cleanup within its time bound.
-    clean: bool
-    detail: str = ""
-    escaped_descendants: tuple[int, ...] = ()
-    capture_truncated: bool = False
-    oversized_lines: int = 0
-    grace_shortened: bool = False
-    bounded_out: bool = False
-    state_dir_error: str | None = None
-
-
 class RungReceipt(msgspec.Struct, frozen=True, kw_only=True):
     rung_index: int
     concurrency: int
@@ -168,7 +146,7 @@ class CellReceipt(msgspec.Struct, frozen=True, kw_only=True):
     pins_before: tuple[PinEntry, ...]
     pins_after: tuple[PinEntry, ...]
     pins_drifted: bool
-    cleanup: CleanupReceipt | None
+    cleanup: HostCleanup | None
     measurement: Measurement
     journal_through_seq: int
     # From a synthetic catalog: ``evidence_class`` is then SYNTHETIC_EVIDENCE_CLASS.

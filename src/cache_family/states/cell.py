@@ -4,37 +4,33 @@ Read ``CELL_TABLE`` top to bottom: it is the whole lifecycle of a cell. Each row
 state, on this event, go to that state and perform these actions. A (state, event) pair that is
 not in the table is refused with ``cell.transition.refused`` (``row.transition.refused`` for
 rows); nothing else is ever inferred. Faults, cancellation and deadline expiry lead from every
-working state to ``cleanup``, and from ``cleanup`` only ``finalize`` follows: failure is sticky
-by construction, and ``CellMachine.faulted`` remembers that it happened.
+working state to ``cleanup`` (to ``not-launched`` before a host exists), and from there only
+``finalize`` follows: failure is sticky by construction (checked when this module is imported).
 
-Where the warmup happens: the ``warmup`` state sends no completion request. On ``host-ready``
-the actor cuts the benchmark prompt with the host's own tokenizer and journals the warmup rule
-(``warmup_exclusion``: which request ids of rung 0 are excluded and why, and the prompt's
-source, token count and sha256). The excluded warmup request itself runs in ``ladder``: it is
-request 0 of the serial cell's one rung, sent like every other request of that rung and
-flagged ``excluded_warmup`` in its row, so the serial summary leaves it out. A concurrent
-cell's rule excludes no request.
+The warmup state does the warmup: its actions cut the benchmark prompt with the host's own
+tokenizer, journal the warmup rule and send the excluded warmup request (the serial rung's
+request 0; a concurrent cell excludes none), so ``ladder`` sends only measured requests.
 
-The plain table is the source of truth; :func:`validate_with_transitions` rebuilds it as a
-``transitions.Machine`` (synchronous, no auto transitions) and checks every pair agrees. Both
-tables are validated when this module is imported, so a table that disagrees fails at import
-time rather than in a run. Building the machine is pure (no I/O, nothing logged) and costs a
-few milliseconds.
+The running state of a cell or row is a :class:`LiveMachine`: a ``transitions.Machine`` built
+from the table, whose ``on_step`` callback (given by the actor) journals every step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final, Generic, TypeVar
+
+from transitions import Machine, MachineError
 
 from cache_family.errors import Refused
 
 
 class CellState(StrEnum):
     PIN_VERIFY = "pin-verify"
+    NOT_LAUNCHED = "not-launched"
     LAUNCH = "launch"
     WARMUP = "warmup"
     LADDER = "ladder"
@@ -47,6 +43,7 @@ class CellState(StrEnum):
 class CellEvent(StrEnum):
     PINS_VERIFIED = "pins-verified"
     PINS_MISMATCH = "pins-mismatch"
+    NOTHING_LAUNCHED = "nothing-launched"
     HOST_READY = "host-ready"
     WARMUP_DONE = "warmup-done"
     LADDER_DONE = "ladder-done"
@@ -59,17 +56,14 @@ class CellEvent(StrEnum):
 
 class CellAction(StrEnum):
     SPAWN_HOST = "spawn-host"
-    AWAIT_MARKER = "await-listening-marker"
-    AWAIT_READINESS = "await-readiness"
+    AWAIT_READINESS = "await-listening-marker-and-health"
     CUT_PROMPT = "cut-prompt-with-host-tokenizer"
     JOURNAL_WARMUP_RULE = "journal-warmup-rule"
+    SEND_WARMUP = "send-excluded-warmup"
     RUN_RUNGS = "run-rungs"
-    HASH_PINS = "hash-pins"
-    TERMINATE_HOST = "terminate-host-group"
-    VERIFY_REAPED = "verify-no-descendant-and-port-free"
-    REMOVE_STATE_DIR = "remove-state-dir"
-    FOLD_RECEIPT = "fold-receipt"
-    PUBLISH_RECEIPT = "publish-receipt"
+    # Custody: SIGTERM the group, grace, SIGKILL, reap, check descendants and port, remove dir.
+    END_HOST = "end-host"
+    PUBLISH_RECEIPT = "fold-and-publish-receipt"
 
 
 class RowState(StrEnum):
@@ -184,8 +178,8 @@ def _table(
 
 C, V, X = CellState, CellEvent, CellAction
 _STOP = (V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED)
-_CLEANUP = (X.TERMINATE_HOST, X.VERIFY_REAPED, X.REMOVE_STATE_DIR)
-_FINALIZE = (X.FOLD_RECEIPT, X.PUBLISH_RECEIPT)
+_CLEANUP = (X.END_HOST,)
+_FINALIZE = (X.PUBLISH_RECEIPT,)
 
 # fmt: off
 CELL_TABLE: Final = MachineTable[CellState, CellEvent, CellAction](
@@ -195,32 +189,35 @@ CELL_TABLE: Final = MachineTable[CellState, CellEvent, CellAction](
     initial=C.PIN_VERIFY,
     final=C.DONE,
     fault_events=frozenset((V.PINS_MISMATCH, *_STOP)),
-    after_fault=frozenset((C.CLEANUP, C.FINALIZE, C.DONE)),
+    after_fault=frozenset((C.NOT_LAUNCHED, C.CLEANUP, C.FINALIZE, C.DONE)),
     rows=_table([
-        # state           events                  next state       actions
-        (C.PIN_VERIFY,  [V.PINS_VERIFIED],        C.LAUNCH,        (X.SPAWN_HOST, X.AWAIT_MARKER,
-                                                                    X.AWAIT_READINESS)),
-        (C.PIN_VERIFY,  [V.PINS_MISMATCH],        C.CLEANUP,       _CLEANUP),
-        (C.PIN_VERIFY,  _STOP,                    C.CLEANUP,       _CLEANUP),
-        # No request is sent here: the serial rung's request 0 is the excluded warmup.
-        (C.LAUNCH,      [V.HOST_READY],           C.WARMUP,        (X.CUT_PROMPT,
-                                                                    X.JOURNAL_WARMUP_RULE)),
-        (C.LAUNCH,      _STOP,                    C.CLEANUP,       _CLEANUP),
-        (C.WARMUP,      [V.WARMUP_DONE],          C.LADDER,        (X.RUN_RUNGS,)),
-        (C.WARMUP,      _STOP,                    C.CLEANUP,       _CLEANUP),
-        (C.LADDER,      [V.LADDER_DONE],          C.POST_VERIFY,   (X.HASH_PINS,)),
-        (C.LADDER,      _STOP,                    C.CLEANUP,       _CLEANUP),
+        # state            events                  next state       actions
+        # pin-verify's work re-hashes the pins and reserves the port.
+        (C.PIN_VERIFY,   [V.PINS_VERIFIED],        C.LAUNCH,        (X.SPAWN_HOST,
+                                                                     X.AWAIT_READINESS)),
+        # Nothing was launched, so nothing is ended and no cleanup is recorded.
+        (C.PIN_VERIFY,   [V.PINS_MISMATCH, *_STOP], C.NOT_LAUNCHED, ()),
+        (C.NOT_LAUNCHED, [V.NOTHING_LAUNCHED],     C.FINALIZE,      _FINALIZE),
+        (C.LAUNCH,       [V.HOST_READY],           C.WARMUP,        (X.CUT_PROMPT,
+                                                                     X.JOURNAL_WARMUP_RULE,
+                                                                     X.SEND_WARMUP)),
+        (C.LAUNCH,       _STOP,                    C.CLEANUP,       _CLEANUP),
+        (C.WARMUP,       [V.WARMUP_DONE],          C.LADDER,        (X.RUN_RUNGS,)),
+        (C.WARMUP,       _STOP,                    C.CLEANUP,       _CLEANUP),
+        # post-verify's work re-hashes the same pins.
+        (C.LADDER,       [V.LADDER_DONE],          C.POST_VERIFY,   ()),
+        (C.LADDER,       _STOP,                    C.CLEANUP,       _CLEANUP),
         # Drift after the run keeps the measurements; the fold refuses parity.
-        (C.POST_VERIFY, [V.PINS_VERIFIED,
-                         V.PINS_MISMATCH],        C.CLEANUP,       _CLEANUP),
-        (C.POST_VERIFY, _STOP,                    C.CLEANUP,       _CLEANUP),
+        (C.POST_VERIFY,  [V.PINS_VERIFIED,
+                          V.PINS_MISMATCH],        C.CLEANUP,       _CLEANUP),
+        (C.POST_VERIFY,  _STOP,                    C.CLEANUP,       _CLEANUP),
         # Cleanup is shielded: late stops are recorded, cleanup carries on.
-        (C.CLEANUP,     _STOP,                    C.CLEANUP,       ()),
-        (C.CLEANUP,     [V.CLEANUP_DONE],         C.FINALIZE,      _FINALIZE),
+        (C.CLEANUP,      _STOP,                    C.CLEANUP,       ()),
+        (C.CLEANUP,      [V.CLEANUP_DONE],         C.FINALIZE,      _FINALIZE),
         # A stop before publication still downgrades the receipt being folded.
-        (C.FINALIZE,    [V.CANCELLED,
-                         V.DEADLINE_EXPIRED],     C.FINALIZE,      ()),
-        (C.FINALIZE,    [V.RECEIPT_PUBLISHED],    C.DONE,          ()),
+        (C.FINALIZE,     [V.CANCELLED,
+                          V.DEADLINE_EXPIRED],     C.FINALIZE,      ()),
+        (C.FINALIZE,     [V.RECEIPT_PUBLISHED],    C.DONE,          ()),
     ]),
 )
 # fmt: on
@@ -258,48 +255,82 @@ ROW_TABLE: Final = MachineTable[RowState, RowEvent, RowAction](
 # fmt: on
 
 
-class Machine(Generic[S, E, A]):
-    """A running instance of a table: current state, whether it faulted, the path taken."""
+OnStep = Callable[[S, E, S], None]
 
-    def __init__(self, table: MachineTable[S, E, A], subject: str) -> None:
+
+class LiveMachine(Generic[S, E, A]):
+    """The running state of one cell or row: a ``transitions.Machine`` built from ``table``
+    (synchronous, no auto transitions, invalid triggers refused). After every step it calls
+    ``on_step(source, event, dest)``; the actors journal the step there."""
+
+    def __init__(
+        self, table: MachineTable[S, E, A], subject: str, on_step: OnStep[S, E] | None = None
+    ) -> None:
         self.table = table
         self.subject = subject
-        self.state: S = table.initial
         self.faulted = False
-        self.visited: list[S] = [table.initial]
+        self._on_step = on_step
+        self._states = type(table.initial)
+        self._events = type(next(iter(table.events)))
+        self._model = _Model()
+        self._machine = Machine(
+            model=self._model,
+            states=[state.value for state in table.states],
+            transitions=[
+                {"trigger": event.value, "source": state.value, "dest": step.to.value}
+                for (state, event), step in table.rows.items()
+            ],
+            initial=table.initial.value,
+            auto_transitions=False,
+            ignore_invalid_triggers=False,
+            send_event=True,
+            after_state_change=[self._stepped],
+        )
+
+    @property
+    def state(self) -> S:
+        return self._states(self._model.state)
 
     def fire(self, event: E) -> Step[S, A]:
-        """Take the table's step for ``event`` or raise ``<name>.transition.refused``."""
-        step = self.table.step(self.state, event)
-        if event in self.table.fault_events:
-            self.faulted = True
-        if step.to != self.state:
-            self.visited.append(step.to)
-        self.state = step.to
-        return step
+        """Take ``event`` through the live machine; raise ``<name>.transition.refused`` where
+        the table has no step for it. Returns the table's step (its actions are the actor's)."""
+        source = self.state
+        try:
+            self._model.trigger(event.value)
+        except (MachineError, AttributeError):
+            self.table.step(source, event)  # raises the typed refusal
+            raise
+        return self.table.rows[(source, event)]
 
     def can_fire(self, event: E) -> bool:
-        return (self.state, event) in self.table.rows
+        return event.value in self._machine.get_triggers(self._model.state)
 
     @property
     def finished(self) -> bool:
         return self.state == self.table.final
+
+    def _stepped(self, data: Any) -> None:
+        source = self._states(data.transition.source)
+        event = self._events(data.event.name)
+        dest = self._states(data.transition.dest)
+        self.faulted = self.faulted or event in self.table.fault_events
+        if self._on_step is not None:
+            self._on_step(source, event, dest)
 
     def __repr__(self) -> str:
         flag = " faulted" if self.faulted else ""
         return f"<{self.table.name} machine {self.subject} state={self.state.value}{flag}>"
 
 
-CellMachine = Machine[CellState, CellEvent, CellAction]
-RowMachine = Machine[RowState, RowEvent, RowAction]
+class _Model:
+    """What ``transitions`` drives: it keeps ``state`` here and adds ``trigger``."""
+
+    state: str
+    trigger: Callable[[str], bool]
 
 
-def new_cell_machine(cell_id: str) -> CellMachine:
-    return Machine(CELL_TABLE, cell_id)
-
-
-def new_row_machine(row_index: int) -> RowMachine:
-    return Machine(ROW_TABLE, f"row-{row_index}")
+CellMachine = LiveMachine[CellState, CellEvent, CellAction]
+RowMachine = LiveMachine[RowState, RowEvent, RowAction]
 
 
 def render_table_markdown() -> str:
@@ -310,54 +341,6 @@ def render_table_markdown() -> str:
         + "\n## Row machine\n\n"
         + ROW_TABLE.render_markdown()
     )
-
-
-def validate_with_transitions(table: MachineTable[S, E, A]) -> None:
-    """Rebuild ``table`` with ``transitions`` and check every (state, event) pair agrees.
-
-    The rebuilt machine is only asked, through its public ``get_triggers`` and
-    ``get_transitions``, which events each state accepts and where they lead; no trigger is
-    fired, so nothing is logged and no model changes state.
-    """
-    from transitions import Machine as TransitionsMachine
-
-    problems: list[str] = []
-    state_names = [s.value for s in table.states]
-    for name, state in (("initial", table.initial), ("final", table.final)):
-        if state not in table.states:
-            problems.append(f"{name} state {state.value} is not among the table's states")
-    for (state, event), step in table.rows.items():
-        for end in (state, step.to):
-            if end not in table.states:
-                problems.append(f"{state.value}/{event.value}: {end.value} is not a state")
-    machine = TransitionsMachine(
-        model=None,
-        states=state_names,
-        transitions=[
-            {"trigger": event.value, "source": state.value, "dest": step.to.value}
-            for (state, event), step in table.rows.items()
-        ],
-        initial=table.initial.value,
-        auto_transitions=False,
-        ignore_invalid_triggers=False,
-    )
-    known = set(machine.states)
-    for state in table.states:
-        accepted = set(machine.get_triggers(state.value))
-        for event in table.events:
-            expected = table.rows.get((state, event))
-            if event.value not in accepted:
-                if expected is not None:
-                    problems.append(f"{state.value}/{event.value}: transitions refused it")
-                continue
-            if expected is None:
-                problems.append(f"{state.value}/{event.value}: transitions allowed it")
-                continue
-            dests = [t.dest for t in machine.get_transitions(event.value, source=state.value)]
-            if dests != [expected.to.value] or expected.to.value not in known:
-                problems.append(f"{state.value}/{event.value}: {dests} != {expected.to.value}")
-    if problems:
-        raise ValueError(f"{table.name} table disagrees with transitions: {problems}")
 
 
 def _check_sticky(table: MachineTable[Any, Any, Any]) -> None:
@@ -372,5 +355,3 @@ def _check_sticky(table: MachineTable[Any, Any, Any]) -> None:
 
 _check_sticky(CELL_TABLE)
 _check_sticky(ROW_TABLE)
-validate_with_transitions(CELL_TABLE)
-validate_with_transitions(ROW_TABLE)

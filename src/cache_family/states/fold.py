@@ -8,12 +8,11 @@ names, so both see exactly the same lines and produce the same bytes.
 Rules the fold applies (see ``states/receipts.py`` for the lattice):
 
 * Each fold keeps a *ceiling* that starts at ``completed`` and is only ever lowered.
-* A fault before the host is ready (``pin-verify``, ``launch``) lowers it to ``failed``; a fault
-  afterwards to ``incomplete`` (observations are kept).
+* A fault before the host is ready (``pin-verify``, ``not-launched``, ``launch``) lowers it to
+  ``failed``; a fault afterwards to ``incomplete`` (observations are kept).
 * Pins that differ before launch: ``failed``. Pins that differ after the run (drift), a rung
-  against a different host, unclean cleanup (forced kill, a descendant that escaped the process
-  group or survived, port still bound, state dir left, cleanup past its time bound) or a
-  truncated output capture: ``incomplete``, measurements kept, parity refused.
+  against a different host, or any of ``HostCleanup.problems()`` (unclean custody, a truncated
+  output capture): ``incomplete``, measurements kept, parity refused.
 * Cancellation, deadline expiry and a failed interrupt-finish set ``terminal_refusal`` (the
   first one wins) and lower the ceiling to ``incomplete``. Run-wide ones apply to every cell
   and row that had not reached ``done`` when they were journaled.
@@ -58,12 +57,11 @@ from cache_family.schemas.journal import (
     Transition,
     WarmupExclusion,
 )
-from cache_family.schemas.measurement import RequestRow, RungSummary, SerialSummary
+from cache_family.schemas.measurement import HostCleanup, RequestRow, RungSummary, SerialSummary
 from cache_family.schemas.receipts import (
     CORRECTNESS_UNRECORDED,
     ArmObservation,
     CellReceipt,
-    CleanupReceipt,
     CorrectnessObservation,
     FaultEntry,
     HostIdentity,
@@ -90,7 +88,7 @@ from cache_family.states.cell import (
 )
 from cache_family.states.receipts import meet, meet_all, terminal_downgrade
 
-_BEFORE_READY: Final = frozenset((CellState.PIN_VERIFY, CellState.LAUNCH))
+_BEFORE_READY: Final = frozenset((CellState.PIN_VERIFY, CellState.NOT_LAUNCHED, CellState.LAUNCH))
 _FINISHED_CELL: Final = frozenset((CellState.FINALIZE, CellState.DONE))
 _FINISHED_ROW: Final = frozenset((RowState.FINALIZE, RowState.DONE))
 _TERMINAL_EVENTS: Final[dict[str, TerminalRefusal]] = {
@@ -170,7 +168,7 @@ class CellFold:
         self.pins_before: dict[str, PinEntry] = {}
         self.pins_after: dict[str, PinEntry] = {}
         self.drifted = False
-        self.cleanup: CleanupOutcome | None = None
+        self.cleanup: HostCleanup | None = None
         self.rows: dict[int, list[RequestRow]] = {}
         self.rung_concurrency: dict[int, int] = {}
         self.rungs: dict[int, RungCompleted] = {}
@@ -329,13 +327,9 @@ class CellFold:
             self._lower("incomplete")
 
     def _cleanup(self, seq: int, record: CleanupOutcome) -> None:
-        self.cleanup = record
-        custody, capture = _cleanup_problems(record)
-        if custody:
-            kind = "cleanup_forced" if record.forced else "cleanup_unclean"
-            self._custody_fault(seq, kind, "; ".join(custody))
-        if capture:
-            self._custody_fault(seq, "capture_truncated", "; ".join(capture))
+        self.cleanup = record.cleanup
+        for kind, detail in record.cleanup.problems():
+            self._custody_fault(seq, kind, detail)
 
     # -- the receipt -----------------------------------------------------------------------
 
@@ -367,7 +361,6 @@ class CellFold:
         opened = self.opened
         run = self.run
         host = self.host
-        cleanup = self.cleanup
         synthetic = _synthetic(run, opened)
         return CellReceipt(
             run_id=run.run_id if run else "",
@@ -406,26 +399,7 @@ class CellFold:
             pins_before=tuple(self.pins_before.values()),
             pins_after=tuple(self.pins_after.values()),
             pins_drifted=self.drifted,
-            cleanup=CleanupReceipt(
-                pid=cleanup.pid,
-                graceful=cleanup.graceful,
-                forced=cleanup.forced,
-                exit_code=cleanup.exit_code,
-                surviving_descendants=cleanup.surviving_descendants,
-                port_free=cleanup.port_free,
-                state_dir_removed=cleanup.state_dir_removed,
-                elapsed_ms=cleanup.elapsed_ms,
-                clean=_clean(cleanup),
-                detail=cleanup.detail,
-                escaped_descendants=cleanup.escaped_descendants,
-                capture_truncated=cleanup.capture_truncated,
-                oversized_lines=cleanup.oversized_lines,
-                grace_shortened=cleanup.grace_shortened,
-                bounded_out=cleanup.bounded_out,
-                state_dir_error=cleanup.state_dir_error,
-            )
-            if cleanup
-            else None,
+            cleanup=self.cleanup,
             measurement=measurement,
             journal_through_seq=self.last_seq if through_seq is None else through_seq,
             synthetic=synthetic,
@@ -551,39 +525,6 @@ def _summarise(
     except Refused as refused:
         return None, None, tuple(sorted(set(refused.codes)))
     return summary, None, ()
-
-
-def _cleanup_problems(record: CleanupOutcome) -> tuple[list[str], list[str]]:
-    """What custody's cleanup left undone, and what was lost of the host's output capture."""
-    custody = []
-    if record.forced:
-        custody.append("host needed SIGKILL")
-    if not record.graceful and not record.forced:
-        custody.append("host did not end gracefully")
-    if record.escaped_descendants:
-        custody.append(f"descendants escaped the process group: {list(record.escaped_descendants)}")
-    if record.surviving_descendants:
-        custody.append(f"descendants survived: {list(record.surviving_descendants)}")
-    if not record.port_free:
-        custody.append("port still bound")
-    if not record.state_dir_removed:
-        why = f" ({record.state_dir_error})" if record.state_dir_error else ""
-        custody.append(f"state dir not removed{why}")
-    if record.bounded_out:
-        custody.append("cleanup ran past its time bound")
-    capture = []
-    if record.capture_truncated:
-        capture.append("host output capture was truncated")
-    if record.oversized_lines:
-        capture.append(f"{record.oversized_lines} oversized output line(s) were cut")
-    return custody, capture
-
-
-def _clean(cleanup: CleanupOutcome) -> bool:
-    """Custody's own verdict (``schemas.measurement.CleanupOutcome.clean``) from the record:
-    nothing left undone and the whole capture kept."""
-    custody, capture = _cleanup_problems(cleanup)
-    return not custody and not capture
 
 
 def lines_through(lines: Iterable[JournalLine], through_seq: int | None) -> Iterable[JournalLine]:

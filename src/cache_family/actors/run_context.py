@@ -1,0 +1,271 @@
+"""What the matrix, row and cell actors of one run share: budgets, the stop, host settings,
+pin targets and hashing, and the journal hook every live machine steps through."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final, Literal, Protocol
+
+import trio
+
+from cache_family.actors import custody
+from cache_family.actors.journal import JournalWriter
+from cache_family.actors.pins import Budget, HashJob, hash_file, hash_files, pin_tree
+from cache_family.errors import Refused
+from cache_family.schemas.journal import Record, Transition
+from cache_family.schemas.measurement import HostCleanup, HostEvent, HostReady, HostSpawned
+from cache_family.states.cell import OnStep
+
+ARM_SERIAL: Final = "native-serial"
+ARM_CONCURRENT: Final = "native-concurrent"
+# Directory of each native arm's cell inside its row directory (run layout).
+ARM_DIRS: Final = {ARM_SERIAL: "native-serial", ARM_CONCURRENT: "sweep-native-concurrent"}
+
+# The cell's own work (hashing, startup, requests) ends this long before the cell deadline, so
+# that a request cut by the budget is still recorded by the load actor itself (with its elapsed
+# time) and the cell reaches cleanup on its own rather than by cancellation.
+MEASUREMENT_RESERVE_SECONDS: Final = 2.0
+
+StopKind = Literal["cancelled", "execution", "cell"]
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """The run's three budgets; each derived deadline is never later than its parent's."""
+
+    run_deadline: float  # trio time
+    cell_seconds: float
+    request_timeout_ms: int
+
+    def cell_deadline(self, now: float) -> float:
+        return min(self.run_deadline, now + self.cell_seconds)
+
+    @staticmethod
+    def work_deadline(cell_deadline: float, now: float) -> float:
+        """When the cell's measured work must end: the reserve before its deadline."""
+        return max(cell_deadline - MEASUREMENT_RESERVE_SECONDS, now)
+
+    @staticmethod
+    def request_deadline(cell_deadline: float, started: float, request_timeout_ms: int) -> float:
+        return min(cell_deadline, started + request_timeout_ms / 1000)
+
+    @staticmethod
+    def startup_seconds(cell_deadline: float, now: float, profile_startup: float) -> float:
+        return max(min(profile_startup, cell_deadline - now), 0.001)
+
+
+@dataclass(slots=True)
+class RunStop:
+    """Why the run is stopping, shared by every actor: the first signal, or the deadline."""
+
+    run_deadline: float
+    signal_name: str | None = None
+    # Set by the supervisor's deadline watcher when execution_seconds ran out.
+    deadline_hit: bool = False
+    # Hosts in custody now; a second interrupt shortens their SIGTERM grace.
+    live_hosts: list[HostHandle] = field(default_factory=list)
+
+    def classify(self, cell_deadline: float, now: float) -> StopKind:
+        if self.signal_name is not None:
+            return "cancelled"
+        if self.deadline_hit or now >= self.run_deadline:
+            return "execution"
+        if now >= cell_deadline:
+            return "cell"
+        return "cancelled"
+
+    def shorten_grace(self) -> None:
+        for host in list(self.live_hosts):
+            host.shorten_grace()
+
+
+class HostHandle(Protocol):
+    """What the cell needs of host custody (``actors/custody.Host`` is the real one)."""
+
+    port: int
+    state_dir: str
+    pid: int | None
+    create_time: float | None
+
+    @property
+    def base_url(self) -> str: ...
+
+    async def launch(self, argv: Sequence[str], env: Mapping[str, str]) -> HostSpawned: ...
+
+    async def wait_ready(self, startup_seconds: float) -> HostReady: ...
+
+    def still_same(self) -> bool: ...
+
+    def note_descendants(self) -> None: ...
+
+    def shorten_grace(self) -> None: ...
+
+    async def cleanup(self) -> HostCleanup: ...
+
+
+Observe = Callable[[HostEvent], Awaitable[None]]
+HostOpener = Callable[[custody.HostConfig, Observe], AbstractAsyncContextManager[HostHandle]]
+
+
+def real_host_opener(
+    config: custody.HostConfig, observe: Observe
+) -> AbstractAsyncContextManager[HostHandle]:
+    return custody.host_custody(config, observe)
+
+
+@dataclass(frozen=True, slots=True)
+class PinTarget:
+    """One pinned thing a cell re-hashes before launch and after its ladder."""
+
+    name: str
+    path: str
+    expected_sha256: str
+    kind: Literal["file", "tree"]
+
+
+@dataclass(frozen=True, slots=True)
+class PinResult:
+    target: PinTarget
+    observed_sha256: str | None  # None: could not be read (missing, unreadable, cancelled)
+    problem: str = ""
+
+    @property
+    def matches(self) -> bool:
+        return self.observed_sha256 == self.target.expected_sha256
+
+
+PinHasher = Callable[[Sequence[PinTarget], float], Awaitable[list[PinResult]]]
+
+
+def _hash_one(target: PinTarget, budget: Budget) -> PinResult:
+    try:
+        if target.kind == "tree":
+            observed = pin_tree(target.path, budget, json_path=f"$.pins.{target.name}").sha256
+        else:
+            canonical = os.path.realpath(target.path, strict=True)
+            observed = hash_file(canonical, budget, json_path=f"$.pins.{target.name}").sha256
+    except Refused as refused:
+        return PinResult(target, None, str(refused))
+    except OSError as exc:
+        return PinResult(target, None, f"{target.path}: {exc.strerror or exc}")
+    return PinResult(target, observed)
+
+
+def _hash_all(targets: Sequence[PinTarget], budget: Budget) -> list[PinResult]:
+    """Every target, in one worker thread: the files together through ``hash_files``' pool,
+    then each tree through ``pin_tree`` (the same pool). A file that cannot be hashed is
+    hashed again alone, so its result names its own problem."""
+    files = [target for target in targets if target.kind == "file"]
+    results: dict[int, PinResult] = {}
+    try:
+        jobs = [HashJob(os.path.realpath(t.path, strict=True), f"$.pins.{t.name}") for t in files]
+        pins = hash_files(jobs, budget)
+        results = {id(t): PinResult(t, pin.sha256) for t, pin in zip(files, pins, strict=True)}
+    except (Refused, OSError):
+        results = {id(t): _hash_one(t, budget) for t in files}
+    for target in targets:
+        if target.kind == "tree":
+            results[id(target)] = _hash_one(target, budget)
+    return [results[id(target)] for target in targets]
+
+
+async def hash_pins(targets: Sequence[PinTarget], seconds: float) -> list[PinResult]:
+    """Re-hash every target under one budget in one worker thread (whose pool is pins').
+
+    A cancelled caller cancels the budget, which the hashing threads check between 1 MiB
+    chunks, so abandoning the thread costs at most one chunk of work each.
+    """
+    budget = Budget.seconds(max(seconds, 0.0), clock=time.monotonic)
+    try:
+        return await trio.to_thread.run_sync(_hash_all, targets, budget, abandon_on_cancel=True)
+    except BaseException:
+        budget.cancel()
+        raise
+
+
+@dataclass(slots=True)
+class HostSettings:
+    """How every cell of a run opens, pins and ends its host. ``host_opener`` and
+    ``pin_hasher`` are seams: fault-injection tests give fake hosts and hashers there."""
+
+    host_opener: HostOpener = real_host_opener
+    pin_hasher: PinHasher = hash_pins
+    # 0: an ephemeral port per host (tests pin one to provoke a busy port).
+    host_port: int = 0
+    grace_seconds: float = 5.0
+    kill_wait_seconds: float = 5.0
+    cleanup_bound_seconds: float = 30.0
+
+    def host_config(self, label: str, cell_path: str) -> custody.HostConfig:
+        """Custody's settings for one cell's host: state and logs under ``cell_path``."""
+        return custody.HostConfig(
+            label=label,
+            state_parent=cell_path,
+            log_dir=os.path.join(cell_path, "logs"),
+            port=self.host_port,
+            grace_seconds=self.grace_seconds,
+            kill_wait_seconds=self.kill_wait_seconds,
+            cleanup_bound_seconds=self.cleanup_bound_seconds,
+        )
+
+
+@dataclass(slots=True)
+class RunContext:
+    """Everything the row and cell actors share within one run."""
+
+    writer: JournalWriter
+    run_dir: str
+    budgets: Budgets
+    stop: RunStop
+    hosts: HostSettings = field(default_factory=HostSettings)
+    # Called with (cell_id, state) at every transition, for the progress display.
+    on_transition: Callable[[str, str], None] | None = None
+
+    async def journal(self, record: Record) -> int:
+        return await self.writer.append(record)
+
+    def step_journal(
+        self, machine: str, *, cell_id: str | None = None, row_index: int | None = None
+    ) -> OnStep[StrEnum, StrEnum]:
+        """The live machine's step callback: journal the ``transition`` (stamped now, in
+        order; the actor waits for it to be durable) and tell the progress display."""
+
+        def on_step(source: StrEnum, event: StrEnum, dest: StrEnum) -> None:
+            self.writer.append_nowait(
+                Transition(
+                    machine=machine,
+                    cell_id=cell_id,
+                    row_index=row_index,
+                    from_state=source.value,
+                    event=event.value,
+                    to_state=dest.value,
+                )
+            )
+            if cell_id is not None and self.on_transition is not None:
+                self.on_transition(cell_id, dest.value)
+
+        return on_step
+
+
+def thread_setting(environment: Mapping[str, str]) -> str | None:
+    """OMP_NUM_THREADS when it is a positive whole number, else None.
+
+    A thread count is a setting, not a secret, so it may appear on a host's command line and
+    in the journal; anything else in the environment is journaled by name only.
+    """
+    value = environment.get("OMP_NUM_THREADS")
+    return value if value and value.isdigit() and int(value) > 0 else None
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """True for trio's Cancelled, also when a nursery delivers it inside an exception group."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(is_cancellation(inner) for inner in exc.exceptions)
+    return False
