@@ -333,7 +333,7 @@ async def test_reap_is_refused_while_the_runner_lives_and_touches_nothing(
         # Nothing was signalled: the host is still serving and the run still runs.
         assert host.is_running() and host.status() != psutil.STATUS_ZOMBIE
         assert process.poll() is None
-        assert [c for c in journal_records(out, CleanupOutcome) if c.pid == host.pid] == []
+        assert [c for c in journal_records(out, CleanupOutcome) if c.cleanup.pid == host.pid] == []
         process.send_signal(signal.SIGINT)
         code = await wait_exit(process)
     finally:
