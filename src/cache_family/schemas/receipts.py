@@ -174,11 +174,41 @@ class ArmObservation(msgspec.Struct, frozen=True, kw_only=True):
     rungs: tuple[RungBrief, ...] = ()
 
 
+class CorrectnessTopology(msgspec.Struct, frozen=True, kw_only=True):
+    """One topology of the row's correctness arm and the figures the report projects from it.
+
+    The figures are copied from the accepted state-handoff report; the prompt text never is.
+    """
+
+    # one-stage | split-stage0 | split-middle | split-final | package-stage1
+    topology: str
+    # pass | failed-process | refused (the reference's evidence status)
+    status: str
+    reason: str | None = None
+    # Relative to the run dir: where state-handoff.json and the tool's logs are kept.
+    evidence_dir: str | None = None
+    cache_storage_bytes: int | None = None
+    cache_hit_import_ms: tuple[float, ...] = ()
+    cache_hit_decode_ms: tuple[float, ...] = ()
+    cache_hit_total_ms: float | None = None
+    recompute_total_ms: float | None = None
+    benchmark_prompt_token_count: int | None = None
+
+
 class CorrectnessObservation(msgspec.Struct, frozen=True, kw_only=True):
-    """The row's correctness arm: ``not-run`` with its reason until that arm is built."""
+    """The row's correctness arm.
+
+    ``status`` is ``completed`` (every planned topology passed the gate with one shared prompt),
+    ``failed-or-incomplete``, or ``not-run`` with its reason (no tool, missing model, stopped).
+    """
 
     status: str
     reason: str | None = None
+    planned_topologies: tuple[str, ...] = ()
+    topologies: tuple[CorrectnessTopology, ...] = ()
+    # SHA-256 of the accepted benchmark prompt text that drives every later request of the row.
+    prompt_sha256: str | None = None
+    terminal_refusal: TerminalRefusal | None = None
 
 
 CORRECTNESS_UNRECORDED: Final = CorrectnessObservation(status="not-run")
