@@ -27,6 +27,19 @@ test *ARGS: native-parts browser
 test-fast *ARGS:
     CACHE_FAMILY_SKIP_NATIVE=1 {{venv}}/python -m pytest {{ARGS}}
 
+# Run the whole suite three times in a row with a CPU hog on every core: no test may depend on scheduling.
+[group('checks')]
+test-stress *ARGS: native-parts
+    #!/usr/bin/env bash
+    set -euo pipefail
+    hogs=()
+    for _ in $(seq "$(nproc)"); do (while :; do :; done) & hogs+=("$!"); done
+    trap 'kill "${hogs[@]}" 2>/dev/null || true' EXIT
+    for run in 1 2 3; do
+        echo "test-stress: run $run of 3 with $(nproc) busy loops beside it" >&2
+        {{venv}}/python -m pytest -q {{ARGS}}
+    done
+
 # Lint: ruff over src and tests, mypy --strict over src.
 [group('checks')]
 lint:

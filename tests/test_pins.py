@@ -202,19 +202,33 @@ def test_hash_file_opens_with_the_bounded_readers_refusals(tmp_path: Path) -> No
 
 
 class ThreadRecorder(CountingProgress):
-    def __init__(self) -> None:
+    """Records which threads hashed; the first chunk of each thread waits at a barrier for
+    ``parties`` threads, so only a pool that really runs that many files at once gets past it.
+
+    The barrier turns "uses threads" into a guarantee rather than a scheduling accident: a
+    loaded machine only delays the meeting, while a pool of one thread breaks the barrier.
+    """
+
+    def __init__(self, parties: int) -> None:
         super().__init__()
         self.threads: set[str] = set()
+        self._lock = threading.Lock()
+        self._barrier = threading.Barrier(parties, timeout=60)
 
     def advance(self, nbytes: int) -> None:
         super().advance(nbytes)
-        self.threads.add(threading.current_thread().name)
+        name = threading.current_thread().name
+        with self._lock:
+            first = name not in self.threads
+            self.threads.add(name)
+        if first:
+            self._barrier.wait()
 
 
 def test_parallel_hashing_keeps_job_order_and_uses_threads(tmp_path: Path) -> None:
     blobs = [os.urandom(CHUNK_BYTES * 3 + i) for i in range(3)]
     paths = [write(tmp_path / f"f{i}", data) for i, data in enumerate(blobs)]
-    progress = ThreadRecorder()
+    progress = ThreadRecorder(parties=2)
     pins = hash_files(
         [HashJob(str(p), f"$[{i}]") for i, p in enumerate(paths)],
         unlimited(),
@@ -224,6 +238,7 @@ def test_parallel_hashing_keeps_job_order_and_uses_threads(tmp_path: Path) -> No
     assert [p.sha256 for p in pins] == [hashlib.sha256(b).hexdigest() for b in blobs]
     assert progress.total_bytes == progress.done_bytes == sum(map(len, blobs))
     assert progress.began == progress.ended == 1
+    # Both pool threads met at the barrier: two files were hashed at once, off the caller.
     assert len(progress.threads) == 2
     assert all(name.startswith("pin") for name in progress.threads)
 
