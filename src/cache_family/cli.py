@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from cache_family import __version__
 from cache_family.errors import Refusal, Refused
+from cache_family.schemas.text import UnsafeCharacter, unsafe_character
 
 EXIT_OK = 0
 EXIT_NEGATIVE = 1
@@ -81,6 +81,26 @@ class _Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+_UNSAFE_PATH: Final[dict[UnsafeCharacter, tuple[str, str, str]]] = {
+    "not-utf8": (
+        "cli.path.not_utf8",
+        "is not valid UTF-8",
+        "rename the file or directory to a UTF-8 name",
+    ),
+    "control": (
+        "cli.path.bad_char",
+        "contains a control character",
+        "remove control characters from the path",
+    ),
+    "format": (
+        "cli.path.format_char",
+        "contains an invisible format character",
+        "retype the path: it holds a character such as a right-to-left override "
+        "or a zero-width space",
+    ),
+}
+
+
 def _path_refusal(where: str, value: str, *, is_file: bool) -> Refusal | None:
     """Why a command-line path is refused, if it is.
 
@@ -90,28 +110,10 @@ def _path_refusal(where: str, value: str, *, is_file: bool) -> Refusal | None:
     something that can only be a directory.
     """
     shown = ascii(value)
-    if any(unicodedata.category(ch) == "Cs" for ch in value):
-        return Refusal(
-            "cli.path.not_utf8",
-            where,
-            f"path {shown} is not valid UTF-8",
-            "rename the file or directory to a UTF-8 name",
-        )
-    if any(unicodedata.category(ch) == "Cc" for ch in value):
-        return Refusal(
-            "cli.path.bad_char",
-            where,
-            f"path {shown} contains a control character",
-            "remove control characters from the path",
-        )
-    if any(unicodedata.category(ch) == "Cf" for ch in value):
-        return Refusal(
-            "cli.path.format_char",
-            where,
-            f"path {shown} contains an invisible format character",
-            "retype the path: it holds a character such as a right-to-left override "
-            "or a zero-width space",
-        )
+    kind = unsafe_character(value)
+    if kind is not None:
+        code, what, hint = _UNSAFE_PATH[kind]
+        return Refusal(code, where, f"path {shown} {what}", hint)
     if is_file and len(value) > 1 and value.endswith("/"):
         return Refusal(
             "cli.path.trailing_slash",

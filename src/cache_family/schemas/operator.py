@@ -21,7 +21,6 @@ import itertools
 import json
 import posixpath
 import re
-import unicodedata
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.json_shape import containers
 from cache_family.schemas.refusal_codes import default_hint
+from cache_family.schemas.text import unsafe_character
 
 Loc = tuple[str | int, ...]
 _M = TypeVar("_M", bound=BaseModel)
@@ -180,9 +180,10 @@ class AbsolutePath:
     )
 
     def __call__(self, value: str) -> str:
-        if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
+        unsafe = unsafe_character(value)
+        if unsafe in ("not-utf8", "control"):
             raise _fail("operator.path.bad_char", f"path {_show(value)} has a control character")
-        if any(unicodedata.category(ch) == "Cf" for ch in value):
+        if unsafe == "format":
             raise _fail(
                 "operator.path.format_char",
                 f"path {_show(value)} has an invisible format character",
@@ -560,19 +561,11 @@ def _env_value_refusal(name: str, value: str, loc: Loc) -> tuple[Loc, Refusal] |
     # Values are not enumerated (the reference allowlists names only): device UUIDs
     # (GPU-..., MIG-...), `-1`, CMake lists (`86;89`) and target features (`gfx90a:xnack-`)
     # are all real settings. Only what would corrupt a log line or hide text is refused.
-    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
-        return _refusal(
-            "operator.environment.bad_value",
-            loc,
-            f"value of {name} contains a control character",
-        )
-    if any(unicodedata.category(ch) == "Cf" for ch in value):
-        return _refusal(
-            "operator.environment.bad_value",
-            loc,
-            f"value of {name} contains an invisible format character",
-        )
-    return None
+    unsafe = unsafe_character(value)
+    if unsafe is None:
+        return None
+    what = "an invisible format character" if unsafe == "format" else "a control character"
+    return _refusal("operator.environment.bad_value", loc, f"value of {name} contains {what}")
 
 
 def _environment_cross_entry(env: Mapping[Any, object]) -> list[tuple[Loc, Refusal]]:
