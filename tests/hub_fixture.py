@@ -85,8 +85,8 @@ def _write_gguf(
     writer = gguf.GGUFWriter(str(path), architecture)
     if claims.omit_architecture:
         writer.kv_data[0].pop(gguf.Keys.General.ARCHITECTURE)
-    writer.add_name(f"fixture {preset.key} {tag}".strip())
     if split is None or split[0] == 0:  # later shards of a split hold no model metadata
+        writer.add_name(f"fixture {preset.key} {tag}".strip())
         if claims.synthetic:
             writer.add_tags([ZOO_SYNTHETIC_TAG])
         block_count = preset.layer_end if claims.block_count is None else claims.block_count

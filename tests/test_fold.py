@@ -418,11 +418,14 @@ def test_measurement_fields_are_defaulted_and_last() -> None:
     """Evolution rule: the new fields go last with defaults, so an older cell.json decodes."""
     from cache_family.schemas.receipts import Measurement
 
-    assert Measurement.__struct_fields__[-2:] == ("status", "terminal_refusal")
+    later = ("status", "terminal_refusal", "ignore_eos", "cache_shortfall_rungs")
+    assert Measurement.__struct_fields__[-4:] == later
     published = json.loads(encode_receipt(fold(CellScript().happy())))
-    del published["measurement"]["status"], published["measurement"]["terminal_refusal"]
+    for name in later:
+        del published["measurement"][name]
     older = decode_cell_receipt(json.dumps(published).encode())
     assert older.measurement.status is None and older.measurement.terminal_refusal is None
+    assert older.measurement.ignore_eos is None and older.measurement.cache_shortfall_rungs == ()
 
 
 def test_a_whole_ladder_without_a_stop_is_a_completed_measurement() -> None:

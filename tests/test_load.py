@@ -11,13 +11,17 @@ import trio
 import trio.testing
 
 from cache_family.actors.load import (
+    CacheAccounting,
     LoadRun,
+    ProtocolError,
     build_benchmark_prompt,
     completion_body,
+    native_cache_accounting,
+    openai_cache_accounting,
     run_load,
 )
 from cache_family.errors import Refused
-from cache_family.schemas.measurement import LoadRequest
+from cache_family.schemas.measurement import LoadRequest, ServerTimings
 from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
 
 PROMPT = "the quick brown fox"
@@ -68,7 +72,6 @@ async def test_serial_baseline_sends_the_exact_body_and_excludes_request_zero(
                 "top_k": 1,
                 "cache_prompt": True,
                 "stream": False,
-                "ignore_eos": True,
             }
         ]
         * 4
@@ -352,15 +355,59 @@ async def test_benchmark_prompt_is_cut_to_prefix_plus_one_tokens(
     assert caught.value.codes == ["load.prompt_source"]
 
 
-def test_completion_body_is_greedy_and_cached() -> None:
-    body = completion_body("p", 128, stream=True)
-    assert body == {
+def test_completion_body_is_the_reference_body_and_ignore_eos_only_when_asked() -> None:
+    reference = {
         "prompt": "p",
         "n_predict": 128,
         "temperature": 0,
         "top_k": 1,
         "cache_prompt": True,
         "stream": True,
+    }
+    body = completion_body("p", 128, stream=True)
+    assert body == reference
+    assert list(body) == list(reference)
+    assert not math.isnan(body["temperature"])
+    assert completion_body("p", 128, stream=True, ignore_eos=True) == {
+        **reference,
         "ignore_eos": True,
     }
-    assert not math.isnan(body["temperature"])
+
+
+async def test_a_synthetic_request_sends_ignore_eos_and_rows_keep_the_cache_accounting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda _i, _b: Reply(cache_n=9)))
+        outcome = await run_load(load_request(server, requests=2, concurrency=1, ignore_eos=True))
+        nursery.cancel_scope.cancel()
+    assert [body.get("ignore_eos") for body in server.completions] == [True, True]
+    for row in outcome.rows:
+        assert row.cached_tokens == 9
+        assert row.prompt_tokens == row.tokens_evaluated == 17
+        assert row.slot_id == 0
+
+
+def test_openai_usage_gives_prompt_and_cached_tokens() -> None:
+    usage = {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 36}}
+    assert openai_cache_accounting(usage) == CacheAccounting(40, 36, None)
+    assert openai_cache_accounting({"prompt_tokens": 40}).cached_tokens == 0
+    for bad in (
+        {"prompt_tokens": 0},
+        {"prompt_tokens": 4, "prompt_tokens_details": {"cached_tokens": 5}},
+        {"prompt_tokens": 4, "prompt_tokens_details": []},
+        {"prompt_tokens": 4, "prompt_tokens_details": {"cached_tokens": "1"}},
+    ):
+        with pytest.raises(ProtocolError):
+            openai_cache_accounting(bad)
+
+
+def test_native_answer_gives_slot_and_cached_tokens() -> None:
+    final = {"tokens_evaluated": 129, "id_slot": 1}
+    assert native_cache_accounting(final, ServerTimings(cache_n=125)) == CacheAccounting(
+        129, 125, 1
+    )
+    # llama-server says id_slot -1 in partial events; no slot is not slot -1.
+    assert native_cache_accounting({"tokens_evaluated": 3, "id_slot": -1}, ServerTimings()) == (
+        CacheAccounting(3, 0, None)
+    )

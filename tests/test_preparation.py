@@ -42,6 +42,11 @@ from cache_family.actors.preparation import (
     run_prepare,
 )
 from cache_family.actors.preparation_admission import admit, parse_overrides
+from cache_family.actors.preparation_models import (
+    ModelLook,
+    context_refusals,
+    source_admission_argv,
+)
 from cache_family.actors.preparation_supervisor import (
     EventSink,
     WorkerEvents,
@@ -56,6 +61,7 @@ from cache_family.schemas.layer_package import MANIFEST_NAME
 from cache_family.schemas.prepared import (
     PreparationRequest,
     PreparedInput,
+    PreparedRow,
     encode_document,
     load_prepared_input,
 )
@@ -1460,3 +1466,103 @@ def test_admission_reports_every_refusal_at_once(box: Toolbox, tmp_path: Path) -
     assert code == 2
     assert "file.missing" in err and "preparation.output_exists" in err
     assert tree_listing(tmp_path) == before
+
+
+# --- context and split-source admission (issue 10, item 8) -------------------------------------
+
+
+def test_a_model_whose_gguf_context_is_below_the_rows_is_refused_before_any_launch(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    # The fixture's llama states context_length 512, the catalog's ctx; a 1000-token prefix
+    # makes the row's ctx 1128, more than the model was built for.
+    found = refusals_of(request_for(box, tmp_path, **only("llama"), prefix_tokens=1000))
+    assert found == [("preparation.model_context_too_small", "$.plan.cases.llama")]
+    with pytest.raises(Refused) as caught:
+        observe(
+            request_for(box, tmp_path, **only("llama"), prefix_tokens=1000),
+            Budget.seconds(60),
+            SilentEvents(),  # type: ignore[arg-type]
+        )
+    assert "runs with ctx 1128, but its GGUF states 512 tokens" in str(caught.value)
+    # The catalog's own prefix fits: the same model is planned.
+    prepared = observe(
+        request_for(box, tmp_path, **only("llama")),
+        Budget.seconds(60),
+        SilentEvents(),  # type: ignore[arg-type]
+    )
+    assert [r.ctx for r in prepared.rows] == [512]
+
+
+def test_context_refusals_judge_each_planned_row_once_per_context(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    prepared = observe(
+        request_for(box, tmp_path, **only("llama")),
+        Budget.seconds(60),
+        SilentEvents(),  # type: ignore[arg-type]
+    )
+    base = prepared.rows[0]
+
+    def planned(index: int, ctx: int, stated: int | None) -> PreparedRow:
+        observation = base.model_observation.model_copy(update={"context_length": stated})
+        return base.model_copy(
+            update={"index": index, "ctx": ctx, "model_observation": observation}
+        )
+
+    rows = [
+        planned(0, 512, 512),
+        planned(1, 1128, 512),
+        planned(2, 1128, 512),
+        planned(3, 64, None),
+    ]
+    found = [(r.code, r.message.split(" runs")[0]) for r in context_refusals(rows)]
+    assert found == [
+        ("preparation.model_context_too_small", "llama (row 1)"),
+        ("preparation.model_context_too_small", "llama (row 3)"),
+    ]
+
+
+def test_a_split_model_is_admitted_through_admit_source_with_every_shard_pin(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    prepared = observe(
+        request_for(box, tmp_path, **only("minimax_m27")),
+        Budget.seconds(120),
+        SilentEvents(),  # type: ignore[arg-type]
+    )
+    split = prepared.rows[0].model_observation
+    minimax = box.hub.model("minimax_m27")
+    look = ModelLook(
+        preset=packaged_catalog().catalog.preset("minimax_m27"),
+        requested=str(minimax.snapshot_path),
+        entrypoint=str(minimax.snapshot_path),
+        artifact_tool=str(box.artifact_tool),
+    )
+    argv = source_admission_argv(look, split.shard_pins)
+    assert argv[1:5] == ["admit-source", str(minimax.snapshot_path), "--minimum-context", "512"]
+    assert argv[5:] == [
+        item for shard in split.shard_pins for item in ("--pin", f"{shard.name}={shard.sha256}")
+    ]
+
+
+def test_a_wrong_shard_is_refused_by_the_artifact_tool(box: Toolbox, tmp_path: Path) -> None:
+    # Shards 2 and 3 swapped behind their names: each name's pin matches its bytes, the
+    # headers of the first shard are right, but the shard named 00002 says it is split.no 2.
+    shards = box.hub.model("minimax_m27").snapshot_path.parent
+    second = shards / "MiniMax-M2.7-UD-Q2_K_XL-00002-of-00003.gguf"
+    third = shards / "MiniMax-M2.7-UD-Q2_K_XL-00003-of-00003.gguf"
+    second_target, third_target = os.readlink(second), os.readlink(third)
+    second.unlink()
+    third.unlink()
+    second.symlink_to(third_target)
+    third.symlink_to(second_target)
+    found = refusals_of(request_for(box, tmp_path, **only("minimax_m27")))
+    assert found == [("preparation.source_admission_refused", "$.plan.cases.minimax_m27")]
+    with pytest.raises(Refused) as caught:
+        observe(
+            request_for(box, tmp_path, **only("minimax_m27")),
+            Budget.seconds(60),
+            SilentEvents(),  # type: ignore[arg-type]
+        )
+    assert "source.shard_order" in str(caught.value)

@@ -73,6 +73,7 @@ from cache_family.schemas.measurement import (
 )
 from cache_family.schemas.prepared import HostProfile
 from cache_family.schemas.receipts import CellReceipt
+from cache_family.states.cache_reuse import cache_expectation
 from cache_family.states.cell import (
     CELL_TABLE,
     CellAction,
@@ -116,6 +117,8 @@ class CellPlan:
     refusal: str | None = None
     # The row's preset is from a synthetic catalog (journaled so the cell's receipt says so).
     synthetic: bool = False
+    # The model's GGUF ``general.architecture``: which cache reuse rule judges its rungs.
+    architecture: str | None = None
 
 
 def pin_targets(profile: HostProfile) -> tuple[PinTarget, ...]:
@@ -265,6 +268,8 @@ class CellActor:
                     ttft_slo_ms=plan.ttft_slo_ms,
                     tpot_slo_ms=plan.tpot_slo_ms,
                     synthetic=plan.synthetic,
+                    cache_expectation=cache_expectation(plan.architecture, plan.lanes),
+                    ignore_eos=plan.synthetic,
                 )
             )
         escaped: BaseException | None = None
@@ -584,6 +589,7 @@ class CellActor:
             request_timeout_ms=self.ctx.budgets.request_timeout_ms,
             ttft_slo_ms=None if serial else plan.ttft_slo_ms,
             tpot_slo_ms=None if serial else plan.tpot_slo_ms,
+            ignore_eos=plan.synthetic,
         )
 
     async def _rung(self, index: int, rung: RungPlan) -> LoadOutcome:

@@ -14,8 +14,9 @@ fails its request, never the process. Facts about llama-server this relies on:
   with ``data: {json}`` lines; the last event has ``stop: true`` and the server's ``timings``
   (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``, ``cache_n``).
 * It closes the connection after every streamed response, so each request gets a fresh one.
-* A tiny random model often samples end-of-sequence first: ``ignore_eos`` keeps the output
-  length fixed, and token counts come from the server, never from re-tokenizing text.
+* A tiny random model often samples end-of-sequence first: for a synthetic catalog
+  ``ignore_eos`` keeps the output length fixed (a real catalog gets the reference's body
+  exactly), and token counts come from the server, never from re-tokenizing text.
 
 Deadlines are trio times (``trio.current_time``); stamps come from an injected clock that must
 share that time base (the default is ``trio.current_time`` itself), so tests run timeouts on
@@ -68,17 +69,62 @@ class BenchmarkPrompt(NamedTuple):
     sha256: str
 
 
-def completion_body(prompt: str, n_predict: int, *, stream: bool) -> dict[str, Any]:
-    """The exact /completion request: greedy, cached prefix, fixed output length."""
-    return {
+def completion_body(
+    prompt: str, n_predict: int, *, stream: bool, ignore_eos: bool = False
+) -> dict[str, Any]:
+    """The reference's exact /completion request (greedy, cached prefix); ``ignore_eos`` is
+    added only for a synthetic catalog, whose random-weight models often end at once."""
+    body: dict[str, Any] = {
         "prompt": prompt,
         "n_predict": n_predict,
         "temperature": 0,
         "top_k": 1,
         "cache_prompt": True,
         "stream": stream,
-        "ignore_eos": True,
     }
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+class CacheAccounting(NamedTuple):
+    """The server's prompt accounting of one answer, in either dialect."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    slot_id: int | None = None
+
+
+def native_cache_accounting(final: Mapping[str, Any], timings: ServerTimings) -> CacheAccounting:
+    """/completion: prompt tokens evaluated, ``timings.cache_n`` of them cached, ``id_slot``."""
+    slot = final.get("id_slot")
+    return CacheAccounting(
+        prompt_tokens=_integer(final, "tokens_evaluated"),
+        cached_tokens=timings.cache_n if timings.cache_n is not None else 0,
+        slot_id=slot
+        if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0
+        else None,
+    )
+
+
+def openai_cache_accounting(usage: Mapping[str, Any]) -> CacheAccounting:
+    """OpenAI ``usage``: ``prompt_tokens`` and ``prompt_tokens_details.cached_tokens`` (absent
+    details: nothing cached), checked as the reference does (0 < prompt, cached <= prompt)."""
+    prompt = _integer(usage, "usage.prompt_tokens", key="prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = 0
+    if details is not None:
+        if not isinstance(details, dict):
+            raise ProtocolError("usage.prompt_tokens_details is not an object")
+        if details.get("cached_tokens") is not None:
+            cached = _integer(
+                details, "usage.prompt_tokens_details.cached_tokens", key="cached_tokens"
+            )
+    if prompt <= 0:
+        raise ProtocolError(f"usage.prompt_tokens {prompt} is not positive")
+    if not 0 <= cached <= prompt:
+        raise ProtocolError(f"usage cached_tokens {cached} is outside 0..{prompt}")
+    return CacheAccounting(prompt_tokens=prompt, cached_tokens=cached)
 
 
 def make_client(concurrency: int = 1) -> httpx.AsyncClient:
@@ -191,7 +237,12 @@ class LoadRun:
         own_deadline = started + request.request_timeout_ms / 1000
         exchange = _Exchange(started=started)
         warmup = self.excluded_warmup(request_id)
-        body = completion_body(request.prompt, request.output_tokens, stream=request.stream)
+        body = completion_body(
+            request.prompt,
+            request.output_tokens,
+            stream=request.stream,
+            ignore_eos=request.ignore_eos,
+        )
         url = request.base_url.rstrip("/") + "/completion"
         with trio.move_on_at(min(own_deadline, self.deadline)) as cap:
             try:
@@ -288,6 +339,7 @@ class LoadRun:
             ttft_ms = (first - exchange.started) * 1000
             tpot_ms = (elapsed_ms - ttft_ms) / max(checked.tokens_predicted - 1, 1)
         content = "".join(exchange.content)
+        cache = native_cache_accounting(final, checked.timings)
         return RequestRow(
             request_id=request_id,
             status="completed",
@@ -305,6 +357,9 @@ class LoadRun:
                 if exchange.first_chunk is not None
                 else None
             ),
+            prompt_tokens=cache.prompt_tokens,
+            cached_tokens=cache.cached_tokens,
+            slot_id=cache.slot_id,
         )
 
     def _failed_row(

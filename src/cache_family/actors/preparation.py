@@ -38,6 +38,7 @@ from cache_family.actors.preparation_admission import Admission, admit, load_pla
 from cache_family.actors.preparation_models import (
     Gathered,
     ModelLook,
+    context_refusals,
     examine_models,
     hash_models,
     missing_observation,
@@ -743,6 +744,8 @@ def _plan(run: _Observing) -> PreparedInput:
     pinned_plan = _pinned_plan(operator.plan, record.tools, record.models)
     corpus = run.corpus.corpus if run.corpus is not None else None
     rows = plan_rows(pinned_plan, run.catalog.catalog, corpus, record.models)
+    run.gathered.refusals.extend(context_refusals(rows))
+    run.gathered.raise_any()
     tools = ToolPins(
         correctness=record.tools["correctness"],
         stage_server=record.tools["stage_server"],

@@ -4,9 +4,12 @@
 their bytes beyond a GGUF header or a package manifest, and compares what those claim
 (architecture, block count, split count, the zoo's synthetic tag) with the catalog preset.
 :func:`hash_models` then pins every present model's bytes and refuses bytes that changed since
-their identity was read; a layer package is then admitted by the artifact tool's
-``admit-package`` for its preset's stage, which verifies the selected artifacts' bytes. Every
-refusal is gathered (:class:`Gathered`) so one run reports them all.
+their identity was read; the artifact tool then admits a layer package (``admit-package``
+for its preset's stage, verifying the selected artifacts' bytes) and a split model
+(``admit-source`` on its first shard with every shard's pin: order, bytes, dimensions and
+context). :func:`context_refusals` refuses planned rows whose model states a shorter context
+than the row runs with. Every refusal is gathered (:class:`Gathered`) so one run reports
+them all.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from cache_family.actors.pins import (
     Budget,
@@ -40,7 +43,7 @@ from cache_family.schemas.gguf_header import (
     read_gguf_header,
 )
 from cache_family.schemas.layer_package import MANIFEST_NAME, decode_manifest
-from cache_family.schemas.prepared import ModelObservation, ShardPin
+from cache_family.schemas.prepared import ModelObservation, PreparedRow, ShardPin
 
 PACKAGE_MANIFEST_MAX_BYTES: Final = 4 * MIB
 ADMISSION_STDOUT_MAX_BYTES: Final = MIB
@@ -351,12 +354,19 @@ def _package_identity(look: ModelLook) -> tuple[_Identity | None, list[Refusal]]
     )
 
 
-def _admission_refusal(look: ModelLook, message: str) -> Refusal:
+_ADMISSION_CODES: Final = {
+    "admit-package": "preparation.package_admission_refused",
+    "admit-source": "preparation.source_admission_refused",
+}
+
+
+def _admission_refusal(look: ModelLook, message: str, verb: str = "admit-package") -> Refusal:
+    what = "layer package" if verb == "admit-package" else "split model's shards"
     return Refusal(
-        "preparation.package_admission_refused",
+        _ADMISSION_CODES[verb],
         _case_where(look.preset.key),
-        f"{look.preset.key}: admit-package {message}",
-        "repair the layer package (or give the artifact tool that admits it) and prepare again",
+        f"{look.preset.key}: {verb} {message}",
+        f"repair the {what} (or give the artifact tool that admits it) and prepare again",
     )
 
 
@@ -379,6 +389,21 @@ def admission_argv(look: ModelLook, manifest_sha256: str) -> list[str]:
         "--minimum-context",
         str(preset.ctx),
     ]
+
+
+def source_admission_argv(look: ModelLook, shards: Sequence[ShardPin]) -> list[str]:
+    """The reference's ``admit-source <primary> --minimum-context C --pin name=sha ...``."""
+    assert look.artifact_tool is not None and look.entrypoint is not None
+    argv = [
+        look.artifact_tool,
+        "admit-source",
+        look.entrypoint,
+        "--minimum-context",
+        str(look.preset.ctx),
+    ]
+    for shard in shards:
+        argv += ["--pin", f"{shard.name}={shard.sha256}"]
+    return argv
 
 
 def _run_admission(argv: list[str], budget: Budget, where: str) -> tuple[int, bytes, bytes]:
@@ -412,29 +437,55 @@ def _run_admission(argv: list[str], budget: Budget, where: str) -> tuple[int, by
     return code, stdout, stderr
 
 
-def admit_package(look: ModelLook, manifest_sha256: str, budget: Budget) -> list[Refusal]:
-    """Run the artifact tool's ``admit-package`` and check its receipt against the preset."""
-    preset = look.preset
-    where = _case_where(preset.key)
+def _admission_receipt(
+    look: ModelLook, argv: list[str], budget: Budget, verb: str
+) -> tuple[dict[str, Any], dict[str, Any]] | Refusal:
+    """The artifact tool's JSON receipt and its ``dimensions``, or why there is none."""
+    where = _case_where(look.preset.key)
     if look.artifact_tool is None:
-        return [_admission_refusal(look, "cannot run: artifact_tool is null")]
+        return _admission_refusal(look, "cannot run: artifact_tool is null", verb)
     try:
-        code, stdout, stderr = _run_admission(admission_argv(look, manifest_sha256), budget, where)
+        code, stdout, stderr = _run_admission(argv, budget, where)
     except OSError as error:
-        return [_admission_refusal(look, f"could not start: {error.strerror}")]
+        return _admission_refusal(look, f"could not start: {error.strerror}", verb)
     if code != 0:
         tail = stderr.decode("utf-8", errors="replace").strip().splitlines()[-1:] or [""]
-        return [_admission_refusal(look, f"exited {code}: {tail[0]}")]
+        return _admission_refusal(look, f"exited {code}: {tail[0]}", verb)
     if len(stdout) > ADMISSION_STDOUT_MAX_BYTES:
-        return [_admission_refusal(look, "printed more than 1 MiB")]
+        return _admission_refusal(look, "printed more than 1 MiB", verb)
     try:
         receipt = json.loads(stdout)
     except ValueError:
-        return [_admission_refusal(look, "printed no JSON receipt")]
+        return _admission_refusal(look, "printed no JSON receipt", verb)
     dimensions = receipt.get("dimensions") if isinstance(receipt, dict) else None
     if not isinstance(receipt, dict) or not isinstance(dimensions, dict):
-        return [_admission_refusal(look, "printed a receipt without dimensions")]
+        return _admission_refusal(look, "printed a receipt without dimensions", verb)
+    return receipt, dimensions
+
+
+def _dimension_problems(preset: Preset, dimensions: Mapping[str, Any]) -> list[str]:
+    wrong = []
+    for name, value in (
+        ("layer_count", preset.layer_end),
+        ("activation_width", preset.activation_width),
+    ):
+        if dimensions.get(name) != value:
+            wrong.append(f"dimensions.{name} is {dimensions.get(name)!r}, not {value}")
     context = dimensions.get("native_context_tokens")
+    if not isinstance(context, int) or context < preset.ctx:
+        wrong.append(f"dimensions.native_context_tokens {context!r} is below {preset.ctx}")
+    return wrong
+
+
+def admit_package(look: ModelLook, manifest_sha256: str, budget: Budget) -> list[Refusal]:
+    """Run the artifact tool's ``admit-package`` and check its receipt against the preset."""
+    preset = look.preset
+    answered = _admission_receipt(
+        look, admission_argv(look, manifest_sha256), budget, "admit-package"
+    )
+    if isinstance(answered, Refusal):
+        return [answered]
+    receipt, dimensions = answered
     expected = {
         "schema_version": 1,
         "kind": "layer-package",
@@ -449,17 +500,63 @@ def admit_package(look: ModelLook, manifest_sha256: str, budget: Budget) -> list
     wrong = [
         f"{k} is {receipt.get(k)!r}, not {v!r}" for k, v in expected.items() if receipt.get(k) != v
     ]
-    for name, value in (
-        ("layer_count", preset.layer_end),
-        ("activation_width", preset.activation_width),
-    ):
-        if dimensions.get(name) != value:
-            wrong.append(f"dimensions.{name} is {dimensions.get(name)!r}, not {value}")
-    if not isinstance(context, int) or context < preset.ctx:
-        wrong.append(f"dimensions.native_context_tokens {context!r} is below {preset.ctx}")
+    wrong += _dimension_problems(preset, dimensions)
     if not receipt.get("selected_files"):
         wrong.append("selected_files is empty")
     return [_admission_refusal(look, "receipt: " + "; ".join(wrong))] if wrong else []
+
+
+def admit_source(look: ModelLook, shards: Sequence[ShardPin], budget: Budget) -> list[Refusal]:
+    """Run the artifact tool's ``admit-source`` on a split model's first shard with every
+    shard's pin, and check that its receipt lists exactly those files, in order, with the
+    preset's dimensions and at least the preset's context."""
+    verb = "admit-source"
+    answered = _admission_receipt(look, source_admission_argv(look, shards), budget, verb)
+    if isinstance(answered, Refusal):
+        return [answered]
+    receipt, dimensions = answered
+    wrong = [
+        f"{k} is {receipt.get(k)!r}, not {v!r}"
+        for k, v in (("schema_version", 1), ("kind", "gguf-source"))
+        if receipt.get(k) != v
+    ]
+    files = receipt.get("ordered_files")
+    listed = (
+        [(f.get("logical_path"), f.get("sha256")) for f in files if isinstance(f, dict)]
+        if isinstance(files, list)
+        else None
+    )
+    pinned = [(shard.logical_path, shard.sha256) for shard in shards]
+    if listed != pinned:
+        wrong.append(f"ordered_files {listed!r} are not the pinned shards {pinned!r}")
+    wrong += _dimension_problems(look.preset, dimensions)
+    return [_admission_refusal(look, "receipt: " + "; ".join(wrong), verb)] if wrong else []
+
+
+def context_refusals(rows: Sequence[PreparedRow]) -> list[Refusal]:
+    """Planned rows whose model's GGUF ``context_length`` is below the row's context (or is
+    not stated): the host would be launched with more context than the model was built for."""
+    refusals: list[Refusal] = []
+    seen: set[tuple[str, int]] = set()
+    for row in rows:
+        observation = row.model_observation
+        stated = observation.context_length
+        if not observation.present or (stated is not None and stated >= row.ctx):
+            continue
+        if (row.key, row.ctx) in seen:
+            continue
+        seen.add((row.key, row.ctx))
+        says = "states no context_length" if stated is None else f"states {stated} tokens"
+        refusals.append(
+            Refusal(
+                "preparation.model_context_too_small",
+                _case_where(row.key),
+                f"{row.key} (row {row.index}) runs with ctx {row.ctx}, but its GGUF {says}",
+                "use a shorter prefix (a row's ctx is max(catalog ctx, prefix + 128)) or a "
+                "model built for a longer context",
+            )
+        )
+    return refusals
 
 
 def examine_models(
@@ -586,6 +683,11 @@ def hash_models(
             continue
         if look.kind == "layer-package-tree":
             refusals = admit_package(look, first.sha256, budget)
+            if refusals:
+                gathered.refusals.extend(refusals)
+                continue
+        if look.kind == "split-gguf-first-shard":
+            refusals = admit_source(look, shards, budget)
             if refusals:
                 gathered.refusals.extend(refusals)
                 continue

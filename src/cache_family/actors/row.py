@@ -210,6 +210,7 @@ class RowActor:
             pins=pin_targets(profile) if profile is not None else (),
             refusal=refusal,
             synthetic=row.synthetic,
+            architecture=row.model_observation.architecture,
         )
 
     # -- machine -----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import ClassVar, Final, TypeAlias, get_args
 import msgspec
 
 from cache_family.errors import Refusal
-from cache_family.schemas.measurement import HostCleanup, RequestRow
+from cache_family.schemas.measurement import CacheExpectation, HostCleanup, RequestRow
 
 JOURNAL_FILENAME: Final = "journal.jsonl"
 GENESIS_PREV: Final = "0" * 64
@@ -159,6 +159,10 @@ class CellOpened(_Record, tag="cell_opened", frozen=True, kw_only=True):
     # The cell's row is synthetic; repeated here because a cell's fold reads only the run-wide
     # lines and its own, never ``row_opened``.
     synthetic: bool = False
+    # What the cell's cache verdicts are judged by (None: a cell from before verdicts).
+    cache_expectation: CacheExpectation | None = None
+    # Whether its /completion bodies carry ``ignore_eos`` (synthetic catalogs only).
+    ignore_eos: bool | None = None
 
 
 class Transition(_Record, tag="transition", frozen=True, kw_only=True):

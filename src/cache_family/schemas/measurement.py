@@ -51,6 +51,13 @@ class RequestRow(msgspec.Struct, frozen=True, kw_only=True):
     content_sha256: str | None = None
     first_chunk_sha256: str | None = None
     error: str | None = None
+    # The server's own prompt accounting, whatever the dialect (native: ``tokens_evaluated``
+    # and ``timings.cache_n``; OpenAI: ``usage.prompt_tokens`` and
+    # ``usage.prompt_tokens_details.cached_tokens``): what the cache verdict is folded from.
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    # The server slot that answered (native ``id_slot``); a slot's first request is cold.
+    slot_id: int | None = None
 
 
 class RungSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,6 +115,9 @@ class LoadRequest(msgspec.Struct, frozen=True, kw_only=True):
     tpot_slo_ms: float | None = None
     # Leading request ids of a rung excluded as warmup (a serial baseline always excludes id 0).
     warmup_requests: int = 0
+    # Send ``ignore_eos: true`` (fixed output length): only for a synthetic catalog's tiny
+    # random-weight models. A real catalog gets the reference's body exactly, without it.
+    ignore_eos: bool = False
 
 
 LoadStatus = Literal["completed", "incomplete", "failed", "not-launched"]
@@ -125,6 +135,26 @@ class LoadOutcome(msgspec.Struct, frozen=True, kw_only=True):
     serial_summary: SerialSummary | None = None
     # Why the summary is missing or the run stopped early (a refusal code), if it did.
     stop_reason: str | None = None
+
+
+ReuseRule = Literal["exact-prefix", "checkpoint", "checkpoint-swa"]
+"""How llama-server reuses a cached prompt (``states/cache_reuse.py``): exact-prefix for plain
+attention; checkpoint for recurrent and hybrid models; checkpoint-swa for sliding-window
+attention, which restores to the position before the checkpoint's last token."""
+
+
+class CacheExpectation(msgspec.Struct, frozen=True, kw_only=True):
+    """What a cell's cache verdicts are judged by, fixed when the cell opens (so a replay by a
+    later version judges with the rule the run used). ``rule`` None: an architecture the
+    rule table does not know; its rungs get no expected figures."""
+
+    architecture: str | None
+    rule: ReuseRule | None
+    # llama-server's micro-batch (``-ub``), which places the earlier checkpoint; the cell never
+    # passes ``-ub``, so it is the server's default.
+    n_ubatch: int
+    # The host's slots (``--parallel``): each slot's first request of the cell may be cold.
+    lanes: int | None = None
 
 
 # Host custody records: what the cell actor journals about the one server process it owns.

@@ -86,6 +86,23 @@ class Readiness(msgspec.Struct, frozen=True, kw_only=True):
     elapsed_ms: float | None = None
 
 
+class CacheVerdict(msgspec.Struct, frozen=True, kw_only=True):
+    """Expected versus observed prompt-cache hits of one rung (``states/cache_reuse.py``).
+
+    A hit is a completed request whose server-reported cached tokens reach what the
+    architecture's reuse rule expects. ``expected_hits`` leaves out one cold request for each
+    server slot the rung is the first of the cell to use; ``observed_cached_tokens_min`` is
+    the weakest of the other (warm) requests. ``shortfall``: fewer hits than expected.
+    """
+
+    expected_hits: int | None = None
+    observed_hits: int | None = None
+    expected_cached_tokens: int | None = None
+    observed_cached_tokens_min: int | None = None
+    shortfall: bool | None = None
+    rule: str | None = None
+
+
 class RungReceipt(msgspec.Struct, frozen=True, kw_only=True):
     rung_index: int
     concurrency: int
@@ -106,6 +123,8 @@ class RungReceipt(msgspec.Struct, frozen=True, kw_only=True):
     serial_summary: SerialSummary | None = None
     # Refusal codes of the metrics functions when the roster could not be summarised.
     summary_refusals: tuple[str, ...] = ()
+    # None when the cell journaled no cache expectation (a cell from before verdicts).
+    cache_verdict: CacheVerdict | None = None
 
 
 class Measurement(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,6 +139,11 @@ class Measurement(msgspec.Struct, frozen=True, kw_only=True):
     status: ReceiptStatus | None = None
     # The cell's terminal refusal, which downgrades this level as it does the cell's.
     terminal_refusal: TerminalRefusal | None = None
+    # The /completion body: True when it carried ``ignore_eos`` (a synthetic catalog), False
+    # for the reference's body exactly; None when the cell did not journal it.
+    ignore_eos: bool | None = None
+    # Rung indices whose cache verdict fell short of the architecture's reuse rule.
+    cache_shortfall_rungs: tuple[int, ...] = ()
 
 
 class CellReceipt(msgspec.Struct, frozen=True, kw_only=True):

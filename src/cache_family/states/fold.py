@@ -61,6 +61,7 @@ from cache_family.schemas.measurement import HostCleanup, RequestRow, RungSummar
 from cache_family.schemas.receipts import (
     CORRECTNESS_UNRECORDED,
     ArmObservation,
+    CacheVerdict,
     CellReceipt,
     CorrectnessObservation,
     FaultEntry,
@@ -77,6 +78,7 @@ from cache_family.schemas.receipts import (
     evidence_class,
 )
 from cache_family.states import metrics
+from cache_family.states.cache_reuse import rung_verdicts
 from cache_family.states.cell import (
     CELL_TABLE,
     ROW_TABLE,
@@ -413,6 +415,7 @@ class CellFold:
         indices = sorted(set(range(len(planned))) | set(self.rows) | set(self.rungs))
         problems: list[str] = []
         rungs: list[RungReceipt] = []
+        verdicts = self._cache_verdicts(indices)
         for index in indices:
             plan = planned[index] if index < len(planned) else None
             record = self.rungs.get(index)
@@ -463,6 +466,7 @@ class CellFold:
                     rung_summary=rung_summary,
                     serial_summary=serial_summary,
                     summary_refusals=refusals,
+                    cache_verdict=verdicts.get(index),
                 )
             )
         if not planned:
@@ -476,8 +480,18 @@ class CellFold:
             rungs=tuple(rungs),
             status=status,
             terminal_refusal=self.terminal_refusal,
+            ignore_eos=opened.ignore_eos if opened else None,
+            cache_shortfall_rungs=tuple(i for i, v in sorted(verdicts.items()) if v.shortfall),
         )
         return measurement, problems
+
+    def _cache_verdicts(self, indices: Sequence[int]) -> dict[int, CacheVerdict]:
+        """Each rung's cache verdict by the rule the cell opened with (none without one)."""
+        expectation = self.opened.cache_expectation if self.opened else None
+        if expectation is None:
+            return {}
+        rosters = [self.rows.get(index, ()) for index in indices]
+        return dict(zip(indices, rung_verdicts(expectation, rosters), strict=True))
 
 
 def _measurement_status(

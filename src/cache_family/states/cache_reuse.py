@@ -1,0 +1,211 @@
+"""How much of a prompt llama-server should serve from its cache, and each rung's verdict.
+
+The reuse rule depends on the model's architecture (``../spec/llama-cpp-facts.md``):
+
+* ``exact-prefix`` (plain attention): the whole common prefix with the slot's previous prompt,
+  except that at least one prompt token is always evaluated.
+* ``checkpoint`` (recurrent and hybrid models): their state cannot be cut back, so the server
+  restores the last *context checkpoint* inside the common prefix. It checkpoints a prompt
+  of ``n`` tokens at ``n - 4 - n_ubatch`` and ``n - 4`` tokens.
+* ``checkpoint-swa`` (sliding-window attention): the same checkpoints, but restoring one lands
+  on the checkpoint's last position, which is evaluated again: one token fewer. A prompt
+  shorter than the window may be reused further; that is never a shortfall.
+
+A slot's first request of a cell is cold (expects 0); a host's RAM prompt cache may still
+serve it, which counts as a hit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from cache_family.schemas.measurement import CacheExpectation, RequestRow, ReuseRule
+from cache_family.schemas.receipts import CacheVerdict
+
+#: llama-server's default ``-ub`` (the cell never passes one).
+DEFAULT_N_UBATCH: Final = 512
+#: The server checkpoints this many tokens before a prompt's end (and n_ubatch more).
+CHECKPOINT_TAIL: Final = 4
+
+# llama.cpp ``general.architecture`` names, by how the server reuses their prompt cache.
+PLAIN_ATTENTION: Final = frozenset(
+    {
+        "llama",
+        "qwen2",
+        "qwen2moe",
+        "qwen3",
+        "qwen3moe",
+        "deepseek2",
+        "glm4",
+        "glm4moe",
+        "olmo",
+        "olmo2",
+        "olmoe",
+        "minimax-m2",
+        "gemma",
+        "granite",
+        "starcoder2",
+        "stablelm",
+        "phi2",
+    }
+)
+SLIDING_WINDOW: Final = frozenset({"gemma2", "gemma3", "gemma3n", "gemma4", "cohere2", "gpt-oss"})
+RECURRENT_OR_HYBRID: Final = frozenset(
+    {
+        "mamba",
+        "mamba2",
+        "rwkv6",
+        "rwkv6qwen2",
+        "rwkv7",
+        "arwkv7",
+        "jamba",
+        "falcon-h1",
+        "granitehybrid",
+        "lfm2",
+        "plamo2",
+        "nemotron_h",
+        "qwen3next",
+    }
+)
+
+
+def reuse_rule(architecture: str | None) -> ReuseRule | None:
+    """The rule for a GGUF ``general.architecture``; None for one the table does not know."""
+    if architecture in PLAIN_ATTENTION:
+        return "exact-prefix"
+    if architecture in RECURRENT_OR_HYBRID:
+        return "checkpoint"
+    if architecture in SLIDING_WINDOW:
+        return "checkpoint-swa"
+    return None
+
+
+def cache_expectation(architecture: str | None, lanes: int | None) -> CacheExpectation:
+    """What a cell serving this architecture on ``lanes`` slots journals when it opens."""
+    return CacheExpectation(
+        architecture=architecture,
+        rule=reuse_rule(architecture),
+        n_ubatch=DEFAULT_N_UBATCH,
+        lanes=lanes,
+    )
+
+
+def checkpoints(prompt_tokens: int, n_ubatch: int = DEFAULT_N_UBATCH) -> tuple[int, ...]:
+    """Token counts at which the server checkpoints a prompt of ``prompt_tokens``, ascending."""
+    marks = (prompt_tokens - CHECKPOINT_TAIL - n_ubatch, prompt_tokens - CHECKPOINT_TAIL)
+    return tuple(mark for mark in marks if mark > 0)
+
+
+def expected_cached_tokens(
+    rule: ReuseRule,
+    *,
+    prompt_tokens: int,
+    common_prefix: int,
+    previous_prompt_tokens: int | None = None,
+    n_ubatch: int = DEFAULT_N_UBATCH,
+) -> int:
+    """Cached tokens a warm request should get: ``prompt_tokens`` long, sharing
+    ``common_prefix`` tokens with the slot's previous prompt (``previous_prompt_tokens`` long,
+    which placed the checkpoints; default: the same prompt again)."""
+    usable = max(min(common_prefix, prompt_tokens - 1), 0)
+    if rule == "exact-prefix":
+        return usable
+    previous = prompt_tokens if previous_prompt_tokens is None else previous_prompt_tokens
+    inside = [mark for mark in checkpoints(previous, n_ubatch) if mark <= usable]
+    if not inside:
+        return 0
+    return inside[-1] - 1 if rule == "checkpoint-swa" else inside[-1]
+
+
+def rule_text(expectation: CacheExpectation) -> str:
+    """What the receipt says the verdict was judged by."""
+    arch = expectation.architecture or "unknown"
+    if expectation.rule is None:
+        return f"no reuse rule for architecture {arch}: hits not judged"
+    if expectation.rule == "exact-prefix":
+        how = "plain attention: the common prefix, all but the last prompt token"
+    else:
+        kind = "sliding-window" if expectation.rule == "checkpoint-swa" else "recurrent/hybrid"
+        how = (
+            f"{kind}: the last context checkpoint (len-{CHECKPOINT_TAIL}-n_ubatch, "
+            f"len-{CHECKPOINT_TAIL}; n_ubatch {expectation.n_ubatch}, llama-server's default) "
+            "inside the common prefix"
+        )
+        if expectation.rule == "checkpoint-swa":
+            how += ", less one token"
+    return f"{expectation.rule} ({arch}, {how}); a slot's first request is cold"
+
+
+def accounting(row: RequestRow) -> tuple[int, int, int | None] | None:
+    """(prompt tokens, cached tokens, slot) the server reported for a completed request."""
+    if row.status != "completed":
+        return None
+    timings = row.timings
+    prompt = row.prompt_tokens if row.prompt_tokens is not None else row.tokens_evaluated
+    cached = row.cached_tokens
+    if cached is None and timings is not None:
+        cached = timings.cache_n
+    if prompt is None or cached is None:
+        return None
+    return prompt, cached, row.slot_id
+
+
+def rung_verdicts(
+    expectation: CacheExpectation, rungs: Sequence[Sequence[RequestRow]]
+) -> list[CacheVerdict]:
+    """One verdict per rung of one cell, rungs in ladder order (slots stay warm across rungs).
+
+    Every request of a cell sends the same prompt, so its designed shared prefix is all of it.
+    Per slot the cell has not used before, the request with the fewest cached tokens is taken
+    as that slot's cold one; without slot ids, the first ``lanes`` requests of the cell may
+    be cold (and without lanes either, hits are not judged).
+    """
+    text = rule_text(expectation)
+    rule = expectation.rule
+    used: set[int] = set()
+    cold_left = expectation.lanes
+    verdicts: list[CacheVerdict] = []
+    for rows in rungs:
+        seen = [a for a in (accounting(row) for row in rows) if a is not None]
+        if rule is None or not seen:
+            verdicts.append(CacheVerdict(rule=text))
+            continue
+        judged = sorted(
+            (
+                cached,
+                expected_cached_tokens(
+                    rule, prompt_tokens=prompt, common_prefix=prompt, n_ubatch=expectation.n_ubatch
+                ),
+                slot,
+            )
+            for prompt, cached, slot in seen
+        )
+        cold: set[int] = set()  # indices into ``judged``
+        if all(slot is not None for _, _, slot in judged):
+            for index, (_, _, slot) in enumerate(judged):
+                assert slot is not None
+                if slot not in used:
+                    used.add(slot)
+                    cold.add(index)
+        elif cold_left is not None:
+            take = min(cold_left, len(judged))
+            cold_left -= take
+            cold = set(range(take))
+        else:
+            verdicts.append(CacheVerdict(rule=text))
+            continue
+        warm = [entry for index, entry in enumerate(judged) if index not in cold]
+        expected_hits = len(warm)
+        observed_hits = sum(1 for cached, expected, _ in judged if cached >= expected)
+        verdicts.append(
+            CacheVerdict(
+                expected_hits=expected_hits,
+                observed_hits=observed_hits,
+                expected_cached_tokens=min(expected for _, expected, _ in judged),
+                observed_cached_tokens_min=min((c for c, _, _ in warm), default=None),
+                shortfall=observed_hits < expected_hits,
+                rule=text,
+            )
+        )
+    return verdicts
