@@ -741,8 +741,21 @@ def test_completed_row() -> None:
     assert decode_row_receipt(encode_receipt(receipt)) == receipt
     published = json.loads(encode_receipt(receipt))
     # One representation: a nested object, no flat status beside it.
-    assert published["correctness"] == {"status": "not-run", "reason": CORRECTNESS_NOT_BUILT}
+    assert published["correctness"] == {
+        **EMPTY_CORRECTNESS,
+        "status": "not-run",
+        "reason": CORRECTNESS_NOT_BUILT,
+    }
     assert not any(key.startswith("correctness_") for key in published)
+
+
+# The correctness members a row carries before its arm ran any topology.
+EMPTY_CORRECTNESS = {
+    "planned_topologies": [],
+    "topologies": [],
+    "prompt_sha256": None,
+    "terminal_refusal": None,
+}
 
 
 def test_row_correctness_comes_from_row_opened() -> None:
@@ -755,6 +768,7 @@ def test_row_correctness_comes_from_row_opened() -> None:
     )
     receipt = fold_row(journal(other, *records[1:]), 0)
     assert json.loads(encode_receipt(receipt))["correctness"] == {
+        **EMPTY_CORRECTNESS,
         "status": "skipped",
         "reason": "no correctness tool",
     }
