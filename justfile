@@ -82,7 +82,7 @@ lock *ARGS:
     {{venv}}/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], "pip", sep="\n")' \
         | {{venv}}/uv pip compile pyproject.toml - --extra dev --generate-hashes \
             --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
-            --custom-compile-command "just lock" --output-file requirements.lock {{ARGS}}
+            --custom-compile-command "just lock" --output-file requirements.lock --quiet {{ARGS}}
 
 # --- docs -------------------------------------------------------------------
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from cache_family.errors import Refusal
+from cache_family.errors import Refusal, Refused
+from cache_family.schemas.corpus import default_corpus_path
 
 RUNNER_ENV = "MESH_LLM_AUTOMATION_BIN"
 OPERATOR_ENV = "SKIPPY_CACHE_OPERATOR_INPUT"
@@ -171,9 +172,6 @@ def _operator_input(environ: Mapping[str, str]) -> str:
 
 
 def _corpus(environ: Mapping[str, str]) -> str:
-    from cache_family.errors import Refused
-    from cache_family.schemas.corpus import default_corpus_path
-
     chosen = environ.get(CORPUS_ENV)
     if chosen:
         return chosen  # passed verbatim: preparation and the report read and judge it
@@ -196,7 +194,7 @@ def _just(environ: Mapping[str, str]) -> str:
             "`just` is not on PATH, so the tools cannot be built",
             f"install the dev extras (`./bootstrap`), or build the tools yourself and set "
             f"{SKIP_BUILD_ENV}=1",
-            environ.get("PATH", ""),
+            f"PATH={search}",
         )
     return found
 
