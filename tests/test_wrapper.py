@@ -211,6 +211,19 @@ def test_a_run_without_production_json_stops_before_the_report(
     assert not (out / "readme-tables.md").exists()
 
 
+def test_a_preparation_without_its_prepared_input_stops_before_the_run(
+    fakes: Fakes, operator: str, tmp_path: Path
+) -> None:
+    fakes.script(no_prepared=True)
+    out = tmp_path / "out"
+    result = bench("python", base_env(fakes, operator), str(out))
+    assert result.returncode == 3
+    assert len(fakes.calls()) == 1
+    assert_failure_block(result.stderr)
+    assert f"{out}/full-input/cache-family-input.json" in result.stderr
+    assert f"read the observations and logs in {out}/full-input" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("entry", "runner"),
     [

@@ -88,6 +88,7 @@ class Step:
     next_step: str
     cwd: str | None = None
     needs: tuple[str, ...] = ()  # files a previous step must have written
+    needs_next: str = ""  # what to do when one of them is missing
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +279,7 @@ def plan_bench(
                 f"read the receipts and logs in {run_out} (`cache-family replay {run_out}` "
                 f"verifies them), fix the cause, then {fresh}",
                 needs=(prepared_json,),
+                needs_next=f"read the observations and logs in {prepared_dir}, then {fresh}",
             )
         )  # fmt: skip
     full_json = os.path.join(output, "full-gguf", PRODUCTION_JSON)
@@ -295,6 +297,8 @@ def plan_bench(
             "fix what the refusal above names, then rerun only this step: "
             + shlex.join(report_argv),
             needs=(full_json, usecase_json),
+            needs_next="this cache-family's run does not publish that file yet; "
+            "`cache-family report-run RUN_DIR` reports each run from its receipts",
         )
     )
     return BenchPlan(
@@ -391,8 +395,7 @@ def run_bench(plan: BenchPlan, environ: Mapping[str, str], out: TextIO, err: Tex
                     f"{where} not started: the previous step exited 0 but did not write "
                     f"{missing[0]}",
                     f"{os.path.dirname(missing[0])}; commands and exit codes in {log}",
-                    "this cache-family's run does not publish that file; `cache-family "
-                    f"report-run {os.path.dirname(missing[0])}` reports a run from its receipts",
+                    step.needs_next,
                 )
                 return EXIT_MISSING_OUTPUT
             print(f"bench: {where}: {shlex.join(step.argv)}", file=err, flush=True)

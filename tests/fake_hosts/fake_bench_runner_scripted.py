@@ -6,7 +6,8 @@ environment into ``calls.jsonl`` beside itself and writes the files each step wo
 arguments and exit-code propagation can be checked in seconds. ``script.json`` beside it
 injects faults: ``{"fail_call": N, "exit": CODE}`` makes the N-th call (1-based, counting
 every call of every copy in the directory) exit CODE without writing, and
-``{"no_production": true}`` makes runs exit 0 without ``production-cache-bench.json``,
+``{"no_production": true}`` makes runs exit 0 without ``production-cache-bench.json``
+(``{"no_prepared": true}``: preparations without ``cache-family-input.json``),
 and ``{"hang_call": N}`` makes the N-th call print ``scripted fake: waiting`` on stdout and
 wait for a signal (SIGTERM's default action ends it).
 Tests copy it into a temporary directory as an executable named for the role it plays.
@@ -53,6 +54,8 @@ def main() -> int:
         return 0
     os.mkdir(output)  # prepare and run both need a fresh directory
     if argv[2] in ("prepare-full", "prepare-use-cases"):
+        if script.get("no_prepared"):
+            return 0
         Path(output, "cache-family-input.json").write_text(json.dumps({"mode": argv[2]}))
     elif not script.get("no_production"):
         Path(output, "production-cache-bench.json").write_text("[]\n")
