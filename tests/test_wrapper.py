@@ -371,6 +371,18 @@ def test_a_relative_output_directory_is_made_absolute_and_may_exist(
     assert fakes.argvs()[0][6] == f"{out}/full-input"
 
 
+def test_an_output_directory_that_cannot_be_created_is_a_precondition_failure(
+    fakes: Fakes, operator: str, tmp_path: Path
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "out"
+    result = bench("python", base_env(fakes, operator), str(out))
+    assert result.returncode == 1
+    assert_failure_block(result.stderr)
+    assert f"cannot create the output directory {out}" in result.stderr
+    assert fakes.calls() == []
+
+
 def test_steps_get_an_explicit_environment(fakes: Fakes, operator: str, tmp_path: Path) -> None:
     env = base_env(fakes, operator, BENCH_TEST_SECRET="do-not-pass", LANG="C.UTF-8")
     result = bench("python", env, str(tmp_path / "out"))

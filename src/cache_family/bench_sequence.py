@@ -355,16 +355,19 @@ def _exit_code(returncode: int) -> int:
 
 
 def _log(path: str, line: str) -> None:
-    with open(path, "a", encoding="utf-8") as log:
-        log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {line}\n")
+    # The log is evidence, not a step: a full disk must not end a run it could only describe.
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {line}\n")
+    except OSError as exc:
+        print(f"bench: warning: cannot append to {path}: {exc.strerror or exc}", file=sys.stderr)
 
 
 def run_bench(plan: BenchPlan, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     """Run the steps in order, stop at the first failure with its exit code."""
+    log = os.path.join(plan.output, STEP_LOG)
     try:
         os.makedirs(plan.output, exist_ok=True)
-        log = os.path.join(plan.output, STEP_LOG)
-        _log(log, f"bench run id {plan.run_id}: {len(plan.steps)} steps into {plan.output}")
     except OSError as exc:
         _say_failed(
             err,
@@ -373,6 +376,7 @@ def run_bench(plan: BenchPlan, environ: Mapping[str, str], out: TextIO, err: Tex
             "pass a writable OUTPUT_DIR as the first argument",
         )
         return EXIT_PRECONDITION
+    _log(log, f"bench run id {plan.run_id}: {len(plan.steps)} steps into {plan.output}")
     env = step_environment(environ)
     total = len(plan.steps)
     with _Signals() as signals:
