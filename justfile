@@ -87,6 +87,16 @@ browser:
 automation-run *ARGS:
     {{venv}}/cache-family "$@"
 
+# --- setup ------------------------------------------------------------------
+
+# Re-resolve requirements.lock from PyPI (versions + hashes, Python 3.11 linux x86_64); `just lock --upgrade` moves pins.
+[group('setup')]
+lock *ARGS:
+    {{venv}}/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], "pip", sep="\n")' \
+        | {{venv}}/uv pip compile pyproject.toml - --extra dev --generate-hashes \
+            --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+            --custom-compile-command "just lock" --output-file requirements.lock --quiet {{ARGS}}
+
 # --- docs -------------------------------------------------------------------
 
 # Regenerate README.md's operator input reference from the schema.

@@ -359,6 +359,34 @@ def _add_report_run_command(sub: argparse._SubParsersAction[_Parser]) -> None:
 # --- end of cache-family report-run ------------------------------------------------------
 
 
+# --- cache-family bench (the wrapper's sequence; scripts/skippy-cache-family-bench.sh) ------
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from cache_family.bench_sequence import bench_command
+
+    return bench_command(args.output_dir)
+
+
+def _add_bench_command(sub: argparse._SubParsersAction[_Parser]) -> None:
+    bench = sub.add_parser(
+        "bench",
+        help="both matrices and their combined README tables "
+        "(the wrapper; configured by SKIPPY_CACHE_* variables, see the README)",
+    )
+    bench.add_argument(
+        "output_dir",
+        nargs="?",
+        metavar="OUTPUT_DIR",
+        type=_dir_path("OUTPUT_DIR"),
+        help="created if missing (default /tmp/skippy-cache-family-bench-<run id>)",
+    )
+    bench.set_defaults(func=_cmd_bench)
+
+
+# --- end of cache-family bench -------------------------------------------------------------
+
+
 def _available(module: str) -> bool:
     """A command appears only once the module that does its work exists."""
     import importlib.util
@@ -478,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_report_command(sub)
     _add_report_run_command(sub)
+    _add_bench_command(sub)
     return parser
 
 
