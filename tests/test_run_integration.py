@@ -152,8 +152,8 @@ def test_prepare_full_then_run_measures_both_native_arms_for_real(
     for cell in (serial, sweep):
         assert cell.synthetic and cell.evidence_class == SYNTHETIC_EVIDENCE_CLASS
         assert cell.cleanup is not None and cell.cleanup.clean
-        assert all(p.matches for p in cell.pins_before + cell.pins_after)
-        assert {p.name for p in cell.pins_before} >= {"binary", "native_build", "model"}
+        assert all(p.matches for p in cell.before_identity + cell.after_identity)
+        assert {p.name for p in cell.before_identity} >= {"binary", "native_build", "model"}
 
     read = read_journal((out / "journal.jsonl").read_bytes())
     hosts = [line.record for line in read.lines if isinstance(line.record, ChildSpawned)]

@@ -56,6 +56,7 @@ from cache_family.actors.journal import (
 )
 from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.publish import overlapping_trees, publish_fresh
+from cache_family.actors.report_files import publish_report_files
 from cache_family.actors.row import RowActor, RowResult
 from cache_family.actors.run_context import (
     Budgets,
@@ -72,6 +73,7 @@ from cache_family.schemas.journal import (
     InterruptFinishFailed,
     PlannedRowBrief,
     RunStarted,
+    UseCaseSourceBrief,
     read_journal,
 )
 from cache_family.schemas.matrix import (
@@ -204,6 +206,9 @@ class MatrixOutcome:
     status: str
     receipt: MatrixReceipt | FailedMatrix
     interrupted: bool
+    # SHA-256 of the journal's seal line, the head an auditor checks a later replay against;
+    # None when the journal could not be sealed.
+    journal_head: str | None = None
 
 
 # --- progress -----------------------------------------------------------------------------------
@@ -367,6 +372,7 @@ async def supervise(
     )
     seen = _Signals()
     receipt: MatrixReceipt | FailedMatrix | None = None
+    head: str | None = None
     originals: dict[int, SignalHandler] = {signum: signal.getsignal(signum) for signum in _SIGNALS}
     try:
         with trio.open_signal_receiver(*_SIGNALS) as signals:
@@ -378,7 +384,7 @@ async def supervise(
                         watchers.start_soon(
                             _watch_signals, signals, ctx, rows_scope, progress, seen
                         )
-                        receipt = await _run_and_publish(
+                        receipt, head = await _run_and_publish(
                             admitted, ctx, progress, rows_scope, watchers, seen, originals
                         )
                         watchers.cancel_scope.cancel()
@@ -398,7 +404,10 @@ async def supervise(
     for name in seen.late:
         progress.note(f"{name} after the matrix was folded: the run had already finished")
     return MatrixOutcome(
-        status=receipt.status, receipt=receipt, interrupted=stop.signal_name is not None
+        status=receipt.status,
+        receipt=receipt,
+        interrupted=stop.signal_name is not None,
+        journal_head=head,
     )
 
 
@@ -410,7 +419,7 @@ async def _run_and_publish(
     watchers: trio.Nursery,
     seen: _Signals,
     originals: Mapping[int, SignalHandler],
-) -> MatrixReceipt | FailedMatrix:
+) -> tuple[MatrixReceipt | FailedMatrix, str | None]:
     writer = ctx.writer
     await writer.append(_run_started(admitted))
     progress.start(ctx.run_dir)
@@ -428,18 +437,27 @@ async def _run_and_publish(
         await writer.append(InterruptFinishFailed(detail=problem[:2000]))
         progress.note(f"interrupt finish failed: {problem}")
 
-    def folding() -> None:
-        seen.folded = True
-
+    # From here on a signal changes nothing: the report files and the matrix are folded.
+    seen.folded = True
     try:
-        return await publish_matrix_receipt(writer, ctx.run_dir, on_fold=folding)
+        receipt = await finish_run(writer, ctx.run_dir)
     except BaseException as exc:
         with trio.CancelScope(shield=True):
             progress.note(f"matrix not folded: {exc!r}")
             failed = await _publish_failed(admitted, repr(exc), progress)
         if not isinstance(exc, Exception):
             raise
-        return failed
+        return failed, None
+    return receipt, writer.head_sha256
+
+
+async def finish_run(writer: JournalWriter, run_dir: str) -> MatrixReceipt:
+    """How every run (and resumed run) ends: the report files, the matrix, then the seal;
+    afterwards nothing can be appended and ``writer.head_sha256`` is the journal's head."""
+    await publish_report_files(writer, run_dir)
+    receipt = await publish_matrix_receipt(writer, run_dir)
+    await writer.seal(matrix_status=receipt.status, terminal_refusal=receipt.terminal_refusal)
+    return receipt
 
 
 async def _publish_failed(admitted: AdmittedRun, detail: str, progress: Progress) -> FailedMatrix:
@@ -512,6 +530,13 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
                 model_status=row.model_observation.status,
                 output_relative=row.output_relative,
                 synthetic=row.synthetic,
+                family=row.family,
+                model_id=row.model_id,
+                payload=row.payload,
+                stage_load_mode=row.load_mode,
+                use_case_label=row.use_case_label,
+                resident_kv_bytes_per_token=row.kv_bytes_per_token,
+                use_case_source=_use_case_source(prepared, row.use_case),
             )
             for row in prepared.rows
         ),
@@ -520,6 +545,16 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
         catalog_packaged=catalog.packaged,
         runner_pid=os.getpid(),
         runner_create_time=psutil.Process().create_time(),
+    )
+
+
+def _use_case_source(prepared: PreparedInput, key: str | None) -> UseCaseSourceBrief | None:
+    record = next((u for u in prepared.use_cases if u.key == key), None) if key else None
+    if record is None:
+        return None
+    source = record.source
+    return UseCaseSourceBrief(
+        dataset=source.dataset, config=source.config, split=source.split, row_idx=source.row_idx
     )
 
 
@@ -619,6 +654,8 @@ def run_command(input: str, output: str) -> int:
         return EXIT_INTERRUPTED
     if os.path.isfile(os.path.join(admitted.output, MATRIX_FILENAME)):
         print(final_line(admitted, outcome))
+        if outcome.journal_head is not None:
+            print(head_line(outcome.journal_head), flush=True)
     else:  # a full disk, say: the failure was reported above; name no missing file
         print(f"{outcome.status}: {unwritten_matrix(admitted, None)}")
     if outcome.interrupted:
@@ -639,6 +676,11 @@ def final_line(admitted: AdmittedRun, outcome: MatrixOutcome) -> str:
     catalog was synthetic."""
     matrix = os.path.join(admitted.output, MATRIX_FILENAME)
     return f"{outcome.status}: {matrix}{synthetic_mark(admitted.prepared.catalog.synthetic)}"
+
+
+def head_line(head: str) -> str:
+    """The run's very last line: the sealed journal's head, for the auditor's notes."""
+    return f"journal head: sha256 {head}"
 
 
 def describe_failure(exc: BaseException) -> str:
