@@ -39,7 +39,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Final, TextIO, TypeAlias
@@ -55,7 +55,7 @@ from cache_family.actors.journal import (
     publish_receipt,
 )
 from cache_family.actors.prompts import PromptSelector
-from cache_family.actors.publish import overlapping_trees, publish_fresh
+from cache_family.actors.publish import fsync_dir, overlapping_trees, publish_fresh
 from cache_family.actors.report_files import publish_report_files
 from cache_family.actors.row import RowActor, RowResult
 from cache_family.actors.run_context import (
@@ -72,6 +72,7 @@ from cache_family.schemas.journal import (
     DeadlineExpired,
     InterruptFinishFailed,
     PlannedRowBrief,
+    RunResumed,
     RunStarted,
     UseCaseSourceBrief,
     read_journal,
@@ -342,8 +343,23 @@ class _Signals:
     late: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class Resumption:
+    """What ``run --resume`` decided before the run continues (``actors/resume.py``): the
+    ``run_resumed`` record to journal first, the rows kept as they are, and the moves of the
+    rerun rows' directories (and the interrupted segment's report files) to perform once
+    that record is durable."""
+
+    record: RunResumed
+    kept_rows: frozenset[int]
+    moves: tuple[tuple[str, str], ...] = ()
+
+
 async def supervise(
-    admitted: AdmittedRun, hosts: HostSettings | None = None, progress: Progress | None = None
+    admitted: AdmittedRun,
+    hosts: HostSettings | None = None,
+    progress: Progress | None = None,
+    resumption: Resumption | None = None,
 ) -> MatrixOutcome:
     """Run every row in order under the run's budgets and signals; publish the matrix.
 
@@ -356,7 +372,7 @@ async def supervise(
     progress = progress or Progress(
         sys.stderr, len(prepared.rows), synthetic=prepared.catalog.synthetic
     )
-    writer = JournalWriter(journal_path(run_dir))
+    writer = JournalWriter(journal_path(run_dir), resume=resumption is not None)
     stop = RunStop(run_deadline=trio.current_time() + prepared.execution_seconds)
     ctx = RunContext(
         writer=writer,
@@ -385,8 +401,9 @@ async def supervise(
                             _watch_signals, signals, ctx, rows_scope, progress, seen
                         )
                         receipt, head = await _run_and_publish(
-                            admitted, ctx, progress, rows_scope, watchers, seen, originals
-                        )
+                            admitted, ctx, progress, rows_scope, watchers, seen, originals,
+                            resumption,
+                        )  # fmt: skip
                         watchers.cancel_scope.cancel()
                 finally:
                     with trio.CancelScope(shield=True):
@@ -419,14 +436,21 @@ async def _run_and_publish(
     watchers: trio.Nursery,
     seen: _Signals,
     originals: Mapping[int, SignalHandler],
+    resumption: Resumption | None,
 ) -> tuple[MatrixReceipt | FailedMatrix, str | None]:
     writer = ctx.writer
-    await writer.append(_run_started(admitted))
+    results: dict[int, RowResult] = {}
+    if resumption is None:
+        await writer.append(_run_started(admitted))
+    else:
+        await writer.append(resumption.record)
+        await trio.to_thread.run_sync(_move_aside, ctx.run_dir, resumption.moves)
+        for index in resumption.kept_rows:
+            results[index] = RowResult(index=index, status="kept", launched=False)
     progress.start(ctx.run_dir)
     # The deadline stops rows only: unreached rows and the matrix are journaled regardless.
     deadline_scope = trio.CancelScope()
     watchers.start_soon(_watch_deadline, ctx, rows_scope, progress, deadline_scope)
-    results: dict[int, RowResult] = {}
     with rows_scope:
         await _rows(admitted, ctx, progress, results)
     deadline_scope.cancel()
@@ -497,6 +521,16 @@ async def publish_matrix_receipt(
     return receipt
 
 
+def _move_aside(run_dir: str, moves: Sequence[tuple[str, str]]) -> None:
+    """Move an interrupted segment's files aside (relative source, relative target)."""
+    for source, target in moves:
+        path = os.path.join(run_dir, source)
+        if os.path.lexists(path):
+            os.makedirs(os.path.dirname(os.path.join(run_dir, target)), exist_ok=True)
+            os.rename(path, os.path.join(run_dir, target))
+    fsync_dir(run_dir)
+
+
 async def _journal_unreached(
     admitted: AdmittedRun, ctx: RunContext, results: dict[int, RowResult]
 ) -> None:
@@ -562,6 +596,8 @@ async def _rows(
     admitted: AdmittedRun, ctx: RunContext, progress: Progress, results: dict[int, RowResult]
 ) -> None:
     for row in admitted.prepared.rows:
+        if row.index in results:
+            continue  # kept by a resume
         progress.row_started(row)
         started = trio.current_time()
         actor = RowActor(row, admitted.prepared, ctx, admitted.prompts)
@@ -631,10 +667,15 @@ def run_command(input: str, output: str) -> int:
         for refusal in refused.refusals:
             print(f"refused: {refusal.line()}", file=sys.stderr)
         return EXIT_REFUSED
+    return supervise_command(admitted)
+
+
+def supervise_command(admitted: AdmittedRun, resumption: Resumption | None = None) -> int:
+    """Supervise an admitted run (fresh, or resumed) and print its last lines; the exit code."""
     synthetic = admitted.prepared.catalog.synthetic
     progress = progress_for(sys.stderr, len(admitted.prepared.rows), synthetic=synthetic)
     try:
-        outcome = trio.run(supervise, admitted, None, progress)
+        outcome = trio.run(supervise, admitted, None, progress, resumption)
     except BaseException as exc:
         if not is_interrupt(exc):
             raise
