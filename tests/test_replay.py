@@ -21,7 +21,7 @@ from cache_family.actors.journal import (
     publish_cell_receipt,
     publish_row_receipt,
 )
-from cache_family.actors.matrix import finish_run, publish_matrix_receipt
+from cache_family.actors.matrix import finish_run
 from cache_family.actors.replay import replay, replay_command
 from cache_family.cli import main as cli_main
 from cache_family.schemas.journal import (
