@@ -37,7 +37,7 @@ from cache_family.schemas.journal import (
     read_journal,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
-from cache_family.schemas.production import PRODUCTION_JSON
+from cache_family.schemas.production import PRODUCTION_JSON, PRODUCTION_MD
 from test_replay import build_run, journal_lines, write_lines
 from test_run_integration import CLI, cli, operator_for
 from test_run_signals import poll_journal_until, wait_exit
@@ -244,3 +244,66 @@ async def test_resume_after_sigkill_keeps_the_finished_row_and_replays_identical
     )  # fmt: skip
     assert again.returncode == 2 and "run.resume.finished" in again.stderr
     assert os.path.getsize(out / "journal.jsonl") == len((out / "journal.jsonl").read_bytes())
+
+
+# --- a run stopped by SIGINT (sealed with its terminal refusal), then resumed ----------------
+
+
+async def test_resume_after_sigint_continues_the_sealed_interrupted_run(tmp_path: Path) -> None:
+    """The cancelled segment is sealed with ``cancelled``; resume may continue it: the row is
+    re-run afresh (the old cancellation no longer applies), the old matrix and report files
+    move aside, and replay checks both segments and both seals."""
+    from test_run_budgets import make_prepared
+    from test_run_signals import Fifo, behave, logs_dir, start_run
+
+    prepared = make_prepared(tmp_path / "p")
+    fifo = Fifo(tmp_path / "notify")
+    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path))
+    out = tmp_path / "out"
+    process = await start_run(prepared, out, logs_dir(tmp_path))
+    try:
+        assert (await fifo.next_line()).startswith("stream ")
+        process.send_signal(signal.SIGINT)
+        assert await wait_exit(process) == 130
+    finally:
+        fifo.close()
+        if process.returncode is None:
+            process.kill()
+    [seal] = records(out, JournalSealed)
+    assert seal.terminal_refusal == "cancelled" and seal.matrix_status == "incomplete"
+    old_matrix = (out / MATRIX_FILENAME).read_bytes()
+
+    behave(prepared)  # the host answers at once this time
+    resumed = await trio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [str(CLI), "run", "--resume", str(out)],
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+            capture_output=True, text=True, timeout=600, check=False,
+        )
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    [resume] = records(out, RunResumed)
+    # Row 0 is re-run; the others were journaled with their model missing, nothing to run.
+    assert resume.rerun_rows == (0,) and 0 not in resume.kept_rows
+    assert set(resume.moved) == {"cell-0000", MATRIX_FILENAME, PRODUCTION_JSON, PRODUCTION_MD}
+    assert (out / resume.superseded_dir / MATRIX_FILENAME).read_bytes() == old_matrix
+    matrix = json.loads((out / MATRIX_FILENAME).read_bytes())
+    assert matrix["status"] == "completed" and matrix["terminal_refusal"] is None
+    assert len(records(out, JournalSealed)) == 2
+    report = replay(str(out))
+    assert report.exit_code == 0, report.lines
+    assert f"{resume.superseded_dir}/{MATRIX_FILENAME}" in report.identical
+
+
+def test_replay_regenerates_the_run_report_written_into_the_run(tmp_path: Path) -> None:
+    from cache_family.cli import main as cli_main
+
+    build_run(tmp_path)
+    assert cli_main(["report-run", str(tmp_path)]) == 0
+    report = replay(str(tmp_path))
+    assert report.exit_code == 0 and "report.md" in report.identical
+    assert "report.html" in report.identical
+    page = tmp_path / "report.md"
+    page.write_bytes(page.read_bytes().replace(b"Run `", b"Run  `", 1))
+    edited = replay(str(tmp_path))
+    assert edited.exit_code == 1 and edited.mismatched == ["report.md"]
