@@ -59,7 +59,10 @@ def test_a_finished_journal_ends_with_its_seal_and_replays(tmp_path: Path) -> No
     assert isinstance(seal, JournalSealed) and seal.terminal_refusal is None
     assert seal.head_sha256 == hashlib.sha256(lines[-2]).hexdigest()
     assert seal.through_seq == len(lines) - 1 and seal.matrix_status == "completed"
-    assert replay(str(tmp_path)).exit_code == 0
+    report = replay(str(tmp_path))
+    assert report.exit_code == 0
+    head = hashlib.sha256(lines[-1]).hexdigest()
+    assert f"journal: sealed at seq {len(lines)}, head sha256 {head}" in report.lines
 
 
 def test_an_edit_of_the_last_line_that_keeps_its_fields_is_detected(tmp_path: Path) -> None:

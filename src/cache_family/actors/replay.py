@@ -9,12 +9,20 @@
 3. Every ``cell.json`` / ``row.json`` under the run directory, and the run's
    ``cache-family-matrix.json``, must be accounted for by the journal; one that is not means
    the journal lost its tail (or the file was planted, or the run's pipeline itself failed).
-4. ``--reap`` ends every journaled child that is still alive with the same pid AND create time
+4. The seal: a finished journal ends with ``journal_sealed``, whose digest covers every byte
+   before it and its own line; a broken seal, or a record after a seal other than
+   ``run_resumed``, differs, and a journal without a final seal did not finish. The head
+   (the SHA-256 of the last line) is printed for comparison with the run's own last line.
+   A ``run_resumed`` record starts a new segment: each receipt is re-folded with the journal
+   as it stood at its publication, and one that the resume moved aside is compared under
+   its ``superseded/attempt-N/`` path. When ``cache-family report-run`` wrote its files into
+   the run directory, they are regenerated from the receipts and compared too.
+5. ``--reap`` ends every journaled child that is still alive with the same pid AND create time
    (and that process's descendants): SIGTERM, a bounded grace, then SIGKILL. A pid now used by a
    different process is left alone. While the run's own runner (journaled in ``run_started``)
    is alive, ``--reap`` is refused (``replay.reap.run_alive``, exit 2) and nothing is touched.
 
-5. The run must have finished: a journal without the matrix's ``receipt_published`` record, or
+6. The run must have finished: a journal without the matrix's ``receipt_published`` record, or
    with a cell or row (one with a directory) opened but never published, is a run that was
    killed or crashed; replay names the first such cell or row and the last trusted seq. The
    receipts that do exist are still compared and listed.
@@ -149,9 +157,15 @@ def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> Re
     else:
         report.say(f"journal: {len(read.lines)} lines, hash chain intact (sha256 {raw.sha256})")
 
-    for problem in seal_problems(raw.data, read):
+    problems = seal_problems(raw.data, read)
+    for problem in problems:
         report.differs = True
         report.say(f"journal: seal broken: {problem}")
+    if read.lines and isinstance(read.lines[-1].record, JournalSealed) and not problems:
+        # The head the run printed as its last line: an auditor compares the two.
+        report.say(
+            f"journal: sealed at seq {read.last_seq}, head sha256 {read.line_sha256s[-1]}"
+        )
     journaled = _compare_published(report, root, read.lines)
     _account_for_files(report, root, journaled, read.last_seq)
     _compare_run_report(report, root)

@@ -11,6 +11,8 @@ Layout of ``journal.jsonl`` (one per run directory)::
 * ``mono_ns`` is the writer's monotonic clock (trio's clock in a run) and ``wall_ns`` the wall
   clock, both in integer nanoseconds so that no float formatting question ever arises.
 * ``record`` is one member of :data:`Record`, tagged by its ``type`` field.
+* A finished journal ends with ``journal_sealed`` (see :class:`JournalSealed`); only a
+  ``run_resumed`` may follow a seal, starting the next segment of the same chain.
 
 Evolution rule: records are frozen and keyword-only; a new field gets a default and goes last;
 no field is renamed, retyped or reordered; a new record type gets a new tag. An older reader
