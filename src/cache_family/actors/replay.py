@@ -163,9 +163,7 @@ def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> Re
         report.say(f"journal: seal broken: {problem}")
     if read.lines and isinstance(read.lines[-1].record, JournalSealed) and not problems:
         # The head the run printed as its last line: an auditor compares the two.
-        report.say(
-            f"journal: sealed at seq {read.last_seq}, head sha256 {read.line_sha256s[-1]}"
-        )
+        report.say(f"journal: sealed at seq {read.last_seq}, head sha256 {read.line_sha256s[-1]}")
     journaled = _compare_published(report, root, read.lines)
     _account_for_files(report, root, journaled, read.last_seq)
     _compare_run_report(report, root)
