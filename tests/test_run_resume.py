@@ -310,3 +310,24 @@ def test_replay_regenerates_the_run_report_written_into_the_run(tmp_path: Path) 
     page.write_bytes(page.read_bytes().replace(b"Run `", b"Run  `", 1))
     edited = replay(str(tmp_path))
     assert edited.exit_code == 1 and edited.mismatched == ["report.md"]
+
+
+def test_the_run_command_takes_either_resume_or_input_and_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cache_family.cli import main as cli_main
+
+    build_run(tmp_path)
+    with pytest.raises(SystemExit) as both:
+        cli_main(["run", "--resume", str(tmp_path), "--output", str(tmp_path / "x")])
+    assert both.value.code == 2
+    assert "refused: cli.usage at --resume: --resume continues a run" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as neither:
+        cli_main(["run"])
+    assert neither.value.code == 2
+    assert "give --input and --output (or --resume RUN_DIR)" in capsys.readouterr().err
+    # A finished run: refused through the command line too, nothing appended.
+    before = (tmp_path / "journal.jsonl").read_bytes()
+    assert cli_main(["run", "--resume", str(tmp_path)]) == 2
+    assert "refused: run.resume.finished" in capsys.readouterr().err
+    assert (tmp_path / "journal.jsonl").read_bytes() == before
