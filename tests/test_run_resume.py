@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 import pytest
 import trio
@@ -331,3 +332,49 @@ def test_the_run_command_takes_either_resume_or_input_and_output(
     assert cli_main(["run", "--resume", str(tmp_path)]) == 2
     assert "refused: run.resume.finished" in capsys.readouterr().err
     assert (tmp_path / "journal.jsonl").read_bytes() == before
+
+
+def crashed_after_row_0(tmp_path: Path) -> Path:
+    """A run of two rows (FAKE hosts) whose journal is cut right after row 0 finished, as a
+    runner killed then leaves it; the dead runner is journaled without an identity."""
+    from cache_family.schemas.journal import ReceiptPublished, Transition
+    from test_run_budgets import FakeHostScript, make_prepared, run
+
+    prepared = make_prepared(tmp_path / "p", keys=("qwen3_dense", "llama"))
+    out = tmp_path / "out"
+    trio.run(run, prepared, out, FakeHostScript())
+    lines = [decode_line(line) for line in journal_lines(out)]
+    published = next(
+        i
+        for i, line in enumerate(lines)
+        if isinstance(line.record, ReceiptPublished) and line.record.row_index == 0
+    )
+    done = lines[published + 1].record
+    assert isinstance(done, Transition) and done.to_state == "done"
+    chain = JournalChain()
+    data = b""
+    for line in lines[: published + 2]:
+        record = line.record
+        if isinstance(record, RunStarted):
+            record = msgspec.structs.replace(record, runner_pid=None, runner_create_time=None)
+        data += chain.line(record, mono_ns=line.mono_ns, wall_ns=line.wall_ns)[1]
+    (out / "journal.jsonl").write_bytes(data)
+    for name in (MATRIX_FILENAME, PRODUCTION_JSON, PRODUCTION_MD):
+        (out / name).unlink()
+    return out
+
+
+def test_resume_keeps_a_completed_row_only_while_its_pins_verify(tmp_path: Path) -> None:
+    out = crashed_after_row_0(tmp_path)
+    _, resumption, notes = plan_resumption(str(out))
+    assert resumption.record.kept_rows == (0,) and resumption.record.rerun_rows[0] == 1
+    assert resumption.moves[0] == ("cell-0001", "superseded/attempt-1/cell-0001")
+    assert any(note.startswith("resume: keeping rows [0]") for note in notes)
+    # The server binary of the kept row's host profile changed since: the row is re-run.
+    server = tmp_path / "p" / "tools" / "fake-llama-server"
+    server.write_bytes(server.read_bytes() + b"\n# changed after the run\n")
+    _, drifted, _ = plan_resumption(str(out))
+    assert 0 in drifted.record.rerun_rows and 0 not in drifted.record.kept_rows
+    assert drifted.record.detail == "pins changed for rows [0]; re-run"
+    # Nothing was moved or appended while deciding.
+    assert (out / "cell-0001").is_dir() and not (out / "superseded").exists()

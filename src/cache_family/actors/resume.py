@@ -12,11 +12,12 @@ Admission (refusals exit 2, nothing is touched):
 Then the journaled children still alive are reaped (replay's reap), and every planned row is
 kept or re-run. A row is kept when its model was missing (nothing to run) or when its last
 ``row.json`` publication folds to ``completed``, every receipt it published is on disk with
-the journaled bytes, and the native profile's pins (binary, build tree, model and shards,
-toolkits) still hash to the prepared values. Every other row is re-run: its directory is moved
-to ``superseded/attempt-N/`` (with the interrupted segment's matrix and report files), and
-``run_resumed`` starts a new segment of the same hash-chained journal (see ``states/fold.py``),
-so replay of the resumed run reproduces every receipt, the superseded ones included.
+the journaled bytes, and the pins of its case's host profiles (server binaries, build tree,
+model and shards, toolkits) still hash to the prepared values. Every other row is re-run:
+its directory is moved to ``superseded/attempt-N/`` (with the interrupted segment's matrix
+and report files), and ``run_resumed`` starts a new segment of the same hash-chained journal
+(see ``states/fold.py``), so replay of the resumed run reproduces every receipt, the
+superseded ones included.
 """
 
 from __future__ import annotations
@@ -128,10 +129,17 @@ def _published_intact(run_dir: str, records: list[ReceiptPublished]) -> bool:
 
 
 def _row_targets(prepared: PreparedInput, key: str) -> tuple[PinTarget, ...]:
+    """The pins of every host profile of the row's case (native, old and new servers), each
+    target once."""
     profiles = prepared.profile(key)
-    if profiles is None or profiles.native is None:
+    if profiles is None:
         return ()
-    return pin_targets(profiles.native)
+    targets: dict[tuple[str, str], PinTarget] = {}
+    for profile in (profiles.native, profiles.old, profiles.new):
+        if profile is not None:
+            for target in pin_targets(profile):
+                targets.setdefault((target.path, target.expected_sha256), target)
+    return tuple(targets.values())
 
 
 def _completed_rows(
