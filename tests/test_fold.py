@@ -93,8 +93,8 @@ def test_complete_concurrent_cell() -> None:
     assert receipt.host is not None and receipt.host.pid == 4242
     assert receipt.readiness.ready and receipt.readiness.marker_seen
     assert receipt.readiness.port == 18080
-    assert [p.name for p in receipt.pins_before] == ["binary", "model"]
-    assert all(p.matches for p in receipt.pins_after)
+    assert [p.name for p in receipt.before_identity] == ["binary", "model"]
+    assert all(p.matches for p in receipt.after_identity)
     assert receipt.cleanup is not None and receipt.cleanup.clean
     rungs = receipt.measurement.rungs
     assert receipt.measurement.complete and [r.concurrency for r in rungs] == [1, 2]
@@ -130,7 +130,7 @@ def test_pin_mismatch_before_launch_fails_without_launching() -> None:
     assert receipt.host is None and receipt.cleanup is None
     assert receipt.lifecycle == ("pin-verify", "not-launched", "finalize")
     assert "pin_mismatch" in fault_kinds(receipt)
-    assert not receipt.pins_before[1].matches
+    assert not receipt.before_identity[1].matches
 
 
 @pytest.mark.parametrize(
@@ -949,16 +949,22 @@ def test_receipts_of_a_real_catalog_carry_no_synthetic_label() -> None:
     assert (cell.synthetic, cell.evidence_class) == (False, None)
     assert (row.synthetic, row.evidence_class) == (False, None)
     # New members go last, after every member older readers know.
-    for receipt in (cell, row):
-        published = list(json.loads(encode_receipt(receipt)))
-        assert published[-2:] == ["synthetic", "evidence_class"]
+    published = list(json.loads(encode_receipt(cell)))
+    assert published[-2:] == ["synthetic", "evidence_class"]
+    published = list(json.loads(encode_receipt(row)))
+    assert published[-4:] == ["synthetic", "evidence_class", "producer_report_row", "promotion"]
     matrix = fold_matrix(JournalIndex(lines), through_seq=lines[-1].seq)
     assert matrix.scope == MATRIX_SCOPE and SYNTHETIC_EVIDENCE_CLASS not in matrix.scope
     assert matrix.catalog == MatrixCatalog(
         path="/pkg/catalog.json", sha256="2" * 64, synthetic=False, packaged=True
     )
     assert [r.synthetic for r in matrix.rows] == [False]
-    assert list(json.loads(encode_matrix(matrix)))[-1] == "catalog"
+    assert list(json.loads(encode_matrix(matrix)))[-4:] == [
+        "catalog",
+        "report_error",
+        "report",
+        "report_input",
+    ]
 
 
 def test_a_synthetic_catalog_labels_every_receipt_level() -> None:

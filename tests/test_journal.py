@@ -618,6 +618,10 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     # Re-published by issue 8 as custody's one cleanup record (journals before it do not replay).
     "cleanup_outcome": ("cell_id", "cleanup"),
     "receipt_published": ("scope", "cell_id", "row_index", "path", "sha256", "through_seq"),
+    # Issue 10: resume and the seal.
+    "run_resumed": ("resumed_after_seq",),
+    "report_failed": ("path",),
+    "journal_sealed": ("through_seq", "head_sha256"),
 }
 
 

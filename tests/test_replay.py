@@ -21,7 +21,7 @@ from cache_family.actors.journal import (
     publish_cell_receipt,
     publish_row_receipt,
 )
-from cache_family.actors.matrix import publish_matrix_receipt
+from cache_family.actors.matrix import finish_run
 from cache_family.actors.replay import replay, replay_command
 from cache_family.cli import main as cli_main
 from cache_family.schemas.journal import (
@@ -34,6 +34,7 @@ from cache_family.schemas.journal import (
     encode_journal,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME, MATRIX_SCOPE_SYNTHETIC, decode_matrix
+from cache_family.schemas.production import PRODUCTION_JSON, PRODUCTION_MD
 from cache_family.schemas.receipts import SYNTHETIC_EVIDENCE_CLASS
 from cache_family.states.cell import CellEvent, RowEvent
 from cache_family.states.fold import REFOLDERS, JournalIndex, register_refolder
@@ -81,7 +82,7 @@ def build_run(run_dir: Path, *, drift: bool = False, synthetic: bool = False) ->
             await publish_row_receipt(writer, str(run_dir), 0, "cell-0000/row.json")
             row.fire(RowEvent.RECEIPT_PUBLISHED)
             await writer.append(row.records[-1])
-            await publish_matrix_receipt(writer, str(run_dir))
+            await finish_run(writer, str(run_dir))
             await writer.aclose()
 
     trio.run(main)
@@ -111,7 +112,8 @@ def test_untouched_run_replays_identically(
     assert "hash chain intact" in out
     assert out.count("identical cell-0000/") == 3
     assert f"identical {MATRIX_FILENAME}" in out
-    assert "replay: identical (4 identical, 0 differing)" in out
+    assert f"identical {PRODUCTION_JSON}" in out and f"identical {PRODUCTION_MD}" in out
+    assert "replay: identical (6 identical, 0 differing)" in out
     row = json.loads((run_dir / "cell-0000/row.json").read_text())
     assert row["status"] == "completed" and row["receipt"] == "row"
     cell = json.loads((run_dir / "cell-0000/native-serial/cell.json").read_text())
@@ -145,7 +147,7 @@ def test_drifted_run_still_replays_identically(tmp_path: Path) -> None:
 def test_synthetic_run_replays_identically_and_an_erased_label_differs(tmp_path: Path) -> None:
     build_run(tmp_path, synthetic=True)
     verdict = replay(str(tmp_path))
-    assert verdict.exit_code == 0 and len(verdict.identical) == 4
+    assert verdict.exit_code == 0 and len(verdict.identical) == 6
     published = [
         tmp_path / "cell-0000/native-serial/cell.json",
         tmp_path / "cell-0000/native-concurrent/cell.json",
@@ -189,7 +191,7 @@ def test_edited_matrix_receipt_differs(run_dir: Path, capsys: pytest.CaptureFixt
     assert "planned_cells" in out
     report = replay(str(run_dir))
     assert report.mismatched == [MATRIX_FILENAME]
-    assert len(report.identical) == 3  # the cell and row receipts are untouched
+    assert len(report.identical) == 5  # the cell, row and report files are untouched
 
 
 def test_matrix_published_with_a_matching_sha_but_a_different_fold_differs(
@@ -230,11 +232,11 @@ def test_matrix_published_with_a_matching_sha_but_a_different_fold_differs(
 
 def test_unjournaled_matrix_is_not_accounted_for(run_dir: Path) -> None:
     lines = journal_lines(run_dir)
-    assert b'"scope":"matrix"' in lines[-1]
-    write_lines(run_dir, lines[:-1])  # the matrix's publication record is lost
+    assert b'"scope":"matrix"' in lines[-2] and b'"journal_sealed"' in lines[-1]
+    write_lines(run_dir, lines[:-2])  # the matrix's publication record and the seal are lost
     report = replay(str(run_dir))
     assert report.exit_code == 1 and report.mismatched == [MATRIX_FILENAME]
-    assert len(report.identical) == 3
+    assert len(report.identical) == 5
     # The matrix was folded through the line before its own publication, which is still
     # trusted: nothing says a line is missing, only that no record accounts for the file.
     assert report.first_bad_seq is None
@@ -337,7 +339,8 @@ def test_a_run_killed_mid_ladder_did_not_finish(
     assert out[-2] == (
         f"replay: run did not finish: cell cell-0000/native-concurrent opened at seq {opened + 1}"
         " never published its receipt; row 0 opened at seq 2 never published its receipt; no "
-        f"{MATRIX_FILENAME} was published (the trusted journal ends at seq {opened + 3})"
+        f"{MATRIX_FILENAME} was published; the journal is not sealed (the trusted journal ends "
+        f"at seq {opened + 3})"
     )
     assert out[-1] == "replay: UNFINISHED (1 identical, 0 differing)"
 
@@ -349,15 +352,15 @@ def test_a_row_that_never_published_is_unfinished_even_with_a_matrix(tmp_path: P
             await nursery.start(writer.run)
             await writer.append(run_started())
             await writer.append(row_records(0, [ArmPlan(arm="native-serial")]))
-            await publish_matrix_receipt(writer, str(tmp_path))
+            await finish_run(writer, str(tmp_path))
             await writer.aclose()
 
     trio.run(main)
     report = replay(str(tmp_path))
-    assert report.identical == [MATRIX_FILENAME] and not report.differs
-    assert report.exit_code == 1
+    assert report.identical == [PRODUCTION_JSON, PRODUCTION_MD, MATRIX_FILENAME]
+    assert not report.differs and report.exit_code == 1
     assert report.unfinished == (
-        "row 0 opened at seq 2 never published its receipt (the trusted journal ends at seq 3)"
+        "row 0 opened at seq 2 never published its receipt (the trusted journal ends at seq 6)"
     )
     # A finished run with the same shape replays identically (no false alarm).
     finished = tmp_path / "finished"

@@ -397,7 +397,7 @@ async def test_a_published_row_leaves_the_writers_index_and_the_matrix_still_fol
     writers: list[JournalWriter] = []
     monkeypatch.setattr(
         "cache_family.actors.matrix.JournalWriter",
-        lambda path: writers.append(JournalWriter(path)) or writers[-1],
+        lambda path, **options: writers.append(JournalWriter(path, **options)) or writers[-1],
     )
     out = tmp_path / "out"
     prepared = make_prepared(tmp_path / "p", keys=("qwen3_dense", "llama"))
@@ -554,9 +554,9 @@ async def test_pin_drift_before_launch_launches_nothing(
     serial = cell(out, "native-serial")
     assert serial.status == "failed" and serial.host is None
     assert serial.lifecycle == ("pin-verify", "not-launched", "finalize")
-    assert [p.name for p in serial.pins_before if not p.matches] == ["model"]
+    assert [p.name for p in serial.before_identity if not p.matches] == ["model"]
     concurrent = cell(out, "sweep-native-concurrent")
-    assert [p.name for p in concurrent.pins_before if not p.matches] == ["native_build"]
+    assert [p.name for p in concurrent.before_identity if not p.matches] == ["native_build"]
     assert script.launched == [] and script.cleaned == []  # nothing launched, nothing ended
     assert records(out, RequestOutcome) == []
     # Nothing was ended, so the receipts claim no cleanup at all.

@@ -104,7 +104,11 @@ def test_prepare_full_then_run_measures_both_native_arms_for_real(
 ) -> None:
     out, ran = prepare_then_run(native_parts, tmp_path, ["llama"], "prepare-full")
     # The zoo's catalog is synthetic: the progress, the last line and every receipt say so.
-    assert ran.stdout.startswith("completed: ") and ran.stdout.rstrip().endswith("(synthetic)")
+    final, head = ran.stdout.splitlines()
+    assert final.startswith("completed: ") and final.endswith("(synthetic)")
+    # The last line is the sealed journal's head: the SHA-256 of its last line.
+    last_line = (out / "journal.jsonl").read_bytes().splitlines()[-1]
+    assert head == f"journal head: sha256 {hashlib.sha256(last_line).hexdigest()}"
     assert "(synthetic)" in ran.stderr
 
     matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
@@ -120,6 +124,11 @@ def test_prepare_full_then_run_measures_both_native_arms_for_real(
     correctness = json.loads((row_dir / "row.json").read_bytes())["correctness"]
     assert correctness["status"] == "not-run" and correctness["topologies"] == []
     assert correctness["reason"] == "correctness arm not built yet"
+    # The row's report entry, as production-cache-bench.json holds it.
+    production = json.loads((out / "production-cache-bench.json").read_bytes())
+    assert production == [json.loads((row_dir / "row.json").read_bytes())["producer_report_row"]]
+    assert production[0]["skippy"] == {"status": "unmeasured"}
+    assert production[0]["llama_server"]["status"] == "ok" and production[0]["synthetic"] is True
     assert [(o.arm, o.status) for o in row.observations] == [
         ("native-serial", "completed"),
         ("native-concurrent", "completed"),
@@ -153,8 +162,8 @@ def test_prepare_full_then_run_measures_both_native_arms_for_real(
     for cell in (serial, sweep):
         assert cell.synthetic and cell.evidence_class == SYNTHETIC_EVIDENCE_CLASS
         assert cell.cleanup is not None and cell.cleanup.clean
-        assert all(p.matches for p in cell.pins_before + cell.pins_after)
-        assert {p.name for p in cell.pins_before} >= {"binary", "native_build", "model"}
+        assert all(p.matches for p in cell.before_identity + cell.after_identity)
+        assert {p.name for p in cell.before_identity} >= {"binary", "native_build", "model"}
 
     read = read_journal((out / "journal.jsonl").read_bytes())
     hosts = [line.record for line in read.lines if isinstance(line.record, ChildSpawned)]

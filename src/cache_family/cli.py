@@ -213,6 +213,15 @@ def _cmd_prepare_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    parser: _Parser = args.parser
+    if args.resume is not None:
+        if args.input is not None or args.output is not None:
+            parser.refuse("--resume", "--resume continues a run: give no --input or --output")
+        from cache_family.actors.resume import resume_command
+
+        return resume_command(args.resume)
+    if args.input is None or args.output is None:
+        parser.refuse("--input", "give --input and --output (or --resume RUN_DIR)")
     from cache_family.actors.matrix import run_command
 
     return run_command(args.input, args.output)
@@ -477,7 +486,6 @@ def build_parser() -> argparse.ArgumentParser:
         run = sub.add_parser("run", help="run every prepared row and publish journaled receipts")
         run.add_argument(
             "--input",
-            required=True,
             action=_Once,
             type=_file_path("--input"),
             metavar="PREPARED_JSON",
@@ -485,12 +493,18 @@ def build_parser() -> argparse.ArgumentParser:
         )
         run.add_argument(
             "--output",
-            required=True,
             action=_Once,
             type=_dir_path("--output"),
             metavar="ABS_FRESH_DIR",
         )
-        run.set_defaults(func=_cmd_run)
+        run.add_argument(
+            "--resume",
+            action=_Once,
+            type=_dir_path("--resume"),
+            metavar="RUN_DIR",
+            help="continue an interrupted or crashed run in RUN_DIR (instead of --input/--output)",
+        )
+        run.set_defaults(func=_cmd_run, parser=run)
 
     if _available("cache_family.actors.replay"):
         replay = sub.add_parser(

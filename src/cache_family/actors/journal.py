@@ -36,6 +36,7 @@ from cache_family.schemas.journal import (
     JOURNAL_FILENAME,
     JournalChain,
     JournalLine,
+    JournalSealed,
     ReceiptPublished,
     Record,
     decode_line,
@@ -98,6 +99,9 @@ class JournalWriter:
         self._batch_max = batch_max
         self._resume = resume
         self._chain = JournalChain()
+        # Every byte written so far, for the seal (``seal``).
+        self._bytes_digest = hashlib.sha256()
+        self.head_sha256: str | None = None
         self._next_seq = 1
         self._written_seq = 0
         self._durable_seq = 0
@@ -183,8 +187,41 @@ class JournalWriter:
         await self._finished.wait()
         self._raise_if_failed()
 
+    async def seal(self, *, matrix_status: str | None, terminal_refusal: str | None) -> str:
+        """Write everything queued, then the ``journal_sealed`` line, fsynced; nothing can be
+        appended afterwards. Returns the SHA-256 of the seal line: the journal's head."""
+        through = await self.sync()
+        self._state = "sealed"
+        record = JournalSealed(
+            through_seq=through,
+            head_sha256=self._chain.prev,
+            matrix_status=matrix_status,
+            terminal_refusal=terminal_refusal,
+        )
+        line, data = self._chain.seal(
+            record, self._bytes_digest, mono_ns=self._monotonic_ns(), wall_ns=self._wall_ns()
+        )
+        self._next_seq += 1
+        with trio.CancelScope(shield=True):
+            try:
+                await trio.to_thread.run_sync(self._write, data, True)
+            except OSError as exc:
+                self._failure = exc
+                self._raise_if_failed()
+        self.index.add(line)
+        self._written_seq = self._durable_seq = line.seq
+        self.head_sha256 = self._chain.prev
+        return self._chain.prev
+
     def _enqueue(self, record: Record, done: trio.Event | None) -> int:
         self._raise_if_failed()
+        if self._state == "sealed":
+            raise Refused.one(
+                "journal.sealed",
+                "$.journal",
+                f"journal {self.path} is sealed; {type(record).__name__} not written",
+                "nothing is appended after the seal; resume the run to continue it",
+            )
         if self._state not in ("created", "running"):
             raise Refused.one(
                 "journal.closed",
@@ -329,6 +366,7 @@ class JournalWriter:
             raise Refused(tuple(problems))
         for line in read.lines:
             self.index.add(line)
+        self._bytes_digest.update(raw.data)
         last = read.last_seq
         self._chain = JournalChain(
             next_seq=last + 1, prev=read.line_sha256s[-1] if read.line_sha256s else self._chain.prev
@@ -340,6 +378,7 @@ class JournalWriter:
         fd = self._fd
         if fd is None:
             raise OSError("journal file is not open")
+        self._bytes_digest.update(data)
         view = memoryview(data)
         while view:
             written = os.write(fd, view)

@@ -39,7 +39,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Final, TextIO, TypeAlias
@@ -55,7 +55,8 @@ from cache_family.actors.journal import (
     publish_receipt,
 )
 from cache_family.actors.prompts import PromptSelector
-from cache_family.actors.publish import overlapping_trees, publish_fresh
+from cache_family.actors.publish import fsync_dir, overlapping_trees, publish_fresh
+from cache_family.actors.report_files import publish_report_files
 from cache_family.actors.row import RowActor, RowResult
 from cache_family.actors.run_context import (
     Budgets,
@@ -71,7 +72,9 @@ from cache_family.schemas.journal import (
     DeadlineExpired,
     InterruptFinishFailed,
     PlannedRowBrief,
+    RunResumed,
     RunStarted,
+    UseCaseSourceBrief,
     read_journal,
 )
 from cache_family.schemas.matrix import (
@@ -204,6 +207,9 @@ class MatrixOutcome:
     status: str
     receipt: MatrixReceipt | FailedMatrix
     interrupted: bool
+    # SHA-256 of the journal's seal line, the head an auditor checks a later replay against;
+    # None when the journal could not be sealed.
+    journal_head: str | None = None
 
 
 # --- progress -----------------------------------------------------------------------------------
@@ -337,8 +343,23 @@ class _Signals:
     late: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class Resumption:
+    """What ``run --resume`` decided before the run continues (``actors/resume.py``): the
+    ``run_resumed`` record to journal first, the rows kept as they are, and the moves of the
+    rerun rows' directories (and the interrupted segment's report files) to perform once
+    that record is durable."""
+
+    record: RunResumed
+    kept_rows: frozenset[int]
+    moves: tuple[tuple[str, str], ...] = ()
+
+
 async def supervise(
-    admitted: AdmittedRun, hosts: HostSettings | None = None, progress: Progress | None = None
+    admitted: AdmittedRun,
+    hosts: HostSettings | None = None,
+    progress: Progress | None = None,
+    resumption: Resumption | None = None,
 ) -> MatrixOutcome:
     """Run every row in order under the run's budgets and signals; publish the matrix.
 
@@ -351,7 +372,7 @@ async def supervise(
     progress = progress or Progress(
         sys.stderr, len(prepared.rows), synthetic=prepared.catalog.synthetic
     )
-    writer = JournalWriter(journal_path(run_dir))
+    writer = JournalWriter(journal_path(run_dir), resume=resumption is not None)
     stop = RunStop(run_deadline=trio.current_time() + prepared.execution_seconds)
     ctx = RunContext(
         writer=writer,
@@ -367,6 +388,7 @@ async def supervise(
     )
     seen = _Signals()
     receipt: MatrixReceipt | FailedMatrix | None = None
+    head: str | None = None
     originals: dict[int, SignalHandler] = {signum: signal.getsignal(signum) for signum in _SIGNALS}
     try:
         with trio.open_signal_receiver(*_SIGNALS) as signals:
@@ -378,9 +400,10 @@ async def supervise(
                         watchers.start_soon(
                             _watch_signals, signals, ctx, rows_scope, progress, seen
                         )
-                        receipt = await _run_and_publish(
-                            admitted, ctx, progress, rows_scope, watchers, seen, originals
-                        )
+                        receipt, head = await _run_and_publish(
+                            admitted, ctx, progress, rows_scope, watchers, seen, originals,
+                            resumption,
+                        )  # fmt: skip
                         watchers.cancel_scope.cancel()
                 finally:
                     with trio.CancelScope(shield=True):
@@ -398,7 +421,10 @@ async def supervise(
     for name in seen.late:
         progress.note(f"{name} after the matrix was folded: the run had already finished")
     return MatrixOutcome(
-        status=receipt.status, receipt=receipt, interrupted=stop.signal_name is not None
+        status=receipt.status,
+        receipt=receipt,
+        interrupted=stop.signal_name is not None,
+        journal_head=head,
     )
 
 
@@ -410,14 +436,21 @@ async def _run_and_publish(
     watchers: trio.Nursery,
     seen: _Signals,
     originals: Mapping[int, SignalHandler],
-) -> MatrixReceipt | FailedMatrix:
+    resumption: Resumption | None,
+) -> tuple[MatrixReceipt | FailedMatrix, str | None]:
     writer = ctx.writer
-    await writer.append(_run_started(admitted))
+    results: dict[int, RowResult] = {}
+    if resumption is None:
+        await writer.append(_run_started(admitted))
+    else:
+        await writer.append(resumption.record)
+        await trio.to_thread.run_sync(_move_aside, ctx.run_dir, resumption.moves)
+        for index in resumption.kept_rows:
+            results[index] = RowResult(index=index, status="kept", launched=False)
     progress.start(ctx.run_dir)
     # The deadline stops rows only: unreached rows and the matrix are journaled regardless.
     deadline_scope = trio.CancelScope()
     watchers.start_soon(_watch_deadline, ctx, rows_scope, progress, deadline_scope)
-    results: dict[int, RowResult] = {}
     with rows_scope:
         await _rows(admitted, ctx, progress, results)
     deadline_scope.cancel()
@@ -428,18 +461,27 @@ async def _run_and_publish(
         await writer.append(InterruptFinishFailed(detail=problem[:2000]))
         progress.note(f"interrupt finish failed: {problem}")
 
-    def folding() -> None:
-        seen.folded = True
-
+    # From here on a signal changes nothing: the report files and the matrix are folded.
+    seen.folded = True
     try:
-        return await publish_matrix_receipt(writer, ctx.run_dir, on_fold=folding)
+        receipt = await finish_run(writer, ctx.run_dir)
     except BaseException as exc:
         with trio.CancelScope(shield=True):
             progress.note(f"matrix not folded: {exc!r}")
             failed = await _publish_failed(admitted, repr(exc), progress)
         if not isinstance(exc, Exception):
             raise
-        return failed
+        return failed, None
+    return receipt, writer.head_sha256
+
+
+async def finish_run(writer: JournalWriter, run_dir: str) -> MatrixReceipt:
+    """How every run (and resumed run) ends: the report files, the matrix, then the seal;
+    afterwards nothing can be appended and ``writer.head_sha256`` is the journal's head."""
+    await publish_report_files(writer, run_dir)
+    receipt = await publish_matrix_receipt(writer, run_dir)
+    await writer.seal(matrix_status=receipt.status, terminal_refusal=receipt.terminal_refusal)
+    return receipt
 
 
 async def _publish_failed(admitted: AdmittedRun, detail: str, progress: Progress) -> FailedMatrix:
@@ -479,6 +521,16 @@ async def publish_matrix_receipt(
     return receipt
 
 
+def _move_aside(run_dir: str, moves: Sequence[tuple[str, str]]) -> None:
+    """Move an interrupted segment's files aside (relative source, relative target)."""
+    for source, target in moves:
+        path = os.path.join(run_dir, source)
+        if os.path.lexists(path):
+            os.makedirs(os.path.dirname(os.path.join(run_dir, target)), exist_ok=True)
+            os.rename(path, os.path.join(run_dir, target))
+    fsync_dir(run_dir)
+
+
 async def _journal_unreached(
     admitted: AdmittedRun, ctx: RunContext, results: dict[int, RowResult]
 ) -> None:
@@ -512,6 +564,13 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
                 model_status=row.model_observation.status,
                 output_relative=row.output_relative,
                 synthetic=row.synthetic,
+                family=row.family,
+                model_id=row.model_id,
+                payload=row.payload,
+                stage_load_mode=row.load_mode,
+                use_case_label=row.use_case_label,
+                resident_kv_bytes_per_token=row.kv_bytes_per_token,
+                use_case_source=_use_case_source(prepared, row.use_case),
             )
             for row in prepared.rows
         ),
@@ -523,10 +582,22 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
     )
 
 
+def _use_case_source(prepared: PreparedInput, key: str | None) -> UseCaseSourceBrief | None:
+    record = next((u for u in prepared.use_cases if u.key == key), None) if key else None
+    if record is None:
+        return None
+    source = record.source
+    return UseCaseSourceBrief(
+        dataset=source.dataset, config=source.config, split=source.split, row_idx=source.row_idx
+    )
+
+
 async def _rows(
     admitted: AdmittedRun, ctx: RunContext, progress: Progress, results: dict[int, RowResult]
 ) -> None:
     for row in admitted.prepared.rows:
+        if row.index in results:
+            continue  # kept by a resume
         progress.row_started(row)
         started = trio.current_time()
         actor = RowActor(row, admitted.prepared, ctx, admitted.prompts)
@@ -596,10 +667,15 @@ def run_command(input: str, output: str) -> int:
         for refusal in refused.refusals:
             print(f"refused: {refusal.line()}", file=sys.stderr)
         return EXIT_REFUSED
+    return supervise_command(admitted)
+
+
+def supervise_command(admitted: AdmittedRun, resumption: Resumption | None = None) -> int:
+    """Supervise an admitted run (fresh, or resumed) and print its last lines; the exit code."""
     synthetic = admitted.prepared.catalog.synthetic
     progress = progress_for(sys.stderr, len(admitted.prepared.rows), synthetic=synthetic)
     try:
-        outcome = trio.run(supervise, admitted, None, progress)
+        outcome = trio.run(supervise, admitted, None, progress, resumption)
     except BaseException as exc:
         if not is_interrupt(exc):
             raise
@@ -619,6 +695,8 @@ def run_command(input: str, output: str) -> int:
         return EXIT_INTERRUPTED
     if os.path.isfile(os.path.join(admitted.output, MATRIX_FILENAME)):
         print(final_line(admitted, outcome))
+        if outcome.journal_head is not None:
+            print(head_line(outcome.journal_head), flush=True)
     else:  # a full disk, say: the failure was reported above; name no missing file
         print(f"{outcome.status}: {unwritten_matrix(admitted, None)}")
     if outcome.interrupted:
@@ -639,6 +717,11 @@ def final_line(admitted: AdmittedRun, outcome: MatrixOutcome) -> str:
     catalog was synthetic."""
     matrix = os.path.join(admitted.output, MATRIX_FILENAME)
     return f"{outcome.status}: {matrix}{synthetic_mark(admitted.prepared.catalog.synthetic)}"
+
+
+def head_line(head: str) -> str:
+    """The run's very last line: the sealed journal's head, for the auditor's notes."""
+    return f"journal head: sha256 {head}"
 
 
 def describe_failure(exc: BaseException) -> str:

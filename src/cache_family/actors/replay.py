@@ -9,12 +9,20 @@
 3. Every ``cell.json`` / ``row.json`` under the run directory, and the run's
    ``cache-family-matrix.json``, must be accounted for by the journal; one that is not means
    the journal lost its tail (or the file was planted, or the run's pipeline itself failed).
-4. ``--reap`` ends every journaled child that is still alive with the same pid AND create time
+4. The seal: a finished journal ends with ``journal_sealed``, whose digest covers every byte
+   before it and its own line; a broken seal, or a record after a seal other than
+   ``run_resumed``, differs, and a journal without a final seal did not finish. The head
+   (the SHA-256 of the last line) is printed for comparison with the run's own last line.
+   A ``run_resumed`` record starts a new segment: each receipt is re-folded with the journal
+   as it stood at its publication, and one that the resume moved aside is compared under
+   its ``superseded/attempt-N/`` path. When ``cache-family report-run`` wrote its files into
+   the run directory, they are regenerated from the receipts and compared too.
+5. ``--reap`` ends every journaled child that is still alive with the same pid AND create time
    (and that process's descendants): SIGTERM, a bounded grace, then SIGKILL. A pid now used by a
    different process is left alone. While the run's own runner (journaled in ``run_started``)
    is alive, ``--reap`` is refused (``replay.reap.run_alive``, exit 2) and nothing is touched.
 
-5. The run must have finished: a journal without the matrix's ``receipt_published`` record, or
+6. The run must have finished: a journal without the matrix's ``receipt_published`` record, or
    with a cell or row (one with a directory) opened but never published, is a run that was
    killed or crashed; replay names the first such cell or row and the last trusted seq. The
    receipts that do exist are still compared and listed.
@@ -31,7 +39,7 @@ import hashlib
 import importlib
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TextIO
@@ -41,16 +49,21 @@ import psutil
 
 from cache_family.actors.journal import JOURNAL_READ_LIMIT
 from cache_family.errors import Refusal, Refused
+from cache_family.report.run import read_run
+from cache_family.report.run_report import MARKDOWN_NAME, render_run_report
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.journal import (
     JOURNAL_FILENAME,
     CellOpened,
     ChildSpawned,
     JournalLine,
+    JournalSealed,
     ReceiptPublished,
     RowOpened,
+    RunResumed,
     RunStarted,
     read_journal,
+    seal_problems,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.states.fold import JournalIndex, refold
@@ -65,7 +78,7 @@ CREATE_TIME_TOLERANCE_S: Final = 0.01
 # Pure modules that register refolders for further receipt scopes (states.fold.REFOLDERS).
 # Every one is imported before replaying: a missing module is a broken install, never a
 # reason to leave a published receipt (the matrix) unchecked.
-REFOLD_MODULES: Final = ("cache_family.states.matrix",)
+REFOLD_MODULES: Final = ("cache_family.states.matrix", "cache_family.actors.report_files")
 
 
 @dataclass
@@ -119,7 +132,7 @@ def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> Re
         _unreadable(report, read.unknown_types)
         return report
     if reap:
-        _refuse_reaping_a_live_run(read.lines)
+        refuse_while_runner_lives(read.lines)
     if not read.lines and read.chain_break is None:
         _unreadable(
             report,
@@ -144,12 +157,19 @@ def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> Re
     else:
         report.say(f"journal: {len(read.lines)} lines, hash chain intact (sha256 {raw.sha256})")
 
-    index = JournalIndex(read.lines)
-    journaled = _compare_published(report, root, index, read.lines)
+    problems = seal_problems(raw.data, read)
+    for problem in problems:
+        report.differs = True
+        report.say(f"journal: seal broken: {problem}")
+    if read.lines and isinstance(read.lines[-1].record, JournalSealed) and not problems:
+        # The head the run printed as its last line: an auditor compares the two.
+        report.say(f"journal: sealed at seq {read.last_seq}, head sha256 {read.line_sha256s[-1]}")
+    journaled = _compare_published(report, root, read.lines)
     _account_for_files(report, root, journaled, read.last_seq)
+    _compare_run_report(report, root)
     report.unfinished = _unfinished(read.lines)
     if reap:
-        _reap(report, read.lines, reap_grace_s)
+        reap_children(report, read.lines, reap_grace_s)
     if report.unfinished is not None:
         report.say(f"replay: run did not finish: {report.unfinished}")
     verdict = {EXIT_IDENTICAL: "identical", EXIT_DIFFERS: "DIFFERS", EXIT_UNREADABLE: "UNREADABLE"}
@@ -162,18 +182,58 @@ def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> Re
     return report
 
 
+def _compare_run_report(report: ReplayReport, root: str) -> None:
+    """When ``cache-family report-run`` wrote its files into the run directory, regenerate
+    them from the receipts (its defaults) and compare byte for byte."""
+    if not os.path.lexists(os.path.join(root, MARKDOWN_NAME)):
+        return
+    try:
+        files = render_run_report(read_run(root))
+    except Refused as refused:
+        report.differs = True
+        report.say(f"DIFFERS run report: cannot be regenerated: {refused}")
+        return
+    for relative, expected in files.items():
+        try:
+            on_disk = read_bounded(
+                os.path.join(root, relative), RECEIPT_READ_LIMIT, what="report file"
+            ).data
+        except Refused as refused:
+            report.differs = True
+            report.mismatched.append(relative)
+            report.say(f"DIFFERS {relative} (run report): {refused}")
+            continue
+        if on_disk == expected:
+            report.identical.append(relative)
+            report.say(f"identical {relative} (run report)")
+        else:
+            report.differs = True
+            report.mismatched.append(relative)
+            report.say(f"DIFFERS {relative} (run report): {_first_difference(expected, on_disk)}")
+
+
 def _unfinished(lines: tuple[JournalLine, ...]) -> str | None:
     """Why the trusted journal is not that of a finished run, or None: the matrix was never
     published, or a cell or a row with a directory was opened and never published its receipt
     (a row journaled without a directory, never launched, has no receipt to publish). Names the
     first such cell and the first such row: the cell is where the run was when it stopped."""
     opened: dict[tuple[str, str], int] = {}
+    rows_of_cells: dict[str, int] = {}
     published: set[tuple[str, str]] = set()
     matrix_published = False
     for line in lines:
         record = line.record
-        if isinstance(record, CellOpened):
+        if isinstance(record, RunResumed):
+            # The resumed segment re-runs these rows and publishes its own matrix.
+            rerun = {str(index) for index in record.rerun_rows}
+            for key in list(opened):
+                row = str(rows_of_cells.get(key[1], "")) if key[0] == "cell" else key[1]
+                if row in rerun:
+                    del opened[key]
+            matrix_published = False
+        elif isinstance(record, CellOpened):
             opened.setdefault(("cell", record.cell_id), line.seq)
+            rows_of_cells[record.cell_id] = record.row_index
         elif isinstance(record, RowOpened) and record.row_dir:
             opened.setdefault(("row", str(record.row_index)), line.seq)
         elif isinstance(record, ReceiptPublished):
@@ -198,6 +258,8 @@ def _unfinished(lines: tuple[JournalLine, ...]) -> str | None:
             problems.append(f"{kind} {name} opened at seq {seq} never published its receipt")
     if not matrix_published:
         problems.append(f"no {MATRIX_FILENAME} was published")
+    if not lines or not isinstance(lines[-1].record, JournalSealed):
+        problems.append("the journal is not sealed")
     if not problems:
         return None
     last_seq = lines[-1].seq if lines else 0
@@ -210,16 +272,32 @@ def _unreadable(report: ReplayReport, refusals: Iterable[Refusal]) -> None:
         report.say(f"unreadable: {refusal.line()}")
 
 
-def _compare_published(
-    report: ReplayReport, root: str, index: JournalIndex, lines: tuple[JournalLine, ...]
-) -> set[str]:
+def _superseded_path(path: str, seq: int, resumes: list[tuple[int, RunResumed]]) -> str:
+    """Where a receipt published at ``seq`` lies now: under the superseded directory of the
+    first later resume that moved it aside, else where it was published."""
+    for resumed_at, resumed in resumes:
+        if resumed_at <= seq:
+            continue
+        for moved in resumed.moved:
+            if path == moved or path.startswith(moved.rstrip("/") + "/"):
+                return f"{resumed.superseded_dir}/{path}"
+    return path
+
+
+def _compare_published(report: ReplayReport, root: str, lines: tuple[JournalLine, ...]) -> set[str]:
+    """Re-fold every publication with the journal as it stood when it was published (a later
+    ``run_resumed`` changes what later folds see, never what an earlier one saw)."""
     journaled: set[str] = set()
+    resumes = [(line.seq, line.record) for line in lines if isinstance(line.record, RunResumed)]
+    index = JournalIndex()
     for line in lines:
+        index.add(line)
         record = line.record
         if not isinstance(record, ReceiptPublished):
             continue
-        journaled.add(os.path.normpath(record.path))
-        name = f"{record.path} (seq {line.seq}, through {record.through_seq})"
+        where = _superseded_path(record.path, line.seq, resumes)
+        journaled.add(os.path.normpath(where))
+        name = f"{where} (seq {line.seq}, through {record.through_seq})"
         try:
             expected = refold(index, record)
         except Refused as refused:
@@ -230,7 +308,7 @@ def _compare_published(
                 report.mismatched.append(record.path)
                 report.say(f"DIFFERS {name}: cannot be re-folded: {refused}")
             continue
-        on_disk = _read_receipt(report, root, record.path, name)
+        on_disk = _read_receipt(report, root, where, name)
         if on_disk is None:
             continue
         disk_sha = hashlib.sha256(on_disk).hexdigest()
@@ -243,10 +321,10 @@ def _compare_published(
             )
         if problems:
             report.differs = True
-            report.mismatched.append(record.path)
+            report.mismatched.append(where)
             report.say(f"DIFFERS {name}: " + "; ".join(problems))
         else:
-            report.identical.append(record.path)
+            report.identical.append(where)
             report.say(f"identical {name}")
     return journaled
 
@@ -323,7 +401,7 @@ def _receipt_files(root: str) -> Iterator[str]:
 # --- reaping -------------------------------------------------------------------------------
 
 
-def _refuse_reaping_a_live_run(lines: tuple[JournalLine, ...]) -> None:
+def refuse_while_runner_lives(lines: Sequence[JournalLine]) -> None:
     """Refuse --reap while the process that ran the journal's run is still alive.
 
     Its hosts are not orphans then: they are the run's own, mid-ladder, and reaping them
@@ -331,9 +409,10 @@ def _refuse_reaping_a_live_run(lines: tuple[JournalLine, ...]) -> None:
     (different create time) is gone; journals from before the runner was recorded carry no
     identity and are reaped as before.
     """
+    run_id = next((ln.record.run_id for ln in lines if isinstance(ln.record, RunStarted)), "")
     for line in lines:
         started = line.record
-        if not isinstance(started, RunStarted) or started.runner_pid is None:
+        if not isinstance(started, RunStarted | RunResumed) or started.runner_pid is None:
             continue
         if started.runner_create_time is None or not _alive_as(
             started.runner_pid, started.runner_create_time
@@ -342,7 +421,7 @@ def _refuse_reaping_a_live_run(lines: tuple[JournalLine, ...]) -> None:
         raise Refused.one(
             "replay.reap.run_alive",
             f"$.journal[seq {line.seq}].runner_pid",
-            f"run {started.run_id} is still going: its runner, pid {started.runner_pid}, "
+            f"run {run_id} is still going: its runner, pid {started.runner_pid}, "
             "is alive, so its hosts are not orphans",
             "let the run finish, or stop it with Ctrl-C / SIGTERM (it cleans up its hosts); "
             "reap only a run whose runner has died",
@@ -360,11 +439,13 @@ def _alive_as(pid: int, create_time: float) -> bool:
         return True  # cannot tell: a process we may not inspect is not ours to reap around
 
 
-def _reap(report: ReplayReport, lines: tuple[JournalLine, ...], grace_s: float) -> None:
+def reap_children(report: ReplayReport, lines: Sequence[JournalLine], grace_s: float) -> list[int]:
+    """End every journaled child still alive as itself (and its descendants); the pids
+    signalled. Call only once ``refuse_while_runner_lives`` passed."""
     spawned = [line.record for line in lines if isinstance(line.record, ChildSpawned)]
     if not spawned:
         report.say("reap: the journal records no child process")
-        return
+        return []
     targets: dict[int, psutil.Process] = {}
     for child in spawned:
         label = f"pid {child.pid} ({child.role}, cell {child.cell_id or '-'})"
@@ -390,7 +471,7 @@ def _reap(report: ReplayReport, lines: tuple[JournalLine, ...], grace_s: float) 
         except psutil.NoSuchProcess:
             pass
     if not targets:
-        return
+        return []
     for process in targets.values():
         _signal(report, process, "SIGTERM", process.terminate)
     _, alive = psutil.wait_procs(list(targets.values()), timeout=grace_s)
@@ -404,6 +485,7 @@ def _reap(report: ReplayReport, lines: tuple[JournalLine, ...], grace_s: float) 
         report.say(f"reap: killed with SIGKILL after {grace_s:g} s: {sorted(p.pid for p in alive)}")
         if still:
             report.say(f"reap: STILL ALIVE after SIGKILL: {sorted(p.pid for p in still)}")
+    return sorted(targets)
 
 
 def _signal(

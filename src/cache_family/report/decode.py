@@ -87,8 +87,12 @@ class Reader:
             for refusal in refused.refusals:
                 self.sink.add(refusal)
             return False, None
+        return self.parse(raw.data)
+
+    def parse(self, data: bytes) -> tuple[bool, Any]:
+        """``(True, value)`` of UTF-8 JSON bytes, or ``(False, None)`` after a refusal."""
         try:
-            return True, json.loads(raw.data.decode("utf-8"), object_pairs_hook=_object)
+            return True, json.loads(data.decode("utf-8"), object_pairs_hook=_object)
         except UnicodeDecodeError as exc:
             self.refuse("report.json", [], f"{self.what} is not UTF-8 (byte {exc.start})")
         except json.JSONDecodeError as exc:

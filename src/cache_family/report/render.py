@@ -253,13 +253,34 @@ def _code_span(text: str) -> str:
     return text.replace("`", "'").replace("\n", " ").replace("\r", " ")
 
 
+# The matrix note's lines 2 to 4 and the first sources line: the combined report's wording,
+# and the in-run producer's, whose settings and corpus come from each row's own plan.
+_MATRIX_SETTINGS: Final = (
+    "the same requested prefix tokens, one generated token, Skippy",
+    "`--runtime-lane-count 1`, llama-server `--parallel 1`, and the same full-GGUF",
+    "family set as the table above. Values are Skippy warm-hit latency speedup over",
+)
+_PRODUCER_MATRIX_SETTINGS: Final = (
+    "the prefix tokens, one generated token, Skippy runtime lanes and llama-server",
+    "parallelism that each row's owning plan and profile set, and the same full-GGUF",
+    "family set as the table above. Values are Skippy warm-hit latency speedup over",
+)
+PRODUCER_SOURCES_LINE: Final = (
+    "Prompt sources come from the owning plan's selected corpus, with source"
+)
+
+
 def render_report(
     rows: Sequence[ReportRow],
     sources: Sequence[SourceEntry],
     corpus_shown: str,
     refusals: Refusals,
+    *,
+    producer: bool = False,
 ) -> str:
-    """The report text (ending in one newline); overflows go to ``refusals``."""
+    """The report text (ending in one newline); overflows go to ``refusals``. ``producer``:
+    the in-run variant a run writes as ``production-cache-bench.md`` (``corpus_shown`` is
+    then not used)."""
     ordered = sorted(rows, key=lambda row: _rank(row.family, FAMILY_ORDER))
 
     def has_case(row: ReportRow) -> bool:
@@ -281,16 +302,16 @@ def render_report(
         "### Use-Case Benchmark Matrix",
         "",
         "This matrix uses one Hugging Face-sourced representative prompt per use case,",
-        "the same requested prefix tokens, one generated token, Skippy",
-        "`--runtime-lane-count 1`, llama-server `--parallel 1`, and the same full-GGUF",
-        "family set as the table above. Values are Skippy warm-hit latency speedup over",
+        *(_PRODUCER_MATRIX_SETTINGS if producer else _MATRIX_SETTINGS),
         "llama-server warm-cache latency. DeepSeek3 stays in the package-only section",
         "because there is no practical local full-GGUF llama-server baseline for that",
         "artifact.",
         "",
         _matrix(matrix),
         "",
-        f"Prompt sources are checked in at `{_code_span(corpus_shown)}` with source",
+        PRODUCER_SOURCES_LINE
+        if producer
+        else f"Prompt sources are checked in at `{_code_span(corpus_shown)}` with source",
         "dataset metadata:",
         "",
         _sources(sources),

@@ -144,25 +144,41 @@ def read_rows(inputs: Sequence[str], refusals: Refusals) -> list[ReportRow]:
             )
         )
     rows: list[ReportRow] = []
-    total = 0
     for file in inputs:
         reader = Reader(file, what="report input", sink=refusals)
         ok, document = reader.load(MAX_INPUT_BYTES)
-        if not ok:
-            continue
-        if not isinstance(document, list):
-            reader.wrong([], "an array of rows", document)
-            continue
-        total += len(document)
-        if total > MAX_ROWS:
-            reader.refuse(
-                "report.too_many_rows",
-                [],
-                f"this file brings the rows to {total}, more than {MAX_ROWS} in all",
-            )
+        if ok and not _document_rows(reader, file, document, rows):
             break
-        for index, value in enumerate(document):
-            row = _row(reader, file, index, value)
-            if row is not None:
-                rows.append(row)
     return rows
+
+
+def rows_from_bytes(file: str, data: bytes, refusals: Refusals) -> list[ReportRow]:
+    """The rows of one file's bytes (the run's own production-cache-bench.json, before or
+    without writing it), read exactly as ``read_rows`` reads a file; the caller bounds the
+    size."""
+    rows: list[ReportRow] = []
+    reader = Reader(file, what="report input", sink=refusals)
+    ok, document = reader.parse(data)
+    if ok:
+        _document_rows(reader, file, document, rows)
+    return rows
+
+
+def _document_rows(reader: Reader, file: str, document: Any, rows: list[ReportRow]) -> bool:
+    """Append the document's rows; False once the rows in all exceed ``MAX_ROWS``."""
+    if not isinstance(document, list):
+        reader.wrong([], "an array of rows", document)
+        return True
+    total = len(rows) + len(document)
+    if total > MAX_ROWS:
+        reader.refuse(
+            "report.too_many_rows",
+            [],
+            f"this file brings the rows to {total}, more than {MAX_ROWS} in all",
+        )
+        return False
+    for index, value in enumerate(document):
+        row = _row(reader, file, index, value)
+        if row is not None:
+            rows.append(row)
+    return True

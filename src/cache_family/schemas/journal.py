@@ -11,6 +11,8 @@ Layout of ``journal.jsonl`` (one per run directory)::
 * ``mono_ns`` is the writer's monotonic clock (trio's clock in a run) and ``wall_ns`` the wall
   clock, both in integer nanoseconds so that no float formatting question ever arises.
 * ``record`` is one member of :data:`Record`, tagged by its ``type`` field.
+* A finished journal ends with ``journal_sealed`` (see :class:`JournalSealed`); only a
+  ``run_resumed`` may follow a seal, starting the next segment of the same chain.
 
 Evolution rule: records are frozen and keyword-only; a new field gets a default and goes last;
 no field is renamed, retyped or reordered; a new record type gets a new tag. An older reader
@@ -55,6 +57,15 @@ class ArmPlan(msgspec.Struct, frozen=True, kw_only=True):
     reason: str | None = None
 
 
+class UseCaseSourceBrief(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a use case's prompt came from (the report's prompt-sources table)."""
+
+    dataset: str | None = None
+    config: str | None = None
+    split: str | None = None
+    row_idx: int | None = None
+
+
 class PlannedRowBrief(msgspec.Struct, frozen=True, kw_only=True):
     """One planned row as ``run_started`` names it, so the journal alone holds the whole plan."""
 
@@ -66,6 +77,15 @@ class PlannedRowBrief(msgspec.Struct, frozen=True, kw_only=True):
     output_relative: str
     # The row's preset is from a synthetic (zoo) catalog: plumbing evidence only.
     synthetic: bool = False
+    # What the row's production-cache-bench.json entry names (the plan cell's effective
+    # catalog case and use case). Journals written before these were recorded read as empty.
+    family: str = ""
+    model_id: str = ""
+    payload: str = ""
+    stage_load_mode: str = ""
+    use_case_label: str | None = None
+    resident_kv_bytes_per_token: int | None = None
+    use_case_source: UseCaseSourceBrief | None = None
 
 
 # --- run level ---------------------------------------------------------------------------
@@ -308,6 +328,55 @@ class ReceiptPublished(_Record, tag="receipt_published", frozen=True, kw_only=Tr
     through_seq: int
 
 
+class RunResumed(_Record, tag="run_resumed", frozen=True, kw_only=True):
+    """``cache-family run --resume`` continued this journal after its runner stopped.
+
+    Starts a new segment: the lines of every row in ``rerun_rows`` (and of its cells) and the
+    run-wide cancellations, deadline expiries and interrupt failures before this record stop
+    counting for anything folded after it; the rows in ``kept_rows`` keep their receipts. The
+    directories of rerun rows were moved under ``superseded_dir`` (``moved`` names them).
+    """
+
+    durable: ClassVar[bool] = True
+    resumed_after_seq: int
+    kept_rows: tuple[int, ...] = ()
+    rerun_rows: tuple[int, ...] = ()
+    superseded_dir: str = ""
+    moved: tuple[str, ...] = ()
+    runner_pid: int | None = None
+    runner_create_time: float | None = None
+    # Journaled children of the stopped runner that were still alive and were ended.
+    reaped_pids: tuple[int, ...] = ()
+    # Bytes of a torn last line (the runner died mid-write) cut off before resuming.
+    torn_tail_bytes: int = 0
+    detail: str = ""
+
+
+class ReportFailed(_Record, tag="report_failed", frozen=True, kw_only=True):
+    """A report file of the run (``production-cache-bench.json`` / ``.md``) was not written."""
+
+    durable: ClassVar[bool] = True
+    path: str
+    detail: str = ""
+
+
+class JournalSealed(_Record, tag="journal_sealed", frozen=True, kw_only=True):
+    """The last line of a finished journal (segment), anchoring every byte before it.
+
+    ``digest`` is the SHA-256 of the journal's bytes before this line followed by this line's
+    own bytes with ``digest`` empty, so an edit of any earlier line or of this one is found;
+    ``head_sha256`` is the previous line's SHA-256 (its ``prev``). Only ``run_resumed`` may
+    follow a seal.
+    """
+
+    durable: ClassVar[bool] = True
+    through_seq: int
+    head_sha256: str
+    matrix_status: str | None = None
+    terminal_refusal: str | None = None
+    digest: str = ""
+
+
 Record: TypeAlias = (
     RunStarted
     | Cancellation
@@ -328,6 +397,9 @@ Record: TypeAlias = (
     | Fault
     | CleanupOutcome
     | ReceiptPublished
+    | RunResumed
+    | ReportFailed
+    | JournalSealed
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.
@@ -397,8 +469,77 @@ class JournalChain:
         self.next_seq += 1
         return line, data + b"\n"
 
+    def seal(
+        self, record: JournalSealed, before: hashlib._Hash, *, mono_ns: int, wall_ns: int
+    ) -> tuple[JournalLine, bytes]:
+        """Chain the seal line; ``before`` hashes every journal byte before it."""
+        blank = JournalLine(
+            seq=self.next_seq,
+            mono_ns=mono_ns,
+            wall_ns=wall_ns,
+            prev=self.prev,
+            record=msgspec.structs.replace(record, digest=""),
+        )
+        sealed = msgspec.structs.replace(record, digest=seal_digest(before, blank))
+        return self.line(sealed, mono_ns=mono_ns, wall_ns=wall_ns)
+
     def __repr__(self) -> str:
         return f"<JournalChain next_seq={self.next_seq} prev={self.prev[:12]}…>"
+
+
+def seal_digest(before: hashlib._Hash, line: JournalLine) -> str:
+    """The digest a seal line holds: the bytes before it, then its own with ``digest`` empty."""
+    record = line.record
+    if not isinstance(record, JournalSealed):
+        raise TypeError(f"not a seal line: {type(record).__name__}")
+    digest = before.copy()
+    digest.update(encode_line(msgspec.structs.replace(line, record=_unsigned(record))))
+    return digest.hexdigest()
+
+
+def _unsigned(record: JournalSealed) -> JournalSealed:
+    return msgspec.structs.replace(record, digest="")
+
+
+def seal_problems(data: bytes, read: JournalRead) -> list[str]:
+    """What is wrong with the seals of a journal's trusted lines (empty when all hold).
+
+    Every ``journal_sealed`` must hold the digest of the bytes before it and of its own line,
+    name its predecessor as its head, be written canonically, and be followed by nothing but a
+    ``run_resumed`` (a later segment) or the end of the journal.
+    """
+    problems: list[str] = []
+    running = hashlib.sha256()
+    offset = 0
+    after_seal: JournalLine | None = None
+    for line in read.lines:
+        end = data.index(b"\n", offset)
+        raw = data[offset:end]
+        record = line.record
+        if after_seal is not None and not isinstance(record, RunResumed):
+            problems.append(
+                f"seq {line.seq}: a {_tag(record)} record follows the seal at seq "
+                f"{after_seal.seq}; only run_resumed may"
+            )
+        after_seal = None
+        if isinstance(record, JournalSealed):
+            after_seal = line
+            if encode_line(line) != raw:
+                problems.append(f"seq {line.seq}: the seal line is not in its canonical form")
+            elif seal_digest(running, line) != record.digest:
+                problems.append(
+                    f"seq {line.seq}: the seal's digest does not match the journal's bytes (an "
+                    "earlier line or the seal itself was edited)"
+                )
+            if record.head_sha256 != line.prev or record.through_seq != line.seq - 1:
+                problems.append(f"seq {line.seq}: the seal names another head than its line")
+        running.update(data[offset : end + 1])
+        offset = end + 1
+    return problems
+
+
+def _tag(record: Record) -> str:
+    return str(type(record).__struct_config__.tag)
 
 
 def encode_journal(

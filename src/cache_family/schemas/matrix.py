@@ -8,17 +8,20 @@ Shape (reference §5/§6, native arms only for now)::
                "result": {"status", "evidence"} | {"status": "missing-model", "launched": false}
                          | {"status", "reason"},
                "synthetic": bool}],
-     "promotion": null, "terminal_refusal": "cancelled" (only when set),
+     "promotion": null, "terminal_refusal": null | "cancelled" | ...,
      "journal_through_seq": N,
-     "catalog": {"path", "sha256", "synthetic", "packaged"}}
+     "catalog": {"path", "sha256", "synthetic", "packaged"},
+     "report_error": null | "why the report files were not written",
+     "report": "production-cache-bench.md" | null,
+     "report_input": "production-cache-bench.json" | null}
 
 A synthetic catalog (the tiny random-weight zoo) marks every row ``synthetic`` and adds the
 synthetic evidence class to ``scope``: such figures are never performance claims.
 
 Encoded like the other receipts: struct fields in definition order, two-space indent, one
-trailing newline; members whose value is "not set" (``None`` defaults) are left out, so a
-result carries exactly the members its kind needs. Evolution rule: new fields get defaults
-and go last.
+trailing newline. Every member of the receipt is written, null included (``schema_version``
+too); only a row's ``result`` leaves out the members its kind does not use. Evolution rule:
+new fields get defaults and go last.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ class MatrixCatalog(msgspec.Struct, frozen=True, kw_only=True):
     packaged: bool
 
 
-class MatrixReceipt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class MatrixReceipt(msgspec.Struct, frozen=True, kw_only=True):
     schema_version: int = MATRIX_SCHEMA_VERSION
     status: str
     scope: str
@@ -79,6 +82,11 @@ class MatrixReceipt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     terminal_refusal: str | None = None
     journal_through_seq: int | None = None
     catalog: MatrixCatalog | None = None
+    # The run's report files, relative to the run directory (None when not written), and why
+    # they were not (None when they were).
+    report_error: str | None = None
+    report: str | None = None
+    report_input: str | None = None
 
 
 class FailedMatrix(msgspec.Struct, frozen=True, kw_only=True):

@@ -6,7 +6,9 @@ two-space indentation, one trailing newline. The same journal therefore always g
 bytes, which is what ``cache-family replay`` checks.
 
 Evolution rule (as for journal records): new fields get defaults and go last; nothing is
-renamed, retyped or reordered; ``schema_version`` changes only when a meaning changes.
+retyped or reordered; ``schema_version`` changes only when a meaning changes. Members were
+renamed once, to the reference's names (``pins_before``/``pins_after`` became
+``before_identity``/``after_identity``); receipts and journals of older runs are not read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Final, Literal
 import msgspec
 
 from cache_family.schemas.measurement import HostCleanup, RequestRow, RungSummary, SerialSummary
+from cache_family.schemas.production import ProducerRow
 
 CELL_SCHEMA_VERSION: Final = 1
 ROW_SCHEMA_VERSION: Final = 1
@@ -167,8 +170,9 @@ class CellReceipt(msgspec.Struct, frozen=True, kw_only=True):
     lifecycle: tuple[str, ...]
     final_state: str
     readiness: Readiness
-    pins_before: tuple[PinEntry, ...]
-    pins_after: tuple[PinEntry, ...]
+    # The pins observed before launch and re-observed after the ladder (the reference's names).
+    before_identity: tuple[PinEntry, ...]
+    after_identity: tuple[PinEntry, ...]
     pins_drifted: bool
     cleanup: HostCleanup | None
     measurement: Measurement
@@ -267,6 +271,10 @@ class RowReceipt(msgspec.Struct, frozen=True, kw_only=True):
     # From a synthetic catalog: ``evidence_class`` is then SYNTHETIC_EVIDENCE_CLASS.
     synthetic: bool = False
     evidence_class: str | None = None
+    # The row's production-cache-bench.json entry (schemas/production.py).
+    producer_report_row: ProducerRow | None = None
+    # Never promoted automatically (the reference's member, always null).
+    promotion: None = None
 
 
 _ENCODER: Final = msgspec.json.Encoder(order="deterministic")

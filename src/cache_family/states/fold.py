@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
+import msgspec
+
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
     Cancellation,
@@ -53,6 +55,7 @@ from cache_family.schemas.journal import (
     RequestOutcome,
     RowOpened,
     RungCompleted,
+    RunResumed,
     RunStarted,
     Transition,
     WarmupExclusion,
@@ -88,6 +91,7 @@ from cache_family.states.cell import (
     RowEvent,
     RowState,
 )
+from cache_family.states.projection import planned_row, project_row
 from cache_family.states.receipts import meet, meet_all, terminal_downgrade
 
 _BEFORE_READY: Final = frozenset((CellState.PIN_VERIFY, CellState.NOT_LAUNCHED, CellState.LAUNCH))
@@ -398,8 +402,8 @@ class CellFold:
                 attempts=self.ready.attempts if self.ready else 0,
                 elapsed_ms=self.ready.elapsed_ms if self.ready else None,
             ),
-            pins_before=tuple(self.pins_before.values()),
-            pins_after=tuple(self.pins_after.values()),
+            before_identity=tuple(self.pins_before.values()),
+            after_identity=tuple(self.pins_after.values()),
             pins_drifted=self.drifted,
             cleanup=self.cleanup,
             measurement=measurement,
@@ -718,7 +722,7 @@ class RowFold:
             reason = _first_shortfall(observations) or terminal
         run = self.run
         synthetic = _synthetic(run, opened) or any(c.synthetic for c in cell_receipts)
-        return RowReceipt(
+        receipt = RowReceipt(
             run_id=run.run_id if run else "",
             request_sha256=run.request_sha256 if run else "",
             catalog_sha256=run.catalog_sha256 if run else "",
@@ -743,6 +747,10 @@ class RowFold:
             else CORRECTNESS_UNRECORDED,
             synthetic=synthetic,
             evidence_class=evidence_class(synthetic),
+        )
+        brief = planned_row(run, self.row_index)
+        return msgspec.structs.replace(
+            receipt, producer_report_row=project_row(brief, receipt, synthetic=synthetic)
         )
 
 
@@ -830,6 +838,8 @@ class JournalIndex:
     def add(self, line: JournalLine) -> None:
         record = line.record
         self.last_seq = max(self.last_seq, line.seq)
+        if isinstance(record, RunResumed):
+            self._resume(record)
         if isinstance(record, CellOpened):
             cells = self._cells_of_row.setdefault(record.row_index, [])
             if record.cell_id not in cells:
@@ -857,6 +867,14 @@ class JournalIndex:
 
     def row_indices(self) -> list[int]:
         return sorted(set(self._rows) | set(self._cells_of_row))
+
+    def _resume(self, record: RunResumed) -> None:
+        """A resumed run starts a new segment: the rows it re-runs begin afresh, and the
+        stops of the interrupted segment (cancellation, deadline, interrupt finish) no longer
+        apply to anything opened after it. Kept rows keep their lines."""
+        for row_index in record.rerun_rows:
+            self.forget_row(row_index)
+        self._run = [line for line in self._run if run_wide_terminal(line.record) is None]
 
     def forget_row(self, row_index: int) -> None:
         """Drop a finished row's lines (its receipts are published) to bound memory."""

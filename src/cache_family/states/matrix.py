@@ -21,10 +21,11 @@ the matrix like every other receipt.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Final
 
 from cache_family.errors import Refused
-from cache_family.schemas.journal import ReceiptPublished, RowOpened, RunStarted
+from cache_family.schemas.journal import ReceiptPublished, ReportFailed, RowOpened, RunStarted
 from cache_family.schemas.matrix import (
     MATRIX_SCOPE,
     MATRIX_SCOPE_SYNTHETIC,
@@ -34,7 +35,8 @@ from cache_family.schemas.matrix import (
     MatrixRowResult,
     encode_matrix,
 )
-from cache_family.schemas.receipts import ReceiptStatus
+from cache_family.schemas.production import ProducerRow, encode_production
+from cache_family.schemas.receipts import ReceiptStatus, RowReceipt
 from cache_family.states.fold import (
     JournalIndex,
     fold_row,
@@ -42,7 +44,12 @@ from cache_family.states.fold import (
     register_refolder,
     run_wide_terminal,
 )
+from cache_family.states.projection import project_row
 from cache_family.states.receipts import MEASURED_CHAIN, meet_all, terminal_downgrade
+
+SCOPE_PRODUCTION_JSON: Final = "production-json"
+SCOPE_PRODUCTION_MD: Final = "production-md"
+PRODUCTION_SCOPES: Final = (SCOPE_PRODUCTION_JSON, SCOPE_PRODUCTION_MD)
 
 # Row statuses on the measured chain; unmeasured ones (missing-model, not-launched, ...) never
 # lower the matrix by themselves.
@@ -56,6 +63,7 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
     """The matrix receipt from the journal lines with ``seq <= through_seq``."""
     run: RunStarted | None = None
     terminal: str | None = None
+    reports = _ReportFiles()
     for line in lines_through(index.lines_for_cell(_NO_CELL), through_seq):
         record = line.record
         if isinstance(record, RunStarted) and run is None:
@@ -63,6 +71,7 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
         found = run_wide_terminal(record)
         if found is not None and terminal is None:
             terminal = found
+        reports.apply(record)
     if run is None:
         raise Refused.one(
             "fold.matrix.no_run",
@@ -72,43 +81,21 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
         )
 
     rows: list[MatrixRow] = []
-    for row_index in index.row_indices():
-        lines = list(lines_through(index.lines_for_row(row_index), through_seq))
-        opened = next(
-            (
-                line.record
-                for line in lines
-                if isinstance(line.record, RowOpened) and line.record.row_index == row_index
-            ),
-            None,
-        )
-        if opened is None:
-            continue
-        published = next(
-            (
-                line.record
-                for line in reversed(lines)
-                if isinstance(line.record, ReceiptPublished)
-                and line.record.scope == "row"
-                and line.record.row_index == row_index
-            ),
-            None,
-        )
+    for folded in _folded_rows(index, through_seq):
+        opened, receipt = folded.opened, folded.receipt
         # A folded row's label also counts its cells' (the row receipt says the same).
         synthetic = opened.synthetic or run.catalog_synthetic
         if opened.model_status == "missing-model":
             result = MatrixRowResult(status="missing-model", launched=False)
-        elif published is not None:
-            receipt = fold_row(lines, row_index, through_seq=published.through_seq)
-            result = MatrixRowResult(status=receipt.status, evidence=published.path)
+        elif folded.published is not None:
+            result = MatrixRowResult(status=receipt.status, evidence=folded.published.path)
             synthetic = receipt.synthetic
         else:
-            receipt = fold_row(lines, row_index, through_seq=through_seq)
             result = MatrixRowResult(status=receipt.status, reason=receipt.reason)
             synthetic = receipt.synthetic
         rows.append(
             MatrixRow(
-                index=row_index,
+                index=folded.index,
                 case=opened.case_key,
                 prefix_tokens=opened.prefix_tokens,
                 use_case=opened.use_case,
@@ -139,7 +126,112 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
             synthetic=run.catalog_synthetic,
             packaged=run.catalog_packaged,
         ),
+        report_error=reports.error(),
+        report=reports.published.get(SCOPE_PRODUCTION_MD),
+        report_input=reports.published.get(SCOPE_PRODUCTION_JSON),
     )
+
+
+@dataclass(slots=True)
+class _ReportFiles:
+    """The run's report files as the journal last saw them: published, or failed and why."""
+
+    published: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    def apply(self, record: object) -> None:
+        if isinstance(record, ReceiptPublished) and record.scope in PRODUCTION_SCOPES:
+            self.published[record.scope] = record.path
+            self.failed.pop(record.path, None)
+        elif isinstance(record, ReportFailed):
+            self.failed[record.path] = record.detail
+            for scope, path in list(self.published.items()):
+                if path == record.path:
+                    del self.published[scope]
+
+    def error(self) -> str | None:
+        if self.failed:
+            return "; ".join(f"{path}: {detail}" for path, detail in sorted(self.failed.items()))
+        if len(self.published) < len(PRODUCTION_SCOPES):
+            return "the report files were not written"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _FoldedRow:
+    index: int
+    opened: RowOpened
+    published: ReceiptPublished | None
+    receipt: RowReceipt
+
+
+def _folded_rows(index: JournalIndex, through_seq: int) -> list[_FoldedRow]:
+    """Every journaled row in index order with its receipt: as published (folded through its
+    publication) or, for a row that published none, as the journal leaves it."""
+    out: list[_FoldedRow] = []
+    for row_index in index.row_indices():
+        lines = list(lines_through(index.lines_for_row(row_index), through_seq))
+        opened = next(
+            (
+                line.record
+                for line in lines
+                if isinstance(line.record, RowOpened) and line.record.row_index == row_index
+            ),
+            None,
+        )
+        if opened is None:
+            continue
+        published = next(
+            (
+                line.record
+                for line in reversed(lines)
+                if isinstance(line.record, ReceiptPublished)
+                and line.record.scope == "row"
+                and line.record.row_index == row_index
+            ),
+            None,
+        )
+        through = published.through_seq if published is not None else through_seq
+        receipt = fold_row(lines, row_index, through_seq=through)
+        out.append(_FoldedRow(row_index, opened, published, receipt))
+    out.sort(key=lambda row: row.index)
+    return out
+
+
+def fold_production(index: JournalIndex, *, through_seq: int) -> tuple[ProducerRow, ...]:
+    """``production-cache-bench.json``'s rows: one per planned row of ``run_started``, in
+    plan order; a row never launched (missing model, never reached) is unmeasured."""
+    run = next(
+        (
+            line.record
+            for line in lines_through(index.lines_for_cell(_NO_CELL), through_seq)
+            if isinstance(line.record, RunStarted)
+        ),
+        None,
+    )
+    if run is None:
+        raise Refused.one(
+            "fold.matrix.no_run",
+            "$.journal",
+            "the journal has no run_started record",
+            "the report rows can only be folded from a run's journal",
+        )
+    folded = {row.index: row for row in _folded_rows(index, through_seq)}
+    rows: list[ProducerRow] = []
+    for brief in run.planned_rows:
+        found = folded.get(brief.index)
+        if found is not None and found.opened.row_dir:
+            row = found.receipt.producer_report_row
+            if row is not None:
+                rows.append(row)
+                continue
+        synthetic = brief.synthetic or run.catalog_synthetic
+        rows.append(project_row(brief, None, synthetic=synthetic))
+    return tuple(rows)
+
+
+def _refold_production(index: JournalIndex, published: ReceiptPublished) -> bytes:
+    return encode_production(fold_production(index, through_seq=published.through_seq))
 
 
 def _refold_matrix(index: JournalIndex, published: ReceiptPublished) -> bytes:
@@ -147,3 +239,4 @@ def _refold_matrix(index: JournalIndex, published: ReceiptPublished) -> bytes:
 
 
 register_refolder("matrix", _refold_matrix)
+register_refolder(SCOPE_PRODUCTION_JSON, _refold_production)

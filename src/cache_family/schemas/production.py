@@ -1,0 +1,62 @@
+"""``production-cache-bench.json``: one row per planned row, in the native producer's schema.
+
+The members are exactly the reference's native projection (family, model_id, payload,
+stage_load_mode, use_case, use_case_label, prefix_tokens, benchmark_prompt_token_count, notes,
+case, skippy, llama_server), so the combined report reads our rows as it reads the
+reference's. One addition: a row from a synthetic catalog also carries ``"synthetic": true``
+and the synthetic ``evidence_class``, which the report uses to label it plumbing evidence
+(the reference reader ignores unknown members); real rows carry neither.
+
+``skippy`` is ``{"status": "unmeasured"}`` unless the row's correctness arm completed, then
+exactly its six figures (missing ones null). ``llama_server`` is ``{"status": "ok",
+"warm_mean_ms", "warm_median_ms"}``, ``{"status", "reason"}`` or ``{"status": "unmeasured"}``.
+The prompt text is never part of a row. The file is an array encoded with two-space
+indentation and no trailing newline, at most ``PRODUCTION_MAX_BYTES``.
+"""
+
+from __future__ import annotations
+
+from typing import Final, TypeAlias
+
+import msgspec
+
+from cache_family.schemas.bounded import MIB
+
+PRODUCTION_JSON: Final = "production-cache-bench.json"
+PRODUCTION_MD: Final = "production-cache-bench.md"
+PRODUCTION_MAX_BYTES: Final = 16 * MIB
+
+NOTES_COMPLETED: Final = (
+    "Native owned producer observations; supplied source/build provenance, no automatic promotion"
+)
+NOTES_INCOMPLETE: Final = (
+    "Incomplete/unmeasured producer row; see typed cell evidence; no promotion"
+)
+
+Figure: TypeAlias = str | int | float | tuple[float, ...] | None
+
+
+class ProducerRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    # Required members are always written (null included); only the synthetic label is left
+    # out when it does not apply.
+    family: str
+    model_id: str
+    payload: str
+    stage_load_mode: str
+    use_case: str | None
+    use_case_label: str | None
+    prefix_tokens: int | None
+    benchmark_prompt_token_count: int | None
+    notes: str
+    case: dict[str, int | None]
+    skippy: dict[str, Figure]
+    llama_server: dict[str, Figure]
+    synthetic: bool | None = None
+    evidence_class: str | None = None
+
+
+_ENCODER: Final = msgspec.json.Encoder(order="deterministic")
+
+
+def encode_production(rows: tuple[ProducerRow, ...]) -> bytes:
+    return msgspec.json.format(_ENCODER.encode(rows), indent=2)
