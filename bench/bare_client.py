@@ -119,12 +119,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt", default="calibration prompt " * 16)
     args = parser.parse_args(argv)
     before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.monotonic()
     rows = trio.run(run, args.url, args.concurrency, args.requests, args.tokens, args.prompt)
+    wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
     for row in rows:
         print(json.dumps(row))
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    print(json.dumps({"cpu_s": cpu, "requests": len(rows)}))
+    print(json.dumps({"cpu_s": cpu, "requests": len(rows), "wall_s": wall}))
     sys.stdout.flush()
 
 
