@@ -109,7 +109,8 @@ bench-peers-install:
     cd "{{justfile_directory()}}/bench"
     install() {
         local venv="$1"; shift
-        [ -x "$venv/bin/python" ] || python3.11 -m venv "$venv"
+        # The project's interpreter (Python 3.11) makes the peers' environments too.
+        [ -x "$venv/bin/python" ] || "{{venv}}/python" -m venv "$venv"
         "$venv/bin/python" -m pip install -q -c peers-constraints.txt "$@"
     }
     install .venv-aiperf "aiperf==0.13.*"
@@ -118,5 +119,6 @@ bench-peers-install:
 
 # Run the client-fidelity harness (ours, the bare floor and each installed peer) against the calibration server.
 [group('bench')]
+[positional-arguments]
 bench-harness *ARGS:
-    {{venv}}/python bench/harness.py {{ARGS}}
+    {{venv}}/python bench/harness.py "$@"

@@ -567,9 +567,15 @@ def main(argv: list[str] | None = None) -> None:
         for client, by_c in runs.items()
     }
     scopes = {client: next(iter(by_c.values()))[0].cpu_scope for client, by_c in runs.items()}
-    text = "\n\n".join(
-        part for part in (report(table, scopes, failures), ratios(table), targets(table)) if part
-    )
+    verdicts = targets(table)
+    busiest = max(load_before[0], load_after[0])
+    if busiest > 0.5 * len(cpus):
+        verdicts = (
+            f"Load average reached {busiest:.1f} on {len(cpus)} CPUs: the lines below say what "
+            "this run measured; they are not claims that a target is met or missed.\n\n" + verdicts
+        )
+    parts = (report(table, scopes, failures), ratios(table), verdicts)
+    text = "\n\n".join(part for part in parts if part)
     print(text)
     if args.no_record:
         return
