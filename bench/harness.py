@@ -16,7 +16,7 @@ The first ``c`` requests of each run (the closed loop's ramp) are left out. Samp
 repeats are pooled. It prints the figures and their ratios to the floor and appends them with
 the command, date, machine and load average to ``bench/RESULTS.md`` (``--no-record`` skips).
 
-    .venv/bin/python bench/harness.py [--clients ours bare aiperf guidellm] [--repeats 3]
+    just bench-harness [--clients ours bare bare-aiohttp aiperf guidellm] [--repeats 3]
 """
 
 from __future__ import annotations
