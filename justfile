@@ -108,3 +108,27 @@ readme-fields:
 [group('docs')]
 docs:
     {{venv}}/python scripts/gen_state_machine_doc.py
+
+# --- bench ------------------------------------------------------------------
+
+# Install the peer harnesses (AIPerf 0.13, GuideLLM 0.8 with CPU torch) into bench/.venv-* and write their offline tokenizer.
+[group('bench')]
+bench-peers-install:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cd "{{justfile_directory()}}/bench"
+    install() {
+        local venv="$1"; shift
+        # The project's interpreter (Python 3.11) makes the peers' environments too.
+        [ -x "$venv/bin/python" ] || "{{venv}}/python" -m venv "$venv"
+        "$venv/bin/python" -m pip install -q -c peers-constraints.txt "$@"
+    }
+    install .venv-aiperf "aiperf==0.13.*"
+    install .venv-guidellm "guidellm==0.8.*" "torch==2.13.0"
+    {{venv}}/python peer_tokenizer.py .peer-tokenizer
+
+# Run the client-fidelity harness (ours, the bare floor and each installed peer) against the calibration server.
+[group('bench')]
+[positional-arguments]
+bench-harness *ARGS:
+    {{venv}}/python bench/harness.py "$@"
