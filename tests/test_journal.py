@@ -618,6 +618,9 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     # Re-published by issue 8 as custody's one cleanup record (journals before it do not replay).
     "cleanup_outcome": ("cell_id", "cleanup"),
     "receipt_published": ("scope", "cell_id", "row_index", "path", "sha256", "through_seq"),
+    # Published by issue 10 (the correctness arm).
+    "correctness_topology": ("row_index", "topology_index", "topology", "status"),
+    "correctness_verdict": ("row_index", "status"),
 }
 
 

@@ -30,7 +30,7 @@ import trio
 from cache_family.actors import custody
 from cache_family.actors.journal import publish_cell_receipt
 from cache_family.actors.load import BenchmarkPrompt, LoadRun, build_benchmark_prompt
-from cache_family.actors.prompts import PromptChoice
+from cache_family.actors.prompts import SOURCE_CORRECTNESS, PromptChoice
 from cache_family.actors.run_context import (
     ARM_DIRS,
     Budgets,
@@ -116,6 +116,8 @@ class CellPlan:
     refusal: str | None = None
     # The row's preset is from a synthetic catalog (journaled so the cell's receipt says so).
     synthetic: bool = False
+    # Tokens of the correctness arm's accepted prompt (its tool's count: K + 1).
+    prompt_tokens: int | None = None
 
 
 def pin_targets(profile: HostProfile) -> tuple[PinTarget, ...]:
@@ -462,6 +464,13 @@ class CellActor:
         host.note_descendants()
 
     async def _cut_prompt(self) -> None:
+        """The correctness arm's accepted prompt as is; a corpus text cut by the host."""
+        choice = self.plan.prompt
+        if choice.source == SOURCE_CORRECTNESS:
+            digest = hashlib.sha256(choice.text.encode()).hexdigest()
+            tokens = self.plan.prompt_tokens or self.plan.prefix_tokens + 1
+            self.prompt = BenchmarkPrompt(choice.text, tokens, digest)
+            return
         host = self._live_host()
         self.prompt = await build_benchmark_prompt(
             host.base_url, self.plan.prompt.text, self.plan.prefix_tokens
@@ -650,6 +659,7 @@ class CellActor:
                     host_argv=tuple(argv),
                     host_env_names=tuple(sorted(event.env)),
                     host_threads=thread_setting(profile.environment) if profile else None,
+                    effective_environment=custody.recorded_environment(event.env),
                 )
             )
         elif isinstance(event, HostMarkerSeen):

@@ -75,6 +75,22 @@ PRIVATE_ENV_NAMES = (
     "LLAMA_STAGE_BUILD_DIR",
 )
 BASE_PATH = "/usr/bin:/bin"
+# The host basics the runner passes on (reference: PATH and the library search paths), so a
+# dynamically linked server (CUDA, ROCm) finds its libraries; the operator may override them.
+HOST_BASIC_NAMES = ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "DYLD_LIBRARY_PATH")
+# Device ids say which accelerator of a shared host ran a cell: records show them redacted.
+DEVICE_ID_NAMES = frozenset(
+    (
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "ZE_AFFINITY_MASK",
+        "ONEAPI_DEVICE_SELECTOR",
+    )
+)
+REDACTED = "redacted"
 
 # Custody refusal code -> the journal's fault kind.
 FAULT_KIND_OF_CODE: Mapping[str, str] = {
@@ -130,18 +146,33 @@ def is_listening_line(dialect: HostDialect, line: str, port: int) -> bool:
     return body == listening_marker(dialect, port)
 
 
+def host_basics(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The runner's PATH (else /usr/bin:/bin) and library search paths, nothing else."""
+    source = os.environ if environ is None else environ
+    basics = {name: source[name] for name in HOST_BASIC_NAMES if source.get(name)}
+    basics.setdefault("PATH", BASE_PATH)
+    return basics
+
+
+def recorded_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """A child's effective environment as records show it: device ids redacted."""
+    return {name: REDACTED if name in DEVICE_ID_NAMES else env[name] for name in sorted(env)}
+
+
 def host_environment(
     operator_env: Mapping[str, str],
     toolkits: Mapping[str, str],
     native_build: str | None,
     state_dir: str,
+    basics: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The complete environment of a host: nothing is inherited from this process.
+    """The complete environment of a host or tool child: only the host basics are inherited.
 
-    PATH defaults to /usr/bin:/bin (the operator may override it); the operator's nonsecret
-    variables and the toolkit variables follow; HOME, TMPDIR and the XDG dirs point inside the
-    private state dir; LLAMA_STAGE_BUILD_DIR names the native build, and LD_LIBRARY_PATH gains
-    the build's lib dir only when it holds shared libraries.
+    The basics (the runner's PATH and library search paths, ``host_basics``) come first; the
+    operator's nonsecret variables and the toolkit variables follow (and may override them);
+    HOME, TMPDIR and the XDG dirs point inside the private state dir; LLAMA_STAGE_BUILD_DIR
+    names the native build, and LD_LIBRARY_PATH gains the build's lib dir only when it holds
+    shared libraries.
     """
     refusals: list[Refusal] = []
     for source, mapping in (("operator_env", operator_env), ("toolkits", toolkits)):
@@ -168,7 +199,7 @@ def host_environment(
     if refusals:
         raise Refused(tuple(refusals))
 
-    env: dict[str, str] = {"PATH": BASE_PATH}
+    env: dict[str, str] = dict(host_basics() if basics is None else basics)
     env.update(operator_env)
     env.update(toolkits)
     home = str(Path(state_dir) / "home")
@@ -340,7 +371,7 @@ class Host:
         self.port = self._reservation.getsockname()[1]
         try:
             Path(self.config.log_dir).mkdir(parents=True, exist_ok=True)
-            self.state_dir = _make_private_dir(self.config.state_parent, self.config.label)
+            self.state_dir = make_private_dir(self.config.state_parent, self.config.label)
         except OSError as exc:
             self._release_reservation()
             raise Refused.one(
@@ -613,7 +644,7 @@ class Host:
                 await self._pumps_done.wait()
         self._release_reservation()
         progress.port_free = await _wait_port_free(self.port)
-        removed, error = _remove_tree(self.state_dir)
+        removed, error = remove_tree(self.state_dir)
         progress.state_dir_removed = removed
         progress.state_dir_error = error
 
@@ -755,7 +786,7 @@ async def _wait_port_free(port: int) -> bool:
     return port_is_free(port)
 
 
-def _make_private_dir(parent: str, label: str) -> str:
+def make_private_dir(parent: str, label: str) -> str:
     """A fresh 0700 dir with home/, tmp/ and run/ inside, or OSError."""
     path = tempfile.mkdtemp(prefix=f"{label}-state-", dir=parent)
     for sub in ("home", "tmp", "run"):
@@ -767,7 +798,7 @@ def _make_private_dir(parent: str, label: str) -> str:
     return path
 
 
-def _remove_tree(path: str) -> tuple[bool, str | None]:
+def remove_tree(path: str) -> tuple[bool, str | None]:
     if not path:
         return True, None
     error: str | None = None

@@ -14,6 +14,7 @@ from typing import Final, Literal, Protocol
 import trio
 
 from cache_family.actors import custody
+from cache_family.actors.child import ChildRunner, run_child
 from cache_family.actors.journal import JournalWriter
 from cache_family.actors.pins import Budget, HashJob, hash_file, hash_files, pin_tree
 from cache_family.errors import Refused
@@ -190,11 +191,14 @@ async def hash_pins(targets: Sequence[PinTarget], seconds: float) -> list[PinRes
 
 @dataclass(slots=True)
 class HostSettings:
-    """How every cell of a run opens, pins and ends its host. ``host_opener`` and
-    ``pin_hasher`` are seams: fault-injection tests give fake hosts and hashers there."""
+    """How every cell of a run opens, pins and ends its host. ``host_opener``, ``pin_hasher``
+    and ``child_runner`` are seams: fault-injection tests give fake hosts, hashers and tool
+    children there."""
 
     host_opener: HostOpener = real_host_opener
     pin_hasher: PinHasher = hash_pins
+    # Runs a tool child (the correctness tool) under its deadline.
+    child_runner: ChildRunner = run_child
     # 0: an ephemeral port per host (tests pin one to provoke a busy port).
     host_port: int = 0
     grace_seconds: float = 5.0

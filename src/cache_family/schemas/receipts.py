@@ -193,6 +193,10 @@ class CorrectnessTopology(msgspec.Struct, frozen=True, kw_only=True):
     cache_hit_total_ms: float | None = None
     recompute_total_ms: float | None = None
     benchmark_prompt_token_count: int | None = None
+    # The report's own suffix-prefill check: a capability of its own, apart from sizing.
+    suffix_prefill_matches: bool | None = None
+    # The gate's refusal codes (``handoff.*``) when status is refused.
+    refusal_codes: tuple[str, ...] = ()
 
 
 class CorrectnessObservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -209,6 +213,8 @@ class CorrectnessObservation(msgspec.Struct, frozen=True, kw_only=True):
     # SHA-256 of the accepted benchmark prompt text that drives every later request of the row.
     prompt_sha256: str | None = None
     terminal_refusal: TerminalRefusal | None = None
+    # Exact suffix prefill held in every topology (None: not every report said).
+    suffix_prefill_matches: bool | None = None
 
 
 CORRECTNESS_UNRECORDED: Final = CorrectnessObservation(status="not-run")
@@ -237,8 +243,8 @@ class RowReceipt(msgspec.Struct, frozen=True, kw_only=True):
     final_state: str
     observations: tuple[ArmObservation, ...]
     journal_through_seq: int
-    # The correctness arm as ``row_opened`` recorded it, e.g. {"status": "not-run", "reason":
-    # "correctness arm not built yet"}; its own machine will fold it once the arm is built.
+    # The correctness arm, folded from its topology and verdict records (``row_opened``'s
+    # status and reason where it never ran, e.g. a missing model).
     correctness: CorrectnessObservation = CORRECTNESS_UNRECORDED
     # From a synthetic catalog: ``evidence_class`` is then SYNTHETIC_EVIDENCE_CLASS.
     synthetic: bool = False
