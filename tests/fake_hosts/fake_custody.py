@@ -175,24 +175,26 @@ def hasher(drift: dict[int, str] | None = None) -> Any:
 
 
 def fake_child_runner(
-    edit: dict[str, Any] | None = None,
+    edit: dict[str, Any] | Callable[[int], dict[str, Any]] | None = None,
     *,
     exit_code: int = 0,
     ran: list[tuple[str, ...]] | None = None,
 ) -> ChildRunner:
     """FAKE correctness children, in process (trio's autojump clock cannot wait on a real
-    one): each writes ``fake_correctness_tool``'s passing report for its argv, then ``edit``."""
+    one): each writes ``fake_correctness_tool``'s passing report for its argv, then ``edit``
+    (or ``edit(call number)``)."""
+    calls: list[tuple[str, ...]] = [] if ran is None else ran
 
     async def runner(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
         # Above Linux's largest pid: a reap of this journal can never touch a real process.
-        pid = (1 << 22) + 1 + len(ran if ran is not None else ())
+        pid = (1 << 22) + 1 + len(calls)
         await on_spawn(pid, 1.0)
-        if ran is not None:
-            ran.append(command.argv)
+        changes = edit(len(calls)) if callable(edit) else edit
+        calls.append(command.argv)
         for path in (command.stdout_path, command.stderr_path):
             with open(path, "x"):
                 pass
-        write_report(command.argv[1:], edit)
+        write_report(command.argv[1:], changes)
         return ChildEnded(pid, 1.0, exit_code, 0.0)
 
     return runner

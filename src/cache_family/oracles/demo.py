@@ -104,7 +104,7 @@ def run_demo(out: Path, progress: TextIO) -> int:
             {0},
         ),
         (
-            "run the native arms of every present row",
+            "run every present row: correctness, then the native arms",
             ["run", "--input", str(prepared / "cache-family-input.json"), "--output", str(run_dir)],
             {0, 1},
         ),
@@ -139,7 +139,11 @@ def _arm_figures(row: dict[str, Any]) -> str:
     if not parts:
         reasons = {o.get("reason") for o in row.get("observations", []) if o.get("reason")}
         parts = sorted(str(r) for r in reasons) or [str(row.get("reason") or "")]
-    return "; ".join(parts)
+    correctness = row.get("correctness") or {}
+    topologies = correctness.get("topologies") or []
+    passed = sum(1 for t in topologies if t.get("status") == "pass")
+    check = f"correctness {correctness.get('status')} ({passed}/{len(topologies)} topologies)"
+    return "; ".join([check, *parts])
 
 
 def _summarize(run_dir: Path, progress: TextIO) -> None:
