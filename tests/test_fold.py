@@ -958,9 +958,9 @@ def test_receipts_of_a_real_catalog_carry_no_synthetic_label() -> None:
     assert (cell.synthetic, cell.evidence_class) == (False, None)
     assert (row.synthetic, row.evidence_class) == (False, None)
     # New members go last, after every member older readers know.
-    for receipt in (cell, row):
+    for receipt, later in ((cell, []), (row, ["parity", "observation_order"])):
         published = list(json.loads(encode_receipt(receipt)))
-        assert published[-2:] == ["synthetic", "evidence_class"]
+        assert published[-2 - len(later) :] == ["synthetic", "evidence_class", *later]
     matrix = fold_matrix(JournalIndex(lines), through_seq=lines[-1].seq)
     assert matrix.scope == MATRIX_SCOPE and SYNTHETIC_EVIDENCE_CLASS not in matrix.scope
     assert matrix.catalog == MatrixCatalog(

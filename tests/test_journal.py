@@ -621,6 +621,7 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     # Published by issue 10 (the correctness arm).
     "correctness_topology": ("row_index", "topology_index", "topology", "status"),
     "correctness_verdict": ("row_index", "status"),
+    "cli_admission": ("cell_id", "binary", "binary_sha256", "dialect"),
 }
 
 

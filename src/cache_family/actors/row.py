@@ -30,6 +30,8 @@ from cache_family.actors.prompts import PromptChoice, PromptSelector, accepted_p
 from cache_family.actors.run_context import (
     ARM_CONCURRENT,
     ARM_DIRS,
+    ARM_NEW,
+    ARM_OLD,
     ARM_SERIAL,
     MEASUREMENT_RESERVE_SECONDS,
     PinTarget,
@@ -45,7 +47,6 @@ from cache_family.states.handoff import PACKAGE_LAYER_COUNT
 
 ROW_FINALIZE_BOUND_SECONDS: Final = 30.0
 CORRECTNESS_NOT_STARTED: Final = "correctness_not_started"
-PAIRED_NOT_BUILT: Final = "paired serving arm not built yet"
 
 # How the plan's skip reasons read in a row's arm list.
 _UNPLANNED: Final[dict[str, tuple[str, str]]] = {
@@ -156,12 +157,24 @@ class RowActor:
                 tasks.concurrent_baseline.skip_reason,
             ),
         ]
-        if tasks.paired_serving.planned:
-            arms += [
-                ArmPlan(arm="skippy-old", status="skipped", reason=PAIRED_NOT_BUILT),
-                ArmPlan(arm="skippy-new", status="skipped", reason=PAIRED_NOT_BUILT),
-            ]
+        paired = tasks.paired_serving
+        if paired.planned:
+            # Planned only when both old and new servers are bound (the plan's rule).
+            arms += [ArmPlan(arm=ARM_OLD), ArmPlan(arm=ARM_NEW)]
         return tuple(arms)
+
+    def _stage_profile(self, arm: str) -> tuple[HostProfile | None, str | None]:
+        """The case's old or new stage server profile and, if it disagrees with the plan, why."""
+        profiles = self.prepared.profile(self.row.key)
+        profile = None
+        if profiles is not None:
+            profile = profiles.old if arm == ARM_OLD else profiles.new
+        if profile is None:
+            return None, f"the prepared input has no {arm} host profile for this case"
+        observed = self.row.model_observation.sha256
+        if profile.model_sha256 != observed:
+            return profile, f"{arm} profile pins model {profile.model_sha256}, the row {observed}"
+        return profile, None
 
     def _native_profile(self) -> tuple[HostProfile | None, str | None]:
         """The case's native host profile and, if it disagrees with the plan, why."""
@@ -183,6 +196,8 @@ class RowActor:
         return native, None
 
     def cell_plan(self, arm: str) -> CellPlan:
+        if arm in (ARM_OLD, ARM_NEW):
+            return self._stage_cell_plan(arm)
         row = self.row
         plan = self.prepared.plan
         profile, refusal = self._native_profile()
@@ -222,6 +237,37 @@ class RowActor:
             refusal=refusal,
             synthetic=row.synthetic,
             prompt_tokens=self.prompt_tokens,
+        )
+
+    def _stage_cell_plan(self, arm: str) -> CellPlan:
+        """One retained stage server across the whole ordered ladder, OpenAI chat requests."""
+        row, paired = self.row, self.row.tasks.paired_serving
+        profile, refusal = self._stage_profile(arm)
+        return CellPlan(
+            cell_id=f"{self.dir}/{arm}",
+            cell_dir=f"{self.dir}/{ARM_DIRS[arm]}",
+            row_index=row.index,
+            row_key=row.output_relative,
+            arm=arm,
+            kind="concurrent",
+            rungs=tuple(
+                RungPlan(concurrency=r.concurrency, requests=r.requests) for r in paired.rungs
+            ),
+            output_tokens=paired.output_tokens,
+            lanes=paired.runtime_lanes,
+            ctx_size=paired.shared_ctx_size,
+            n_gpu_layers=row.n_gpu_layers,
+            prefix_tokens=row.prefix_tokens,
+            ttft_slo_ms=float(paired.ttft_slo_ms),
+            tpot_slo_ms=float(paired.tpot_slo_ms),
+            profile=profile,
+            prompt=self.prompt if self.prompt is not None else self.prompts.choose(row),
+            pins=pin_targets(profile) if profile is not None else (),
+            refusal=refusal,
+            synthetic=row.synthetic,
+            prompt_tokens=self.prompt_tokens,
+            host_kind="stage",
+            model_id=profile.model_id if profile is not None else row.model_id,
         )
 
     def correctness_plan(self) -> CorrectnessPlan:
@@ -381,7 +427,9 @@ class RowActor:
             await self._fire(RowEvent.CORRECTNESS_NOT_PASSED)
             return
         await self._fire(RowEvent.CORRECTNESS_PASSED)
-        for arm in (ARM_SERIAL, ARM_CONCURRENT):
+        for arm in (ARM_SERIAL, ARM_CONCURRENT, ARM_OLD, ARM_NEW):
+            if arm in (ARM_OLD, ARM_NEW) and not any(a.arm == arm for a in arms):
+                continue
             plan = next(a for a in arms if a.arm == arm)
             if plan.status != "planned":
                 await self._fire(RowEvent.ARM_SKIPPED)

@@ -19,13 +19,26 @@ from cache_family.actors.journal import JournalWriter
 from cache_family.actors.pins import Budget, HashJob, hash_file, hash_files, pin_tree
 from cache_family.errors import Refused
 from cache_family.schemas.journal import Record, Transition
-from cache_family.schemas.measurement import HostCleanup, HostEvent, HostReady, HostSpawned
+from cache_family.schemas.measurement import (
+    HostCleanup,
+    HostDialect,
+    HostEvent,
+    HostReady,
+    HostSpawned,
+)
 from cache_family.states.cell import OnStep
 
 ARM_SERIAL: Final = "native-serial"
 ARM_CONCURRENT: Final = "native-concurrent"
 # Directory of each native arm's cell inside its row directory (run layout).
-ARM_DIRS: Final = {ARM_SERIAL: "native-serial", ARM_CONCURRENT: "sweep-native-concurrent"}
+ARM_OLD: Final = "skippy-old"
+ARM_NEW: Final = "skippy-new"
+ARM_DIRS: Final = {
+    ARM_SERIAL: "native-serial",
+    ARM_CONCURRENT: "sweep-native-concurrent",
+    ARM_OLD: "sweep-skippy-old",
+    ARM_NEW: "sweep-skippy-new",
+}
 
 # The cell's own work (hashing, startup, requests) ends this long before the cell deadline, so
 # that a request cut by the budget is still recorded by the load actor itself (with its elapsed
@@ -205,13 +218,24 @@ class HostSettings:
     kill_wait_seconds: float = 5.0
     cleanup_bound_seconds: float = 30.0
 
-    def host_config(self, label: str, cell_path: str) -> custody.HostConfig:
+    def host_config(
+        self,
+        label: str,
+        cell_path: str,
+        *,
+        dialect: HostDialect = "llama-server",
+        model_id: str = "",
+        lane_count: int = 1,
+    ) -> custody.HostConfig:
         """Custody's settings for one cell's host: state and logs under ``cell_path``."""
         return custody.HostConfig(
             label=label,
             state_parent=cell_path,
             log_dir=os.path.join(cell_path, "logs"),
             port=self.host_port,
+            dialect=dialect,
+            model_id=model_id,
+            lane_count=lane_count,
             grace_seconds=self.grace_seconds,
             kill_wait_seconds=self.kill_wait_seconds,
             cleanup_bound_seconds=self.cleanup_bound_seconds,

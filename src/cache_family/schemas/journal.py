@@ -353,6 +353,17 @@ class CorrectnessVerdict(_Record, tag="correctness_verdict", frozen=True, kw_onl
     suffix_prefill_matches: bool | None = None
 
 
+class CliAdmission(_Record, tag="cli_admission", frozen=True, kw_only=True):
+    """A stage server's dialect, read from its own help before launch (``cli-admission.json``)."""
+
+    cell_id: str
+    binary: str
+    binary_sha256: str
+    dialect: str  # current | legacy
+    # (command, exit code or None when it ran past its cap) of each help probe, in order.
+    probes: tuple[tuple[str, int | None], ...] = ()
+
+
 Record: TypeAlias = (
     RunStarted
     | Cancellation
@@ -375,6 +386,7 @@ Record: TypeAlias = (
     | ReceiptPublished
     | CorrectnessTopologyRan
     | CorrectnessVerdict
+    | CliAdmission
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.

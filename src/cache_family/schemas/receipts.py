@@ -220,6 +220,38 @@ class CorrectnessObservation(msgspec.Struct, frozen=True, kw_only=True):
 CORRECTNESS_UNRECORDED: Final = CorrectnessObservation(status="not-run")
 
 
+PARITY_SCOPE: Final = "same_typed_OpenAI_delta_protocol_not_cross_native_chunk_parity"
+PARITY_UNAVAILABLE: Final = "custody_or_lifecycle_failure"
+
+
+class ParityVerdict(msgspec.Struct, frozen=True, kw_only=True):
+    """Old/new parity of one rung (reference ``accepted_parity``). ``unavailable_reason`` is
+    set when either cell or rung was not fully accepted; ``error`` when the two rosters
+    cannot be compared (another prompt, output length or request-id set)."""
+
+    concurrency: int
+    complete: bool
+    matches: bool
+    scope: str = PARITY_SCOPE
+    comparable_requests: int = 0
+    mismatch_request_ids: tuple[int, ...] = ()
+    first_generated_mismatch_request_ids: tuple[int, ...] = ()
+    unavailable_request_ids: tuple[int, ...] = ()
+    unavailable_reason: str | None = None
+    error: str | None = None
+
+
+class ObservationEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of the row's observations in the reference's order: the serial baseline,
+    then per rung native concurrent, skippy old, skippy new and their parity."""
+
+    cohort: str  # native-serial | native-concurrent | skippy-old | skippy-new | old-new-parity
+    concurrency: int | None = None
+    status: str | None = None
+    cell_id: str | None = None
+    parity: ParityVerdict | None = None
+
+
 class RowReceipt(msgspec.Struct, frozen=True, kw_only=True):
     """The native part of ``row.json``: the host arms of one planned row."""
 
@@ -249,6 +281,10 @@ class RowReceipt(msgspec.Struct, frozen=True, kw_only=True):
     # From a synthetic catalog: ``evidence_class`` is then SYNTHETIC_EVIDENCE_CLASS.
     synthetic: bool = False
     evidence_class: str | None = None
+    # Old/new parity per rung (empty unless paired serving was planned).
+    parity: tuple[ParityVerdict, ...] = ()
+    # The reference's observation order (1 rung: 5 entries with paired serving, 2: 9).
+    observation_order: tuple[ObservationEntry, ...] = ()
 
 
 _ENCODER: Final = msgspec.json.Encoder(order="deterministic")

@@ -70,6 +70,7 @@ from cache_family.schemas.receipts import (
     FaultEntry,
     HostIdentity,
     Measurement,
+    ParityVerdict,
     PinEntry,
     Readiness,
     ReceiptStatus,
@@ -90,6 +91,7 @@ from cache_family.states.cell import (
     RowEvent,
     RowState,
 )
+from cache_family.states.parity import ARM_NEW, ARM_OLD, observation_order, row_parity
 from cache_family.states.receipts import meet, meet_all, terminal_downgrade
 
 _BEFORE_READY: Final = frozenset((CellState.PIN_VERIFY, CellState.NOT_LAUNCHED, CellState.LAUNCH))
@@ -719,6 +721,11 @@ class RowFold:
                     if self.invalid_transitions
                     else "journal_ended_before_finalize"
                 )
+        parity = _paired_parity(opened, cell_receipts)
+        if parity and status == "completed" and not all(p.matches for p in parity):
+            # The row completes only with accepted parity at every rung.
+            status = "incomplete"
+            reason = "parity_not_accepted"
         terminal = self.terminal_refusal or next(
             (c.terminal_refusal for c in cell_receipts if c.terminal_refusal), None
         )
@@ -747,7 +754,24 @@ class RowFold:
             correctness=self.correctness.observation(opened, self.terminal_refusal),
             synthetic=synthetic,
             evidence_class=evidence_class(synthetic),
+            parity=parity,
+            observation_order=observation_order(observations, parity),
         )
+
+
+def _paired_parity(
+    opened: RowOpened | None, cells: Sequence[CellReceipt]
+) -> tuple[ParityVerdict, ...]:
+    """Parity per planned rung when the row planned both old and new arms."""
+    planned = {a.arm for a in opened.arms if a.status == "planned"} if opened else set()
+    if not {ARM_OLD, ARM_NEW} <= planned:
+        return ()
+    old = next((c for c in cells if c.arm == ARM_OLD), None)
+    new = next((c for c in cells if c.arm == ARM_NEW), None)
+    ladder = next((c for c in (old, new) if c is not None), None)
+    if ladder is None:
+        return ()
+    return row_parity([r.concurrency for r in ladder.measurement.rungs], old, new)
 
 
 class CorrectnessFold:
