@@ -8,6 +8,7 @@ real oracle's own passing run is in ``test_run_integration``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import trio.testing
 from cache_family.actors.replay import replay
 from cache_family.schemas.journal import (
     ChildSpawned,
+    CliAdmission,
     CorrectnessTopologyRan,
     CorrectnessVerdict,
     Transition,
@@ -188,3 +190,28 @@ async def test_a_correctness_pin_that_drifted_runs_no_tool_and_no_baseline(
     assert receipt.correctness.status == "not-run"
     assert str(receipt.correctness.reason).startswith("pin_mismatch: correctness")
     assert receipt.status == "incomplete"
+
+
+async def test_a_missing_pair_skips_paired_serving(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """No old/new pair is bound (a one-sided pair is refused at admission): no stage
+    server cell, no parity; the row completes on its native arms."""
+    prepared = make_prepared(tmp_path / "p", old_server=None, new_server=None)
+    document = json.loads(prepared.read_bytes())
+    assert document["rows"][0]["tasks"]["paired_serving"]["skip_reason"] == (
+        "paired-servers-omitted"
+    )
+    script = FakeHostScript()
+    out = tmp_path / "out"
+    await run(prepared, out, script)
+    receipt = row(out)
+    assert receipt.status == "completed" and receipt.parity == ()
+    assert [o.arm for o in receipt.observations] == ["native-serial", "native-concurrent"]
+    assert script.launched == ["native-serial", "sweep-native-concurrent"]
+    assert records(out, CliAdmission) == []
+    assert [e.cohort for e in receipt.observation_order] == [
+        "native-serial",
+        "native-concurrent",
+        "native-concurrent",
+    ]

@@ -133,9 +133,7 @@ def test_a_reduced_plan_with_old_and_new_bound_completes_with_parity_accepted(
             ]
             assert admitted.dialect == "current" and admitted.probes == ((command, 0),)
             # Exactly one launch per arm across all rungs, retained at every rung.
-            spawns = [
-                r for r in records if isinstance(r, ChildSpawned) and r.cell_id == cell_id
-            ]
+            spawns = [r for r in records if isinstance(r, ChildSpawned) and r.cell_id == cell_id]
             assert len(spawns) == 1 and spawns[0].host_argv[1] == "serve"
             rungs = [r for r in records if isinstance(r, RungCompleted) and r.cell_id == cell_id]
             assert [r.concurrency for r in rungs] == [1, 2]
@@ -143,3 +141,86 @@ def test_a_reduced_plan_with_old_and_new_bound_completes_with_parity_accepted(
             assert all(r.host_retained for r in cell.measurement.rungs)
     verdict = replay(str(out))
     assert verdict.exit_code == 0, verdict.lines
+
+
+# --- faults a real stage server cannot be made to produce (scripted wrappers, named so) ---------
+
+
+def fault_wrapper(root: Path, real: Path, action: str) -> Path:
+    """A FAKE new server: a shell wrapper that does ``action`` when started to serve (never for
+    a ``--help`` probe), then runs the real oracle stage server with the same arguments."""
+    path = root / "fault-wrappers" / "skippy-new"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "#!/bin/sh\n"
+        "# FAKE stage server for a fault-injection test: wraps the real oracle.\n"
+        f'if [ "$2" != "--help" ]; then {action}; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
+def test_a_new_server_binary_changed_while_serving_keeps_measurements_and_refuses_parity(
+    native_parts: Parts, oracle_tools: Path, tmp_path: Path
+) -> None:
+    real = oracle_tools.joinpath(*native_build.TOOLS_SUBDIR) / "skippy"
+    wrapper = fault_wrapper(tmp_path, real, "printf '# changed while serving\\n' >> \"$0\"")
+    operator = paired_operator(
+        native_parts,
+        oracle_tools,
+        tmp_path,
+        ["llama"],
+        new_server={"path": str(wrapper), "sha256": None},
+    )
+    out, code, _ = prepare_and_run(operator, tmp_path)
+    assert code != 0
+    row_dir = out / "cell-0000"
+    row = decode_row_receipt((row_dir / "row.json").read_bytes())
+    new = decode_cell_receipt((row_dir / "sweep-skippy-new" / "cell.json").read_bytes())
+    old = decode_cell_receipt((row_dir / "sweep-skippy-old" / "cell.json").read_bytes())
+    # The drift is found after the ladder: every measurement is kept, the cell is downgraded.
+    assert new.pins_drifted and not new.accepted_for_parity and new.status == "incomplete"
+    assert [p.name for p in new.pins_after if not p.matches] == ["binary"]
+    assert [r.status for r in new.measurement.rungs] == ["completed", "completed"]
+    assert all(r.rung_summary is not None for r in new.measurement.rungs)
+    assert old.status == "completed" and old.accepted_for_parity
+    assert [(p.matches, p.unavailable_reason) for p in row.parity] == [
+        (False, "custody_or_lifecycle_failure"),
+        (False, "custody_or_lifecycle_failure"),
+    ]
+    assert row.status == "incomplete" and row.correctness.status == "completed"
+    assert replay(str(out)).exit_code == 0
+
+
+def test_a_cancel_during_the_new_arm_keeps_the_old_arms_rungs(
+    native_parts: Parts, oracle_tools: Path, tmp_path: Path
+) -> None:
+    real = oracle_tools.joinpath(*native_build.TOOLS_SUBDIR) / "skippy"
+    # The runner is the wrapper's parent: SIGINT it as the new server starts.
+    wrapper = fault_wrapper(tmp_path, real, "kill -INT $PPID")
+    operator = paired_operator(
+        native_parts,
+        oracle_tools,
+        tmp_path,
+        ["llama"],
+        new_server={"path": str(wrapper), "sha256": None},
+    )
+    out, code, _ = prepare_and_run(operator, tmp_path)
+    assert code != 0
+    row_dir = out / "cell-0000"
+    row = decode_row_receipt((row_dir / "row.json").read_bytes())
+    assert row.terminal_refusal == "cancelled" and row.status == "incomplete"
+    old = decode_cell_receipt((row_dir / "sweep-skippy-old" / "cell.json").read_bytes())
+    assert old.status == "completed" and old.accepted_for_parity
+    assert [(r.concurrency, r.status) for r in old.measurement.rungs] == [
+        (1, "completed"),
+        (2, "completed"),
+    ]
+    new = decode_cell_receipt((row_dir / "sweep-skippy-new" / "cell.json").read_bytes())
+    assert new.terminal_refusal == "cancelled" and new.cleanup is not None
+    assert {p.unavailable_reason for p in row.parity} == {"custody_or_lifecycle_failure"}
+    entries = [(e.cohort, e.concurrency, e.status) for e in row.observation_order]
+    assert ("skippy-old", 1, "completed") in entries and ("skippy-old", 2, "completed") in entries
+    assert decode_matrix((out / MATRIX_FILENAME).read_bytes()).terminal_refusal == "cancelled"
+    assert replay(str(out)).exit_code == 0
