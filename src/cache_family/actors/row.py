@@ -315,12 +315,12 @@ class RowActor:
                 PinTarget(
                     "stage_server", profile.stage_server, profile.stage_server_sha256, "file"
                 ),
-                # A layer package is a directory: its pin is a tree pin.
+                # The pinned file: a layer package is pinned by its manifest.
                 PinTarget(
                     "model",
-                    profile.model,
+                    row.model_observation.pinned_file or profile.model,
                     profile.model_sha256,
-                    "tree" if row.artifact_kind == "layer-package" else "file",
+                    "file",
                 ),
                 *(
                     PinTarget(f"shard:{shard.name}", shard.logical_path, shard.sha256, "file")

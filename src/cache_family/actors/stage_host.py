@@ -9,7 +9,6 @@ is re-checked around the probes, so the dialect is the pinned bytes'.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -133,7 +132,8 @@ def stage_config_document(
         "run_id": "cache-family-serving-cell",
         "topology_id": "cache-family-single-stage",
         "model_id": model_id,
-        "model_path": os.path.realpath(model),
+        # The path as pinned, not its blob: a split GGUF's shards are found by their names.
+        "model_path": model,
         "source_model_sha256": model_sha256,
         "stage_id": "stage-0",
         "stage_index": 0,
