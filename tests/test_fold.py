@@ -781,8 +781,7 @@ def test_failed_correctness_skips_the_baselines_and_keeps_the_evidence() -> None
     receipt = fold_row(journal(row_records(0, arms), ran, verdict, *row.records), 0)
     assert receipt.status == "failed" and receipt.reason == "correctness_report_refused"
     assert [(o.arm, o.status, o.reason) for o in receipt.observations] == [
-        (arm.arm, "skipped", "correctness failed-or-incomplete: baselines skipped")
-        for arm in arms
+        (arm.arm, "skipped", "correctness failed-or-incomplete: baselines skipped") for arm in arms
     ]
     [topology] = receipt.correctness.topologies
     assert topology.status == "refused" and topology.refusal_codes == ("handoff.model_id",)
