@@ -20,6 +20,7 @@ from cache_family.schemas.journal import (
     CellOpened,
     ChildSpawned,
     CleanupOutcome,
+    CorrectnessVerdict,
     DeadlineExpired,
     Fault,
     ListeningMarkerSeen,
@@ -333,3 +334,16 @@ class RowScript:
 
     def fire(self, event: RowEvent) -> None:
         self.machine.fire(event)
+
+    def pass_correctness(self, prompt_sha256: str = "c" * 64) -> None:
+        """The correctness arm's passing verdict (one topology), then the row's step on."""
+        self.records.append(
+            CorrectnessVerdict(
+                row_index=self.row_index,
+                status="completed",
+                planned_topologies=("one-stage",),
+                prompt_sha256=prompt_sha256,
+                suffix_prefill_matches=True,
+            )
+        )
+        self.fire(RowEvent.CORRECTNESS_PASSED)

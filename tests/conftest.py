@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +27,15 @@ def native_parts() -> Parts:
         if os.environ.get(SKIP_NATIVE_ENV) == "1" and "native.build_absent" in refused.codes:
             pytest.skip(f"{SKIP_NATIVE_ENV}=1 and {refused.refusals[0].message}")
         pytest.fail(f"the real parts are missing: {refused}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def oracle_tools(native_parts: Parts, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The native build and the reference workload oracles installed as an operator names
+    them (``OUTPUT/native``, ``OUTPUT/cargo/debug/{skippy,skippy-correctness,...}``): a copy
+    of the cached build (about a second), once per session. Needs the real parts."""
+    from cache_family.oracles import native_build
+
+    out = tmp_path_factory.mktemp("oracle-tools")
+    native_build.install(out, io.StringIO(), tools=True)
+    return out

@@ -19,11 +19,13 @@ import trio
 from cache_family.actors.custody import (
     Host,
     HostConfig,
+    host_basics,
     host_custody,
     host_environment,
     is_listening_line,
     listening_marker,
     port_is_free,
+    recorded_environment,
     still_same,
 )
 from cache_family.errors import Refused
@@ -251,7 +253,11 @@ async def test_host_sees_exactly_the_environment_it_was_given(tmp_path: Path) ->
     with trio.fail_after(30):
         async with host_custody(config(tmp_path)) as host:
             env = host_environment(
-                {"OPERATOR_KNOB": "on"}, {"CUDA_HOME": "/opt/cuda"}, str(build), host.state_dir
+                {"OPERATOR_KNOB": "on"},
+                {"CUDA_HOME": "/opt/cuda"},
+                str(build),
+                host.state_dir,
+                basics={"PATH": "/usr/bin:/bin"},
             )
             await host.launch(
                 [sys.executable, SCRIPTED, "graceful", str(host.port), str(dump)], env
@@ -364,3 +370,31 @@ def test_listening_line_is_exact_apart_from_the_common_log_prefix() -> None:
     assert not is_listening_line(
         "llama-server", "srv llama_server: listening on http://127.0.0.1:8123", 8123
     )
+
+
+def test_hosts_get_the_runners_path_and_library_paths_and_nothing_else() -> None:
+    runner = {
+        "PATH": "/opt/cuda/bin:/usr/bin:/bin",
+        "LD_LIBRARY_PATH": "/opt/cuda/lib64",
+        "HOME": "/root",
+        "VIRTUAL_ENV": "/venv",
+        "CUDA_VISIBLE_DEVICES": "GPU-0f3c",
+    }
+    assert host_basics(runner) == {
+        "PATH": "/opt/cuda/bin:/usr/bin:/bin",
+        "LD_LIBRARY_PATH": "/opt/cuda/lib64",
+    }
+    assert host_basics({}) == {"PATH": "/usr/bin:/bin"}
+    env = host_environment(
+        {"CUDA_VISIBLE_DEVICES": "GPU-0f3c", "PATH": "/operator/bin"},
+        {},
+        None,
+        "/state",
+        basics=host_basics(runner),
+    )
+    # The operator overrides a basic; the private dirs are custody's.
+    assert env["PATH"] == "/operator/bin" and env["LD_LIBRARY_PATH"] == "/opt/cuda/lib64"
+    assert env["HOME"] == "/state/home" and "VIRTUAL_ENV" not in env
+    recorded = recorded_environment(env)
+    assert recorded["CUDA_VISIBLE_DEVICES"] == "redacted" and "GPU-0f3c" not in str(recorded)
+    assert recorded["PATH"] == "/operator/bin" and list(recorded) == sorted(env)

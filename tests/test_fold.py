@@ -9,13 +9,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from cache_family.actors.row import CORRECTNESS_NOT_BUILT
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
     ArmPlan,
     Cancellation,
     CellOpened,
     CleanupOutcome,
+    CorrectnessTopologyRan,
+    CorrectnessVerdict,
     DeadlineExpired,
     Fault,
     InterruptFinishFailed,
@@ -709,7 +710,7 @@ def row_with(
         records.append(stop)
         row.fire(RowEvent.CANCELLED)
         return records + row.records
-    row.fire(RowEvent.CORRECTNESS_NOT_RUN)
+    row.pass_correctness()
     for script in cells:
         records += script.records
         row.fire(RowEvent.ARM_FINISHED)
@@ -735,50 +736,60 @@ def test_completed_row() -> None:
     assert [o.status for o in receipt.observations] == ["completed", "completed", "skipped"]
     assert receipt.observations[1].rungs[1].rung_summary is not None
     assert receipt.correctness == CorrectnessObservation(
-        status="not-run", reason="correctness arm not built yet"
+        status="completed",
+        planned_topologies=("one-stage",),
+        prompt_sha256="c" * 64,
+        suffix_prefill_matches=True,
     )
     assert receipt.lifecycle == ("correctness", "serial", "concurrent", "finalize")
     assert decode_row_receipt(encode_receipt(receipt)) == receipt
     published = json.loads(encode_receipt(receipt))
     # One representation: a nested object, no flat status beside it.
-    assert published["correctness"] == {
-        **EMPTY_CORRECTNESS,
-        "status": "not-run",
-        "reason": CORRECTNESS_NOT_BUILT,
-    }
+    assert published["correctness"]["status"] == "completed"
     assert not any(key.startswith("correctness_") for key in published)
 
 
-# The correctness members a row carries before its arm ran any topology.
-EMPTY_CORRECTNESS = {
-    "planned_topologies": [],
-    "topologies": [],
-    "prompt_sha256": None,
-    "terminal_refusal": None,
-}
-
-
-def test_row_correctness_comes_from_row_opened() -> None:
+def test_a_row_whose_correctness_never_ran_is_never_completed() -> None:
     cells = [serial_cell().happy()]
     records = row_with(cells, [ArmPlan(arm="native-serial")])
-    opened = records[0]
-    assert isinstance(opened, RowOpened)
-    other = msgspec.structs.replace(
-        opened, correctness_status="skipped", correctness_reason="no correctness tool"
+    # The same row without its correctness verdict (a foreign or edited journal).
+    bare = [r for r in records if not isinstance(r, CorrectnessVerdict)]
+    receipt = fold_row(journal(*bare), 0)
+    assert receipt.correctness == CorrectnessObservation(
+        status="not-run", reason="correctness_not_started"
     )
-    receipt = fold_row(journal(other, *records[1:]), 0)
-    assert json.loads(encode_receipt(receipt))["correctness"] == {
-        **EMPTY_CORRECTNESS,
-        "status": "skipped",
-        "reason": "no correctness tool",
-    }
-    # A row_opened from before the field existed: not run, no reason recorded.
-    older = RowOpened(
-        row_index=0, row_key=opened.row_key, case_key=opened.case_key, arms=opened.arms
+    assert receipt.status == "incomplete" and receipt.reason == "correctness_not_run"
+
+
+def test_failed_correctness_skips_the_baselines_and_keeps_the_evidence() -> None:
+    row = RowScript(0)
+    arms = [ArmPlan(arm="native-serial"), ArmPlan(arm="native-concurrent")]
+    ran = CorrectnessTopologyRan(
+        row_index=0,
+        topology_index=0,
+        topology="one-stage",
+        status="refused",
+        reason="model id 'x' is not the row's 'y'",
+        refusal_codes=("handoff.model_id",),
+        evidence_dir="cell-0000/correctness/topology-00",
     )
-    receipt = fold_row(journal(older, *records[1:]), 0)
-    assert receipt.correctness == CorrectnessObservation(status="not-run", reason=None)
-    assert receipt.status == "completed"
+    verdict = CorrectnessVerdict(
+        row_index=0,
+        status="failed-or-incomplete",
+        reason="correctness_report_refused: one-stage: model id 'x' is not the row's 'y'",
+        planned_topologies=("one-stage",),
+    )
+    row.fire(RowEvent.CORRECTNESS_NOT_PASSED)
+    row.fire(RowEvent.RECEIPT_PUBLISHED)
+    receipt = fold_row(journal(row_records(0, arms), ran, verdict, *row.records), 0)
+    assert receipt.status == "failed" and receipt.reason == "correctness_report_refused"
+    assert [(o.arm, o.status, o.reason) for o in receipt.observations] == [
+        (arm.arm, "skipped", "correctness failed-or-incomplete: baselines skipped") for arm in arms
+    ]
+    [topology] = receipt.correctness.topologies
+    assert topology.status == "refused" and topology.refusal_codes == ("handoff.model_id",)
+    assert topology.evidence_dir == "cell-0000/correctness/topology-00"
+    assert receipt.lifecycle == ("correctness", "finalize", "done")
 
 
 def test_row_with_a_drifted_arm_is_incomplete() -> None:
@@ -949,10 +960,12 @@ def test_receipts_of_a_real_catalog_carry_no_synthetic_label() -> None:
     assert (cell.synthetic, cell.evidence_class) == (False, None)
     assert (row.synthetic, row.evidence_class) == (False, None)
     # New members go last, after every member older readers know.
-    published = list(json.loads(encode_receipt(cell)))
-    assert published[-2:] == ["synthetic", "evidence_class"]
-    published = list(json.loads(encode_receipt(row)))
-    assert published[-4:] == ["synthetic", "evidence_class", "producer_report_row", "promotion"]
+    for receipt, later in (
+        (cell, []),
+        (row, ["parity", "observation_order", "producer_report_row", "promotion"]),
+    ):
+        published = list(json.loads(encode_receipt(receipt)))
+        assert published[-2 - len(later) :] == ["synthetic", "evidence_class", *later]
     matrix = fold_matrix(JournalIndex(lines), through_seq=lines[-1].seq)
     assert matrix.scope == MATRIX_SCOPE and SYNTHETIC_EVIDENCE_CLASS not in matrix.scope
     assert matrix.catalog == MatrixCatalog(
@@ -1017,7 +1030,7 @@ def test_a_journal_from_before_the_label_folds_unlabelled() -> None:
     older = RowOpened(row_index=0, row_key="k", case_key="c", arms=(ArmPlan(arm="native-serial"),))
     script = serial_cell().happy()
     row = RowScript(0)
-    row.fire(RowEvent.CORRECTNESS_NOT_RUN)
+    row.pass_correctness()
     row.fire(RowEvent.ARM_FINISHED)
     row.fire(RowEvent.ARMS_EXHAUSTED)
     lines = journal(older, *script.records, *row.records)

@@ -622,6 +622,10 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     "run_resumed": ("resumed_after_seq",),
     "report_failed": ("path",),
     "journal_sealed": ("through_seq", "head_sha256"),
+    # Published by issue 10 (the correctness arm).
+    "correctness_topology": ("row_index", "topology_index", "topology", "status"),
+    "correctness_verdict": ("row_index", "status"),
+    "cli_admission": ("cell_id", "binary", "binary_sha256", "dialect"),
 }
 
 

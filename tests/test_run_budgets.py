@@ -78,18 +78,20 @@ from cache_family.schemas.prepared import (
 )
 from cache_family.schemas.receipts import (
     SYNTHETIC_EVIDENCE_CLASS,
-    CorrectnessObservation,
     decode_cell_receipt,
     decode_row_receipt,
 )
 from cache_family.states.fold import JournalIndex
+from cache_family.states.handoff import RUNTIME_SLICE_TOPOLOGIES
 from cache_family.states.matrix import fold_matrix
-from fake_hosts.fake_custody import FakeHostScript, fake_opener, hasher
+from fake_hosts.fake_correctness_tool import FAKE_PROMPT
+from fake_hosts.fake_custody import FakeHostScript, fake_child_runner, fake_opener, hasher
 from fake_hosts.fake_llama_http import Reply
 from hub_fixture import build_toolbox, operator_document
 
 HERE = Path(__file__).parent
 FAKE_SERVER = HERE / "fake_hosts" / "fake_run_llama_server.py"
+FAKE_CORRECTNESS = HERE / "fake_hosts" / "fake_correctness_tool.py"
 
 SERIAL = "cell-0000/native-serial"
 CONCURRENT = "cell-0000/native-concurrent"
@@ -150,9 +152,13 @@ def make_prepared(
     server = root / "tools" / "fake-llama-server"
     shutil.copy(FAKE_SERVER, server)
     server.chmod(0o755)
+    correctness = root / "tools" / "fake-skippy-correctness"
+    shutil.copy(FAKE_CORRECTNESS, correctness)
+    correctness.chmod(0o755)
     plan = {"concurrency": [1, 2], "concurrent_requests": 2, "llama_repeats": 3, **plan}
     document = operator_document(box, **plan)
     document["native_server"] = str(server)
+    document["correctness"] = str(correctness)
     document.update(top or {})
     operator = root / "operator.json"
     operator.write_text(json.dumps(document))
@@ -184,12 +190,14 @@ async def run(
     host_opener: Any = None,
     host_port: int = 0,
     progress_stream: io.StringIO | None = None,
+    child_runner: Any = None,
 ) -> MatrixOutcome:
     admitted = admit_run(str(input_path), str(out))
     os.mkdir(admitted.output)
     hosts = HostSettings(
         host_opener=host_opener or fake_opener(script),
         pin_hasher=pins or hasher(),
+        child_runner=child_runner or fake_child_runner(),
         host_port=host_port,
     )
     progress = Progress(
@@ -316,12 +324,30 @@ async def test_a_complete_run_measures_both_arms_and_replays(
     assert [r.concurrency for r in concurrent.measurement.rungs] == [1, 2]
     assert all(r.host_retained for r in concurrent.measurement.rungs)
     assert row(out).status == "completed"
-    assert row(out).correctness == CorrectnessObservation(
-        status="not-run", reason="correctness arm not built yet"
-    )
-    correctness = json.loads((out / "cell-0000" / "row.json").read_bytes())["correctness"]
-    assert correctness["status"] == "not-run" and correctness["topologies"] == []
-    assert correctness["reason"] == "correctness arm not built yet"
+    # The correctness arm ran first, one FAKE tool child per planned topology, all passed.
+    checked = row(out).correctness
+    assert checked.status == "completed" and checked.reason is None
+    assert checked.planned_topologies == RUNTIME_SLICE_TOPOLOGIES
+    assert [(t.topology, t.status) for t in checked.topologies] == [
+        (name, "pass") for name in RUNTIME_SLICE_TOPOLOGIES
+    ]
+    assert checked.topologies[0].evidence_dir == "cell-0000/correctness/topology-00"
+    assert checked.topologies[0].cache_hit_total_ms == 0.75 and checked.suffix_prefill_matches
+    prompt_sha = hashlib.sha256(FAKE_PROMPT.encode()).hexdigest()
+    assert checked.prompt_sha256 == prompt_sha
+    evidence = out / "cell-0000" / "correctness" / "topology-03"
+    assert {p.name for p in evidence.iterdir()} == {
+        "state-handoff.json",
+        "process.json",
+        "child.stdout.log",
+        "child.stderr.log",
+    }
+    # The accepted text drives every request of the row, and never appears in a receipt.
+    assert {w.prompt_sha256 for w in records(out, WarmupExclusion)} == {prompt_sha}
+    for receipt_path in out.rglob("*.json"):
+        if receipt_path.name not in ("state-handoff.json",):
+            assert FAKE_PROMPT not in receipt_path.read_text(), receipt_path
+    assert FAKE_PROMPT not in (out / "journal.jsonl").read_text()
     argv = script.argv[0]
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--no-webui" in argv
     assert argv[argv.index("-t") + 1] == "2"  # the operator's OMP_NUM_THREADS
@@ -330,29 +356,25 @@ async def test_a_complete_run_measures_both_arms_and_replays(
     assert argv[argv.index("--ctx-size") + 1] == str(2 * 512)
     assert script.env[0]["HOME"].startswith(str(out / "cell-0000" / "native-serial"))
     assert "LLAMA_STAGE_BUILD_DIR" in script.env[0]
-    # What the actors journal is typed by the reader (no field dropped), and the host's
-    # environment appears by name only.
-    spawned = records(out, ChildSpawned)
+    # What the actors journal is typed by the reader (no field dropped); each child's
+    # effective environment is recorded, device ids redacted.
+    spawned = [s for s in records(out, ChildSpawned) if s.role == "host"]
     assert [list(s.host_argv) for s in spawned] == script.argv
     assert [s.host_env_names for s in spawned] == [tuple(sorted(env)) for env in script.env]
+    assert [s.effective_environment for s in spawned] == [
+        custody.recorded_environment(env) for env in script.env
+    ]
     assert {s.host_threads for s in spawned} == {"2"}
-    lines = (out / "journal.jsonl").read_text().splitlines()
-    spawn_lines = "\n".join(line for line in lines if '"type":"child_spawned"' in line)
-    assert len(spawn_lines.splitlines()) == 2
-    for env in script.env:
-        for name, value in env.items():
-            if name != "OMP_NUM_THREADS":  # the thread count is a setting (argv -t)
-                assert json.dumps(value) not in spawn_lines, f"{name}'s value was journaled"
-    # The operator's own environment values appear nowhere in the journal.
+    tools = [s for s in records(out, ChildSpawned) if s.role == "correctness"]
+    assert len(tools) == 4 and {s.cell_id for s in tools} == {"cell-0000/correctness"}
+    assert all("LLAMA_STAGE_BUILD_DIR" in (s.effective_environment or {}) for s in tools)
     assert script.env[0]["LLAMA_STAGE_BACKEND"] == "cpu"
-    assert not any('"cpu"' in line for line in lines)
     warmups = records(out, WarmupExclusion)
-    assert {w.prompt_source for w in warmups} == {"fixed-corpus-entry"}
+    assert {w.prompt_source for w in warmups} == {"correctness-benchmark-prompt"}
     assert len({w.prompt_sha256 for w in warmups}) == 1 and warmups[0].prompt_tokens
-    assert all(w.prompt_corpus_sha256 and w.prompt_entry for w in warmups)
     opened = records(out, RowOpened)
     assert (opened[0].model_status, opened[0].correctness_status) == ("present", "not-run")
-    assert opened[0].correctness_reason == "correctness arm not built yet"
+    assert opened[0].correctness_reason == "correctness_not_started"
     assert {r.correctness_reason for r in opened[1:]} == {"missing-model"}
     [started] = records(out, RunStarted)
     budgets = (started.execution_seconds, started.cell_seconds, started.request_timeout_ms)
@@ -411,7 +433,8 @@ async def test_a_published_row_leaves_the_writers_index_and_the_matrix_still_fol
     assert not {r.index for r in measured} & set(index.row_indices())
     read = read_journal((out / "journal.jsonl").read_bytes())
     assert index.last_seq == read.last_seq  # the index did see every line
-    assert len(JournalIndex(read.lines).cell_ids()) == 4  # two rows, two arms each
+    # Two rows, each with two arms and its correctness arm's scope (tool children, pins).
+    assert len(JournalIndex(read.lines).cell_ids()) == 6
     assert replay(str(out)).exit_code == 0
 
 
@@ -548,8 +571,9 @@ async def test_pin_drift_before_launch_launches_nothing(
 ) -> None:
     script = FakeHostScript()
     out = tmp_path / "out"
-    # Call 0: the serial cell's pins before launch; call 1: the concurrent cell's.
-    pins = hasher({0: "model", 1: "native_build"})
+    # Call 0: the correctness arm's pins; call 1: the serial cell's pins before launch;
+    # call 2: the concurrent cell's.
+    pins = hasher({1: "model", 2: "native_build"})
     await run(make_prepared(tmp_path / "p"), out, script, pins=pins)
     serial = cell(out, "native-serial")
     assert serial.status == "failed" and serial.host is None
@@ -569,8 +593,8 @@ async def test_post_run_drift_and_forced_kill_keep_measurements_but_mark_incompl
 ) -> None:
     script = FakeHostScript(forced_cleanup=True)
     out = tmp_path / "out"
-    # Call 1 is the serial cell's post-verify.
-    await run(make_prepared(tmp_path / "p"), out, script, pins=hasher({1: "binary"}))
+    # Call 0 is the correctness arm's, call 2 the serial cell's post-verify.
+    await run(make_prepared(tmp_path / "p"), out, script, pins=hasher({2: "binary"}))
     serial = cell(out, "native-serial")
     assert serial.status == "incomplete" and serial.pins_drifted
     assert not serial.accepted_for_parity
@@ -702,7 +726,9 @@ async def test_a_failed_interrupt_finish_downgrades_the_matrix(
 
 
 async def supervise_fake(admitted: Any, script: FakeHostScript) -> MatrixOutcome:
-    hosts = HostSettings(host_opener=fake_opener(script), pin_hasher=hasher())
+    hosts = HostSettings(
+        host_opener=fake_opener(script), pin_hasher=hasher(), child_runner=fake_child_runner()
+    )
     return await supervise(admitted, hosts, Progress(io.StringIO(), len(admitted.prepared.rows)))
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from cache_family.actors.replay import replay
+from cache_family.oracles import native_build
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.journal import ChildSpawned, WarmupExclusion, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
@@ -25,7 +26,8 @@ from cache_family.schemas.receipts import (
     decode_cell_receipt,
     decode_row_receipt,
 )
-from hub_fixture import plan_document, write_tool
+from cache_family.states.handoff import RUNTIME_SLICE_TOPOLOGIES
+from hub_fixture import plan_document
 
 pytestmark = pytest.mark.native
 
@@ -48,8 +50,9 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def operator_for(parts: Parts, root: Path, cases: list[str]) -> Path:
-    tools = root / "tools"
+def operator_for(parts: Parts, tools: Path, root: Path, cases: list[str]) -> Path:
+    debug = tools.joinpath(*native_build.TOOLS_SUBDIR)
+    native = tools / "native"
     plan = plan_document(
         parts.zoo_root,
         cases=cases,
@@ -61,12 +64,12 @@ def operator_for(parts: Parts, root: Path, cases: list[str]) -> Path:
     document: dict[str, Any] = {
         "schema_version": 1,
         "plan": plan,
-        # Stand-ins: the correctness arm is not built yet, preparation only pins their bytes.
-        "correctness": str(write_tool(tools / "skippy-correctness")),
-        "stage_server": str(write_tool(tools / "skippy")),
-        "native_server": str(parts.llama_server),
+        # The reference workload oracles, installed as an operator names Skippy's tools.
+        "correctness": str(debug / "skippy-correctness"),
+        "stage_server": str(debug / "skippy"),
+        "native_server": str(native / "bin" / native_build.SERVER_NAME),
         "artifact_tool": None,
-        "native_build": str(parts.native_build),
+        "native_build": str(native),
         "old_source_commit": "1" * 40,
         "new_source_commit": "2" * 40,
         "native_source_commit": "3" * 40,
@@ -84,11 +87,11 @@ def operator_for(parts: Parts, root: Path, cases: list[str]) -> Path:
 
 
 def prepare_then_run(
-    parts: Parts, root: Path, cases: list[str], verb: str
+    parts: Parts, tools: Path, root: Path, cases: list[str], verb: str
 ) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """``verb`` (prepare-full or prepare-use-cases) then ``run``, both succeeding: the run
     directory and the run's completed process."""
-    operator = operator_for(parts, root, cases)
+    operator = operator_for(parts, tools, root, cases)
     prepared_dir = root / "prepared"
     prepare = cli(verb, "--input", str(operator), "--output", str(prepared_dir), cwd=root)
     assert prepare.returncode == 0, prepare.stderr
@@ -99,10 +102,10 @@ def prepare_then_run(
     return out, ran
 
 
-def test_prepare_full_then_run_measures_both_native_arms_for_real(
-    native_parts: Parts, tmp_path: Path
+def test_prepare_full_then_run_checks_correctness_then_measures_both_native_arms_for_real(
+    native_parts: Parts, oracle_tools: Path, tmp_path: Path
 ) -> None:
-    out, ran = prepare_then_run(native_parts, tmp_path, ["llama"], "prepare-full")
+    out, ran = prepare_then_run(native_parts, oracle_tools, tmp_path, ["llama"], "prepare-full")
     # The zoo's catalog is synthetic: the progress, the last line and every receipt say so.
     final, head = ran.stdout.splitlines()
     assert final.startswith("completed: ") and final.endswith("(synthetic)")
@@ -121,13 +124,28 @@ def test_prepare_full_then_run_measures_both_native_arms_for_real(
     row_dir = out / str(entry.result.evidence).removesuffix("/row.json")
     row = decode_row_receipt((row_dir / "row.json").read_bytes())
     assert row.status == "completed" and row.evidence_class == SYNTHETIC_EVIDENCE_CLASS
-    correctness = json.loads((row_dir / "row.json").read_bytes())["correctness"]
-    assert correctness["status"] == "not-run" and correctness["topologies"] == []
-    assert correctness["reason"] == "correctness arm not built yet"
-    # The row's report entry, as production-cache-bench.json holds it.
+    # The real correctness oracle ran every topology first; its accepted prompt then drove
+    # every request of the row, and its text is in no receipt.
+    checked = row.correctness
+    assert checked.status == "completed" and checked.prompt_sha256 is not None
+    assert [(t.topology, t.status) for t in checked.topologies] == [
+        (name, "pass") for name in RUNTIME_SLICE_TOPOLOGIES
+    ]
+    assert all(t.benchmark_prompt_token_count == row.prefix_tokens + 1 for t in checked.topologies)  # type: ignore[operator]
+    assert checked.suffix_prefill_matches is True
+    report = json.loads(
+        (out / checked.topologies[0].evidence_dir / "state-handoff.json").read_bytes()  # type: ignore[operator]
+    )
+    prompt_text = report["benchmark_prompt_text"]
+    assert hashlib.sha256(prompt_text.encode()).hexdigest() == checked.prompt_sha256
+    for receipt_path in [*row_dir.rglob("cell.json"), row_dir / "row.json", out / MATRIX_FILENAME]:
+        assert prompt_text not in receipt_path.read_text()
+    # The row's report entry, as production-cache-bench.json holds it: the first topology's figures.
     production = json.loads((out / "production-cache-bench.json").read_bytes())
     assert production == [json.loads((row_dir / "row.json").read_bytes())["producer_report_row"]]
-    assert production[0]["skippy"] == {"status": "unmeasured"}
+    assert production[0]["skippy"]["status"] == "pass"
+    first = checked.topologies[0]
+    assert production[0]["skippy"]["cache_storage_bytes"] == first.cache_storage_bytes
     assert production[0]["llama_server"]["status"] == "ok" and production[0]["synthetic"] is True
     assert [(o.arm, o.status) for o in row.observations] == [
         ("native-serial", "completed"),
@@ -166,19 +184,21 @@ def test_prepare_full_then_run_measures_both_native_arms_for_real(
         assert {p.name for p in cell.before_identity} >= {"binary", "native_build", "model"}
 
     read = read_journal((out / "journal.jsonl").read_bytes())
-    hosts = [line.record for line in read.lines if isinstance(line.record, ChildSpawned)]
+    spawned = [line.record for line in read.lines if isinstance(line.record, ChildSpawned)]
+    hosts = [s for s in spawned if s.role == "host"]
     assert len(hosts) == 2  # one host per arm, retained for the whole ladder
+    assert [s.role for s in spawned] == ["correctness"] * 4 + ["host"] * 2
     # The typed reader keeps the host's argv and the prompt's provenance (the records' own
     # fields), so folds and replay see exactly what the file holds.
     argv = list(hosts[0].host_argv)
-    assert argv[0] == str(native_parts.llama_server)
+    assert argv[0] == str(oracle_tools / "native" / "bin" / "llama-server")
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--no-webui" in argv
     assert argv[argv.index("-t") + 1] == "1" and {h.host_threads for h in hosts} == {"1"}
     assert all("OMP_NUM_THREADS" in h.host_env_names for h in hosts)
     prompts = [line.record for line in read.lines if isinstance(line.record, WarmupExclusion)]
     assert {p.prompt_tokens for p in prompts} == {row.prefix_tokens + 1}  # type: ignore[operator]
-    assert len({p.prompt_sha256 for p in prompts}) == 1  # both arms: the same prompt
-    assert prompts[0].prompt_source == "fixed-corpus-entry"
+    assert {p.prompt_sha256 for p in prompts} == {checked.prompt_sha256}  # both arms
+    assert prompts[0].prompt_source == "correctness-benchmark-prompt"
 
     verdict = replay(str(out))
     assert verdict.exit_code == 0, verdict.lines
@@ -186,17 +206,24 @@ def test_prepare_full_then_run_measures_both_native_arms_for_real(
 
 
 def test_prepare_use_cases_then_run_uses_each_use_case_prompt(
-    native_parts: Parts, tmp_path: Path
+    native_parts: Parts, oracle_tools: Path, tmp_path: Path
 ) -> None:
-    out, _ = prepare_then_run(native_parts, tmp_path, ["qwen3_dense"], "prepare-use-cases")
+    out, _ = prepare_then_run(
+        native_parts, oracle_tools, tmp_path, ["qwen3_dense"], "prepare-use-cases"
+    )
     matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
     use_cases = [r.use_case for r in matrix.rows]
     assert len(use_cases) == 8 and None not in use_cases
     assert {r.result.status for r in matrix.rows} == {"completed"}
     read = read_journal((out / "journal.jsonl").read_bytes())
     prompts = [line.record for line in read.lines if isinstance(line.record, WarmupExclusion)]
-    assert {p.prompt_source for p in prompts} == {"use-case"}
-    by_use_case = {p.prompt_entry: p.prompt_sha256 for p in prompts}
-    assert sorted(by_use_case) == sorted(use_cases)  # type: ignore[type-var]
-    assert len(set(by_use_case.values())) == 8  # each row measured with its own prompt
+    # The correctness tool was handed each use case's prompt and cut it; its accepted text
+    # then drove the row's requests.
+    assert {p.prompt_source for p in prompts} == {"correctness-benchmark-prompt"}
+    accepted = [
+        decode_row_receipt((out / str(r.result.evidence)).read_bytes()) for r in matrix.rows
+    ]
+    assert all(r.correctness.status == "completed" for r in accepted)
+    assert {p.prompt_sha256 for p in prompts} == {r.correctness.prompt_sha256 for r in accepted}
+    assert len({r.correctness.prompt_sha256 for r in accepted}) == 8  # each its own prompt
     assert replay(str(out)).exit_code == 0

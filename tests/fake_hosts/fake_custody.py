@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from cache_family.actors import custody
+from cache_family.actors.child import ChildCommand, ChildEnded, ChildRunner, OnSpawn
 from cache_family.actors.run_context import HostHandle, Observe, PinResult, PinTarget
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
@@ -27,6 +28,7 @@ from cache_family.schemas.measurement import (
     HostReady,
     HostSpawned,
 )
+from fake_hosts.fake_correctness_tool import write_report
 from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
 
 
@@ -170,3 +172,29 @@ def hasher(drift: dict[int, str] | None = None) -> Any:
         return [PinResult(t, "f" * 64 if t.name == bad else t.expected_sha256) for t in targets]
 
     return hash_pins
+
+
+def fake_child_runner(
+    edit: dict[str, Any] | Callable[[int], dict[str, Any]] | None = None,
+    *,
+    exit_code: int = 0,
+    ran: list[tuple[str, ...]] | None = None,
+) -> ChildRunner:
+    """FAKE correctness children, in process (trio's autojump clock cannot wait on a real
+    one): each writes ``fake_correctness_tool``'s passing report for its argv, then ``edit``
+    (or ``edit(call number)``)."""
+    calls: list[tuple[str, ...]] = [] if ran is None else ran
+
+    async def runner(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
+        # Above Linux's largest pid: a reap of this journal can never touch a real process.
+        pid = (1 << 22) + 1 + len(calls)
+        await on_spawn(pid, 1.0)
+        changes = edit(len(calls)) if callable(edit) else edit
+        calls.append(command.argv)
+        for path in (command.stdout_path, command.stderr_path):
+            with open(path, "x"):
+                pass
+        write_report(command.argv[1:], changes)
+        return ChildEnded(pid, 1.0, exit_code, 0.0)
+
+    return runner

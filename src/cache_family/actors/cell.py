@@ -27,10 +27,16 @@ from typing import Final, Literal
 import msgspec
 import trio
 
-from cache_family.actors import custody
+from cache_family.actors import custody, stage_host
 from cache_family.actors.journal import publish_cell_receipt
-from cache_family.actors.load import BenchmarkPrompt, LoadRun, build_benchmark_prompt
-from cache_family.actors.prompts import PromptChoice
+from cache_family.actors.load import (
+    BenchmarkPrompt,
+    LoadRun,
+    OpenAIChatRun,
+    build_benchmark_prompt,
+)
+from cache_family.actors.prompts import SOURCE_CORRECTNESS, PromptChoice
+from cache_family.actors.publish import publish_fresh
 from cache_family.actors.run_context import (
     ARM_DIRS,
     Budgets,
@@ -47,6 +53,7 @@ from cache_family.schemas.journal import (
     CellOpened,
     ChildSpawned,
     CleanupOutcome,
+    CliAdmission,
     DeadlineExpired,
     Fault,
     ListeningMarkerSeen,
@@ -85,6 +92,7 @@ from cache_family.states.cell import (
 )
 
 COHORT_NATIVE: Final = "native"
+COHORT_OPENAI: Final = "openai"
 # Finalize (fold + publish) is shielded; this bounds it so a wedged disk cannot hang a run.
 FINALIZE_BOUND_SECONDS: Final = 30.0
 
@@ -119,6 +127,11 @@ class CellPlan:
     synthetic: bool = False
     # The model's GGUF ``general.architecture``: which cache reuse rule judges its rungs.
     architecture: str | None = None
+    # Tokens of the correctness arm's accepted prompt (its tool's count: K + 1).
+    prompt_tokens: int | None = None
+    # native: llama-server, /completion; stage: a Skippy stage server, OpenAI chat.
+    host_kind: Literal["native", "stage"] = "native"
+    model_id: str = ""
 
 
 def pin_targets(profile: HostProfile) -> tuple[PinTarget, ...]:
@@ -173,6 +186,8 @@ def fault_kind(refused: Refused) -> str:
         return custody.FAULT_KIND_OF_CODE[code]
     if code.startswith("load.prompt") or code == "load.tokenize":
         return "prompt_failed"
+    if code == "stage.cli_refused":
+        return "cli_refused"
     return "internal"
 
 
@@ -229,6 +244,8 @@ class CellActor:
         self._out_of_time = False
         self._warmup: tuple[RequestRow, ...] = ()
         self._argv: list[str] = []
+        # A stage server's dialect, read from its help in pin-verify.
+        self.cli: stage_host.CliAdmitted | None = None
 
     def __repr__(self) -> str:
         elapsed = "-"
@@ -261,7 +278,7 @@ class CellActor:
                     row_index=plan.row_index,
                     row_key=plan.row_key,
                     arm=plan.arm,
-                    cohort=COHORT_NATIVE,
+                    cohort=COHORT_OPENAI if plan.host_kind == "stage" else COHORT_NATIVE,
                     cell_dir=plan.cell_dir,
                     measurement_kind=plan.kind,
                     rungs=plan.rungs,
@@ -402,10 +419,76 @@ class CellActor:
             )
             return CellEvent.PINS_MISMATCH
         assert self._nursery is not None
-        config = self.ctx.hosts.host_config(ARM_DIRS[plan.arm], self.cell_path)
+        if plan.host_kind == "stage":
+            self.cli = await self._admit_cli()
+        config = self.ctx.hosts.host_config(
+            ARM_DIRS[plan.arm],
+            self.cell_path,
+            dialect=self.cli.dialect if self.cli is not None else "llama-server",
+            model_id=plan.model_id,
+            lane_count=plan.lanes,
+        )
         # A busy port is refused here, before anything is launched.
         await self._nursery.start(self._custody, config)
         return CellEvent.PINS_VERIFIED
+
+    async def _admit_cli(self) -> stage_host.CliAdmitted:
+        """Read the stage server's dialect from its help (the binary re-hashed around each
+        probe), journal it, and write ``cli-admission.json`` and ``stage.json``."""
+        plan, profile = self.plan, self.plan.profile
+        assert profile is not None
+        binary = next(t for t in plan.pins if t.name == "binary")
+
+        async def same_bytes() -> bool:
+            remaining = self.work_deadline - trio.current_time()
+            [result] = await self.ctx.hosts.pin_hasher([binary], remaining)
+            return result.matches
+
+        probe_dir = custody.make_private_dir(self.cell_path, "cli-probe")
+        try:
+            env = self._host_env(probe_dir)
+            admitted = await stage_host.admit_cli(profile.binary, env, probe_dir, same_bytes)
+        finally:
+            custody.remove_tree(probe_dir)
+        await self._journal(
+            CliAdmission(
+                cell_id=plan.cell_id,
+                binary=profile.binary,
+                binary_sha256=profile.binary_sha256,
+                dialect=admitted.dialect,
+                probes=tuple((p.command, p.exit_code) for p in admitted.probes),
+            )
+        )
+        documents = {
+            stage_host.CLI_ADMISSION_NAME: stage_host.cli_admission_document(
+                profile.binary, profile.binary_sha256, admitted
+            ),
+            stage_host.STAGE_CONFIG_NAME: stage_host.stage_config_document(
+                model_id=plan.model_id,
+                model=profile.model,
+                model_sha256=profile.model_sha256,
+                layer_end=profile.layer_end,
+                ctx_size=plan.ctx_size,
+                lane_count=plan.lanes,
+                n_gpu_layers=plan.n_gpu_layers,
+            ),
+        }
+        for name, data in documents.items():
+            await trio.to_thread.run_sync(publish_fresh, os.path.join(self.cell_path, name), data)
+        return admitted
+
+    def _host_env(self, state_dir: str) -> dict[str, str]:
+        profile = self.plan.profile
+        assert profile is not None
+        env = custody.host_environment(
+            profile.environment,
+            {name: pin.path for name, pin in profile.toolkit_directories.items()},
+            profile.native_build,
+            state_dir,
+        )
+        if self.plan.host_kind == "stage":
+            env.update(stage_host.STAGE_ENVIRONMENT)
+        return env
 
     async def _custody(
         self, config: custody.HostConfig, *, task_status: trio.TaskStatus[HostHandle]
@@ -448,13 +531,14 @@ class CellActor:
     async def _spawn_host(self) -> None:
         host, profile = self._live_host(), self.plan.profile
         assert profile is not None  # pin-verify refused a cell without one
-        env = custody.host_environment(
-            profile.environment,
-            {name: pin.path for name, pin in profile.toolkit_directories.items()},
-            profile.native_build,
-            host.state_dir,
-        )
-        self._argv = llama_server_argv(self.plan, profile, host.port)
+        env = self._host_env(host.state_dir)
+        if self.cli is not None:
+            config = os.path.join(self.cell_path, stage_host.STAGE_CONFIG_NAME)
+            self._argv = stage_host.stage_server_argv(
+                profile.binary, self.cli, config, host.port, self.plan.lanes
+            )
+        else:
+            self._argv = llama_server_argv(self.plan, profile, host.port)
         await host.launch(self._argv, env)
 
     async def _await_readiness(self) -> None:
@@ -467,6 +551,13 @@ class CellActor:
         host.note_descendants()
 
     async def _cut_prompt(self) -> None:
+        """The correctness arm's accepted prompt as is; a corpus text cut by the host."""
+        choice = self.plan.prompt
+        if choice.source == SOURCE_CORRECTNESS:
+            digest = hashlib.sha256(choice.text.encode()).hexdigest()
+            tokens = self.plan.prompt_tokens or self.plan.prefix_tokens + 1
+            self.prompt = BenchmarkPrompt(choice.text, tokens, digest)
+            return
         host = self._live_host()
         self.prompt = await build_benchmark_prompt(
             host.base_url, self.plan.prompt.text, self.plan.prefix_tokens
@@ -592,11 +683,19 @@ class CellActor:
             ignore_eos=plan.synthetic,
         )
 
+    def _load(self, request: LoadRequest, sent: Sequence[RequestRow]) -> LoadRun:
+        """llama-server's /completion, or a stage server's OpenAI chat (its model id)."""
+        if self.plan.host_kind == "stage":
+            return OpenAIChatRun(
+                request, self.plan.model_id, deadline=self.work_deadline, sent=sent
+            )
+        return LoadRun(request, deadline=self.work_deadline, sent=sent)
+
     async def _rung(self, index: int, rung: RungPlan) -> LoadOutcome:
         """One measured rung (rung 0 after its warmup, if any); its roster and completion are
         journaled also when it is cancelled (every planned id, launched or not)."""
         sent = self._warmup if index == 0 else ()
-        load = LoadRun(self._request(rung), deadline=self.work_deadline, sent=sent)
+        load = self._load(self._request(rung), sent)
         outcome: LoadOutcome | None = None
         try:
             outcome = await load.run()
@@ -656,6 +755,7 @@ class CellActor:
                     host_argv=tuple(argv),
                     host_env_names=tuple(sorted(event.env)),
                     host_threads=thread_setting(profile.environment) if profile else None,
+                    effective_environment=custody.recorded_environment(event.env),
                 )
             )
         elif isinstance(event, HostMarkerSeen):
@@ -671,7 +771,8 @@ class CellActor:
             await self._journal(
                 Ready(
                     cell_id=cell_id,
-                    url=(self.host.base_url if self.host is not None else "") + "/health",
+                    url=(self.host.base_url if self.host is not None else "")
+                    + ("/v1/models" if self.plan.host_kind == "stage" else "/health"),
                     attempts=event.health_attempts,
                     elapsed_ms=event.after_seconds * 1000,
                 )

@@ -13,6 +13,7 @@ Order of custody (each step journaled through ``observe``):
   launch    release the port, spawn in a new session (own process group) with exactly the
             given environment, stdout/stderr pumped into bounded log files
   ready     the dialect's exact listening line, then ``/health`` answering {"status":"ok"}
+            (a stage server: ``/v1/models`` listing the model id)
   cleanup   SIGTERM the group, grace, SIGKILL the group, reap; kill escaped descendants by
             (pid, create time); confirm the port is free; remove the state dir
 
@@ -43,6 +44,7 @@ import trio
 
 from cache_family.actors.process_group import stop_group
 from cache_family.errors import Refusal, Refused
+from cache_family.schemas import stage_server
 from cache_family.schemas.measurement import (
     CaptureStream,
     HostCleaned,
@@ -75,6 +77,22 @@ PRIVATE_ENV_NAMES = (
     "LLAMA_STAGE_BUILD_DIR",
 )
 BASE_PATH = "/usr/bin:/bin"
+# The host basics the runner passes on (reference: PATH and the library search paths), so a
+# dynamically linked server (CUDA, ROCm) finds its libraries; the operator may override them.
+HOST_BASIC_NAMES = ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "DYLD_LIBRARY_PATH")
+# Device ids say which accelerator of a shared host ran a cell: records show them redacted.
+DEVICE_ID_NAMES = frozenset(
+    (
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "ZE_AFFINITY_MASK",
+        "ONEAPI_DEVICE_SELECTOR",
+    )
+)
+REDACTED = "redacted"
 
 # Custody refusal code -> the journal's fault kind.
 FAULT_KIND_OF_CODE: Mapping[str, str] = {
@@ -108,6 +126,9 @@ class HostConfig:
     cleanup_bound_seconds: float = 30.0
     capture_line_limit: int = 64 * KIB
     capture_total_limit: int = 16 * MIB
+    # A stage server's listening line and readiness name its model id and lane count.
+    model_id: str = ""
+    lane_count: int = 1
 
 
 # llama.cpp's common log may prefix each line with "<min>.<s>.<ms>.<us> <level> " (this build
@@ -123,11 +144,31 @@ def listening_marker(dialect: HostDialect, port: int) -> str:
     raise ValueError(f"unknown host dialect {dialect!r}")
 
 
-def is_listening_line(dialect: HostDialect, line: str, port: int) -> bool:
-    """Whether ``line`` (without its newline) is the host's listening line for ``port``."""
+def is_listening_line(
+    dialect: HostDialect, line: str, port: int, *, model_id: str = "", lane_count: int = 1
+) -> bool:
+    """Whether ``line`` (without its newline) is the host's listening line for ``port``: a
+    stage server's by the reference's rule for its dialect (``schemas/stage_server.py``)."""
+    if dialect != "llama-server":
+        return stage_server.is_listening_line(
+            dialect, line, port, model_id=model_id, generation_concurrency=lane_count
+        )
     prefix = _COMMON_LOG_PREFIX.match(line)
     body = line[prefix.end() :] if prefix else line
     return body == listening_marker(dialect, port)
+
+
+def host_basics(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The runner's PATH (else /usr/bin:/bin) and library search paths, nothing else."""
+    source = os.environ if environ is None else environ
+    basics = {name: source[name] for name in HOST_BASIC_NAMES if source.get(name)}
+    basics.setdefault("PATH", BASE_PATH)
+    return basics
+
+
+def recorded_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """A child's effective environment as records show it: device ids redacted."""
+    return {name: REDACTED if name in DEVICE_ID_NAMES else env[name] for name in sorted(env)}
 
 
 def host_environment(
@@ -135,13 +176,15 @@ def host_environment(
     toolkits: Mapping[str, str],
     native_build: str | None,
     state_dir: str,
+    basics: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The complete environment of a host: nothing is inherited from this process.
+    """The complete environment of a host or tool child: only the host basics are inherited.
 
-    PATH defaults to /usr/bin:/bin (the operator may override it); the operator's nonsecret
-    variables and the toolkit variables follow; HOME, TMPDIR and the XDG dirs point inside the
-    private state dir; LLAMA_STAGE_BUILD_DIR names the native build, and LD_LIBRARY_PATH gains
-    the build's lib dir only when it holds shared libraries.
+    The basics (the runner's PATH and library search paths, ``host_basics``) come first; the
+    operator's nonsecret variables and the toolkit variables follow (and may override them);
+    HOME, TMPDIR and the XDG dirs point inside the private state dir; LLAMA_STAGE_BUILD_DIR
+    names the native build, and LD_LIBRARY_PATH gains the build's lib dir only when it holds
+    shared libraries.
     """
     refusals: list[Refusal] = []
     for source, mapping in (("operator_env", operator_env), ("toolkits", toolkits)):
@@ -168,7 +211,7 @@ def host_environment(
     if refusals:
         raise Refused(tuple(refusals))
 
-    env: dict[str, str] = {"PATH": BASE_PATH}
+    env: dict[str, str] = dict(host_basics() if basics is None else basics)
     env.update(operator_env)
     env.update(toolkits)
     home = str(Path(state_dir) / "home")
@@ -312,6 +355,23 @@ class Host:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def readiness_url(self) -> str:
+        """llama-server's ``/health``; a stage server's ``/v1/models``."""
+        if self.config.dialect == "llama-server":
+            return f"{self.base_url}/health"
+        return f"{self.base_url}/v1/models"
+
+    def _ready_answer(self, answer: object) -> bool:
+        if not isinstance(answer, dict):
+            return False
+        if self.config.dialect == "llama-server":
+            return answer.get("status") == "ok"
+        data = answer.get("data")
+        return isinstance(data, list) and any(
+            isinstance(m, dict) and m.get("id") == self.config.model_id for m in data
+        )
+
+    @property
     def outcome(self) -> HostCleanup | None:
         return self._outcome
 
@@ -340,7 +400,7 @@ class Host:
         self.port = self._reservation.getsockname()[1]
         try:
             Path(self.config.log_dir).mkdir(parents=True, exist_ok=True)
-            self.state_dir = _make_private_dir(self.config.state_parent, self.config.label)
+            self.state_dir = make_private_dir(self.config.state_parent, self.config.label)
         except OSError as exc:
             self._release_reservation()
             raise Refused.one(
@@ -473,14 +533,21 @@ class Host:
         log.write(line)
         if self._marker_line is None:
             text = line.rstrip(b"\r\n").decode("utf-8", "replace")
-            if is_listening_line(self.config.dialect, text, self.port):
+            config = self.config
+            if is_listening_line(
+                config.dialect,
+                text,
+                self.port,
+                model_id=config.model_id,
+                lane_count=config.lane_count,
+            ):
                 self._marker_line = (name, text)
                 self._marker_or_exit.set()
 
     # -- readiness -----------------------------------------------------------------------
 
     async def wait_ready(self, startup_seconds: float) -> HostReady:
-        """Marker, then ``/health`` ok, all within ``startup_seconds`` of the spawn."""
+        """Marker, then readiness (``readiness_url``), all within ``startup_seconds``."""
         if self.state != "spawned" or self._spawned_at is None or self.pid is None:
             raise RuntimeError(f"wait_ready() in state {self.state}")
         deadline = self._spawned_at + startup_seconds
@@ -513,12 +580,12 @@ class Host:
                 if self._exited.is_set():
                     await self._fail(
                         "custody.child_exited",
-                        f"host exited with {self.exit_code} before it answered /health",
+                        f"host exited with {self.exit_code} before it answered readiness",
                     )
                 attempts += 1
                 try_seconds = min(HEALTH_TRY_SECONDS, max(deadline - trio.current_time(), 0.001))
                 ok, last_problem = await _health_once(
-                    client, f"{self.base_url}/health", try_seconds
+                    client, self.readiness_url, try_seconds, self._ready_answer
                 )
                 if ok:
                     self.state = "ready"
@@ -534,7 +601,7 @@ class Host:
                     await trio.sleep(HEALTH_GAP_SECONDS)
         await self._fail(
             "custody.readiness_failed",
-            f"/health did not answer ok within {startup_seconds} s"
+            f"{self.readiness_url} did not answer ready within {startup_seconds} s"
             f" ({attempts} tries; last: {last_problem})",
         )
 
@@ -613,7 +680,7 @@ class Host:
                 await self._pumps_done.wait()
         self._release_reservation()
         progress.port_free = await _wait_port_free(self.port)
-        removed, error = _remove_tree(self.state_dir)
+        removed, error = remove_tree(self.state_dir)
         progress.state_dir_removed = removed
         progress.state_dir_error = error
 
@@ -706,7 +773,9 @@ async def host_custody(config: HostConfig, observe: Observe | None = None) -> As
         raise body_error
 
 
-async def _health_once(client: httpx.AsyncClient, url: str, seconds: float) -> tuple[bool, str]:
+async def _health_once(
+    client: httpx.AsyncClient, url: str, seconds: float, ready: Callable[[object], bool]
+) -> tuple[bool, str]:
     try:
         with trio.fail_after(seconds):
             async with client.stream("GET", url, timeout=seconds) as response:
@@ -725,9 +794,9 @@ async def _health_once(client: httpx.AsyncClient, url: str, seconds: float) -> t
         answer = json.loads(body)
     except ValueError:
         return False, "health body is not JSON"
-    if isinstance(answer, dict) and answer.get("status") == "ok":
+    if ready(answer):
         return True, "ok"
-    return False, f"health said {body[:200]!r}"
+    return False, f"readiness said {body[:200]!r}"
 
 
 async def _end_descendants(known: Mapping[int, float]) -> tuple[list[int], list[int]]:
@@ -755,7 +824,7 @@ async def _wait_port_free(port: int) -> bool:
     return port_is_free(port)
 
 
-def _make_private_dir(parent: str, label: str) -> str:
+def make_private_dir(parent: str, label: str) -> str:
     """A fresh 0700 dir with home/, tmp/ and run/ inside, or OSError."""
     path = tempfile.mkdtemp(prefix=f"{label}-state-", dir=parent)
     for sub in ("home", "tmp", "run"):
@@ -767,7 +836,7 @@ def _make_private_dir(parent: str, label: str) -> str:
     return path
 
 
-def _remove_tree(path: str) -> tuple[bool, str | None]:
+def remove_tree(path: str) -> tuple[bool, str | None]:
     if not path:
         return True, None
     error: str | None = None

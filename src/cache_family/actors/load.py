@@ -694,3 +694,223 @@ async def _post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any]) 
             f"{url} failed: {exc}",
             "check that the host is ready",
         ) from None
+
+
+# --- the OpenAI chat dialect (Skippy stage servers) -------------------------------------------
+
+
+def openai_chat_body(model_id: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """The reference's exact streamed chat request (greedy, seeded, usage included)."""
+    return {
+        "model": model_id,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+OPENAI_AUTHORIZATION = "Bearer EMPTY"
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def openai_content_sha256(
+    content: str, reasoning: str | None, tool_calls: Sequence[Mapping[str, Any]] | None
+) -> str:
+    """SHA-256 of the compact JSON of everything generated; absent parts are left out."""
+    document: dict[str, Any] = {"content": content}
+    if reasoning is not None:
+        document["reasoning_content"] = reasoning
+    if tool_calls is not None:
+        document["tool_calls"] = list(tool_calls)
+    return hashlib.sha256(_compact(document)).hexdigest()
+
+
+def openai_first_generated_sha256(delta: Mapping[str, Any]) -> str:
+    """SHA-256 of the first generating delta as ``{content, reasoning_content, tool_calls}``
+    with nulls kept: the same text split into other deltas changes this, not the content."""
+    document = {
+        "content": delta.get("content"),
+        "reasoning_content": delta.get("reasoning_content"),
+        "tool_calls": delta.get("tool_calls"),
+    }
+    return hashlib.sha256(_compact(document)).hexdigest()
+
+
+def _generates(delta: Mapping[str, Any]) -> bool:
+    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"))
+
+
+@dataclass(slots=True)
+class _ChatStream:
+    """What one streamed chat answer carried."""
+
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] | None = None
+    tools: dict[int, dict[str, Any]] = field(default_factory=dict)
+    first_delta: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    done: bool = False
+
+    def take(self, event: Mapping[str, Any], exchange: _Exchange, arrived: float) -> None:
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        choices = event.get("choices") or []
+        if not isinstance(choices, list):
+            raise ProtocolError("choices is not a list")
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise ProtocolError("a choice is not an object")
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise ProtocolError("a delta is not an object")
+            if _generates(delta) and self.first_delta is None:
+                self.first_delta = dict(delta)
+                exchange.ttft = arrived
+            content = delta.get("content")
+            if isinstance(content, str):
+                self.content.append(content)
+            reasoning = delta.get("reasoning_content")
+            if isinstance(reasoning, str):
+                self.reasoning = [*(self.reasoning or []), reasoning]
+            for call in delta.get("tool_calls") or []:
+                self._tool(call)
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str):
+                self.finish_reason = reason
+
+    def _tool(self, call: Any) -> None:
+        if not isinstance(call, dict) or not isinstance(call.get("index"), int):
+            raise ProtocolError("a tool call delta has no index")
+        entry = self.tools.setdefault(call["index"], {})
+        if isinstance(call.get("type"), str):
+            entry["type"] = call["type"]
+        function = call.get("function") or {}
+        target = entry.setdefault("function", {})
+        for key in ("name", "arguments"):
+            if isinstance(function.get(key), str):
+                target[key] = target.get(key, "") + function[key]
+
+    def tool_calls(self) -> list[dict[str, Any]] | None:
+        return [self.tools[i] for i in sorted(self.tools)] if self.tools else None
+
+
+class OpenAIChatRun(LoadRun):
+    """A ladder rung against a stage server's OpenAI API: ``POST /v1/chat/completions``,
+    streamed with usage, ``Authorization: Bearer EMPTY``. Each row's digests are the
+    reference's: the content digest over everything generated, the first-generated digest
+    over the first generating delta (``first_chunk_sha256``)."""
+
+    def __init__(self, request: LoadRequest, model_id: str, **kwargs: Any) -> None:
+        super().__init__(request, **kwargs)
+        self.model_id = model_id
+
+    async def _exchange(self, client: httpx.AsyncClient, request_id: int) -> RequestRow:
+        request = self.request
+        started = self.clock()
+        own_deadline = started + request.request_timeout_ms / 1000
+        exchange = _Exchange(started=started)
+        warmup = self.excluded_warmup(request_id)
+        body = openai_chat_body(self.model_id, request.prompt, request.output_tokens)
+        url = request.base_url.rstrip("/") + "/v1/chat/completions"
+        with trio.move_on_at(min(own_deadline, self.deadline)) as cap:
+            try:
+                stream = await self._chat(client, url, body, exchange)
+                return self._chat_row(request_id, warmup, exchange, stream)
+            except ProtocolError as exc:
+                return self._failed_row(request_id, warmup, exchange, str(exc))
+            except (httpx.HTTPError, OSError) as exc:
+                return self._failed_row(
+                    request_id, warmup, exchange, f"{type(exc).__name__}: {exc}"
+                )
+        assert cap.cancelled_caught
+        cut_by = "its own timeout" if own_deadline <= self.deadline else "the cell budget"
+        return RequestRow(
+            request_id=request_id,
+            status="incomplete",
+            excluded_warmup=warmup,
+            elapsed_ms=(self.clock() - started) * 1000,
+            error=f"cut by {cut_by} ({request.request_timeout_ms} ms request timeout)",
+        )
+
+    async def _chat(
+        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], exchange: _Exchange
+    ) -> _ChatStream:
+        stream = _ChatStream()
+        received = 0
+        pending = bytearray()
+        headers = {"Authorization": OPENAI_AUTHORIZATION}
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                _require_ok(response, await _read_bounded(response))
+            async for chunk in response.aiter_raw():
+                arrived = self.clock()
+                received += len(chunk)
+                if received > BODY_LIMIT:
+                    raise ProtocolError(f"stream exceeded {BODY_LIMIT} bytes")
+                pending += chunk
+                while (newline := pending.find(b"\n")) >= 0:
+                    line = bytes(pending[:newline]).rstrip(b"\r")
+                    del pending[: newline + 1]
+                    if len(line) > SSE_LINE_LIMIT:
+                        raise ProtocolError(f"stream line longer than {SSE_LINE_LIMIT} bytes")
+                    if line.strip() == b"data: [DONE]":
+                        stream.done = True
+                        exchange.ended = arrived
+                        continue
+                    event = _sse_event(line)
+                    if event is None:
+                        continue
+                    if stream.done:
+                        raise ProtocolError("data after [DONE]")
+                    stream.take(event, exchange, arrived)
+                if len(pending) > SSE_LINE_LIMIT:
+                    raise ProtocolError(f"stream line longer than {SSE_LINE_LIMIT} bytes")
+        if not stream.done:
+            raise ProtocolError("stream ended without [DONE]")
+        return stream
+
+    def _chat_row(
+        self, request_id: int, warmup: bool, exchange: _Exchange, stream: _ChatStream
+    ) -> RequestRow:
+        usage = stream.usage
+        if usage is None:
+            raise ProtocolError("stream carried no usage")
+        cache = openai_cache_accounting(usage)
+        completion = _integer(usage, "usage.completion_tokens", key="completion_tokens")
+        if not 0 < completion <= self.request.output_tokens:
+            raise ProtocolError(
+                f"usage.completion_tokens {completion} is outside 1..{self.request.output_tokens}"
+            )
+        if stream.finish_reason is None:
+            raise ProtocolError("no choice gave a finish_reason")
+        if stream.first_delta is None:
+            raise ProtocolError("no delta generated any content")
+        assert exchange.ended is not None and exchange.ttft is not None
+        elapsed_ms = (exchange.ended - exchange.started) * 1000
+        ttft_ms = (exchange.ttft - exchange.started) * 1000
+        reasoning = "".join(stream.reasoning) if stream.reasoning is not None else None
+        return RequestRow(
+            request_id=request_id,
+            status="completed",
+            excluded_warmup=warmup,
+            elapsed_ms=elapsed_ms,
+            ttft_ms=ttft_ms,
+            tpot_ms=(elapsed_ms - ttft_ms) / max(completion - 1, 1),
+            tokens_predicted=completion,
+            tokens_evaluated=cache.prompt_tokens,
+            stop_type="limit" if stream.finish_reason == "length" else "eos",
+            content_sha256=openai_content_sha256(
+                "".join(stream.content), reasoning, stream.tool_calls()
+            ),
+            first_chunk_sha256=openai_first_generated_sha256(stream.first_delta),
+            prompt_tokens=cache.prompt_tokens,
+            cached_tokens=cache.cached_tokens,
+        )

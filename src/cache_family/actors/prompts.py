@@ -1,15 +1,13 @@
-"""Which text a row's native arms are measured with, chosen deterministically.
+"""Which text a row is measured with.
 
-Until the correctness arm exists (a later issue), the benchmark prompt comes from the corpus:
+Every later request of a row (serial, native concurrent, old, new) sends the benchmark prompt
+its correctness arm accepted (``accepted_prompt``); the text itself never reaches a receipt,
+only its SHA-256. The correctness tool is handed the row's use-case prompt, when the row has
+one, as preparation copied it from the pinned corpus into the prepared input.
 
-* a use-case row takes its use case's prompt as preparation copied it from the pinned corpus
-  into the prepared input (the run never re-reads that corpus);
-* a full row (no use case) takes a fixed entry: the FIRST entry of the packaged corpus, so
-  that every full row of every run is measured with the same text.
-
-The text chosen here is only the source. The host's own tokenizer then cuts it to the row's
-prefix tokens plus one suffix token (``actors/load.py``), and the cut prompt's SHA-256 is what
-the journal pins. Loading a corpus is bounded and checked against its pin once per run.
+``choose`` is the corpus-derived source of a prompt cut by a host's tokenizer to the row's
+prefix plus one suffix token (``actors/load.py``): a use-case row's prompt, else the FIRST
+entry of the packaged corpus. Loading a corpus is bounded and checked against its pin once.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from cache_family.schemas.prepared import CorpusUsed, PreparedInput, PreparedRow
 # Journaled as the prompt's origin, so a reader knows why this text was used.
 SOURCE_USE_CASE = "use-case"
 SOURCE_FIXED_CORPUS_ENTRY = "fixed-corpus-entry"
+SOURCE_CORRECTNESS = "correctness-benchmark-prompt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +29,7 @@ class PromptChoice:
     """The source text of one row's benchmark prompt and where it came from."""
 
     text: str
-    source: str  # use-case | fixed-corpus-entry
+    source: str  # correctness-benchmark-prompt | use-case | fixed-corpus-entry
     corpus_path: str
     corpus_sha256: str
     entry_key: str
@@ -39,6 +38,13 @@ class PromptChoice:
     def label(self) -> str:
         """The origin in one line, e.g. ``fixed-corpus-entry tool_calling@/…/use-cases.json``."""
         return f"{self.source} {self.entry_key}@{self.corpus_path}"
+
+
+def accepted_prompt(text: str, topology: str) -> PromptChoice:
+    """The correctness arm's accepted benchmark prompt, used as is (never cut again)."""
+    return PromptChoice(
+        text=text, source=SOURCE_CORRECTNESS, corpus_path="", corpus_sha256="", entry_key=topology
+    )
 
 
 @dataclass(slots=True)

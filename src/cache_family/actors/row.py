@@ -3,8 +3,11 @@
     correctness -> serial -> concurrent -> finalize
 
 * A row whose model is missing is journaled and kept, never launched: no directory, no cells.
-* The correctness arm arrives with a later issue; until then every present row journals it as
-  not run and goes straight on to the native arms.
+* Every present row runs its correctness arm first (``actors/correctness.py``, in
+  ``cell-NNNN/correctness``). Only when it passed do the baselines run, each request with the
+  prompt text it accepted; otherwise the row keeps the evidence, skips its baselines with the
+  reason and is never ``completed``. A row without a usable correctness profile is refused the
+  same way (there is no run without correctness: the prepared input always names the tool).
 * ``native-serial`` and ``native-concurrent`` each run as one cell (one host session) in
   ``cell-NNNN/native-serial`` and ``cell-NNNN/sweep-native-concurrent``; an arm the plan did not
   schedule is journaled as skipped or unavailable with its reason.
@@ -21,13 +24,17 @@ from typing import Final
 import trio
 
 from cache_family.actors.cell import CellActor, CellPlan, pin_targets
+from cache_family.actors.correctness import ARM_CORRECTNESS, CorrectnessActor, CorrectnessPlan
 from cache_family.actors.journal import publish_row_receipt
-from cache_family.actors.prompts import PromptSelector
+from cache_family.actors.prompts import PromptChoice, PromptSelector, accepted_prompt
 from cache_family.actors.run_context import (
     ARM_CONCURRENT,
     ARM_DIRS,
+    ARM_NEW,
+    ARM_OLD,
     ARM_SERIAL,
     MEASUREMENT_RESERVE_SECONDS,
+    PinTarget,
     RunContext,
     is_cancellation,
 )
@@ -35,10 +42,11 @@ from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan
 from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
 from cache_family.schemas.receipts import RowReceipt
 from cache_family.states.cell import ROW_TABLE, LiveMachine, RowEvent, RowMachine, RowState
+from cache_family.states.correctness import STAGE_COMPLETED, CorrectnessSpec, StageVerdict
+from cache_family.states.handoff import PACKAGE_LAYER_COUNT
 
 ROW_FINALIZE_BOUND_SECONDS: Final = 30.0
-CORRECTNESS_NOT_BUILT: Final = "correctness arm not built yet"
-PAIRED_NOT_BUILT: Final = "paired serving arm not built yet"
+CORRECTNESS_NOT_STARTED: Final = "correctness_not_started"
 
 # How the plan's skip reasons read in a row's arm list.
 _UNPLANNED: Final[dict[str, tuple[str, str]]] = {
@@ -87,8 +95,8 @@ def row_opened_record(
     arms: tuple[ArmPlan, ...],
     synthetic: bool,
 ) -> RowOpened:
-    """``row_opened`` as every row journals it: its correctness arm not run, because the model
-    is missing or because that arm is not built yet."""
+    """``row_opened`` as every row journals it: its correctness arm not run yet (its own
+    records replace this once it ran), or never, because the model is missing."""
     return RowOpened(
         row_index=row_index,
         row_key=row_key,
@@ -99,7 +107,7 @@ def row_opened_record(
         model_status="present" if present else "missing-model",
         arms=arms,
         correctness_status="not-run",
-        correctness_reason=CORRECTNESS_NOT_BUILT if present else "missing-model",
+        correctness_reason=CORRECTNESS_NOT_STARTED if present else "missing-model",
         synthetic=synthetic,
     )
 
@@ -123,6 +131,10 @@ class RowActor:
         )
         self.dir = row_dir_name(row.index)
         self.cells: list[CellActor] = []
+        self.correctness: CorrectnessActor | None = None
+        # The correctness arm's accepted prompt: every later request of the row sends it.
+        self.prompt: PromptChoice | None = None
+        self.prompt_tokens: int | None = None
         self._stop_recorded = False
         # Set once the row is finalized, also when cancellation unwinds through ``run``.
         self.result: RowResult | None = None
@@ -145,12 +157,24 @@ class RowActor:
                 tasks.concurrent_baseline.skip_reason,
             ),
         ]
-        if tasks.paired_serving.planned:
-            arms += [
-                ArmPlan(arm="skippy-old", status="skipped", reason=PAIRED_NOT_BUILT),
-                ArmPlan(arm="skippy-new", status="skipped", reason=PAIRED_NOT_BUILT),
-            ]
+        paired = tasks.paired_serving
+        if paired.planned:
+            # Planned only when both old and new servers are bound (the plan's rule).
+            arms += [ArmPlan(arm=ARM_OLD), ArmPlan(arm=ARM_NEW)]
         return tuple(arms)
+
+    def _stage_profile(self, arm: str) -> tuple[HostProfile | None, str | None]:
+        """The case's old or new stage server profile and, if it disagrees with the plan, why."""
+        profiles = self.prepared.profile(self.row.key)
+        profile = None
+        if profiles is not None:
+            profile = profiles.old if arm == ARM_OLD else profiles.new
+        if profile is None:
+            return None, f"the prepared input has no {arm} host profile for this case"
+        observed = self.row.model_observation.sha256
+        if profile.model_sha256 != observed:
+            return profile, f"{arm} profile pins model {profile.model_sha256}, the row {observed}"
+        return profile, None
 
     def _native_profile(self) -> tuple[HostProfile | None, str | None]:
         """The case's native host profile and, if it disagrees with the plan, why."""
@@ -172,6 +196,8 @@ class RowActor:
         return native, None
 
     def cell_plan(self, arm: str) -> CellPlan:
+        if arm in (ARM_OLD, ARM_NEW):
+            return self._stage_cell_plan(arm)
         row = self.row
         plan = self.prepared.plan
         profile, refusal = self._native_profile()
@@ -206,11 +232,119 @@ class RowActor:
             ttft_slo_ms=float(plan.ttft_slo_ms),
             tpot_slo_ms=float(plan.tpot_slo_ms),
             profile=profile,
-            prompt=self.prompts.choose(row),
+            prompt=self.prompt if self.prompt is not None else self.prompts.choose(row),
             pins=pin_targets(profile) if profile is not None else (),
             refusal=refusal,
             synthetic=row.synthetic,
             architecture=row.model_observation.architecture,
+            prompt_tokens=self.prompt_tokens,
+        )
+
+    def _stage_cell_plan(self, arm: str) -> CellPlan:
+        """One retained stage server across the whole ordered ladder, OpenAI chat requests."""
+        row, paired = self.row, self.row.tasks.paired_serving
+        profile, refusal = self._stage_profile(arm)
+        return CellPlan(
+            cell_id=f"{self.dir}/{arm}",
+            cell_dir=f"{self.dir}/{ARM_DIRS[arm]}",
+            row_index=row.index,
+            row_key=row.output_relative,
+            arm=arm,
+            kind="concurrent",
+            rungs=tuple(
+                RungPlan(concurrency=r.concurrency, requests=r.requests) for r in paired.rungs
+            ),
+            output_tokens=paired.output_tokens,
+            lanes=paired.runtime_lanes,
+            ctx_size=paired.shared_ctx_size,
+            n_gpu_layers=row.n_gpu_layers,
+            prefix_tokens=row.prefix_tokens,
+            ttft_slo_ms=float(paired.ttft_slo_ms),
+            tpot_slo_ms=float(paired.tpot_slo_ms),
+            profile=profile,
+            prompt=self.prompt if self.prompt is not None else self.prompts.choose(row),
+            pins=pin_targets(profile) if profile is not None else (),
+            refusal=refusal,
+            synthetic=row.synthetic,
+            prompt_tokens=self.prompt_tokens,
+            host_kind="stage",
+            model_id=profile.model_id if profile is not None else row.model_id,
+            architecture=row.model_observation.architecture,
+        )
+
+    def correctness_plan(self) -> CorrectnessPlan:
+        """The correctness arm of this row: the case's profile, the row's own sizes."""
+        row, prepared = self.row, self.prepared
+        profiles = prepared.profile(row.key)
+        task = row.tasks.correctness
+        refusal: str | None = None
+        if profiles is None:
+            refusal = "correctness_profile_missing: the prepared input has no profile for the case"
+        profile = profiles.correctness if profiles is not None else None
+        if profile is not None:
+            if profile.case_key != row.key:
+                refusal = f"correctness_profile_mismatch: profile is for {profile.case_key}"
+            elif profile.model_sha256 != row.model_observation.sha256:
+                refusal = "correctness_profile_mismatch: the profile pins another model"
+            elif profile.correctness_sha256 != prepared.tools.correctness.sha256:
+                refusal = "correctness_profile_mismatch: the profile pins another tool"
+        prompt = self.prompts.choose(row).text if row.use_case is not None else None
+        spec = CorrectnessSpec(
+            tool=profile.correctness if profile else prepared.tools.correctness.path,
+            model=profile.model if profile else "",
+            model_id=row.model_id,
+            stage_server=profile.stage_server if profile else prepared.tools.stage_server.path,
+            layer_end=row.layer_end,
+            ctx_size=row.ctx,
+            n_gpu_layers=row.n_gpu_layers,
+            activation_width=row.activation_width,
+            load_mode=row.load_mode,
+            payload=row.payload,
+            prefix_tokens=row.prefix_tokens,
+            repeats=row.cache_hit_repeats,
+            lanes=profile.runtime_lane_count if profile else 1,
+            borrow_resident_hits=profile.borrow_resident_hits if profile else False,
+            cache_decoded_result_hits=profile.cache_decoded_result_hits if profile else False,
+            prompt=prompt,
+            topologies=tuple(task.topologies),
+            # The synthetic zoo's package has its own layer count; a real one is DeepSeek3's.
+            package_layer_count=row.layer_end if row.synthetic else PACKAGE_LAYER_COUNT,
+        )
+        pins: tuple[PinTarget, ...] = ()
+        if profile is not None:
+            pins = (
+                PinTarget("correctness", profile.correctness, profile.correctness_sha256, "file"),
+                PinTarget(
+                    "stage_server", profile.stage_server, profile.stage_server_sha256, "file"
+                ),
+                # The pinned file: a layer package is pinned by its manifest.
+                PinTarget(
+                    "model",
+                    row.model_observation.pinned_file or profile.model,
+                    profile.model_sha256,
+                    "file",
+                ),
+                *(
+                    PinTarget(f"shard:{shard.name}", shard.logical_path, shard.sha256, "file")
+                    for shard in (profile.artifact.shard_pins if profile.artifact else ())
+                ),
+                PinTarget(
+                    "native_build", profile.native_build, profile.native_build_sha256, "tree"
+                ),
+                *(
+                    PinTarget(f"toolkit:{name}", pin.path, pin.sha256, "tree")
+                    for name, pin in sorted(profile.toolkit_directories.items())
+                ),
+            )
+        return CorrectnessPlan(
+            row_index=row.index,
+            arm_dir=f"{self.dir}/{ARM_CORRECTNESS}",
+            spec=spec,
+            operator_env=dict(profile.settings) if profile else {},
+            toolkits={n: p.path for n, p in profile.toolkit_directories.items()} if profile else {},
+            native_build=profile.native_build if profile else prepared.native_build.path,
+            pins=pins,
+            refusal=refusal,
         )
 
     # -- machine -----------------------------------------------------------------------------
@@ -287,8 +421,17 @@ class RowActor:
         return self.result
 
     async def _arms(self, arms: tuple[ArmPlan, ...]) -> None:
-        await self._fire(RowEvent.CORRECTNESS_NOT_RUN)
-        for arm in (ARM_SERIAL, ARM_CONCURRENT):
+        await self._wait_if_out_of_time()
+        self.correctness = CorrectnessActor(self.correctness_plan(), self.ctx)
+        verdict = await self.correctness.run()
+        if not self._accept(verdict):
+            # The table's skip-baselines step: the fold shows each planned arm as skipped.
+            await self._fire(RowEvent.CORRECTNESS_NOT_PASSED)
+            return
+        await self._fire(RowEvent.CORRECTNESS_PASSED)
+        for arm in (ARM_SERIAL, ARM_CONCURRENT, ARM_OLD, ARM_NEW):
+            if arm in (ARM_OLD, ARM_NEW) and not any(a.arm == arm for a in arms):
+                continue
             plan = next(a for a in arms if a.arm == arm)
             if plan.status != "planned":
                 await self._fire(RowEvent.ARM_SKIPPED)
@@ -299,6 +442,13 @@ class RowActor:
             await cell.run()
             await self._fire(RowEvent.ARM_FINISHED)
         await self._fire(RowEvent.ARMS_EXHAUSTED)
+
+    def _accept(self, verdict: StageVerdict) -> bool:
+        if verdict.status != STAGE_COMPLETED or not verdict.prompt_text:
+            return False
+        self.prompt = accepted_prompt(verdict.prompt_text, self.row.tasks.correctness.topologies[0])
+        self.prompt_tokens = verdict.prompt_token_count
+        return True
 
     async def _wait_if_out_of_time(self) -> None:
         """A cell that could not do any work before the run's deadline is never launched:

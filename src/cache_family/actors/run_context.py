@@ -14,17 +14,31 @@ from typing import Final, Literal, Protocol
 import trio
 
 from cache_family.actors import custody
+from cache_family.actors.child import ChildRunner, run_child
 from cache_family.actors.journal import JournalWriter
 from cache_family.actors.pins import Budget, HashJob, hash_file, hash_files, pin_tree
 from cache_family.errors import Refused
 from cache_family.schemas.journal import Record, Transition
-from cache_family.schemas.measurement import HostCleanup, HostEvent, HostReady, HostSpawned
+from cache_family.schemas.measurement import (
+    HostCleanup,
+    HostDialect,
+    HostEvent,
+    HostReady,
+    HostSpawned,
+)
 from cache_family.states.cell import OnStep
 
 ARM_SERIAL: Final = "native-serial"
 ARM_CONCURRENT: Final = "native-concurrent"
 # Directory of each native arm's cell inside its row directory (run layout).
-ARM_DIRS: Final = {ARM_SERIAL: "native-serial", ARM_CONCURRENT: "sweep-native-concurrent"}
+ARM_OLD: Final = "skippy-old"
+ARM_NEW: Final = "skippy-new"
+ARM_DIRS: Final = {
+    ARM_SERIAL: "native-serial",
+    ARM_CONCURRENT: "sweep-native-concurrent",
+    ARM_OLD: "sweep-skippy-old",
+    ARM_NEW: "sweep-skippy-new",
+}
 
 # The cell's own work (hashing, startup, requests) ends this long before the cell deadline, so
 # that a request cut by the budget is still recorded by the load actor itself (with its elapsed
@@ -190,24 +204,38 @@ async def hash_pins(targets: Sequence[PinTarget], seconds: float) -> list[PinRes
 
 @dataclass(slots=True)
 class HostSettings:
-    """How every cell of a run opens, pins and ends its host. ``host_opener`` and
-    ``pin_hasher`` are seams: fault-injection tests give fake hosts and hashers there."""
+    """How every cell of a run opens, pins and ends its host. ``host_opener``, ``pin_hasher``
+    and ``child_runner`` are seams: fault-injection tests give fake hosts, hashers and tool
+    children there."""
 
     host_opener: HostOpener = real_host_opener
     pin_hasher: PinHasher = hash_pins
+    # Runs a tool child (the correctness tool) under its deadline.
+    child_runner: ChildRunner = run_child
     # 0: an ephemeral port per host (tests pin one to provoke a busy port).
     host_port: int = 0
     grace_seconds: float = 5.0
     kill_wait_seconds: float = 5.0
     cleanup_bound_seconds: float = 30.0
 
-    def host_config(self, label: str, cell_path: str) -> custody.HostConfig:
+    def host_config(
+        self,
+        label: str,
+        cell_path: str,
+        *,
+        dialect: HostDialect = "llama-server",
+        model_id: str = "",
+        lane_count: int = 1,
+    ) -> custody.HostConfig:
         """Custody's settings for one cell's host: state and logs under ``cell_path``."""
         return custody.HostConfig(
             label=label,
             state_parent=cell_path,
             log_dir=os.path.join(cell_path, "logs"),
             port=self.host_port,
+            dialect=dialect,
+            model_id=model_id,
+            lane_count=lane_count,
             grace_seconds=self.grace_seconds,
             kill_wait_seconds=self.kill_wait_seconds,
             cleanup_bound_seconds=self.cleanup_bound_seconds,

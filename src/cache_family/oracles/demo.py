@@ -104,7 +104,7 @@ def run_demo(out: Path, progress: TextIO) -> int:
             {0},
         ),
         (
-            "run the native arms of every present row",
+            "run every present row: correctness, native arms, old/new stage servers",
             ["run", "--input", str(prepared / "cache-family-input.json"), "--output", str(run_dir)],
             {0, 1},
         ),
@@ -120,10 +120,15 @@ def run_demo(out: Path, progress: TextIO) -> int:
     return 0
 
 
+_ARM_LABELS = {"native-concurrent": "native", "skippy-old": "old", "skippy-new": "new"}
+
+
 def _arm_figures(row: dict[str, Any]) -> str:
-    """The serial warm median with its cache hits and each rung's throughput, from row.json."""
+    """Correctness, the serial warm median with its cache hits, each concurrent arm's rungs
+    and the old/new parity, from row.json."""
     parts: list[str] = []
     for observation in row.get("observations", []):
+        rungs: list[str] = []
         for rung in observation.get("rungs", []):
             serial = rung.get("serial_summary")
             summary = rung.get("rung_summary")
@@ -133,13 +138,26 @@ def _arm_figures(row: dict[str, Any]) -> str:
                     f"(cache_n min {serial.get('warm_cache_n_min')})"
                 )
             elif summary and summary.get("throughput_requests_per_sec") is not None:
-                parts.append(
+                rungs.append(
                     f"c{summary['concurrency']} {summary['throughput_requests_per_sec']:.1f} req/s"
                 )
+        if rungs:
+            parts.append(f"{_ARM_LABELS.get(observation.get('arm'), '?')} {', '.join(rungs)}")
+    parity = row.get("parity") or []
+    if parity:
+        accepted = sum(1 for p in parity if p.get("matches"))
+        parts.append(
+            f"parity {'accepted' if accepted == len(parity) else 'refused'} "
+            f"({accepted}/{len(parity)} rungs)"
+        )
     if not parts:
         reasons = {o.get("reason") for o in row.get("observations", []) if o.get("reason")}
         parts = sorted(str(r) for r in reasons) or [str(row.get("reason") or "")]
-    return "; ".join(parts)
+    correctness = row.get("correctness") or {}
+    topologies = correctness.get("topologies") or []
+    passed = sum(1 for t in topologies if t.get("status") == "pass")
+    check = f"correctness {correctness.get('status')} ({passed}/{len(topologies)} topologies)"
+    return "; ".join([check, *parts])
 
 
 def _summarize(run_dir: Path, progress: TextIO) -> None:

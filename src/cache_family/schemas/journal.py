@@ -242,6 +242,9 @@ class ChildSpawned(_Record, tag="child_spawned", frozen=True, kw_only=True):
     host_env_names: tuple[str, ...] = ()
     # llama-server ``-t`` (the operator's OMP_NUM_THREADS), or None when not pinned.
     host_threads: str | None = None
+    # The child's whole environment with device ids redacted (``custody.recorded_environment``);
+    # None in journals written before it was recorded.
+    effective_environment: dict[str, str] | None = None
 
 
 class ListeningMarkerSeen(_Record, tag="listening_marker_seen", frozen=True, kw_only=True):
@@ -377,6 +380,63 @@ class JournalSealed(_Record, tag="journal_sealed", frozen=True, kw_only=True):
     digest: str = ""
 
 
+# --- the correctness arm ---------------------------------------------------------------------
+
+
+class CorrectnessTopologyRan(_Record, tag="correctness_topology", frozen=True, kw_only=True):
+    """One planned topology of a row's correctness arm: how its child ended and what the gate
+    said of its report. The prompt text is never journaled, only its SHA-256."""
+
+    durable: ClassVar[bool] = True
+    row_index: int
+    topology_index: int
+    topology: str
+    status: str  # pass | failed-process | refused (the reference's evidence status)
+    reason: str | None = None
+    # The gate's refusal codes (``handoff.*``), empty when it accepted the report.
+    refusal_codes: tuple[str, ...] = ()
+    evidence_dir: str = ""  # relative to the run dir: cell-NNNN/correctness/topology-NN
+    argv_sha256: str = ""
+    pid: int | None = None
+    exit_code: int | None = None
+    forced: bool = False
+    elapsed_ms: float | None = None
+    prompt_sha256: str | None = None
+    benchmark_prompt_token_count: int | None = None
+    suffix_prefill_matches: bool | None = None
+    cache_storage_bytes: int | None = None
+    cache_hit_import_ms: tuple[float, ...] = ()
+    cache_hit_decode_ms: tuple[float, ...] = ()
+    cache_hit_total_ms: float | None = None
+    recompute_total_ms: float | None = None
+
+
+class CorrectnessVerdict(_Record, tag="correctness_verdict", frozen=True, kw_only=True):
+    """The row's correctness stage: ``completed`` only when every planned topology passed with
+    one identical non-empty prompt, whose SHA-256 then pins every later request of the row."""
+
+    durable: ClassVar[bool] = True
+    row_index: int
+    status: str  # completed | failed-or-incomplete | not-run
+    reason: str | None = None
+    planned_topologies: tuple[str, ...] = ()
+    prompt_sha256: str | None = None
+    # Exact suffix prefill (the K-token prefix then the suffix token gives the recompute's
+    # token) held in every topology: its own capability, apart from prefix/context sizing.
+    suffix_prefill_matches: bool | None = None
+
+
+class CliAdmission(_Record, tag="cli_admission", frozen=True, kw_only=True):
+    """A stage server's dialect, read from its own help before launch (``cli-admission.json``)."""
+
+    cell_id: str
+    binary: str
+    binary_sha256: str
+    dialect: str  # current | legacy
+    # (command, exit code or None when it ran past its cap) of each help probe, in order.
+    probes: tuple[tuple[str, int | None], ...] = ()
+
+
 Record: TypeAlias = (
     RunStarted
     | Cancellation
@@ -400,6 +460,9 @@ Record: TypeAlias = (
     | RunResumed
     | ReportFailed
     | JournalSealed
+    | CorrectnessTopologyRan
+    | CorrectnessVerdict
+    | CliAdmission
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.

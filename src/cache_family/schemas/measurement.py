@@ -159,7 +159,8 @@ class CacheExpectation(msgspec.Struct, frozen=True, kw_only=True):
 
 # Host custody records: what the cell actor journals about the one server process it owns.
 
-HostDialect = Literal["llama-server"]
+# llama-server, or a Skippy stage server's current (``serve``) or legacy (``serve-openai``) CLI.
+HostDialect = Literal["llama-server", "current", "legacy"]
 CaptureStream = Literal["stdout", "stderr"]
 
 

@@ -221,6 +221,10 @@ class CorrectnessTopology(msgspec.Struct, frozen=True, kw_only=True):
     cache_hit_total_ms: float | None = None
     recompute_total_ms: float | None = None
     benchmark_prompt_token_count: int | None = None
+    # The report's own suffix-prefill check: a capability of its own, apart from sizing.
+    suffix_prefill_matches: bool | None = None
+    # The gate's refusal codes (``handoff.*``) when status is refused.
+    refusal_codes: tuple[str, ...] = ()
 
 
 class CorrectnessObservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -237,9 +241,43 @@ class CorrectnessObservation(msgspec.Struct, frozen=True, kw_only=True):
     # SHA-256 of the accepted benchmark prompt text that drives every later request of the row.
     prompt_sha256: str | None = None
     terminal_refusal: TerminalRefusal | None = None
+    # Exact suffix prefill held in every topology (None: not every report said).
+    suffix_prefill_matches: bool | None = None
 
 
 CORRECTNESS_UNRECORDED: Final = CorrectnessObservation(status="not-run")
+
+
+PARITY_SCOPE: Final = "same_typed_OpenAI_delta_protocol_not_cross_native_chunk_parity"
+PARITY_UNAVAILABLE: Final = "custody_or_lifecycle_failure"
+
+
+class ParityVerdict(msgspec.Struct, frozen=True, kw_only=True):
+    """Old/new parity of one rung (reference ``accepted_parity``). ``unavailable_reason`` is
+    set when either cell or rung was not fully accepted; ``error`` when the two rosters
+    cannot be compared (another prompt, output length or request-id set)."""
+
+    concurrency: int
+    complete: bool
+    matches: bool
+    scope: str = PARITY_SCOPE
+    comparable_requests: int = 0
+    mismatch_request_ids: tuple[int, ...] = ()
+    first_generated_mismatch_request_ids: tuple[int, ...] = ()
+    unavailable_request_ids: tuple[int, ...] = ()
+    unavailable_reason: str | None = None
+    error: str | None = None
+
+
+class ObservationEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of the row's observations in the reference's order: the serial baseline,
+    then per rung native concurrent, skippy old, skippy new and their parity."""
+
+    cohort: str  # native-serial | native-concurrent | skippy-old | skippy-new | old-new-parity
+    concurrency: int | None = None
+    status: str | None = None
+    cell_id: str | None = None
+    parity: ParityVerdict | None = None
 
 
 class RowReceipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -265,12 +303,16 @@ class RowReceipt(msgspec.Struct, frozen=True, kw_only=True):
     final_state: str
     observations: tuple[ArmObservation, ...]
     journal_through_seq: int
-    # The correctness arm as ``row_opened`` recorded it, e.g. {"status": "not-run", "reason":
-    # "correctness arm not built yet"}; its own machine will fold it once the arm is built.
+    # The correctness arm, folded from its topology and verdict records (``row_opened``'s
+    # status and reason where it never ran, e.g. a missing model).
     correctness: CorrectnessObservation = CORRECTNESS_UNRECORDED
     # From a synthetic catalog: ``evidence_class`` is then SYNTHETIC_EVIDENCE_CLASS.
     synthetic: bool = False
     evidence_class: str | None = None
+    # Old/new parity per rung (empty unless paired serving was planned).
+    parity: tuple[ParityVerdict, ...] = ()
+    # The reference's observation order (1 rung: 5 entries with paired serving, 2: 9).
+    observation_order: tuple[ObservationEntry, ...] = ()
     # The row's production-cache-bench.json entry (schemas/production.py).
     producer_report_row: ProducerRow | None = None
     # Never promoted automatically (the reference's member, always null).

@@ -1,4 +1,5 @@
-"""The cell machine (one host session of one arm) and the row machine, each as one table.
+"""The cell machine (one host session of one arm), the row machine and the correctness machine
+(one row's correctness arm), each as one table.
 
 Read ``CELL_TABLE`` top to bottom: it is the whole lifecycle of a cell. Each row says: in this
 state, on this event, go to that state and perform these actions. A (state, event) pair that is
@@ -75,8 +76,9 @@ class RowState(StrEnum):
 
 
 class RowEvent(StrEnum):
-    CORRECTNESS_FINISHED = "correctness-finished"
-    CORRECTNESS_NOT_RUN = "correctness-not-run"
+    CORRECTNESS_PASSED = "correctness-passed"
+    # Failed, refused or not runnable: the row keeps the evidence and skips its baselines.
+    CORRECTNESS_NOT_PASSED = "correctness-not-passed"
     MODEL_MISSING = "model-missing"
     ARM_FINISHED = "arm-finished"
     ARM_SKIPPED = "arm-skipped"
@@ -87,6 +89,7 @@ class RowEvent(StrEnum):
 
 
 class RowAction(StrEnum):
+    SKIP_BASELINES = "skip-baselines"
     RUN_SERIAL_CELL = "run-serial-cell"
     RUN_NEXT_CELL = "run-next-concurrent-cell"
     FOLD_ROW = "fold-row"
@@ -237,8 +240,10 @@ ROW_TABLE: Final = MachineTable[RowState, RowEvent, RowAction](
     after_fault=frozenset((R.FINALIZE, R.DONE)),
     rows=_table([
         # state            events                          next state      actions
-        (R.CORRECTNESS,  [RE.CORRECTNESS_FINISHED,
-                          RE.CORRECTNESS_NOT_RUN],         R.SERIAL,       (RA.RUN_SERIAL_CELL,)),
+        # The row's correctness arm runs in this state (its own machine, below).
+        (R.CORRECTNESS,  [RE.CORRECTNESS_PASSED],          R.SERIAL,       (RA.RUN_SERIAL_CELL,)),
+        (R.CORRECTNESS,  [RE.CORRECTNESS_NOT_PASSED],      R.FINALIZE,     (RA.SKIP_BASELINES,
+                                                                            *_ROW_FINALIZE)),
         (R.CORRECTNESS,  [RE.MODEL_MISSING],               R.FINALIZE,     _ROW_FINALIZE),
         (R.CORRECTNESS,  _ROW_STOP,                        R.FINALIZE,     _ROW_FINALIZE),
         (R.SERIAL,       [RE.ARM_FINISHED,
@@ -250,6 +255,64 @@ ROW_TABLE: Final = MachineTable[RowState, RowEvent, RowAction](
         (R.CONCURRENT,   _ROW_STOP,                        R.FINALIZE,     _ROW_FINALIZE),
         (R.FINALIZE,     _ROW_STOP,                        R.FINALIZE,     ()),
         (R.FINALIZE,     [RE.RECEIPT_PUBLISHED],           R.DONE,         ()),
+    ]),
+)
+# fmt: on
+
+
+class CorrectnessState(StrEnum):
+    ADMIT = "admit"
+    TOPOLOGY = "topology"
+    GATE = "gate"
+    FINALIZE = "finalize"
+    DONE = "done"
+
+
+class CorrectnessEvent(StrEnum):
+    ADMITTED = "admitted"
+    NOT_RUNNABLE = "not-runnable"
+    TOPOLOGY_ENDED = "topology-ended"
+    TOPOLOGIES_EXHAUSTED = "topologies-exhausted"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+    DEADLINE_EXPIRED = "deadline-expired"
+    VERDICT_JOURNALED = "verdict-journaled"
+
+
+class CorrectnessAction(StrEnum):
+    # One planned topology: the tool as a supervised child, then the gate on its report.
+    RUN_TOPOLOGY = "run-topology-child-and-gate-report"
+    JOURNAL_VERDICT = "journal-stage-verdict"
+
+
+K, KE, KA = CorrectnessState, CorrectnessEvent, CorrectnessAction
+_K_STOP = (KE.CANCELLED, KE.DEADLINE_EXPIRED)
+_K_VERDICT = (KA.JOURNAL_VERDICT,)
+
+# fmt: off
+CORRECTNESS_TABLE: Final = MachineTable[CorrectnessState, CorrectnessEvent, CorrectnessAction](
+    name="correctness",
+    states=tuple(CorrectnessState),
+    events=tuple(CorrectnessEvent),
+    initial=K.ADMIT,
+    final=K.DONE,
+    fault_events=frozenset((KE.NOT_RUNNABLE, *_K_STOP)),
+    after_fault=frozenset((K.FINALIZE, K.DONE)),
+    rows=_table([
+        # state       events                     next state    actions
+        # admit's work checks the profile against the row and plans the topologies.
+        (K.ADMIT,     [KE.ADMITTED],             K.TOPOLOGY,   (KA.RUN_TOPOLOGY,)),
+        (K.ADMIT,     [KE.NOT_RUNNABLE, *_K_STOP], K.FINALIZE, _K_VERDICT),
+        # Every planned topology runs, also after one failed: each keeps its evidence.
+        (K.TOPOLOGY,  [KE.TOPOLOGY_ENDED],       K.TOPOLOGY,   (KA.RUN_TOPOLOGY,)),
+        (K.TOPOLOGY,  [KE.TOPOLOGIES_EXHAUSTED], K.GATE,       ()),
+        (K.TOPOLOGY,  _K_STOP,                   K.FINALIZE,   _K_VERDICT),
+        # gate's work: every topology passed with one identical non-empty prompt text.
+        (K.GATE,      [KE.ACCEPTED, KE.REJECTED], K.FINALIZE,  _K_VERDICT),
+        (K.GATE,      _K_STOP,                   K.FINALIZE,   _K_VERDICT),
+        (K.FINALIZE,  _K_STOP,                   K.FINALIZE,   ()),
+        (K.FINALIZE,  [KE.VERDICT_JOURNALED],    K.DONE,       ()),
     ]),
 )
 # fmt: on
@@ -331,6 +394,7 @@ class _Model:
 
 CellMachine = LiveMachine[CellState, CellEvent, CellAction]
 RowMachine = LiveMachine[RowState, RowEvent, RowAction]
+CorrectnessMachine = LiveMachine[CorrectnessState, CorrectnessEvent, CorrectnessAction]
 
 
 def render_table_markdown() -> str:
@@ -340,6 +404,8 @@ def render_table_markdown() -> str:
         + CELL_TABLE.render_markdown()
         + "\n## Row machine\n\n"
         + ROW_TABLE.render_markdown()
+        + "\n## Correctness machine\n\n"
+        + CORRECTNESS_TABLE.render_markdown()
     )
 
 
@@ -355,3 +421,4 @@ def _check_sticky(table: MachineTable[Any, Any, Any]) -> None:
 
 _check_sticky(CELL_TABLE)
 _check_sticky(ROW_TABLE)
+_check_sticky(CORRECTNESS_TABLE)

@@ -30,6 +30,7 @@ Rules the fold applies (see ``states/receipts.py`` for the lattice):
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 from typing import Any, Final, TypeVar
@@ -42,6 +43,8 @@ from cache_family.schemas.journal import (
     CellOpened,
     ChildSpawned,
     CleanupOutcome,
+    CorrectnessTopologyRan,
+    CorrectnessVerdict,
     DeadlineExpired,
     Fault,
     InterruptFinishFailed,
@@ -67,9 +70,11 @@ from cache_family.schemas.receipts import (
     CacheVerdict,
     CellReceipt,
     CorrectnessObservation,
+    CorrectnessTopology,
     FaultEntry,
     HostIdentity,
     Measurement,
+    ParityVerdict,
     PinEntry,
     Readiness,
     ReceiptStatus,
@@ -91,6 +96,7 @@ from cache_family.states.cell import (
     RowEvent,
     RowState,
 )
+from cache_family.states.parity import ARM_NEW, ARM_OLD, observation_order, row_parity
 from cache_family.states.projection import planned_row, project_row
 from cache_family.states.receipts import meet, meet_all, terminal_downgrade
 
@@ -603,12 +609,17 @@ class RowFold:
         self._run_lines: list[JournalLine] = []
         self.last_seq = 0
         self.done_seq: int | None = None
+        self.correctness = CorrectnessFold()
 
     def apply(self, line: JournalLine) -> None:
         if line.seq <= self.last_seq:
             return
         self.last_seq = line.seq
         record = line.record
+        if isinstance(record, CorrectnessTopologyRan | CorrectnessVerdict):
+            if record.row_index == self.row_index:
+                self.correctness.apply(record)
+            return
         cell_id = _scope_cell(record)
         if isinstance(record, CellOpened) and record.row_index == self.row_index:
             fold = CellFold(record.cell_id)
@@ -671,6 +682,12 @@ class RowFold:
                 )
                 continue
             mine = [r for r in cell_receipts if r.arm == plan.arm and r.cell_id not in used]
+            skip = self.correctness.skip_reason()
+            if not mine and skip is not None:
+                observations.append(
+                    ArmObservation(arm=plan.arm, planned="planned", status="skipped", reason=skip)
+                )
+                continue
             if not mine:
                 stopped = self.terminal_refusal is not None
                 observations.append(
@@ -700,6 +717,13 @@ class RowFold:
             status, reason = "not-run", "row_never_opened"
         elif opened.model_status == "missing-model":
             status, reason = "missing-model", "missing-model"
+        elif (shortfall := self.correctness.shortfall(self.terminal_refusal)) is not None:
+            # A row whose correctness did not pass is never completed (nor promoted).
+            status, reason = shortfall
+            if planned_statuses:
+                status = meet(status, meet_all(planned_statuses))
+            if self.terminal_refusal is not None:
+                status = terminal_downgrade(status)
         elif not planned_statuses:
             status, reason = "unmeasured", "no_native_arm_planned"
         elif not launched_any and self.terminal_refusal is not None:
@@ -715,6 +739,11 @@ class RowFold:
                     if self.invalid_transitions
                     else "journal_ended_before_finalize"
                 )
+        parity = _paired_parity(opened, cell_receipts)
+        if parity and status == "completed" and not all(p.matches for p in parity):
+            # The row completes only with accepted parity at every rung.
+            status = "incomplete"
+            reason = "parity_not_accepted"
         terminal = self.terminal_refusal or next(
             (c.terminal_refusal for c in cell_receipts if c.terminal_refusal), None
         )
@@ -740,17 +769,104 @@ class RowFold:
             final_state=self.state.value,
             observations=tuple(observations),
             journal_through_seq=through,
-            correctness=CorrectnessObservation(
-                status=opened.correctness_status, reason=opened.correctness_reason
-            )
-            if opened
-            else CORRECTNESS_UNRECORDED,
+            correctness=self.correctness.observation(opened, self.terminal_refusal),
             synthetic=synthetic,
             evidence_class=evidence_class(synthetic),
+            parity=parity,
+            observation_order=observation_order(observations, parity),
         )
         brief = planned_row(run, self.row_index)
         return msgspec.structs.replace(
             receipt, producer_report_row=project_row(brief, receipt, synthetic=synthetic)
+        )
+
+
+def _paired_parity(
+    opened: RowOpened | None, cells: Sequence[CellReceipt]
+) -> tuple[ParityVerdict, ...]:
+    """Parity per planned rung when the row planned both old and new arms."""
+    planned = {a.arm for a in opened.arms if a.status == "planned"} if opened else set()
+    if not {ARM_OLD, ARM_NEW} <= planned:
+        return ()
+    old = next((c for c in cells if c.arm == ARM_OLD), None)
+    new = next((c for c in cells if c.arm == ARM_NEW), None)
+    ladder = next((c for c in (old, new) if c is not None), None)
+    if ladder is None:
+        return ()
+    return row_parity([r.concurrency for r in ladder.measurement.rungs], old, new)
+
+
+class CorrectnessFold:
+    """The row's correctness arm from its topology and verdict records."""
+
+    def __init__(self) -> None:
+        self.topologies: list[CorrectnessTopologyRan] = []
+        self.verdict: CorrectnessVerdict | None = None
+
+    def apply(self, record: CorrectnessTopologyRan | CorrectnessVerdict) -> None:
+        if isinstance(record, CorrectnessVerdict):
+            self.verdict = self.verdict or record
+        else:
+            self.topologies.append(record)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict is not None and self.verdict.status == "completed"
+
+    def shortfall(self, terminal: TerminalRefusal | None) -> tuple[ReceiptStatus, str] | None:
+        """The present row's status and reason when its correctness arm did not pass (a row
+        stopped before its correctness began is judged by the stop instead)."""
+        if self.passed:
+            return None
+        if self.verdict is None and not self.topologies:
+            return None if terminal is not None else ("incomplete", "correctness_not_run")
+        verdict = self.verdict
+        reason = (verdict.reason if verdict else None) or "correctness_incomplete"
+        refused = verdict is not None and reason.startswith("correctness_report_refused")
+        return ("failed" if refused else "incomplete"), reason.split(":", 1)[0]
+
+    def skip_reason(self) -> str | None:
+        """Why the planned baselines did not run: correctness did not pass."""
+        if self.verdict is None or self.passed:
+            return None
+        return f"correctness {self.verdict.status}: baselines skipped"
+
+    def observation(
+        self, opened: RowOpened | None, terminal: TerminalRefusal | None
+    ) -> CorrectnessObservation:
+        if opened is None:
+            return CORRECTNESS_UNRECORDED
+        verdict = self.verdict
+        if verdict is None and not self.topologies:
+            return CorrectnessObservation(
+                status=opened.correctness_status,
+                reason=opened.correctness_reason,
+                terminal_refusal=terminal if opened.model_status == "present" else None,
+            )
+        return CorrectnessObservation(
+            status=verdict.status if verdict else "failed-or-incomplete",
+            reason=verdict.reason if verdict else "correctness_journal_ended_before_verdict",
+            planned_topologies=verdict.planned_topologies if verdict else (),
+            topologies=tuple(
+                CorrectnessTopology(
+                    topology=t.topology,
+                    status=t.status,
+                    reason=t.reason,
+                    evidence_dir=t.evidence_dir or None,
+                    cache_storage_bytes=t.cache_storage_bytes,
+                    cache_hit_import_ms=t.cache_hit_import_ms,
+                    cache_hit_decode_ms=t.cache_hit_decode_ms,
+                    cache_hit_total_ms=t.cache_hit_total_ms,
+                    recompute_total_ms=t.recompute_total_ms,
+                    benchmark_prompt_token_count=t.benchmark_prompt_token_count,
+                    suffix_prefill_matches=t.suffix_prefill_matches,
+                    refusal_codes=t.refusal_codes,
+                )
+                for t in self.topologies
+            ),
+            prompt_sha256=verdict.prompt_sha256 if verdict else None,
+            terminal_refusal=terminal,
+            suffix_prefill_matches=verdict.suffix_prefill_matches if verdict else None,
         )
 
 
@@ -846,6 +962,14 @@ class JournalIndex:
                 cells.append(record.cell_id)
         cell_id = _scope_cell(record)
         if cell_id is not None:
+            if cell_id not in self._cells:
+                # A scope no cell opens (the correctness arm's tool children and pins)
+                # belongs to the row whose directory it names, so it leaves with that row.
+                owner = _row_of_scope(cell_id)
+                if owner is not None:
+                    cells = self._cells_of_row.setdefault(owner, [])
+                    if cell_id not in cells:
+                        cells.append(cell_id)
             self._cells.setdefault(cell_id, []).append(line)
             return
         row_index = _row_of(record)
@@ -889,14 +1013,23 @@ class JournalIndex:
         )
 
 
+_ROW_SCOPE: Final = re.compile(r"cell-(\d{4,})/")
+
+
+def _row_of_scope(cell_id: str) -> int | None:
+    """The row of a scope named after its row directory (``cell-NNNN/...``), if any."""
+    match = _ROW_SCOPE.match(cell_id)
+    return int(match.group(1)) if match else None
+
+
 def _seq(line: JournalLine) -> int:
     return line.seq
 
 
 def _row_of(record: object) -> int | None:
-    if isinstance(record, RowOpened):
+    if isinstance(record, RowOpened | CorrectnessTopologyRan | CorrectnessVerdict):
         return record.row_index
-    if isinstance(record, Transition) and record.machine == "row":
+    if isinstance(record, Transition) and record.machine in ("row", "correctness"):
         return record.row_index
     if isinstance(record, ReceiptPublished) and record.scope == "row":
         return record.row_index

@@ -1,0 +1,122 @@
+"""A supervised tool child: its own process group, an explicit environment, a deadline.
+
+The correctness tool runs this way, one child per topology. The child's output goes straight
+to its two log files; at its deadline, or when the caller is cancelled, its whole group is
+ended by ``process_group.stop_group`` (SIGTERM, grace, SIGKILL, reap; shielded), and a
+cancellation is re-raised once the group is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import psutil
+import trio
+
+from cache_family.actors.process_group import stop_group
+
+# The reference child runner's stop: 12 s graceful, then 1 s after SIGKILL.
+GRACE_SECONDS: Final = 12.0
+KILL_WAIT_SECONDS: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChildCommand:
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    stdout_path: str
+    stderr_path: str
+    deadline: float  # trio time
+    grace_seconds: float = GRACE_SECONDS
+    kill_wait_seconds: float = KILL_WAIT_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEnded:
+    """How a supervised child ended. ``pid`` None: it never started (``spawn_error`` says why)."""
+
+    pid: int | None
+    create_time: float | None
+    exit_code: int | None
+    elapsed_seconds: float
+    timed_out: bool = False
+    forced: bool = False
+    spawn_error: str | None = None
+
+    @property
+    def clean(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.forced
+
+
+OnSpawn = Callable[[int, float], Awaitable[None]]
+ChildRunner = Callable[[ChildCommand, OnSpawn], Awaitable[ChildEnded]]
+
+
+async def run_child(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
+    """Run ``command`` to its end or its deadline; ``on_spawn(pid, create_time)`` is awaited
+    (shielded) right after the spawn, so the child is journaled before anything else."""
+    started = trio.current_time()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        out = os.open(command.stdout_path, flags, 0o600)
+    except OSError as exc:
+        return ChildEnded(None, None, None, 0.0, spawn_error=f"stdout log: {exc.strerror}")
+    try:
+        err = os.open(command.stderr_path, flags, 0o600)
+    except OSError as exc:
+        os.close(out)
+        return ChildEnded(None, None, None, 0.0, spawn_error=f"stderr log: {exc.strerror}")
+    try:
+        process = await trio.lowlevel.open_process(
+            list(command.argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=dict(command.env),
+            cwd=command.cwd,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return ChildEnded(
+            None,
+            None,
+            None,
+            trio.current_time() - started,
+            spawn_error=f"cannot start {_first(command.argv)}: {exc.strerror or exc}",
+        )
+    finally:
+        os.close(out)
+        os.close(err)
+    try:
+        create_time = psutil.Process(process.pid).create_time()
+    except psutil.NoSuchProcess:
+        create_time = 0.0
+    timed_out = forced = False
+    try:
+        with trio.CancelScope(shield=True):
+            await on_spawn(process.pid, create_time)
+        with trio.move_on_at(command.deadline) as scope:
+            await process.wait()
+        timed_out = scope.cancelled_caught
+    finally:
+        stopped = await stop_group(
+            process, grace=command.grace_seconds, kill_wait=command.kill_wait_seconds
+        )
+        forced = stopped.forced
+    return ChildEnded(
+        pid=process.pid,
+        create_time=create_time,
+        exit_code=process.returncode,
+        elapsed_seconds=trio.current_time() - started,
+        timed_out=timed_out,
+        forced=forced,
+    )
+
+
+def _first(argv: Sequence[str]) -> str:
+    return argv[0] if argv else "?"
