@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cache_family.oracles import correctness, llama_bindings
+from cache_family.oracles import correctness, llama_bindings, package_builder
 from cache_family.oracles.native_build import sha256_file
 from cache_family.oracles.native_parts import SKIP_NATIVE_ENV, Parts
 from cache_family.states.handoff import (
@@ -194,52 +194,8 @@ def test_a_given_prompt_is_cut_to_exactly_k_plus_one_tokens(parts: Parts, tmp_pa
 
 
 def write_layer_package(source: Path, out: Path, model_id: str) -> int:
-    """A schema-1 layer package of ``source`` (test-side writer); returns the layer count.
-
-    Metadata-only ``shared/metadata.gguf``, the embedding in ``shared/embeddings.gguf``, every
-    other non-layer tensor in ``shared/output.gguf``, one ``layers/layer-NNN.gguf`` per block.
-    """
-    import gguf
-
-    reader = gguf.GGUFReader(source)
-    groups: dict[str, list[Any]] = {"metadata": [], "embeddings": [], "output": []}
-    layers: dict[int, list[Any]] = {}
-    for tensor in reader.tensors:
-        if tensor.name.startswith("blk."):
-            layers.setdefault(int(tensor.name.split(".")[1]), []).append(tensor)
-        elif tensor.name.startswith("token_embd"):
-            groups["embeddings"].append(tensor)
-        else:
-            groups["output"].append(tensor)
-
-    def part(relative: str, tensors: list[Any]) -> dict[str, Any]:
-        path = out / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        correctness.write_gguf_from(path, reader, tensors)
-        return {
-            "path": relative,
-            "tensor_count": len(tensors),
-            "tensor_bytes": sum(int(t.n_bytes) for t in tensors),
-            "artifact_bytes": path.stat().st_size,
-            "sha256": sha256_file(path),
-        }
-
-    manifest = {
-        "schema_version": 1,
-        "model_id": model_id,
-        "source_model": {"path": source.name, "sha256": sha256_file(source)},
-        "format": "layer-package",
-        "layer_count": len(layers),
-        "shared": {name: part(f"shared/{name}.gguf", group) for name, group in groups.items()},
-        "layers": [
-            {"layer_index": index, **part(f"layers/layer-{index:03d}.gguf", layers[index])}
-            for index in sorted(layers)
-        ],
-        "skippy_abi_version": "0.0.0",
-        "created_at_unix_secs": 0,
-    }
-    (out / correctness.PACKAGE_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return len(layers)
+    """A schema-1 layer package of ``source``, written by the package builder; its layer count."""
+    return package_builder.write_package(source, out, model_id, created_at_unix_secs=0).layer_count
 
 
 def test_package_stage1_loads_a_layer_package(parts: Parts, tmp_path: Path) -> None:
@@ -265,12 +221,13 @@ def test_package_stage1_loads_a_layer_package(parts: Parts, tmp_path: Path) -> N
     code, _, output = run_oracle(parts, tmp_path, RESIDENT, override=args)
     assert code == 2
     assert "refused: correctness.package" in output
-    assert "layers/layer-003.gguf is missing or does not match its SHA-256" in output
+    assert "layers/layer-003.gguf has SHA-256" in output
     # a part that matches its manifest digest but is no GGUF is refused too, never a traceback
     manifest_path = package / correctness.PACKAGE_MANIFEST
     manifest = json.loads(manifest_path.read_text())
     layer.write_bytes(b"not a gguf file")
     manifest["layers"][3]["sha256"] = sha256_file(layer)
+    manifest["layers"][3]["artifact_bytes"] = layer.stat().st_size
     manifest_path.write_text(json.dumps(manifest))
     code, _, output = run_oracle(parts, tmp_path, RESIDENT, override=args)
     assert code == 2
