@@ -55,9 +55,11 @@ def check_cell(case: str, receipt: CellReceipt) -> None:
 
 
 def test_verdicts_follow_each_architectures_reuse_rule_on_the_real_server(
-    native_parts: Parts, tmp_path: Path
+    native_parts: Parts, oracle_tools: Path, tmp_path: Path
 ) -> None:
-    out, _ = prepare_then_run(native_parts, tmp_path, ["llama", "qwen3next"], "prepare-full")
+    out, _ = prepare_then_run(
+        native_parts, oracle_tools, tmp_path, ["llama", "qwen3next"], "prepare-full"
+    )
     matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
     seen = set()
     for entry in matrix.rows:

@@ -181,7 +181,7 @@ def test_a_new_server_binary_changed_while_serving_keeps_measurements_and_refuse
     old = decode_cell_receipt((row_dir / "sweep-skippy-old" / "cell.json").read_bytes())
     # The drift is found after the ladder: every measurement is kept, the cell is downgraded.
     assert new.pins_drifted and not new.accepted_for_parity and new.status == "incomplete"
-    assert [p.name for p in new.pins_after if not p.matches] == ["binary"]
+    assert [p.name for p in new.after_identity if not p.matches] == ["binary"]
     assert [r.status for r in new.measurement.rungs] == ["completed", "completed"]
     assert all(r.rung_summary is not None for r in new.measurement.rungs)
     assert old.status == "completed" and old.accepted_for_parity

@@ -163,9 +163,9 @@ def test_resume_refuses_an_edited_journal(tmp_path: Path) -> None:
 
 @pytest.mark.native
 async def test_resume_after_sigkill_keeps_the_finished_row_and_replays_identically(
-    native_parts: Parts, tmp_path: Path
+    native_parts: Parts, oracle_tools: Path, tmp_path: Path
 ) -> None:
-    operator = operator_for(native_parts, tmp_path, ["qwen3_dense", "llama"])
+    operator = operator_for(native_parts, oracle_tools, tmp_path, ["qwen3_dense", "llama"])
     # A longer ladder, so the kill lands while it is in flight even on a loaded machine.
     document = json.loads(operator.read_text())
     document["plan"]["concurrent_requests"] = 12
