@@ -17,6 +17,7 @@ import pytest
 from cache_family.actors.replay import replay
 from cache_family.oracles import native_build
 from cache_family.oracles.native_parts import Parts
+from cache_family.schemas.corpus import default_corpus_path
 from cache_family.schemas.journal import ChildSpawned, CliAdmission, RungCompleted, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
@@ -65,9 +66,11 @@ def paired_operator(parts: Parts, tools: Path, root: Path, cases: list[str], **p
     return path
 
 
-def prepare_and_run(operator: Path, root: Path) -> tuple[Path, int, str]:
+def prepare_and_run(
+    operator: Path, root: Path, verb: str = "prepare-full", *extra: str
+) -> tuple[Path, int, str]:
     prepared = root / "prepared"
-    done = cli("prepare-full", "--input", str(operator), "--output", str(prepared), cwd=root)
+    done = cli(verb, "--input", str(operator), "--output", str(prepared), *extra, cwd=root)
     assert done.returncode == 0, done.stderr
     out = root / "run"
     ran = cli(
@@ -139,8 +142,37 @@ def test_a_reduced_plan_with_old_and_new_bound_completes_with_parity_accepted(
             assert [r.concurrency for r in rungs] == [1, 2]
             assert {r.host_pid for r in rungs} == {spawns[0].pid}
             assert all(r.host_retained for r in cell.measurement.rungs)
+    production = json.loads((out / "production-cache-bench.json").read_bytes())
+    assert [(r["skippy"]["status"], r["llama_server"]["status"]) for r in production] == [
+        ("pass", "ok")
+    ] * len(production)
     verdict = replay(str(out))
     assert verdict.exit_code == 0, verdict.lines
+
+
+def test_a_one_use_case_plan_completes_and_writes_its_production_rows(
+    native_parts: Parts, oracle_tools: Path, tmp_path: Path
+) -> None:
+    """The reduced plan with one use case: its prompt drives correctness, the baselines and
+    old/new, and production-cache-bench.json carries one measured row per family."""
+    corpus = json.loads(Path(default_corpus_path()).read_text())
+    corpus["use_cases"] = corpus["use_cases"][:1]
+    one = tmp_path / "one-use-case.json"
+    one.write_text(json.dumps(corpus))
+    operator = paired_operator(native_parts, oracle_tools, tmp_path, ["llama", "qwen3next"])
+    out, code, stderr = prepare_and_run(
+        operator, tmp_path, "prepare-use-cases", "--use-case-corpus", str(one)
+    )
+    assert code == 0, stderr
+    assert decode_matrix((out / MATRIX_FILENAME).read_bytes()).status == "completed"
+    production = json.loads((out / "production-cache-bench.json").read_bytes())
+    key = corpus["use_cases"][0]["key"]
+    assert sorted(r["family"] for r in production) == ["Llama", "Qwen3Next"]
+    for entry in production:
+        assert entry["use_case"] == key
+        assert entry["skippy"]["status"] == "pass" and entry["llama_server"]["status"] == "ok"
+        assert entry["skippy"]["cache_storage_bytes"] > 0
+    assert replay(str(out)).exit_code == 0
 
 
 # --- faults a real stage server cannot be made to produce (scripted wrappers, named so) ---------
