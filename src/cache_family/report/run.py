@@ -16,8 +16,8 @@ each optional; the report shows a verdict column only when some rung has one.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, TypeVar
 
@@ -29,7 +29,13 @@ from cache_family.report.sources import SourceEntry, read_sources
 from cache_family.schemas.bounded import MIB
 from cache_family.schemas.corpus import default_corpus_path
 from cache_family.schemas.matrix import MATRIX_FILENAME, MatrixReceipt, MatrixRow
-from cache_family.schemas.receipts import ArmObservation, CellReceipt, RowReceipt, RungReceipt
+from cache_family.schemas.receipts import (
+    ArmObservation,
+    CacheVerdict,
+    CellReceipt,
+    RowReceipt,
+    RungReceipt,
+)
 
 PRODUCTION_FILENAME: Final = "production-cache-bench.json"
 CELL_FILENAME: Final = "cell.json"
@@ -40,27 +46,6 @@ _T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
-class CacheVerdict:
-    """Expected versus observed cache hits of one rung, as the cell receipt states them."""
-
-    expected_hits: int | None = None
-    observed_hits: int | None = None
-    expected_cached_tokens: int | None = None
-    observed_cached_tokens_min: int | None = None
-    shortfall: bool | None = None
-    rule: str | None = None
-
-    @property
-    def short(self) -> bool | None:
-        """Whether the rung fell short: stated, else observed < expected when both exist."""
-        if self.shortfall is not None:
-            return self.shortfall
-        if self.expected_hits is not None and self.observed_hits is not None:
-            return self.observed_hits < self.expected_hits
-        return None
-
-
-@dataclass(frozen=True, slots=True)
 class ArmView:
     """One arm of a row: its observation in ``row.json`` and, when published, its cell."""
 
@@ -68,7 +53,14 @@ class ArmView:
     #: ``cell.json`` relative to the run directory, when the row names a cell directory.
     cell_path: str | None
     cell: CellReceipt | None
-    verdicts: Mapping[int, CacheVerdict] = field(default_factory=dict)
+
+    @property
+    def verdicts(self) -> dict[int, CacheVerdict]:
+        """The cache verdict of each rung that has one, by rung index (from ``cell.json``)."""
+        if self.cell is None:
+            return {}
+        rungs = self.cell.measurement.rungs
+        return {r.rung_index: r.cache_verdict for r in rungs if r.cache_verdict is not None}
 
     @property
     def arm(self) -> str:
@@ -137,33 +129,6 @@ def _convert(reader: Reader, value: Any, kind: type[_T], what: str) -> _T | None
         return None
 
 
-def _verdicts(reader: Reader, document: dict[str, Any]) -> dict[int, CacheVerdict]:
-    measurement = document.get("measurement")
-    rungs = measurement.get("rungs") if isinstance(measurement, dict) else None
-    out: dict[int, CacheVerdict] = {}
-    for i, rung in enumerate(rungs if isinstance(rungs, list) else []):
-        if not isinstance(rung, dict) or "cache_verdict" not in rung:
-            continue
-        where: Where = ["measurement", "rungs", i]
-        present, raw = reader.member(rung, "cache_verdict", where)
-        if not present or raw is None:
-            continue
-        if not isinstance(raw, dict):
-            reader.wrong([*where, "cache_verdict"], "an object", raw)
-            continue
-        at: Where = [*where, "cache_verdict"]
-        index = rung.get("rung_index")
-        out[index if isinstance(index, int) else i] = CacheVerdict(
-            expected_hits=reader.opt_count(raw, "expected_hits", at),
-            observed_hits=reader.opt_count(raw, "observed_hits", at),
-            expected_cached_tokens=reader.opt_count(raw, "expected_cached_tokens", at),
-            observed_cached_tokens_min=reader.opt_count(raw, "observed_cached_tokens_min", at),
-            shortfall=reader.opt_flag(raw, "shortfall", at),
-            rule=reader.opt_text(raw, "rule", at),
-        )
-    return out
-
-
 def _load(root: str, relative: str, what: str, refusals: Refusals) -> tuple[Reader, Any] | None:
     """The JSON of ``root/relative``; None when absent (shown so) or after a refusal."""
     path = os.path.join(root, relative)
@@ -184,7 +149,6 @@ def _arm(
 ) -> ArmView:
     cell_path: str | None = None
     cell: CellReceipt | None = None
-    verdicts: dict[int, CacheVerdict] = {}
     if obs.cell_dir is not None:
         inside = _inside(row_reader, obs.cell_dir, ["observations", index, "cell_dir"])
         if inside is not None:
@@ -193,12 +157,10 @@ def _arm(
             if loaded is not None:
                 reader, document = loaded
                 cell = _convert(reader, document, CellReceipt, "cell receipt")
-                verdicts = _verdicts(reader, document)
     return ArmView(
         observation=obs,
         cell_path=cell_path,
         cell=cell,
-        verdicts=verdicts,
     )
 
 

@@ -17,7 +17,7 @@ from urllib.parse import quote
 from cache_family.report.decode import Refusals
 from cache_family.report.html import markdown_to_html
 from cache_family.report.render import cell, format_ms, render_report
-from cache_family.report.run import ArmView, CacheVerdict, RowView, RunReceipts
+from cache_family.report.run import ArmView, RowView, RunReceipts
 from cache_family.report.stats import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -29,6 +29,7 @@ from cache_family.report.stats import (
 from cache_family.report.svg import Panel, Series, line_panels
 from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.schemas.measurement import RequestRow, RungSummary
+from cache_family.schemas.receipts import CacheVerdict
 
 MARKDOWN_NAME: Final = "report.md"
 HTML_NAME: Final = "report.html"
@@ -190,7 +191,9 @@ def _plot(view: RowView, arms: Sequence[ArmView]) -> str:
 def _verdict_text(verdict: CacheVerdict | None) -> tuple[str, ...]:
     if verdict is None:
         return ("n/a", "n/a", "n/a")
-    short = verdict.short
+    short = verdict.shortfall
+    if short is None and verdict.expected_hits is not None and verdict.observed_hits is not None:
+        short = verdict.observed_hits < verdict.expected_hits
     text = "n/a" if short is None else ("**short**" if short else "ok")
     if verdict.rule:
         text += f" ({cell(verdict.rule)})"
