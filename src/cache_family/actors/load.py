@@ -30,7 +30,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -232,11 +232,13 @@ class LoadRun:
             slots.release()
 
     async def _exchange(self, client: httpx.AsyncClient, request_id: int) -> RequestRow:
+        return await self._guarded(request_id, client, self._completion)
+
+    async def _completion(
+        self, client: httpx.AsyncClient, request_id: int, warmup: bool, exchange: _Exchange
+    ) -> RequestRow:
+        """llama.cpp's ``/completion``, streamed or plain, as the request asks."""
         request = self.request
-        started = self.clock()
-        own_deadline = started + request.request_timeout_ms / 1000
-        exchange = _Exchange(started=started)
-        warmup = self.excluded_warmup(request_id)
         body = completion_body(
             request.prompt,
             request.output_tokens,
@@ -244,14 +246,29 @@ class LoadRun:
             ignore_eos=request.ignore_eos,
         )
         url = request.base_url.rstrip("/") + "/completion"
+        final = await (
+            self._streamed(client, url, body, exchange)
+            if request.stream
+            else self._plain(client, url, body, exchange)
+        )
+        return self._completed_row(request_id, warmup, exchange, final)
+
+    async def _guarded(
+        self,
+        request_id: int,
+        client: httpx.AsyncClient,
+        send: Callable[[httpx.AsyncClient, int, bool, _Exchange], Awaitable[RequestRow]],
+    ) -> RequestRow:
+        """One request of either dialect under its own timeout and the cell budget: protocol
+        and transport errors become a failed row, a cut becomes an incomplete one."""
+        request = self.request
+        started = self.clock()
+        own_deadline = started + request.request_timeout_ms / 1000
+        exchange = _Exchange(started=started)
+        warmup = self.excluded_warmup(request_id)
         with trio.move_on_at(min(own_deadline, self.deadline)) as cap:
             try:
-                final = await (
-                    self._streamed(client, url, body, exchange)
-                    if request.stream
-                    else self._plain(client, url, body, exchange)
-                )
-                return self._completed_row(request_id, warmup, exchange, final)
+                return await send(client, request_id, warmup, exchange)
             except ProtocolError as exc:
                 return self._failed_row(request_id, warmup, exchange, str(exc))
             except (httpx.HTTPError, OSError) as exc:
@@ -813,32 +830,16 @@ class OpenAIChatRun(LoadRun):
         self.model_id = model_id
 
     async def _exchange(self, client: httpx.AsyncClient, request_id: int) -> RequestRow:
-        request = self.request
-        started = self.clock()
-        own_deadline = started + request.request_timeout_ms / 1000
-        exchange = _Exchange(started=started)
-        warmup = self.excluded_warmup(request_id)
-        body = openai_chat_body(self.model_id, request.prompt, request.output_tokens)
-        url = request.base_url.rstrip("/") + "/v1/chat/completions"
-        with trio.move_on_at(min(own_deadline, self.deadline)) as cap:
-            try:
-                stream = await self._chat(client, url, body, exchange)
-                return self._chat_row(request_id, warmup, exchange, stream)
-            except ProtocolError as exc:
-                return self._failed_row(request_id, warmup, exchange, str(exc))
-            except (httpx.HTTPError, OSError) as exc:
-                return self._failed_row(
-                    request_id, warmup, exchange, f"{type(exc).__name__}: {exc}"
-                )
-        assert cap.cancelled_caught
-        cut_by = "its own timeout" if own_deadline <= self.deadline else "the cell budget"
-        return RequestRow(
-            request_id=request_id,
-            status="incomplete",
-            excluded_warmup=warmup,
-            elapsed_ms=(self.clock() - started) * 1000,
-            error=f"cut by {cut_by} ({request.request_timeout_ms} ms request timeout)",
-        )
+        return await self._guarded(request_id, client, self._chat_completion)
+
+    async def _chat_completion(
+        self, client: httpx.AsyncClient, request_id: int, warmup: bool, exchange: _Exchange
+    ) -> RequestRow:
+        """OpenAI ``/v1/chat/completions``, streamed with usage."""
+        body = openai_chat_body(self.model_id, self.request.prompt, self.request.output_tokens)
+        url = self.request.base_url.rstrip("/") + "/v1/chat/completions"
+        stream = await self._chat(client, url, body, exchange)
+        return self._chat_row(request_id, warmup, exchange, stream)
 
     async def _chat(
         self, client: httpx.AsyncClient, url: str, body: dict[str, Any], exchange: _Exchange
