@@ -283,8 +283,8 @@ class RunContext:
 def thread_setting(environment: Mapping[str, str]) -> str | None:
     """OMP_NUM_THREADS when it is a positive whole number, else None.
 
-    A thread count is a setting, not a secret, so it may appear on a host's command line and
-    in the journal; anything else in the environment is journaled by name only.
+    A thread count is a setting, not a secret: it is given to llama-server as ``-t`` and to
+    the correctness oracle's llama.cpp contexts.
     """
     value = environment.get("OMP_NUM_THREADS")
     return value if value and value.isdigit() and int(value) > 0 else None

@@ -30,6 +30,7 @@ from typing import Any, Final, NoReturn
 import numpy as np
 
 from cache_family.actors.publish import publish_fresh
+from cache_family.actors.run_context import thread_setting
 from cache_family.errors import Refusal, Refused
 from cache_family.oracles import llama_bindings, native_build, package_builder
 from cache_family.states.handoff import (
@@ -546,7 +547,9 @@ class Session:
         params.n_batch = n_batch
         params.n_ubatch = n_batch
         params.n_seq_max = n_seq_max
-        threads = max(1, min(4, len(os.sched_getaffinity(0))))
+        # The operator's thread count, as llama-server gets it (-t); else up to 4 cores.
+        setting = thread_setting(os.environ)
+        threads = int(setting) if setting else max(1, min(4, len(os.sched_getaffinity(0))))
         params.n_threads = threads
         params.n_threads_batch = threads
         params.kv_unified = True

@@ -35,9 +35,10 @@ from cache_family.schemas.receipts import SYNTHETIC_EVIDENCE_CLASS
 MATRIX_SCHEMA_VERSION: Final = 1
 MATRIX_FILENAME: Final = "cache-family-matrix.json"
 MATRIX_SCOPE: Final = (
-    "native arms (serial baseline and concurrent ladder) of every present row, measured "
-    "against llama-server; the correctness and paired serving arms are not built yet; pins "
-    "describe observed local bytes, not build attestation"
+    "every present row: the correctness arm on each planned topology, the native arms "
+    "(serial baseline and concurrent ladder) against llama-server and, when both are bound, "
+    "the old and new stage servers with per-rung parity; pins describe observed local bytes, "
+    "not build attestation"
 )
 MATRIX_SCOPE_SYNTHETIC: Final = (
     f"{MATRIX_SCOPE}; rows marked synthetic are evidence of class '{SYNTHETIC_EVIDENCE_CLASS}'"
