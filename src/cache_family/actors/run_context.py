@@ -15,6 +15,7 @@ import trio
 
 from cache_family.actors import custody
 from cache_family.actors.child import ChildRunner, run_child
+from cache_family.actors.http import LoopbackHttp
 from cache_family.actors.journal import JournalWriter
 from cache_family.actors.pins import Budget, HashJob, hash_file, hash_files, pin_tree
 from cache_family.errors import Refused
@@ -111,7 +112,9 @@ class HostHandle(Protocol):
 
     async def launch(self, argv: Sequence[str], env: Mapping[str, str]) -> HostSpawned: ...
 
-    async def wait_ready(self, startup_seconds: float) -> HostReady: ...
+    async def wait_ready(
+        self, startup_seconds: float, http: LoopbackHttp | None = None
+    ) -> HostReady: ...
 
     def still_same(self) -> bool: ...
 
