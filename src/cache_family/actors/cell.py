@@ -734,6 +734,7 @@ class CellActor:
         """The rows not journaled yet (the first ``sent`` were), then the rung's completion."""
         host = self._live_host()
         await self._journal_rows(index, outcome.rows[sent:])
+        calibration = self.ctx.client_calibration
         await self._journal(
             RungCompleted(
                 cell_id=self.plan.cell_id,
@@ -747,6 +748,8 @@ class CellActor:
                 host_pid=host.pid,
                 host_create_time=host.create_time if host.still_same() else None,
                 stop_reason=outcome.stop_reason,
+                client_overhead_ms=calibration.overhead_p50_ms if calibration else None,
+                client_overhead_factor=calibration.near_factor if calibration else None,
             )
         )
 

@@ -21,6 +21,7 @@ from cache_family.actors.pins import Budget, HashJob, hash_file, hash_files, pin
 from cache_family.errors import Refused
 from cache_family.schemas.journal import Record, Transition
 from cache_family.schemas.measurement import (
+    ClientCalibration,
     HostCleanup,
     HostDialect,
     HostEvent,
@@ -256,6 +257,9 @@ class RunContext:
     hosts: HostSettings = field(default_factory=HostSettings)
     # Called with (cell_id, state) at every transition, for the progress display.
     on_transition: Callable[[str, str], None] | None = None
+    # The run's own client overhead, measured before the first ladder (None until then, or
+    # when it could not be measured); every rung's completion record carries it.
+    client_calibration: ClientCalibration | None = None
 
     async def journal(self, record: Record) -> int:
         return await self.writer.append(record)
