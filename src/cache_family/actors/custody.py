@@ -109,6 +109,7 @@ FAULT_KIND_OF_CODE: Mapping[str, str] = {
 
 HEALTH_TRY_SECONDS = 2.0
 HEALTH_GAP_SECONDS = 0.05
+HEALTH_FIRST_GAP_SECONDS = 0.0005
 HEALTH_BODY_LIMIT = 64 * KIB
 
 
@@ -601,7 +602,9 @@ class Host:
                 await self._emit(ready)
                 return ready
             with trio.move_on_at(deadline):
-                await trio.sleep(HEALTH_GAP_SECONDS)
+                # A host that listens before its model is loaded answers 503 at first: try
+                # again within a millisecond, then less and less often.
+                await trio.sleep(min(HEALTH_GAP_SECONDS, HEALTH_FIRST_GAP_SECONDS * 2**attempts))
         await self._fail(
             "custody.readiness_failed",
             f"{self.readiness_url} did not answer ready within {startup_seconds} s"

@@ -33,7 +33,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import trio
 
@@ -541,12 +541,23 @@ def _sse_event(line: bytes) -> dict[str, Any] | None:
     return event
 
 
-def _parse_json(data: bytes, what: str) -> dict[str, Any]:
-    def refuse_constant(name: str) -> Any:
-        raise ProtocolError(f"{what} holds the non-JSON constant {name}")
+class _NonJsonConstant(Exception):
+    pass
 
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonJsonConstant(name)
+
+
+# Built once: ``json.loads`` with a keyword builds a decoder per call, once per stream event.
+_JSON: Final = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def _parse_json(data: bytes, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(data, parse_constant=refuse_constant)
+        value = _JSON.decode(data.decode())
+    except _NonJsonConstant as exc:
+        raise ProtocolError(f"{what} holds the non-JSON constant {exc}") from None
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
