@@ -82,7 +82,14 @@ def cells_of(journal: Path) -> list[Cell]:
         record = line.record
         cell_id = getattr(record, "cell_id", None)
         if isinstance(record, CellOpened):
-            cells[record.cell_id] = Cell(record.cell_id, line.mono_ns, line.mono_ns)
+            # A cell opens in pin-verify; its first transition leaves it.
+            cells[record.cell_id] = Cell(
+                record.cell_id,
+                line.mono_ns,
+                line.mono_ns,
+                _state="pin-verify",
+                _state_ns=line.mono_ns,
+            )
             continue
         if not isinstance(cell_id, str) or cell_id not in cells:
             continue
