@@ -972,11 +972,13 @@ def test_receipts_of_a_real_catalog_carry_no_synthetic_label() -> None:
         path="/pkg/catalog.json", sha256="2" * 64, synthetic=False, packaged=True
     )
     assert [r.synthetic for r in matrix.rows] == [False]
-    assert list(json.loads(encode_matrix(matrix)))[-4:] == [
+    assert list(json.loads(encode_matrix(matrix)))[-6:] == [
         "catalog",
         "report_error",
         "report",
         "report_input",
+        "client_calibration",
+        "client_calibration_error",
     ]
 
 

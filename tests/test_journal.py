@@ -626,6 +626,8 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     "correctness_topology": ("row_index", "topology_index", "topology", "status"),
     "correctness_verdict": ("row_index", "status"),
     "cli_admission": ("cell_id", "binary", "binary_sha256", "dialect"),
+    # Issue 13: the run's own client overhead, before the first ladder.
+    "client_calibrated": (),
 }
 
 

@@ -10,9 +10,11 @@ import pytest
 import trio
 import trio.testing
 
+from cache_family.actors.http import LoopbackHttp
 from cache_family.actors.load import (
     CacheAccounting,
     LoadRun,
+    PromptCuts,
     ProtocolError,
     build_benchmark_prompt,
     completion_body,
@@ -411,3 +413,23 @@ def test_native_answer_gives_slot_and_cached_tokens() -> None:
     assert native_cache_accounting({"tokens_evaluated": 3, "id_slot": -1}, ServerTimings()) == (
         CacheAccounting(3, 0, None)
     )
+
+
+async def test_a_row_cuts_its_prompt_once_for_every_arm(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    cuts = PromptCuts()
+    http = LoopbackHttp()
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp())
+        first = await cuts.cut(http, server.base_url, "abc", 10)
+        after_first = server.connections
+        again = await cuts.cut(http, server.base_url, "abc", 10)
+        longer = await cuts.cut(http, server.base_url, "abc", 12)
+        nursery.cancel_scope.cancel()
+    assert again is first
+    # The second arm asked nothing of its host; another prefix is another cut.
+    assert after_first == 4
+    assert server.connections == 8
+    assert (first.token_count, longer.token_count) == (11, 13)
+    assert http.requests == 8

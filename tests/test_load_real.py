@@ -115,7 +115,9 @@ async def test_serial_baseline_and_two_rung_ladder_on_one_retained_host(
                     assert row.tokens_predicted == 128
                     assert row.timings is not None and row.timings.predicted_n == 128
                     assert row.ttft_ms is not None and row.elapsed_ms is not None
-                    assert 0 < row.ttft_ms < row.elapsed_ms
+                    # Equal when one socket read brought every event (a busy client): the
+                    # first content then arrived with the final event.
+                    assert 0 < row.ttft_ms <= row.elapsed_ms
                     assert row.stop_type == "limit"
                     assert row.first_chunk_sha256 is not None
                     assert row.content_sha256 is not None and len(row.content_sha256) == 64

@@ -18,6 +18,7 @@ import trio
 
 from cache_family.actors import custody
 from cache_family.actors.child import ChildCommand, ChildEnded, ChildRunner, OnSpawn
+from cache_family.actors.http import LoopbackHttp
 from cache_family.actors.run_context import HostHandle, Observe, PinResult, PinTarget
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
@@ -89,7 +90,9 @@ class FakeHost:
         await self.observe(spawned)
         return spawned
 
-    async def wait_ready(self, startup_seconds: float) -> HostReady:
+    async def wait_ready(
+        self, startup_seconds: float, http: LoopbackHttp | None = None
+    ) -> HostReady:
         assert self.pid is not None
         if self.script.never_ready:
             await trio.sleep(startup_seconds)

@@ -28,12 +28,13 @@ import msgspec
 import trio
 
 from cache_family.actors import custody, stage_host
+from cache_family.actors.http import LoopbackHttp
 from cache_family.actors.journal import publish_cell_receipt
 from cache_family.actors.load import (
     BenchmarkPrompt,
     LoadRun,
     OpenAIChatRun,
-    build_benchmark_prompt,
+    PromptCuts,
 )
 from cache_family.actors.prompts import SOURCE_CORRECTNESS, PromptChoice
 from cache_family.actors.publish import publish_fresh
@@ -222,9 +223,15 @@ class _Fault(Exception):
 class CellActor:
     """One host session. ``await CellActor(plan, ctx).run()`` returns the published receipt."""
 
-    def __init__(self, plan: CellPlan, ctx: RunContext) -> None:
+    def __init__(
+        self, plan: CellPlan, ctx: RunContext, prompt_cuts: PromptCuts | None = None
+    ) -> None:
+        """``prompt_cuts``: the row's, so its arms cut a corpus prompt once."""
         self.plan = plan
         self.ctx = ctx
+        self.prompt_cuts = prompt_cuts if prompt_cuts is not None else PromptCuts()
+        # The host session's one HTTP client: readiness, the prompt cut and every rung.
+        self.http = LoopbackHttp()
         self.machine: CellMachine = LiveMachine(
             CELL_TABLE, plan.cell_id, ctx.step_journal("cell", cell_id=plan.cell_id)
         )
@@ -546,7 +553,8 @@ class CellActor:
         assert profile is not None
         now = trio.current_time()
         await host.wait_ready(
-            Budgets.startup_seconds(self.work_deadline, now, float(profile.startup_timeout_secs))
+            Budgets.startup_seconds(self.work_deadline, now, float(profile.startup_timeout_secs)),
+            self.http,
         )
         host.note_descendants()
 
@@ -559,8 +567,8 @@ class CellActor:
             self.prompt = BenchmarkPrompt(choice.text, tokens, digest)
             return
         host = self._live_host()
-        self.prompt = await build_benchmark_prompt(
-            host.base_url, self.plan.prompt.text, self.plan.prefix_tokens
+        self.prompt = await self.prompt_cuts.cut(
+            self.http, host.base_url, self.plan.prompt.text, self.plan.prefix_tokens
         )
 
     async def _journal_warmup_rule(self) -> None:
@@ -592,7 +600,9 @@ class CellActor:
         if self.plan.kind != "serial":
             return
         warm = LoadRun(
-            self._request(RungPlan(concurrency=1, requests=1)), deadline=self.work_deadline
+            self._request(RungPlan(concurrency=1, requests=1)),
+            deadline=self.work_deadline,
+            client=self.http,
         )
         outcome: LoadOutcome | None = None
         try:
@@ -687,9 +697,13 @@ class CellActor:
         """llama-server's /completion, or a stage server's OpenAI chat (its model id)."""
         if self.plan.host_kind == "stage":
             return OpenAIChatRun(
-                request, self.plan.model_id, deadline=self.work_deadline, sent=sent
+                request,
+                self.plan.model_id,
+                deadline=self.work_deadline,
+                sent=sent,
+                client=self.http,
             )
-        return LoadRun(request, deadline=self.work_deadline, sent=sent)
+        return LoadRun(request, deadline=self.work_deadline, sent=sent, client=self.http)
 
     async def _rung(self, index: int, rung: RungPlan) -> LoadOutcome:
         """One measured rung (rung 0 after its warmup, if any); its roster and completion are
@@ -720,6 +734,7 @@ class CellActor:
         """The rows not journaled yet (the first ``sent`` were), then the rung's completion."""
         host = self._live_host()
         await self._journal_rows(index, outcome.rows[sent:])
+        calibration = self.ctx.client_calibration
         await self._journal(
             RungCompleted(
                 cell_id=self.plan.cell_id,
@@ -733,6 +748,8 @@ class CellActor:
                 host_pid=host.pid,
                 host_create_time=host.create_time if host.still_same() else None,
                 stop_reason=outcome.stop_reason,
+                client_overhead_ms=calibration.overhead_p50_ms if calibration else None,
+                client_overhead_factor=calibration.near_factor if calibration else None,
             )
         )
 

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, NoReturn
 
-import httpx
 import psutil
 import trio
 
+from cache_family.actors.http import HttpError, LoopbackHttp
 from cache_family.actors.process_group import stop_group
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas import stage_server
@@ -109,6 +109,7 @@ FAULT_KIND_OF_CODE: Mapping[str, str] = {
 
 HEALTH_TRY_SECONDS = 2.0
 HEALTH_GAP_SECONDS = 0.05
+HEALTH_FIRST_GAP_SECONDS = 0.0005
 HEALTH_BODY_LIMIT = 64 * KIB
 
 
@@ -546,8 +547,11 @@ class Host:
 
     # -- readiness -----------------------------------------------------------------------
 
-    async def wait_ready(self, startup_seconds: float) -> HostReady:
-        """Marker, then readiness (``readiness_url``), all within ``startup_seconds``."""
+    async def wait_ready(
+        self, startup_seconds: float, http: LoopbackHttp | None = None
+    ) -> HostReady:
+        """Marker, then readiness (``readiness_url``), all within ``startup_seconds``; ``http``
+        is the host session's client (the cell's, shared with its prompt cut and rungs)."""
         if self.state != "spawned" or self._spawned_at is None or self.pid is None:
             raise RuntimeError(f"wait_ready() in state {self.state}")
         deadline = self._spawned_at + startup_seconds
@@ -575,30 +579,32 @@ class Host:
         )
         attempts = 0
         last_problem = "no answer"
-        async with httpx.AsyncClient(trust_env=False) as client:
-            while trio.current_time() < deadline:
-                if self._exited.is_set():
-                    await self._fail(
-                        "custody.child_exited",
-                        f"host exited with {self.exit_code} before it answered readiness",
-                    )
-                attempts += 1
-                try_seconds = min(HEALTH_TRY_SECONDS, max(deadline - trio.current_time(), 0.001))
-                ok, last_problem = await _health_once(
-                    client, self.readiness_url, try_seconds, self._ready_answer
+        client = http or LoopbackHttp()
+        while trio.current_time() < deadline:
+            if self._exited.is_set():
+                await self._fail(
+                    "custody.child_exited",
+                    f"host exited with {self.exit_code} before it answered readiness",
                 )
-                if ok:
-                    self.state = "ready"
-                    ready = HostReady(
-                        label=self.config.label,
-                        pid=self.pid,
-                        after_seconds=trio.current_time() - self._spawned_at,
-                        health_attempts=attempts,
-                    )
-                    await self._emit(ready)
-                    return ready
-                with trio.move_on_at(deadline):
-                    await trio.sleep(HEALTH_GAP_SECONDS)
+            attempts += 1
+            try_seconds = min(HEALTH_TRY_SECONDS, max(deadline - trio.current_time(), 0.001))
+            ok, last_problem = await _health_once(
+                client, self.readiness_url, try_seconds, self._ready_answer
+            )
+            if ok:
+                self.state = "ready"
+                ready = HostReady(
+                    label=self.config.label,
+                    pid=self.pid,
+                    after_seconds=trio.current_time() - self._spawned_at,
+                    health_attempts=attempts,
+                )
+                await self._emit(ready)
+                return ready
+            with trio.move_on_at(deadline):
+                # A host that listens before its model is loaded answers 503 at first: try
+                # again within a millisecond, then less and less often.
+                await trio.sleep(min(HEALTH_GAP_SECONDS, HEALTH_FIRST_GAP_SECONDS * 2**attempts))
         await self._fail(
             "custody.readiness_failed",
             f"{self.readiness_url} did not answer ready within {startup_seconds} s"
@@ -774,19 +780,15 @@ async def host_custody(config: HostConfig, observe: Observe | None = None) -> As
 
 
 async def _health_once(
-    client: httpx.AsyncClient, url: str, seconds: float, ready: Callable[[object], bool]
+    client: LoopbackHttp, url: str, seconds: float, ready: Callable[[object], bool]
 ) -> tuple[bool, str]:
     try:
         with trio.fail_after(seconds):
-            async with client.stream("GET", url, timeout=seconds) as response:
-                body = b""
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > HEALTH_BODY_LIMIT:
-                        return False, "health body too large"
+            async with client.request("GET", url) as response:
+                body = await response.read(HEALTH_BODY_LIMIT)
     except trio.TooSlowError:
         return False, f"no answer within {seconds:.2f} s"
-    except httpx.HTTPError as exc:
+    except HttpError as exc:
         return False, f"{type(exc).__name__}: {exc}"
     if response.status_code != 200:
         return False, f"HTTP {response.status_code}"

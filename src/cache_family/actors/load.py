@@ -13,7 +13,8 @@ fails its request, never the process. Facts about llama-server this relies on:
 * ``POST /completion`` answers non-streamed requests with one JSON object and streamed requests
   with ``data: {json}`` lines; the last event has ``stop: true`` and the server's ``timings``
   (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``, ``cache_n``).
-* It closes the connection after every streamed response, so each request gets a fresh one.
+* It closes the connection after every streamed response, so each request gets a fresh one
+  (``actors/http.py``).
 * A tiny random model often samples end-of-sequence first: for a synthetic catalog
   ``ignore_eos`` keeps the output length fixed (a real catalog gets the reference's body
   exactly), and token counts come from the server, never from re-tokenizing text.
@@ -32,11 +33,11 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
-import httpx
 import trio
 
+from cache_family.actors.http import HttpError, LoopbackHttp, Response
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
     LoadOutcome,
@@ -127,17 +128,6 @@ def openai_cache_accounting(usage: Mapping[str, Any]) -> CacheAccounting:
     return CacheAccounting(prompt_tokens=prompt, cached_tokens=cached)
 
 
-def make_client(concurrency: int = 1) -> httpx.AsyncClient:
-    """An HTTP client that never reuses a connection and never reads proxy settings."""
-    return httpx.AsyncClient(
-        # Deadlines are trio cancel scopes around each request (its cap and the cell budget).
-        timeout=None,  # noqa: S113
-        trust_env=False,
-        limits=httpx.Limits(max_connections=max(concurrency, 1), max_keepalive_connections=0),
-        headers={"Connection": "close"},
-    )
-
-
 @dataclass(slots=True)
 class _Exchange:
     """What one request observed; turned into a RequestRow."""
@@ -159,7 +149,7 @@ class LoadRun:
         deadline: float | None = None,
         clock: Clock = trio.current_time,
         stop_on_failure: bool = True,
-        client: httpx.AsyncClient | None = None,
+        client: LoopbackHttp | None = None,
         sent: Sequence[RequestRow] = (),
     ) -> None:
         """``sent``: the rung's leading requests, already sent (the cell's warmup state sends
@@ -192,16 +182,10 @@ class LoadRun:
 
     async def run(self) -> LoadOutcome:
         """Run every request (closed loop), then return the outcome with its summary."""
-        client = self._client or make_client(self.request.concurrency)
-        try:
-            await self._closed_loop(client)
-        finally:
-            if self._client is None:
-                with trio.CancelScope(shield=True), trio.move_on_after(5):
-                    await client.aclose()
+        await self._closed_loop(self._client or LoopbackHttp())
         return self.outcome()
 
-    async def _closed_loop(self, client: httpx.AsyncClient) -> None:
+    async def _closed_loop(self, client: LoopbackHttp) -> None:
         # Every request's own cancel scope ends at the cell deadline, so in-flight requests
         # are cut (and recorded) by it; the loop only has to stop launching.
         slots = trio.Semaphore(self.request.concurrency)
@@ -218,7 +202,7 @@ class LoadRun:
                     self._first_launch = self.clock()
                 nursery.start_soon(self._one, client, request_id, slots)
 
-    async def _one(self, client: httpx.AsyncClient, request_id: int, slots: trio.Semaphore) -> None:
+    async def _one(self, client: LoopbackHttp, request_id: int, slots: trio.Semaphore) -> None:
         try:
             row = await self._exchange(client, request_id)
             self._rows[request_id] = row
@@ -231,11 +215,11 @@ class LoadRun:
         finally:
             slots.release()
 
-    async def _exchange(self, client: httpx.AsyncClient, request_id: int) -> RequestRow:
+    async def _exchange(self, client: LoopbackHttp, request_id: int) -> RequestRow:
         return await self._guarded(request_id, client, self._completion)
 
     async def _completion(
-        self, client: httpx.AsyncClient, request_id: int, warmup: bool, exchange: _Exchange
+        self, client: LoopbackHttp, request_id: int, warmup: bool, exchange: _Exchange
     ) -> RequestRow:
         """llama.cpp's ``/completion``, streamed or plain, as the request asks."""
         request = self.request
@@ -256,8 +240,8 @@ class LoadRun:
     async def _guarded(
         self,
         request_id: int,
-        client: httpx.AsyncClient,
-        send: Callable[[httpx.AsyncClient, int, bool, _Exchange], Awaitable[RequestRow]],
+        client: LoopbackHttp,
+        send: Callable[[LoopbackHttp, int, bool, _Exchange], Awaitable[RequestRow]],
     ) -> RequestRow:
         """One request of either dialect under its own timeout and the cell budget: protocol
         and transport errors become a failed row, a cut becomes an incomplete one."""
@@ -271,7 +255,7 @@ class LoadRun:
                 return await send(client, request_id, warmup, exchange)
             except ProtocolError as exc:
                 return self._failed_row(request_id, warmup, exchange, str(exc))
-            except (httpx.HTTPError, OSError) as exc:
+            except HttpError as exc:
                 return self._failed_row(
                     request_id, warmup, exchange, f"{type(exc).__name__}: {exc}"
                 )
@@ -286,9 +270,9 @@ class LoadRun:
         )
 
     async def _plain(
-        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], exchange: _Exchange
+        self, client: LoopbackHttp, url: str, body: dict[str, Any], exchange: _Exchange
     ) -> dict[str, Any]:
-        async with client.stream("POST", url, json=body) as response:
+        async with client.request("POST", url, json_body=body) as response:
             data = await _read_bounded(response)
             exchange.ended = self.clock()
         _require_ok(response, data)
@@ -300,15 +284,15 @@ class LoadRun:
         return answer
 
     async def _streamed(
-        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], exchange: _Exchange
+        self, client: LoopbackHttp, url: str, body: dict[str, Any], exchange: _Exchange
     ) -> dict[str, Any]:
         final: dict[str, Any] | None = None
         received = 0
         pending = bytearray()
-        async with client.stream("POST", url, json=body) as response:
+        async with client.request("POST", url, json_body=body) as response:
             if response.status_code != 200:
                 _require_ok(response, await _read_bounded(response))
-            async for chunk in response.aiter_raw():
+            async for chunk in response.chunks():
                 arrived = self.clock()
                 received += len(chunk)
                 if received > BODY_LIMIT:
@@ -557,12 +541,23 @@ def _sse_event(line: bytes) -> dict[str, Any] | None:
     return event
 
 
-def _parse_json(data: bytes, what: str) -> dict[str, Any]:
-    def refuse_constant(name: str) -> Any:
-        raise ProtocolError(f"{what} holds the non-JSON constant {name}")
+class _NonJsonConstant(Exception):
+    pass
 
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonJsonConstant(name)
+
+
+# Built once: ``json.loads`` with a keyword builds a decoder per call, once per stream event.
+_JSON: Final = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def _parse_json(data: bytes, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(data, parse_constant=refuse_constant)
+        value = _JSON.decode(data.decode())
+    except _NonJsonConstant as exc:
+        raise ProtocolError(f"{what} holds the non-JSON constant {exc}") from None
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
@@ -570,16 +565,16 @@ def _parse_json(data: bytes, what: str) -> dict[str, Any]:
     return value
 
 
-async def _read_bounded(response: httpx.Response, limit: int = BODY_LIMIT) -> bytes:
+async def _read_bounded(response: Response, limit: int = BODY_LIMIT) -> bytes:
     data = bytearray()
-    async for chunk in response.aiter_raw():
+    async for chunk in response.chunks():
         data += chunk
         if len(data) > limit:
             raise ProtocolError(f"response body exceeded {limit} bytes")
     return bytes(data)
 
 
-def _require_ok(response: httpx.Response, data: bytes) -> None:
+def _require_ok(response: Response, data: bytes) -> None:
     if response.status_code != 200:
         snippet = data[:300].decode("utf-8", "replace")
         raise ProtocolError(f"HTTP {response.status_code}: {snippet}")
@@ -615,7 +610,7 @@ async def build_benchmark_prompt(
     source_text: str,
     prefix_tokens: int,
     *,
-    client: httpx.AsyncClient | None = None,
+    client: LoopbackHttp | None = None,
     attempts: int = 16,
 ) -> BenchmarkPrompt:
     """A prompt of exactly ``prefix_tokens + 1`` tokens by the server's own tokenizer.
@@ -636,32 +631,27 @@ async def build_benchmark_prompt(
             "give a non-empty corpus text",
         )
     want = prefix_tokens + 1
-    own = client is None
-    http = client or make_client()
-    try:
-        base = base_url.rstrip("/")
-        source_tokens = await _tokenize(http, base, source_text)
-        if not source_tokens:
-            raise Refused.one(
-                "load.prompt_source",
-                "$.source_text",
-                "the source text has no tokens",
-                "give a corpus text the model can tokenize",
-            )
-        repeats = -(-want // len(source_tokens)) + 1
-        tokens = await _tokenize(http, base, (source_text + " ") * repeats)
-        cut = want
-        for _ in range(attempts):
-            text = await _detokenize(http, base, tokens[:cut])
-            count = len(await _tokenize(http, base, text))
-            if count == want:
-                return BenchmarkPrompt(text, count, hashlib.sha256(text.encode()).hexdigest())
-            cut += 1 if count < want else -1
-            if not 1 <= cut <= len(tokens):
-                break
-    finally:
-        if own:
-            await http.aclose()
+    http = client or LoopbackHttp()
+    base = base_url.rstrip("/")
+    source_tokens = await _tokenize(http, base, source_text)
+    if not source_tokens:
+        raise Refused.one(
+            "load.prompt_source",
+            "$.source_text",
+            "the source text has no tokens",
+            "give a corpus text the model can tokenize",
+        )
+    repeats = -(-want // len(source_tokens)) + 1
+    tokens = await _tokenize(http, base, (source_text + " ") * repeats)
+    cut = want
+    for _ in range(attempts):
+        text = await _detokenize(http, base, tokens[:cut])
+        count = len(await _tokenize(http, base, text))
+        if count == want:
+            return BenchmarkPrompt(text, count, hashlib.sha256(text.encode()).hexdigest())
+        cut += 1 if count < want else -1
+        if not 1 <= cut <= len(tokens):
+            break
     raise Refused.one(
         "load.prompt_token_count",
         "$.prefix_tokens",
@@ -670,7 +660,25 @@ async def build_benchmark_prompt(
     )
 
 
-async def _tokenize(client: httpx.AsyncClient, base: str, text: str) -> list[int]:
+@dataclass(slots=True)
+class PromptCuts:
+    """The prompts one row has cut, by (source text, prefix tokens): every arm of a row serves
+    the same model, so its tokenizer cuts the same text the same way and the row cuts once."""
+
+    cuts: dict[tuple[str, int], BenchmarkPrompt] = field(default_factory=dict)
+
+    async def cut(
+        self, http: LoopbackHttp, base_url: str, source_text: str, prefix_tokens: int
+    ) -> BenchmarkPrompt:
+        key = (source_text, prefix_tokens)
+        found = self.cuts.get(key)
+        if found is None:
+            found = await build_benchmark_prompt(base_url, source_text, prefix_tokens, client=http)
+            self.cuts[key] = found
+        return found
+
+
+async def _tokenize(client: LoopbackHttp, base: str, text: str) -> list[int]:
     answer = await _post_json(client, f"{base}/tokenize", {"content": text, "add_special": False})
     tokens = answer.get("tokens")
     if not isinstance(tokens, list) or not all(
@@ -685,7 +693,7 @@ async def _tokenize(client: httpx.AsyncClient, base: str, text: str) -> list[int
     return tokens
 
 
-async def _detokenize(client: httpx.AsyncClient, base: str, tokens: list[int]) -> str:
+async def _detokenize(client: LoopbackHttp, base: str, tokens: list[int]) -> str:
     answer = await _post_json(client, f"{base}/detokenize", {"tokens": tokens})
     content = answer.get("content")
     if not isinstance(content, str):
@@ -698,13 +706,13 @@ async def _detokenize(client: httpx.AsyncClient, base: str, tokens: list[int]) -
     return content
 
 
-async def _post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _post_json(client: LoopbackHttp, url: str, body: dict[str, Any]) -> dict[str, Any]:
     try:
-        async with client.stream("POST", url, json=body) as response:
+        async with client.request("POST", url, json_body=body) as response:
             data = await _read_bounded(response, 16 * MIB)
         _require_ok(response, data)
         return _parse_json(data, url)
-    except (ProtocolError, httpx.HTTPError) as exc:
+    except (ProtocolError, HttpError) as exc:
         raise Refused.one(
             "load.tokenize",
             "$",
@@ -829,11 +837,11 @@ class OpenAIChatRun(LoadRun):
         super().__init__(request, **kwargs)
         self.model_id = model_id
 
-    async def _exchange(self, client: httpx.AsyncClient, request_id: int) -> RequestRow:
+    async def _exchange(self, client: LoopbackHttp, request_id: int) -> RequestRow:
         return await self._guarded(request_id, client, self._chat_completion)
 
     async def _chat_completion(
-        self, client: httpx.AsyncClient, request_id: int, warmup: bool, exchange: _Exchange
+        self, client: LoopbackHttp, request_id: int, warmup: bool, exchange: _Exchange
     ) -> RequestRow:
         """OpenAI ``/v1/chat/completions``, streamed with usage."""
         body = openai_chat_body(self.model_id, self.request.prompt, self.request.output_tokens)
@@ -842,16 +850,16 @@ class OpenAIChatRun(LoadRun):
         return self._chat_row(request_id, warmup, exchange, stream)
 
     async def _chat(
-        self, client: httpx.AsyncClient, url: str, body: dict[str, Any], exchange: _Exchange
+        self, client: LoopbackHttp, url: str, body: dict[str, Any], exchange: _Exchange
     ) -> _ChatStream:
         stream = _ChatStream()
         received = 0
         pending = bytearray()
-        headers = {"Authorization": OPENAI_AUTHORIZATION}
-        async with client.stream("POST", url, json=body, headers=headers) as response:
+        headers = [("authorization", OPENAI_AUTHORIZATION)]
+        async with client.request("POST", url, json_body=body, headers=headers) as response:
             if response.status_code != 200:
                 _require_ok(response, await _read_bounded(response))
-            async for chunk in response.aiter_raw():
+            async for chunk in response.chunks():
                 arrived = self.clock()
                 received += len(chunk)
                 if received > BODY_LIMIT:

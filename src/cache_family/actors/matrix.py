@@ -65,6 +65,7 @@ from cache_family.actors.run_context import (
     RunStop,
     thread_setting,
 )
+from cache_family.actors.self_calibration import calibrate_client
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
@@ -452,6 +453,7 @@ async def _run_and_publish(
     deadline_scope = trio.CancelScope()
     watchers.start_soon(_watch_deadline, ctx, rows_scope, progress, deadline_scope)
     with rows_scope:
+        await _calibrate(ctx, progress)
         await _rows(admitted, ctx, progress, results)
     deadline_scope.cancel()
     await _journal_unreached(admitted, ctx, results)
@@ -590,6 +592,16 @@ def _use_case_source(prepared: PreparedInput, key: str | None) -> UseCaseSourceB
     return UseCaseSourceBrief(
         dataset=source.dataset, config=source.config, split=source.split, row_idx=source.row_idx
     )
+
+
+async def _calibrate(ctx: RunContext, progress: Progress) -> None:
+    """Before the first ladder: the client's own overhead on this machine, journaled (the
+    matrix receipt reports it, and every rung's receipt is judged against it)."""
+    calibrated = await calibrate_client()
+    await ctx.writer.append(calibrated)
+    ctx.client_calibration = calibrated.calibration
+    if calibrated.error is not None:
+        progress.note(f"client self-calibration: {calibrated.error}")
 
 
 async def _rows(

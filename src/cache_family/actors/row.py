@@ -26,6 +26,7 @@ import trio
 from cache_family.actors.cell import CellActor, CellPlan, pin_targets
 from cache_family.actors.correctness import ARM_CORRECTNESS, CorrectnessActor, CorrectnessPlan
 from cache_family.actors.journal import publish_row_receipt
+from cache_family.actors.load import PromptCuts
 from cache_family.actors.prompts import PromptChoice, PromptSelector, accepted_prompt
 from cache_family.actors.run_context import (
     ARM_CONCURRENT,
@@ -135,6 +136,8 @@ class RowActor:
         # The correctness arm's accepted prompt: every later request of the row sends it.
         self.prompt: PromptChoice | None = None
         self.prompt_tokens: int | None = None
+        # A corpus prompt is cut by the first arm's host and reused by the others.
+        self.prompt_cuts = PromptCuts()
         self._stop_recorded = False
         # Set once the row is finalized, also when cancellation unwinds through ``run``.
         self.result: RowResult | None = None
@@ -437,7 +440,7 @@ class RowActor:
                 await self._fire(RowEvent.ARM_SKIPPED)
                 continue
             await self._wait_if_out_of_time()
-            cell = CellActor(self.cell_plan(arm), self.ctx)
+            cell = CellActor(self.cell_plan(arm), self.ctx, self.prompt_cuts)
             self.cells.append(cell)
             await cell.run()
             await self._fire(RowEvent.ARM_FINISHED)

@@ -15,11 +15,13 @@ import trio
 
 from cache_family.actors import custody
 from cache_family.actors.child import ChildRunner, run_child
+from cache_family.actors.http import LoopbackHttp
 from cache_family.actors.journal import JournalWriter
 from cache_family.actors.pins import Budget, HashJob, hash_file, hash_files, pin_tree
 from cache_family.errors import Refused
 from cache_family.schemas.journal import Record, Transition
 from cache_family.schemas.measurement import (
+    ClientCalibration,
     HostCleanup,
     HostDialect,
     HostEvent,
@@ -111,7 +113,9 @@ class HostHandle(Protocol):
 
     async def launch(self, argv: Sequence[str], env: Mapping[str, str]) -> HostSpawned: ...
 
-    async def wait_ready(self, startup_seconds: float) -> HostReady: ...
+    async def wait_ready(
+        self, startup_seconds: float, http: LoopbackHttp | None = None
+    ) -> HostReady: ...
 
     def still_same(self) -> bool: ...
 
@@ -253,6 +257,9 @@ class RunContext:
     hosts: HostSettings = field(default_factory=HostSettings)
     # Called with (cell_id, state) at every transition, for the progress display.
     on_transition: Callable[[str, str], None] | None = None
+    # The run's own client overhead, measured before the first ladder (None until then, or
+    # when it could not be measured); every rung's completion record carries it.
+    client_calibration: ClientCalibration | None = None
 
     async def journal(self, record: Record) -> int:
         return await self.writer.append(record)

@@ -33,7 +33,12 @@ from typing import ClassVar, Final, TypeAlias, get_args
 import msgspec
 
 from cache_family.errors import Refusal
-from cache_family.schemas.measurement import CacheExpectation, HostCleanup, RequestRow
+from cache_family.schemas.measurement import (
+    CacheExpectation,
+    ClientCalibration,
+    HostCleanup,
+    RequestRow,
+)
 
 JOURNAL_FILENAME: Final = "journal.jsonl"
 GENESIS_PREV: Final = "0" * 64
@@ -140,6 +145,14 @@ class InterruptFinishFailed(_Record, tag="interrupt_finish_failed", frozen=True,
 
     durable: ClassVar[bool] = True
     detail: str = ""
+
+
+class ClientCalibrated(_Record, tag="client_calibrated", frozen=True, kw_only=True):
+    """Before the first ladder: the run's own client timed against the calibration server;
+    ``calibration`` None and ``error`` set when it could not be measured."""
+
+    calibration: ClientCalibration | None = None
+    error: str | None = None
 
 
 # --- identity ------------------------------------------------------------------------------
@@ -298,6 +311,10 @@ class RungCompleted(_Record, tag="rung_completed", frozen=True, kw_only=True):
     host_pid: int | None = None
     host_create_time: float | None = None
     stop_reason: str | None = None
+    # The run's client overhead (``ClientCalibrated``'s p50) when the rung ran, so the rung's
+    # receipt can say whether its latencies came near it.
+    client_overhead_ms: float | None = None
+    client_overhead_factor: float | None = None
 
 
 class Fault(_Record, tag="fault", frozen=True, kw_only=True):
@@ -463,6 +480,7 @@ Record: TypeAlias = (
     | CorrectnessTopologyRan
     | CorrectnessVerdict
     | CliAdmission
+    | ClientCalibrated
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.

@@ -13,7 +13,9 @@ Shape (reference §5/§6, native arms only for now)::
      "catalog": {"path", "sha256", "synthetic", "packaged"},
      "report_error": null | "why the report files were not written",
      "report": "production-cache-bench.md" | null,
-     "report_input": "production-cache-bench.json" | null}
+     "report_input": "production-cache-bench.json" | null,
+     "client_calibration": null | {"requests", "overhead_p50_ms", ...},
+     "client_calibration_error": null | "why it was not measured"}
 
 A synthetic catalog (the tiny random-weight zoo) marks every row ``synthetic`` and adds the
 synthetic evidence class to ``scope``: such figures are never performance claims.
@@ -30,6 +32,7 @@ from typing import Final
 
 import msgspec
 
+from cache_family.schemas.measurement import ClientCalibration
 from cache_family.schemas.receipts import SYNTHETIC_EVIDENCE_CLASS
 
 MATRIX_SCHEMA_VERSION: Final = 1
@@ -88,6 +91,10 @@ class MatrixReceipt(msgspec.Struct, frozen=True, kw_only=True):
     report_error: str | None = None
     report: str | None = None
     report_input: str | None = None
+    # The run's own client overhead on this machine, timed against the calibration server
+    # before the first ladder (None, with the reason, when it could not be measured).
+    client_calibration: ClientCalibration | None = None
+    client_calibration_error: str | None = None
 
 
 class FailedMatrix(msgspec.Struct, frozen=True, kw_only=True):

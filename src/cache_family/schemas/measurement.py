@@ -101,6 +101,24 @@ class SerialSummary(msgspec.Struct, frozen=True, kw_only=True):
     complete: bool = False
 
 
+class ClientCalibration(msgspec.Struct, frozen=True, kw_only=True):
+    """The run's own client timed against the calibration server on this machine, before the
+    first ladder (``states/calibration.py``); times in ms."""
+
+    requests: int
+    # Client end-to-end latency minus the server's receipt-to-final-event time.
+    overhead_p50_ms: float
+    overhead_p90_ms: float
+    overhead_max_ms: float
+    # Client TTFT minus the server's receipt-to-first-content time.
+    ttft_error_p50_ms: float | None = None
+    server_ttft_ms: float = 0.0
+    server_itl_ms: float = 0.0
+    server_tokens: int = 0
+    # A rung whose median latencies are within this many times overhead_p50_ms is flagged.
+    near_factor: float = 10.0
+
+
 class LoadRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What one load run (a serial baseline or one ladder rung) is asked to do."""
 

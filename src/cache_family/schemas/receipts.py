@@ -128,6 +128,14 @@ class RungReceipt(msgspec.Struct, frozen=True, kw_only=True):
     summary_refusals: tuple[str, ...] = ()
     # None when the cell journaled no cache expectation (a cell from before verdicts).
     cache_verdict: CacheVerdict | None = None
+    # The run's client overhead (ms, ``ClientCalibration.overhead_p50_ms``) and whether this
+    # rung's median latencies came within ``ClientCalibration.near_factor`` times it (None: the
+    # overhead or the latencies were not measured): a flagged rung measures the client too.
+    client_overhead_ms: float | None = None
+    near_client_overhead: bool | None = None
+    # Completed streamed requests whose first content arrived only with the final event: their
+    # TTFT is their latency, not a first token.
+    first_content_with_final_ids: tuple[int, ...] = ()
 
 
 class Measurement(msgspec.Struct, frozen=True, kw_only=True):

@@ -87,6 +87,12 @@ from cache_family.schemas.receipts import (
 )
 from cache_family.states import metrics
 from cache_family.states.cache_reuse import rung_verdicts
+from cache_family.states.calibration import (
+    NEAR_OVERHEAD_FACTOR,
+    first_content_with_final,
+    near_client_overhead,
+    rung_latencies,
+)
 from cache_family.states.cell import (
     CELL_TABLE,
     ROW_TABLE,
@@ -477,6 +483,15 @@ class CellFold:
                     serial_summary=serial_summary,
                     summary_refusals=refusals,
                     cache_verdict=verdicts.get(index),
+                    client_overhead_ms=record.client_overhead_ms if record else None,
+                    near_client_overhead=near_client_overhead(
+                        rung_latencies(rung_summary, serial_summary),
+                        record.client_overhead_ms if record else None,
+                        (record.client_overhead_factor if record else None) or NEAR_OVERHEAD_FACTOR,
+                    ),
+                    first_content_with_final_ids=(
+                        first_content_with_final(rows) if kind != "serial" else ()
+                    ),
                 )
             )
         if not planned:

@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from cache_family.errors import Refused
-from cache_family.schemas.journal import ReceiptPublished, ReportFailed, RowOpened, RunStarted
+from cache_family.schemas.journal import (
+    ClientCalibrated,
+    ReceiptPublished,
+    ReportFailed,
+    RowOpened,
+    RunStarted,
+)
 from cache_family.schemas.matrix import (
     MATRIX_SCOPE,
     MATRIX_SCOPE_SYNTHETIC,
@@ -64,6 +70,7 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
     run: RunStarted | None = None
     terminal: str | None = None
     reports = _ReportFiles()
+    calibrated: ClientCalibrated | None = None
     for line in lines_through(index.lines_for_cell(_NO_CELL), through_seq):
         record = line.record
         if isinstance(record, RunStarted) and run is None:
@@ -72,6 +79,8 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
         if found is not None and terminal is None:
             terminal = found
         reports.apply(record)
+        if isinstance(record, ClientCalibrated) and calibrated is None:
+            calibrated = record
     if run is None:
         raise Refused.one(
             "fold.matrix.no_run",
@@ -129,6 +138,8 @@ def fold_matrix(index: JournalIndex, *, through_seq: int) -> MatrixReceipt:
         report_error=reports.error(),
         report=reports.published.get(SCOPE_PRODUCTION_MD),
         report_input=reports.published.get(SCOPE_PRODUCTION_JSON),
+        client_calibration=calibrated.calibration if calibrated is not None else None,
+        client_calibration_error=calibrated.error if calibrated is not None else None,
     )
 
 

@@ -1,0 +1,84 @@
+"""How close a measurement came to the client's own overhead, and when TTFT is not a first token.
+
+Before the first ladder the run times its own client against the calibration server
+(``actors/self_calibration.py``): the client's end-to-end latency minus the server's own
+receipt-to-final-event time is what the client adds to every latency it reports. A rung whose
+latencies are within ``NEAR_OVERHEAD_FACTOR`` times that figure measures the client about as
+much as the host, so its receipt says so. A streamed request whose first content arrived only
+with its final event has a TTFT that is its latency, not a first token: its id is listed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+from cache_family.schemas.measurement import (
+    ClientCalibration,
+    RequestRow,
+    RungSummary,
+    SerialSummary,
+)
+from cache_family.states.metrics import median, percentile
+
+NEAR_OVERHEAD_FACTOR: Final = 10.0
+
+
+def calibration(
+    client_ms: Sequence[float],
+    truth_ms: Sequence[float],
+    ttft_error_ms: Sequence[float],
+    *,
+    pace: tuple[float, float, int],
+) -> ClientCalibration:
+    """The client's overhead from paired requests: its latency minus the server's truth."""
+    if len(client_ms) != len(truth_ms) or not client_ms:
+        raise ValueError("calibration needs one server truth per client latency, at least one")
+    above = [client - truth for client, truth in zip(client_ms, truth_ms, strict=True)]
+    ttft_ms, itl_ms, tokens = pace
+    return ClientCalibration(
+        requests=len(above),
+        overhead_p50_ms=median(above) or 0.0,
+        overhead_p90_ms=percentile(above, 90) or 0.0,
+        overhead_max_ms=max(above),
+        ttft_error_p50_ms=median(ttft_error_ms),
+        server_ttft_ms=ttft_ms,
+        server_itl_ms=itl_ms,
+        server_tokens=tokens,
+        near_factor=NEAR_OVERHEAD_FACTOR,
+    )
+
+
+def near_client_overhead(
+    latencies_ms: Iterable[float | None], overhead_ms: float | None, factor: float
+) -> bool | None:
+    """True when any latency is within ``factor`` times the overhead; None when the overhead
+    was not measured or no latency was."""
+    known = [value for value in latencies_ms if value is not None]
+    if overhead_ms is None or not known:
+        return None
+    return any(value <= factor * max(overhead_ms, 0.0) for value in known)
+
+
+def rung_latencies(
+    rung: RungSummary | None, serial: SerialSummary | None
+) -> tuple[float | None, ...]:
+    """The figures a rung reports that the client's overhead could swamp: the medians."""
+    if rung is not None:
+        return (rung.ttft_p50_ms, rung.latency_p50_ms)
+    if serial is not None:
+        return (serial.warm_median_ms,)
+    return ()
+
+
+def first_content_with_final(rows: Sequence[RequestRow]) -> tuple[int, ...]:
+    """Completed streamed requests whose TTFT is their latency: the first content arrived
+    with (or as) the final event."""
+    return tuple(
+        row.request_id
+        for row in rows
+        if row.status == "completed"
+        and row.ttft_ms is not None
+        and row.elapsed_ms is not None
+        and row.ttft_ms >= row.elapsed_ms
+    )
