@@ -66,7 +66,17 @@ PACKAGE_TOPOLOGIES: Final = ("package-stage1",)
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, hide_input_in_errors=True)
 
-Sha256 = Annotated[str, AfterValidator(LowerHex((64,), "prepared.bad_sha256", "SHA-256"))]
+Sha256 = Annotated[
+    str,
+    AfterValidator(
+        LowerHex(
+            (64,),
+            "prepared.bad_sha256",
+            "SHA-256",
+            "re-run preparation; never edit prepared documents by hand",
+        )
+    ),
+]
 Mode = Literal["full", "use-cases"]
 SkipReason = Literal[
     "missing-model",
