@@ -262,3 +262,15 @@ def test_a_prepared_sha256_that_is_not_hex_is_refused_typed_not_a_key_error(
         ("prepared.invalid", "$.catalog.sha256")
     ]
     assert "SHA-256 'v" in refused.value.refusals[0].message
+
+
+def test_a_prepared_row_key_that_is_not_text_is_refused_typed_not_a_type_error(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Found by the long fuzz: a row whose ``key`` is a list raised TypeError (unhashable)
+    while rows were matched with their model observations."""
+    doc = copy.deepcopy(prepared_document(str(tmp_path_factory.getbasetemp())))
+    doc["rows"][-1]["key"] = []
+    with pytest.raises(Refused) as refused:
+        decode_document(json.dumps(doc).encode(), PreparedInput, what="prepared input")
+    assert {r.code for r in refused.value.refusals} == {"prepared.invalid"}
