@@ -581,8 +581,9 @@ def seal_problems(data: bytes, read: JournalRead) -> list[Refusal]:
     Every ``journal_sealed`` must hold the digest of the bytes before it and of its own line,
     name its predecessor as its head, be written canonically, and be followed by nothing but a
     ``run_resumed`` (a later segment) or the end of the journal. The matrix's publication is
-    followed by the seal and nothing else (``finish_run`` writes the two back to back), so a
-    record slipped in after the matrix, with the seal recomputed over it, is refused too.
+    followed by the seal and nothing else (``finish_run`` writes the two back to back; only a
+    runner that died between them leaves a ``run_resumed`` there), so a record slipped in
+    after the matrix, with the seal recomputed over it, is refused too.
     """
     problems: list[Refusal] = []
     running = hashlib.sha256()
@@ -604,13 +605,14 @@ def seal_problems(data: bytes, read: JournalRead) -> list[Refusal]:
                     _AFTER_THE_END,
                 )
             )
-        if after_matrix is not None and not isinstance(record, JournalSealed):
+        if after_matrix is not None and not isinstance(record, JournalSealed | RunResumed):
             problems.append(
                 Refusal(
                     "journal.matrix.trailing_record",
                     where,
                     f"seq {line.seq}: a {_tag(record)} record follows the matrix's publication "
-                    f"at seq {after_matrix.seq}; only the seal may",
+                    f"at seq {after_matrix.seq}; only the seal may (or run_resumed, when the "
+                    "runner died between the two)",
                     _AFTER_THE_END,
                 )
             )
