@@ -374,7 +374,7 @@ async def runner_sigkill(where: Where) -> Ran:
 
 async def _changed_before_run(tmp_path: Path, pick: Callable[[Path], Path]) -> Ran:
     prepared = make_prepared(tmp_path / "p")
-    target = pick(tmp_path / "p")
+    target = pick(prepared)
     with open(target, "ab") as handle:  # one byte more: another SHA-256, same path
         handle.write(b"\0")
     out, logs = tmp_path / "out", logs_dir(tmp_path)
@@ -384,17 +384,20 @@ async def _changed_before_run(tmp_path: Path, pick: Callable[[Path], Path]) -> R
 
 async def server_changed(where: Where) -> Ran:
     tmp_path = where.tmp
-    return await _changed_before_run(tmp_path, lambda root: root / "tools" / "fake-llama-server")
+    return await _changed_before_run(
+        tmp_path, lambda prepared: prepared.parent / "tools" / "fake-llama-server"
+    )
 
 
-def _first_gguf(root: Path) -> Path:
-    """The bytes behind the first model file of a hub (a snapshot entry links to its blob)."""
-    return min(root.rglob("*.gguf")).resolve()
+def pinned_model(prepared: Path) -> Path:
+    """The one present model file the prepared input pinned (the bytes its row runs)."""
+    models = json.loads(prepared.read_bytes())["models"]
+    [pinned] = [m["pinned_file"] for m in models.values() if m["status"] == "present"]
+    return Path(pinned)
 
 
 async def model_changed(where: Where) -> Ran:
-    tmp_path = where.tmp
-    return await _changed_before_run(tmp_path, lambda root: _first_gguf(root / "hub"))
+    return await _changed_before_run(where.tmp, pinned_model)
 
 
 # --- real llama-server (the tiny model zoo) ------------------------------------------------------
@@ -423,9 +426,8 @@ async def _real_run(where: Where, *, private_model: bool = False, **top: Any) ->
                     cwd=root)
     )  # fmt: skip
     assert prepare.returncode == 0, prepare.stderr
-    cache_root = Path(document["plan"]["cache_root"])
-    model_dir = next(e for e in cache_root.iterdir() if "Llama" in e.name)
-    return prepared_dir / "cache-family-input.json", _first_gguf(model_dir)
+    prepared = prepared_dir / "cache-family-input.json"
+    return prepared, pinned_model(prepared)
 
 
 async def _real_host_signal(where: Where, signum: int, **top: Any) -> Ran:
