@@ -39,3 +39,14 @@ def oracle_tools(native_parts: Parts, tmp_path_factory: pytest.TempPathFactory) 
     out = tmp_path_factory.mktemp("oracle-tools")
     native_build.install(out, io.StringIO(), tools=True)
     return out
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out ``@pytest.mark.long`` tests unless the ``-m`` expression names ``long``
+    (``just fuzz-long``): a plain run, or ``-m "not native"``, never pays for them."""
+    if "long" in (config.getoption("markexpr") or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker("long") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept

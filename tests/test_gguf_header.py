@@ -101,12 +101,14 @@ def test_a_large_vocabulary_is_stepped_over_quickly(tmp_path: Path) -> None:
     vocabulary += b"".join(struct.pack("<Q", len(t)) + t for t in tokens)
     path = tmp_path / "vocab.gguf"
     path.write_bytes(raw_header(vocabulary, string_pair("general.architecture", "qwen3")))
-    started = time.perf_counter()
+    # CPU time of this process, not wall time: other processes on a loaded machine cannot
+    # make it fail; only per-entry work in the reader can.
+    started = time.process_time()
     header = read_gguf_header(str(path))
     assert header.arrays["tokenizer.ggml.tokens"] == 262_144
     assert header.architecture == "qwen3"
     assert header.header_bytes == path.stat().st_size
-    assert time.perf_counter() - started < 2.0
+    assert time.process_time() - started < 2.0
 
 
 def test_only_short_string_lists_are_kept(tmp_path: Path) -> None:

@@ -168,20 +168,21 @@ def test_unknown_record_type_is_a_typed_refusal_not_a_crash() -> None:
     del first
 
 
-def test_unknown_fields_are_ignored_and_missing_new_fields_default() -> None:
-    chain = JournalChain()
-    # An older writer did not know `detail`; a newer one added `extra`.
-    old = {
-        "seq": 1,
-        "mono_ns": 0,
-        "wall_ns": 0,
-        "prev": GENESIS_PREV,
-        "record": {"type": "cancellation", "cell_id": None, "signal": "SIGINT", "extra": [1, 2]},
-    }
-    del chain
-    read = read_journal(msgspec.json.encode(old) + b"\n")
+def test_missing_new_fields_default_and_unknown_fields_are_refused() -> None:
+    # An older writer did not know `detail`: it defaults. A field this reader does not know
+    # (a newer writer's, or one added by hand to a re-chained journal) is refused, typed, and
+    # the chain around it is still verified.
+    known = {"type": "cancellation", "cell_id": None, "signal": "SIGINT"}
+    line1 = _raw_line(1, GENESIS_PREV, known)
+    line2 = _raw_line(2, hashlib.sha256(line1).hexdigest(), {**known, "extra": [1, 2]})
+    line3 = _raw_line(3, hashlib.sha256(line2).hexdigest(), known)
+    read = read_journal(line1 + b"\n" + line2 + b"\n" + line3 + b"\n")
     assert read.chain_break is None
     assert read.lines[0].record == Cancellation(cell_id=None, signal="SIGINT", detail="")
+    assert [line.seq for line in read.lines] == [1, 3]
+    [refusal] = read.unknown_types
+    assert (refusal.code, refusal.path) == ("journal.record.unknown_field", "$.journal[1]")
+    assert "field `extra` at `$.record`" in refusal.message
 
 
 def _raw_line(seq: int, prev: str, record: dict[str, object]) -> bytes:

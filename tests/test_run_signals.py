@@ -190,11 +190,10 @@ async def test_sigterm_then_a_second_signal_shortens_the_grace_but_cleans_up(
         assert (await fifo.next_line()).startswith("stream ")
         process.send_signal(signal.SIGTERM)
         assert (await fifo.next_line()).startswith("sigterm ")  # cleanup's grace has begun
-        interrupted_at = trio.current_time()
         process.send_signal(signal.SIGINT)
         code = await wait_exit(process)
-        # Custody's grace is 5 s; the second signal ended it (kill wait and reaping remain).
-        assert trio.current_time() - interrupted_at < 4.5
+        # That the second signal ended the grace is the journal's word (grace_shortened,
+        # below), never a wall-clock reading a loaded machine could stretch.
     finally:
         stop(run)
     assert code == 130

@@ -219,18 +219,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
             parser.refuse("--resume", "--resume continues a run: give no --input or --output")
         from cache_family.actors.resume import resume_command
 
-        return resume_command(args.resume)
+        return resume_command(args.resume, sign_key=args.sign_key)
     if args.input is None or args.output is None:
         parser.refuse("--input", "give --input and --output (or --resume RUN_DIR)")
     from cache_family.actors.matrix import run_command
 
-    return run_command(args.input, args.output)
+    return run_command(args.input, args.output, sign_key=args.sign_key)
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from cache_family.actors.replay import replay_command
+    from cache_family.actors.head_signature import HEAD_PATTERN
+    from cache_family.actors.replay import HeadCheck, replay_command
 
-    return replay_command(args.run_dir, reap=args.reap)
+    parser: _Parser = args.parser
+    if args.expect_head is not None and not HEAD_PATTERN.fullmatch(args.expect_head):
+        parser.refuse("--expect-head", "give the 64 lowercase hex digits the run printed")
+    if (args.allowed_signers is None) != (args.signer_identity is None):
+        parser.refuse("--allowed-signers", "--allowed-signers and --signer-identity go together")
+    head = HeadCheck(
+        expect_head=args.expect_head,
+        allowed_signers=args.allowed_signers,
+        signer_identity=args.signer_identity,
+    )
+    return replay_command(args.run_dir, reap=args.reap, head=head)
 
 
 # --- cache-family report (the combined README tables) ------------------------------------
@@ -504,6 +515,14 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="RUN_DIR",
             help="continue an interrupted or crashed run in RUN_DIR (instead of --input/--output)",
         )
+        run.add_argument(
+            "--sign-key",
+            action=_Once,
+            type=_file_path("--sign-key"),
+            metavar="SSH_PRIVATE_KEY",
+            help="sign the journal's head with this OpenSSH key (ssh-keygen -Y sign) into "
+            "RUN_DIR/journal.head.sig",
+        )
         run.set_defaults(func=_cmd_run, parser=run)
 
     if _available("cache_family.actors.replay"):
@@ -516,7 +535,26 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="end processes the journal recorded that still match pid and create time",
         )
-        replay.set_defaults(func=_cmd_replay)
+        replay.add_argument(
+            "--expect-head",
+            action=_Once,
+            metavar="SHA256",
+            help="the journal head the run printed as its last line; any other head differs",
+        )
+        replay.add_argument(
+            "--allowed-signers",
+            action=_Once,
+            type=_file_path("--allowed-signers"),
+            metavar="FILE",
+            help="verify journal.head.sig against this ssh-keygen allowed-signers file",
+        )
+        replay.add_argument(
+            "--signer-identity",
+            action=_Once,
+            metavar="ID",
+            help="the identity (principal) in --allowed-signers the head must be signed by",
+        )
+        replay.set_defaults(func=_cmd_replay, parser=replay)
 
     _add_report_command(sub)
     _add_report_run_command(sub)

@@ -48,6 +48,7 @@ import psutil
 import trio
 
 from cache_family import __version__
+from cache_family.actors.head_signature import check_sign_key, head_line, sign_head
 from cache_family.actors.journal import (
     JOURNAL_READ_LIMIT,
     JournalWriter,
@@ -670,20 +671,25 @@ async def _watch_deadline(
 # --- the command ----------------------------------------------------------------------------------
 
 
-def run_command(input: str, output: str) -> int:
+def run_command(input: str, output: str, *, sign_key: str | None = None) -> int:
     """The ``run`` verb: admit, create the fresh output, supervise, publish; the exit code."""
     try:
         admitted = admit_run(input, output)
+        if sign_key is not None:
+            check_sign_key(sign_key)
         _make_fresh_dir(admitted.output)
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"refused: {refusal.line()}", file=sys.stderr)
         return EXIT_REFUSED
-    return supervise_command(admitted)
+    return supervise_command(admitted, sign_key=sign_key)
 
 
-def supervise_command(admitted: AdmittedRun, resumption: Resumption | None = None) -> int:
-    """Supervise an admitted run (fresh, or resumed) and print its last lines; the exit code."""
+def supervise_command(
+    admitted: AdmittedRun, resumption: Resumption | None = None, *, sign_key: str | None = None
+) -> int:
+    """Supervise an admitted run (fresh, or resumed) and print its last lines; the exit code.
+    With ``sign_key`` the sealed head is signed (``journal.head.sig``) before it is printed."""
     synthetic = admitted.prepared.catalog.synthetic
     progress = progress_for(sys.stderr, len(admitted.prepared.rows), synthetic=synthetic)
     try:
@@ -705,14 +711,18 @@ def supervise_command(admitted: AdmittedRun, resumption: Resumption | None = Non
                 return EXIT_INTERRUPTED
         print(f"interrupted: {matrix}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    signed = True
     if os.path.isfile(os.path.join(admitted.output, MATRIX_FILENAME)):
         print(final_line(admitted, outcome))
         if outcome.journal_head is not None:
+            signed = _sign(admitted.output, sign_key, outcome.journal_head)
             print(head_line(outcome.journal_head), flush=True)
     else:  # a full disk, say: the failure was reported above; name no missing file
         print(f"{outcome.status}: {unwritten_matrix(admitted, None)}")
     if outcome.interrupted:
         return EXIT_INTERRUPTED
+    if not signed:  # the head's signature was asked for and is missing: not a clean run
+        return EXIT_NOT_COMPLETED
     return EXIT_COMPLETED if outcome.status == "completed" else EXIT_NOT_COMPLETED
 
 
@@ -731,9 +741,19 @@ def final_line(admitted: AdmittedRun, outcome: MatrixOutcome) -> str:
     return f"{outcome.status}: {matrix}{synthetic_mark(admitted.prepared.catalog.synthetic)}"
 
 
-def head_line(head: str) -> str:
-    """The run's very last line: the sealed journal's head, for the auditor's notes."""
-    return f"journal head: sha256 {head}"
+def _sign(run_dir: str, sign_key: str | None, head: str) -> bool:
+    """Sign the head when asked; False (said on stderr) when the signature was not written.
+    The receipts stand either way: only the head's signature is missing."""
+    if sign_key is None:
+        return True
+    try:
+        path = sign_head(run_dir, sign_key, head)
+    except Refused as refused:
+        for refusal in refused.refusals:
+            print(f"refused: {refusal.line()}", file=sys.stderr)
+        return False
+    print(f"journal head signed: {path}", file=sys.stderr)
+    return True
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -10,9 +10,17 @@
    ``cache-family-matrix.json``, must be accounted for by the journal; one that is not means
    the journal lost its tail (or the file was planted, or the run's pipeline itself failed).
 4. The seal: a finished journal ends with ``journal_sealed``, whose digest covers every byte
-   before it and its own line; a broken seal, or a record after a seal other than
-   ``run_resumed``, differs, and a journal without a final seal did not finish. The head
-   (the SHA-256 of the last line) is printed for comparison with the run's own last line.
+   before it and its own line; a broken seal, a record after a seal other than
+   ``run_resumed`` (``journal.seal.trailing_record``) or after the matrix's publication other
+   than the seal (``journal.matrix.trailing_record``) differs, and a journal without a final
+   seal did not finish. The head of a sealed journal (the SHA-256 of its last line) is
+   printed in the words of the run's own last line (``journal head: sha256 ...``).
+   ``--expect-head SHA`` compares it (``replay.head.mismatch``); ``--allowed-signers FILE
+   --signer-identity ID`` verifies the head's OpenSSH signature ``journal.head.sig``
+   (``actors.head_signature``). A journal
+   rewritten and re-folded end to end is consistent in itself: only these two catch it.
+   Every struct of every line forbids unknown fields (``journal.record.unknown_field``,
+   unreadable like an unknown record type).
    A ``run_resumed`` record starts a new segment: each receipt is re-folded with the journal
    as it stood at its publication, and one that the resume moved aside is compared under
    its ``superseded/attempt-N/`` path. When ``cache-family report-run`` wrote its files into
@@ -47,6 +55,7 @@ from typing import Final, TextIO
 import msgspec
 import psutil
 
+from cache_family.actors.head_signature import head_line, verify_head
 from cache_family.actors.journal import JOURNAL_READ_LIMIT
 from cache_family.errors import Refusal, Refused
 from cache_family.report.run import read_run
@@ -104,8 +113,21 @@ class ReplayReport:
         return EXIT_DIFFERS if self.differs or self.unfinished else EXIT_IDENTICAL
 
 
-def replay_command(run_dir: str, *, reap: bool, reap_grace_s: float = 5.0) -> int:
-    report = replay(run_dir, reap=reap, reap_grace_s=reap_grace_s)
+@dataclass(frozen=True, slots=True)
+class HeadCheck:
+    """What the auditor holds apart from the run directory: the head the run printed
+    (``--expect-head``), and/or who may have signed it (``--allowed-signers``, an ssh-keygen
+    allowed-signers file, with ``--signer-identity``)."""
+
+    expect_head: str | None = None
+    allowed_signers: str | None = None
+    signer_identity: str | None = None
+
+
+def replay_command(
+    run_dir: str, *, reap: bool, reap_grace_s: float = 5.0, head: HeadCheck | None = None
+) -> int:
+    report = replay(run_dir, reap=reap, reap_grace_s=reap_grace_s, head=head)
     out: TextIO = sys.stdout
     for line in report.lines:
         print(line, file=out)
@@ -117,7 +139,9 @@ def _load_refolders() -> None:
         importlib.import_module(module)
 
 
-def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> ReplayReport:
+def replay(
+    run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0, head: HeadCheck | None = None
+) -> ReplayReport:
     _load_refolders()
     report = ReplayReport()
     root = str(Path(run_dir).absolute())
@@ -160,10 +184,14 @@ def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> Re
     problems = seal_problems(raw.data, read)
     for problem in problems:
         report.differs = True
-        report.say(f"journal: seal broken: {problem}")
+        report.say(f"journal: seal broken: refused: {problem.line()}")
     if read.lines and isinstance(read.lines[-1].record, JournalSealed) and not problems:
         # The head the run printed as its last line: an auditor compares the two.
         report.say(f"journal: sealed at seq {read.last_seq}, head sha256 {read.line_sha256s[-1]}")
+        # In the very words of the run's last line (the verdict stays replay's own).
+        report.say(head_line(read.line_sha256s[-1]))
+    if head is not None:
+        _check_head(report, root, read.line_sha256s, head)
     journaled = _compare_published(report, root, read.lines)
     _account_for_files(report, root, journaled, read.last_seq)
     _compare_run_report(report, root)
@@ -180,6 +208,52 @@ def replay(run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0) -> Re
         f"{len(report.mismatched)} differing)"
     )
     return report
+
+
+def _check_head(report: ReplayReport, root: str, shas: Sequence[str], check: HeadCheck) -> None:
+    """Compare the trusted journal's head with what the auditor holds apart from the run
+    directory; a journal rewritten and re-folded end to end is caught only here."""
+    head = shas[-1] if shas else None
+    refusals: list[Refusal] = []
+    if check.expect_head is not None and check.expect_head != head:
+        refusals.append(_head_mismatch(check.expect_head, head, shas))
+    if check.allowed_signers is not None and check.signer_identity is not None:
+        if head is None:
+            refusals.append(
+                Refusal(
+                    "replay.signature.invalid",
+                    "$.journal_head_signature",
+                    "the journal has no trusted line whose head a signature could cover",
+                    "the journal is empty or broken from its first line",
+                )
+            )
+        else:
+            problem = verify_head(root, head, check.allowed_signers, check.signer_identity)
+            if problem is None:
+                report.say(f"journal: head signed by {check.signer_identity!r}: verified")
+            else:
+                refusals.append(problem)
+    for refusal in refusals:
+        report.differs = True
+        report.say(f"journal: refused: {refusal.line()}")
+
+
+def _head_mismatch(expected: str, head: str | None, shas: Sequence[str]) -> Refusal:
+    if expected in shas:
+        seq = shas.index(expected) + 1
+        detail = (
+            f"the journal goes on for {len(shas) - seq} line(s) after the expected head "
+            f"(seq {seq}): records were appended after the run ended"
+        )
+    else:
+        detail = "no line of the trusted journal has it: the journal was rewritten or replaced"
+    return Refusal(
+        "replay.head.mismatch",
+        "$.journal",
+        f"head sha256 {head or '(none)'} is not the expected {expected}; {detail}",
+        "compare with the head the run printed as its last line; only that or the head's "
+        "signature shows a journal re-chained and re-folded end to end",
+    )
 
 
 def _compare_run_report(report: ReplayReport, root: str) -> None:

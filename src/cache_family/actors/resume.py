@@ -31,6 +31,7 @@ import psutil
 import trio
 
 from cache_family.actors.cell import pin_targets
+from cache_family.actors.head_signature import check_sign_key
 from cache_family.actors.journal import JOURNAL_READ_LIMIT, journal_path
 from cache_family.actors.matrix import (
     EXIT_REFUSED,
@@ -224,9 +225,11 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
     return admitted, resumption, notes.lines
 
 
-def resume_command(run_dir: str) -> int:
+def resume_command(run_dir: str, *, sign_key: str | None = None) -> int:
     """The ``run --resume`` verb; exit codes as ``run``'s."""
     try:
+        if sign_key is not None:
+            check_sign_key(sign_key)
         admitted, resumption, notes = plan_resumption(run_dir)
     except Refused as refused:
         for refusal in refused.refusals:
@@ -234,4 +237,4 @@ def resume_command(run_dir: str) -> int:
         return EXIT_REFUSED
     for note in notes:
         print(note, file=sys.stderr)
-    return supervise_command(admitted, resumption)
+    return supervise_command(admitted, resumption, sign_key=sign_key)

@@ -16,8 +16,10 @@ Layout of ``journal.jsonl`` (one per run directory)::
 
 Evolution rule: records are frozen and keyword-only; a new field gets a default and goes last;
 no field is renamed, retyped or reordered; a new record type gets a new tag. An older reader
-meeting a newer tag refuses it with ``journal.record.unknown_type`` instead of crashing.
-Unknown *fields* are ignored (tolerant reader), so adding a field never breaks replay.
+meeting a newer tag refuses it with ``journal.record.unknown_type`` instead of crashing, and
+one meeting a field it does not know refuses it with ``journal.record.unknown_field``: every
+struct of a line forbids unknown fields, because a field replay cannot see is a field it cannot
+vouch for (an edited, re-chained journal could otherwise carry anything unnoticed).
 
 Free-text fields (fault kinds, budgets, arms) are plain strings rather than literals so that a
 newer writer's vocabulary never makes an older journal unreadable; the fold interprets them.
@@ -44,17 +46,19 @@ JOURNAL_FILENAME: Final = "journal.jsonl"
 GENESIS_PREV: Final = "0" * 64
 
 
-class _Record(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+class _Record(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True
+):
     # State changes are flushed and fsynced before the writer acknowledges them.
     durable: ClassVar[bool] = False
 
 
-class RungPlan(msgspec.Struct, frozen=True, kw_only=True):
+class RungPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     concurrency: int
     requests: int
 
 
-class ArmPlan(msgspec.Struct, frozen=True, kw_only=True):
+class ArmPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One arm of a row as planned: ``planned``, or why it will not run."""
 
     arm: str
@@ -62,7 +66,7 @@ class ArmPlan(msgspec.Struct, frozen=True, kw_only=True):
     reason: str | None = None
 
 
-class UseCaseSourceBrief(msgspec.Struct, frozen=True, kw_only=True):
+class UseCaseSourceBrief(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Where a use case's prompt came from (the report's prompt-sources table)."""
 
     dataset: str | None = None
@@ -71,7 +75,7 @@ class UseCaseSourceBrief(msgspec.Struct, frozen=True, kw_only=True):
     row_idx: int | None = None
 
 
-class PlannedRowBrief(msgspec.Struct, frozen=True, kw_only=True):
+class PlannedRowBrief(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One planned row as ``run_started`` names it, so the journal alone holds the whole plan."""
 
     index: int
@@ -488,7 +492,14 @@ RECORD_TYPES: Final[tuple[type[_Record], ...]] = get_args(Record)
 KNOWN_TAGS: Final[frozenset[str]] = frozenset(str(t.__struct_config__.tag) for t in RECORD_TYPES)
 
 
-class JournalLine(msgspec.Struct, frozen=True, kw_only=True):
+# What a newer writer's journal looks like to this reader: replay calls it unreadable (exit 2)
+# and keeps verifying the chain around it.
+UNKNOWN_TYPE: Final = "journal.record.unknown_type"
+UNKNOWN_FIELD: Final = "journal.record.unknown_field"
+NEWER_WRITER_CODES: Final = frozenset((UNKNOWN_TYPE, UNKNOWN_FIELD))
+
+
+class JournalLine(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     seq: int
     mono_ns: int
     wall_ns: int
@@ -582,41 +593,90 @@ def _unsigned(record: JournalSealed) -> JournalSealed:
     return msgspec.structs.replace(record, digest="")
 
 
-def seal_problems(data: bytes, read: JournalRead) -> list[str]:
+def seal_problems(data: bytes, read: JournalRead) -> list[Refusal]:
     """What is wrong with the seals of a journal's trusted lines (empty when all hold).
 
     Every ``journal_sealed`` must hold the digest of the bytes before it and of its own line,
     name its predecessor as its head, be written canonically, and be followed by nothing but a
-    ``run_resumed`` (a later segment) or the end of the journal.
+    ``run_resumed`` (a later segment) or the end of the journal. The matrix's publication is
+    followed by the seal and nothing else (``finish_run`` writes the two back to back; only a
+    runner that died between them leaves a ``run_resumed`` there), so a record slipped in
+    after the matrix, with the seal recomputed over it, is refused too.
     """
-    problems: list[str] = []
+    problems: list[Refusal] = []
     running = hashlib.sha256()
     offset = 0
     after_seal: JournalLine | None = None
-    for line in read.lines:
+    after_matrix: JournalLine | None = None
+    for position, line in enumerate(read.lines):
         end = data.index(b"\n", offset)
         raw = data[offset:end]
         record = line.record
+        where = f"$.journal[{position}]"
         if after_seal is not None and not isinstance(record, RunResumed):
             problems.append(
-                f"seq {line.seq}: a {_tag(record)} record follows the seal at seq "
-                f"{after_seal.seq}; only run_resumed may"
+                Refusal(
+                    "journal.seal.trailing_record",
+                    where,
+                    f"seq {line.seq}: a {_tag(record)} record follows the seal at seq "
+                    f"{after_seal.seq}; only run_resumed may",
+                    _AFTER_THE_END,
+                )
             )
-        after_seal = None
+        if after_matrix is not None and not isinstance(record, JournalSealed | RunResumed):
+            problems.append(
+                Refusal(
+                    "journal.matrix.trailing_record",
+                    where,
+                    f"seq {line.seq}: a {_tag(record)} record follows the matrix's publication "
+                    f"at seq {after_matrix.seq}; only the seal may (or run_resumed, when the "
+                    "runner died between the two)",
+                    _AFTER_THE_END,
+                )
+            )
+        after_seal = after_matrix = None
+        if isinstance(record, ReceiptPublished) and record.scope == "matrix":
+            after_matrix = line
         if isinstance(record, JournalSealed):
             after_seal = line
             if encode_line(line) != raw:
-                problems.append(f"seq {line.seq}: the seal line is not in its canonical form")
+                problems.append(
+                    Refusal(
+                        "journal.seal.noncanonical",
+                        where,
+                        f"seq {line.seq}: the seal line is not in its canonical form",
+                        _SEAL_EDITED,
+                    )
+                )
             elif seal_digest(running, line) != record.digest:
                 problems.append(
-                    f"seq {line.seq}: the seal's digest does not match the journal's bytes (an "
-                    "earlier line or the seal itself was edited)"
+                    Refusal(
+                        "journal.seal.digest",
+                        where,
+                        f"seq {line.seq}: the seal's digest does not match the journal's bytes "
+                        "(an earlier line or the seal itself was edited)",
+                        _SEAL_EDITED,
+                    )
                 )
             if record.head_sha256 != line.prev or record.through_seq != line.seq - 1:
-                problems.append(f"seq {line.seq}: the seal names another head than its line")
+                problems.append(
+                    Refusal(
+                        "journal.seal.head",
+                        where,
+                        f"seq {line.seq}: the seal names another head than its line",
+                        _SEAL_EDITED,
+                    )
+                )
         running.update(data[offset : end + 1])
         offset = end + 1
     return problems
+
+
+_AFTER_THE_END: Final = (
+    "the journal was extended after the run ended; compare its head with the one the run "
+    "printed (replay --expect-head) or verify the head's signature"
+)
+_SEAL_EDITED: Final = "the journal's last segment was edited after the run sealed it"
 
 
 def _tag(record: Record) -> str:
@@ -668,7 +728,8 @@ class JournalRead:
     lines: tuple[JournalLine, ...]
     line_sha256s: tuple[str, ...]
     chain_break: ChainBreak | None = None
-    # Records of a newer writer this reader cannot type; replay refuses them.
+    # Records of a newer writer (or edited ones) this reader cannot type: an unknown type or
+    # field (``NEWER_WRITER_CODES``); replay refuses them.
     unknown_types: tuple[Refusal, ...] = field(default_factory=tuple)
     torn_tail: bool = False
 
@@ -701,7 +762,7 @@ def read_journal(data: bytes) -> JournalRead:
         line_no = index + 1
         sha = line_sha256(raw)
         seq, prev, typed, problem = _decode_one(raw, line_no)
-        if problem is not None and problem.code == "journal.record.unknown_type":
+        if problem is not None and problem.code in NEWER_WRITER_CODES:
             unknown.append(problem)
             problem = None
         if prev_mismatch_at is not None and (problem is not None or seq != line_no):
@@ -769,12 +830,20 @@ def _seq_of(refusal: Refusal) -> int:
     return int(refusal.path.removeprefix("$.journal[").removesuffix("]")) + 1
 
 
+def _unknown_field(exc: msgspec.DecodeError) -> str | None:
+    """msgspec's "Object contains unknown field `x` - at `$...`", as "field `x` (at ...)"."""
+    text = str(exc)
+    if not text.startswith("Object contains unknown field"):
+        return None
+    return "field " + text.removeprefix("Object contains unknown field ").replace(" - at ", " at ")
+
+
 def _decode_one(raw: bytes, line_no: int) -> tuple[int, str, JournalLine | None, Refusal | None]:
     """(seq, prev, typed line or None, problem or None) for one line's bytes."""
     try:
         typed = _DECODER.decode(raw)
-    except msgspec.DecodeError:
-        pass
+    except msgspec.DecodeError as exc:
+        unknown_field = _unknown_field(exc)
     else:
         return typed.seq, typed.prev, typed, None
     where = f"$.journal[{line_no - 1}]"
@@ -799,10 +868,24 @@ def _decode_one(raw: bytes, line_no: int) -> tuple[int, str, JournalLine | None,
             loose.prev,
             None,
             Refusal(
-                "journal.record.unknown_type",
+                UNKNOWN_TYPE,
                 where,
                 f"record type {tag!r} at seq {loose.seq} is unknown to this version",
                 "replay with the cache-family version that wrote the journal, or a newer one",
+            ),
+        )
+    if unknown_field is not None:
+        return (
+            loose.seq,
+            loose.prev,
+            None,
+            Refusal(
+                UNKNOWN_FIELD,
+                where,
+                f"a {tag!r} record at seq {loose.seq} carries {unknown_field}, unknown to "
+                "this version",
+                "replay with the cache-family version that wrote the journal; a journal "
+                "edited and re-chained by hand carries such fields too",
             ),
         )
     return (

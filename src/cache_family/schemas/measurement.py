@@ -22,7 +22,7 @@ not-launched: never sent (the run stopped first)."""
 StopType = Literal["limit", "word", "eos"]
 
 
-class ServerTimings(msgspec.Struct, frozen=True, kw_only=True):
+class ServerTimings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The server's own ``timings`` object from a llama-server ``/completion`` answer."""
 
     prompt_n: int | None = None
@@ -32,7 +32,7 @@ class ServerTimings(msgspec.Struct, frozen=True, kw_only=True):
     cache_n: int | None = None
 
 
-class RequestRow(msgspec.Struct, frozen=True, kw_only=True):
+class RequestRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One request of a roster. A roster always lists every planned request id exactly once."""
 
     request_id: int
@@ -161,7 +161,7 @@ attention; checkpoint for recurrent and hybrid models; checkpoint-swa for slidin
 attention, which restores to the position before the checkpoint's last token."""
 
 
-class CacheExpectation(msgspec.Struct, frozen=True, kw_only=True):
+class CacheExpectation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a cell's cache verdicts are judged by, fixed when the cell opens (so a replay by a
     later version judges with the rule the run used). ``rule`` None: an architecture the
     rule table does not know; its rungs get no expected figures."""
@@ -182,7 +182,7 @@ HostDialect = Literal["llama-server", "current", "legacy"]
 CaptureStream = Literal["stdout", "stderr"]
 
 
-class HostCleanup(msgspec.Struct, frozen=True, kw_only=True):
+class HostCleanup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How the end of one host session went: custody fills it, the journal's
     ``cleanup_outcome`` carries it and ``cell.json`` shows it. ``problems()`` is the verdict."""
 

@@ -211,6 +211,8 @@ class LowerHex:
     lengths: tuple[int, ...]
     code: str
     what: str
+    # For a code outside the operator registry (a prepared document's): its own hint.
+    hint: str | None = None
 
     @property
     def rule(self) -> str:
@@ -219,7 +221,7 @@ class LowerHex:
 
     def __call__(self, value: str) -> str:
         if len(value) not in self.lengths or not _HEX.fullmatch(value):
-            raise _fail(self.code, f"{self.what} {_show(value, 80)} is not {self.rule}")
+            raise _fail(self.code, f"{self.what} {_show(value, 80)} is not {self.rule}", self.hint)
         return value
 
 

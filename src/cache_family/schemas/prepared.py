@@ -66,7 +66,17 @@ PACKAGE_TOPOLOGIES: Final = ("package-stage1",)
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, hide_input_in_errors=True)
 
-Sha256 = Annotated[str, AfterValidator(LowerHex((64,), "prepared.bad_sha256", "SHA-256"))]
+Sha256 = Annotated[
+    str,
+    AfterValidator(
+        LowerHex(
+            (64,),
+            "prepared.bad_sha256",
+            "SHA-256",
+            "re-run preparation; never edit prepared documents by hand",
+        )
+    ),
+]
 Mode = Literal["full", "use-cases"]
 SkipReason = Literal[
     "missing-model",
@@ -476,14 +486,18 @@ class PreparedInput(_Strict):
             # pydantic turns a ValueError into a validation error, never a TypeError
             raise ValueError("models must be an object and rows a list")  # noqa: TRY004
         filled = []
+        # Only a text key can name a model; any other (a list, an object) is left for the
+        # row's own schema to refuse, never looked up (an unhashable key would raise).
+        keys = {r.get("key") for r in rows if isinstance(r, dict) and isinstance(r.get("key"), str)}
         for row in rows:
             if isinstance(row, dict):
                 if "model_observation" in row:
                     raise ValueError("a row repeats its model observation outside models")
-                if row.get("key") in models:
-                    row = {**row, "model_observation": models[row["key"]]}
+                key = row.get("key")
+                if isinstance(key, str) and key in models:
+                    row = {**row, "model_observation": models[key]}
             filled.append(row)
-        unused = sorted(set(models) - {r.get("key") for r in rows if isinstance(r, dict)})
+        unused = sorted(set(models) - keys)
         if unused:
             raise ValueError(f"models names keys no row plans: {unused}")
         data["rows"] = filled

@@ -1,0 +1,593 @@
+"""The fault matrix: one fault in one state per cell, each with the receipt it must leave.
+
+Every cell is a real ``cache-family run`` process. Its host is either the FAULT-INJECTION
+host ``tests/fake_hosts/fake_run_llama_server.py`` (a real child process speaking
+llama-server's HTTP; it tells the test through a FIFO when a streamed request arrived, so each
+fault lands at a known point without sleeping) or the real ``llama-server`` with the tiny
+model zoo (marked native). After each fault the test checks, from the files alone: the run's
+exit code, the matrix, row and faulted cell receipts (status, terminal refusal), that the
+faulted cell is refused for parity, that no observation was lost (every request outcome the
+journal holds for the cell is in its ``cell.json``, and a completed earlier cell stays
+completed), that no journaled process is left and every journaled port is free, and what
+``cache-family replay`` says.
+
+``docs/fault-matrix.md`` is generated from :data:`CELLS` (``just fault-matrix-doc``, which
+runs this file as a script); a test checks the checked-in document matches the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import trio
+
+from cache_family.actors.replay import replay
+from cache_family.schemas.journal import ChildSpawned, RequestOutcome, read_journal
+from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
+from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
+from test_run_budgets import make_prepared
+from test_run_signals import (
+    Fifo,
+    assert_no_orphan_and_ports_free,
+    behave,
+    logs_dir,
+    poll_journal_until,
+    start_run,
+    wait_exit,
+)
+
+HERE = Path(__file__).resolve().parent
+DOC = HERE.parent / "docs" / "fault-matrix.md"
+FAKE = "fault-injection host"
+REAL_RUN_BOUND_S = 600
+REAL = "real llama-server"
+
+
+@dataclass(frozen=True)
+class FaultCell:
+    """One fault in one state and the receipt it must leave (what the document shows)."""
+
+    key: str
+    fault: str
+    state: str
+    host: str
+    exit_code: int
+    matrix_status: str | None  # None: no matrix is published (the runner itself died)
+    terminal_refusal: str | None
+    cell: str  # the faulted cell's directory under cell-0000/
+    cell_status: str
+    faults: tuple[str, ...]  # fault kinds the faulted receipt must hold (a row: its reason)
+    cleanup: str  # see ``cleanup_words``
+    kept: str  # which observations survive, in words
+    replay: str  # identical | unfinished, then --reap
+
+
+CELLS: tuple[FaultCell, ...] = (
+    FaultCell(
+        key="host-sigkill-mid-ladder",
+        fault="host killed with SIGKILL (kill -9)",
+        state="concurrent ladder, a streamed request in the host",
+        host=FAKE,
+        exit_code=1,
+        matrix_status="incomplete",
+        terminal_refusal=None,
+        cell="sweep-native-concurrent",
+        cell_status="incomplete",
+        faults=("host_identity_changed", "request_failed"),
+        cleanup="found dead (exit -9)",
+        kept="serial cell completed; every journaled request row of the ladder",
+        replay="identical",
+    ),
+    FaultCell(
+        key="host-sigstop-mid-ladder",
+        fault="host stopped with SIGSTOP",
+        state="concurrent ladder, a streamed request in the host",
+        host=FAKE,
+        exit_code=1,
+        matrix_status="incomplete",
+        terminal_refusal=None,
+        cell="sweep-native-concurrent",
+        cell_status="incomplete",
+        faults=("request_timeout", "cleanup_forced"),
+        cleanup="forced (SIGKILL after the grace)",
+        kept="serial cell completed; every journaled request row of the ladder",
+        replay="identical",
+    ),
+    FaultCell(
+        key="runner-sigint-mid-ladder",
+        fault="runner gets SIGINT",
+        state="concurrent ladder, a streamed request in the host",
+        host=FAKE,
+        exit_code=130,
+        matrix_status="incomplete",
+        terminal_refusal="cancelled",
+        cell="sweep-native-concurrent",
+        cell_status="incomplete",
+        faults=(),
+        cleanup="graceful (SIGTERM)",
+        kept="serial cell completed; every journaled request row of the ladder",
+        replay="identical",
+    ),
+    FaultCell(
+        key="runner-sigterm-host-ignores-sigterm",
+        fault="runner gets SIGTERM; the host ignores SIGTERM",
+        state="concurrent ladder, a streamed request in the host",
+        host=FAKE,
+        exit_code=130,
+        matrix_status="incomplete",
+        terminal_refusal="cancelled",
+        cell="sweep-native-concurrent",
+        cell_status="incomplete",
+        faults=(),
+        cleanup="forced (SIGKILL after the grace)",
+        kept="serial cell completed; every journaled request row of the ladder",
+        replay="identical",
+    ),
+    FaultCell(
+        key="runner-sigkill-mid-ladder",
+        fault="runner killed with SIGKILL (kill -9)",
+        state="concurrent ladder, a streamed request in the host",
+        host=FAKE,
+        exit_code=-9,
+        matrix_status=None,
+        terminal_refusal=None,
+        cell="sweep-native-concurrent",
+        cell_status="(no receipt: the runner died)",
+        faults=(),
+        cleanup="reaped",
+        kept="serial cell completed; the journal up to the kill",
+        replay="unfinished (exit 1), then replay --reap ends the orphaned host",
+    ),
+    FaultCell(
+        key="server-binary-changed-before-launch",
+        fault="server binary changed on disk",
+        state="after preparation, before the run",
+        host=FAKE,
+        exit_code=1,
+        matrix_status="failed",
+        terminal_refusal=None,
+        cell="native-serial",
+        cell_status="failed",
+        faults=("pin_drift", "pin_mismatch"),
+        cleanup="never launched",
+        kept="the drift (expected and observed SHA-256) in the cell receipt",
+        replay="identical",
+    ),
+    FaultCell(
+        key="model-changed-before-launch",
+        fault="model file changed on disk",
+        state="after preparation, before the run",
+        host=FAKE,
+        exit_code=1,
+        matrix_status="incomplete",
+        terminal_refusal=None,
+        cell="row",
+        cell_status="incomplete",
+        faults=("pin_mismatch",),
+        cleanup="never launched",
+        kept="correctness not run, both baselines skipped: nothing measured on changed bytes",
+        replay="identical",
+    ),
+    FaultCell(
+        key="real-host-sigkill",
+        fault="host killed with SIGKILL (kill -9)",
+        state="concurrent cell's host just spawned (before its ladder ends)",
+        host=REAL,
+        exit_code=1,
+        matrix_status="failed or incomplete",
+        terminal_refusal=None,
+        cell="sweep-native-concurrent",
+        cell_status="failed or incomplete",
+        faults=(),
+        cleanup="found dead (exit -9)",
+        kept="serial cell completed; every journaled request row of the ladder",
+        replay="identical",
+    ),
+    FaultCell(
+        key="real-host-sigstop",
+        fault="host stopped with SIGSTOP",
+        state="concurrent cell's host just spawned (before its ladder ends)",
+        host=REAL,
+        exit_code=1,
+        matrix_status="failed or incomplete",
+        terminal_refusal=None,
+        cell="sweep-native-concurrent",
+        cell_status="failed or incomplete",
+        faults=("cleanup_forced",),
+        cleanup="forced (SIGKILL after the grace)",
+        kept="serial cell completed; every journaled request row of the ladder",
+        replay="identical",
+    ),
+    FaultCell(
+        key="real-model-changed-before-launch",
+        fault="model file changed on disk",
+        state="after preparation, before the run",
+        host=REAL,
+        exit_code=1,
+        matrix_status="incomplete",
+        terminal_refusal=None,
+        cell="row",
+        cell_status="incomplete",
+        faults=("pin_mismatch",),
+        cleanup="never launched",
+        kept="correctness not run, both baselines skipped: nothing measured on changed bytes",
+        replay="identical",
+    ),
+)
+
+
+# --- the document ---------------------------------------------------------------------------------
+
+COLUMNS = (
+    ("fault", "fault"),
+    ("state", "state"),
+    ("host", "host"),
+    ("exit", "exit_code"),
+    ("matrix", "matrix_status"),
+    ("terminal refusal", "terminal_refusal"),
+    ("faulted receipt", "cell"),
+    ("receipt status", "cell_status"),
+    ("faults", "faults"),
+    ("cleanup", "cleanup"),
+    ("kept observations", "kept"),
+    ("replay", "replay"),
+)
+
+
+def render_doc(cells: tuple[FaultCell, ...] = CELLS) -> str:
+    def shown(value: object) -> str:
+        return "none" if value is None else str(value).replace("|", "\\|")
+
+    lines = [
+        "# Fault matrix",
+        "",
+        "Generated from `CELLS` in `tests/test_fault_matrix.py` by `just fault-matrix-doc`;",
+        "`tests/test_fault_matrix.py::test_the_checked_in_document_is_the_table` keeps the two",
+        "equal. Each row is a test (`pytest tests/test_fault_matrix.py -k KEY`) that runs a real",
+        "`cache-family run`, injects the fault, and asserts the receipt shown. Every row also",
+        "asserts, from the files alone: the faulted cell is refused for parity",
+        "(`accepted_for_parity: false`); no observation is lost (each request outcome the",
+        "journal holds for the cell is in its `cell.json`; a cell that completed before the",
+        "fault stays completed); no journaled process is left and every journaled port is free.",
+        "",
+        "| key | " + " | ".join(title for title, _ in COLUMNS) + " |",
+        "|---|" + "---|" * len(COLUMNS),
+    ]
+    for cell in cells:
+        values = [shown(getattr(cell, name)) for _, name in COLUMNS]
+        lines.append(f"| `{cell.key}` | " + " | ".join(values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_checked_in_document_is_the_table() -> None:
+    assert DOC.read_text() == render_doc(), "run `just fault-matrix-doc`"
+
+
+def test_every_cell_has_a_scenario_and_keys_are_unique() -> None:
+    assert len({c.key for c in CELLS}) == len(CELLS)
+    assert {c.key for c in CELLS} == set(SCENARIOS)
+
+
+@dataclass
+class Ran:
+    out: Path
+    code: int
+    stderr: str
+
+
+@dataclass
+class Where:
+    """What a scenario runs in: its own temporary directory, and for real llama-server cells
+    the real parts and the installed reference tools (``native_parts``, ``oracle_tools``)."""
+
+    tmp: Path
+    parts: Any = None
+    tools: Path | None = None
+
+
+Scenario = Callable[[Where], Awaitable[Ran]]
+
+
+async def _stalled_fake(tmp_path: Path, inject: Callable[[trio.Process, int], Any],
+                        **behaviour: Any) -> Ran:  # fmt: skip
+    """A fake-host run whose concurrent ladder holds a streamed request; ``inject(runner,
+    host_pid)`` is the fault, landed once that request is in the host."""
+    prepared = make_prepared(tmp_path / "p", top=behaviour.pop("top", None))
+    fifo = Fifo(tmp_path / "notify")
+    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path), **behaviour)
+    out, logs = tmp_path / "out", logs_dir(tmp_path)
+    process = await start_run(prepared, out, logs)
+    try:
+        event, pid = (await fifo.next_line()).split()
+        while event != "stream":  # e.g. the serial cell's host reporting its SIGTERM
+            event, pid = (await fifo.next_line()).split()
+        await inject(process, int(pid))
+        code = await wait_exit(process)
+    finally:
+        fifo.close()
+        if process.returncode is None:
+            process.kill()
+    return Ran(out, code, (logs / "run.stderr").read_text())
+
+
+def _signal_host(signum: int) -> Callable[[trio.Process, int], Awaitable[None]]:
+    async def inject(runner: trio.Process, host: int) -> None:
+        del runner
+        os.kill(host, signum)
+
+    return inject
+
+
+async def host_sigkill(where: Where) -> Ran:
+    tmp_path = where.tmp
+    return await _stalled_fake(tmp_path, _signal_host(signal.SIGKILL))
+
+
+async def host_sigstop(where: Where) -> Ran:
+    tmp_path = where.tmp
+    # A stopped host answers nothing: the request timeout ends the cell; SIGTERM stays
+    # pending in a stopped process, so cleanup must SIGKILL it.
+    return await _stalled_fake(
+        tmp_path, _signal_host(signal.SIGSTOP), top={"request_timeout_ms": 2000}
+    )
+
+
+async def runner_sigint(where: Where) -> Ran:
+    tmp_path = where.tmp
+
+    async def inject(runner: trio.Process, host: int) -> None:
+        del host
+        runner.send_signal(signal.SIGINT)
+
+    return await _stalled_fake(tmp_path, inject)
+
+
+async def runner_sigterm_host_ignores(where: Where) -> Ran:
+    tmp_path = where.tmp
+
+    async def inject(runner: trio.Process, host: int) -> None:
+        del host
+        runner.send_signal(signal.SIGTERM)
+
+    return await _stalled_fake(tmp_path, inject, ignore_sigterm="after_stream")
+
+
+async def runner_sigkill(where: Where) -> Ran:
+    tmp_path = where.tmp
+
+    async def inject(runner: trio.Process, host: int) -> None:
+        del host
+        runner.kill()
+
+    return await _stalled_fake(tmp_path, inject)
+
+
+async def _changed_before_run(tmp_path: Path, pick: Callable[[Path], Path]) -> Ran:
+    prepared = make_prepared(tmp_path / "p")
+    target = pick(prepared)
+    with open(target, "ab") as handle:  # one byte more: another SHA-256, same path
+        handle.write(b"\0")
+    out, logs = tmp_path / "out", logs_dir(tmp_path)
+    code = await wait_exit(await start_run(prepared, out, logs))
+    return Ran(out, code, (logs / "run.stderr").read_text())
+
+
+async def server_changed(where: Where) -> Ran:
+    tmp_path = where.tmp
+    return await _changed_before_run(
+        tmp_path, lambda prepared: prepared.parent / "tools" / "fake-llama-server"
+    )
+
+
+def pinned_model(prepared: Path) -> Path:
+    """The one present model file the prepared input pinned (the bytes its row runs)."""
+    models = json.loads(prepared.read_bytes())["models"]
+    [pinned] = [m["pinned_file"] for m in models.values() if m["status"] == "present"]
+    return Path(pinned)
+
+
+async def model_changed(where: Where) -> Ran:
+    return await _changed_before_run(where.tmp, pinned_model)
+
+
+# --- real llama-server (the tiny model zoo) ------------------------------------------------------
+
+
+async def _real_run(where: Where, *, private_model: bool = False, **top: Any) -> tuple[Path, Path]:
+    """Prepare (for real) one llama row of the zoo; the prepared input and the model file it
+    pinned. ``private_model``: the row's model is a private copy (the zoo is shared)."""
+    from test_run_integration import cli, operator_for
+
+    assert where.parts is not None and where.tools is not None
+    root = where.tmp
+    operator = operator_for(where.parts, where.tools, root, ["llama"])
+    document = json.loads(operator.read_text())
+    document.update(top)
+    if private_model:
+        hub = root / "hub"
+        for entry in Path(where.parts.zoo_root).iterdir():
+            if entry.is_dir() and "Llama" in entry.name:
+                shutil.copytree(entry, hub / entry.name, symlinks=True)
+        document["plan"]["cache_root"] = str(hub)
+    operator.write_text(json.dumps(document))
+    prepared_dir = root / "prepared"
+    prepare = await trio.to_thread.run_sync(
+        lambda: cli("prepare-full", "--input", str(operator), "--output", str(prepared_dir),
+                    cwd=root)
+    )  # fmt: skip
+    assert prepare.returncode == 0, prepare.stderr
+    prepared = prepared_dir / "cache-family-input.json"
+    return prepared, pinned_model(prepared)
+
+
+async def _real_host_signal(where: Where, signum: int, **top: Any) -> Ran:
+    """Signal the concurrent cell's llama-server as soon as the run journals its spawn: the
+    cell cannot have finished its ladder then, whatever the machine's load."""
+    prepared, _ = await _real_run(where, **top)
+    out, logs = where.tmp / "out", logs_dir(where.tmp)
+    process = await start_run(prepared, out, logs)
+    try:
+        await poll_journal_until(
+            out,
+            process,
+            lambda r: (
+                isinstance(r, ChildSpawned)
+                and r.role == "host"
+                and (r.cell_id or "").endswith("native-concurrent")
+            ),
+        )
+        [host] = [
+            r.pid
+            for r in records_of(out, ChildSpawned)
+            if (r.cell_id or "").endswith("native-concurrent")
+        ]
+        os.kill(host, signum)
+        # An upper bound, never a pause: a stopped host spends the cell's startup budget.
+        with trio.fail_after(REAL_RUN_BOUND_S):
+            code = await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+    return Ran(out, code, (logs / "run.stderr").read_text())
+
+
+async def real_host_sigkill(where: Where) -> Ran:
+    return await _real_host_signal(where, signal.SIGKILL)
+
+
+async def real_host_sigstop(where: Where) -> Ran:
+    # A stopped host never answers: its startup budget (the cell's, less a margin) runs out,
+    # and SIGTERM stays pending in a stopped process, so cleanup must SIGKILL it. A shorter
+    # cell budget keeps the wait short; the other cells finish well inside it.
+    return await _real_host_signal(where, signal.SIGSTOP, cell_seconds=75)
+
+
+async def real_model_changed(where: Where) -> Ran:
+    prepared, model = await _real_run(where, private_model=True)
+    with open(model, "ab") as handle:
+        handle.write(b"\0")
+    out, logs = where.tmp / "out", logs_dir(where.tmp)
+    code = await wait_exit(await start_run(prepared, out, logs))
+    return Ran(out, code, (logs / "run.stderr").read_text())
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "real-host-sigkill": real_host_sigkill,
+    "real-host-sigstop": real_host_sigstop,
+    "real-model-changed-before-launch": real_model_changed,
+    "host-sigkill-mid-ladder": host_sigkill,
+    "host-sigstop-mid-ladder": host_sigstop,
+    "runner-sigint-mid-ladder": runner_sigint,
+    "runner-sigterm-host-ignores-sigterm": runner_sigterm_host_ignores,
+    "runner-sigkill-mid-ladder": runner_sigkill,
+    "server-binary-changed-before-launch": server_changed,
+    "model-changed-before-launch": model_changed,
+}
+
+
+# --- the asserted receipt -------------------------------------------------------------------------
+
+
+def records_of(out: Path, kind: type) -> list[Any]:
+    data = (out / "journal.jsonl").read_bytes()
+    return [ln.record for ln in read_journal(data[: data.rfind(b"\n") + 1]).lines
+            if isinstance(ln.record, kind)]  # fmt: skip
+
+
+def journaled_rows(out: Path, cell_id: str) -> list[Any]:
+    read = read_journal((out / "journal.jsonl").read_bytes())
+    assert read.chain_break is None
+    return [
+        line.record.row
+        for line in read.lines
+        if isinstance(line.record, RequestOutcome) and line.record.cell_id == cell_id
+    ]
+
+
+def cleanup_words(receipt: Any) -> str:
+    cleanup = receipt.cleanup
+    if cleanup is None:
+        return "never launched"
+    if cleanup.forced:
+        return "forced (SIGKILL after the grace)"
+    if cleanup.exit_code == -signal.SIGKILL:
+        return "found dead (exit -9)"
+    assert cleanup.graceful
+    return "graceful (SIGTERM)"
+
+
+async def check_cell(cell: FaultCell, ran: Ran) -> None:
+    out = ran.out
+    assert ran.code == cell.exit_code, ran.stderr
+    assert "Traceback" not in ran.stderr
+    cell_dir = out / "cell-0000" / cell.cell
+    if cell.matrix_status is None:
+        assert not (out / MATRIX_FILENAME).exists()
+        report = await trio.to_thread.run_sync(lambda: replay(str(out), reap=True, reap_grace_s=10))
+        assert report.exit_code == 1 and not report.differs and report.unfinished
+        assert any(line.startswith("reap: ended with SIGTERM: ") for line in report.lines)
+        assert (out / "cell-0000" / "native-serial" / "cell.json").exists()
+        assert not (cell_dir / "cell.json").exists()
+        assert_no_orphan_and_ports_free(out)
+        return
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.status in cell.matrix_status.split(" or ")
+    assert matrix.terminal_refusal == cell.terminal_refusal
+    row = decode_row_receipt((out / "cell-0000" / "row.json").read_bytes())
+    assert row.status != "completed"
+    if cell.cell == "row":  # refused before any cell opened
+        assert (row.status, row.terminal_refusal) == (cell.cell_status, cell.terminal_refusal)
+        assert (row.reason,) == cell.faults
+        assert all(not o.accepted_for_parity and o.cell_id is None for o in row.observations)
+        assert not list(out.glob("cell-0000/*/cell.json"))
+    else:
+        receipt = decode_cell_receipt((cell_dir / "cell.json").read_bytes())
+        assert receipt.status in cell.cell_status.split(" or "), receipt.faults
+        assert set(cell.faults) <= {f.kind for f in receipt.faults}, receipt.faults
+        assert receipt.terminal_refusal == cell.terminal_refusal
+        assert not receipt.accepted_for_parity  # parity refused
+        assert cleanup_words(receipt) == cell.cleanup
+        # No observation lost: every row the journal holds for the cell is in its receipt.
+        kept = [r for rung in receipt.measurement.rungs for r in rung.rows]
+        for journaled in journaled_rows(out, receipt.cell_id):
+            assert journaled in kept
+        if cell.cell != "native-serial":
+            serial = decode_cell_receipt((out / "cell-0000/native-serial/cell.json").read_bytes())
+            assert serial.status == "completed"  # finished before the fault: never lowered
+    spawned = [
+        line.record
+        for line in read_journal((out / "journal.jsonl").read_bytes()).lines
+        if isinstance(line.record, ChildSpawned)
+    ]
+    if spawned:
+        assert_no_orphan_and_ports_free(out)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(
+        p.info["cmdline"] or [])]  # fmt: skip
+    assert await trio.to_thread.run_sync(lambda: replay(str(out)).exit_code) == 0
+
+
+@pytest.mark.parametrize("cell", [c for c in CELLS if c.host == FAKE], ids=lambda c: c.key)
+async def test_fault_cell_with_the_fault_injection_host(cell: FaultCell, tmp_path: Path) -> None:
+    await check_cell(cell, await SCENARIOS[cell.key](Where(tmp_path)))
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("cell", [c for c in CELLS if c.host == REAL], ids=lambda c: c.key)
+async def test_fault_cell_with_the_real_llama_server(
+    cell: FaultCell, native_parts: Any, oracle_tools: Path, tmp_path: Path
+) -> None:
+    await check_cell(cell, await SCENARIOS[cell.key](Where(tmp_path, native_parts, oracle_tools)))
+
+
+if __name__ == "__main__":  # `just fault-matrix-doc`
+    sys.stdout.write(render_doc())
