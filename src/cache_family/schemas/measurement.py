@@ -101,7 +101,7 @@ class SerialSummary(msgspec.Struct, frozen=True, kw_only=True):
     complete: bool = False
 
 
-class ClientCalibration(msgspec.Struct, frozen=True, kw_only=True):
+class ClientCalibration(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The run's own client timed against the calibration server on this machine, before the
     first ladder (``states/calibration.py``); times in ms."""
 
