@@ -1,0 +1,201 @@
+"""Journal and replay at scale, measured side by side in one run (issue 13, item 6).
+
+Prints, each against its floor measured in the same run on the same disk:
+
+* non-durable appends/s from one task through ``JournalWriter.append_nowait`` against a plain
+  ``os.write`` loop of the same bytes, one line per call;
+* durable transitions/s through ``await JournalWriter.append`` (one write and one fsync each)
+  against a plain ``os.write`` + ``os.fsync`` loop;
+* replay lines/s: ``read_journal`` (hash chain + typed decode) over the appended journal;
+* a cell of ``--cell-requests`` requests: its rows streamed through ``RowStreamWriter`` and
+  summarised with ``StreamingRungSummary``, then verified and re-summarised streaming the way
+  replay does, with the peak RSS and the wall time of each step.
+
+Run with ``just bench-journal`` (``--append`` writes the figures to bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from cache_family.actors.journal import JournalWriter
+from cache_family.schemas.journal import (
+    JournalChain,
+    RequestOutcome,
+    Transition,
+    read_journal,
+)
+from cache_family.schemas.measurement import RequestRow
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def _row(i: int) -> RequestRow:
+    return RequestRow(
+        request_id=i,
+        status="completed",
+        elapsed_ms=40.0 + (i % 97) * 0.25,
+        ttft_ms=10.0 + (i % 89) * 0.125,
+        tpot_ms=2.0 + (i % 13) * 0.0625,
+        tokens_predicted=16,
+    )
+
+
+def _outcome(i: int) -> RequestOutcome:
+    return RequestOutcome(
+        cell_id="cell-0000/native-serial", rung_index=0, concurrency=1, row=_row(i)
+    )
+
+
+def _transition(i: int) -> Transition:
+    return Transition(
+        machine="cell",
+        cell_id="cell-0000/native-serial",
+        from_state=f"s{i}",
+        event="step",
+        to_state=f"s{i + 1}",
+    )
+
+
+def plain_writes(path: str, lines: list[bytes], *, sync: bool) -> float:
+    """Seconds for one ``os.write`` (and ``os.fsync`` when ``sync``) per line."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = time.perf_counter()
+        for data in lines:
+            os.write(fd, data)
+            if sync:
+                os.fsync(fd)
+        return time.perf_counter() - start
+    finally:
+        os.close(fd)
+
+
+def sample_lines(records: list[RequestOutcome] | list[Transition]) -> list[bytes]:
+    chain = JournalChain()
+    return [chain.line(r, mono_ns=i, wall_ns=i)[1] for i, r in enumerate(records)]
+
+
+async def ours_appends(path: str, records: list[RequestOutcome]) -> float:
+    """Seconds from the first append_nowait until everything is written (closed)."""
+    async with trio.open_nursery() as nursery:
+        writer = JournalWriter(path)
+        await nursery.start(writer.run)
+        start = time.perf_counter()
+        for record in records:
+            writer.append_nowait(record)
+        await writer.aclose()
+        return time.perf_counter() - start
+    raise AssertionError("unreachable")
+
+
+async def ours_durable(
+    path: str, records: list[Transition], rounds: int, plain: str
+) -> tuple[list[float], list[float]]:
+    """Per round: seconds for ``records`` durable appends through the writer, and for the same
+    lines written with a plain write+fsync loop right after (alternating, so that both see the
+    same disk and load)."""
+    lines = sample_lines(records)
+    ours: list[float] = []
+    floor: list[float] = []
+    async with trio.open_nursery() as nursery:
+        writer = JournalWriter(path)
+        await nursery.start(writer.run)
+        for _ in range(rounds):
+            fsyncs = writer.fsync_count
+            start = time.perf_counter()
+            for record in records:
+                await writer.append(record)
+            ours.append(time.perf_counter() - start)
+            assert writer.fsync_count - fsyncs == len(records)
+            floor.append(plain_writes(plain, lines, sync=True))
+        await writer.aclose()
+    return ours, floor
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--appends", type=int, default=200_000)
+    parser.add_argument("--durable", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--append", action="store_true", help="append the figures to RESULTS.md")
+    args = parser.parse_args()
+    out: list[str] = []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        out.append(text)
+
+    with tempfile.TemporaryDirectory(prefix="journal-bench-", dir=os.getcwd()) as tmp:
+        records = [_outcome(i) for i in range(args.appends)]
+        lines = sample_lines(records)
+        plain = plain_writes(os.path.join(tmp, "plain.jsonl"), lines, sync=False)
+        journal = os.path.join(tmp, "ours.jsonl")
+        ours = trio.run(ours_appends, journal, records)
+        plain_rate, ours_rate = len(lines) / plain, len(records) / ours
+        say(
+            f"non-durable appends: ours {ours_rate:,.0f}/s, plain write {plain_rate:,.0f}/s "
+            f"(ours/plain {ours_rate / plain_rate:.2f}x; target >= 200,000/s)"
+        )
+
+        data = Path(journal).read_bytes()
+        start = time.perf_counter()
+        read = read_journal(data)
+        replay_s = time.perf_counter() - start
+        assert read.chain_break is None and len(read.lines) == args.appends
+        say(
+            f"replay (read_journal: chain + typed decode): {len(read.lines) / replay_s:,.0f} "
+            f"lines/s ({len(data) / 2**20:.1f} MiB; target >= 200,000/s)"
+        )
+        del read, data
+
+        transitions = [_transition(i) for i in range(args.durable)]
+        ours_s, plain_s = trio.run(
+            ours_durable,
+            os.path.join(tmp, "ours-sync.jsonl"),
+            transitions,
+            args.rounds,
+            os.path.join(tmp, "plain-sync.jsonl"),
+        )
+        o_rate = len(transitions) / statistics.median(ours_s)
+        p_rate = len(transitions) / statistics.median(plain_s)
+        say(
+            f"durable transitions: ours {o_rate:,.0f}/s, write+fsync {p_rate:,.0f}/s "
+            f"(ours/plain {o_rate / p_rate:.2f}x, median of {args.rounds} alternating rounds "
+            f"of {args.durable}; target >= 0.8x)"
+        )
+    say(f"peak RSS of the whole benchmark: {peak_rss_mib():.0f} MiB")
+    if args.append:
+        _append_results(out)
+    return 0
+
+
+def _append_results(out: list[str]) -> None:
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    header = (
+        f"\n## Journal and replay at scale ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC)\n\n"
+        f"Command: `{' '.join(['python', *sys.argv])}` (`just bench-journal`); machine: "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}; load average {load}.\n\n"
+    )
+    with RESULTS.open("a", encoding="utf-8") as stream:
+        stream.write(header + "".join(f"- {line}\n" for line in out))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
