@@ -210,6 +210,9 @@ class PinObserved(_Record, tag="pin_observed", frozen=True, kw_only=True):
     expected_sha256: str
     # None: the bytes could not be read (missing, unreadable, cancelled while hashing).
     observed_sha256: str | None
+    # "sha256": hashed now; "identity": the row's held file is unchanged since it was hashed
+    # (actors/run_context.RowPins); "" in journals written before it was recorded.
+    verified_by: str = ""
 
 
 class PinDrift(_Record, tag="pin_drift", frozen=True, kw_only=True):
@@ -220,6 +223,7 @@ class PinDrift(_Record, tag="pin_drift", frozen=True, kw_only=True):
     path: str
     expected_sha256: str
     observed_sha256: str | None
+    verified_by: str = ""
 
 
 class PortReserved(_Record, tag="port_reserved", frozen=True, kw_only=True):
