@@ -22,6 +22,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +31,7 @@ from pathlib import Path
 import trio
 
 from cache_family.actors.journal import JournalWriter
+from cache_family.actors.request_rows import RowFileWriter, stream_rows
 from cache_family.schemas.journal import (
     JournalChain,
     RequestOutcome,
@@ -37,6 +39,8 @@ from cache_family.schemas.journal import (
     read_journal,
 )
 from cache_family.schemas.measurement import RequestRow
+from cache_family.schemas.request_rows import RequestRowLine
+from cache_family.states.metrics import RungAccumulator
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
@@ -125,7 +129,57 @@ async def ours_durable(
 
 
 def peak_rss_mib() -> float:
+    """This process's peak RSS since its last exec (``VmHWM``; ``ru_maxrss`` would also count
+    the pages of the parent it was forked from)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cell_only(requests: int, directory: str) -> None:
+    """One rung of ``requests`` requests, as a run and a replay would treat it with the rows in
+    their own file: each row written to ``requests.jsonl`` and counted into the rung summary
+    as it ends, then the file streamed back, its digest verified and the summary re-folded.
+    Prints one line: seconds to run+fold, seconds to replay, peak RSS (MiB), file MiB."""
+    path = os.path.join(directory, "requests.jsonl")
+    start = time.perf_counter()
+    writer = RowFileWriter(path, "cell-0000/sweep-native-concurrent/requests.jsonl")
+    live = RungAccumulator(requests, compact=True, ttft_slo_ms=30.0, tpot_slo_ms=5.0)
+    for i in range(requests):
+        row = _row(i)
+        writer.add(RequestRowLine(rung_index=0, concurrency=64, row=row))
+        live.add(row, i)
+    digest = writer.close()
+    folded = live.summary(concurrency=64, makespan_seconds=requests / 900)
+    run_s = time.perf_counter() - start
+    del live
+    start = time.perf_counter()
+    again = RungAccumulator(requests, compact=True, ttft_slo_ms=30.0, tpot_slo_ms=5.0)
+    for line in stream_rows(path, digest):
+        again.add(line.row, line.row.request_id)
+    replayed = again.summary(concurrency=64, makespan_seconds=requests / 900)
+    replay_s = time.perf_counter() - start
+    assert replayed == folded and digest.count == requests
+    size = os.path.getsize(path) / 2**20
+    print(f"{run_s:.3f} {replay_s:.3f} {peak_rss_mib():.1f} {size:.1f}")
+
+
+def cell_in_child(requests: int, directory: str) -> tuple[float, float, float, float]:
+    """``cell_only`` in a fresh interpreter, so its peak RSS is its own."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--cell-only", str(requests), "--dir", directory],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        },
+    )
+    run_s, replay_s, rss, size = (float(x) for x in done.stdout.split())
+    return run_s, replay_s, rss, size
 
 
 def main() -> int:
@@ -133,8 +187,14 @@ def main() -> int:
     parser.add_argument("--appends", type=int, default=200_000)
     parser.add_argument("--durable", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cell-requests", type=int, default=1_000_000)
+    parser.add_argument("--cell-only", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--append", action="store_true", help="append the figures to RESULTS.md")
     args = parser.parse_args()
+    if args.cell_only is not None:
+        cell_only(args.cell_only, args.dir)
+        return 0
     out: list[str] = []
 
     def say(text: str) -> None:
@@ -179,7 +239,22 @@ def main() -> int:
             f"(ours/plain {o_rate / p_rate:.2f}x, median of {args.rounds} alternating rounds "
             f"of {args.durable}; target >= 0.8x)"
         )
-    say(f"peak RSS of the whole benchmark: {peak_rss_mib():.0f} MiB")
+        floor_dir = os.path.join(tmp, "cell-small")
+        os.mkdir(floor_dir)
+        small = max(args.cell_requests // 10, 1)
+        s_run, s_replay, s_rss, _ = cell_in_child(small, floor_dir)
+        big_dir = os.path.join(tmp, "cell-big")
+        os.mkdir(big_dir)
+        b_run, b_replay, b_rss, b_size = cell_in_child(args.cell_requests, big_dir)
+        say(
+            f"cell of {args.cell_requests:,} requests (rows in requests.jsonl, {b_size:.0f} MiB; "
+            f"fake in-process rows): run+fold {b_run:.1f} s, replay (stream, verify digest, "
+            f"re-fold) {b_replay:.1f} s, peak RSS {b_rss:.0f} MiB; the same for "
+            f"{small:,} requests: {s_run:.1f} s, {s_replay:.1f} s, {s_rss:.0f} MiB "
+            f"({(b_rss - s_rss) * 2**20 / (args.cell_requests - small):.1f} bytes of RSS per "
+            f"further request)"
+        )
+    say(f"peak RSS of the journal part of the benchmark: {peak_rss_mib():.0f} MiB")
     if args.append:
         _append_results(out)
     return 0
