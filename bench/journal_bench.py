@@ -185,8 +185,8 @@ def cell_in_child(requests: int, directory: str) -> tuple[float, float, float, f
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--appends", type=int, default=200_000)
-    parser.add_argument("--durable", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--durable", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--cell-requests", type=int, default=1_000_000)
     parser.add_argument("--cell-only", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
