@@ -31,7 +31,6 @@ from pathlib import Path
 import trio
 
 from cache_family.actors.journal import JournalWriter
-from cache_family.actors.request_rows import RowFileWriter, stream_rows
 from cache_family.schemas.journal import (
     JournalChain,
     RequestOutcome,
@@ -39,8 +38,6 @@ from cache_family.schemas.journal import (
     read_journal,
 )
 from cache_family.schemas.measurement import RequestRow
-from cache_family.schemas.request_rows import RequestRowLine
-from cache_family.states.metrics import RungAccumulator
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
@@ -143,6 +140,11 @@ def cell_only(requests: int, directory: str) -> None:
     their own file: each row written to ``requests.jsonl`` and counted into the rung summary
     as it ends, then the file streamed back, its digest verified and the summary re-folded.
     Prints one line: seconds to run+fold, seconds to replay, peak RSS (MiB), file MiB."""
+    # Imported here: ``--ab`` runs this file against an older source tree without them.
+    from cache_family.actors.request_rows import RowFileWriter, stream_rows
+    from cache_family.schemas.request_rows import RequestRowLine
+    from cache_family.states.metrics import RungAccumulator
+
     path = os.path.join(directory, "requests.jsonl")
     start = time.perf_counter()
     writer = RowFileWriter(path, "cell-0000/sweep-native-concurrent/requests.jsonl")
@@ -168,18 +170,50 @@ def cell_only(requests: int, directory: str) -> None:
 
 def cell_in_child(requests: int, directory: str) -> tuple[float, float, float, float]:
     """``cell_only`` in a fresh interpreter, so its peak RSS is its own."""
+    run_s, replay_s, rss, size = _child(["--cell-only", str(requests), "--dir", directory])
+    return run_s, replay_s, rss, size
+
+
+def _child(args: list[str], source: str | None = None) -> list[float]:
+    path = os.pathsep.join([source, *sys.path] if source else sys.path)
     done = subprocess.run(
-        [sys.executable, __file__, "--cell-only", str(requests), "--dir", directory],
+        [sys.executable, __file__, *args],
         check=True,
         capture_output=True,
         text=True,
-        env={
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PYTHONPATH": os.pathsep.join(sys.path),
-        },
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": path},
     )
-    run_s, replay_s, rss, size = (float(x) for x in done.stdout.split())
-    return run_s, replay_s, rss, size
+    return [float(x) for x in done.stdout.split()]
+
+
+def appends_only(count: int, directory: str) -> None:
+    """Appends/s and replay lines/s of whichever cache_family is importable (``--ab``)."""
+    records = [_outcome(i) for i in range(count)]
+    path = os.path.join(directory, f"ab-{os.getpid()}.jsonl")
+    seconds = trio.run(ours_appends, path, records)
+    data = Path(path).read_bytes()
+    start = time.perf_counter()
+    lines = len(read_journal(data).lines)
+    print(f"{count / seconds:.0f} {lines / (time.perf_counter() - start):.0f}")
+    os.unlink(path)
+
+
+def against_baseline(source: str, count: int, rounds: int, directory: str) -> str:
+    """Both sources' appends/s and replay lines/s, in alternating child processes."""
+    mine: list[list[float]] = []
+    base: list[list[float]] = []
+    args = ["--appends-only", str(count), "--dir", directory]
+    for _ in range(rounds):
+        base.append(_child(args, source))
+        mine.append(_child(args, str(Path(__file__).resolve().parents[1] / "src")))
+    med = [statistics.median(column) for column in zip(*mine, strict=True)]
+    old = [statistics.median(column) for column in zip(*base, strict=True)]
+    return (
+        f"against the source at {source} ({rounds} alternating child runs of {count:,} "
+        f"appends, medians): appends {old[0]:,.0f}/s -> {med[0]:,.0f}/s "
+        f"({med[0] / old[0]:.2f}x), replay {old[1]:,.0f} -> {med[1]:,.0f} lines/s "
+        f"({med[1] / old[1]:.2f}x)"
+    )
 
 
 def main() -> int:
@@ -188,12 +222,19 @@ def main() -> int:
     parser.add_argument("--durable", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--cell-requests", type=int, default=1_000_000)
+    parser.add_argument(
+        "--ab", metavar="SRC", help="also compare with another source tree's src (a baseline)"
+    )
     parser.add_argument("--cell-only", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--appends-only", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--append", action="store_true", help="append the figures to RESULTS.md")
     args = parser.parse_args()
     if args.cell_only is not None:
         cell_only(args.cell_only, args.dir)
+        return 0
+    if args.appends_only is not None:
+        appends_only(args.appends_only, args.dir)
         return 0
     out: list[str] = []
 
@@ -254,6 +295,8 @@ def main() -> int:
             f"({(b_rss - s_rss) * 2**20 / (args.cell_requests - small):.1f} bytes of RSS per "
             f"further request)"
         )
+        if args.ab:
+            say(against_baseline(args.ab, 100_000, 3, tmp))
     say(f"peak RSS of the journal part of the benchmark: {peak_rss_mib():.0f} MiB")
     if args.append:
         _append_results(out)
