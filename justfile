@@ -143,3 +143,15 @@ bench-peers-install:
 [positional-arguments]
 bench-harness *ARGS:
     {{venv}}/python bench/harness.py "$@"
+
+# Journal and replay at scale: appends/s, durable/s and replay lines/s against plain write loops, and a 1M-request cell's time and peak RSS (--append records them in bench/RESULTS.md).
+[group('bench')]
+[positional-arguments]
+bench-journal *ARGS:
+    {{venv}}/python bench/journal_bench.py "$@"
+
+# Pin cost per cell for a 100 GiB sparse multi-shard model: identity checks against full re-hashes (--append records them in bench/RESULTS.md).
+[group('bench')]
+[positional-arguments]
+bench-pins *ARGS:
+    {{venv}}/python bench/pins_bench.py "$@"

@@ -133,6 +133,9 @@ class CellPlan:
     # native: llama-server, /completion; stage: a Skippy stage server, OpenAI chat.
     host_kind: Literal["native", "stage"] = "native"
     model_id: str = ""
+    # The row's last cell: its post-verify hashes every pinned file in full (the row's
+    # ``RowPins`` otherwise checks only identities between its first and last hash).
+    last_of_row: bool = False
 
 
 def pin_targets(profile: HostProfile) -> tuple[PinTarget, ...]:
@@ -202,6 +205,7 @@ def pin_records(cell_id: str, phase: str, result: PinResult) -> tuple[PinObserve
         path=target.path,
         expected_sha256=target.expected_sha256,
         observed_sha256=result.observed_sha256,
+        verified_by=result.verified_by,
     )
     if result.matches:
         return (observed,)
@@ -522,7 +526,8 @@ class CellActor:
 
     async def _verify_pins(self, phase: str) -> bool:
         remaining = self.work_deadline - trio.current_time()
-        results = await self.ctx.hosts.pin_hasher(self.plan.pins, remaining)
+        final = phase == "after" and self.plan.last_of_row
+        results = await self.ctx.verify_pins(self.plan.pins, remaining, final=final)
         for result in results:
             for record in pin_records(self.plan.cell_id, phase, result):
                 await self._journal(record)

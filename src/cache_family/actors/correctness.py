@@ -167,7 +167,7 @@ class CorrectnessActor:
             return CorrectnessEvent.NOT_RUNNABLE
         os.makedirs(self.arm_path, exist_ok=True)
         remaining = self.deadline - MEASUREMENT_RESERVE_SECONDS - trio.current_time()
-        results = await self.ctx.hosts.pin_hasher(plan.pins, remaining)
+        results = await self.ctx.verify_pins(plan.pins, remaining)
         drifted = []
         for result in results:
             observed = PinObserved(
@@ -177,6 +177,7 @@ class CorrectnessActor:
                 path=result.target.path,
                 expected_sha256=result.target.expected_sha256,
                 observed_sha256=result.observed_sha256,
+                verified_by=result.verified_by,
             )
             await self.ctx.journal(observed)
             if not result.matches:
@@ -189,6 +190,7 @@ class CorrectnessActor:
                         path=observed.path,
                         expected_sha256=observed.expected_sha256,
                         observed_sha256=observed.observed_sha256,
+                        verified_by=observed.verified_by,
                     )
                 )
         if drifted:

@@ -7,14 +7,17 @@ and end it with ``await writer.aclose()``.
 Callers never touch the file. ``append_nowait`` stamps the next ``seq`` with the monotonic and
 wall clocks and queues the record; because stamping and queueing happen without a checkpoint in
 between, seq order is exactly call order even with many tasks appending. The writer task takes
-whatever is queued as one batch, chains and writes it, and flushes + fsyncs the file whenever the
-batch holds a state change (a record whose type is ``durable``: transitions, faults,
-cancellations, cleanup outcomes, receipts, spawned children). ``await append(record)`` returns
-once a state change is on disk; other records return at once and become durable with the next
-state change or at close.
+whatever is queued as one batch and chains it. Observations (non-durable records) are only
+buffered: the buffer is written with the next state change (a record whose type is
+``durable``: transitions, faults, cancellations, cleanup outcomes, receipts, spawned children),
+a ``sync``, a ``wait_written``, the close, or once it holds ``flush_bytes``; a state change is
+written together with everything before it in one ``write`` and one fsync. ``await
+append(record)`` returns once a state change is on disk; other records return at once and
+become durable with the next state change or at close. A crash can lose buffered observations
+exactly as it could always lose unsynced ones: only state changes were ever promised.
 
-The channel is unbounded on purpose: records arrive at the pace of HTTP requests and process
-events, the writer drains them in batches, and a bounded channel would let a cancelled sender
+The queue is unbounded on purpose: records arrive at the pace of HTTP requests and process
+events, the writer drains them in batches, and a bounded queue would let a cancelled sender
 leave a hole in the seq numbers.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
@@ -35,11 +39,9 @@ from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
     JOURNAL_FILENAME,
     JournalChain,
-    JournalLine,
     JournalSealed,
     ReceiptPublished,
     Record,
-    decode_line,
     read_journal,
 )
 from cache_family.schemas.receipts import (
@@ -49,24 +51,24 @@ from cache_family.schemas.receipts import (
     decode_row_receipt,
     encode_receipt,
 )
-from cache_family.states.fold import JournalIndex, fold_cell, fold_row
+from cache_family.states.fold import EncodedLine, JournalIndex, fold_cell, fold_row
 
 # A week-long run journals a few million short lines; replay and resume read at most this much.
 JOURNAL_READ_LIMIT: Final = 4 * 1024 * 1024 * 1024
+# Buffered observations are written once they reach this much, durable point or not.
+FLUSH_BYTES: Final = 1024 * 1024
 
-
-@dataclass(slots=True)
-class _Pending:
-    seq: int
-    mono_ns: int
-    wall_ns: int
-    record: Record
-    done: trio.Event | None
+# A queued record: (seq, mono_ns, wall_ns, record, done). A tuple, not a class: it is made
+# once per append on the hot path.
+_Pending = tuple[int, int, int, Record, trio.Event | None]
 
 
 @dataclass(slots=True)
 class _SyncRequest:
+    """Write everything before this point; fsync it too when ``durable``."""
+
     done: trio.Event
+    durable: bool = True
 
 
 def journal_path(run_dir: str) -> str:
@@ -87,7 +89,8 @@ class JournalWriter:
         fsync: Callable[[int], None] = os.fsync,
         monotonic_ns: Callable[[], int] = _trio_monotonic_ns,
         wall_ns: Callable[[], int] = time.time_ns,
-        batch_max: int = 512,
+        batch_max: int = 4096,
+        flush_bytes: int = FLUSH_BYTES,
         resume: bool = False,
     ) -> None:
         self.path = path
@@ -97,6 +100,7 @@ class JournalWriter:
         self._monotonic_ns = monotonic_ns
         self._wall_ns = wall_ns
         self._batch_max = batch_max
+        self._flush_bytes = flush_bytes
         self._resume = resume
         self._chain = JournalChain()
         # Every byte written so far, for the seal (``seal``).
@@ -108,7 +112,12 @@ class JournalWriter:
         self._state = "created"
         self._failure: BaseException | None = None
         self._fd: int | None = None
-        self._send, self._receive = trio.open_memory_channel[_Pending | _SyncRequest](float("inf"))
+        self._queue: deque[_Pending | _SyncRequest] = deque()
+        self._wakeup = trio.Event()
+        self._closing = False
+        # Chained but not yet written, and how many bytes they hold.
+        self._buffered: list[EncodedLine] = []
+        self._buffered_bytes = 0
         self._finished = trio.Event()
         self._progress = trio.Event()
 
@@ -163,13 +172,16 @@ class JournalWriter:
         """Wait until everything queued so far is written and fsynced; returns that seq."""
         self._raise_if_failed()
         done = trio.Event()
-        self._send.send_nowait(_SyncRequest(done))
+        self._put(_SyncRequest(done))
         await done.wait()
         self._raise_if_failed()
         return self._durable_seq
 
     async def wait_written(self, seq: int) -> None:
         """Wait until line ``seq`` is written (not necessarily fsynced) or the writer stopped."""
+        if self._written_seq < seq and not self._finished.is_set():
+            # Buffered observations are written now rather than with the next state change.
+            self._put(_SyncRequest(trio.Event(), durable=False))
         while self._written_seq < seq and not self._finished.is_set():
             await self._progress.wait()
         self._raise_if_failed()
@@ -183,7 +195,8 @@ class JournalWriter:
             self._state = "closed"
             self._finished.set()
             return
-        self._send.close()
+        self._closing = True
+        self._wakeup.set()
         await self._finished.wait()
         self._raise_if_failed()
 
@@ -214,6 +227,13 @@ class JournalWriter:
         return self._chain.prev
 
     def _enqueue(self, record: Record, done: trio.Event | None) -> int:
+        if self._failure is None and self._state == "running":
+            # The hot path: stamp and queue, nothing else.
+            seq = self._next_seq
+            self._queue.append((seq, self._monotonic_ns(), self._wall_ns(), record, done))
+            self._wakeup.set()
+            self._next_seq = seq + 1
+            return seq
         self._raise_if_failed()
         if self._state == "sealed":
             raise Refused.one(
@@ -230,9 +250,14 @@ class JournalWriter:
                 "journal before closing the writer",
             )
         seq = self._next_seq
-        self._send.send_nowait(_Pending(seq, self._monotonic_ns(), self._wall_ns(), record, done))
+        self._queue.append((seq, self._monotonic_ns(), self._wall_ns(), record, done))
+        self._wakeup.set()
         self._next_seq += 1
         return seq
+
+    def _put(self, request: _SyncRequest) -> None:
+        self._queue.append(request)
+        self._wakeup.set()
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -254,23 +279,27 @@ class JournalWriter:
             self._state = "failed"
             self._finished.set()
             raise
+        if self._monotonic_ns is _trio_monotonic_ns:
+            # The same reading as trio.current_time(), without its per-call lookup.
+            clock = trio.lowlevel.current_clock()
+            self._monotonic_ns = lambda: round(clock.current_time() * 1e9)
         self._state = "running"
         task_status.started(self)
+        queue = self._queue
         try:
             while True:
-                try:
-                    first = await self._receive.receive()
-                except trio.EndOfChannel:
-                    break
-                batch = [first]
-                while len(batch) < self._batch_max:
-                    try:
-                        batch.append(self._receive.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
+                if not queue:
+                    if self._closing:
                         break
-                # Records taken off the channel are written even if we are cancelled now.
-                with trio.CancelScope(shield=True):
-                    await self._write_batch(batch, force_sync=False)
+                    await self._wakeup.wait()
+                    self._wakeup = trio.Event()
+                    continue
+                take = min(len(queue), self._batch_max)
+                batch = [queue.popleft() for _ in range(take)]
+                # Written without a checkpoint: no cancellation can split a batch.
+                self._write_batch(batch, force_sync=False)
+                if queue:
+                    await trio.lowlevel.checkpoint()  # a long backlog never starves the loop
         except BaseException as exc:
             if self._failure is None and not isinstance(exc, trio.Cancelled):
                 self._failure = exc
@@ -281,15 +310,12 @@ class JournalWriter:
                 await self._finish()
 
     async def _finish(self) -> None:
-        rest: list[_Pending | _SyncRequest] = []
-        while True:
-            try:
-                rest.append(self._receive.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
+        self._closing = True
+        rest = list(self._queue)
+        self._queue.clear()
         try:
             if self._failure is None and self._fd is not None:
-                await self._write_batch(rest, force_sync=True)
+                self._write_batch(rest, force_sync=True)
         except OSError as exc:
             self._failure = exc
         finally:
@@ -297,46 +323,69 @@ class JournalWriter:
                 os.close(self._fd)
                 self._fd = None
             self._state = "failed" if self._failure else "closed"
-            self._send.close()
             for item in rest:
-                if item.done is not None:
-                    item.done.set()
+                done = item.done if isinstance(item, _SyncRequest) else item[4]
+                if done is not None:
+                    done.set()
             self._finished.set()
             self._progress.set()
 
-    async def _write_batch(self, batch: list[_Pending | _SyncRequest], *, force_sync: bool) -> None:
-        chunks: list[bytes] = []
-        lines: list[JournalLine] = []
+    def _write_batch(self, batch: list[_Pending | _SyncRequest], *, force_sync: bool) -> None:
+        """Chain the batch into the buffer; write (and fsync) the buffer when the batch holds a
+        state change or a sync request, when ``force_sync``, or when the buffer is full."""
+        buffered = self._buffered
+        waiting: list[trio.Event] = []
+        pending: list[_Pending] = []
+        must_write = must_sync = force_sync
         for item in batch:
-            if isinstance(item, _Pending):
-                line, data = self._chain.line(
-                    item.record, mono_ns=item.mono_ns, wall_ns=item.wall_ns
-                )
-                if line.seq != item.seq:
-                    raise AssertionError(f"journal seq {line.seq} != stamped {item.seq}")
-                chunks.append(data)
-                lines.append(line)
-        must_sync = force_sync or any(item.done is not None for item in batch)
-        try:
-            await trio.to_thread.run_sync(self._write, b"".join(chunks), must_sync)
-        except OSError as exc:
-            self._failure = exc
-            for item in batch:
-                if item.done is not None:
-                    item.done.set()
-            raise
-        for data in chunks:
-            # The index holds what a reader of the file will decode, so live folds equal replay.
-            self.index.add(decode_line(data[:-1]))
-        if lines:
-            self._written_seq = lines[-1].seq
+            if isinstance(item, _SyncRequest):
+                waiting.append(item.done)
+                must_write = True
+                must_sync = must_sync or item.durable
+                continue
+            pending.append(item)
+            if item[4] is not None:
+                waiting.append(item[4])
+                must_write = must_sync = True
+        size = self._buffered_bytes
+        for (seq, _, _, record, _), data in zip(
+            pending, self._chain.encode_many([(p[3], p[1], p[2]) for p in pending]), strict=True
+        ):
+            buffered.append(EncodedLine(seq, record, data))
+            size += len(data)
+        self._buffered_bytes = size
+        if buffered and buffered[-1].seq != self._chain.next_seq - 1:
+            raise AssertionError(f"journal seq {self._chain.next_seq - 1} != {buffered[-1].seq}")
+        if must_write or size >= self._flush_bytes:
+            self._flush(must_sync, waiting)
+        for done in waiting:
+            done.set()
+
+    def _flush(self, must_sync: bool, waiting: list[trio.Event]) -> None:
+        """Write the buffer in one ``write`` (plus one fsync when ``must_sync``)."""
+        buffered = self._buffered
+        self._buffered, self._buffered_bytes = [], 0
+        data = b"".join([line.data for line in buffered])
+        if data or must_sync:
+            try:
+                # In the event loop's own thread: one write (and one fsync) and no hand-off to
+                # a worker thread, whose two wake-ups cost more than the fsync on a busy
+                # machine. State changes happen between a cell's phases, not amid its requests.
+                self._write(data, must_sync)
+            except OSError as exc:
+                self._failure = exc
+                for done in waiting:
+                    done.set()
+                raise
+        # The index decodes these very bytes when a fold reads them, so live folds equal
+        # replay; decoding only then keeps it off the append path.
+        self.index.add_written(buffered)
+        if buffered:
+            self._written_seq = buffered[-1].seq
         if must_sync:
             self._durable_seq = self._written_seq
         self._progress.set()
         self._progress = trio.Event()
-        for item in batch:
-            if item.done is not None:
-                item.done.set()
 
     # -- file I/O (in worker threads) -------------------------------------------------------
 

@@ -490,3 +490,79 @@ def tree_digest(entries: Iterable[tuple[bytes, bytes]]) -> str:
         total.update(relative)
         total.update(digest)
     return total.hexdigest()
+
+
+# --- identity of a pinned file across a row ------------------------------------------------
+
+# A file whose change time is this recent when it is hashed may still be written within the
+# same timestamp tick without its identity changing (the file system stamps times coarsely):
+# it is not held, so the next verification hashes it again.
+RACY_SECONDS = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """What a write, truncation, replacement or re-link of a file changes."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, info: os.stat_result) -> FileIdentity:
+        return cls(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+    def differences(self, other: FileIdentity) -> str:
+        names = ("device", "inode", "size", "mtime_ns", "ctime_ns")
+        return ", ".join(
+            f"{name} {getattr(self, name)} -> {getattr(other, name)}"
+            for name in names
+            if getattr(self, name) != getattr(other, name)
+        )
+
+
+class HeldFile:
+    """An open descriptor on a pinned file, held across a row, and the file's identity when
+    it was opened. Holding the descriptor keeps the inode alive, so its number cannot be
+    reused by another file while the row runs."""
+
+    __slots__ = ("fd", "identity", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.identity = FileIdentity.of(os.fstat(self.fd))
+        except OSError:
+            os.close(self.fd)
+            raise
+
+    def change(self) -> str | None:
+        """Why the file at ``path`` may no longer hold the bytes it held when opened (a write,
+        a truncation, a replacement, a removal), or None when its identity is unchanged: the
+        held descriptor's ``fstat`` and the path's ``stat`` both still give it."""
+        held = FileIdentity.of(os.fstat(self.fd))
+        if held != self.identity:
+            changed = self.identity.differences(held)
+            return f"{self.path} was written since it was hashed ({changed})"
+        try:
+            named = FileIdentity.of(os.stat(self.path))
+        except OSError as exc:
+            return f"{self.path} cannot be examined now: {exc.strerror or exc}"
+        if named != self.identity:
+            return (
+                f"{self.path} names another file than the one hashed "
+                f"({self.identity.differences(named)})"
+            )
+        return None
+
+    def settled(self, racy_seconds: float, now_ns: int) -> bool:
+        """Old enough that a later write must change its change time (see ``RACY_SECONDS``)."""
+        newest = max(self.identity.mtime_ns, self.identity.ctime_ns)
+        return now_ns - newest >= racy_seconds * 1e9
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)

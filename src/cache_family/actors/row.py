@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Final
@@ -424,14 +425,25 @@ class RowActor:
         return self.result
 
     async def _arms(self, arms: tuple[ArmPlan, ...]) -> None:
+        # One RowPins for the row's arms: each pinned file is hashed in full when first
+        # verified and at the last cell's post-verify, and identity-checked in between.
+        pins = self.ctx.hosts.row_pins()
+        try:
+            await self._run_arms(arms, dataclasses.replace(self.ctx, row_pins=pins))
+        finally:
+            if pins is not None:
+                pins.close()
+
+    async def _run_arms(self, arms: tuple[ArmPlan, ...], ctx: RunContext) -> None:
         await self._wait_if_out_of_time()
-        self.correctness = CorrectnessActor(self.correctness_plan(), self.ctx)
+        self.correctness = CorrectnessActor(self.correctness_plan(), ctx)
         verdict = await self.correctness.run()
         if not self._accept(verdict):
             # The table's skip-baselines step: the fold shows each planned arm as skipped.
             await self._fire(RowEvent.CORRECTNESS_NOT_PASSED)
             return
         await self._fire(RowEvent.CORRECTNESS_PASSED)
+        planned = [a.arm for a in arms if a.status == "planned"]
         for arm in (ARM_SERIAL, ARM_CONCURRENT, ARM_OLD, ARM_NEW):
             if arm in (ARM_OLD, ARM_NEW) and not any(a.arm == arm for a in arms):
                 continue
@@ -440,7 +452,10 @@ class RowActor:
                 await self._fire(RowEvent.ARM_SKIPPED)
                 continue
             await self._wait_if_out_of_time()
-            cell = CellActor(self.cell_plan(arm), self.ctx, self.prompt_cuts)
+            last = arm == planned[-1]
+            cell = CellActor(
+                dataclasses.replace(self.cell_plan(arm), last_of_row=last), ctx, self.prompt_cuts
+            )
             self.cells.append(cell)
             await cell.run()
             await self._fire(RowEvent.ARM_FINISHED)

@@ -3,6 +3,7 @@ pin targets and hashing, and the journal hook every live machine steps through."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -17,7 +18,15 @@ from cache_family.actors import custody
 from cache_family.actors.child import ChildRunner, run_child
 from cache_family.actors.http import LoopbackHttp
 from cache_family.actors.journal import JournalWriter
-from cache_family.actors.pins import Budget, HashJob, hash_file, hash_files, pin_tree
+from cache_family.actors.pins import (
+    RACY_SECONDS,
+    Budget,
+    HashJob,
+    HeldFile,
+    hash_file,
+    hash_files,
+    pin_tree,
+)
 from cache_family.errors import Refused
 from cache_family.schemas.journal import Record, Transition
 from cache_family.schemas.measurement import (
@@ -151,6 +160,9 @@ class PinResult:
     target: PinTarget
     observed_sha256: str | None  # None: could not be read (missing, unreadable, cancelled)
     problem: str = ""
+    # "sha256": the bytes were hashed now; "identity": the row's held file is unchanged since
+    # its bytes were hashed (``RowPins``).
+    verified_by: str = "sha256"
 
     @property
     def matches(self) -> bool:
@@ -206,6 +218,82 @@ async def hash_pins(targets: Sequence[PinTarget], seconds: float) -> list[PinRes
         raise
 
 
+class RowPins:
+    """The pins of one row: a pinned file's bytes are hashed in full when the row first
+    verifies it and at the row's final verification; in between, every verification checks
+    only its identity (device, inode, size, mtime and ctime in ns) through a descriptor held
+    across the row (``HeldFile``), and hashes it again only when that identity changed.
+
+    Tree pins (the native build, toolkits) are hashed in full at every verification, as before.
+    ``close`` releases the held descriptors; the row calls it when it ends.
+    """
+
+    def __init__(self, hasher: PinHasher, *, racy_seconds: float = RACY_SECONDS) -> None:
+        self._hasher = hasher
+        self._racy_seconds = racy_seconds
+        # (path, expected sha256) -> the file held since its bytes were hashed and matched.
+        self._held: dict[tuple[str, str], HeldFile] = {}
+        # Pin name -> how many times its bytes were hashed in full for this row.
+        self.full_hashes: dict[str, int] = {}
+
+    async def verify(
+        self, targets: Sequence[PinTarget], seconds: float, *, final: bool = False
+    ) -> list[PinResult]:
+        results: dict[int, PinResult] = {}
+        to_hash: list[PinTarget] = []
+        for target in targets:
+            key = (target.path, target.expected_sha256)
+            held = self._held.get(key) if target.kind == "file" else None
+            if held is not None and not final and held.change() is None:
+                results[id(target)] = PinResult(
+                    target, target.expected_sha256, verified_by="identity"
+                )
+                continue
+            self._release(key)
+            to_hash.append(target)
+        opened: dict[int, HeldFile] = {}
+        try:
+            for target in to_hash:
+                if target.kind == "file":
+                    # The path as pinned (a link is followed each time it is checked, so
+                    # re-pointing it is seen); the hash reports a missing file itself.
+                    with contextlib.suppress(OSError):
+                        opened[id(target)] = HeldFile(target.path)
+            for result in await self._hasher(to_hash, seconds):
+                target = result.target
+                self.full_hashes[target.name] = self.full_hashes.get(target.name, 0) + 1
+                held_file = opened.pop(id(target), None)
+                if held_file is not None:
+                    result = self._hold(target, result, held_file)
+                results[id(target)] = result
+        finally:
+            for left in opened.values():
+                left.close()
+        return [results[id(target)] for target in targets]
+
+    def _hold(self, target: PinTarget, result: PinResult, held: HeldFile) -> PinResult:
+        """Keep ``held`` for the row when its bytes were hashed unchanged and match the pin."""
+        problem = held.change()
+        if problem is not None:
+            held.close()
+            # What was hashed may be neither the old bytes nor the new ones.
+            return PinResult(target, None, f"changed while it was hashed: {problem}")
+        if result.matches and held.settled(self._racy_seconds, time.time_ns()):
+            self._held[(target.path, target.expected_sha256)] = held
+        else:
+            held.close()
+        return result
+
+    def _release(self, key: tuple[str, str]) -> None:
+        held = self._held.pop(key, None)
+        if held is not None:
+            held.close()
+
+    def close(self) -> None:
+        for key in list(self._held):
+            self._release(key)
+
+
 @dataclass(slots=True)
 class HostSettings:
     """How every cell of a run opens, pins and ends its host. ``host_opener``, ``pin_hasher``
@@ -214,6 +302,12 @@ class HostSettings:
 
     host_opener: HostOpener = real_host_opener
     pin_hasher: PinHasher = hash_pins
+    # Whether a row checks its pinned files' identities between its first and last hash
+    # (``RowPins``). None: only with the real ``hash_pins``; a fake hasher answers by call,
+    # not by bytes, so it sees every verification.
+    row_pin_identity: bool | None = None
+    # ``RowPins``' racy window (tests of freshly written files give 0).
+    pin_racy_seconds: float = RACY_SECONDS
     # Runs a tool child (the correctness tool) under its deadline.
     child_runner: ChildRunner = run_child
     # 0: an ephemeral port per host (tests pin one to provoke a busy port).
@@ -221,6 +315,13 @@ class HostSettings:
     grace_seconds: float = 5.0
     kill_wait_seconds: float = 5.0
     cleanup_bound_seconds: float = 30.0
+
+    def row_pins(self) -> RowPins | None:
+        """A fresh ``RowPins`` for one row, or None when identities are not checked."""
+        enabled = self.row_pin_identity
+        if enabled is None:
+            enabled = self.pin_hasher is hash_pins
+        return RowPins(self.pin_hasher, racy_seconds=self.pin_racy_seconds) if enabled else None
 
     def host_config(
         self,
@@ -260,9 +361,20 @@ class RunContext:
     # The run's own client overhead, measured before the first ladder (None until then, or
     # when it could not be measured); every rung's completion record carries it.
     client_calibration: ClientCalibration | None = None
+    # The current row's pins (a row's arms run with a context that names them).
+    row_pins: RowPins | None = None
 
     async def journal(self, record: Record) -> int:
         return await self.writer.append(record)
+
+    async def verify_pins(
+        self, targets: Sequence[PinTarget], seconds: float, *, final: bool = False
+    ) -> list[PinResult]:
+        """Verify pins through the row's ``RowPins`` when there is one (``final``: the row's
+        last verification, which hashes every file in full), else hash them all."""
+        if self.row_pins is not None:
+            return await self.row_pins.verify(targets, seconds, final=final)
+        return await self.hosts.pin_hasher(targets, seconds)
 
     def step_journal(
         self, machine: str, *, cell_id: str | None = None, row_index: int | None = None

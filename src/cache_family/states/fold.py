@@ -55,6 +55,7 @@ from cache_family.schemas.journal import (
     PortReserved,
     Ready,
     ReceiptPublished,
+    Record,
     RequestOutcome,
     RowOpened,
     RungCompleted,
@@ -62,6 +63,7 @@ from cache_family.schemas.journal import (
     RunStarted,
     Transition,
     WarmupExclusion,
+    decode_line,
 )
 from cache_family.schemas.measurement import HostCleanup, RequestRow, RungSummary, SerialSummary
 from cache_family.schemas.receipts import (
@@ -958,17 +960,43 @@ class JournalIndex:
     """
 
     def __init__(self, lines: Iterable[JournalLine] = ()) -> None:
-        self._run: list[JournalLine] = []
-        self._rows: dict[int, list[JournalLine]] = {}
-        self._cells: dict[str, list[JournalLine]] = {}
+        self._run: list[JournalLine | EncodedLine] = []
+        self._rows: dict[int, list[JournalLine | EncodedLine]] = {}
+        self._cells: dict[str, list[JournalLine | EncodedLine]] = {}
         self._cells_of_row: dict[int, list[str]] = {}
-        self.last_seq = 0
+        # Written lines not filed yet: filed (in order) by the first read, off the append path.
+        self._unfiled: list[EncodedLine] = []
+        self._last_seq = 0
         for line in lines:
             self.add(line)
 
-    def add(self, line: JournalLine) -> None:
+    @property
+    def last_seq(self) -> int:
+        self._file()
+        return self._last_seq
+
+    def add(self, line: JournalLine | EncodedLine) -> None:
+        if self._unfiled:
+            self._file()
+        self._add(line)
+
+    def _file(self) -> None:
+        unfiled, self._unfiled = self._unfiled, []
+        for line in unfiled:
+            self._add(line)
+
+    def _add(self, line: JournalLine | EncodedLine) -> None:
         record = line.record
-        self.last_seq = max(self.last_seq, line.seq)
+        if line.seq > self._last_seq:
+            self._last_seq = line.seq
+        # The hot path (a request row or any observation of a cell already filed): straight
+        # to that cell's lines; everything else is filed below.
+        cell_id = getattr(record, "cell_id", None)
+        if type(cell_id) is str and type(record) is not CellOpened:
+            known = self._cells.get(cell_id)
+            if known is not None:
+                known.append(line)
+                return
         if isinstance(record, RunResumed):
             self._resume(record)
         if isinstance(record, CellOpened):
@@ -993,18 +1021,28 @@ class JournalIndex:
             return
         self._run.append(line)
 
-    def lines_for_cell(self, cell_id: str) -> list[JournalLine]:
-        return list(heapq.merge(self._run, self._cells.get(cell_id, ()), key=_seq))
+    def add_written(self, lines: list[EncodedLine]) -> None:
+        """Index lines the writer just wrote: filed by the records they were written from when
+        first read, and decoded from their bytes on disk only when a fold first reads them."""
+        self._unfiled.extend(lines)
 
-    def lines_for_row(self, row_index: int) -> list[JournalLine]:
-        views: list[Sequence[JournalLine]] = [self._run, self._rows.get(row_index, [])]
-        views += [self._cells.get(c, []) for c in self._cells_of_row.get(row_index, [])]
+    def lines_for_cell(self, cell_id: str) -> list[JournalLine]:
+        self._file()
+        views = [_decoded(self._run), _decoded(self._cells.get(cell_id, []))]
         return list(heapq.merge(*views, key=_seq))
 
+    def lines_for_row(self, row_index: int) -> list[JournalLine]:
+        self._file()
+        views: list[list[JournalLine | EncodedLine]] = [self._run, self._rows.get(row_index, [])]
+        views += [self._cells.get(c, []) for c in self._cells_of_row.get(row_index, [])]
+        return list(heapq.merge(*map(_decoded, views), key=_seq))
+
     def cell_ids(self) -> list[str]:
+        self._file()
         return list(self._cells)
 
     def row_indices(self) -> list[int]:
+        self._file()
         return sorted(set(self._rows) | set(self._cells_of_row))
 
     def _resume(self, record: RunResumed) -> None:
@@ -1017,6 +1055,7 @@ class JournalIndex:
 
     def forget_row(self, row_index: int) -> None:
         """Drop a finished row's lines (its receipts are published) to bound memory."""
+        self._file()
         self._rows.pop(row_index, None)
         for cell_id in self._cells_of_row.pop(row_index, []):
             self._cells.pop(cell_id, None)
@@ -1039,6 +1078,26 @@ def _row_of_scope(cell_id: str) -> int | None:
 
 def _seq(line: JournalLine) -> int:
     return line.seq
+
+
+class EncodedLine:
+    """A written line not decoded yet: its seq, the record it was written from (for filing
+    only) and its bytes with the newline."""
+
+    __slots__ = ("data", "record", "seq")
+
+    def __init__(self, seq: int, record: Record, data: bytes) -> None:
+        self.seq = seq
+        self.record = record
+        self.data = data
+
+
+def _decoded(lines: list[JournalLine | EncodedLine]) -> list[JournalLine]:
+    """``lines`` with every encoded line decoded, in place, so each is decoded once."""
+    for position, line in enumerate(lines):
+        if isinstance(line, EncodedLine):
+            lines[position] = decode_line(line.data[:-1])
+    return lines  # type: ignore[return-value]  # every member is decoded now
 
 
 def _row_of(record: object) -> int | None:

@@ -12,8 +12,9 @@ the same rows always give the same value, with no interpolation.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, MutableSequence, Sequence
 
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.measurement import RequestRow, RungSummary, SerialSummary
@@ -68,56 +69,62 @@ def roster_refusals(rows: Sequence[RequestRow], requested: int, path: str = "$")
             )
         )
     for index, row in enumerate(rows):
-        where = [*_parts(path), "rows", index]
-        for field, value in _row_numbers(row):
-            name = ".".join(field)
-            if value is None:
-                continue
-            if isinstance(value, float) and not math.isfinite(value):
-                refusals.append(
-                    Refusal(
-                        "metrics.non_finite",
-                        json_path([*where, *field]),
-                        f"request {row.request_id} has a non-finite {name} ({value})",
-                        "a finite measurement is required; check the clock and the server",
-                    )
-                )
-            elif value < 0:
-                refusals.append(
-                    Refusal(
-                        "metrics.negative_latency"
-                        if name.endswith("_ms")
-                        else "metrics.negative_count",
-                        json_path([*where, *field]),
-                        f"request {row.request_id} has a negative {name} ({value})",
-                        "times and counts cannot be negative; check the clock source",
-                    )
-                )
-        if (
-            row.ttft_ms is not None
-            and row.elapsed_ms is not None
-            and math.isfinite(row.ttft_ms)
-            and math.isfinite(row.elapsed_ms)
-            and row.ttft_ms > row.elapsed_ms
-        ):
+        refusals += _row_refusals(row, [*_parts(path), "rows", index])
+    return refusals
+
+
+def _row_refusals(row: RequestRow, where: list[str | int]) -> list[Refusal]:
+    """Every reason one row's numbers cannot be summarised."""
+    refusals: list[Refusal] = []
+    for field, value in _row_numbers(row):
+        name = ".".join(field)
+        if value is None:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
             refusals.append(
                 Refusal(
-                    "metrics.ttft_after_latency",
-                    json_path([*where, "ttft_ms"]),
-                    f"request {row.request_id} reports its first token ({row.ttft_ms} ms)"
-                    f" after its end ({row.elapsed_ms} ms)",
-                    "both times must come from the same monotonic clock",
+                    "metrics.non_finite",
+                    json_path([*where, *field]),
+                    f"request {row.request_id} has a non-finite {name} ({value})",
+                    "a finite measurement is required; check the clock and the server",
                 )
             )
-        if row.status == "completed" and row.elapsed_ms is None:
+        elif value < 0:
             refusals.append(
                 Refusal(
-                    "metrics.missing_latency",
-                    json_path([*where, "elapsed_ms"]),
-                    f"completed request {row.request_id} has no elapsed time",
-                    "a completed request must record its latency",
+                    "metrics.negative_latency"
+                    if name.endswith("_ms")
+                    else "metrics.negative_count",
+                    json_path([*where, *field]),
+                    f"request {row.request_id} has a negative {name} ({value})",
+                    "times and counts cannot be negative; check the clock source",
                 )
             )
+    if (
+        row.ttft_ms is not None
+        and row.elapsed_ms is not None
+        and math.isfinite(row.ttft_ms)
+        and math.isfinite(row.elapsed_ms)
+        and row.ttft_ms > row.elapsed_ms
+    ):
+        refusals.append(
+            Refusal(
+                "metrics.ttft_after_latency",
+                json_path([*where, "ttft_ms"]),
+                f"request {row.request_id} reports its first token ({row.ttft_ms} ms)"
+                f" after its end ({row.elapsed_ms} ms)",
+                "both times must come from the same monotonic clock",
+            )
+        )
+    if row.status == "completed" and row.elapsed_ms is None:
+        refusals.append(
+            Refusal(
+                "metrics.missing_latency",
+                json_path([*where, "elapsed_ms"]),
+                f"completed request {row.request_id} has no elapsed time",
+                "a completed request must record its latency",
+            )
+        )
     return refusals
 
 
@@ -132,67 +139,184 @@ def rung_summary(
     path: str = "$",
 ) -> RungSummary:
     """Summarise one concurrency rung; raises ``Refused`` with every reason it cannot."""
-    refusals = roster_refusals(rows, requested_requests, path)
-    if not math.isfinite(makespan_seconds):
-        refusals.append(
-            Refusal(
-                "metrics.non_finite",
-                json_path([*_parts(path), "makespan_seconds"]),
-                f"makespan {makespan_seconds} is not finite",
-                "measure the makespan with a monotonic clock",
-            )
-        )
-    elif makespan_seconds <= 0:
-        refusals.append(
-            Refusal(
-                "metrics.zero_makespan",
-                json_path([*_parts(path), "makespan_seconds"]),
-                f"makespan {makespan_seconds} s is not positive",
-                "a rung that launched requests must take measurable time",
-            )
-        )
-    if refusals:
-        raise Refused(tuple(refusals))
+    rung = RungAccumulator(
+        requested_requests, ttft_slo_ms=ttft_slo_ms, tpot_slo_ms=tpot_slo_ms, path=path
+    )
+    for row in rows:
+        rung.add(row)
+    return rung.summary(concurrency=concurrency, makespan_seconds=makespan_seconds)
 
-    good = [row for row in rows if is_successful(row)]
-    tokens = sum(row.tokens_predicted or 0 for row in good)
-    goodput: float | None = None
-    if ttft_slo_ms is not None or tpot_slo_ms is not None:
-        meeting = sum(1 for row in good if _meets(row, ttft_slo_ms, tpot_slo_ms))
-        goodput = _rate(meeting, makespan_seconds)
-    ttfts = [row.ttft_ms for row in good if row.ttft_ms is not None]
-    tpots = [row.tpot_ms for row in good if row.tpot_ms is not None]
-    latencies = [row.elapsed_ms for row in good if row.elapsed_ms is not None]
-    summary = RungSummary(
-        concurrency=concurrency,
-        requested_requests=requested_requests,
-        measured_requests=len(good),
-        makespan_seconds=makespan_seconds,
-        throughput_requests_per_sec=_rate(len(good), makespan_seconds),
-        output_tokens_per_sec=_rate(tokens, makespan_seconds),
-        goodput_requests_per_sec=goodput,
-        observed_completion_tokens=tokens,
-        ttft_p50_ms=percentile(ttfts, 50),
-        ttft_p90_ms=percentile(ttfts, 90),
-        ttft_p99_ms=percentile(ttfts, 99),
-        tpot_p50_ms=percentile(tpots, 50),
-        tpot_p90_ms=percentile(tpots, 90),
-        tpot_p99_ms=percentile(tpots, 99),
-        latency_p50_ms=percentile(latencies, 50),
-        latency_p90_ms=percentile(latencies, 90),
-        latency_p99_ms=percentile(latencies, 99),
-        failed_or_unlaunched_requests=sum(1 for row in rows if row.status != "completed"),
-        complete=bool(good) and all(row.status == "completed" for row in rows),
-    )
-    _refuse_non_finite_summary(
-        [
-            ("throughput_requests_per_sec", summary.throughput_requests_per_sec),
-            ("output_tokens_per_sec", summary.output_tokens_per_sec),
-            ("goodput_requests_per_sec", summary.goodput_requests_per_sec),
-        ],
-        path,
-    )
-    return summary
+
+class RungAccumulator:
+    """``rung_summary`` of rows given one at a time (the one definition of a rung summary).
+
+    It never holds the rows: one byte per planned request id (the roster check), the measured
+    times of the successful requests, and counters. ``compact`` keeps those times as 8-byte
+    floats (``array``), so a rung of a million requests streamed from its rows file is
+    summarised in a few tens of MiB; the percentiles are the same nearest-rank values.
+    """
+
+    def __init__(
+        self,
+        requested_requests: int,
+        *,
+        ttft_slo_ms: float | None = None,
+        tpot_slo_ms: float | None = None,
+        path: str = "$",
+        compact: bool = False,
+    ) -> None:
+        self.requested = requested_requests
+        self._slos = (ttft_slo_ms, tpot_slo_ms)
+        self._path = path
+        self._seen = bytearray(max(requested_requests, 0))
+        self._unplanned: Counter[int] = Counter()
+        self._rows = 0
+        self._refusals: list[Refusal] = []
+        self._times: tuple[MutableSequence[float], ...] = (
+            (array("d"), array("d"), array("d")) if compact else ([], [], [])
+        )
+        self._good = self._tokens = self._meeting = self._not_completed = 0
+
+    def add(self, row: RequestRow, index: int | None = None) -> None:
+        """Count one row; ``index`` is its place in the roster (refusal paths), by default
+        the order rows were added in."""
+        where = [*_parts(self._path), "rows", self._rows if index is None else index]
+        self._rows += 1
+        request_id = row.request_id
+        if 0 <= request_id < self.requested:
+            if self._seen[request_id] < 255:
+                self._seen[request_id] += 1
+        else:
+            self._unplanned[request_id] += 1
+        self._refusals += _row_refusals(row, where)
+        if row.status != "completed":
+            self._not_completed += 1
+        if not is_successful(row):
+            return
+        self._good += 1
+        self._tokens += row.tokens_predicted or 0
+        if (self._slos[0] is not None or self._slos[1] is not None) and _meets(row, *self._slos):
+            self._meeting += 1
+        ttfts, tpots, latencies = self._times
+        if row.ttft_ms is not None:
+            ttfts.append(row.ttft_ms)
+        if row.tpot_ms is not None:
+            tpots.append(row.tpot_ms)
+        if row.elapsed_ms is not None:
+            latencies.append(row.elapsed_ms)
+
+    def _roster_refusal(self) -> Refusal | None:
+        seen = self._seen
+        if self._rows == self.requested and not self._unplanned and seen.count(1) == len(seen):
+            return None
+        missing = list(_indices(seen, 0, 8))
+        duplicates = sorted(
+            [*_indices_above(seen, 1, 8), *(i for i, n in self._unplanned.items() if n > 1)]
+        )
+        extra = sorted(self._unplanned)
+        return Refusal(
+            "metrics.short_roster",
+            json_path([*_parts(self._path), "rows"]),
+            f"roster of {self._rows} rows is not exactly request ids 0..{self.requested - 1}"
+            f" (missing {missing[:8]}, duplicated {duplicates[:8]}, unplanned {extra[:8]})",
+            "record a row for every planned request, including not-launched ones",
+        )
+
+    def summary(self, *, concurrency: int, makespan_seconds: float) -> RungSummary:
+        """The rung's summary; raises ``Refused`` with every reason it cannot."""
+        path = self._path
+        roster = self._roster_refusal()
+        refusals = ([roster] if roster is not None else []) + self._refusals
+        if not math.isfinite(makespan_seconds):
+            refusals.append(
+                Refusal(
+                    "metrics.non_finite",
+                    json_path([*_parts(path), "makespan_seconds"]),
+                    f"makespan {makespan_seconds} is not finite",
+                    "measure the makespan with a monotonic clock",
+                )
+            )
+        elif makespan_seconds <= 0:
+            refusals.append(
+                Refusal(
+                    "metrics.zero_makespan",
+                    json_path([*_parts(path), "makespan_seconds"]),
+                    f"makespan {makespan_seconds} s is not positive",
+                    "a rung that launched requests must take measurable time",
+                )
+            )
+        if refusals:
+            raise Refused(tuple(refusals))
+        goodput: float | None = None
+        if self._slos[0] is not None or self._slos[1] is not None:
+            goodput = _rate(self._meeting, makespan_seconds)
+        ttft, tpot, latency = (_percentiles(values) for values in self._times)
+        summary = RungSummary(
+            concurrency=concurrency,
+            requested_requests=self.requested,
+            measured_requests=self._good,
+            makespan_seconds=makespan_seconds,
+            throughput_requests_per_sec=_rate(self._good, makespan_seconds),
+            output_tokens_per_sec=_rate(self._tokens, makespan_seconds),
+            goodput_requests_per_sec=goodput,
+            observed_completion_tokens=self._tokens,
+            ttft_p50_ms=ttft[0],
+            ttft_p90_ms=ttft[1],
+            ttft_p99_ms=ttft[2],
+            tpot_p50_ms=tpot[0],
+            tpot_p90_ms=tpot[1],
+            tpot_p99_ms=tpot[2],
+            latency_p50_ms=latency[0],
+            latency_p90_ms=latency[1],
+            latency_p99_ms=latency[2],
+            failed_or_unlaunched_requests=self._not_completed,
+            complete=self._good > 0 and self._not_completed == 0,
+        )
+        _refuse_non_finite_summary(
+            [
+                ("throughput_requests_per_sec", summary.throughput_requests_per_sec),
+                ("output_tokens_per_sec", summary.output_tokens_per_sec),
+                ("goodput_requests_per_sec", summary.goodput_requests_per_sec),
+            ],
+            path,
+        )
+        return summary
+
+
+def _percentiles(values: MutableSequence[float]) -> tuple[float | None, ...]:
+    """p50, p90 and p99 as ``percentile`` gives them, one metric at a time. A compact
+    ``array`` is sorted in place by numpy (8 bytes a value, no float objects)."""
+    if not values:
+        return (None, None, None)
+    n = len(values)
+    ranks = [min(math.floor(n * p / 100), n - 1) for p in (50, 90, 99)]
+    if isinstance(values, array):
+        import numpy  # only for compact rungs: the fold of a small cell never needs it
+
+        in_place = numpy.frombuffer(values, dtype=numpy.float64)
+        in_place.sort()
+        return tuple(float(in_place[rank]) for rank in ranks)
+    ordered = sorted(values)
+    return tuple(ordered[rank] for rank in ranks)
+
+
+def _indices(seen: bytearray, value: int, limit: int) -> Iterator[int]:
+    """The first ``limit`` ids whose count is ``value``."""
+    start = seen.find(value)
+    while start != -1 and limit:
+        yield start
+        limit -= 1
+        start = seen.find(value, start + 1)
+
+
+def _indices_above(seen: bytearray, value: int, limit: int) -> list[int]:
+    found: list[int] = []
+    for index, count in enumerate(seen):
+        if count > value:
+            found.append(index)
+            if len(found) == limit:
+                break
+    return found
 
 
 def serial_summary(rows: Sequence[RequestRow], *, requested: int, path: str = "$") -> SerialSummary:
