@@ -30,8 +30,6 @@ from cache_family.actors.journal import JournalWriter
 from cache_family.actors.matrix import (
     RUN_INPUT_MAX_BYTES,
     MatrixOutcome,
-    Progress,
-    RichProgress,
     _make_fresh_dir,
     admit_run,
     check_interrupt_finish,
@@ -40,6 +38,7 @@ from cache_family.actors.matrix import (
     supervise,
 )
 from cache_family.actors.pins import Budget, pin_tree
+from cache_family.actors.progress import RichRunProgress, RunProgress
 from cache_family.actors.preparation import admit, observe
 from cache_family.actors.replay import replay
 from cache_family.actors.run_context import Budgets, HostSettings, PinTarget, RunStop, hash_pins
@@ -200,7 +199,7 @@ async def run(
         child_runner=child_runner or fake_child_runner(),
         host_port=host_port,
     )
-    progress = Progress(
+    progress = RunProgress(
         progress_stream or io.StringIO(),
         len(admitted.prepared.rows),
         synthetic=admitted.prepared.catalog.synthetic,
@@ -729,7 +728,7 @@ async def supervise_fake(admitted: Any, script: FakeHostScript) -> MatrixOutcome
     hosts = HostSettings(
         host_opener=fake_opener(script), pin_hasher=hasher(), child_runner=fake_child_runner()
     )
-    return await supervise(admitted, hosts, Progress(io.StringIO(), len(admitted.prepared.rows)))
+    return await supervise(admitted, hosts, RunProgress(io.StringIO(), len(admitted.prepared.rows)))
 
 
 async def test_the_interrupt_finish_check_runs_before_the_fold_and_downgrades_the_matrix(
@@ -953,10 +952,10 @@ def test_admission_reports_every_refusal_it_finds_in_order(tmp_path: Path) -> No
 
 def test_both_progress_displays_open_with_the_same_start_line() -> None:
     plain = io.StringIO()
-    Progress(plain, 3, synthetic=True).start("/runs/x")
+    RunProgress(plain, 3, synthetic=True).start("/runs/x")
     assert plain.getvalue() == "run: 3 planned row(s) -> /runs/x (synthetic)\n"
     live = io.StringIO()
-    bar = RichProgress(live, 3, synthetic=True)
+    bar = RichRunProgress(live, 3, synthetic=True)
     bar.start("/runs/x")
     bar.close()
     assert "run: 3 planned row(s) -> /runs/x (synthetic)\n" in live.getvalue()

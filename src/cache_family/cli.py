@@ -219,12 +219,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
             parser.refuse("--resume", "--resume continues a run: give no --input or --output")
         from cache_family.actors.resume import resume_command
 
-        return resume_command(args.resume)
+        return resume_command(args.resume, mode=_progress_mode(args))
     if args.input is None or args.output is None:
         parser.refuse("--input", "give --input and --output (or --resume RUN_DIR)")
     from cache_family.actors.matrix import run_command
 
-    return run_command(args.input, args.output)
+    return run_command(args.input, args.output, mode=_progress_mode(args))
+
+
+def _progress_mode(args: argparse.Namespace) -> Any:
+    from cache_family.actors.progress import choose_mode
+
+    return choose_mode(sys.stderr, quiet=args.quiet, json_events=args.json_events)
+
+
+def _add_progress_options(command: argparse.ArgumentParser) -> None:
+    """--quiet and --json-events (exclusive); without them a terminal gets a live display
+    and anything else plain lines, on stderr."""
+    shown = command.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr; failures and the result lines are still printed",
+    )
+    shown.add_argument(
+        "--json-events",
+        action="store_true",
+        help="progress as JSON lines on stdout (event, row, arm, state, rung, rungs, "
+        "elapsed_s, budget_left_s), ending with run_finished; failures still on stderr",
+    )
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -374,7 +397,7 @@ def _add_report_run_command(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from cache_family.bench_sequence import bench_command
 
-    return bench_command(args.output_dir)
+    return bench_command(args.output_dir, quiet=args.quiet, json_events=args.json_events)
 
 
 def _add_bench_command(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -390,6 +413,7 @@ def _add_bench_command(sub: argparse._SubParsersAction[_Parser]) -> None:
         type=_dir_path("OUTPUT_DIR"),
         help="created if missing (default /tmp/skippy-cache-family-bench-<run id>)",
     )
+    _add_progress_options(bench)
     bench.set_defaults(func=_cmd_bench)
 
 
@@ -504,6 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="RUN_DIR",
             help="continue an interrupted or crashed run in RUN_DIR (instead of --input/--output)",
         )
+        _add_progress_options(run)
         run.set_defaults(func=_cmd_run, parser=run)
 
     if _available("cache_family.actors.replay"):

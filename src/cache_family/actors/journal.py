@@ -89,8 +89,11 @@ class JournalWriter:
         wall_ns: Callable[[], int] = time.time_ns,
         batch_max: int = 512,
         resume: bool = False,
+        on_record: Callable[[Record, int], None] | None = None,
     ) -> None:
         self.path = path
+        # Shown every record as it is stamped (with its monotonic ns): the progress display.
+        self._on_record = on_record
         self.index = JournalIndex()
         self.fsync_count = 0
         self._fsync = fsync
@@ -230,8 +233,11 @@ class JournalWriter:
                 "journal before closing the writer",
             )
         seq = self._next_seq
-        self._send.send_nowait(_Pending(seq, self._monotonic_ns(), self._wall_ns(), record, done))
+        mono_ns = self._monotonic_ns()
+        self._send.send_nowait(_Pending(seq, mono_ns, self._wall_ns(), record, done))
         self._next_seq += 1
+        if self._on_record is not None:
+            self._on_record(record, mono_ns)
         return seq
 
     def _raise_if_failed(self) -> None:

@@ -38,6 +38,7 @@ from cache_family.actors.matrix import (
     Resumption,
     supervise_command,
 )
+from cache_family.actors.progress import Mode
 from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.replay import ReplayReport, reap_children, refuse_while_runner_lives
 from cache_family.actors.run_context import PinTarget, hash_pins
@@ -224,8 +225,8 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
     return admitted, resumption, notes.lines
 
 
-def resume_command(run_dir: str) -> int:
-    """The ``run --resume`` verb; exit codes as ``run``'s."""
+def resume_command(run_dir: str, *, mode: Mode | None = None) -> int:
+    """The ``run --resume`` verb; exit codes as ``run``'s (``mode``: how progress shows)."""
     try:
         admitted, resumption, notes = plan_resumption(run_dir)
     except Refused as refused:
@@ -234,4 +235,4 @@ def resume_command(run_dir: str) -> int:
         return EXIT_REFUSED
     for note in notes:
         print(note, file=sys.stderr)
-    return supervise_command(admitted, resumption)
+    return supervise_command(admitted, resumption, mode=mode)
