@@ -39,3 +39,19 @@ def oracle_tools(native_parts: Parts, tmp_path_factory: pytest.TempPathFactory) 
     out = tmp_path_factory.mktemp("oracle-tools")
     native_build.install(out, io.StringIO(), tools=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def demo_standard(native_parts: Parts, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real ``./bootstrap demo --standard`` (every zoo family in both matrices, one use
+    case: the wrapper's whole sequence, report-run and replay; about 6 minutes on the loaded
+    2-core host), shared by the tests that read a real run. Returns its output directory."""
+    from cache_family.oracles.demo import PLANS, run_demo
+
+    out = tmp_path_factory.mktemp("demo-standard") / "demo"
+    progress, stdout = io.StringIO(), io.StringIO()
+    code = run_demo(out, progress, plan=PLANS["standard"], stdout=stdout)
+    assert code == 0, progress.getvalue()
+    (out / "demo-stdout.txt").write_text(stdout.getvalue())
+    (out / "demo-stderr.txt").write_text(progress.getvalue())
+    return out

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from cache_family.actors.progress import EventLines, say_failed
+from cache_family.actors.progress import say_failed
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.corpus import default_corpus_path
 
@@ -215,10 +215,9 @@ def plan_bench(
     justfile: Path | None = None,
     now: Callable[[], time.struct_time] = time.localtime,
     quiet: bool = False,
-    json_events: bool = False,
 ) -> BenchPlan:
     """Check the environment contract and lay out the steps; nothing is run or created.
-    ``quiet`` and ``json_events`` are passed to both runs (``run --quiet``/``--json-events``)."""
+    ``quiet`` is passed to both runs (``run --quiet``)."""
     runner = _runner(environ)
     operator = _operator_input(environ)
     run_id = environ.get(RUN_ID_ENV) or time.strftime(RUN_ID_FORMAT, now())
@@ -227,7 +226,7 @@ def plan_bench(
     common: list[str] = ["--use-case-corpus", corpus]
     for name, flag, default in PLAN_OVERRIDES:
         common += [flag, environ.get(name) or default]
-    run_flags = (*(("--quiet",) if quiet else ()), *(("--json-events",) if json_events else ()))
+    run_flags = ("--quiet",) if quiet else ()
     steps: list[Step] = []
     if environ.get(SKIP_BUILD_ENV, "0") != "1":
         tools = environ.get(BUILD_OUTPUT_ENV) or os.path.join(output, "tools")
@@ -368,12 +367,9 @@ def run_bench(
     err: TextIO,
     *,
     quiet: bool = False,
-    json_events: bool = False,
 ) -> int:
     """Run the steps in order, stop at the first failure with its exit code; ``quiet``
-    leaves out the line naming each step as it starts (failures are always printed), and
-    ``json_events`` writes the closing lines as ``wrote`` events (stdout holds the runs'
-    JSON events then)."""
+    leaves out the line naming each step as it starts (failures are always printed)."""
     log = os.path.join(plan.output, STEP_LOG)
     try:
         os.makedirs(plan.output, exist_ok=True)
@@ -457,12 +453,8 @@ def run_bench(
                 "rerun with another OUTPUT_DIR when ready",
             )
             return 128 + signals.received
-    events = EventLines(out) if json_events else None
     for line in plan.wrote:
-        if events is not None:
-            events.emit("wrote", text=line)
-        else:
-            print(line, file=out)
+        print(line, file=out)
     out.flush()
     _log(log, "done")
     return 0
@@ -475,14 +467,15 @@ def bench_command(
     out: TextIO | None = None,
     err: TextIO | None = None,
     quiet: bool = False,
-    json_events: bool = False,
 ) -> int:
-    """The ``bench`` verb: the exit code of the first failing step, else 0."""
+    """The ``bench`` verb: the exit code of the first failing step, else 0. ``quiet``:
+    no progress from the runs and no step lines; failures and the closing lines remain.
+    (No JSON events: every step's result line shares stdout with them.)"""
     env = os.environ if environ is None else environ
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:
-        plan = plan_bench(output_arg, env, quiet=quiet, json_events=json_events)
+        plan = plan_bench(output_arg, env, quiet=quiet)
     except BenchRefused as refused:
         say_failed(
             err,
@@ -492,4 +485,4 @@ def bench_command(
             refused.refusal.hint,
         )
         return EXIT_PRECONDITION
-    return run_bench(plan, env, out, err, quiet=quiet or json_events, json_events=json_events)
+    return run_bench(plan, env, out, err, quiet=quiet)

@@ -12,11 +12,14 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from cache_family import __version__
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.text import UnsafeCharacter, unsafe_character
+
+if TYPE_CHECKING:
+    from cache_family.actors.progress import Mode
 
 EXIT_OK = 0
 EXIT_NEGATIVE = 1
@@ -167,6 +170,17 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         validate_operator_document(raw.data)
     except Refused as refused:
         _print_refusals(refused, args.json)
+        if not args.json:
+            from cache_family.actors.progress import say_failed
+
+            say_failed(
+                sys.stderr,
+                "validate",
+                f"{len(refused.refusals)} refusal(s) above",
+                args.input,
+                "fix each one as its hint says (README: 'Operator input reference'), then "
+                "validate again",
+            )
         return EXIT_REFUSED
     if args.json:
         print(json.dumps({"valid": True, "sha256": raw.sha256, "refusals": []}, indent=2))
@@ -227,7 +241,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run_command(args.input, args.output, mode=_progress_mode(args))
 
 
-def _progress_mode(args: argparse.Namespace) -> Any:
+def _progress_mode(args: argparse.Namespace) -> Mode:
     from cache_family.actors.progress import choose_mode
 
     return choose_mode(sys.stderr, quiet=args.quiet, json_events=args.json_events)
@@ -251,9 +265,31 @@ def _add_progress_options(command: argparse.ArgumentParser) -> None:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    from cache_family.actors.progress import say_failed
     from cache_family.actors.replay import replay_command
 
-    return replay_command(args.run_dir, reap=args.reap)
+    code = replay_command(args.run_dir, reap=args.reap)
+    journal = str(Path(args.run_dir) / "journal.jsonl")
+    if code == EXIT_NEGATIVE:
+        say_failed(
+            sys.stderr,
+            "replay",
+            "the receipts on disk differ from the journal's, or the run did not finish "
+            "(the lines above name each file)",
+            f"{journal} and the files named above",
+            f"an unfinished run continues with `cache-family run --resume {args.run_dir}`; a "
+            "differing receipt means the run directory was changed after the run: keep it "
+            "as evidence and rerun into a fresh --output",
+        )
+    elif code != EXIT_OK:
+        say_failed(
+            sys.stderr,
+            "replay",
+            "the run directory could not be read (the lines above)",
+            journal,
+            "check that RUN_DIR is a run's output directory and is readable, then replay again",
+        )
+    return code
 
 
 # --- cache-family report (the combined README tables) ------------------------------------
@@ -397,7 +433,7 @@ def _add_report_run_command(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from cache_family.bench_sequence import bench_command
 
-    return bench_command(args.output_dir, quiet=args.quiet, json_events=args.json_events)
+    return bench_command(args.output_dir, quiet=args.quiet)
 
 
 def _add_bench_command(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -413,7 +449,11 @@ def _add_bench_command(sub: argparse._SubParsersAction[_Parser]) -> None:
         type=_dir_path("OUTPUT_DIR"),
         help="created if missing (default /tmp/skippy-cache-family-bench-<run id>)",
     )
-    _add_progress_options(bench)
+    bench.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no step lines and no run progress; failures and the closing lines remain",
+    )
     bench.set_defaults(func=_cmd_bench)
 
 
@@ -561,6 +601,30 @@ def _worker_parser() -> argparse.ArgumentParser:
     return worker
 
 
+def _say_refused(args: argparse.Namespace, refused: Refused) -> None:
+    """The closing lines after a command's refusals: what, evidence, what to do next."""
+    from cache_family.actors.progress import say_failed
+
+    command = str(getattr(args, "command", None) or "cache-family")
+    what = f"refused ({len(refused.refusals)} refusal(s) above, each with its hint)"
+    if command == "report":
+        output = getattr(args, "output", None)
+        evidence = "the input file and JSON path each refusal names; " + (
+            f"{output} was left untouched" if output else "nothing was written"
+        )
+        next_step = "fix or drop that input, then run `cache-family report` again"
+    elif command == "report-run":
+        evidence = f"{args.run_dir} (the file each refusal names); no report file was written"
+        next_step = (
+            f"`cache-family replay {args.run_dir}` checks the run's receipts; fix what the "
+            "refusal names, then run `cache-family report-run` again"
+        )
+    else:
+        evidence = "the input each refusal names; nothing was written"
+        next_step = "fix what each refusal names, then run the command again"
+    say_failed(sys.stderr, command, what, evidence, next_step)
+
+
 def normalize_argv(argv: Sequence[str]) -> list[str]:
     """Map `automation cache-family-run [<sub>] ...` and `automation cache-family-report ...`
     onto the native command names."""
@@ -607,6 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except Refused as refused:
         _print_refusals(refused)
+        _say_refused(args, refused)
         return EXIT_REFUSED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -38,7 +38,7 @@ from cache_family.actors.matrix import (
     Resumption,
     supervise_command,
 )
-from cache_family.actors.progress import Mode
+from cache_family.actors.progress import Mode, say_failed
 from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.replay import ReplayReport, reap_children, refuse_while_runner_lives
 from cache_family.actors.run_context import PinTarget, hash_pins
@@ -232,6 +232,14 @@ def resume_command(run_dir: str, *, mode: Mode | None = None) -> int:
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"refused: {refusal.line()}", file=sys.stderr)
+        say_failed(
+            sys.stderr,
+            "run --resume",
+            f"the run cannot be resumed ({len(refused.refusals)} refusal(s) above)",
+            f"{run_dir}; nothing in it was changed",
+            f"fix what each refusal names, or check it with `cache-family replay {run_dir}`; "
+            "a run that cannot be resumed is rerun into a fresh --output",
+        )
         return EXIT_REFUSED
     for note in notes:
         print(note, file=sys.stderr)
