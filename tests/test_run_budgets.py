@@ -1015,7 +1015,9 @@ async def test_json_events_follow_the_journal_with_row_arm_state_rung_elapsed_an
             states.append(e["state"])
     journaled = arm_states(out)
     assert {k: [s for s in v if s != "opened"] for k, v in shown.items()} == journaled
-    # The ladder's rungs: k of n, climbing to n; the budget is the cell's, never more.
+    # Correctness counts its topologies as it begins each; a ladder's rungs climb k of n to n.
+    topologies = [e["rung"] for e in arm_events if e["arm"] == "correctness"]
+    assert sorted(set(topologies)) == list(range(1, len(RUNTIME_SLICE_TOPOLOGIES) + 1))
     concurrent = [e for e in arm_events if e["arm"] == "native-concurrent"]
     assert {e["rungs"] for e in concurrent} == {2}
     assert next(e["rung"] for e in concurrent if e["state"] == "ladder") == 1
@@ -1039,7 +1041,7 @@ async def test_plain_progress_has_one_line_per_arm_state_with_rung_elapsed_and_b
     arm_lines = [line for line in lines if line.startswith("  ")]
     pattern = re.compile(
         r"^  (\S+) (correctness|native-serial|native-concurrent): ([a-z-]+), "
-        r"rung (-|\d+/\d+), \d+\.\ds elapsed, \d+\.\ds budget left$"
+        r"(rung \d+/\d+|topology \d+), \d+\.\ds elapsed, \d+\.\ds budget left$"
     )
     assert arm_lines and all(pattern.match(line) for line in arm_lines), arm_lines
     assert any(" native-concurrent: ladder, rung 1/2," in line for line in arm_lines)

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TextIO
 
 from cache_family.schemas.journal import (
     CellOpened,
-    CorrectnessTopologyRan,
     Record,
     RungCompleted,
     Transition,
@@ -185,13 +184,17 @@ class ArmProgress:
     state: str
     opened: float
     deadline: float
-    rungs: int = 0  # planned rungs (0: the arm has no ladder, e.g. correctness)
+    rungs: int = 0  # planned rungs (0: no ladder)
+    # Rungs completed; for correctness, the topologies begun (each one is a step into
+    # the "topology" state; their number is known only at the verdict).
     rungs_done: int = 0
     at: float = 0.0  # when the last record about it was journaled
+    shown: tuple[str, int] | None = None  # (state, rung) as last rendered
 
     @property
     def rung(self) -> int:
-        """The rung being run (1-based) while the ladder climbs, else the rungs done."""
+        """The rung being run (1-based) while the ladder climbs, else the rungs done; for
+        correctness, the topology being run (then the number run)."""
         if self.state == "ladder" and self.rungs_done < self.rungs:
             return self.rungs_done + 1
         return self.rungs_done
@@ -205,7 +208,9 @@ class ArmProgress:
         return max(self.deadline - self.at, 0.0)
 
     def rung_text(self) -> str:
-        return f"rung {self.rung}/{self.rungs}" if self.rungs else "rung -"
+        if self.rungs:
+            return f"rung {self.rung}/{self.rungs}"
+        return f"topology {self.rung}" if self.arm == CORRECTNESS_ARM else "rung -"
 
     def line(self) -> str:
         # Indented under the row's own "row k/n" line that follows when the row ends.
@@ -283,16 +288,18 @@ class RunProgress:
                 arm = self._open(record.row_index, CORRECTNESS_ARM, at)
                 self._correctness[record.row_index] = arm
             arm.state = record.to_state
+            if record.to_state == "topology":
+                arm.rungs_done += 1
         elif isinstance(record, RungCompleted):
             arm = self._cells.get(record.cell_id)
             if arm is not None:
                 arm.rungs_done = max(arm.rungs_done, record.rung_index + 1)
-        elif isinstance(record, CorrectnessTopologyRan):
-            arm = self._correctness.get(record.row_index)
-            if arm is not None:
-                arm.rungs_done += 1
-        if arm is not None:
-            arm.at = at
+        if arm is None:
+            return
+        arm.at = at
+        # One line per change of what the operator sees, not per record.
+        if arm.shown != (arm.state, arm.rung):
+            arm.shown = (arm.state, arm.rung)
             self.arm_changed(arm)
 
     def _open(self, row_index: int, arm: str, at: float) -> ArmProgress:
