@@ -107,9 +107,18 @@ def test_the_demo_runs_the_wrapper_end_to_end_and_prints_where_the_reports_are(
     for run in ("full-gguf", "use-cases"):
         assert (demo_standard / run / "report.html").is_file()
         assert list((demo_standard / run / "plots").glob("*.svg"))
-    stderr = (demo_standard / "demo-stderr.txt").read_text()
-    # Both replays ran (after report-run, so they also compared the report files).
-    assert len(re.findall(r"^replay: identical \(\d+ identical, 0 differing\)$", stderr, re.M)) == 2
+    # Every step exited 0, the replays last (after report-run, so they also regenerated and
+    # compared the report files): replay exits 0 only when everything is identical.
+    log = (demo_standard / bench_sequence.STEP_LOG).read_text()
+    assert re.findall(r" ([a-z-]+(?: [a-z-]+)?): exit (\d+)$", log, re.M) == [
+        (name, "0")
+        for name in (
+            "prepare-full", "run full-gguf", "prepare-use-cases", "run use-cases", "report",
+            "report-run full-gguf", "report-run use-cases", "replay full-gguf",
+            "replay use-cases",
+        )
+    ]  # fmt: skip
+    assert "demo: done in " in (demo_standard / "demo-stderr.txt").read_text()
     operator = json.loads((demo_standard / "operator.json").read_text())
     assert operator["plan"]["old_server"]["path"].endswith("/skippy-prefix-reuse-off")
     assert operator["plan"]["new_server"]["path"].endswith("/skippy")
