@@ -10,7 +10,7 @@ default:
 
 # --- demo -------------------------------------------------------------------
 
-# The mission end to end on the tiny model zoo: the wrapper's sequence, report-run, replay ([--quick|--standard] [--quiet] [OUT]).
+# The mission end to end on the tiny model zoo: the wrapper's sequence, report-run, replay ([--quick|--full] [--quiet] [OUT]).
 [group('demo')]
 demo *ARGS: native-parts
     {{venv}}/python -m cache_family.oracles.demo {{ARGS}}

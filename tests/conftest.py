@@ -43,9 +43,9 @@ def oracle_tools(native_parts: Parts, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="session")
 def demo_standard(native_parts: Parts, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real ``./bootstrap demo --standard`` (every zoo family in both matrices, one use
-    case: the wrapper's whole sequence, report-run and replay; about 6 minutes on the loaded
-    2-core host), shared by the tests that read a real run. Returns its output directory."""
+    """One real ``./bootstrap demo`` (its default plan: every zoo family in both matrices, one
+    use case; the wrapper's whole sequence, report-run and replay; 8 to 14 minutes on the
+    loaded 2-core host), shared by the tests that read a real run. Returns its output dir."""
     from cache_family.oracles.demo import PLANS, run_demo
 
     out = tmp_path_factory.mktemp("demo-standard") / "demo"

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
-from test_lock import _locked
 
 from cache_family.oracles import llama_bindings, native_build
+from test_lock import _locked
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -19,7 +19,7 @@ def test_every_line_pip_is_given_carries_a_hash(tmp_path: Path) -> None:
     sdist = tmp_path / "llama_cpp_python.tar.gz"
     dependencies, bindings = llama_bindings.requirement_files(sdist)
     for line in (*dependencies.splitlines(), *bindings.splitlines()):
-        name, *hashes = line.split()
+        _requirement, *hashes = line.split()
         assert hashes and all(_SHA256.match(h.removeprefix("--hash=sha256:")) for h in hashes)
     assert bindings == f"{sdist} --hash=sha256:{native_build.source_pin().sdist_sha256}\n"
     argv = llama_bindings.pip_install("/r.txt")

@@ -76,7 +76,7 @@ PLANS: dict[str, DemoPlan] = {
         DemoPlan("full", (), None, "every family and every use case of the corpus: 126 rows"),
     )
 }
-DEFAULT_PLAN = "full"
+DEFAULT_PLAN = "standard"
 
 
 def _repo_root() -> Path:
