@@ -317,7 +317,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="./bootstrap demo",
         description="Run the wrapper's whole sequence on the real llama-server and the tiny "
-        "model zoo; print where readme-tables.md and report.html are.",
+        "model zoo; print where readme-tables.md and report.html are. Default plan: "
+        f"{PLANS[DEFAULT_PLAN].what}.",
     )
     parser.add_argument(
         "output", nargs="?", metavar="OUT", help="a fresh directory (default out/demo-<time>)"
@@ -330,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
                 dest="plan",
                 action="store_const",
                 const=name,
-                help=f"{plan.what} (default: {PLANS[DEFAULT_PLAN].what})",
+                help=plan.what,
             )
     parser.add_argument(
         "--quiet", action="store_true", help="no progress; failures and the closing lines only"
