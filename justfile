@@ -10,10 +10,10 @@ default:
 
 # --- demo -------------------------------------------------------------------
 
-# Run the main job end to end on the embedded default (tiny model zoo, real llama-server).
+# The mission end to end on the tiny model zoo: the wrapper's sequence, report-run, replay ([--quick|--full] [--quiet] [OUT]).
 [group('demo')]
-demo *OUT: native-parts
-    {{venv}}/python -m cache_family.oracles.demo {{OUT}}
+demo *ARGS: native-parts
+    {{venv}}/python -m cache_family.oracles.demo {{ARGS}}
 
 # --- checks -----------------------------------------------------------------
 

@@ -50,3 +50,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept
+
+
+@pytest.fixture(scope="session")
+def demo_standard(native_parts: Parts, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real ``./bootstrap demo`` (its default plan: every zoo family in both matrices, one
+    use case; the wrapper's whole sequence, report-run and replay; 8 to 14 minutes on the
+    loaded 2-core host), shared by the tests that read a real run. Returns its output dir."""
+    from cache_family.oracles.demo import PLANS, run_demo
+
+    out = tmp_path_factory.mktemp("demo-standard") / "demo"
+    progress, stdout = io.StringIO(), io.StringIO()
+    code = run_demo(out, progress, plan=PLANS["standard"], stdout=stdout)
+    assert code == 0, progress.getvalue()
+    (out / "demo-stdout.txt").write_text(stdout.getvalue())
+    (out / "demo-stderr.txt").write_text(progress.getvalue())
+    return out

@@ -16,14 +16,12 @@ from cache_family.actors.pins import (
     TREE_MAX_ENTRIES,
     Budget,
     HashJob,
-    NullProgress,
-    RichProgress,
     canonical_regular_file,
     hash_file,
     hash_files,
     pin_tree,
-    progress_for,
 )
+from cache_family.actors.progress import BytesBar, NullProgress, bytes_progress_for
 from cache_family.errors import Refused
 
 
@@ -397,10 +395,10 @@ class FakeTerminal(io.StringIO):
 
 
 def test_progress_is_quiet_off_a_terminal_and_a_bar_on_one(tmp_path: Path) -> None:
-    assert isinstance(progress_for(io.StringIO()), NullProgress)
+    assert isinstance(bytes_progress_for(io.StringIO()), NullProgress)
     terminal = FakeTerminal()
-    sink = progress_for(terminal)
-    assert isinstance(sink, RichProgress)
+    sink = bytes_progress_for(terminal)
+    assert isinstance(sink, BytesBar)
     data = b"\0" * (CHUNK_BYTES * 2)
     path = write(tmp_path / "f", data)
     hash_files([HashJob(str(path), "$")], unlimited(), progress=sink)

@@ -652,8 +652,8 @@ def test_zoo_bytes_are_never_a_real_family(box: Toolbox, tmp_path: Path, key: st
 def test_bytes_changed_after_their_header_was_read_are_refused(
     box: Toolbox, tmp_path: Path
 ) -> None:
-    from cache_family.actors.pins import NullProgress
     from cache_family.actors.preparation_models import Gathered, examine_models, hash_models
+    from cache_family.actors.progress import NullProgress
 
     preset = packaged_catalog().catalog.preset("llama")
     gathered = Gathered()

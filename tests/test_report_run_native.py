@@ -4,7 +4,6 @@ when missing and root, otherwise the browser test is skipped with the reason).""
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import struct
@@ -16,7 +15,6 @@ import msgspec
 import pytest
 
 from cache_family.cli import main
-from cache_family.oracles.demo import run_demo
 from cache_family.report.render import format_ms
 from cache_family.report.run import read_run
 from cache_family.report.run_report import SYNTHETIC_BANNER, render_run_report
@@ -36,13 +34,9 @@ TABLE_BORDER = (200, 200, 200)
 
 
 @pytest.fixture(scope="session")
-def demo_run(native_parts: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real demo run (about 45 s on the 2-core host), shared by this module's tests;
-    ``native_parts`` (conftest) skips or fails first when the real parts are missing."""
-    out = tmp_path_factory.mktemp("report-run-demo") / "demo"
-    progress = io.StringIO()
-    assert run_demo(out, progress) == 0, progress.getvalue()
-    return out / "full-gguf"
+def demo_run(demo_standard: Path) -> Path:
+    """The full-GGUF run of the real demo (conftest's ``demo_standard``, shared)."""
+    return demo_standard / "full-gguf"
 
 
 @pytest.fixture

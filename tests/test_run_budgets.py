@@ -13,6 +13,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,8 +31,6 @@ from cache_family.actors.journal import JournalWriter
 from cache_family.actors.matrix import (
     RUN_INPUT_MAX_BYTES,
     MatrixOutcome,
-    Progress,
-    RichProgress,
     _make_fresh_dir,
     admit_run,
     check_interrupt_finish,
@@ -41,6 +40,13 @@ from cache_family.actors.matrix import (
 )
 from cache_family.actors.pins import Budget, pin_tree
 from cache_family.actors.preparation import admit, observe
+from cache_family.actors.progress import (
+    JsonRunProgress,
+    RichRunProgress,
+    RunProgress,
+    choose_mode,
+    run_progress_for,
+)
 from cache_family.actors.replay import replay
 from cache_family.actors.run_context import Budgets, HostSettings, PinTarget, RunStop, hash_pins
 from cache_family.errors import Refused
@@ -191,6 +197,7 @@ async def run(
     host_port: int = 0,
     progress_stream: io.StringIO | None = None,
     child_runner: Any = None,
+    progress: RunProgress | None = None,
 ) -> MatrixOutcome:
     admitted = admit_run(str(input_path), str(out))
     os.mkdir(admitted.output)
@@ -200,7 +207,7 @@ async def run(
         child_runner=child_runner or fake_child_runner(),
         host_port=host_port,
     )
-    progress = Progress(
+    progress = progress or RunProgress(
         progress_stream or io.StringIO(),
         len(admitted.prepared.rows),
         synthetic=admitted.prepared.catalog.synthetic,
@@ -729,7 +736,7 @@ async def supervise_fake(admitted: Any, script: FakeHostScript) -> MatrixOutcome
     hosts = HostSettings(
         host_opener=fake_opener(script), pin_hasher=hasher(), child_runner=fake_child_runner()
     )
-    return await supervise(admitted, hosts, Progress(io.StringIO(), len(admitted.prepared.rows)))
+    return await supervise(admitted, hosts, RunProgress(io.StringIO(), len(admitted.prepared.rows)))
 
 
 async def test_the_interrupt_finish_check_runs_before_the_fold_and_downgrades_the_matrix(
@@ -953,10 +960,132 @@ def test_admission_reports_every_refusal_it_finds_in_order(tmp_path: Path) -> No
 
 def test_both_progress_displays_open_with_the_same_start_line() -> None:
     plain = io.StringIO()
-    Progress(plain, 3, synthetic=True).start("/runs/x")
+    RunProgress(plain, 3, synthetic=True).start("/runs/x")
     assert plain.getvalue() == "run: 3 planned row(s) -> /runs/x (synthetic)\n"
     live = io.StringIO()
-    bar = RichProgress(live, 3, synthetic=True)
+    bar = RichRunProgress(live, 3, synthetic=True)
     bar.start("/runs/x")
     bar.close()
     assert "run: 3 planned row(s) -> /runs/x (synthetic)\n" in live.getvalue()
+
+
+# --- progress: one line per row and arm, read from the journal --------------------------------
+
+
+def arm_states(out: Path) -> dict[tuple[int, str], list[str]]:
+    """Each arm's states in journal order (the correctness machine's and each cell's)."""
+    arms = {c.cell_id: (c.row_index, c.arm) for c in records(out, CellOpened)}
+    states: dict[tuple[int, str], list[str]] = {}
+    for record in records(out, Transition):
+        if record.machine == "cell":
+            key = arms[record.cell_id]
+        elif record.machine == "correctness":
+            key = (record.row_index, "correctness")
+        else:
+            continue
+        steps = states.setdefault(key, [])
+        if not steps or steps[-1] != record.to_state:  # a self-step shows as one state
+            steps.append(record.to_state)
+    return states
+
+
+async def test_json_events_follow_the_journal_with_row_arm_state_rung_elapsed_and_budget(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    events = io.StringIO()
+    stderr = io.StringIO()
+    prepared = make_prepared(tmp_path / "p", llama_parallel=2)
+    rows = len(admit_run(str(prepared), str(tmp_path / "unused")).prepared.rows)
+    progress = JsonRunProgress(stderr, rows, events=events)
+    out = tmp_path / "out"
+    outcome = await run(prepared, out, FakeHostScript(), progress=progress)
+    assert outcome.status == "completed"
+    parsed = [json.loads(line) for line in events.getvalue().splitlines()]
+    assert parsed[0] == {"event": "run_started", "run_dir": str(out), "rows": rows,
+                         "synthetic": False}  # fmt: skip
+    arm_events = [e for e in parsed if e["event"] == "arm"]
+    fields = {"event", "row", "row_number", "rows", "arm", "state", "rung", "rungs",
+              "elapsed_s", "budget_left_s"}  # fmt: skip
+    assert arm_events and all(set(e) == fields for e in arm_events)
+    # Every state an arm's machine stepped into, in journal order, and nothing else.
+    shown: dict[tuple[int, str], list[str]] = {}
+    for e in arm_events:
+        states = shown.setdefault((e["row_number"] - 1, e["arm"]), [])
+        if not states or states[-1] != e["state"]:
+            states.append(e["state"])
+    journaled = arm_states(out)
+    assert {k: [s for s in v if s != "opened"] for k, v in shown.items()} == journaled
+    # Correctness counts its topologies as it begins each; a ladder's rungs climb k of n to n.
+    topologies = [e["rung"] for e in arm_events if e["arm"] == "correctness"]
+    assert sorted(set(topologies)) == list(range(1, len(RUNTIME_SLICE_TOPOLOGIES) + 1))
+    concurrent = [e for e in arm_events if e["arm"] == "native-concurrent"]
+    assert {e["rungs"] for e in concurrent} == {2}
+    assert next(e["rung"] for e in concurrent if e["state"] == "ladder") == 1
+    assert concurrent[-1]["state"] == "done" and concurrent[-1]["rung"] == 2
+    cell_seconds = admit_run(str(prepared), str(tmp_path / "u2")).prepared.cell_seconds
+    for e in arm_events:
+        assert e["elapsed_s"] >= 0 and 0 <= e["budget_left_s"] <= cell_seconds
+        assert e["elapsed_s"] + e["budget_left_s"] <= cell_seconds + 1e-6
+    finished = [e for e in parsed if e["event"] == "row_finished"]
+    assert len(finished) == rows and finished[0]["status"] == row(out).status == "completed"
+    assert stderr.getvalue() == ""  # JSON mode writes nothing on stderr unless told to
+
+
+async def test_plain_progress_has_one_line_per_arm_state_with_rung_elapsed_and_budget(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    stream = io.StringIO()  # not a terminal: plain lines
+    await run(make_prepared(tmp_path / "p", llama_parallel=2), tmp_path / "out", FakeHostScript(),
+              progress_stream=stream)  # fmt: skip
+    lines = stream.getvalue().splitlines()
+    arm_lines = [line for line in lines if line.startswith("  ")]
+    pattern = re.compile(
+        r"^  (\S+) (correctness|native-serial|native-concurrent): ([a-z-]+), "
+        r"(rung \d+/\d+|topology \d+), \d+\.\ds elapsed, \d+\.\ds budget left$"
+    )
+    assert arm_lines and all(pattern.match(line) for line in arm_lines), arm_lines
+    assert any(" native-concurrent: ladder, rung 1/2," in line for line in arm_lines)
+    assert any(" native-concurrent: done, rung 2/2," in line for line in arm_lines)
+    assert lines[-1].startswith("row ")  # the row's own line closes its arms' lines
+
+
+async def test_quiet_progress_prints_nothing_while_the_run_works(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    stream = io.StringIO()
+    prepared = make_prepared(tmp_path / "p")
+    progress = run_progress_for("quiet", stream, 1)
+    outcome = await run(prepared, tmp_path / "out", FakeHostScript(), progress=progress)
+    assert outcome.status == "completed"
+    assert stream.getvalue() == ""
+    progress.note("SIGINT: cancelling")  # what the operator must see still prints
+    assert stream.getvalue() == "SIGINT: cancelling\n"
+
+
+def test_the_mode_is_json_then_quiet_then_rich_on_a_terminal_else_plain() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert choose_mode(io.StringIO()) == "plain"
+    assert choose_mode(Terminal()) == "rich"
+    assert choose_mode(Terminal(), quiet=True) == "quiet"
+    assert choose_mode(io.StringIO(), quiet=True, json_events=True) == "json"
+    assert isinstance(run_progress_for("rich", Terminal(), 1), RichRunProgress)
+
+
+async def test_the_live_display_draws_each_arm_and_closes_with_the_row_line(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    progress = run_progress_for("rich", terminal, 1)
+    outcome = await run(make_prepared(tmp_path / "p"), tmp_path / "out", FakeHostScript(),
+                        progress=progress)  # fmt: skip
+    assert outcome.status == "completed"
+    drawn = terminal.getvalue()
+    assert "native-concurrent: ladder" in drawn and "s left" in drawn
+    assert "row 1/1 " in drawn and "completed" in drawn

@@ -450,3 +450,20 @@ def test_sigterm_reaches_the_running_step_and_stops_the_sequence(
     assert not psutil.pid_exists(int(calls[1]["pid"]))  # type: ignore[call-overload]
     assert "Wrote raw" not in stdout
     assert_failure_block(stderr)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_quiet_reaches_both_runs_and_leaves_out_the_step_lines(
+    entry: str, fakes: Fakes, operator: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    result = bench(entry, base_env(fakes, operator), str(out), "--quiet")
+    assert result.returncode == 0, result.stderr
+    runs = [argv for argv in fakes.argvs() if "cache-family-run" in argv and "--quiet" in argv]
+    assert [argv[argv.index("--output") + 1] for argv in runs] == [
+        f"{out}/full-gguf",
+        f"{out}/use-cases",
+    ]
+    assert all(argv.count("--quiet") == 0 for argv in fakes.argvs() if argv not in runs)
+    assert "bench: step" not in result.stderr
+    assert result.stdout.splitlines()[-1] == f"Wrote README tables: {out}/readme-tables.md"

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from cache_family.actors.progress import say_failed
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.corpus import default_corpus_path
 
@@ -213,8 +214,10 @@ def plan_bench(
     *,
     justfile: Path | None = None,
     now: Callable[[], time.struct_time] = time.localtime,
+    quiet: bool = False,
 ) -> BenchPlan:
-    """Check the environment contract and lay out the steps; nothing is run or created."""
+    """Check the environment contract and lay out the steps; nothing is run or created.
+    ``quiet`` is passed to both runs (``run --quiet``)."""
     runner = _runner(environ)
     operator = _operator_input(environ)
     run_id = environ.get(RUN_ID_ENV) or time.strftime(RUN_ID_FORMAT, now())
@@ -223,6 +226,7 @@ def plan_bench(
     common: list[str] = ["--use-case-corpus", corpus]
     for name, flag, default in PLAN_OVERRIDES:
         common += [flag, environ.get(name) or default]
+    run_flags = ("--quiet",) if quiet else ()
     steps: list[Step] = []
     if environ.get(SKIP_BUILD_ENV, "0") != "1":
         tools = environ.get(BUILD_OUTPUT_ENV) or os.path.join(output, "tools")
@@ -274,7 +278,7 @@ def plan_bench(
             Step(
                 f"run {run_dir}",
                 (*runner, "automation", "cache-family-run", "--input", prepared_json,
-                 "--output", run_out),
+                 "--output", run_out, *run_flags),
                 run_out,
                 f"read the receipts and logs in {run_out} (`cache-family replay {run_out}` "
                 f"verifies them), fix the cause, then {fresh}",
@@ -312,13 +316,6 @@ def plan_bench(
             f"Wrote README tables: {tables}",
         ),
     )
-
-
-def _say_failed(out: TextIO, what: str, evidence: str, next_step: str) -> None:
-    """Every exit path but success ends with these three lines."""
-    print(f"bench: failed: {what}", file=out)
-    print(f"bench: evidence: {evidence}", file=out)
-    print(f"bench: next: {next_step}", file=out, flush=True)
 
 
 class _Signals:
@@ -363,14 +360,23 @@ def _log(path: str, line: str) -> None:
         print(f"bench: warning: cannot append to {path}: {exc.strerror or exc}", file=sys.stderr)
 
 
-def run_bench(plan: BenchPlan, environ: Mapping[str, str], out: TextIO, err: TextIO) -> int:
-    """Run the steps in order, stop at the first failure with its exit code."""
+def run_bench(
+    plan: BenchPlan,
+    environ: Mapping[str, str],
+    out: TextIO,
+    err: TextIO,
+    *,
+    quiet: bool = False,
+) -> int:
+    """Run the steps in order, stop at the first failure with its exit code; ``quiet``
+    leaves out the line naming each step as it starts (failures are always printed)."""
     log = os.path.join(plan.output, STEP_LOG)
     try:
         os.makedirs(plan.output, exist_ok=True)
     except OSError as exc:
-        _say_failed(
+        say_failed(
             err,
+            "bench",
             f"cannot create the output directory {plan.output}: {exc.strerror or exc}",
             plan.output,
             "pass a writable OUTPUT_DIR as the first argument",
@@ -384,8 +390,9 @@ def run_bench(plan: BenchPlan, environ: Mapping[str, str], out: TextIO, err: Tex
             where = f"step {number} of {total} ({step.name})"
             if signals.received is not None:
                 _log(log, f"{step.name}: not started, interrupted")
-                _say_failed(
+                say_failed(
                     err,
+                    "bench",
                     f"interrupted before {where}",
                     f"{plan.output}; commands and exit codes in {log}",
                     "rerun with another OUTPUT_DIR when ready",
@@ -394,23 +401,26 @@ def run_bench(plan: BenchPlan, environ: Mapping[str, str], out: TextIO, err: Tex
             missing = [path for path in step.needs if not os.path.isfile(path)]
             if missing:
                 _log(log, f"{step.name}: not started, missing {' '.join(missing)}")
-                _say_failed(
+                say_failed(
                     err,
+                    "bench",
                     f"{where} not started: the previous step exited 0 but did not write "
                     f"{missing[0]}",
                     f"{os.path.dirname(missing[0])}; commands and exit codes in {log}",
                     step.needs_next,
                 )
                 return EXIT_MISSING_OUTPUT
-            print(f"bench: {where}: {shlex.join(step.argv)}", file=err, flush=True)
+            if not quiet:
+                print(f"bench: {where}: {shlex.join(step.argv)}", file=err, flush=True)
             _log(log, f"{step.name}: {shlex.join(step.argv)}")
             try:
                 signals.child = subprocess.Popen(step.argv, env=env, cwd=step.cwd)
             except OSError as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
                 _log(log, f"{step.name}: could not start: {exc.strerror or exc}")
-                _say_failed(
+                say_failed(
                     err,
+                    "bench",
                     f"{where} could not start {step.argv[0]}: {exc.strerror or exc}",
                     f"{step.argv[0]}; commands and exit codes in {log}",
                     "check that the program exists and is executable, then rerun",
@@ -425,8 +435,9 @@ def run_bench(plan: BenchPlan, environ: Mapping[str, str], out: TextIO, err: Tex
                     if os.path.lexists(step.evidence)
                     else f"{step.evidence} was not created; see the lines above"
                 )
-                _say_failed(
+                say_failed(
                     err,
+                    "bench",
                     f"{where} exited with code {code}",
                     f"{evidence}; commands and exit codes in {log}",
                     step.next_step,
@@ -434,8 +445,9 @@ def run_bench(plan: BenchPlan, environ: Mapping[str, str], out: TextIO, err: Tex
                 return code
         if signals.received is not None:
             _log(log, "interrupted after the last step")
-            _say_failed(
+            say_failed(
                 err,
+                "bench",
                 "interrupted after the last step",
                 f"{plan.output}; commands and exit codes in {log}",
                 "rerun with another OUTPUT_DIR when ready",
@@ -454,19 +466,23 @@ def bench_command(
     *,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    quiet: bool = False,
 ) -> int:
-    """The ``bench`` verb: the exit code of the first failing step, else 0."""
+    """The ``bench`` verb: the exit code of the first failing step, else 0. ``quiet``:
+    no progress from the runs and no step lines; failures and the closing lines remain.
+    (No JSON events: every step's result line shares stdout with them.)"""
     env = os.environ if environ is None else environ
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:
-        plan = plan_bench(output_arg, env)
+        plan = plan_bench(output_arg, env, quiet=quiet)
     except BenchRefused as refused:
-        _say_failed(
+        say_failed(
             err,
+            "bench",
             f"{refused.refusal.message} ({refused.refusal.code})",
             refused.evidence,
             refused.refusal.hint,
         )
         return EXIT_PRECONDITION
-    return run_bench(plan, env, out, err)
+    return run_bench(plan, env, out, err, quiet=quiet)

@@ -12,11 +12,14 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from cache_family import __version__
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.text import UnsafeCharacter, unsafe_character
+
+if TYPE_CHECKING:
+    from cache_family.actors.progress import Mode
 
 EXIT_OK = 0
 EXIT_NEGATIVE = 1
@@ -167,6 +170,17 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         validate_operator_document(raw.data)
     except Refused as refused:
         _print_refusals(refused, args.json)
+        if not args.json:
+            from cache_family.actors.progress import say_failed
+
+            say_failed(
+                sys.stderr,
+                "validate",
+                f"{len(refused.refusals)} refusal(s) above",
+                args.input,
+                "fix each one as its hint says (README: 'Operator input reference'), then "
+                "validate again",
+            )
         return EXIT_REFUSED
     if args.json:
         print(json.dumps({"valid": True, "sha256": raw.sha256, "refusals": []}, indent=2))
@@ -219,16 +233,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
             parser.refuse("--resume", "--resume continues a run: give no --input or --output")
         from cache_family.actors.resume import resume_command
 
-        return resume_command(args.resume, sign_key=args.sign_key)
+        return resume_command(args.resume, sign_key=args.sign_key, mode=_progress_mode(args))
     if args.input is None or args.output is None:
         parser.refuse("--input", "give --input and --output (or --resume RUN_DIR)")
     from cache_family.actors.matrix import run_command
 
-    return run_command(args.input, args.output, sign_key=args.sign_key)
+    return run_command(args.input, args.output, sign_key=args.sign_key, mode=_progress_mode(args))
+
+
+def _progress_mode(args: argparse.Namespace) -> Mode:
+    from cache_family.actors.progress import choose_mode
+
+    return choose_mode(sys.stderr, quiet=args.quiet, json_events=args.json_events)
+
+
+def _add_progress_options(command: argparse.ArgumentParser) -> None:
+    """--quiet and --json-events (exclusive); without them a terminal gets a live display
+    and anything else plain lines, on stderr."""
+    shown = command.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr; failures and the result lines are still printed",
+    )
+    shown.add_argument(
+        "--json-events",
+        action="store_true",
+        help="progress as JSON lines on stdout (event, row, arm, state, rung, rungs, "
+        "elapsed_s, budget_left_s), ending with run_finished; failures still on stderr",
+    )
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from cache_family.actors.head_signature import HEAD_PATTERN
+    from cache_family.actors.progress import say_failed
     from cache_family.actors.replay import HeadCheck, replay_command
 
     parser: _Parser = args.parser
@@ -241,7 +279,28 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         allowed_signers=args.allowed_signers,
         signer_identity=args.signer_identity,
     )
-    return replay_command(args.run_dir, reap=args.reap, head=head)
+    code = replay_command(args.run_dir, reap=args.reap, head=head)
+    journal = str(Path(args.run_dir) / "journal.jsonl")
+    if code == EXIT_NEGATIVE:
+        say_failed(
+            sys.stderr,
+            "replay",
+            "the receipts on disk differ from the journal's, or the run did not finish "
+            "(the lines above name each file)",
+            f"{journal} and the files named above",
+            f"an unfinished run continues with `cache-family run --resume {args.run_dir}`; a "
+            "differing receipt means the run directory was changed after the run: keep it "
+            "as evidence and rerun into a fresh --output",
+        )
+    elif code != EXIT_OK:
+        say_failed(
+            sys.stderr,
+            "replay",
+            "the run directory could not be read (the lines above)",
+            journal,
+            "check that RUN_DIR is a run's output directory and is readable, then replay again",
+        )
+    return code
 
 
 # --- cache-family report (the combined README tables) ------------------------------------
@@ -385,7 +444,7 @@ def _add_report_run_command(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from cache_family.bench_sequence import bench_command
 
-    return bench_command(args.output_dir)
+    return bench_command(args.output_dir, quiet=args.quiet)
 
 
 def _add_bench_command(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -400,6 +459,11 @@ def _add_bench_command(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="OUTPUT_DIR",
         type=_dir_path("OUTPUT_DIR"),
         help="created if missing (default /tmp/skippy-cache-family-bench-<run id>)",
+    )
+    bench.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no step lines and no run progress; failures and the closing lines remain",
     )
     bench.set_defaults(func=_cmd_bench)
 
@@ -523,6 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="sign the journal's head with this OpenSSH key (ssh-keygen -Y sign) into "
             "RUN_DIR/journal.head.sig",
         )
+        _add_progress_options(run)
         run.set_defaults(func=_cmd_run, parser=run)
 
     if _available("cache_family.actors.replay"):
@@ -574,6 +639,30 @@ def _worker_parser() -> argparse.ArgumentParser:
     return worker
 
 
+def _say_refused(args: argparse.Namespace, refused: Refused) -> None:
+    """The closing lines after a command's refusals: what, evidence, what to do next."""
+    from cache_family.actors.progress import say_failed
+
+    command = str(getattr(args, "command", None) or "cache-family")
+    what = f"refused ({len(refused.refusals)} refusal(s) above, each with its hint)"
+    if command == "report":
+        output = getattr(args, "output", None)
+        evidence = "the input file and JSON path each refusal names; " + (
+            f"{output} was left untouched" if output else "nothing was written"
+        )
+        next_step = "fix or drop that input, then run `cache-family report` again"
+    elif command == "report-run":
+        evidence = f"{args.run_dir} (the file each refusal names); no report file was written"
+        next_step = (
+            f"`cache-family replay {args.run_dir}` checks the run's receipts; fix what the "
+            "refusal names, then run `cache-family report-run` again"
+        )
+    else:
+        evidence = "the input each refusal names; nothing was written"
+        next_step = "fix what each refusal names, then run the command again"
+    say_failed(sys.stderr, command, what, evidence, next_step)
+
+
 def normalize_argv(argv: Sequence[str]) -> list[str]:
     """Map `automation cache-family-run [<sub>] ...` and `automation cache-family-report ...`
     onto the native command names."""
@@ -620,6 +709,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except Refused as refused:
         _print_refusals(refused)
+        _say_refused(args, refused)
         return EXIT_REFUSED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -92,8 +92,11 @@ class JournalWriter:
         batch_max: int = 4096,
         flush_bytes: int = FLUSH_BYTES,
         resume: bool = False,
+        on_record: Callable[[Record, int], None] | None = None,
     ) -> None:
         self.path = path
+        # Shown every record as it is stamped (with its monotonic ns): the progress display.
+        self._on_record = on_record
         self.index = JournalIndex()
         self.fsync_count = 0
         self._fsync = fsync
@@ -250,9 +253,12 @@ class JournalWriter:
                 "journal before closing the writer",
             )
         seq = self._next_seq
-        self._queue.append((seq, self._monotonic_ns(), self._wall_ns(), record, done))
+        mono_ns = self._monotonic_ns()
+        self._queue.append((seq, mono_ns, self._wall_ns(), record, done))
         self._wakeup.set()
         self._next_seq += 1
+        if self._on_record is not None:
+            self._on_record(record, mono_ns)
         return seq
 
     def _put(self, request: _SyncRequest) -> None:

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Final, TextIO, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import psutil
 import trio
@@ -54,6 +54,14 @@ from cache_family.actors.journal import (
     JournalWriter,
     journal_path,
     publish_receipt,
+)
+from cache_family.actors.progress import (
+    Mode,
+    RunProgress,
+    choose_mode,
+    run_progress_for,
+    say_failed,
+    synthetic_mark,
 )
 from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.publish import fsync_dir, overlapping_trees, publish_fresh
@@ -88,7 +96,6 @@ from cache_family.schemas.matrix import (
 from cache_family.schemas.prepared import (
     PREPARED_INPUT_MAX_BYTES,
     PreparedInput,
-    PreparedRow,
     decode_document,
 )
 from cache_family.states.fold import JournalIndex
@@ -96,7 +103,6 @@ from cache_family.states.matrix import fold_matrix
 
 # The run reads whatever preparation may publish, and no more.
 RUN_INPUT_MAX_BYTES: Final = PREPARED_INPUT_MAX_BYTES
-SYNTHETIC_MARK: Final = " (synthetic)"
 
 EXIT_COMPLETED: Final = 0
 EXIT_NOT_COMPLETED: Final = 1
@@ -214,106 +220,6 @@ class MatrixOutcome:
     journal_head: str | None = None
 
 
-# --- progress -----------------------------------------------------------------------------------
-
-
-def synthetic_mark(synthetic: bool) -> str:
-    """ " (synthetic)" after a line about a synthetic row or run, else nothing."""
-    return SYNTHETIC_MARK if synthetic else ""
-
-
-class Progress:
-    """One plain line per row on stderr (not a terminal: logs, CI)."""
-
-    def __init__(self, stream: TextIO, total: int, *, synthetic: bool = False) -> None:
-        self.stream = stream
-        self.total = total
-        # The run's catalog is synthetic: the start line says so.
-        self.synthetic = synthetic
-
-    def start_line(self, run_dir: str) -> str:
-        return f"run: {self.total} planned row(s) -> {run_dir}{synthetic_mark(self.synthetic)}"
-
-    def start(self, run_dir: str) -> None:
-        print(self.start_line(run_dir), file=self.stream, flush=True)
-
-    def row_started(self, row: PreparedRow) -> None:
-        del row
-
-    def transition(self, cell_id: str, state: str) -> None:
-        del cell_id, state
-
-    def row_finished(self, row: PreparedRow, result: RowResult, seconds: float) -> None:
-        detail = f" ({result.reason})" if result.reason and result.status != "completed" else ""
-        print(
-            f"row {row.index + 1}/{self.total} {row.output_relative}: {result.status}{detail}"
-            f"{synthetic_mark(row.synthetic)} [{seconds:.1f}s]",
-            file=self.stream,
-            flush=True,
-        )
-
-    def note(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
-
-    def close(self) -> None:
-        pass
-
-
-class RichProgress(Progress):
-    """A live rows bar naming the row and the cell state (stderr is a terminal)."""
-
-    def __init__(self, stream: TextIO, total: int, *, synthetic: bool = False) -> None:
-        super().__init__(stream, total, synthetic=synthetic)
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-        from rich.progress import Progress as RichBar
-
-        self._console = Console(file=stream)
-        self._bar = RichBar(
-            TextColumn("[bold]rows"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}"),
-            console=self._console,
-        )
-        self._task = self._bar.add_task("", total=total)
-        self._row = ""
-
-    def start(self, run_dir: str) -> None:
-        self._bar.start()
-        self._console.print(self.start_line(run_dir), markup=False)
-
-    def row_started(self, row: PreparedRow) -> None:
-        self._row = row.output_relative
-        self._bar.update(self._task, description=self._row)
-
-    def transition(self, cell_id: str, state: str) -> None:
-        self._bar.update(self._task, description=f"{self._row}  {cell_id}: {state}")
-
-    def row_finished(self, row: PreparedRow, result: RowResult, seconds: float) -> None:
-        colour = {"completed": "green", "missing-model": "dim"}.get(result.status, "yellow")
-        self._console.print(
-            f"row {row.index + 1}/{self.total} {row.output_relative}: "
-            f"[{colour}]{result.status}[/{colour}]{synthetic_mark(row.synthetic)} "
-            f"[{seconds:.1f}s]"
-        )
-        self._bar.advance(self._task)
-
-    def note(self, text: str) -> None:
-        self._console.print(text)
-
-    def close(self) -> None:
-        self._bar.stop()
-
-
-def progress_for(stream: TextIO, total: int, *, synthetic: bool = False) -> Progress:
-    isatty = getattr(stream, "isatty", None)
-    if isatty is not None and isatty():
-        return RichProgress(stream, total, synthetic=synthetic)
-    return Progress(stream, total, synthetic=synthetic)
-
-
 # --- the supervisor -----------------------------------------------------------------------------
 
 
@@ -360,7 +266,7 @@ class Resumption:
 async def supervise(
     admitted: AdmittedRun,
     hosts: HostSettings | None = None,
-    progress: Progress | None = None,
+    progress: RunProgress | None = None,
     resumption: Resumption | None = None,
 ) -> MatrixOutcome:
     """Run every row in order under the run's budgets and signals; publish the matrix.
@@ -371,10 +277,13 @@ async def supervise(
     receipt is always written: the folded one, or the failed fallback."""
     prepared = admitted.prepared
     run_dir = admitted.output
-    progress = progress or Progress(
+    progress = progress or RunProgress(
         sys.stderr, len(prepared.rows), synthetic=prepared.catalog.synthetic
     )
-    writer = JournalWriter(journal_path(run_dir), resume=resumption is not None)
+    # The display reads what the run journals: rows, cells, transitions, rungs.
+    writer = JournalWriter(
+        journal_path(run_dir), resume=resumption is not None, on_record=progress.record
+    )
     stop = RunStop(run_deadline=trio.current_time() + prepared.execution_seconds)
     ctx = RunContext(
         writer=writer,
@@ -386,7 +295,6 @@ async def supervise(
         ),
         stop=stop,
         hosts=hosts or HostSettings(),
-        on_transition=progress.transition,
     )
     seen = _Signals()
     receipt: MatrixReceipt | FailedMatrix | None = None
@@ -433,7 +341,7 @@ async def supervise(
 async def _run_and_publish(
     admitted: AdmittedRun,
     ctx: RunContext,
-    progress: Progress,
+    progress: RunProgress,
     rows_scope: trio.CancelScope,
     watchers: trio.Nursery,
     seen: _Signals,
@@ -449,7 +357,7 @@ async def _run_and_publish(
         await trio.to_thread.run_sync(_move_aside, ctx.run_dir, resumption.moves)
         for index in resumption.kept_rows:
             results[index] = RowResult(index=index, status="kept", launched=False)
-    progress.start(ctx.run_dir)
+    progress.start(ctx.run_dir, ctx.budgets)
     # The deadline stops rows only: unreached rows and the matrix are journaled regardless.
     deadline_scope = trio.CancelScope()
     watchers.start_soon(_watch_deadline, ctx, rows_scope, progress, deadline_scope)
@@ -487,7 +395,9 @@ async def finish_run(writer: JournalWriter, run_dir: str) -> MatrixReceipt:
     return receipt
 
 
-async def _publish_failed(admitted: AdmittedRun, detail: str, progress: Progress) -> FailedMatrix:
+async def _publish_failed(
+    admitted: AdmittedRun, detail: str, progress: RunProgress
+) -> FailedMatrix:
     """The matrix of a run whose own pipeline failed (the reference's failed receipt)."""
     receipt = FailedMatrix(detail=detail[:2000], request_sha256=admitted.request_sha256)
     try:
@@ -595,7 +505,7 @@ def _use_case_source(prepared: PreparedInput, key: str | None) -> UseCaseSourceB
     )
 
 
-async def _calibrate(ctx: RunContext, progress: Progress) -> None:
+async def _calibrate(ctx: RunContext, progress: RunProgress) -> None:
     """Before the first ladder: the client's own overhead on this machine, journaled (the
     matrix receipt reports it, and every rung's receipt is judged against it)."""
     calibrated = await calibrate_client()
@@ -606,7 +516,7 @@ async def _calibrate(ctx: RunContext, progress: Progress) -> None:
 
 
 async def _rows(
-    admitted: AdmittedRun, ctx: RunContext, progress: Progress, results: dict[int, RowResult]
+    admitted: AdmittedRun, ctx: RunContext, progress: RunProgress, results: dict[int, RowResult]
 ) -> None:
     for row in admitted.prepared.rows:
         if row.index in results:
@@ -626,7 +536,7 @@ async def _watch_signals(
     signals: Any,
     ctx: RunContext,
     rows_scope: trio.CancelScope,
-    progress: Progress,
+    progress: RunProgress,
     seen: _Signals,
 ) -> None:
     async for signum in signals:
@@ -654,7 +564,7 @@ async def _watch_signals(
 async def _watch_deadline(
     ctx: RunContext,
     rows_scope: trio.CancelScope,
-    progress: Progress,
+    progress: RunProgress,
     deadline_scope: trio.CancelScope,
 ) -> None:
     with deadline_scope:
@@ -671,7 +581,9 @@ async def _watch_deadline(
 # --- the command ----------------------------------------------------------------------------------
 
 
-def run_command(input: str, output: str, *, sign_key: str | None = None) -> int:
+def run_command(
+    input: str, output: str, *, sign_key: str | None = None, mode: Mode | None = None
+) -> int:
     """The ``run`` verb: admit, create the fresh output, supervise, publish; the exit code."""
     try:
         admitted = admit_run(input, output)
@@ -681,17 +593,37 @@ def run_command(input: str, output: str, *, sign_key: str | None = None) -> int:
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"refused: {refusal.line()}", file=sys.stderr)
+        say_failed(
+            sys.stderr,
+            "run",
+            f"the run was refused ({len(refused.refusals)} refusal(s) above)",
+            f"{input}; nothing was written under {output}",
+            "fix what each refusal names (its hint), then run again",
+        )
         return EXIT_REFUSED
-    return supervise_command(admitted, sign_key=sign_key)
+    return supervise_command(admitted, sign_key=sign_key, mode=mode)
 
 
 def supervise_command(
-    admitted: AdmittedRun, resumption: Resumption | None = None, *, sign_key: str | None = None
+    admitted: AdmittedRun,
+    resumption: Resumption | None = None,
+    *,
+    sign_key: str | None = None,
+    mode: Mode | None = None,
 ) -> int:
     """Supervise an admitted run (fresh, or resumed) and print its last lines; the exit code.
-    With ``sign_key`` the sealed head is signed (``journal.head.sig``) before it is printed."""
+
+    ``mode`` is how progress is shown (default: rich on a terminal, else plain lines). With
+    ``sign_key`` the sealed head is signed (``journal.head.sig``) before it is printed."""
     synthetic = admitted.prepared.catalog.synthetic
-    progress = progress_for(sys.stderr, len(admitted.prepared.rows), synthetic=synthetic)
+    progress = run_progress_for(
+        mode or choose_mode(sys.stderr),
+        sys.stderr,
+        len(admitted.prepared.rows),
+        synthetic=synthetic,
+    )
+    run_dir = admitted.output
+    matrix = os.path.join(run_dir, MATRIX_FILENAME)
     try:
         outcome = trio.run(supervise, admitted, None, progress, resumption)
     except BaseException as exc:
@@ -699,7 +631,6 @@ def supervise_command(
             raise
         # Python's handlers are in place only before the run's receiver opens and after the
         # matrix is published: a matrix receipt is on disk either way.
-        matrix = os.path.join(admitted.output, MATRIX_FILENAME)
         if not os.path.lexists(matrix):
             failed = FailedMatrix(
                 detail="interrupted before the run began", request_sha256=admitted.request_sha256
@@ -708,22 +639,60 @@ def supervise_command(
                 publish_fresh(matrix, encode_matrix(failed))
             except OSError as exc:
                 print(f"interrupted: {unwritten_matrix(admitted, exc.strerror)}", file=sys.stderr)
+                _say_interrupted(run_dir, run_dir)
+                progress.finished("interrupted", None, None, EXIT_INTERRUPTED)
                 return EXIT_INTERRUPTED
         print(f"interrupted: {matrix}", file=sys.stderr)
+        _say_interrupted(matrix, run_dir)
+        progress.finished("interrupted", matrix, None, EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
+    written = os.path.isfile(matrix)
     signed = True
-    if os.path.isfile(os.path.join(admitted.output, MATRIX_FILENAME)):
-        print(final_line(admitted, outcome))
-        if outcome.journal_head is not None:
-            signed = _sign(admitted.output, sign_key, outcome.journal_head)
-            print(head_line(outcome.journal_head), flush=True)
-    else:  # a full disk, say: the failure was reported above; name no missing file
-        print(f"{outcome.status}: {unwritten_matrix(admitted, None)}")
+    if written and outcome.journal_head is not None:
+        signed = _sign(admitted.output, sign_key, outcome.journal_head)
     if outcome.interrupted:
-        return EXIT_INTERRUPTED
-    if not signed:  # the head's signature was asked for and is missing: not a clean run
-        return EXIT_NOT_COMPLETED
-    return EXIT_COMPLETED if outcome.status == "completed" else EXIT_NOT_COMPLETED
+        code = EXIT_INTERRUPTED
+    elif not signed:  # the head's signature was asked for and is missing: not a clean run
+        code = EXIT_NOT_COMPLETED
+    else:
+        code = EXIT_COMPLETED if outcome.status == "completed" else EXIT_NOT_COMPLETED
+    if progress.result_lines:
+        if written:
+            print(final_line(admitted, outcome))
+            if outcome.journal_head is not None:
+                print(head_line(outcome.journal_head), flush=True)
+        else:  # a full disk, say: the failure was reported above; name no missing file
+            print(f"{outcome.status}: {unwritten_matrix(admitted, None)}", flush=True)
+    if code == EXIT_INTERRUPTED:
+        _say_interrupted(matrix if written else run_dir, run_dir)
+    elif code != EXIT_COMPLETED:
+        say_failed(
+            sys.stderr,
+            "run",
+            f"the matrix is {outcome.status}{_why(outcome.receipt)}",
+            (matrix if written else run_dir) + "; each row's row.json and logs are beside it",
+            f"read each row's status and reason there (`cache-family report-run {run_dir}` "
+            f"renders them; `cache-family replay {run_dir}` verifies the receipts), fix the "
+            "cause, then run again into a fresh --output",
+        )
+    progress.finished(outcome.status, matrix if written else None, outcome.journal_head, code)
+    return code
+
+
+def _why(receipt: MatrixReceipt | FailedMatrix) -> str:
+    if isinstance(receipt, FailedMatrix):
+        return f" ({receipt.detail})"
+    return f" ({receipt.terminal_refusal})" if receipt.terminal_refusal else ""
+
+
+def _say_interrupted(evidence: str, run_dir: str) -> None:
+    say_failed(
+        sys.stderr,
+        "run",
+        "interrupted by a signal; the hosts were cleaned up",
+        evidence,
+        f"`cache-family run --resume {run_dir}` continues the run (completed rows are kept)",
+    )
 
 
 def is_interrupt(exc: BaseException) -> bool:

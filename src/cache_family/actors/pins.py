@@ -19,20 +19,17 @@ import contextlib
 import hashlib
 import os
 import stat
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, TextIO
+from typing import Literal
 
+from cache_family.actors.progress import NullProgress, ProgressSink
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import open_regular_file
-
-if TYPE_CHECKING:
-    from rich.progress import TaskID
 
 CHUNK_BYTES = 1024 * 1024
 TREE_MAX_DEPTH = 32
@@ -85,100 +82,6 @@ class Budget:
                 "the preparation deadline passed while hashing",
                 "raise preparation_seconds or hash fewer or smaller files",
             )
-
-
-class ProgressSink(Protocol):
-    """Receives byte counts from hashing threads; implementations must be thread-safe."""
-
-    def begin(self, files: int, total_bytes: int) -> None: ...
-
-    def advance(self, nbytes: int) -> None: ...
-
-    def end(self) -> None: ...
-
-
-class NullProgress:
-    """Progress that shows nothing (stderr is not a terminal, or a test)."""
-
-    def begin(self, files: int, total_bytes: int) -> None:
-        del files, total_bytes
-
-    def advance(self, nbytes: int) -> None:
-        del nbytes
-
-    def end(self) -> None:
-        pass
-
-
-class RichProgress:
-    """A bytes / rate / ETA bar on a terminal, driven from any thread."""
-
-    def __init__(self, stream: TextIO, description: str = "hashing") -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            DownloadColumn(binary_units=True),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=Console(file=stream),
-            transient=True,
-        )
-        self._description = description
-        self._task: TaskID | None = None
-        self._lock = threading.Lock()
-
-    def begin(self, files: int, total_bytes: int) -> None:
-        with self._lock:
-            if self._task is None:
-                self._progress.start()
-                self._task = self._progress.add_task(
-                    f"{self._description} {files} file(s)", total=total_bytes
-                )
-            else:
-                self._progress.update(
-                    self._task,
-                    total=(self._progress.tasks[0].total or 0) + total_bytes,
-                    description=f"{self._description} {files} more file(s)",
-                )
-
-    def advance(self, nbytes: int) -> None:
-        if self._task is not None:
-            self._progress.advance(self._task, nbytes)
-
-    def end(self) -> None:
-        with self._lock:
-            if self._task is not None:
-                self._progress.stop()
-                self._task = None
-
-    def set_completed(self, done: int, total: int, description: str) -> None:
-        """Absolute update, for a parent that renders a worker's reported counts."""
-        with self._lock:
-            if self._task is None:
-                self._progress.start()
-                self._task = self._progress.add_task(description, total=total)
-            self._progress.update(self._task, completed=done, total=total, description=description)
-
-
-def is_terminal(stream: TextIO) -> bool:
-    isatty = getattr(stream, "isatty", None)
-    return isatty is not None and bool(isatty())
-
-
-def progress_for(stream: TextIO | None = None) -> ProgressSink:
-    """A rich bar when ``stream`` (default stderr) is a terminal, otherwise nothing."""
-    target = sys.stderr if stream is None else stream
-    return RichProgress(target) if is_terminal(target) else NullProgress()
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ from cache_family.actors.preparation_supervisor import (
     supervise_worker,
     worker_environment,
 )
+from cache_family.actors.progress import say_failed
 from cache_family.actors.publish import Published, publish_fresh, revoke
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import read_bounded
@@ -493,7 +494,39 @@ def _print_refusals(refusals: Sequence[Refusal], stream: TextIO) -> None:
 
 def prepare_command(command: str, input: str, output: str, overrides: list[str]) -> int:
     """``cache-family prepare-full|prepare-use-cases --input ABS --output ABS [overrides]``."""
-    return run_prepare(command, input, output, overrides)
+    code = run_prepare(command, input, output, overrides)
+    say_prepare_failed(sys.stderr, command, input, output, code)
+    return code
+
+
+def say_prepare_failed(stream: TextIO, command: str, input: str, output: str, code: int) -> None:
+    """The closing lines of a preparation that did not publish: what, evidence, next."""
+    again = f"then run `cache-family {command}` again into a fresh --output"
+    if code == EXIT_REFUSED:
+        say_failed(
+            stream,
+            command,
+            "refused before any work (the refusals above)",
+            f"{input}; nothing was written under {output}",
+            f"fix what each refusal names (`cache-family validate --input {input}` lists the "
+            f"operator input's), {again}",
+        )
+    elif code == EXIT_REFUSED_DURING_WORK:
+        say_failed(
+            stream,
+            command,
+            "refused while observing (the refusals above)",
+            f"{output}: request.json, observations.json (complete: false) and the worker logs",
+            f"fix what each refusal names, {again}",
+        )
+    elif code == EXIT_INTERRUPTED:
+        say_failed(
+            stream,
+            command,
+            "interrupted by a signal",
+            f"{output} (whatever was observed; no prepared input was left)",
+            f"when ready, {again}",
+        )
 
 
 # --- the worker --------------------------------------------------------------------------------

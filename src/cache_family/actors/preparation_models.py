@@ -28,10 +28,10 @@ from cache_family.actors.pins import (
     Budget,
     FilePin,
     HashJob,
-    ProgressSink,
     canonical_regular_file,
     hash_files,
 )
+from cache_family.actors.progress import ProgressSink
 from cache_family.actors.publish import path_inside
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded

@@ -17,8 +17,8 @@ from typing import IO, Final, Literal, Protocol, TextIO
 
 import trio
 
-from cache_family.actors.pins import RichProgress, is_terminal
 from cache_family.actors.process_group import stop_group
+from cache_family.actors.progress import BytesBar, is_terminal
 from cache_family.schemas.bounded import MIB
 
 GRACE_SECONDS: Final = 12.0
@@ -62,7 +62,7 @@ class WorkerEvents:
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
-        self.bar = RichProgress(stream, "hashing") if is_terminal(stream) else None
+        self.bar = BytesBar(stream, "hashing") if is_terminal(stream) else None
         self.phases: list[str] = []
 
     def handle(self, line: bytes) -> None:

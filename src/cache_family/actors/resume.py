@@ -39,6 +39,7 @@ from cache_family.actors.matrix import (
     Resumption,
     supervise_command,
 )
+from cache_family.actors.progress import Mode, say_failed
 from cache_family.actors.prompts import PromptSelector
 from cache_family.actors.replay import ReplayReport, reap_children, refuse_while_runner_lives
 from cache_family.actors.run_context import PinTarget, hash_pins
@@ -225,8 +226,8 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
     return admitted, resumption, notes.lines
 
 
-def resume_command(run_dir: str, *, sign_key: str | None = None) -> int:
-    """The ``run --resume`` verb; exit codes as ``run``'s."""
+def resume_command(run_dir: str, *, sign_key: str | None = None, mode: Mode | None = None) -> int:
+    """The ``run --resume`` verb; exit codes as ``run``'s (``mode``: how progress shows)."""
     try:
         if sign_key is not None:
             check_sign_key(sign_key)
@@ -234,7 +235,15 @@ def resume_command(run_dir: str, *, sign_key: str | None = None) -> int:
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"refused: {refusal.line()}", file=sys.stderr)
+        say_failed(
+            sys.stderr,
+            "run --resume",
+            f"the run cannot be resumed ({len(refused.refusals)} refusal(s) above)",
+            f"{run_dir}; nothing in it was changed",
+            f"fix what each refusal names, or check it with `cache-family replay {run_dir}`; "
+            "a run that cannot be resumed is rerun into a fresh --output",
+        )
         return EXIT_REFUSED
     for note in notes:
         print(note, file=sys.stderr)
-    return supervise_command(admitted, resumption, sign_key=sign_key)
+    return supervise_command(admitted, resumption, sign_key=sign_key, mode=mode)

@@ -1,32 +1,40 @@
-"""The demo: the main job end to end on the embedded default (``./bootstrap demo``).
+"""The demo is the mission: ``./bootstrap demo`` runs the wrapper's sequence on the real parts.
 
-It builds or reuses the real parts (``llama-server`` from registry source and the tiny
-model zoo as a Hugging Face hub cache), installs them with the reference workload oracles as
-``skippy-workload-oracles-build`` lays them out (``out/tools``: ``native/``,
-``cargo/debug/{skippy,skippy-correctness,skippy-package-builder}``, ``producer.json``), writes
-an operator input naming those tools exactly as it would name real Skippy tools, then runs the
-operator's own commands as child processes: ``validate``, ``prepare-full``, ``run`` and
-``replay``. Everything lands in a fresh ``out/demo-<time>/`` directory.
+It builds or reuses ``llama-server`` and the tiny model zoo, installs them with the reference
+workload oracles as ``skippy-workload-oracles-build`` lays them out (``OUT/tools``), writes an
+operator input naming those tools exactly as it would name real Skippy tools (old and new
+stage servers bound), then runs ``cache-family bench``'s own step list
+(:mod:`cache_family.bench_sequence`: prepare-full, run, prepare-use-cases, run, report),
+followed by ``report-run`` and ``replay`` of both runs. Which families and use cases run is
+chosen only through the operator input (``plan.cases``) and the wrapper's corpus variable
+(a subset of the checked-in corpus); see :data:`PLANS`.
 
 Old and new stage servers are the same oracle build with one serving option apart: the old
 arm (``skippy-prefix-reuse-off``) never reuses a cached prompt prefix, the new one (``skippy``)
-does; ``producer.json`` records the option of each. All figures come from tiny random-weight
-models: the receipts and the report mark them synthetic.
+does. All figures come from tiny random-weight models: the receipts and reports mark them
+synthetic.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from cache_family import bench_sequence
+from cache_family.actors.progress import say_failed
+from cache_family.errors import Refused
 from cache_family.oracles import native_build
 from cache_family.oracles.native_parts import Parts, ensure_parts
+from cache_family.schemas.corpus import default_corpus_path
 from cache_family.schemas.examples import example_operator, example_plan
 
 # Declared provenance only (never verified): the oracles are this project's source at the
@@ -35,12 +43,47 @@ from cache_family.schemas.examples import example_operator, example_plan
 _UNKNOWN_COMMIT = "0" * 40
 OLD_SERVER = "skippy-prefix-reuse-off"
 
+OPERATOR_NAME = "operator.json"
+CORPUS_NAME = "use-case-corpus.json"
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPlan:
+    """Which rows the demo runs: ``cases`` () means every catalog preset, ``use_cases``
+    None means the whole checked-in corpus."""
+
+    name: str
+    cases: tuple[str, ...]
+    use_cases: tuple[str, ...] | None
+    what: str
+
+
+PLANS: dict[str, DemoPlan] = {
+    plan.name: plan
+    for plan in (
+        DemoPlan(
+            "quick",
+            ("qwen3_dense", "falcon_h1"),
+            ("tool_calling",),
+            "2 families (an attention and a recurrent one) and 1 use case: 4 rows",
+        ),
+        DemoPlan(
+            "standard",
+            (),
+            ("tool_calling",),
+            "every family in both matrices, 1 use case: 28 rows",
+        ),
+        DemoPlan("full", (), None, "every family and every use case of the corpus: 126 rows"),
+    )
+}
+DEFAULT_PLAN = "standard"
+
 
 def _repo_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
-def operator_input(parts: Parts, tools: Path) -> dict[str, Any]:
+def operator_input(parts: Parts, tools: Path, cases: tuple[str, ...] = ()) -> dict[str, Any]:
     """The operator input naming the installed tools under ``tools`` (an install OUTPUT)."""
     debug = tools.joinpath(*native_build.TOOLS_SUBDIR)
     native = tools / "native"
@@ -50,10 +93,10 @@ def operator_input(parts: Parts, tools: Path) -> dict[str, Any]:
     return example_operator(
         example_plan(
             str(parts.zoo_root),
+            cases=list(cases),
             concurrency=[1, 2],
             concurrent_requests=4,
             concurrent_output_tokens=16,
-            llama_parallel=2,
             catalog={"path": str(parts.zoo_catalog), "sha256": catalog_sha},
             old_server={"path": str(debug / OLD_SERVER), "sha256": None},
             new_server={"path": str(debug / "skippy"), "sha256": None},
@@ -69,54 +112,138 @@ def operator_input(parts: Parts, tools: Path) -> dict[str, Any]:
         borrow_resident_hits=False,
         cache_decoded_result_hits=False,
         environment={"OMP_NUM_THREADS": "1", "LLAMA_STAGE_BACKEND": "cpu"},
-        execution_seconds=3600,
+        execution_seconds=7200,
         cell_seconds=300,
         request_timeout_ms=60000,
         preparation_seconds=600,
     )
 
 
-def _step(title: str, argv: list[str], progress: TextIO) -> int:
-    print(f"\ndemo: {title}\n  $ cache-family {' '.join(argv)}", file=progress, flush=True)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())}
-    if "CACHE_FAMILY_CACHE" in os.environ:
-        env["CACHE_FAMILY_CACHE"] = os.environ["CACHE_FAMILY_CACHE"]
-    return subprocess.run(
-        [sys.executable, "-m", "cache_family.cli", *argv], env=env, check=False
-    ).returncode
+def corpus_subset(keys: tuple[str, ...] | None) -> bytes:
+    """The checked-in corpus with only ``keys`` (in corpus order); None keeps all of it."""
+    corpus = json.loads(Path(default_corpus_path()).read_bytes())
+    if keys is not None:
+        corpus["use_cases"] = [u for u in corpus["use_cases"] if u["key"] in keys]
+    return (json.dumps(corpus, indent=2) + "\n").encode()
 
 
-def run_demo(out: Path, progress: TextIO) -> int:
-    parts = ensure_parts(progress)
-    out.mkdir(parents=True)
-    tools = out / "tools"
-    print("\ndemo: install the native build and the reference workload oracles", file=progress)
-    native_build.install(tools, progress, tools=True)
-    operator_path = out / "operator.json"
-    operator_path.write_text(json.dumps(operator_input(parts, tools), indent=2) + "\n")
-    prepared = out / "full-input"
-    run_dir = out / "full-gguf"
-    steps: list[tuple[str, list[str], set[int]]] = [
-        ("check the operator input", ["validate", "--input", str(operator_path)], {0}),
-        (
-            "observe bytes and plan every catalog row",
-            ["prepare-full", "--input", str(operator_path), "--output", str(prepared)],
-            {0},
-        ),
-        (
-            "run every present row: correctness, native arms, old/new stage servers",
-            ["run", "--input", str(prepared / "cache-family-input.json"), "--output", str(run_dir)],
-            {0, 1},
-        ),
-        ("replay the journal and compare every receipt", ["replay", str(run_dir)], {0}),
-    ]
-    for title, argv, accepted in steps:
-        code = _step(title, argv, progress)
-        if code not in accepted:
-            print(f"demo: stopped: `cache-family {argv[0]}` exited {code}", file=progress)
-            return code
-    _summarize(run_dir, progress)
-    print(f"\ndemo: everything is under {out}", file=progress)
+def bench_environment(
+    environ: Mapping[str, str], operator: Path, corpus: Path, run_id: str
+) -> dict[str, str]:
+    """The caller's environment without any of the wrapper's own variables, then the demo's:
+    its operator input and corpus, its tools already installed. The plan overrides keep the
+    wrapper's defaults, the settings the combined report's wording states."""
+    contract = {
+        bench_sequence.RUNNER_ENV,
+        bench_sequence.OPERATOR_ENV,
+        bench_sequence.RUN_ID_ENV,
+        bench_sequence.SKIP_BUILD_ENV,
+        bench_sequence.BUILD_OUTPUT_ENV,
+        bench_sequence.CORPUS_ENV,
+        *(name for name, _, _ in bench_sequence.PLAN_OVERRIDES),
+    }
+    env = {name: value for name, value in environ.items() if name not in contract}
+    env.update(
+        {
+            bench_sequence.OPERATOR_ENV: str(operator),
+            bench_sequence.CORPUS_ENV: str(corpus),
+            bench_sequence.SKIP_BUILD_ENV: "1",
+            bench_sequence.RUN_ID_ENV: run_id,
+        }
+    )
+    return env
+
+
+def demo_steps(output: str) -> tuple[tuple[bench_sequence.Step, ...], tuple[str, ...]]:
+    """What the demo runs after the wrapper's sequence: each run's report files, then the
+    replay of each run (which also regenerates those report files and compares them)."""
+    runner = bench_sequence.default_runner()
+    steps: list[bench_sequence.Step] = []
+    wrote: list[str] = []
+    runs = [os.path.join(output, name) for name in ("full-gguf", "use-cases")]
+    for run in runs:
+        steps.append(
+            bench_sequence.Step(
+                f"report-run {os.path.basename(run)}",
+                (*runner, "report-run", run),
+                run,
+                f"fix what the refusal above names, then rerun `cache-family report-run {run}`",
+            )
+        )
+        wrote.append(f"Wrote run report: {os.path.join(run, 'report.html')}")
+    for run in runs:
+        steps.append(
+            bench_sequence.Step(
+                f"replay {os.path.basename(run)}",
+                (*runner, "replay", run),
+                os.path.join(run, "journal.jsonl"),
+                f"the lines above name what differs; `cache-family replay {run}` reruns the "
+                "comparison (report it with the run directory)",
+            )
+        )
+    return tuple(steps), tuple(wrote)
+
+
+def _say(progress: TextIO, text: str) -> None:
+    print(f"demo: {text}", file=progress, flush=True)
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPU(s)"
+
+
+def run_demo(
+    out: Path,
+    progress: TextIO,
+    *,
+    plan: DemoPlan | None = None,
+    quiet: bool = False,
+    stdout: TextIO | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """Build or reuse the parts, write the operator input, run the sequence; the exit code."""
+    plan = plan or PLANS[DEFAULT_PLAN]
+    stdout = sys.stdout if stdout is None else stdout
+    started = time.monotonic()
+    _say(progress, f"plan {plan.name}: {plan.what}; {_load()}")
+    try:
+        parts = ensure_parts(progress)
+        out.mkdir(parents=True)
+        tools = out / "tools"
+        _say(progress, "install the native build and the reference workload oracles")
+        native_build.install(tools, progress, tools=True)
+    except Refused as refused:
+        for refusal in refused.refusals:
+            print(f"refused: {refusal.line()}", file=progress)
+        say_failed(
+            progress,
+            "demo",
+            "the real parts could not be built or installed",
+            f"the refusals above; {out if out.exists() else 'nothing was written'}",
+            "fix what each refusal names, then run `./bootstrap demo` again",
+        )
+        return bench_sequence.EXIT_PRECONDITION
+    operator = out / OPERATOR_NAME
+    operator.write_text(json.dumps(operator_input(parts, tools, plan.cases), indent=2) + "\n")
+    corpus = out / CORPUS_NAME
+    corpus.write_bytes(corpus_subset(plan.use_cases))
+    _say(progress, f"operator input {operator} (old and new stage servers bound)")
+    env = bench_environment(os.environ if environ is None else environ, operator, corpus, out.name)
+    try:
+        bench = bench_sequence.plan_bench(str(out), env, quiet=quiet)
+    except bench_sequence.BenchRefused as refused:
+        say_failed(progress, "demo", refused.refusal.line(), refused.evidence, refused.refusal.hint)
+        return bench_sequence.EXIT_PRECONDITION
+    extra, wrote = demo_steps(bench.output)
+    bench = dataclasses.replace(bench, steps=bench.steps + extra, wrote=bench.wrote + wrote)
+    code = bench_sequence.run_bench(bench, env, stdout, progress, quiet=quiet)
+    if code != 0:
+        return code
+    for run in ("full-gguf", "use-cases"):
+        _summarize(out / run, progress)
+    minutes = (time.monotonic() - started) / 60
+    _say(progress, f"done in {minutes:.1f} min ({_load()}); everything is under {out}")
     return 0
 
 
@@ -171,30 +298,64 @@ def _summarize(run_dir: Path, progress: TextIO) -> None:
         if catalog.get("synthetic")
         else ""
     )
-    print(f"\ndemo: matrix status {matrix.get('status')}{label}", file=progress)
+    print(f"\ndemo: {run_dir.name}: matrix status {matrix.get('status')}{label}", file=progress)
     for row in matrix.get("rows", []):
         result = row.get("result", {})
         figures = ""
         evidence = result.get("evidence")
         if evidence and (run_dir / evidence).is_file():
             figures = _arm_figures(json.loads((run_dir / evidence).read_text()))
+        use_case = f" {row['use_case']}" if row.get("use_case") else ""
         print(
-            f"  {row.get('case', '?'):<14} p{row.get('prefix_tokens', '?'):<5} "
+            f"  {row.get('case', '?'):<14}{use_case} p{row.get('prefix_tokens', '?'):<5} "
             f"{result.get('status', '?'):<11} {figures}",
             file=progress,
         )
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="./bootstrap demo",
+        description="Run the wrapper's whole sequence on the real llama-server and the tiny "
+        "model zoo; print where readme-tables.md and report.html are. Default plan: "
+        f"{PLANS[DEFAULT_PLAN].what}.",
+    )
+    parser.add_argument(
+        "output", nargs="?", metavar="OUT", help="a fresh directory (default out/demo-<time>)"
+    )
+    choice = parser.add_mutually_exclusive_group()
+    for name, plan in PLANS.items():
+        if name != DEFAULT_PLAN:
+            choice.add_argument(
+                f"--{name}",
+                dest="plan",
+                action="store_const",
+                const=name,
+                help=plan.what,
+            )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress; failures and the closing lines only"
+    )
+    parser.set_defaults(plan=DEFAULT_PLAN)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args:
-        out = Path(args[0]).absolute()
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.output:
+        out = Path(args.output).absolute()
     else:
         out = _repo_root() / "out" / time.strftime("demo-%Y%m%d-%H%M%S")
     if out.exists():
-        print(f"demo: {out} already exists; give a fresh directory", file=sys.stderr)
+        say_failed(
+            sys.stderr,
+            "demo",
+            f"{out} already exists",
+            str(out),
+            "give a fresh directory, or none for out/demo-<time>",
+        )
         return 2
-    return run_demo(out, sys.stderr)
+    return run_demo(out, sys.stderr, plan=PLANS[args.plan], quiet=args.quiet)
 
 
 if __name__ == "__main__":

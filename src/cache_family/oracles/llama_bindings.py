@@ -10,10 +10,12 @@ imports it before :func:`load` has set that variable: ``cache-family`` works wit
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
-from importlib import metadata
+import tempfile
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -40,11 +42,45 @@ def installed() -> bool:
         return False
 
 
+LOCK_NAME = "llama_bindings_lock.json"
+
+
+def lock() -> dict[str, Any]:
+    """The hash-pinned build backend and runtime dependencies (``llama_bindings_lock.json``)."""
+    text = resources.files("cache_family.oracles").joinpath(LOCK_NAME).read_text()
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+def requirement_files(sdist: Path) -> tuple[str, str]:
+    """The two requirements files of the install, every line with its ``--hash``: first the
+    build backend and the runtime dependencies, then the pinned sdist itself."""
+    pinned = lock()
+    lines = [
+        f"{entry['name']}=={entry['version']} "
+        + " ".join(f"--hash=sha256:{digest}" for digest in entry["sha256"])
+        for entry in (*pinned["build"], *pinned["runtime"])
+    ]
+    pin = native_build.source_pin()
+    return "\n".join(lines) + "\n", f"{sdist} --hash=sha256:{pin.sdist_sha256}\n"
+
+
+def pip_install(requirements: str) -> list[str]:
+    """pip in hash-checking mode: nothing unpinned, no dependency pip would pick itself, and
+    no isolated build environment (it would fetch the backend unpinned)."""
+    return [
+        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+        "--require-hashes", "--no-deps", "--no-build-isolation", "-r", requirements,
+    ]  # fmt: skip
+
+
 def ensure_installed(progress: TextIO) -> None:
     """Install the pinned bindings into this interpreter's environment unless present.
 
     Installs the pin-checked cached sdist (downloaded once for the native build), so the
-    bindings' Python code is exactly the version whose C API the library exports.
+    bindings' Python code is exactly the version whose C API the library exports; its build
+    backend and runtime dependencies come hash-pinned from ``llama_bindings_lock.json``
+    (numpy and typing-extensions from ``requirements.lock``, which ``bootstrap`` installs).
     """
     if installed():
         return
@@ -53,21 +89,28 @@ def ensure_installed(progress: TextIO) -> None:
     print(f"bindings: installing {requirement()} without compiling", file=progress, flush=True)
     env = native_build._tool_env()
     env["CMAKE_ARGS"] = "-DLLAMA_BUILD=OFF"
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", sdist],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=1800,
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for index, text in enumerate(requirement_files(sdist)):
+            requirements = Path(tmp) / f"requirements-{index}.txt"
+            requirements.write_text(text)
+            result = subprocess.run(
+                pip_install(str(requirements)),
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+                timeout=1800,
+            )
+            if result.returncode != 0:
+                break
     if result.returncode != 0 or not installed():
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
         raise Refused.one(
             "bindings.install_failed",
             "$",
             f"pip could not install {requirement()}: {' | '.join(tail)}",
-            "check that the package registry is reachable (pip fetches the build backend)",
+            "check that the package registry is reachable and that its files still match "
+            f"the hashes in {LOCK_NAME}",
         )
 
 
