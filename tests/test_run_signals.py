@@ -8,6 +8,7 @@ checks the published receipts, that no host process survived and that the port i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -343,3 +344,82 @@ async def test_reap_is_refused_while_the_runner_lives_and_touches_nothing(
     # Once the runner is gone, reap is allowed again (and finds nothing left to end).
     report = await trio.to_thread.run_sync(lambda: replay(str(out), reap=True, reap_grace_s=10))
     assert report.exit_code == 0
+
+
+def daemons(directory: Path) -> dict[int, float]:
+    found = {}
+    for path in directory.iterdir():
+        if path.name.isdigit():
+            pid = int(path.name)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found[pid] = psutil.Process(pid).create_time()
+    return found
+
+
+def kill_all(found: dict[int, float]) -> None:
+    for pid, created in found.items():
+        if still_same(pid, created):
+            psutil.Process(pid).kill()
+
+
+async def test_host_daemons_made_on_sigterm_are_ended_by_tag_and_downgrade_the_cells(
+    tmp_path: Path,
+) -> None:
+    """Each host leaves a setsid + double-fork daemon from its SIGTERM handler: the group stop
+    looks graceful, yet custody finds every daemon by the cell's environment tag, ends it and
+    journals it, and the cells are not completed."""
+    prepared = make_prepared(tmp_path / "p")
+    (tmp_path / "daemons").mkdir()
+    behave(prepared, daemonize="on_sigterm", daemon_dir=str(tmp_path / "daemons"))
+    out = tmp_path / "out"
+    logs = logs_dir(tmp_path)
+    process = await start_run(prepared, out, logs)
+    try:
+        code = await wait_exit(process)
+        found = daemons(tmp_path / "daemons")
+    finally:
+        if process.returncode is None:
+            process.kill()
+    try:
+        assert code == 1, (logs / "run.stderr").read_text()
+        outcomes = [r.cleanup for r in journal_records(out, CleanupOutcome)]
+        tagged = sorted(pid for outcome in outcomes for pid in outcome.tagged_escapees)
+        assert tagged == sorted(found) and len(found) == 2  # one daemon per native cell
+        assert all(outcome.graceful and not outcome.surviving_descendants for outcome in outcomes)
+        assert not any(still_same(pid, created) for pid, created in found.items())
+        for name in ("native-serial", "sweep-native-concurrent"):
+            receipt = decode_cell_receipt((out / "cell-0000" / name / "cell.json").read_bytes())
+            assert receipt.status != "completed"
+            assert receipt.cleanup is not None and receipt.cleanup.tagged_escapees
+        assert_no_orphan_and_ports_free(out)
+        assert replay(str(out)).exit_code == 0
+    finally:
+        kill_all(found)
+
+
+async def test_reap_ends_a_tagged_daemon_of_a_killed_run(tmp_path: Path) -> None:
+    """The host daemonized at start-up (out of the group and the tree), then the runner was
+    SIGKILLed: ``replay --reap`` finds the daemon by the run's tag and ends it."""
+    (tmp_path / "daemons").mkdir()
+    run = await start_stalled_run(
+        tmp_path, daemonize="at_start", daemon_dir=str(tmp_path / "daemons")
+    )
+    out, process, fifo = run.out, run.process, run.fifo
+    found: dict[int, float] = {}
+    try:
+        event, pid = (await fifo.next_line()).split()
+        assert event == "stream"
+        process.kill()
+        assert await wait_exit(process) == -signal.SIGKILL
+        found = daemons(tmp_path / "daemons")
+        # The serial cell's custody already ended its daemon; the ladder's is an orphan now.
+        orphans = [d for d, c in found.items() if still_same(d, c)]
+        assert len(found) == 2 and len(orphans) == 1
+        assert orphans[0] not in [p.pid for p in psutil.Process(int(pid)).children(True)]
+        report = await trio.to_thread.run_sync(lambda: replay(str(out), reap=True, reap_grace_s=5))
+        assert any("carries the run's environment tag" in line for line in report.lines)
+        assert not any(still_same(d, c) for d, c in found.items())
+        assert_no_orphan_and_ports_free(out)
+    finally:
+        stop(run)
+        kill_all(found)

@@ -427,6 +427,7 @@ class CellActor:
             dialect=self.cli.dialect if self.cli is not None else "llama-server",
             model_id=plan.model_id,
             lane_count=plan.lanes,
+            process_tag=self.ctx.cell_process_tag(plan.cell_id),
         )
         # A busy port is refused here, before anything is launched.
         await self._nursery.start(self._custody, config)
