@@ -382,12 +382,14 @@ async def test_reap_is_refused_while_the_runner_lives_and_touches_nothing(
 
 
 def daemons(directory: Path) -> dict[int, float]:
+    """Every daemon that wrote its pid, with its create time (0.0, never a live process's,
+    once it is gone and reaped)."""
     found = {}
     for path in directory.iterdir():
         if path.name.isdigit():
-            pid = int(path.name)
+            found[int(path.name)] = 0.0
             with contextlib.suppress(psutil.NoSuchProcess):
-                found[pid] = psutil.Process(pid).create_time()
+                found[int(path.name)] = psutil.Process(int(path.name)).create_time()
     return found
 
 

@@ -7,7 +7,9 @@ character) and ``/completion`` (plain or streamed, llama-server's field layout, 
 the prompt's length minus one after the first request, as a warm prefix cache would report).
 
 Its behaviour comes from ``<this file>.behaviour.json`` if present (the run gives hosts only an
-explicit environment, so a file beside the binary is the test's channel):
+explicit environment, so a file beside the binary is the test's channel; the run executes a
+private copy of the launcher ``make_prepared`` writes, which names that file in
+``FAKE_LLAMA_BEHAVIOUR``):
   {"completion_delay": seconds before each /completion answers (default 0),
    "stream_delay": seconds before each streamed /completion answers (default 0),
    "ignore_sigterm": "always", or "after_stream" (once a streamed request arrived) to
@@ -35,7 +37,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-BEHAVIOUR_PATH = os.path.realpath(__file__) + ".behaviour.json"
+# A launcher (the run executes a private copy of it) names the file; else it lies beside this.
+BEHAVIOUR_PATH = (
+    os.environ.get("FAKE_LLAMA_BEHAVIOUR") or os.path.realpath(__file__) + ".behaviour.json"
+)
 
 
 def _behaviour() -> dict[str, Any]:
