@@ -195,7 +195,9 @@ async def end_tagged(tag: str) -> tuple[list[int], list[int]]:
     ended: dict[int, float] = {}
     survivors: list[int] = []
     for _ in range(TAG_SWEEPS):
-        found = tagged_processes(lambda seen: seen == tag)
+        # Reading every process's environ is blocking file I/O: off the event loop.
+        with trio.CancelScope(shield=True):
+            found = await trio.to_thread.run_sync(tagged_processes, lambda seen: seen == tag)
         if not found:
             break
         ended.update(found)
