@@ -41,7 +41,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Final, TextIO, TypeAlias
@@ -620,37 +620,37 @@ async def _watch_signals(
     rows_scope: trio.CancelScope,
     progress: Progress,
     seen: _Signals,
-    early: interrupts.RunInterrupts | None,
+    early: interrupts.RunInterrupts | None = None,
 ) -> None:
-    # Started once run_started (or run_resumed) is stamped, so a signal from before the
-    # receiver opened is journaled after it, as the run's first cancellation.
-    for name in early.take() if early is not None else ():
-        _on_signal(name, ctx, rows_scope, progress, seen)
-    async for signum in signals:
-        _on_signal(signal.Signals(signum).name, ctx, rows_scope, progress, seen)
-
-
-def _on_signal(
-    name: str, ctx: RunContext, rows_scope: trio.CancelScope, progress: Progress, seen: _Signals
-) -> None:
-    seen.received += 1
-    if seen.folded:
-        # The matrix is being folded or published: nothing is left to cancel, and
-        # publication is never skipped.
-        seen.late.append(name)
-    elif ctx.stop.signal_name is None and not ctx.stop.deadline_hit:
-        ctx.stop.signal_name = name
-        # Stamped before the rows see the cancellation, so every later fold sees it.
-        ctx.writer.append_nowait(
-            Cancellation(cell_id=None, signal=name, detail="run cancelled by signal")
-        )
-        rows_scope.cancel()
-        progress.note(f"{name}: cancelling; hosts are being cleaned up (again to hurry)")
-    else:
-        if ctx.stop.signal_name is None:
+    async for name in _signal_names(signals, early):
+        seen.received += 1
+        if seen.folded:
+            # The matrix is being folded or published: nothing is left to cancel, and
+            # publication is never skipped.
+            seen.late.append(name)
+        elif ctx.stop.signal_name is None and not ctx.stop.deadline_hit:
             ctx.stop.signal_name = name
-        ctx.stop.shorten_grace()
-        progress.note(f"{name} again: shortening the hosts' SIGTERM grace")
+            # Stamped before the rows see the cancellation, so every later fold sees it.
+            ctx.writer.append_nowait(
+                Cancellation(cell_id=None, signal=name, detail="run cancelled by signal")
+            )
+            rows_scope.cancel()
+            progress.note(f"{name}: cancelling; hosts are being cleaned up (again to hurry)")
+        else:
+            if ctx.stop.signal_name is None:
+                ctx.stop.signal_name = name
+            ctx.stop.shorten_grace()
+            progress.note(f"{name} again: shortening the hosts' SIGTERM grace")
+
+
+async def _signal_names(signals: Any, early: interrupts.RunInterrupts | None) -> AsyncIterator[str]:
+    """The signals held from before the receiver opened, then the receiver's. The watcher
+    starts once run_started (or run_resumed) is stamped, so an early one is journaled after
+    it, as the run's first cancellation."""
+    for name in early.take() if early is not None else ():
+        yield name
+    async for signum in signals:
+        yield signal.Signals(signum).name
 
 
 async def _watch_deadline(
