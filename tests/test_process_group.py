@@ -17,6 +17,7 @@ import trio
 
 from cache_family.actors.child import ChildCommand, run_child
 from cache_family.actors.process_group import live_members, stop_group
+from cache_family.oracles.stage_server import child_environment
 
 CHILD_POLL_SECONDS = 0.01
 IGNORES_SIGTERM = str(Path(__file__).parent / "fake_hosts" / "fake_host_ignores_sigterm.py")
@@ -159,3 +160,11 @@ async def test_a_tool_child_that_left_a_daemon_is_not_clean_and_the_daemon_is_en
     assert ended.tagged_escapees == (daemon,) and ended.surviving == ()
     assert not ended.clean
     assert not running(daemon)
+
+
+def test_the_stage_server_oracle_passes_the_cell_tag_to_its_backend() -> None:
+    """The oracle stage server starts llama-server in a session of its own with a filtered
+    environment: the backend must keep the cell's tag, or a backend that outlives a killed
+    stage server is out of custody's reach."""
+    env = child_environment({"PATH": "/bin", "CACHE_FAMILY_CELL": "cf-x/cell-0000/new", "K": "v"})
+    assert env == {"PATH": "/bin", "CACHE_FAMILY_CELL": "cf-x/cell-0000/new"}
