@@ -263,10 +263,10 @@ async def test_host_sees_exactly_the_environment_it_was_given(tmp_path: Path) ->
                 [sys.executable, SCRIPTED, "graceful", str(host.port), str(dump)], env
             )
             await host.wait_ready(10)
-            state_dir = host.state_dir
+            state_dir, tag = host.state_dir, host.process_tag
     seen = json.loads(dump.read_text())
     seen.pop("LC_CTYPE", None)  # Python's own UTF-8 mode may coerce the locale in the child
-    assert seen == env
+    assert seen == {**env, "CACHE_FAMILY_CELL": tag}  # custody adds only the host's tag
     assert seen["PATH"] == "/usr/bin:/bin"
     assert seen["HOME"] == f"{state_dir}/home"
     assert seen["TMPDIR"] == f"{state_dir}/tmp"
@@ -398,3 +398,58 @@ def test_hosts_get_the_runners_path_and_library_paths_and_nothing_else() -> None
     recorded = recorded_environment(env)
     assert recorded["CUDA_VISIBLE_DEVICES"] == "redacted" and "GPU-0f3c" not in str(recorded)
     assert recorded["PATH"] == "/operator/bin" and list(recorded) == sorted(env)
+
+
+DAEMONIZES = str(FAKE_HOSTS / "fake_host_daemonizes.py")
+
+
+async def read_daemon(path: Path) -> tuple[int, float]:
+    (pid,) = await read_pids(path)
+    return pid, psutil.Process(pid).create_time()
+
+
+@pytest.mark.parametrize("moment", ["at-start", "on-sigterm"])
+async def test_a_daemon_that_left_group_and_tree_is_found_by_its_tag_and_ended(
+    tmp_path: Path, moment: str
+) -> None:
+    """A host that double-forks and calls setsid (at start-up, or from its SIGTERM handler,
+    so the group stop itself looks graceful) leaves a daemon that neither group signals nor a
+    walk of the host's descendants reach; the host's environment tag finds it."""
+    daemon_path = tmp_path / "daemon.json"
+    with trio.fail_after(30):
+        async with host_custody(config(tmp_path, process_tag="cf-test/cell-0000/x")) as host:
+            await host.launch(
+                [sys.executable, DAEMONIZES, str(host.port), str(daemon_path), moment],
+                env_for(host),
+            )
+            await host.wait_ready(10)
+            host.note_descendants()
+            if moment == "at-start":
+                daemon, created = await read_daemon(daemon_path)
+                assert daemon not in [p.pid for p in psutil.Process(host.pid).children(True)]
+            outcome = await host.cleanup()
+    if moment == "on-sigterm":
+        daemon, created = await read_daemon(daemon_path)
+        # Re-parented away from the host and in a session of its own, yet ended.
+    assert outcome.graceful is True and outcome.forced is False
+    assert outcome.escaped_descendants == ()
+    assert outcome.tagged_escapees == (daemon,)
+    assert outcome.surviving_descendants == ()
+    assert not alive(daemon, created)
+    assert outcome.clean is False  # a process escaped custody: the cell is downgraded
+    assert any("environment tag" in what for _, what in outcome.problems())
+
+
+async def test_the_host_carries_its_tag_and_cannot_be_given_another(tmp_path: Path) -> None:
+    env_path = tmp_path / "env.json"
+    with trio.fail_after(30):
+        async with host_custody(config(tmp_path, process_tag="cf-run/cell-0001/x")) as host:
+            await host.launch(
+                [sys.executable, SCRIPTED, "graceful", str(host.port), str(env_path)],
+                env_for(host),
+            )
+            await host.wait_ready(10)
+    assert json.loads(env_path.read_text())["CACHE_FAMILY_CELL"] == "cf-run/cell-0001/x"
+    with pytest.raises(Refused) as refused:
+        host_environment({"CACHE_FAMILY_CELL": "other"}, {}, None, str(tmp_path))
+    assert refused.value.codes == ["custody.env_reserved"]

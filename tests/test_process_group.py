@@ -15,7 +15,9 @@ from pathlib import Path
 import psutil
 import trio
 
+from cache_family.actors.child import ChildCommand, run_child
 from cache_family.actors.process_group import live_members, stop_group
+from cache_family.oracles.stage_server import child_environment
 
 CHILD_POLL_SECONDS = 0.01
 IGNORES_SIGTERM = str(Path(__file__).parent / "fake_hosts" / "fake_host_ignores_sigterm.py")
@@ -111,3 +113,58 @@ async def test_an_ended_group_is_not_signalled() -> None:
         await process.wait()
         stopped = await stop_group(process, grace=600, kill_wait=10)
     assert not stopped.signalled and not stopped.forced and stopped.returncode == 0
+
+
+# A tool child that leaves a daemon behind: setsid and a double fork (FAULT INJECTION), the
+# daemon ignoring SIGTERM; the tool itself exits 0 at once.
+DAEMONIZING_TOOL = """
+import os, signal, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        path = sys.argv[1]
+        with open(path + ".tmp", "w") as handle:
+            handle.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)
+        while True:
+            signal.pause()
+    os._exit(0)
+os.wait()
+while not os.path.exists(sys.argv[1]):
+    pass
+"""
+
+
+async def test_a_tool_child_that_left_a_daemon_is_not_clean_and_the_daemon_is_ended(
+    tmp_path: Path,
+) -> None:
+    daemon_file = tmp_path / "daemon"
+    command = ChildCommand(
+        argv=(sys.executable, "-c", DAEMONIZING_TOOL, str(daemon_file)),
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=str(tmp_path),
+        stdout_path=str(tmp_path / "out.log"),
+        stderr_path=str(tmp_path / "err.log"),
+        deadline=trio.current_time() + 60,
+        process_tag="cf-test/cell-0000/correctness",
+    )
+
+    async def spawned(pid: int, create_time: float) -> None:
+        del pid, create_time
+
+    with trio.fail_after(60):
+        ended = await run_child(command, spawned)
+    daemon = int(daemon_file.read_text())
+    assert ended.exit_code == 0 and not ended.forced
+    assert ended.tagged_escapees == (daemon,) and ended.surviving == ()
+    assert not ended.clean
+    assert not running(daemon)
+
+
+def test_the_stage_server_oracle_passes_the_cell_tag_to_its_backend() -> None:
+    """The oracle stage server starts llama-server in a session of its own with a filtered
+    environment: the backend must keep the cell's tag, or a backend that outlives a killed
+    stage server is out of custody's reach."""
+    env = child_environment({"PATH": "/bin", "CACHE_FAMILY_CELL": "cf-x/cell-0000/new", "K": "v"})
+    assert env == {"PATH": "/bin", "CACHE_FAMILY_CELL": "cf-x/cell-0000/new"}

@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,7 @@ def make_prepared(
     root.mkdir(parents=True, exist_ok=True)
     box = build_toolbox(root, list(keys))
     server = root / "tools" / "fake-llama-server"
-    shutil.copy(FAKE_SERVER, server)
+    server.write_text(fake_server_launcher(server))
     server.chmod(0o755)
     correctness = root / "tools" / "fake-skippy-correctness"
     shutil.copy(FAKE_CORRECTNESS, correctness)
@@ -182,6 +183,17 @@ def make_prepared(
     path = root / "cache-family-input.json"
     path.write_bytes(encode_document(prepared))
     return path
+
+
+def fake_server_launcher(server: Path, *, before: str = "") -> str:
+    """The FAKE llama-server as the run sees it: a launcher script (the pinned "binary") that
+    runs ``fake_run_llama_server.py`` with its behaviour file, named by absolute path so that
+    the private copy the run executes finds it too. ``before``: shell run first."""
+    behaviour = f"{server}.behaviour.json"
+    return (
+        f"#!/bin/sh\n{before}"
+        f"FAKE_LLAMA_BEHAVIOUR='{behaviour}' exec {sys.executable} {FAKE_SERVER} \"$@\"\n"
+    )
 
 
 # --- fakes ------------------------------------------------------------------------------------

@@ -191,7 +191,11 @@ def test_prepare_full_then_run_checks_correctness_then_measures_both_native_arms
     # The typed reader keeps the host's argv and the prompt's provenance (the records' own
     # fields), so folds and replay see exactly what the file holds.
     argv = list(hosts[0].host_argv)
-    assert argv[0] == str(oracle_tools / "native" / "bin" / "llama-server")
+    # The host ran the cell's private copy of the pinned build (the bytes its pins hashed).
+    copy = Path(argv[0]).relative_to(row_dir / "native-serial")
+    assert copy.parts[0].startswith("exec-state-") and copy.parts[1:] == (
+        "native", "bin", "llama-server"
+    )
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--no-webui" in argv
     assert argv[argv.index("-t") + 1] == "1" and {h.host_threads for h in hosts} == {"1"}
     assert all("OMP_NUM_THREADS" in h.host_env_names for h in hosts)

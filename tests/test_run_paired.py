@@ -197,7 +197,10 @@ def test_a_new_server_binary_changed_while_serving_keeps_measurements_and_refuse
     native_parts: Parts, oracle_tools: Path, tmp_path: Path
 ) -> None:
     real = oracle_tools.joinpath(*native_build.TOOLS_SUBDIR) / "skippy"
-    wrapper = fault_wrapper(tmp_path, real, "printf '# changed while serving\\n' >> \"$0\"")
+    # The host runs a private copy ("$0"): the pinned file itself changes while it serves.
+    pinned = tmp_path / "fault-wrappers" / "skippy-new"
+    wrapper = fault_wrapper(tmp_path, real, f"printf '# changed while serving\\n' >> '{pinned}'")
+    assert wrapper == pinned
     operator = paired_operator(
         native_parts,
         oracle_tools,

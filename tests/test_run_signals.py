@@ -8,6 +8,7 @@ checks the published receipts, that no host process survived and that the port i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -40,6 +41,7 @@ from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receip
 from test_run_budgets import make_prepared
 
 CLI = Path(sys.executable).parent / "cache-family"
+HARNESS = Path(__file__).parent / "fake_hosts" / "fault_injection_run.py"
 WAIT = 60  # seconds: an upper bound on process events, never a pause
 CHILD_POLL_SECONDS = 0.02  # polling a real child process (no event to await)
 
@@ -73,11 +75,40 @@ class Fifo:
         os.close(self.keep_fd)
 
 
-async def start_run(prepared: Path, out: Path, logs: Path) -> trio.Process:
+class Seam:
+    """The test's ends of the FAULT-INJECTION harness's seam (``fault_injection_run.py``): the
+    run says when it reached the seam, and blocks there until released."""
+
+    def __init__(self, tmp_path: Path, name: str) -> None:
+        self.name = name
+        self.notify = Fifo(tmp_path / "seam-notify")
+        self.release_path = tmp_path / "seam-release"
+        os.mkfifo(self.release_path)
+        # Read-write: the harness's open for reading never waits for a writer.
+        self.release_fd = os.open(self.release_path, os.O_RDWR)
+
+    async def reached(self) -> None:
+        assert await self.notify.next_line() == f"at {self.name}"
+
+    def release(self) -> None:
+        os.write(self.release_fd, b"go\n")
+
+    def close(self) -> None:
+        self.notify.close()
+        os.close(self.release_fd)
+
+
+async def start_run(
+    prepared: Path, out: Path, logs: Path, seam: Seam | None = None
+) -> trio.Process:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(logs)}
+    command = [str(CLI)]
+    if seam is not None:
+        command = [sys.executable, str(HARNESS), seam.name, str(seam.notify.path)]
+        command.append(str(seam.release_path))
     with open(logs / "run.stdout", "wb") as stdout, open(logs / "run.stderr", "wb") as stderr:
         return await trio.lowlevel.open_process(
-            [str(CLI), "run", "--input", str(prepared), "--output", str(out)],
+            [*command, "run", "--input", str(prepared), "--output", str(out)],
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
@@ -132,6 +163,7 @@ async def start_stalled_run(
     *,
     keys: Sequence[str] = ("qwen3_dense",),
     out: Path | None = None,
+    seam: Seam | None = None,
     **behaviour: Any,
 ) -> StalledRun:
     prepared = make_prepared(tmp_path / "p", keys=keys)
@@ -139,7 +171,7 @@ async def start_stalled_run(
     behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path), **behaviour)
     out = out or tmp_path / "out"
     logs = logs_dir(tmp_path)
-    return StalledRun(out, logs, await start_run(prepared, out, logs), fifo)
+    return StalledRun(out, logs, await start_run(prepared, out, logs, seam), fifo)
 
 
 def stop(run: StalledRun) -> None:
@@ -249,22 +281,26 @@ async def poll_journal_until(out: Path, process: trio.Process, wanted: Any) -> N
 async def test_a_second_signal_after_the_rows_still_publishes_the_cancelled_matrix(
     tmp_path: Path,
 ) -> None:
-    """SIGINT mid-ladder, then SIGTERM once the rows are over (while the unreached rows are
-    journaled): the run still journals every row, publishes the matrix and exits 130."""
-    run = await start_stalled_run(tmp_path, keys=("qwen3_dense", "llama"))
+    """SIGINT mid-ladder, then SIGTERM once the rows are over (the unreached rows journaled,
+    the matrix not yet folded): the run still journals every row, publishes the matrix and
+    exits 130.
+
+    This test once polled the journal for the unreached row and then signalled: on a loaded
+    machine the run had often published and closed its receiver by then, and Python's default
+    SIGTERM action (restored with the receiver) killed it (-15). The run's latch now stays
+    until exit, and the seam makes the moment exact."""
+    seam = Seam(tmp_path, "rows-over")
+    run = await start_stalled_run(tmp_path, keys=("qwen3_dense", "llama"), seam=seam)
     out, logs, process, fifo = run.out, run.logs, run.process, run.fifo
     try:
         assert (await fifo.next_line()).startswith("stream ")
         process.send_signal(signal.SIGINT)
-        # A row with a model that the cancellation kept from starting: the rows are over.
-        await poll_journal_until(
-            out,
-            process,
-            lambda r: isinstance(r, RowOpened) and r.row_dir == "" and r.model_status == "present",
-        )
+        await seam.reached()  # every row has ended (the unreached ones journaled)
         process.send_signal(signal.SIGTERM)
+        seam.release()
         code = await wait_exit(process)
     finally:
+        seam.close()
         stop(run)
     stderr = (logs / "run.stderr").read_text()
     assert code == 130, stderr
@@ -342,3 +378,210 @@ async def test_reap_is_refused_while_the_runner_lives_and_touches_nothing(
     # Once the runner is gone, reap is allowed again (and finds nothing left to end).
     report = await trio.to_thread.run_sync(lambda: replay(str(out), reap=True, reap_grace_s=10))
     assert report.exit_code == 0
+
+
+def daemons(directory: Path) -> dict[int, float]:
+    """Every daemon that wrote its pid, with its create time (0.0, never a live process's,
+    once it is gone and reaped)."""
+    found = {}
+    for path in directory.iterdir():
+        if path.name.isdigit():
+            found[int(path.name)] = 0.0
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found[int(path.name)] = psutil.Process(int(path.name)).create_time()
+    return found
+
+
+def kill_all(found: dict[int, float]) -> None:
+    for pid, created in found.items():
+        if still_same(pid, created):
+            psutil.Process(pid).kill()
+
+
+async def test_host_daemons_made_on_sigterm_are_ended_by_tag_and_downgrade_the_cells(
+    tmp_path: Path,
+) -> None:
+    """Each host leaves a setsid + double-fork daemon from its SIGTERM handler: the group stop
+    looks graceful, yet custody finds every daemon by the cell's environment tag, ends it and
+    journals it, and the cells are not completed."""
+    prepared = make_prepared(tmp_path / "p")
+    (tmp_path / "daemons").mkdir()
+    behave(prepared, daemonize="on_sigterm", daemon_dir=str(tmp_path / "daemons"))
+    out = tmp_path / "out"
+    logs = logs_dir(tmp_path)
+    process = await start_run(prepared, out, logs)
+    try:
+        code = await wait_exit(process)
+        found = daemons(tmp_path / "daemons")
+    finally:
+        if process.returncode is None:
+            process.kill()
+    try:
+        assert code == 1, (logs / "run.stderr").read_text()
+        outcomes = [r.cleanup for r in journal_records(out, CleanupOutcome)]
+        tagged = sorted(pid for outcome in outcomes for pid in outcome.tagged_escapees)
+        assert tagged == sorted(found) and len(found) == 2  # one daemon per native cell
+        assert all(outcome.graceful and not outcome.surviving_descendants for outcome in outcomes)
+        assert not any(still_same(pid, created) for pid, created in found.items())
+        for name in ("native-serial", "sweep-native-concurrent"):
+            receipt = decode_cell_receipt((out / "cell-0000" / name / "cell.json").read_bytes())
+            assert receipt.status != "completed"
+            assert receipt.cleanup is not None and receipt.cleanup.tagged_escapees
+        assert_no_orphan_and_ports_free(out)
+        assert replay(str(out)).exit_code == 0
+    finally:
+        kill_all(found)
+
+
+async def test_reap_ends_a_tagged_daemon_of_a_killed_run(tmp_path: Path) -> None:
+    """The host daemonized at start-up (out of the group and the tree), then the runner was
+    SIGKILLed: ``replay --reap`` finds the daemon by the run's tag and ends it."""
+    (tmp_path / "daemons").mkdir()
+    run = await start_stalled_run(
+        tmp_path, daemonize="at_start", daemon_dir=str(tmp_path / "daemons")
+    )
+    out, process, fifo = run.out, run.process, run.fifo
+    found: dict[int, float] = {}
+    try:
+        event, pid = (await fifo.next_line()).split()
+        assert event == "stream"
+        process.kill()
+        assert await wait_exit(process) == -signal.SIGKILL
+        found = daemons(tmp_path / "daemons")
+        # The serial cell's custody already ended its daemon; the ladder's is an orphan now.
+        orphans = [d for d, c in found.items() if still_same(d, c)]
+        assert len(found) == 2 and len(orphans) == 1
+        assert orphans[0] not in [p.pid for p in psutil.Process(int(pid)).children(True)]
+        report = await trio.to_thread.run_sync(lambda: replay(str(out), reap=True, reap_grace_s=5))
+        assert any("carries the run's environment tag" in line for line in report.lines)
+        assert not any(still_same(d, c) for d, c in found.items())
+        assert_no_orphan_and_ports_free(out)
+    finally:
+        stop(run)
+        kill_all(found)
+
+
+# --- signals at the edges: one test per moment, each reached through a seam that blocks ----
+
+
+def assert_interrupted_cleanly(logs: Path, code: int) -> str:
+    stderr = (logs / "run.stderr").read_text()
+    assert code == 130, stderr  # never -15 / -2 / 143: no signal meets Python's defaults
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    return stderr
+
+
+async def run_to_seam(
+    tmp_path: Path, seam_name: str, **behaviour: Any
+) -> tuple[Path, Path, trio.Process, Seam]:
+    prepared = make_prepared(tmp_path / "p")
+    if behaviour:
+        behave(prepared, **behaviour)
+    seam = Seam(tmp_path, seam_name)
+    out, logs = tmp_path / "out", logs_dir(tmp_path)
+    process = await start_run(prepared, out, logs, seam)
+    await seam.reached()
+    return out, logs, process, seam
+
+
+@pytest.mark.parametrize(
+    ("seam_name", "signum"),
+    [
+        ("before-output", signal.SIGTERM),
+        ("run-dir", signal.SIGTERM),
+        ("run-dir", signal.SIGINT),
+    ],
+)
+async def test_a_signal_before_the_receiver_opens_ends_in_130_with_a_cancelled_matrix(
+    tmp_path: Path, seam_name: str, signum: signal.Signals
+) -> None:
+    """Before the run's first side effect (admission passed, no output yet), or once its
+    directory exists but before the supervisor listens: the signal is held, and the run
+    journals its start, the cancellation and every row as never launched."""
+    out, logs, process, seam = await run_to_seam(tmp_path, seam_name)
+    try:
+        assert out.exists() is (seam_name == "run-dir")
+        process.send_signal(signum)
+        seam.release()
+        code = await wait_exit(process)
+    finally:
+        seam.close()
+        if process.returncode is None:
+            process.kill()
+    assert_interrupted_cleanly(logs, code)
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.status == "incomplete" and matrix.terminal_refusal == "cancelled"
+    assert {r.result.status for r in matrix.rows} <= {"not-launched", "missing-model"}
+    lines = read_journal((out / "journal.jsonl").read_bytes()).lines
+    assert isinstance(lines[0].record, RunStarted)
+    assert isinstance(lines[1].record, Cancellation) and lines[1].record.signal == signum.name
+    assert journal_records(out, ChildSpawned) == []  # nothing was launched
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_a_signal_after_the_rows_before_the_fold_exits_130_and_changes_no_receipt(
+    tmp_path: Path,
+) -> None:
+    out, logs, process, seam = await run_to_seam(tmp_path, "rows-over")
+    try:
+        process.send_signal(signal.SIGTERM)
+        seam.release()
+        code = await wait_exit(process)
+    finally:
+        seam.close()
+        if process.returncode is None:
+            process.kill()
+    stderr = assert_interrupted_cleanly(logs, code)
+    assert "SIGTERM after the matrix was folded" in stderr
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.status == "completed"  # every row had ended: the signal cancels nothing
+    assert journal_records(out, Cancellation) == []
+    assert_no_orphan_and_ports_free(out)
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_a_signal_after_the_matrix_is_published_exits_130_not_by_the_signal(
+    tmp_path: Path,
+) -> None:
+    out, logs, process, seam = await run_to_seam(tmp_path, "published")
+    try:
+        assert (out / MATRIX_FILENAME).is_file()
+        process.send_signal(signal.SIGTERM)
+        seam.release()
+        code = await wait_exit(process)
+    finally:
+        seam.close()
+        if process.returncode is None:
+            process.kill()
+    stderr = assert_interrupted_cleanly(logs, code)
+    assert "SIGTERM after the matrix was published" in stderr
+    assert decode_matrix((out / MATRIX_FILENAME).read_bytes()).status == "completed"
+    assert (logs / "run.stdout").read_text().startswith("completed: ")
+    assert replay(str(out)).exit_code == 0
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+async def test_a_second_signal_after_publication_does_not_kill_the_process(
+    tmp_path: Path, second: signal.Signals
+) -> None:
+    """SIGINT mid-ladder cancels the run; a second signal once the matrix is published (the
+    supervisor's receiver is closed) is only counted: exit 130, never -15 or -2."""
+    seam = Seam(tmp_path, "published")
+    run = await start_stalled_run(tmp_path, seam=seam)
+    out, logs, process, fifo = run.out, run.logs, run.process, run.fifo
+    try:
+        assert (await fifo.next_line()).startswith("stream ")
+        process.send_signal(signal.SIGINT)
+        await seam.reached()
+        process.send_signal(second)
+        seam.release()
+        code = await wait_exit(process)
+    finally:
+        seam.close()
+        stop(run)
+    assert_interrupted_cleanly(logs, code)
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.status == "incomplete" and matrix.terminal_refusal == "cancelled"
+    assert [c.signal for c in journal_records(out, Cancellation) if c.cell_id is None] == ["SIGINT"]
+    assert_no_orphan_and_ports_free(out)
+    assert replay(str(out)).exit_code == 0

@@ -135,8 +135,14 @@ def stage_server(
     try:
         yield served
     finally:
+        # SIGTERM first: the stage server ends its backend, which runs in a session of its
+        # own; SIGKILL alone left that llama-server behind after every test.
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=60)
         reader.join(timeout=10)
 

@@ -227,6 +227,11 @@ def _cmd_prepare_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from cache_family.actors.interrupts import hold_until_exit
+
+    # Before the run's first side effect, and until the process exits: no SIGINT/SIGTERM
+    # reaches Python's defaults (143, a KeyboardInterrupt); each ends in 130 with a matrix.
+    hold_until_exit()
     parser: _Parser = args.parser
     if args.resume is not None:
         if args.input is not None or args.output is not None:

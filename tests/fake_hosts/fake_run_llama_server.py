@@ -7,7 +7,9 @@ character) and ``/completion`` (plain or streamed, llama-server's field layout, 
 the prompt's length minus one after the first request, as a warm prefix cache would report).
 
 Its behaviour comes from ``<this file>.behaviour.json`` if present (the run gives hosts only an
-explicit environment, so a file beside the binary is the test's channel):
+explicit environment, so a file beside the binary is the test's channel; the run executes a
+private copy of the launcher ``make_prepared`` writes, which names that file in
+``FAKE_LLAMA_BEHAVIOUR``):
   {"completion_delay": seconds before each /completion answers (default 0),
    "stream_delay": seconds before each streamed /completion answers (default 0),
    "ignore_sigterm": "always", or "after_stream" (once a streamed request arrived) to
@@ -15,7 +17,12 @@ explicit environment, so a file beside the binary is the test's channel):
    "notify_fifo": a FIFO the host writes one line to at events the test waits for:
                   "stream <pid>" when a streamed /completion arrives, "sigterm <pid>"
                   when SIGTERM arrives,
-   "record_argv": a path the host writes its argv and environment to}
+   "record_argv": a path the host writes its argv and environment to,
+   "daemonize": "at_start" or "on_sigterm": leave a daemon behind that escapes the process
+                group and the process tree (setsid and a double fork) and ignores SIGTERM;
+                it writes its pid to "daemon_dir"/<pid> (made before the listening line, or
+                in the SIGTERM handler before the host exits 0),
+   "marker_file": a path the host appends its pid to when it starts (which bytes ran)}
 Every connection is closed after one answer, as llama-server does after a stream.
 """
 
@@ -30,7 +37,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-BEHAVIOUR_PATH = os.path.realpath(__file__) + ".behaviour.json"
+# A launcher (the run executes a private copy of it) names the file; else it lies beside this.
+BEHAVIOUR_PATH = (
+    os.environ.get("FAKE_LLAMA_BEHAVIOUR") or os.path.realpath(__file__) + ".behaviour.json"
+)
 
 
 def _behaviour() -> dict[str, Any]:
@@ -144,11 +154,35 @@ class Handler(BaseHTTPRequestHandler):
         sys.stdout.flush()
 
 
+def _daemonize() -> None:
+    """Double fork: the daemon is in a session of its own and no child of this host; returns
+    once the daemon has written its pid."""
+    directory = BEHAVIOUR["daemon_dir"]
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            path = os.path.join(directory, str(os.getpid()))
+            with open(path + ".tmp", "w") as handle:
+                handle.write(str(os.getpid()))
+            os.replace(path + ".tmp", path)
+            os.write(write_end, b"x")
+            while True:
+                signal.pause()
+        os._exit(0)
+    os.waitpid(child, 0)
+    os.read(read_end, 1)
+
+
 def _on_sigterm(*_: object) -> None:
     mode = BEHAVIOUR.get("ignore_sigterm")
     if mode == "always" or (mode == "after_stream" and _stream_seen):
         _notify("sigterm")
         return
+    if BEHAVIOUR.get("daemonize") == "on_sigterm":
+        _daemonize()
     os._exit(0)
 
 
@@ -156,6 +190,11 @@ def main() -> None:
     argv = sys.argv[1:]
     port = int(argv[argv.index("--port") + 1])
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if BEHAVIOUR.get("marker_file"):
+        with open(BEHAVIOUR["marker_file"], "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+    if BEHAVIOUR.get("daemonize") == "at_start":
+        _daemonize()
     if BEHAVIOUR.get("record_argv"):
         with open(BEHAVIOUR["record_argv"], "w") as handle:
             json.dump({"argv": argv, "env": dict(os.environ)}, handle)

@@ -15,6 +15,7 @@ it); the host's startup budget is the profile's startup timeout cut to the cell 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -36,6 +37,7 @@ from cache_family.actors.load import (
     OpenAIChatRun,
     PromptCuts,
 )
+from cache_family.actors.private_exec import PrivateCopy, make_private_copy
 from cache_family.actors.prompts import SOURCE_CORRECTNESS, PromptChoice
 from cache_family.actors.publish import publish_fresh
 from cache_family.actors.run_context import (
@@ -257,6 +259,9 @@ class CellActor:
         self._argv: list[str] = []
         # A stage server's dialect, read from its help in pin-verify.
         self.cli: stage_host.CliAdmitted | None = None
+        # The private copy of the binary and native build the host runs from (pin-verify).
+        self._exec: PrivateCopy | None = None
+        self._exec_problem = ""
 
     def __repr__(self) -> str:
         elapsed = "-"
@@ -303,16 +308,20 @@ class CellActor:
         escaped: BaseException | None = None
         # The host's custody runs as a task of this nursery (started in pin-verify, ended by
         # the end-host action), so the loop's own cancel scopes never span it.
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            try:
-                with trio.CancelScope(deadline=self.deadline):
-                    await self._loop()
-            except BaseException as exc:
-                escaped = exc
-                nursery.cancel_scope.cancel()
-            finally:
-                self._release_host.set()  # custody never outlives the loop
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    with trio.CancelScope(deadline=self.deadline):
+                        await self._loop()
+                except BaseException as exc:
+                    escaped = exc
+                    nursery.cancel_scope.cancel()
+                finally:
+                    self._release_host.set()  # custody never outlives the loop
+        finally:
+            if self._exec is not None:
+                custody.remove_tree(self._exec.root)  # the host has ended with custody
         if escaped is not None:
             raise escaped
         return self.receipt
@@ -424,11 +433,25 @@ class CellActor:
                 "profile_refused",
                 plan.refusal or "the prepared input has no native host profile for this case",
             )
-        if not await self._verify_pins("before"):
+        profile = plan.profile
+        try:
+            self._exec = await trio.to_thread.run_sync(
+                make_private_copy, profile.binary, profile.native_build, self.cell_path
+            )
+        except OSError as exc:
+            # The pins (hashed by path then) say what is wrong; if they still match, the
+            # cell is refused below: a host never runs from a path its pins did not hash.
+            self._exec_problem = f"{exc.filename or profile.binary}: {exc.strerror or exc}"
+        if not await self._verify_pins("before", self._launch_pins()):
             await self._journal(
                 Fault(cell_id=plan.cell_id, kind="pin_mismatch", detail="pins differ before launch")
             )
             return CellEvent.PINS_MISMATCH
+        if self._exec is None:
+            raise _Fault(
+                "spawn_failed",
+                f"cannot make the private copy the host runs from: {self._exec_problem}",
+            )
         assert self._nursery is not None
         if plan.host_kind == "stage":
             self.cli = await self._admit_cli()
@@ -438,6 +461,7 @@ class CellActor:
             dialect=self.cli.dialect if self.cli is not None else "llama-server",
             model_id=plan.model_id,
             lane_count=plan.lanes,
+            process_tag=self.ctx.cell_process_tag(plan.cell_id),
         )
         # A busy port is refused here, before anything is launched.
         await self._nursery.start(self._custody, config)
@@ -488,13 +512,28 @@ class CellActor:
             await trio.to_thread.run_sync(publish_fresh, os.path.join(self.cell_path, name), data)
         return admitted
 
+    def _launch_pins(self) -> tuple[PinTarget, ...]:
+        """The pins checked before launch: the binary and native build as their private
+        copies (the bytes the host will run), the rest where they are."""
+        copy = self._exec
+        if copy is None:
+            return self.plan.pins
+        paths = {"binary": copy.binary}
+        if copy.native_build is not None:
+            paths["native_build"] = copy.native_build
+        return tuple(
+            dataclasses.replace(target, path=paths[target.name]) if target.name in paths else target
+            for target in self.plan.pins
+        )
+
     def _host_env(self, state_dir: str) -> dict[str, str]:
         profile = self.plan.profile
         assert profile is not None
+        copy = self._exec
         env = custody.host_environment(
             profile.environment,
             {name: pin.path for name, pin in profile.toolkit_directories.items()},
-            profile.native_build,
+            copy.native_build if copy is not None and copy.native_build else profile.native_build,
             state_dir,
         )
         if self.plan.host_kind == "stage":
@@ -524,10 +563,10 @@ class CellActor:
         ok = await self._verify_pins("after")
         return CellEvent.PINS_VERIFIED if ok else CellEvent.PINS_MISMATCH
 
-    async def _verify_pins(self, phase: str) -> bool:
+    async def _verify_pins(self, phase: str, targets: Sequence[PinTarget] | None = None) -> bool:
         remaining = self.work_deadline - trio.current_time()
         final = phase == "after" and self.plan.last_of_row
-        results = await self.ctx.verify_pins(self.plan.pins, remaining, final=final)
+        results = await self.ctx.verify_pins(targets or self.plan.pins, remaining, final=final)
         for result in results:
             for record in pin_records(self.plan.cell_id, phase, result):
                 await self._journal(record)
@@ -544,13 +583,16 @@ class CellActor:
         host, profile = self._live_host(), self.plan.profile
         assert profile is not None  # pin-verify refused a cell without one
         env = self._host_env(host.state_dir)
+        assert self._exec is not None  # pin-verify refused a cell without its private copy
+        # The private copy whose bytes pin-verify hashed, never the pinned path itself.
+        binary = self._exec.binary
         if self.cli is not None:
             config = os.path.join(self.cell_path, stage_host.STAGE_CONFIG_NAME)
             self._argv = stage_host.stage_server_argv(
-                profile.binary, self.cli, config, host.port, self.plan.lanes
+                binary, self.cli, config, host.port, self.plan.lanes
             )
         else:
-            self._argv = llama_server_argv(self.plan, profile, host.port)
+            self._argv = [binary, *llama_server_argv(self.plan, profile, host.port)[1:]]
         await host.launch(self._argv, env)
 
     async def _await_readiness(self) -> None:

@@ -2,8 +2,9 @@
 
 The correctness tool runs this way, one child per topology. The child's output goes straight
 to its two log files; at its deadline, or when the caller is cancelled, its whole group is
-ended by ``process_group.stop_group`` (SIGTERM, grace, SIGKILL, reap; shielded), and a
-cancellation is re-raised once the group is gone.
+ended by ``process_group.stop_group`` (SIGTERM, grace, SIGKILL, reap; shielded), then every
+process still carrying the child's environment tag (a daemon that left the group) is killed,
+and a cancellation is re-raised once they are gone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Final
 import psutil
 import trio
 
-from cache_family.actors.process_group import stop_group
+from cache_family.actors.process_group import PROCESS_TAG_NAME, end_tagged, stop_group
 
 # The reference child runner's stop: 12 s graceful, then 1 s after SIGKILL.
 GRACE_SECONDS: Final = 12.0
@@ -34,6 +35,9 @@ class ChildCommand:
     deadline: float  # trio time
     grace_seconds: float = GRACE_SECONDS
     kill_wait_seconds: float = KILL_WAIT_SECONDS
+    # ``CACHE_FAMILY_CELL``: added to the environment; what still carries it at the end is
+    # killed. Empty: no tag, no such sweep.
+    process_tag: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +51,15 @@ class ChildEnded:
     timed_out: bool = False
     forced: bool = False
     spawn_error: str | None = None
+    # Processes found only by the child's tag after its group was stopped, and those of them
+    # still alive after SIGKILL.
+    tagged_escapees: tuple[int, ...] = ()
+    surviving: tuple[int, ...] = ()
 
     @property
     def clean(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and not self.forced
+        escaped = bool(self.tagged_escapees or self.surviving)
+        return self.exit_code == 0 and not self.timed_out and not self.forced and not escaped
 
 
 OnSpawn = Callable[[int, float], Awaitable[None]]
@@ -71,13 +80,16 @@ async def run_child(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
     except OSError as exc:
         os.close(out)
         return ChildEnded(None, None, None, 0.0, spawn_error=f"stderr log: {exc.strerror}")
+    env = dict(command.env)
+    if command.process_tag:
+        env[PROCESS_TAG_NAME] = command.process_tag
     try:
         process = await trio.lowlevel.open_process(
             list(command.argv),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
-            env=dict(command.env),
+            env=env,
             cwd=command.cwd,
             start_new_session=True,
         )
@@ -97,6 +109,8 @@ async def run_child(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
     except psutil.NoSuchProcess:
         create_time = 0.0
     timed_out = forced = False
+    tagged: list[int] = []
+    surviving: list[int] = []
     try:
         with trio.CancelScope(shield=True):
             await on_spawn(process.pid, create_time)
@@ -108,6 +122,8 @@ async def run_child(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
             process, grace=command.grace_seconds, kill_wait=command.kill_wait_seconds
         )
         forced = stopped.forced
+        if command.process_tag:
+            tagged, surviving = await end_tagged(command.process_tag)
     return ChildEnded(
         pid=process.pid,
         create_time=create_time,
@@ -115,6 +131,8 @@ async def run_child(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
         elapsed_seconds=trio.current_time() - started,
         timed_out=timed_out,
         forced=forced,
+        tagged_escapees=tuple(tagged),
+        surviving=tuple(surviving),
     )
 
 

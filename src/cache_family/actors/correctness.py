@@ -24,6 +24,7 @@ import trio
 from cache_family.actors import custody
 from cache_family.actors.cell import argv_sha256
 from cache_family.actors.child import ChildCommand, ChildEnded
+from cache_family.actors.process_group import PROCESS_TAG_NAME
 from cache_family.actors.publish import publish_fresh
 from cache_family.actors.run_context import (
     MEASUREMENT_RESERVE_SECONDS,
@@ -237,9 +238,12 @@ class CorrectnessActor:
                 problem = "the correctness budget was spent before this topology"
             else:
                 state_dir = custody.make_private_dir(evidence, "tool")
+                tag = self.ctx.cell_process_tag(plan.arm_dir)
                 env = custody.host_environment(
                     plan.operator_env, plan.toolkits, plan.native_build, state_dir
                 )
+                # Journaled with the rest; the child runner ends whatever still carries it.
+                env[PROCESS_TAG_NAME] = tag
                 command = ChildCommand(
                     argv=tuple(argv),
                     env=env,
@@ -247,6 +251,7 @@ class CorrectnessActor:
                     stdout_path=os.path.join(evidence, "child.stdout.log"),
                     stderr_path=os.path.join(evidence, "child.stderr.log"),
                     deadline=work_deadline,
+                    process_tag=tag,
                 )
 
                 async def spawned(pid: int, create_time: float) -> None:
@@ -348,6 +353,9 @@ def _process_problem(ended: ChildEnded) -> str | None:
         return "the tool ran past the correctness budget and was stopped"
     if ended.forced:
         return f"the tool's group had to be killed (exit {ended.exit_code})"
+    if ended.tagged_escapees or ended.surviving:
+        left = sorted({*ended.tagged_escapees, *ended.surviving})
+        return f"the tool left processes outside its group (found by its environment tag): {left}"
     if ended.exit_code != 0:
         return f"the tool exited {ended.exit_code}"
     return None

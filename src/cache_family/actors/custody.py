@@ -15,7 +15,10 @@ Order of custody (each step journaled through ``observe``):
   ready     the dialect's exact listening line, then ``/health`` answering {"status":"ok"}
             (a stage server: ``/v1/models`` listing the model id)
   cleanup   SIGTERM the group, grace, SIGKILL the group, reap; kill escaped descendants by
-            (pid, create time); confirm the port is free; remove the state dir
+            (pid, create time) as sampled at readiness, each rung and before the stop; kill
+            every process still carrying the host's environment tag (``process_tag``: it
+            finds a daemon that double-forked or called setsid); confirm the port is free;
+            remove the state dir
 
 Cleanup is shielded from cancellation and bounded in time, as in trio's own subprocess
 helpers: a cancelled cell must still end its host.
@@ -28,6 +31,7 @@ import errno
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
 import stat
@@ -42,7 +46,13 @@ import psutil
 import trio
 
 from cache_family.actors.http import HttpError, LoopbackHttp
-from cache_family.actors.process_group import stop_group
+from cache_family.actors.process_group import (
+    PROCESS_TAG_NAME,
+    end_identified,
+    end_tagged,
+    still_same,
+    stop_group,
+)
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas import stage_server
 from cache_family.schemas.measurement import (
@@ -75,6 +85,7 @@ PRIVATE_ENV_NAMES = (
     "XDG_STATE_HOME",
     "XDG_RUNTIME_DIR",
     "LLAMA_STAGE_BUILD_DIR",
+    PROCESS_TAG_NAME,
 )
 BASE_PATH = "/usr/bin:/bin"
 # The host basics the runner passes on (reference: PATH and the library search paths), so a
@@ -130,6 +141,9 @@ class HostConfig:
     # A stage server's listening line and readiness name its model id and lane count.
     model_id: str = ""
     lane_count: int = 1
+    # The environment tag the host and everything it starts inherit (``<run tag>/<cell id>``);
+    # empty: custody makes a unique one.
+    process_tag: str = ""
 
 
 # llama.cpp's common log may prefix each line with "<min>.<s>.<ms>.<us> <level> " (this build
@@ -239,15 +253,6 @@ def host_environment(
     return env
 
 
-def still_same(pid: int, create_time: float) -> bool:
-    """True while ``pid`` is still the live process that was spawned at ``create_time``."""
-    try:
-        process = psutil.Process(pid)
-        return process.create_time() == create_time and process.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
 def port_is_free(port: int) -> bool:
     """Whether 127.0.0.1:port could be listened on now (TIME_WAIT leftovers do not count)."""
     try:
@@ -322,6 +327,7 @@ class Host:
         self.pid: int | None = None
         self.create_time: float | None = None
         self.exit_code: int | None = None
+        self.process_tag = config.process_tag or f"cf-{secrets.token_hex(8)}/{config.label}"
         self.stdout_log = str(Path(config.log_dir) / f"{config.label}.stdout.log")
         self.stderr_log = str(Path(config.log_dir) / f"{config.label}.stderr.log")
         self._reservation: socket.socket | None = None
@@ -420,9 +426,11 @@ class Host:
     # -- launch --------------------------------------------------------------------------
 
     async def launch(self, argv: Sequence[str], env: Mapping[str, str]) -> HostSpawned:
-        """Spawn the host in its own session with exactly ``env``; returns the spawn record."""
+        """Spawn the host in its own session with exactly ``env`` and the host's environment
+        tag; returns the spawn record."""
         if self.state != "reserved" or self._nursery is None:
             raise RuntimeError(f"launch() in state {self.state}")
+        env = {**env, PROCESS_TAG_NAME: self.process_tag}
         try:
             stdout_log = _BoundedLog(self.stdout_log, self.config.capture_total_limit)
             stderr_log = _BoundedLog(self.stderr_log, self.config.capture_total_limit)
@@ -646,6 +654,7 @@ class Host:
                 state_dir_removed=progress.state_dir_removed,
                 elapsed_ms=(trio.current_time() - started) * 1000,
                 escaped_descendants=tuple(progress.escaped),
+                tagged_escapees=tuple(progress.tagged),
                 capture_truncated=any(log.truncated for log in self._logs),
                 oversized_lines=self._oversized_lines,
                 grace_shortened=self._grace_shortened,
@@ -679,9 +688,13 @@ class Host:
             else:
                 progress.graceful = True
             self.exit_code = stopped.returncode
-            escaped, surviving = await _end_descendants(self._known_descendants)
+            escaped, surviving = await end_identified(self._known_descendants)
             progress.escaped = escaped
             progress.surviving = surviving
+            # Whatever the group and the recorded tree missed: a daemon that left both.
+            tagged, tagged_surviving = await end_tagged(self.process_tag)
+            progress.tagged = [pid for pid in tagged if pid not in escaped]
+            progress.surviving += [pid for pid in tagged_surviving if pid not in surviving]
             with trio.move_on_after(2.0):
                 await self._pumps_done.wait()
         self._release_reservation()
@@ -745,6 +758,7 @@ class CleanupProgress:
     graceful: bool = False
     forced: bool = False
     escaped: list[int] = field(default_factory=list)
+    tagged: list[int] = field(default_factory=list)
     surviving: list[int] = field(default_factory=list)
     port_free: bool = False
     state_dir_removed: bool = False
@@ -799,23 +813,6 @@ async def _health_once(
     if ready(answer):
         return True, "ok"
     return False, f"readiness said {body[:200]!r}"
-
-
-async def _end_descendants(known: Mapping[int, float]) -> tuple[list[int], list[int]]:
-    """Kill descendants that outlived the group signals; return (escaped, still alive)."""
-    escaped = [pid for pid, created in known.items() if still_same(pid, created)]
-    for pid in escaped:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            process = psutil.Process(pid)
-            if process.create_time() == known[pid]:
-                process.kill()
-    surviving = escaped
-    with trio.move_on_after(2.0):
-        while surviving:
-            surviving = [pid for pid in surviving if still_same(pid, known[pid])]
-            if surviving:
-                await trio.sleep(0.02)
-    return escaped, surviving
 
 
 async def _wait_port_free(port: int) -> bool:

@@ -15,16 +15,18 @@ The run (one trio task tree):
     cancels the rows the same way (so every receipt folded afterwards sees it);
   * the rows, strictly in plan order (``actors/row.py``), each publishing its ``row.json``.
 
-SIGINT/SIGTERM stay turned into cancellation until the matrix is published and the journal
-closed: a signal while unreached rows are journaled or the matrix is folded is counted, never
-Python's default KeyboardInterrupt or termination. Before the fold the interrupt-finish check
+SIGINT/SIGTERM never meet Python's defaults in a ``run`` process (``actors/interrupts.py``):
+from before the output directory is created until exit, a signal is either the run's
+cancellation (before the matrix is folded; one that arrived before the supervisor's receiver
+opened is taken as soon as it opens) or only counted (after), and any signal makes the exit
+code 130. Before the fold the interrupt-finish check
 confirms the displaced handlers can be put back (a failure is the reference's "interrupt-finish"
 refusal, journaled so the matrix carries it); they are restored once the journal is closed.
 ``cache-family-matrix.json`` is always published: one entry per planned row, the status the
 row's receipt reached and where its evidence lies, or the failed receipt when the fold itself
 failed. Cancellation, deadline expiry and a failed interrupt-finish make the matrix
 ``incomplete`` with a ``terminal_refusal``. Exit codes: 0 completed, 1 incomplete or failed, 2
-refused, 130 cancelled by a signal (one that lands after the fold began changes nothing).
+refused, 130 a signal arrived (one that lands after the fold began changes no receipt).
 
 Rows from a synthetic catalog (the tiny random-weight zoo) are plumbing evidence, never
 performance claims: the journal records the catalog, every receipt level labels them, and
@@ -39,7 +41,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Final, TypeAlias
@@ -48,6 +50,7 @@ import psutil
 import trio
 
 from cache_family import __version__
+from cache_family.actors import interrupts
 from cache_family.actors.head_signature import check_sign_key, head_line, sign_head
 from cache_family.actors.journal import (
     JOURNAL_READ_LIMIT,
@@ -268,13 +271,15 @@ async def supervise(
     hosts: HostSettings | None = None,
     progress: RunProgress | None = None,
     resumption: Resumption | None = None,
+    early: interrupts.RunInterrupts | None = None,
 ) -> MatrixOutcome:
     """Run every row in order under the run's budgets and signals; publish the matrix.
 
     SIGINT/SIGTERM stay turned into cancellation from before the first row until the matrix
     is published and the journal closed: journaling the unreached rows, the interrupt-finish
     check, the fold and the publication never meet Python's default handlers. A matrix
-    receipt is always written: the folded one, or the failed fallback."""
+    receipt is always written: the folded one, or the failed fallback. ``early`` holds the
+    signals that arrived before the receiver opened: the first is the run's cancellation."""
     prepared = admitted.prepared
     run_dir = admitted.output
     progress = progress or RunProgress(
@@ -308,7 +313,7 @@ async def supervise(
                     async with trio.open_nursery() as watchers:
                         rows_scope = trio.CancelScope()
                         watchers.start_soon(
-                            _watch_signals, signals, ctx, rows_scope, progress, seen
+                            _watch_signals, signals, ctx, rows_scope, progress, seen, early
                         )
                         receipt, head = await _run_and_publish(
                             admitted, ctx, progress, rows_scope, watchers, seen, originals,
@@ -333,7 +338,7 @@ async def supervise(
     return MatrixOutcome(
         status=receipt.status,
         receipt=receipt,
-        interrupted=stop.signal_name is not None,
+        interrupted=stop.signal_name is not None or seen.received > 0,
         journal_head=head,
     )
 
@@ -538,9 +543,9 @@ async def _watch_signals(
     rows_scope: trio.CancelScope,
     progress: RunProgress,
     seen: _Signals,
+    early: interrupts.RunInterrupts | None = None,
 ) -> None:
-    async for signum in signals:
-        name = signal.Signals(signum).name
+    async for name in _signal_names(signals, early):
         seen.received += 1
         if seen.folded:
             # The matrix is being folded or published: nothing is left to cancel, and
@@ -559,6 +564,16 @@ async def _watch_signals(
                 ctx.stop.signal_name = name
             ctx.stop.shorten_grace()
             progress.note(f"{name} again: shortening the hosts' SIGTERM grace")
+
+
+async def _signal_names(signals: Any, early: interrupts.RunInterrupts | None) -> AsyncIterator[str]:
+    """The signals held from before the receiver opened, then the receiver's. The watcher
+    starts once run_started (or run_resumed) is stamped, so an early one is journaled after
+    it, as the run's first cancellation."""
+    for name in early.take() if early is not None else ():
+        yield name
+    async for signum in signals:
+        yield signal.Signals(signum).name
 
 
 async def _watch_deadline(
@@ -585,23 +600,24 @@ def run_command(
     input: str, output: str, *, sign_key: str | None = None, mode: Mode | None = None
 ) -> int:
     """The ``run`` verb: admit, create the fresh output, supervise, publish; the exit code."""
-    try:
-        admitted = admit_run(input, output)
-        if sign_key is not None:
-            check_sign_key(sign_key)
-        _make_fresh_dir(admitted.output)
-    except Refused as refused:
-        for refusal in refused.refusals:
-            print(f"refused: {refusal.line()}", file=sys.stderr)
-        say_failed(
-            sys.stderr,
-            "run",
-            f"the run was refused ({len(refused.refusals)} refusal(s) above)",
-            f"{input}; nothing was written under {output}",
-            "fix what each refusal names (its hint), then run again",
-        )
-        return EXIT_REFUSED
-    return supervise_command(admitted, sign_key=sign_key, mode=mode)
+    with interrupts.held():
+        try:
+            admitted = admit_run(input, output)
+            if sign_key is not None:
+                check_sign_key(sign_key)
+            _make_fresh_dir(admitted.output)
+        except Refused as refused:
+            for refusal in refused.refusals:
+                print(f"refused: {refusal.line()}", file=sys.stderr)
+            say_failed(
+                sys.stderr,
+                "run",
+                f"the run was refused ({len(refused.refusals)} refusal(s) above)",
+                f"{input}; nothing was written under {output}",
+                "fix what each refusal names (its hint), then run again",
+            )
+            return EXIT_REFUSED
+        return supervise_command(admitted, sign_key=sign_key, mode=mode)
 
 
 def supervise_command(
@@ -614,7 +630,24 @@ def supervise_command(
     """Supervise an admitted run (fresh, or resumed) and print its last lines; the exit code.
 
     ``mode`` is how progress is shown (default: rich on a terminal, else plain lines). With
-    ``sign_key`` the sealed head is signed (``journal.head.sig``) before it is printed."""
+    ``sign_key`` the sealed head is signed (``journal.head.sig``) before it is printed. Any
+    SIGINT/SIGTERM, whenever it came, makes it 130; none ends the process."""
+    with interrupts.held() as latch:
+        code = _supervise_and_print(admitted, resumption, latch, sign_key=sign_key, mode=mode)
+        late = latch.take()
+    for name in late:
+        print(f"{name} after the matrix was published: the run had finished", file=sys.stderr)
+    return EXIT_INTERRUPTED if late else code
+
+
+def _supervise_and_print(
+    admitted: AdmittedRun,
+    resumption: Resumption | None,
+    latch: interrupts.RunInterrupts,
+    *,
+    sign_key: str | None,
+    mode: Mode | None,
+) -> int:
     synthetic = admitted.prepared.catalog.synthetic
     progress = run_progress_for(
         mode or choose_mode(sys.stderr),
@@ -625,12 +658,12 @@ def supervise_command(
     run_dir = admitted.output
     matrix = os.path.join(run_dir, MATRIX_FILENAME)
     try:
-        outcome = trio.run(supervise, admitted, None, progress, resumption)
+        outcome = trio.run(supervise, admitted, None, progress, resumption, latch)
     except BaseException as exc:
         if not is_interrupt(exc):
             raise
-        # Python's handlers are in place only before the run's receiver opens and after the
-        # matrix is published: a matrix receipt is on disk either way.
+        # Only a caller that put Python's SIGINT handler back over the run's latch gets here:
+        # a matrix receipt is on disk either way.
         if not os.path.lexists(matrix):
             failed = FailedMatrix(
                 detail="interrupted before the run began", request_sha256=admitted.request_sha256

@@ -3,6 +3,13 @@
 The one stopper for every child this tool starts in a session of its own (hosts in custody,
 the preparation worker, the native-parts server). The grace covers every member of the
 group, not only its leader, because a leader's helpers may outlive it.
+
+A process that left the group (``setsid``, a double fork) is out of reach of group signals.
+Two further nets find it: descendants recorded by (pid, create time) while they were still in
+the tree, and the environment tag (``PROCESS_TAG_NAME``) every host carries, which
+``/proc/PID/environ`` still shows for any process that inherited it. That file holds the
+environment as it was at exec: a process that clears its environment and execs again, or
+that never inherited it, carries no tag and is not found this way.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -19,6 +27,15 @@ import trio
 
 # Group members have no exit event to await: after the leader, they are polled this often.
 POLL_SECONDS: Final = 0.02
+# Every host (and tool child) carries ``CACHE_FAMILY_CELL=<run tag>/<cell id>`` in its explicit
+# environment; cleanup and ``replay --reap`` look for it in ``/proc/PID/environ``.
+PROCESS_TAG_NAME: Final = "CACHE_FAMILY_CELL"
+# An exec-time environment is bounded by the kernel's argument limit; read no more than this.
+ENVIRON_READ_LIMIT: Final = 8 * 1024 * 1024
+# Processes ended one by one (they have no parent of ours to wait on) get this long to go.
+END_WAIT_SECONDS: Final = 2.0
+# A tagged process may fork again while it is being ended: scan and end at most this often.
+TAG_SWEEPS: Final = 5
 
 
 # A child started with ``start_new_session=True``: its pid is also its process group's id.
@@ -102,3 +119,87 @@ async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
 def _signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
+
+
+def process_tag_of(pid: int) -> str | None:
+    """The tag in ``pid``'s exec-time environment, or None (no tag, gone, not ours, a zombie)."""
+    wanted = PROCESS_TAG_NAME.encode() + b"="
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            data = handle.read(ENVIRON_READ_LIMIT)
+    except OSError:
+        return None
+    for entry in data.split(b"\0"):
+        if entry.startswith(wanted):
+            return entry[len(wanted) :].decode("utf-8", "replace")
+    return None
+
+
+def tagged_processes(matches: Callable[[str], bool]) -> dict[int, float]:
+    """Live processes of this user whose tag ``matches``: pid -> create time. Our own process
+    is never one (the runner carries no tag, but a test harness might)."""
+    own, uid = os.getpid(), os.getuid()
+    found: dict[int, float] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit() or int(name) == own:
+            continue
+        pid = int(name)
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+        tag = process_tag_of(pid)
+        if tag is None or not matches(tag):
+            continue
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            if process.status() != psutil.STATUS_ZOMBIE:
+                found[pid] = process.create_time()
+    return found
+
+
+def still_same(pid: int, create_time: float) -> bool:
+    """True while ``pid`` is still the live process that was spawned at ``create_time``."""
+    try:
+        process = psutil.Process(pid)
+        return process.create_time() == create_time and process.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+async def end_identified(known: Mapping[int, float]) -> tuple[list[int], list[int]]:
+    """SIGKILL every process of ``known`` (pid -> create time) that is still itself; return
+    (those that were alive, those still alive after ``END_WAIT_SECONDS``). Shielded."""
+    alive = [pid for pid, created in known.items() if still_same(pid, created)]
+    for pid in alive:
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            # psutil refuses to signal a pid that now names another process.
+            if process.create_time() == known[pid]:
+                process.kill()
+    surviving = alive
+    with trio.CancelScope(shield=True), trio.move_on_after(END_WAIT_SECONDS):
+        while surviving:
+            surviving = [pid for pid in surviving if still_same(pid, known[pid])]
+            if surviving:
+                await trio.sleep(POLL_SECONDS)
+    return alive, surviving
+
+
+async def end_tagged(tag: str) -> tuple[list[int], list[int]]:
+    """End every live process carrying exactly ``tag``; (ended, survivors). Sweeps again while
+    new tagged processes appear (one forked while its parent was being ended)."""
+    ended: dict[int, float] = {}
+    survivors: list[int] = []
+    for _ in range(TAG_SWEEPS):
+        # Reading every process's environ is blocking file I/O: off the event loop.
+        with trio.CancelScope(shield=True):
+            found = await trio.to_thread.run_sync(tagged_processes, lambda seen: seen == tag)
+        if not found:
+            break
+        ended.update(found)
+        _, survivors = await end_identified(found)
+    return sorted(ended), survivors

@@ -27,8 +27,11 @@
    the run directory, they are regenerated from the receipts and compared too.
 5. ``--reap`` ends every journaled child that is still alive with the same pid AND create time
    (and that process's descendants): SIGTERM, a bounded grace, then SIGKILL. A pid now used by a
-   different process is left alone. While the run's own runner (journaled in ``run_started``)
-   is alive, ``--reap`` is refused (``replay.reap.run_alive``, exit 2) and nothing is touched.
+   different process is left alone. Every live process of this user whose environment
+   carries the run's tag (``CACHE_FAMILY_CELL=<run tag>/...``, read from the journaled hosts'
+   environments) is ended too: a daemon that double-forked or called setsid. While the run's
+   own runner (journaled in ``run_started``) is alive, ``--reap`` is refused
+   (``replay.reap.run_alive``, exit 2) and nothing is touched.
 
 6. The run must have finished: a journal without the matrix's ``receipt_published`` record, or
    with a cell or row (one with a directory) opened but never published, is a run that was
@@ -57,6 +60,7 @@ import psutil
 
 from cache_family.actors.head_signature import head_line, verify_head
 from cache_family.actors.journal import JOURNAL_READ_LIMIT
+from cache_family.actors.process_group import PROCESS_TAG_NAME, tagged_processes
 from cache_family.errors import Refusal, Refused
 from cache_family.report.run import read_run
 from cache_family.report.run_report import MARKDOWN_NAME, render_run_report
@@ -544,6 +548,14 @@ def reap_children(report: ReplayReport, lines: Sequence[JournalLine], grace_s: f
                 targets.setdefault(descendant.pid, descendant)
         except psutil.NoSuchProcess:
             pass
+    for pid, created in tagged_processes(_run_tag_matcher(spawned)).items():
+        try:
+            process = psutil.Process(pid)
+        except psutil.Error:
+            continue
+        if pid not in targets and process.create_time() == created:
+            report.say(f"reap: pid {pid} carries the run's environment tag (left the group)")
+            targets[pid] = process
     if not targets:
         return []
     for process in targets.values():
@@ -560,6 +572,18 @@ def reap_children(report: ReplayReport, lines: Sequence[JournalLine], grace_s: f
         if still:
             report.say(f"reap: STILL ALIVE after SIGKILL: {sorted(p.pid for p in still)}")
     return sorted(targets)
+
+
+def _run_tag_matcher(spawned: Sequence[ChildSpawned]) -> Callable[[str], bool]:
+    """Whether a process tag belongs to this run: its run part (before the first "/") is that
+    of a journaled host's tag. Journals from before hosts were tagged match nothing."""
+    runs: set[str] = set()
+    for child in spawned:
+        tag = (child.effective_environment or {}).get(PROCESS_TAG_NAME, "")
+        run, slash, _ = tag.partition("/")
+        if run and slash:
+            runs.add(run + "/")
+    return lambda tag: any(tag.startswith(run) for run in runs)
 
 
 def _signal(

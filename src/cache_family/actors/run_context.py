@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -331,6 +332,7 @@ class HostSettings:
         dialect: HostDialect = "llama-server",
         model_id: str = "",
         lane_count: int = 1,
+        process_tag: str = "",
     ) -> custody.HostConfig:
         """Custody's settings for one cell's host: state and logs under ``cell_path``."""
         return custody.HostConfig(
@@ -344,6 +346,7 @@ class HostSettings:
             grace_seconds=self.grace_seconds,
             kill_wait_seconds=self.kill_wait_seconds,
             cleanup_bound_seconds=self.cleanup_bound_seconds,
+            process_tag=process_tag,
         )
 
 
@@ -363,6 +366,12 @@ class RunContext:
     client_calibration: ClientCalibration | None = None
     # The current row's pins (a row's arms run with a context that names them).
     row_pins: RowPins | None = None
+    # This runner's share of every host's environment tag (``<process_tag>/<cell id>``):
+    # cleanup ends what still carries its cell's tag, ``replay --reap`` what carries this.
+    process_tag: str = field(default_factory=lambda: f"cf-{secrets.token_hex(8)}")
+
+    def cell_process_tag(self, cell_id: str) -> str:
+        return f"{self.process_tag}/{cell_id}"
 
     async def journal(self, record: Record) -> int:
         return await self.writer.append(record)

@@ -40,6 +40,7 @@ import httpx
 import msgspec
 import trio
 
+from cache_family.actors.process_group import PROCESS_TAG_NAME
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.gguf_header import read_gguf_header
@@ -76,6 +77,9 @@ _CHILD_ENV_NAMES: Final = (
     "HIP_VISIBLE_DEVICES",
     "ROCR_VISIBLE_DEVICES",
     "OMP_NUM_THREADS",
+    # The cell's environment tag: the backend runs in a session of its own, so host custody
+    # finds it by this tag if it outlives the stage server (a SIGKILLed stage, say).
+    PROCESS_TAG_NAME,
 )
 _CHILD_ENV_PREFIXES: Final = ("GGML_", "XDG_")
 

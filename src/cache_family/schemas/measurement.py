@@ -201,6 +201,9 @@ class HostCleanup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # Descendants (pid) that left the process group and had to be ended one by one: a custody
     # failure even when they are gone now.
     escaped_descendants: tuple[int, ...] = ()
+    # Processes found only by the host's environment tag (they left the process group and
+    # the recorded tree: a double fork, setsid) and ended one by one: a custody failure too.
+    tagged_escapees: tuple[int, ...] = ()
     capture_truncated: bool = False
     oversized_lines: int = 0
     # A second interrupt shortened the SIGTERM grace (informative, not a failure by itself).
@@ -220,6 +223,11 @@ class HostCleanup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             host.append("host did not end gracefully")
         if self.escaped_descendants:
             host.append(f"descendants escaped the process group: {list(self.escaped_descendants)}")
+        if self.tagged_escapees:
+            host.append(
+                "processes left the group and the recorded tree (found by the host's "
+                f"environment tag): {list(self.tagged_escapees)}"
+            )
         if self.surviving_descendants:
             host.append(f"descendants survived: {list(self.surviving_descendants)}")
         if not self.port_free:

@@ -1,0 +1,67 @@
+"""FAULT-INJECTION harness: the real ``cache-family`` command line with one seam that blocks.
+
+Usage: fault_injection_run.py SEAM NOTIFY_FIFO RELEASE_FIFO CACHE_FAMILY_ARGS...
+
+Everything is the product's own code in a real process; only one function of
+``cache_family.actors.matrix`` is wrapped so that, when the run reaches it, the harness writes
+``at SEAM`` to NOTIFY_FIFO and blocks until a line arrives on RELEASE_FIFO. A test sends its
+signal in between, at a moment it knows exactly, without sleeping:
+
+  before-output  admission passed, the output directory is not created yet (no side effect)
+  run-dir        the output directory exists, trio and the supervisor have not started
+  rows-over      every row has ended; the matrix is not folded yet
+  published      the matrix is published and the journal sealed; the last lines not printed
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from cache_family import cli
+from cache_family.actors import matrix
+
+# seam -> (function of actors.matrix, block before (True) or after (False) calling it)
+SEAMS: dict[str, tuple[str, bool]] = {
+    "before-output": ("_make_fresh_dir", True),
+    "run-dir": ("_make_fresh_dir", False),
+    "rows-over": ("check_interrupt_finish", True),
+    "published": ("final_line", True),
+}
+
+
+def _block(seam: str, notify: str, release: str) -> None:
+    fd = os.open(notify, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(fd, f"at {seam}\n".encode())
+    finally:
+        os.close(fd)
+    with open(release, "rb") as handle:
+        handle.readline()
+
+
+def _wrap(original: Callable[..., Any], seam: str, before: bool, notify: str, release: str) -> Any:
+    @functools.wraps(original)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if before:
+            _block(seam, notify, release)
+        result = original(*args, **kwargs)
+        if not before:
+            _block(seam, notify, release)
+        return result
+
+    return wrapped
+
+
+def main() -> int:
+    seam, notify, release, *argv = sys.argv[1:]
+    name, before = SEAMS[seam]
+    setattr(matrix, name, _wrap(getattr(matrix, name), seam, before, notify, release))
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
