@@ -20,6 +20,7 @@ from cache_family.actors.load import (
     completion_body,
     native_cache_accounting,
     openai_cache_accounting,
+    openai_chat_body,
     run_load,
 )
 from cache_family.errors import Refused
@@ -374,6 +375,14 @@ def test_completion_body_is_the_reference_body_and_ignore_eos_only_when_asked() 
         **reference,
         "ignore_eos": True,
     }
+
+
+def test_the_chat_body_is_the_reference_unless_a_synthetic_catalog_asks_for_ignore_eos() -> None:
+    # A random-weight zoo model may end its chat answer before any content (the stage
+    # server's use-case rows then failed with "no delta generated any content").
+    reference = openai_chat_body("m", "p", 16)
+    assert "ignore_eos" not in reference
+    assert openai_chat_body("m", "p", 16, ignore_eos=True) == {**reference, "ignore_eos": True}
 
 
 async def test_a_synthetic_request_sends_ignore_eos_and_rows_keep_the_cache_accounting(

@@ -16,8 +16,9 @@ import trio
 
 from cache_family.actors.cell import pin_records
 from cache_family.actors.child import ChildCommand, ChildEnded, OnSpawn
-from cache_family.actors.matrix import Progress, admit_run, supervise
+from cache_family.actors.matrix import admit_run, supervise
 from cache_family.actors.pins import Budget, pin_tree
+from cache_family.actors.progress import RunProgress
 from cache_family.actors.replay import replay
 from cache_family.actors.run_context import (
     HostSettings,
@@ -223,7 +224,7 @@ async def run_row(
         row_pin_identity=True,
         pin_racy_seconds=0,
     )
-    await supervise(admitted, hosts, Progress(io.StringIO(), 1, synthetic=True))
+    await supervise(admitted, hosts, RunProgress(io.StringIO(), 1, synthetic=True))
     return out, counting
 
 

@@ -724,9 +724,14 @@ async def _post_json(client: LoopbackHttp, url: str, body: dict[str, Any]) -> di
 # --- the OpenAI chat dialect (Skippy stage servers) -------------------------------------------
 
 
-def openai_chat_body(model_id: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """The reference's exact streamed chat request (greedy, seeded, usage included)."""
-    return {
+def openai_chat_body(
+    model_id: str, prompt: str, max_tokens: int, *, ignore_eos: bool = False
+) -> dict[str, Any]:
+    """The reference's exact streamed chat request (greedy, seeded, usage included);
+    ``ignore_eos`` (a synthetic catalog's tiny random models only) is llama-server's own
+    extension, passed through by a stage server, as on the /completion body: without it a
+    random model may end its answer before any content and the request fails."""
+    body: dict[str, Any] = {
         "model": model_id,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
@@ -735,6 +740,9 @@ def openai_chat_body(model_id: str, prompt: str, max_tokens: int) -> dict[str, A
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
 
 
 OPENAI_AUTHORIZATION = "Bearer EMPTY"
@@ -844,7 +852,12 @@ class OpenAIChatRun(LoadRun):
         self, client: LoopbackHttp, request_id: int, warmup: bool, exchange: _Exchange
     ) -> RequestRow:
         """OpenAI ``/v1/chat/completions``, streamed with usage."""
-        body = openai_chat_body(self.model_id, self.request.prompt, self.request.output_tokens)
+        body = openai_chat_body(
+            self.model_id,
+            self.request.prompt,
+            self.request.output_tokens,
+            ignore_eos=self.request.ignore_eos,
+        )
         url = self.request.base_url.rstrip("/") + "/v1/chat/completions"
         stream = await self._chat(client, url, body, exchange)
         return self._chat_row(request_id, warmup, exchange, stream)

@@ -200,7 +200,7 @@ class CellOpened(_Record, tag="cell_opened", frozen=True, kw_only=True):
     synthetic: bool = False
     # What the cell's cache verdicts are judged by (None: a cell from before verdicts).
     cache_expectation: CacheExpectation | None = None
-    # Whether its /completion bodies carry ``ignore_eos`` (synthetic catalogs only).
+    # Whether its request bodies (/completion or chat) carry ``ignore_eos`` (synthetic only).
     ignore_eos: bool | None = None
 
 

@@ -150,8 +150,8 @@ class Measurement(msgspec.Struct, frozen=True, kw_only=True):
     status: ReceiptStatus | None = None
     # The cell's terminal refusal, which downgrades this level as it does the cell's.
     terminal_refusal: TerminalRefusal | None = None
-    # The /completion body: True when it carried ``ignore_eos`` (a synthetic catalog), False
-    # for the reference's body exactly; None when the cell did not journal it.
+    # The request bodies (/completion or chat): True when they carried ``ignore_eos`` (a
+    # synthetic catalog), False for the reference's body exactly; None when not journaled.
     ignore_eos: bool | None = None
     # Rung indices whose cache verdict fell short of the architecture's reuse rule.
     cache_shortfall_rungs: tuple[int, ...] = ()
