@@ -233,9 +233,12 @@ class JournalWriter:
         if self._failure is None and self._state == "running":
             # The hot path: stamp and queue, nothing else.
             seq = self._next_seq
-            self._queue.append((seq, self._monotonic_ns(), self._wall_ns(), record, done))
+            mono_ns = self._monotonic_ns()
+            self._queue.append((seq, mono_ns, self._wall_ns(), record, done))
             self._wakeup.set()
             self._next_seq = seq + 1
+            if self._on_record is not None:
+                self._on_record(record, mono_ns)
             return seq
         self._raise_if_failed()
         if self._state == "sealed":
