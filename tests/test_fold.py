@@ -419,14 +419,15 @@ def test_measurement_fields_are_defaulted_and_last() -> None:
     """Evolution rule: the new fields go last with defaults, so an older cell.json decodes."""
     from cache_family.schemas.receipts import Measurement
 
-    later = ("status", "terminal_refusal", "ignore_eos", "cache_shortfall_rungs")
-    assert Measurement.__struct_fields__[-4:] == later
+    later = ("status", "terminal_refusal", "ignore_eos", "cache_shortfall_rungs", "rows_file")
+    assert Measurement.__struct_fields__[-5:] == later
     published = json.loads(encode_receipt(fold(CellScript().happy())))
     for name in later:
         del published["measurement"][name]
     older = decode_cell_receipt(json.dumps(published).encode())
     assert older.measurement.status is None and older.measurement.terminal_refusal is None
     assert older.measurement.ignore_eos is None and older.measurement.cache_shortfall_rungs == ()
+    assert older.measurement.rows_file is None
 
 
 def test_a_whole_ladder_without_a_stop_is_a_completed_measurement() -> None:

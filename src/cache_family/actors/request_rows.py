@@ -9,6 +9,7 @@ count differs: its rows are only trusted once the whole file was read.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Iterable, Iterator
@@ -16,6 +17,7 @@ from typing import Final
 
 import msgspec
 
+from cache_family.actors.publish import fsync_dir, temp_sibling
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import MIB, open_regular_file
 from cache_family.schemas.request_rows import DECODER, ENCODER, RequestRowLine, RowsFileDigest
@@ -69,6 +71,39 @@ class RowFileWriter:
             os.close(self._fd)
             self._fd = None
         return RowsFileDigest(path=self.relative, count=self.count, sha256=self._digest.hexdigest())
+
+
+def publish_rows_file(path: str, lines: Iterable[RequestRowLine], expected: RowsFileDigest) -> None:
+    """Write a receipt's rows file at ``path`` (which must not exist) atomically and durably,
+    before the receipt naming it is published; refuses bytes whose digest is not ``expected``
+    (the fold and the writer disagree about the encoding: a bug, never a published file)."""
+    tmp = temp_sibling(path)
+    writer = RowFileWriter(tmp, expected.path)
+    try:
+        writer.add_many(lines)
+        written = writer.close()
+        if written != expected:
+            raise Refused.one(
+                "rows.digest_mismatch",
+                f"$.rows_file[{expected.path}]",
+                f"the rows written ({written.count}, {written.sha256}) are not the folded"
+                f" ones ({expected.count}, {expected.sha256})",
+                "report this: the fold and the rows writer encode differently",
+            )
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise Refused.one(
+                "publish.exists",
+                path,
+                f"{path} already exists and is not ours to replace",
+                "choose a fresh output path",
+            ) from None
+    finally:
+        writer.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    fsync_dir(os.path.dirname(path) or ".")
 
 
 def stream_rows(
