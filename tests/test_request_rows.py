@@ -14,8 +14,11 @@ import pytest
 from cache_family.actors import replay as replay_module
 from cache_family.actors import request_rows
 from cache_family.actors.replay import replay_command
-from cache_family.actors.request_rows import RowFileWriter, stream_rows
+from cache_family.actors.request_rows import RowFileWriter
 from cache_family.errors import Refused
+from cache_family.report.run import read_run
+from cache_family.report.run_report import MARKDOWN_NAME, render_run_report
+from cache_family.schemas import request_rows as schemas_request_rows
 from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import decode_cell_receipt
 from cache_family.schemas.request_rows import (
@@ -23,6 +26,7 @@ from cache_family.schemas.request_rows import (
     RequestRowLine,
     RowsFileDigest,
     rows_digest,
+    stream_rows,
 )
 from cache_family.states.metrics import RungAccumulator, roster_refusals, rung_summary
 from test_replay import build_run
@@ -234,3 +238,28 @@ def test_the_fold_and_the_writer_agree_on_the_rows_files_bytes(tmp_path: Path) -
         request_rows.publish_rows_file(str(tmp_path / "other.jsonl"), lines[1:], digest)
     assert refused.value.codes == ["rows.digest_mismatch"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [REQUESTS_FILENAME]
+
+
+def test_the_run_report_of_a_large_cell_is_the_one_its_inline_rows_give(
+    large_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    streamed = render_run_report(read_run(str(large_run)))
+    inline_run = tmp_path / "inline" / "run"
+    inline_run.mkdir(parents=True)
+    with monkeypatch.context() as patched:
+        patched.setattr(schemas_request_rows, "INLINE_ROWS_MAX", 10**9)
+        build_run(inline_run, concurrent_rungs=LARGE_RUNGS)
+    inline = decode_cell_receipt((inline_run / CONCURRENT / "cell.json").read_bytes())
+    assert inline.measurement.rows_file is None and inline.measurement.rungs[0].rows
+    assert render_run_report(read_run(str(inline_run))) == streamed
+    markdown = streamed[MARKDOWN_NAME].decode()
+    assert "12000/12000" in markdown  # served from cache, counted from the rows file
+
+
+def test_the_run_report_refuses_a_damaged_rows_file(large_run: Path) -> None:
+    path = large_run / CONCURRENT / REQUESTS_FILENAME
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(Refused) as refused:
+        read_run(str(large_run))
+    assert "rows.digest_mismatch" in refused.value.codes

@@ -57,7 +57,6 @@ import psutil
 
 from cache_family.actors.head_signature import head_line, verify_head
 from cache_family.actors.journal import JOURNAL_READ_LIMIT
-from cache_family.actors.request_rows import stream_rows
 from cache_family.errors import Refusal, Refused
 from cache_family.report.run import read_run
 from cache_family.report.run_report import MARKDOWN_NAME, render_run_report
@@ -77,6 +76,7 @@ from cache_family.schemas.journal import (
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.schemas.receipts import decode_cell_receipt
+from cache_family.schemas.request_rows import stream_rows
 from cache_family.states.fold import JournalIndex, refold
 
 EXIT_IDENTICAL: Final = 0
