@@ -10,7 +10,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import trio
+import trio.testing
 
+import test_run_budgets as budgets
 from cache_family.actors import replay as replay_module
 from cache_family.actors import request_rows
 from cache_family.actors.replay import replay_command
@@ -263,3 +266,39 @@ def test_the_run_report_refuses_a_damaged_rows_file(large_run: Path) -> None:
     with pytest.raises(Refused) as refused:
         read_run(str(large_run))
     assert "rows.digest_mismatch" in refused.value.codes
+
+
+# --- through the real run path, with the inline limit lowered ------------------------------
+
+autojump_clock = budgets.autojump_clock  # the run tests' clock fixture, as is
+
+
+async def test_a_cell_past_the_inline_limit_runs_publishes_its_rows_file_and_replays(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole run path (matrix, row, cell and load actors against a FAKE in-process host):
+    the concurrent cell's rows (past a limit lowered to 3) land in its requests.jsonl, the
+    serial cell's 3 stay inline, replay holds, and a damaged rows file makes it differ."""
+    monkeypatch.setattr(schemas_request_rows, "INLINE_ROWS_MAX", 3)
+    out = tmp_path / "out"
+    script = budgets.FakeHostScript()
+    prepared = budgets.make_prepared(tmp_path / "p", llama_parallel=2)
+    assert (await budgets.run(prepared, out, script)).status == "completed"
+    serial = budgets.cell(out, "native-serial")
+    concurrent = budgets.cell(out, "sweep-native-concurrent")
+    assert serial.measurement.rows_file is None and len(serial.measurement.rungs[0].rows) == 3
+    rows_file = concurrent.measurement.rows_file
+    assert rows_file is not None
+    assert rows_file.count == sum(r.requested_requests for r in concurrent.measurement.rungs)
+    assert all(r.rows == () and r.rung_summary for r in concurrent.measurement.rungs)
+    path = out / "cell-0000" / "sweep-native-concurrent" / REQUESTS_FILENAME
+    streamed = list(stream_rows(str(path), rows_file))
+    assert {line.row.status for line in streamed} == {"completed"}
+    verdict = replay_module.replay(str(out))
+    assert verdict.exit_code == 0, verdict.lines
+    assert "cell-0000/sweep-native-concurrent/cell.json" in verdict.identical
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes().replace(b'"completed"', b'"failed"   ', 1))
+    damaged = replay_module.replay(str(out))
+    assert damaged.exit_code == 1
+    assert damaged.mismatched == ["cell-0000/sweep-native-concurrent/cell.json"]
