@@ -150,6 +150,12 @@ bench-harness *ARGS:
 bench-journal *ARGS:
     {{venv}}/python bench/journal_bench.py "$@"
 
+# A 1,000,000-request cell through the journal, the fold (rows to requests.jsonl), publication and replay: time and peak RSS of each (--append records them in bench/RESULTS.md).
+[group('bench')]
+[positional-arguments]
+bench-million-cell *ARGS:
+    {{venv}}/python bench/million_cell.py "$@"
+
 # Pin cost per cell for a 100 GiB sparse multi-shard model: identity checks against full re-hashes (--append records them in bench/RESULTS.md).
 [group('bench')]
 [positional-arguments]

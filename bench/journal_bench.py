@@ -141,8 +141,8 @@ def cell_only(requests: int, directory: str) -> None:
     as it ends, then the file streamed back, its digest verified and the summary re-folded.
     Prints one line: seconds to run+fold, seconds to replay, peak RSS (MiB), file MiB."""
     # Imported here: ``--ab`` runs this file against an older source tree without them.
-    from cache_family.actors.request_rows import RowFileWriter, stream_rows
-    from cache_family.schemas.request_rows import RequestRowLine
+    from cache_family.actors.request_rows import RowFileWriter
+    from cache_family.schemas.request_rows import RequestRowLine, stream_rows
     from cache_family.states.metrics import RungAccumulator
 
     path = os.path.join(directory, "requests.jsonl")

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from cache_family.errors import Refused
+from cache_family.schemas import request_rows
 from cache_family.schemas.journal import (
     ArmPlan,
     Cancellation,
@@ -46,7 +47,13 @@ from cache_family.schemas.receipts import (
     encode_receipt,
 )
 from cache_family.states.cell import CellEvent, CellState, RowEvent
-from cache_family.states.fold import CellFold, JournalIndex, fold_cell, fold_row
+from cache_family.states.fold import (
+    CellFold,
+    JournalIndex,
+    fold_cell,
+    fold_cell_with_rows,
+    fold_row,
+)
 from cache_family.states.matrix import fold_matrix
 from cache_family.states.receipts import (
     ALL_STATUSES,
@@ -419,14 +426,15 @@ def test_measurement_fields_are_defaulted_and_last() -> None:
     """Evolution rule: the new fields go last with defaults, so an older cell.json decodes."""
     from cache_family.schemas.receipts import Measurement
 
-    later = ("status", "terminal_refusal", "ignore_eos", "cache_shortfall_rungs")
-    assert Measurement.__struct_fields__[-4:] == later
+    later = ("status", "terminal_refusal", "ignore_eos", "cache_shortfall_rungs", "rows_file")
+    assert Measurement.__struct_fields__[-5:] == later
     published = json.loads(encode_receipt(fold(CellScript().happy())))
     for name in later:
         del published["measurement"][name]
     older = decode_cell_receipt(json.dumps(published).encode())
     assert older.measurement.status is None and older.measurement.terminal_refusal is None
     assert older.measurement.ignore_eos is None and older.measurement.cache_shortfall_rungs == ()
+    assert older.measurement.rows_file is None
 
 
 def test_a_whole_ladder_without_a_stop_is_a_completed_measurement() -> None:
@@ -1071,3 +1079,32 @@ def test_terminal_downgrade_never_raises() -> None:
     assert terminal_downgrade("incomplete") == "incomplete"
     assert terminal_downgrade("failed") == "failed"
     assert not may_follow("incomplete", "completed")
+
+
+def test_rows_past_the_inline_limit_move_to_the_rows_file_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Six rows stay inline at a limit of six; at five, every rung's rows leave the receipt
+    for the rows file, in receipt order, and nothing else in the receipt changes."""
+    script = CellScript().happy()  # rungs of 2 and 4 requests
+    lines = journal(*script.records)
+    monkeypatch.setattr(request_rows, "INLINE_ROWS_MAX", 6)
+    inline, none = fold_cell_with_rows(lines, script.cell_id)
+    assert none == () and inline.measurement.rows_file is None
+    monkeypatch.setattr(request_rows, "INLINE_ROWS_MAX", 5)
+    moved, file_lines = fold_cell_with_rows(lines, script.cell_id)
+    rows_file = moved.measurement.rows_file
+    assert rows_file is not None and rows_file.path == request_rows.REQUESTS_FILENAME
+    assert (rows_file.count, rows_file.sha256) == request_rows.rows_digest(file_lines)
+    assert [(x.rung_index, x.concurrency, x.row) for x in file_lines] == [
+        (rung.rung_index, rung.concurrency, row)
+        for rung in inline.measurement.rungs
+        for row in rung.rows
+    ]
+    stripped = msgspec.structs.replace(
+        inline.measurement,
+        rungs=tuple(msgspec.structs.replace(r, rows=()) for r in inline.measurement.rungs),
+        rows_file=rows_file,
+    )
+    assert moved == msgspec.structs.replace(inline, measurement=stripped)
+    assert fold_cell(lines, script.cell_id) == moved

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -41,10 +42,17 @@ from cache_family.states.fold import REFOLDERS, JournalIndex, register_refolder
 from cell_journal_builder import CellScript, RowScript, row_records, run_started, serial_cell
 
 
-def build_run(run_dir: Path, *, drift: bool = False, synthetic: bool = False) -> None:
+def build_run(
+    run_dir: Path,
+    *,
+    drift: bool = False,
+    synthetic: bool = False,
+    concurrent_rungs: Sequence[tuple[int, int]] = ((1, 2), (2, 4)),
+) -> None:
     """One row, a serial and a concurrent cell, every receipt published through the writer,
     then the matrix receipt folded from the journal file, as ``cache-family run`` ends;
-    ``synthetic``: planned by a synthetic catalog, as the zoo's runs are."""
+    ``synthetic``: planned by a synthetic catalog, as the zoo's runs are;
+    ``concurrent_rungs``: the concurrent cell's (concurrency, requests) ladder."""
 
     async def main() -> None:
         writer = JournalWriter(journal_path(str(run_dir)))
@@ -64,7 +72,11 @@ def build_run(run_dir: Path, *, drift: bool = False, synthetic: bool = False) ->
                 await writer.append(record)
             cells = [
                 serial_cell(synthetic=synthetic),
-                CellScript(cell_id="cell-0000/native-concurrent", synthetic=synthetic),
+                CellScript(
+                    cell_id="cell-0000/native-concurrent",
+                    synthetic=synthetic,
+                    rungs=concurrent_rungs,
+                ),
             ]
             for script in cells:
                 script.happy(drift=drift and script.kind == "concurrent")

@@ -5,17 +5,34 @@ row by row into exactly the summary the whole roster gives."""
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import msgspec
 import pytest
+import trio
+import trio.testing
 
+import test_run_budgets as budgets
+from cache_family.actors import replay as replay_module
 from cache_family.actors import request_rows
-from cache_family.actors.request_rows import RowFileWriter, stream_rows
+from cache_family.actors.replay import replay_command
+from cache_family.actors.request_rows import RowFileWriter
 from cache_family.errors import Refused
+from cache_family.report.run import read_run
+from cache_family.report.run_report import MARKDOWN_NAME, render_run_report
+from cache_family.schemas import request_rows as schemas_request_rows
 from cache_family.schemas.measurement import RequestRow
-from cache_family.schemas.request_rows import RequestRowLine, RowsFileDigest
+from cache_family.schemas.receipts import decode_cell_receipt
+from cache_family.schemas.request_rows import (
+    REQUESTS_FILENAME,
+    RequestRowLine,
+    RowsFileDigest,
+    rows_digest,
+    stream_rows,
+)
 from cache_family.states.metrics import RungAccumulator, roster_refusals, rung_summary
+from test_replay import build_run
 
 
 def roster(n: int, seed: int = 7) -> list[RequestRow]:
@@ -127,3 +144,161 @@ def test_an_edited_truncated_or_torn_rows_file_is_refused(tmp_path: Path) -> Non
         assert refused.value.codes[0].startswith("rows."), name
     path.write_bytes(data)
     assert [line.row for line in stream_rows(str(path), digest)] == rows
+
+
+# --- a large cell through the real fold, publisher and replay ---------------------------------
+
+LARGE_RUNGS = ((8, 12_000), (16, 12_000))  # 24k rows: past INLINE_ROWS_MAX, so in the file
+CONCURRENT = "cell-0000/native-concurrent"
+
+
+@pytest.fixture(scope="module")
+def built_large_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("large") / "run"
+    out.mkdir()
+    build_run(out, concurrent_rungs=LARGE_RUNGS)
+    return out
+
+
+@pytest.fixture
+def large_run(built_large_run: Path, tmp_path: Path) -> Path:
+    """A private copy: the tests below damage it."""
+    return Path(shutil.copytree(built_large_run, tmp_path / "run"))
+
+
+def test_a_large_cell_keeps_its_rows_in_the_rows_file(large_run: Path) -> None:
+    cell_json = large_run / CONCURRENT / "cell.json"
+    receipt = decode_cell_receipt(cell_json.read_bytes())
+    rows_file = receipt.measurement.rows_file
+    assert rows_file is not None and rows_file.path == REQUESTS_FILENAME
+    assert rows_file.count == 24_000
+    assert all(rung.rows == () for rung in receipt.measurement.rungs)
+    # Inline, these rows would make a cell.json of many MB; without them it stays small.
+    assert cell_json.stat().st_size < 64 * 1024
+    lines = list(stream_rows(str(large_run / CONCURRENT / REQUESTS_FILENAME), rows_file))
+    assert [(line.rung_index, line.row.request_id) for line in lines] == [
+        (rung, request_id) for rung, (_, n) in enumerate(LARGE_RUNGS) for request_id in range(n)
+    ]
+    # The summaries are the ones the inline receipt gives: same fold, rows elsewhere.
+    for rung in receipt.measurement.rungs:
+        rows = [line.row for line in lines if line.rung_index == rung.rung_index]
+        assert rung.rung_summary == rung_summary(
+            rows,
+            concurrency=rung.concurrency,
+            requested_requests=rung.requested_requests,
+            makespan_seconds=rung.makespan_seconds or 0.0,
+            ttft_slo_ms=2000.0,
+            tpot_slo_ms=100.0,
+        )
+    # The small serial cell of the same run keeps its rows inline and names no file.
+    serial = decode_cell_receipt((large_run / "cell-0000/native-serial/cell.json").read_bytes())
+    assert serial.measurement.rows_file is None and serial.measurement.rungs[0].rows
+    assert not (large_run / "cell-0000/native-serial" / REQUESTS_FILENAME).exists()
+
+
+def test_a_large_cell_replays_identically_under_a_small_read_cap(
+    large_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(replay_module, "RECEIPT_READ_LIMIT", 256 * 1024)
+    assert replay_command(str(large_run), reap=False) == 0
+    assert "replay: identical" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["edit", "truncate", "remove"])
+def test_a_damaged_rows_file_makes_replay_differ(
+    large_run: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = large_run / CONCURRENT / REQUESTS_FILENAME
+    data = path.read_bytes()
+    path.chmod(0o644)
+    if damage == "edit":
+        at = data.index(b'"elapsed_ms":') + len(b'"elapsed_ms":')
+        digit = b"1" if data[at : at + 1] != b"1" else b"2"
+        path.write_bytes(data[:at] + digit + data[at + 1 :])  # still a valid row
+    elif damage == "truncate":
+        path.write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 1])
+    else:
+        path.unlink()
+    assert replay_command(str(large_run), reap=False) != 0
+    out = capsys.readouterr().out
+    assert f"DIFFERS {CONCURRENT}/cell.json" in out
+    assert "rows file does not hold" in out
+    code = "file.missing" if damage == "remove" else "rows.digest_mismatch"
+    assert code in out
+
+
+def test_the_fold_and_the_writer_agree_on_the_rows_files_bytes(tmp_path: Path) -> None:
+    lines = [
+        RequestRowLine(rung_index=i % 3, concurrency=4, row=row)
+        for i, row in enumerate(roster(5_000))
+    ]
+    digest = RowsFileDigest(path=REQUESTS_FILENAME, count=len(lines), sha256="")
+    count, sha256 = rows_digest(lines, batch=7)
+    digest = msgspec.structs.replace(digest, count=count, sha256=sha256)
+    request_rows.publish_rows_file(str(tmp_path / REQUESTS_FILENAME), lines, digest)
+    assert list(stream_rows(str(tmp_path / REQUESTS_FILENAME), digest)) == lines
+    with pytest.raises(Refused) as refused:
+        request_rows.publish_rows_file(str(tmp_path / "other.jsonl"), lines[1:], digest)
+    assert refused.value.codes == ["rows.digest_mismatch"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [REQUESTS_FILENAME]
+
+
+def test_the_run_report_of_a_large_cell_is_the_one_its_inline_rows_give(
+    large_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    streamed = render_run_report(read_run(str(large_run)))
+    inline_run = tmp_path / "inline" / "run"
+    inline_run.mkdir(parents=True)
+    with monkeypatch.context() as patched:
+        patched.setattr(schemas_request_rows, "INLINE_ROWS_MAX", 10**9)
+        build_run(inline_run, concurrent_rungs=LARGE_RUNGS)
+    inline = decode_cell_receipt((inline_run / CONCURRENT / "cell.json").read_bytes())
+    assert inline.measurement.rows_file is None and inline.measurement.rungs[0].rows
+    assert render_run_report(read_run(str(inline_run))) == streamed
+    markdown = streamed[MARKDOWN_NAME].decode()
+    assert "12000/12000" in markdown  # served from cache, counted from the rows file
+
+
+def test_the_run_report_refuses_a_damaged_rows_file(large_run: Path) -> None:
+    path = large_run / CONCURRENT / REQUESTS_FILENAME
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(Refused) as refused:
+        read_run(str(large_run))
+    assert "rows.digest_mismatch" in refused.value.codes
+
+
+# --- through the real run path, with the inline limit lowered ------------------------------
+
+autojump_clock = budgets.autojump_clock  # the run tests' clock fixture, as is
+
+
+async def test_a_cell_past_the_inline_limit_runs_publishes_its_rows_file_and_replays(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole run path (matrix, row, cell and load actors against a FAKE in-process host):
+    the concurrent cell's rows (past a limit lowered to 3) land in its requests.jsonl, the
+    serial cell's 3 stay inline, replay holds, and a damaged rows file makes it differ."""
+    monkeypatch.setattr(schemas_request_rows, "INLINE_ROWS_MAX", 3)
+    out = tmp_path / "out"
+    script = budgets.FakeHostScript()
+    prepared = budgets.make_prepared(tmp_path / "p", llama_parallel=2)
+    assert (await budgets.run(prepared, out, script)).status == "completed"
+    serial = budgets.cell(out, "native-serial")
+    concurrent = budgets.cell(out, "sweep-native-concurrent")
+    assert serial.measurement.rows_file is None and len(serial.measurement.rungs[0].rows) == 3
+    rows_file = concurrent.measurement.rows_file
+    assert rows_file is not None
+    assert rows_file.count == sum(r.requested_requests for r in concurrent.measurement.rungs)
+    assert all(r.rows == () and r.rung_summary for r in concurrent.measurement.rungs)
+    path = out / "cell-0000" / "sweep-native-concurrent" / REQUESTS_FILENAME
+    streamed = list(stream_rows(str(path), rows_file))
+    assert {line.row.status for line in streamed} == {"completed"}
+    verdict = replay_module.replay(str(out))
+    assert verdict.exit_code == 0, verdict.lines
+    assert "cell-0000/sweep-native-concurrent/cell.json" in verdict.identical
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes().replace(b'"completed"', b'"failed"   ', 1))
+    damaged = replay_module.replay(str(out))
+    assert damaged.exit_code == 1
+    assert damaged.mismatched == ["cell-0000/sweep-native-concurrent/cell.json"]

@@ -45,7 +45,7 @@ class Published:
 
 def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
     """Write ``data`` to ``path``, which must not exist; atomic and durable."""
-    tmp = _temp_sibling(path)
+    tmp = temp_sibling(path)
     fd = _write_durably(tmp, data, mode)
     try:
         try:
@@ -78,19 +78,19 @@ def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
 def replace_atomically(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
     """Write ``data`` to ``path``, replacing what is there: a reader sees the old bytes or the
     new ones, never a part. Only for files this tool regenerates (caches, generated docs)."""
-    tmp = _temp_sibling(path)
+    tmp = temp_sibling(path)
     os.close(_write_durably(tmp, data, mode))
     _move_into_place(tmp, path)
 
 
 def replace_with_symlink(link: str | os.PathLike[str], target: str) -> None:
     """Point ``link`` at ``target``, replacing whatever ``link`` names, in one step."""
-    tmp = _temp_sibling(link)
+    tmp = temp_sibling(link)
     os.symlink(target, tmp)  # a fresh random name: nothing there is ever overwritten
     _move_into_place(tmp, link)
 
 
-def _temp_sibling(path: str | os.PathLike[str]) -> str:
+def temp_sibling(path: str | os.PathLike[str]) -> str:
     directory, name = os.path.split(os.fspath(path))
     return os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
 

@@ -79,6 +79,8 @@ from cache_family.schemas.journal import (
     seal_problems,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
+from cache_family.schemas.receipts import decode_cell_receipt
+from cache_family.schemas.request_rows import stream_rows
 from cache_family.states.fold import JournalIndex, refold
 
 EXIT_IDENTICAL: Final = 0
@@ -397,6 +399,8 @@ def _compare_published(report: ReplayReport, root: str, lines: tuple[JournalLine
             problems.append(
                 f"re-folded bytes differ from the file {_first_difference(expected, on_disk)}"
             )
+        elif record.scope == "cell":
+            problems += _rows_file_problems(root, where, expected)
         if problems:
             report.differs = True
             report.mismatched.append(where)
@@ -405,6 +409,23 @@ def _compare_published(report: ReplayReport, root: str, lines: tuple[JournalLine
             report.identical.append(where)
             report.say(f"identical {name}")
     return journaled
+
+
+def _rows_file_problems(root: str, where: str, receipt: bytes) -> list[str]:
+    """A cell receipt that names a rows file holds only when that file streams to the digest
+    and count it records (read a chunk at a time; the receipt read cap never applies)."""
+    rows_file = decode_cell_receipt(receipt).measurement.rows_file
+    if rows_file is None:
+        return []
+    path = os.path.normpath(os.path.join(root, os.path.dirname(where), rows_file.path))
+    if not path.startswith(root + os.sep):
+        return [f"its rows file {rows_file.path!r} leaves the run directory"]
+    try:
+        for _ in stream_rows(path, rows_file):
+            pass
+    except Refused as refused:
+        return [f"its rows file does not hold: {refused}"]
+    return []
 
 
 def _read_receipt(report: ReplayReport, root: str, relative: str, name: str) -> bytes | None:

@@ -1,27 +1,24 @@
-"""Writing and streaming a cell's ``requests.jsonl`` (``schemas/request_rows.py``).
+"""Writing a cell's ``requests.jsonl`` (``schemas/request_rows.py``, which also streams it).
 
 The writer buffers encoded lines and writes them in large chunks (one ``write`` per
 ``flush_bytes``), hashing every byte as it goes; ``close`` fsyncs and returns the digest a
-receipt records. The reader reads ``chunk_bytes`` at a time, never more, feeding the same
-bytes to SHA-256 and to the decoder, and refuses at the end a file whose digest or line
-count differs: its rows are only trusted once the whole file was read.
+receipt records, and ``publish_rows_file`` gives a fold's rows file atomically.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Final
 
-import msgspec
-
+from cache_family.actors.publish import fsync_dir, temp_sibling
 from cache_family.errors import Refused
-from cache_family.schemas.bounded import MIB, open_regular_file
-from cache_family.schemas.request_rows import DECODER, ENCODER, RequestRowLine, RowsFileDigest
+from cache_family.schemas.bounded import MIB
+from cache_family.schemas.request_rows import ENCODER, RequestRowLine, RowsFileDigest
 
 FLUSH_BYTES: Final = 4 * MIB
-CHUNK_BYTES: Final = 4 * MIB
 
 
 class RowFileWriter:
@@ -71,57 +68,34 @@ class RowFileWriter:
         return RowsFileDigest(path=self.relative, count=self.count, sha256=self._digest.hexdigest())
 
 
-def stream_rows(
-    path: str, expected: RowsFileDigest, *, chunk_bytes: int = CHUNK_BYTES
-) -> Iterator[RequestRowLine]:
-    """Every line of the rows file at ``path``, read ``chunk_bytes`` at a time; refuses
-    (``rows.*``) an unreadable or undecodable file and, after its last line, one whose SHA-256
-    or line count is not ``expected``'s. A consumer keeps nothing it folded until the
-    iteration ended without a refusal."""
-    where = f"$.rows_file[{expected.path}]"
-    digest = hashlib.sha256()
-    count = 0
-    rest = b""
-    with open_regular_file(path, subject=f"rows file {path}", json_path=where) as (fd, _):
-        while True:
-            try:
-                chunk = os.read(fd, chunk_bytes)
-            except OSError as exc:
-                raise Refused.one(
-                    "rows.unreadable",
-                    where,
-                    f"{path} could not be read: {exc.strerror}",
-                    "check the file and the disk",
-                ) from None
-            if not chunk:
-                break
-            digest.update(chunk)
-            data = rest + chunk
-            cut = data.rfind(b"\n") + 1
-            rest = data[cut:]
-            if cut:
-                try:
-                    lines = DECODER.decode_lines(data[:cut])
-                except msgspec.DecodeError as exc:
-                    raise Refused.one(
-                        "rows.undecodable",
-                        where,
-                        f"{path}: a line after line {count} is not a request row ({exc})",
-                        "the file was edited or corrupted; re-run the cell",
-                    ) from None
-                count += len(lines)
-                yield from lines
-    problems = []
-    if rest:
-        problems.append(f"it ends with {len(rest)} bytes of a torn line")
-    if count != expected.count:
-        problems.append(f"it holds {count} rows, the receipt says {expected.count}")
-    if digest.hexdigest() != expected.sha256:
-        problems.append(f"its SHA-256 is {digest.hexdigest()}, the receipt says {expected.sha256}")
-    if problems:
-        raise Refused.one(
-            "rows.digest_mismatch",
-            where,
-            f"{path}: " + "; ".join(problems),
-            "the rows file changed after its receipt was published; re-run the cell",
-        )
+def publish_rows_file(path: str, lines: Iterable[RequestRowLine], expected: RowsFileDigest) -> None:
+    """Write a receipt's rows file at ``path`` (which must not exist) atomically and durably,
+    before the receipt naming it is published; refuses bytes whose digest is not ``expected``
+    (the fold and the writer disagree about the encoding: a bug, never a published file)."""
+    tmp = temp_sibling(path)
+    writer = RowFileWriter(tmp, expected.path)
+    try:
+        writer.add_many(lines)
+        written = writer.close()
+        if written != expected:
+            raise Refused.one(
+                "rows.digest_mismatch",
+                f"$.rows_file[{expected.path}]",
+                f"the rows written ({written.count}, {written.sha256}) are not the folded"
+                f" ones ({expected.count}, {expected.sha256})",
+                "report this: the fold and the rows writer encode differently",
+            )
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise Refused.one(
+                "publish.exists",
+                path,
+                f"{path} already exists and is not ours to replace",
+                "choose a fresh output path",
+            ) from None
+    finally:
+        writer.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    fsync_dir(os.path.dirname(path) or ".")

@@ -16,19 +16,22 @@ each optional; the report shows a verdict column only when some rung has one.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from array import array
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, TypeVar
 
 import msgspec
 
+from cache_family.errors import Refused
 from cache_family.report.decode import Reader, Refusals, Where
 from cache_family.report.rows import ReportRow, read_rows
 from cache_family.report.sources import SourceEntry, read_sources
 from cache_family.schemas.bounded import MIB
 from cache_family.schemas.corpus import default_corpus_path
 from cache_family.schemas.matrix import MATRIX_FILENAME, MatrixReceipt, MatrixRow
+from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import (
     ArmObservation,
     CacheVerdict,
@@ -36,6 +39,7 @@ from cache_family.schemas.receipts import (
     RowReceipt,
     RungReceipt,
 )
+from cache_family.schemas.request_rows import RowsFileDigest, stream_rows
 
 PRODUCTION_FILENAME: Final = "production-cache-bench.json"
 CELL_FILENAME: Final = "cell.json"
@@ -53,6 +57,9 @@ class ArmView:
     #: ``cell.json`` relative to the run directory, when the row names a cell directory.
     cell_path: str | None
     cell: CellReceipt | None
+    #: Per rung index, ``measured_values`` streamed from the cell's rows file when its rows
+    #: are there (``Measurement.rows_file``) and the file holds; else None (rows inline).
+    file_values: dict[int, dict[str, array[float]]] | None = None
 
     @property
     def verdicts(self) -> dict[int, CacheVerdict]:
@@ -157,11 +164,68 @@ def _arm(
             if loaded is not None:
                 reader, document = loaded
                 cell = _convert(reader, document, CellReceipt, "cell receipt")
+    rows_file = cell.measurement.rows_file if cell is not None else None
     return ArmView(
         observation=obs,
         cell_path=cell_path,
         cell=cell,
+        file_values=(
+            None
+            if rows_file is None or cell_path is None
+            else _file_values(root, cell_path, rows_file, refusals)
+        ),
     )
+
+
+def _cache_n(row: RequestRow) -> float | None:
+    return (
+        None if row.timings is None or row.timings.cache_n is None else float(row.timings.cache_n)
+    )
+
+
+#: The per-request values the run report compares (TTFT, latency) or counts (``cache_n``).
+ROW_VALUES: Final[tuple[tuple[str, Callable[[RequestRow], float | None]], ...]] = (
+    ("TTFT", lambda r: r.ttft_ms),
+    ("latency", lambda r: r.elapsed_ms),
+    ("cache_n", _cache_n),
+)
+
+
+def measured_values(rows: Iterable[RequestRow]) -> dict[str, array[float]]:
+    """``ROW_VALUES`` of the requests a summary counts: completed, not an excluded warmup."""
+    out: dict[str, array[float]] = {name: array("d") for name, _ in ROW_VALUES}
+    _add_measured(out, rows)
+    return out
+
+
+def _add_measured(out: dict[str, array[float]], rows: Iterable[RequestRow]) -> None:
+    for row in rows:
+        if row.status != "completed" or row.excluded_warmup:
+            continue
+        for name, pick in ROW_VALUES:
+            value = pick(row)
+            if value is not None:
+                out[name].append(value)
+
+
+def _file_values(
+    root: str, cell_path: str, rows_file: RowsFileDigest, refusals: Refusals
+) -> dict[int, dict[str, array[float]]] | None:
+    """Each rung's ``measured_values`` streamed from the cell's rows file: 8 bytes a value,
+    never the rows; None (refused) when the file does not hold to its receipt's digest."""
+    path = os.path.join(root, os.path.dirname(cell_path), rows_file.path)
+    values: dict[int, dict[str, array[float]]] = {}
+    try:
+        for line in stream_rows(path, rows_file):
+            rung = values.get(line.rung_index)
+            if rung is None:
+                rung = values[line.rung_index] = measured_values(())
+            _add_measured(rung, (line.row,))
+    except Refused as refused:
+        for refusal in refused.refusals:
+            refusals.add(refusal)
+        return None
+    return values
 
 
 def _row(root: str, matrix_reader: Reader, i: int, entry: MatrixRow, sink: Refusals) -> RowView:

@@ -9,7 +9,7 @@ comparison pairs the arms named ``skippy-old`` and ``skippy-new`` when both have
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote
@@ -17,7 +17,7 @@ from urllib.parse import quote
 from cache_family.report.decode import Refusals
 from cache_family.report.html import markdown_to_html
 from cache_family.report.render import cell, format_ms, render_report
-from cache_family.report.run import ArmView, RowView, RunReceipts
+from cache_family.report.run import ArmView, RowView, RunReceipts, measured_values
 from cache_family.report.stats import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -28,7 +28,7 @@ from cache_family.report.stats import (
 )
 from cache_family.report.svg import Panel, Series, line_panels
 from cache_family.schemas.matrix import MATRIX_FILENAME
-from cache_family.schemas.measurement import RequestRow, RungSummary
+from cache_family.schemas.measurement import RungSummary
 from cache_family.schemas.receipts import CacheVerdict
 
 MARKDOWN_NAME: Final = "report.md"
@@ -52,29 +52,27 @@ class _Rung:
     concurrency: int
     status: str
     summary: RungSummary | None
-    rows: tuple[RequestRow, ...]
+    #: ``measured_values`` of the rung's requests (inline rows, or streamed from the rows file).
+    values: Mapping[str, Sequence[float]]
     verdict: CacheVerdict | None
 
 
 def _rungs(arm: ArmView) -> list[_Rung]:
     if arm.cell is not None:
+        streamed = arm.file_values or {}
         return [
-            _Rung(r.concurrency, r.status, r.rung_summary, r.rows, arm.verdicts.get(r.rung_index))
+            _Rung(
+                r.concurrency,
+                r.status,
+                r.rung_summary,
+                streamed.get(r.rung_index, {})
+                if arm.file_values is not None
+                else measured_values(r.rows),
+                arm.verdicts.get(r.rung_index),
+            )
             for r in arm.rungs
         ]
-    return [_Rung(b.concurrency, b.status, b.rung_summary, (), None) for b in arm.observation.rungs]
-
-
-def _measured(
-    rows: Sequence[RequestRow], value: Callable[[RequestRow], float | None]
-) -> list[float]:
-    """Values of the requests a summary counts: completed, not an excluded warmup."""
-    out: list[float] = []
-    for row in rows:
-        v = value(row)
-        if row.status == "completed" and not row.excluded_warmup and v is not None:
-            out.append(v)
-    return out
+    return [_Rung(b.concurrency, b.status, b.rung_summary, {}, None) for b in arm.observation.rungs]
 
 
 def _rate(value: float | None) -> str:
@@ -218,7 +216,7 @@ def _curve_table(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
     for arm in arms:
         for rung in _rungs(arm):
             s = rung.summary
-            cached = _measured(rung.rows, _cache_n)
+            cached = rung.values.get("cache_n", ())
             served = f"{sum(1 for c in cached if c > 0)}/{len(cached)}" if cached else "n/a"
             fields = [
                 cell(arm.arm),
@@ -237,12 +235,6 @@ def _curve_table(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
                 fields.extend(_verdict_text(rung.verdict))
             lines.append("| " + " | ".join(fields) + " |")
     return lines
-
-
-def _cache_n(row: RequestRow) -> float | None:
-    return (
-        None if row.timings is None or row.timings.cache_n is None else float(row.timings.cache_n)
-    )
 
 
 def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
@@ -285,11 +277,8 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
     return lines
 
 
-#: The per-request timings compared between old and new.
-METRICS: Final[tuple[tuple[str, Callable[[RequestRow], float | None]], ...]] = (
-    ("TTFT", lambda r: r.ttft_ms),
-    ("latency", lambda r: r.elapsed_ms),
-)
+#: The per-request timings compared between old and new (names in ``ROW_VALUES``).
+METRICS: Final = ("TTFT", "latency")
 
 
 def _table_row(fields: Sequence[str]) -> str:
@@ -319,8 +308,8 @@ def _comparison_rows(view: RowView, old: ArmView, new: ArmView) -> list[str]:
         before = old_by_c.get(rung.concurrency)
         if before is None:
             continue
-        for metric, pick in METRICS:
-            old_values, new_values = _measured(before.rows, pick), _measured(rung.rows, pick)
+        for metric in METRICS:
+            old_values, new_values = before.values.get(metric, ()), rung.values.get(metric, ())
             effect = bootstrap_median_difference(old_values, new_values)
             head = [_title(view), str(rung.concurrency), metric]
             counts = [str(len(old_values)), str(len(new_values))]

@@ -19,6 +19,7 @@ import msgspec
 
 from cache_family.schemas.measurement import HostCleanup, RequestRow, RungSummary, SerialSummary
 from cache_family.schemas.production import ProducerRow
+from cache_family.schemas.request_rows import RowsFileDigest
 
 CELL_SCHEMA_VERSION: Final = 1
 ROW_SCHEMA_VERSION: Final = 1
@@ -155,6 +156,9 @@ class Measurement(msgspec.Struct, frozen=True, kw_only=True):
     ignore_eos: bool | None = None
     # Rung indices whose cache verdict fell short of the architecture's reuse rule.
     cache_shortfall_rungs: tuple[int, ...] = ()
+    # Set when the cell had more than ``INLINE_ROWS_MAX`` request rows: they are in this file
+    # (``schemas/request_rows.py``) and every rung's ``rows`` is empty; None: rows are inline.
+    rows_file: RowsFileDigest | None = None
 
 
 class CellReceipt(msgspec.Struct, frozen=True, kw_only=True):

@@ -6,21 +6,35 @@ Layout of ``requests.jsonl``: one JSON line per request, in the order the reques
 
 The file is written once, front to back, and never read whole: a receipt names it with
 :class:`RowsFileDigest` (the SHA-256 of all its bytes and its line count), and a reader
-verifies that digest while it streams the lines (``actors/request_rows.py``), so a cell of a
-million requests is summarised and replayed in memory that does not hold its rows.
+verifies that digest while it streams the lines (``actors/request_rows.py``).
+
+A cell of more than ``INLINE_ROWS_MAX`` requests keeps its rows here instead of in
+``cell.json`` (the fold decides, ``states/fold.py``): rows sorted by rung, then request id, as
+the receipt would have listed them. Smaller cells keep them inline, so a small receipt stays
+one self-contained file and reads as before; a large one stays far below the receipt read cap
+(a 100k-request ``cell.json`` with its rows inline is about 80 MB).
 
 Evolution rule as for the journal: a new field gets a default and goes last.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Final
 
 import msgspec
 
+from cache_family.errors import Refused
+from cache_family.schemas.bounded import MIB, open_regular_file
 from cache_family.schemas.measurement import RequestRow
 
 REQUESTS_FILENAME: Final = "requests.jsonl"
+# At about 800 bytes a row in an indented receipt, 10k inline rows keep ``cell.json`` near 8 MB.
+INLINE_ROWS_MAX: Final = 10_000
+CHUNK_BYTES: Final = 4 * MIB
 
 
 class RequestRowLine(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,10 +48,79 @@ class RequestRowLine(msgspec.Struct, frozen=True, kw_only=True):
 class RowsFileDigest(msgspec.Struct, frozen=True, kw_only=True):
     """What a receipt holds of a rows file: where it is, how many lines, and their SHA-256."""
 
-    path: str  # relative to the run directory
+    # Relative to the directory of the receipt naming it, so a superseded cell moved by a
+    # resume still finds its file.
+    path: str
     count: int
     sha256: str
 
 
 ENCODER: Final = msgspec.json.Encoder()
 DECODER: Final = msgspec.json.Decoder(RequestRowLine)
+
+
+def rows_digest(lines: Iterable[RequestRowLine], *, batch: int = 4096) -> tuple[int, str]:
+    """Line count and SHA-256 of the file these lines make, without building it: the same
+    bytes ``RowFileWriter`` writes (``encode_lines`` of consecutive batches concatenates)."""
+    digest, count = hashlib.sha256(), 0
+    it = iter(lines)
+    while chunk := list(islice(it, batch)):
+        digest.update(ENCODER.encode_lines(chunk))
+        count += len(chunk)
+    return count, digest.hexdigest()
+
+
+def stream_rows(
+    path: str, expected: RowsFileDigest, *, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[RequestRowLine]:
+    """Every line of the rows file at ``path``, read ``chunk_bytes`` at a time; refuses
+    (``rows.*``) an unreadable or undecodable file and, after its last line, one whose SHA-256
+    or line count is not ``expected``'s. A consumer keeps nothing it folded until the
+    iteration ended without a refusal."""
+    where = f"$.rows_file[{expected.path}]"
+    digest = hashlib.sha256()
+    count = 0
+    rest = b""
+    with open_regular_file(path, subject=f"rows file {path}", json_path=where) as (fd, _):
+        while True:
+            try:
+                chunk = os.read(fd, chunk_bytes)
+            except OSError as exc:
+                raise Refused.one(
+                    "rows.unreadable",
+                    where,
+                    f"{path} could not be read: {exc.strerror}",
+                    "check the file and the disk",
+                ) from None
+            if not chunk:
+                break
+            digest.update(chunk)
+            data = rest + chunk
+            cut = data.rfind(b"\n") + 1
+            rest = data[cut:]
+            if cut:
+                try:
+                    lines = DECODER.decode_lines(data[:cut])
+                except msgspec.DecodeError as exc:
+                    raise Refused.one(
+                        "rows.undecodable",
+                        where,
+                        f"{path}: a line after line {count} is not a request row ({exc})",
+                        "the file was edited or corrupted; re-run the cell",
+                    ) from None
+                count += len(lines)
+                yield from lines
+    problems = []
+    if rest:
+        problems.append(f"it ends with {len(rest)} bytes of a torn line")
+    if count != expected.count:
+        problems.append(f"it holds {count} rows, the receipt says {expected.count}")
+    if digest.hexdigest() != expected.sha256:
+        problems.append(f"its SHA-256 is {digest.hexdigest()}, the receipt says {expected.sha256}")
+    if problems:
+        raise Refused.one(
+            "rows.digest_mismatch",
+            where,
+            f"{path}: " + "; ".join(problems),
+            "the rows file changed after its receipt was published; re-run the cell",
+        )

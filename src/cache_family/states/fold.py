@@ -38,6 +38,7 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from cache_family.errors import Refused
+from cache_family.schemas import request_rows
 from cache_family.schemas.journal import (
     Cancellation,
     CellOpened,
@@ -87,6 +88,7 @@ from cache_family.schemas.receipts import (
     encode_receipt,
     evidence_class,
 )
+from cache_family.schemas.request_rows import RequestRowLine, RowsFileDigest
 from cache_family.states import metrics
 from cache_family.states.cache_reuse import rung_verdicts
 from cache_family.states.calibration import (
@@ -355,9 +357,17 @@ class CellFold:
 
     def receipt(self, *, through_seq: int | None = None) -> CellReceipt:
         """The cell's receipt as of the lines applied so far (pure; call any time)."""
+        return self.receipt_and_rows(through_seq=through_seq)[0]
+
+    def receipt_and_rows(
+        self, *, through_seq: int | None = None
+    ) -> tuple[CellReceipt, tuple[RequestRowLine, ...]]:
+        """The receipt and, when its rows went to the rows file (``Measurement.rows_file``),
+        that file's lines; else no lines (the rows are inline)."""
         status = self.ceiling
         faults = list(self.faults)
-        measurement, measurement_problems = self._measurement()
+        inline, measurement_problems = self._measurement()
+        measurement, moved = _rows_to_file(inline)
 
         def inferred(kind: str, detail: str) -> None:
             nonlocal status
@@ -382,7 +392,7 @@ class CellFold:
         run = self.run
         host = self.host
         synthetic = _synthetic(run, opened)
-        return CellReceipt(
+        receipt = CellReceipt(
             run_id=run.run_id if run else "",
             request_sha256=run.request_sha256 if run else "",
             catalog_sha256=run.catalog_sha256 if run else "",
@@ -425,6 +435,7 @@ class CellFold:
             synthetic=synthetic,
             evidence_class=evidence_class(synthetic),
         )
+        return receipt, moved
 
     def _measurement(self) -> tuple[Measurement, list[str]]:
         opened = self.opened
@@ -521,6 +532,29 @@ class CellFold:
         return dict(zip(indices, rung_verdicts(expectation, rosters), strict=True))
 
 
+def _rows_to_file(measurement: Measurement) -> tuple[Measurement, tuple[RequestRowLine, ...]]:
+    """A measurement with more than ``INLINE_ROWS_MAX`` rows names the rows file instead and
+    gives its lines (rung order, then request id: the order the inline receipt lists them)."""
+    if sum(len(rung.rows) for rung in measurement.rungs) <= request_rows.INLINE_ROWS_MAX:
+        return measurement, ()
+    lines = tuple(
+        RequestRowLine(rung_index=rung.rung_index, concurrency=rung.concurrency, row=row)
+        for rung in measurement.rungs
+        for row in rung.rows
+    )
+    count, sha256 = request_rows.rows_digest(lines)
+    return (
+        msgspec.structs.replace(
+            measurement,
+            rungs=tuple(msgspec.structs.replace(rung, rows=()) for rung in measurement.rungs),
+            rows_file=RowsFileDigest(
+                path=request_rows.REQUESTS_FILENAME, count=count, sha256=sha256
+            ),
+        ),
+        lines,
+    )
+
+
 def _measurement_status(
     *, planned: bool, rungs: Sequence[RungReceipt], problems: Sequence[str]
 ) -> ReceiptStatus:
@@ -596,6 +630,13 @@ def fold_cell(
     the cell's own (``JournalIndex.lines_for_cell``). Refused with ``fold.cell.unknown`` when
     no ``cell_opened`` record names the cell.
     """
+    return fold_cell_with_rows(lines, cell_id, through_seq=through_seq)[0]
+
+
+def fold_cell_with_rows(
+    lines: Iterable[JournalLine], cell_id: str, *, through_seq: int | None = None
+) -> tuple[CellReceipt, tuple[RequestRowLine, ...]]:
+    """``fold_cell`` and the lines of the rows file its receipt names (none when inline)."""
     fold = CellFold(cell_id)
     through = _apply_through(fold, lines, through_seq)
     if fold.opened is None:
@@ -605,7 +646,7 @@ def fold_cell(
             f"the journal opens no cell {cell_id!r}",
             "check the cell id; a receipt can only be folded for a journaled cell",
         )
-    return fold.receipt(through_seq=through)
+    return fold.receipt_and_rows(through_seq=through)
 
 
 # --- rows -----------------------------------------------------------------------------------
