@@ -453,3 +453,48 @@ async def test_the_host_carries_its_tag_and_cannot_be_given_another(tmp_path: Pa
     with pytest.raises(Refused) as refused:
         host_environment({"CACHE_FAMILY_CELL": "other"}, {}, None, str(tmp_path))
     assert refused.value.codes == ["custody.env_reserved"]
+
+
+async def test_a_cancel_during_the_spawn_waits_for_it_and_ends_the_host_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cell holds custody in one task and launches from another: a cancel that ends
+    # custody while the spawn is in flight must not close the nursery under the spawn.
+    real_open_process = trio.lowlevel.open_process
+    holder: dict[str, Host] = {}
+    spawned: list[int] = []
+
+    async def open_process_after_the_cancel(*args: object, **kwargs: object) -> trio.Process:
+        host = holder["host"]
+        scope.cancel()
+        with trio.CancelScope(shield=True):
+            # Until custody's cleanup either waits for the spawn or (without the lock) is done.
+            while host.state != "cleaned" and not host._spawning.statistics().tasks_waiting:
+                await trio.sleep(0)
+            process = await real_open_process(*args, **kwargs)  # type: ignore[arg-type]
+        spawned.append(process.pid)
+        return process
+
+    monkeypatch.setattr(trio.lowlevel, "open_process", open_process_after_the_cancel)
+    ready = trio.Event()
+
+    async def hold() -> None:
+        async with host_custody(config(tmp_path)) as host:
+            holder["host"] = host
+            ready.set()
+            await trio.sleep_forever()
+
+    with trio.fail_after(30):
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hold)
+                await ready.wait()
+                host = holder["host"]
+                await host.launch(
+                    [sys.executable, SCRIPTED, "graceful", str(host.port)], env_for(host)
+                )
+                await trio.sleep_forever()
+    assert scope.cancelled_caught
+    outcome = host.outcome
+    assert spawned and outcome is not None and outcome.pid == spawned[0]
+    assert host.create_time is not None and not alive(spawned[0], host.create_time)

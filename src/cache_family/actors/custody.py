@@ -322,6 +322,11 @@ class Host:
         self.config = config
         self._observe = observe
         self.state: HostState = "new"
+        # Held by launch from its state check until the spawned host is watched, and taken by
+        # cleanup: a cancel that ends custody (in another task) while the spawn is in flight
+        # waits for the spawn, then ends the host it made, instead of closing the nursery
+        # under it and leaving a process that no cleanup record names.
+        self._spawning = trio.Lock()
         self.port: int = config.port
         self.state_dir: str = ""
         self.pid: int | None = None
@@ -428,6 +433,12 @@ class Host:
     async def launch(self, argv: Sequence[str], env: Mapping[str, str]) -> HostSpawned:
         """Spawn the host in its own session with exactly ``env`` and the host's environment
         tag; returns the spawn record."""
+        async with self._spawning:
+            # Custody may have been cleaned up by a cancel while this waited for the lock.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            return await self._launch(argv, env)
+
+    async def _launch(self, argv: Sequence[str], env: Mapping[str, str]) -> HostSpawned:
         if self.state != "reserved" or self._nursery is None:
             raise RuntimeError(f"launch() in state {self.state}")
         env = {**env, PROCESS_TAG_NAME: self.process_tag}
@@ -639,34 +650,41 @@ class Host:
         if self._outcome is not None:
             return self._outcome
         with trio.CancelScope(shield=True):
-            started = trio.current_time()
-            bounded = trio.move_on_after(self.config.cleanup_bound_seconds)
-            progress = CleanupProgress()
-            with bounded:
-                await self._cleanup_steps(progress)
-            outcome = HostCleanup(
-                pid=self.pid,
-                graceful=progress.graceful,
-                forced=progress.forced,
-                exit_code=self.exit_code,
-                surviving_descendants=tuple(progress.surviving),
-                port_free=progress.port_free,
-                state_dir_removed=progress.state_dir_removed,
-                elapsed_ms=(trio.current_time() - started) * 1000,
-                escaped_descendants=tuple(progress.escaped),
-                tagged_escapees=tuple(progress.tagged),
-                capture_truncated=any(log.truncated for log in self._logs),
-                oversized_lines=self._oversized_lines,
-                grace_shortened=self._grace_shortened,
-                bounded_out=bounded.cancelled_caught,
-                state_dir_error=(progress.state_dir_error or "")[:2000] or None,
-            )
-            for log in self._logs:
-                log.close()
-            self._release_reservation()
-            self._outcome = outcome
-            self.state = "cleaned"
-            await self._emit(HostCleaned(label=self.config.label, outcome=outcome))
+            async with self._spawning:  # a spawn in flight finishes first (see __init__)
+                outcome = await self._cleanup()
+        return outcome
+
+    async def _cleanup(self) -> HostCleanup:
+        if self._outcome is not None:
+            return self._outcome
+        started = trio.current_time()
+        bounded = trio.move_on_after(self.config.cleanup_bound_seconds)
+        progress = CleanupProgress()
+        with bounded:
+            await self._cleanup_steps(progress)
+        outcome = HostCleanup(
+            pid=self.pid,
+            graceful=progress.graceful,
+            forced=progress.forced,
+            exit_code=self.exit_code,
+            surviving_descendants=tuple(progress.surviving),
+            port_free=progress.port_free,
+            state_dir_removed=progress.state_dir_removed,
+            elapsed_ms=(trio.current_time() - started) * 1000,
+            escaped_descendants=tuple(progress.escaped),
+            tagged_escapees=tuple(progress.tagged),
+            capture_truncated=any(log.truncated for log in self._logs),
+            oversized_lines=self._oversized_lines,
+            grace_shortened=self._grace_shortened,
+            bounded_out=bounded.cancelled_caught,
+            state_dir_error=(progress.state_dir_error or "")[:2000] or None,
+        )
+        for log in self._logs:
+            log.close()
+        self._release_reservation()
+        self._outcome = outcome
+        self.state = "cleaned"
+        await self._emit(HostCleaned(label=self.config.label, outcome=outcome))
         return outcome
 
     async def _cleanup_steps(self, progress: CleanupProgress) -> None:
