@@ -441,6 +441,9 @@ class RichRunProgress(RunProgress):
         self._bar.update(task, description=description, completed=arm.rungs_done)
         if arm.state == _DONE:
             self._bar.stop_task(task)
+        # Drawn now, not at the refresh thread's next tick: a state that lasts less than a
+        # tick is still shown once (and what is drawn does not depend on scheduling).
+        self._bar.refresh()
 
     def finished_row(
         self, number: int, row: str, status: str, detail: str, synthetic: bool, seconds: float
