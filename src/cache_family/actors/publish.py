@@ -49,14 +49,7 @@ def publish_fresh(path: str, data: bytes, *, mode: int = 0o644) -> Published:
     fd = _write_durably(tmp, data, mode)
     try:
         try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise Refused.one(
-                "publish.exists",
-                path,
-                f"{path} already exists and is not ours to replace",
-                "choose a fresh output path",
-            ) from None
+            link_fresh(tmp, path)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -88,6 +81,19 @@ def replace_with_symlink(link: str | os.PathLike[str], target: str) -> None:
     tmp = temp_sibling(link)
     os.symlink(target, tmp)  # a fresh random name: nothing there is ever overwritten
     _move_into_place(tmp, link)
+
+
+def link_fresh(tmp: str, path: str) -> None:
+    """Give the written ``tmp`` its final name ``path``, which must not exist yet."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise Refused.one(
+            "publish.exists",
+            path,
+            f"{path} already exists and is not ours to replace",
+            "choose a fresh output path",
+        ) from None
 
 
 def temp_sibling(path: str | os.PathLike[str]) -> str:

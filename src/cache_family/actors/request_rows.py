@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from typing import Final
 
-from cache_family.actors.publish import fsync_dir, temp_sibling
+from cache_family.actors.publish import fsync_dir, link_fresh, temp_sibling
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import MIB
 from cache_family.schemas.request_rows import ENCODER, RequestRowLine, RowsFileDigest
@@ -85,15 +85,7 @@ def publish_rows_file(path: str, lines: Iterable[RequestRowLine], expected: Rows
                 f" ones ({expected.count}, {expected.sha256})",
                 "report this: the fold and the rows writer encode differently",
             )
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise Refused.one(
-                "publish.exists",
-                path,
-                f"{path} already exists and is not ours to replace",
-                "choose a fresh output path",
-            ) from None
+        link_fresh(tmp, path)
     finally:
         writer.close()
         with contextlib.suppress(FileNotFoundError):
