@@ -29,7 +29,7 @@ test-fast *ARGS:
 
 # Run the whole suite three times in a row with a CPU hog on every core: no test may depend on scheduling.
 [group('checks')]
-test-stress *ARGS: native-parts
+test-stress *ARGS: native-parts browser
     #!/usr/bin/env bash
     set -euo pipefail
     hogs=()
