@@ -32,7 +32,8 @@ import pytest
 import trio
 
 from cache_family.actors.replay import replay
-from cache_family.schemas.journal import ChildSpawned, RequestOutcome, read_journal
+from cache_family.schemas import request_rows
+from cache_family.schemas.journal import CellOpened, ChildSpawned, RungRows, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
 from test_run_budgets import make_prepared
@@ -505,13 +506,19 @@ def records_of(out: Path, kind: type) -> list[Any]:
 
 
 def journaled_rows(out: Path, cell_id: str) -> list[Any]:
+    """The rows of the cell's rows file that its ``rung_rows`` records journaled."""
     read = read_journal((out / "journal.jsonl").read_bytes())
     assert read.chain_break is None
-    return [
-        line.record.row
-        for line in read.lines
-        if isinstance(line.record, RequestOutcome) and line.record.cell_id == cell_id
+    records = [
+        line.record for line in read.lines if getattr(line.record, "cell_id", None) == cell_id
     ]
+    segments = [record for record in records if isinstance(record, RungRows)]
+    if not segments:
+        return []
+    opened = next(record for record in records if isinstance(record, CellOpened))
+    data = (out / opened.cell_dir / request_rows.REQUESTS_FILENAME).read_bytes()
+    lines = request_rows.DECODER.decode_lines(data)
+    return [line.row for line in lines[: segments[-1].first_line + segments[-1].count]]
 
 
 def cleanup_words(receipt: Any) -> str:

@@ -83,6 +83,7 @@ def build_run(
                 for record in script.records:
                     await writer.append(record)
                 (run_dir / script.cell_id).mkdir(parents=True)
+                script.write_rows(str(run_dir / script.cell_id))
                 await publish_cell_receipt(
                     writer, str(run_dir), script.cell_id, f"{script.cell_id}/cell.json"
                 )
