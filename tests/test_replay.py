@@ -526,3 +526,31 @@ def test_receipt_scopes_come_from_the_refolder_registry(
     assert "matrix" in REFOLDERS
     with pytest.raises(ValueError, match="already registered"):
         register_refolder("matrix", lambda index, record: b"")
+
+
+@pytest.mark.parametrize(
+    ("damage", "code"),
+    [
+        ("edit", "rows.digest_mismatch"),
+        ("truncate", "rows.digest_mismatch"),
+        ("remove", "file.missing"),
+    ],
+)
+def test_a_small_cells_damaged_rows_file_makes_replay_differ(
+    run_dir: Path, damage: str, code: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A small cell lists its rows inline, but the journal holds only their rung_rows
+    records: replay re-reads them from the rows file, which must hold every record's digest."""
+    path = run_dir / "cell-0000/native-serial/requests.jsonl"
+    data = path.read_bytes()
+    path.chmod(0o644)
+    if damage == "edit":
+        path.write_bytes(data.replace(b'"elapsed_ms":2', b'"elapsed_ms":3', 1))
+    elif damage == "truncate":
+        path.write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 1])
+    else:
+        path.unlink()
+    assert replay_command(str(run_dir), reap=False) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS cell-0000/native-serial/cell.json" in out and code in out
+    assert "identical cell-0000/native-concurrent/cell.json" in out

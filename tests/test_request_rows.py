@@ -22,6 +22,7 @@ from cache_family.errors import Refused
 from cache_family.report.run import read_run
 from cache_family.report.run_report import MARKDOWN_NAME, render_run_report
 from cache_family.schemas import request_rows as schemas_request_rows
+from cache_family.schemas.journal import RungRows
 from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import decode_cell_receipt
 from cache_family.schemas.request_rows import (
@@ -311,6 +312,21 @@ async def test_a_cell_past_the_inline_limit_runs_publishes_its_rows_file_and_rep
     path = out / "cell-0000" / "sweep-native-concurrent" / REQUESTS_FILENAME
     streamed = list(stream_rows(str(path), rows_file))
     assert {line.row.status for line in streamed} == {"completed"}
+    # The journal holds no row: one rung_rows record per rung (the serial rung 0 has two,
+    # its warmup request's and the rest), naming consecutive lines and their digests.
+    journal = (out / "journal.jsonl").read_bytes()
+    assert b'"request_outcome"' not in journal and b'"row":' not in journal
+    segments = budgets.records(out, RungRows)
+    by_cell = {
+        cell_id: [(s.rung_index, s.first_line, s.count) for s in segments if s.cell_id == cell_id]
+        for cell_id in (budgets.SERIAL, budgets.CONCURRENT)
+    }
+    assert by_cell[budgets.SERIAL] == [(0, 0, 1), (0, 1, 2)]
+    assert [(r, c) for r, _, c in by_cell[budgets.CONCURRENT]] == [
+        (r.rung_index, r.requested_requests) for r in concurrent.measurement.rungs
+    ]
+    last = [s for s in segments if s.cell_id == budgets.CONCURRENT][-1]
+    assert (last.first_line + last.count, last.sha256) == (rows_file.count, rows_file.sha256)
     verdict = replay_module.replay(str(out))
     assert verdict.exit_code == 0, verdict.lines
     assert "cell-0000/sweep-native-concurrent/cell.json" in verdict.identical

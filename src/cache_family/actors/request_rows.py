@@ -82,6 +82,8 @@ class RowFileWriter:
         """Write what is buffered, fsync, close; the digest the receipt records."""
         self.flush()
         if self._fd is not None:
+            # Evidence from here on, read-only like the receipts that name it.
+            os.fchmod(self._fd, 0o444)
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None

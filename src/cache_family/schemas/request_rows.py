@@ -1,18 +1,21 @@
 """A cell's per-request rows in their own streamed file, beside its ``cell.json``.
 
-Layout of ``requests.jsonl``: one JSON line per request, in the order the requests ended::
+Layout of ``requests.jsonl``: one JSON line per request, in the order the requests ended,
+rung after rung (a serial rung 0's warmup request first)::
 
-    {"rung_index":0,"concurrency":8,"row":{"request_id":0,"status":"completed",...}}\\n
+    {"rung_index":0,"concurrency":8,"row":{"request_id":0,"status":"completed",...}}\n
 
-The file is written once, front to back, and never read whole: a receipt names it with
-:class:`RowsFileDigest` (the SHA-256 of all its bytes and its line count), and a reader
-verifies that digest while it streams the lines (``actors/request_rows.py``).
+The load actor writes it front to back as requests end (``actors/request_rows.py``); at the
+end of each rung it is fsynced and a ``rung_rows`` journal record names the rung's lines and
+the SHA-256 of the file through them. The journal holds no row. It is never read whole: a
+reader verifies those digests while it streams the lines a chunk at a time.
 
-A cell of more than ``INLINE_ROWS_MAX`` requests keeps its rows here instead of in
-``cell.json`` (the fold decides, ``states/fold.py``): rows sorted by rung, then request id, as
-the receipt would have listed them. Smaller cells keep them inline, so a small receipt stays
-one self-contained file and reads as before; a large one stays far below the receipt read cap
-(a 100k-request ``cell.json`` with its rows inline is about 80 MB).
+A cell of more than ``INLINE_ROWS_MAX`` requests names this file in ``cell.json`` with
+:class:`RowsFileDigest` (its line count and SHA-256, the last ``rung_rows`` record's); a
+smaller one also lists its rows inline, sorted by rung, then request id (the fold decides,
+``states/fold.py``), so a small receipt stays one self-contained file and reads as before,
+and a large one stays far below the receipt read cap (a 100k-request ``cell.json`` with its
+rows inline is about 80 MB).
 
 Evolution rule as for the journal: a new field gets a default and goes last.
 """
