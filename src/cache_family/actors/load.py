@@ -33,7 +33,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, ClassVar, Final, NamedTuple, Protocol
 
 import trio
 
@@ -191,6 +191,7 @@ class LoadRun:
             ttft_slo_ms=request.ttft_slo_ms,
             tpot_slo_ms=request.tpot_slo_ms,
             expectation=expectation,
+            digests=self.parity_digests,
         )
         # One byte per planned id: 1 once its row was tallied (and given to the sink).
         self._ended = bytearray(request.requests)
@@ -204,6 +205,9 @@ class LoadRun:
         self._stop_reason: str | None = None
         self._outcome: LoadOutcome | None = None
         self.prompt_sha256 = hashlib.sha256(request.prompt.encode()).hexdigest()
+
+    # Whether the rung's tally keeps each request's digests for old/new parity.
+    parity_digests: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         kind = "rung" if self.request.stream else "serial"
@@ -883,6 +887,8 @@ class OpenAIChatRun(LoadRun):
     streamed with usage, ``Authorization: Bearer EMPTY``. Each row's digests are the
     reference's: the content digest over everything generated, the first-generated digest
     over the first generating delta (``first_chunk_sha256``)."""
+
+    parity_digests: ClassVar[bool] = True
 
     def __init__(self, request: LoadRequest, model_id: str, **kwargs: Any) -> None:
         super().__init__(request, **kwargs)

@@ -118,6 +118,15 @@ class CacheTally(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     lowest: tuple[int, ...] = ()
 
 
+class RequestDigest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What old/new parity compares of one request (``states/parity.py``)."""
+
+    request_id: int
+    status: RequestStatus
+    content_sha256: str | None = None
+    first_chunk_sha256: str | None = None
+
+
 class RungFacts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything a rung's receipt derives from its rows (``states/tally.py``): the load
     actor tallies it as rows end and journals it with ``rung_completed``; replay re-tallies
@@ -131,6 +140,9 @@ class RungFacts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     summary_refusals: tuple[str, ...] = ()
     first_content_with_final_ids: tuple[int, ...] = ()
     cache: CacheTally | None = None
+    # A stage server's rung of at most parity's request cap: each request's digests, by id,
+    # because the row's old/new parity is folded from the journal alone.
+    digests: tuple[RequestDigest, ...] = ()
 
 
 class ClientCalibration(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

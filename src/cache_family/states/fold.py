@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
@@ -439,6 +439,23 @@ class CellFold:
         )
         return receipt
 
+    def digest_rows(self, segments: Sequence[RungRows]) -> Iterator[RequestRowLine]:
+        """A ``RowsSource`` from the journal alone: the rows of every rung whose facts keep
+        its requests' digests, as rows that hold only those (what parity compares)."""
+        del segments  # the facts already cover every segment of their rung
+        for index, record in sorted(self.rungs.items()):
+            for digest in record.tally.digests if record.tally else ():
+                yield RequestRowLine(
+                    rung_index=index,
+                    concurrency=record.concurrency,
+                    row=RequestRow(
+                        request_id=digest.request_id,
+                        status=digest.status,
+                        content_sha256=digest.content_sha256,
+                        first_chunk_sha256=digest.first_chunk_sha256,
+                    ),
+                )
+
     def _rows(
         self, rows: RowsSource | None, problems: list[str]
     ) -> tuple[dict[int, list[RequestRow]], RowsFileDigest | None]:
@@ -724,7 +741,10 @@ class RowFold:
     def receipt(self, *, through_seq: int | None = None) -> RowReceipt:
         opened = self.opened
         through = self.last_seq if through_seq is None else through_seq
-        cell_receipts = [fold.receipt(through_seq=through) for fold in self.cells.values()]
+        # Parity compares the paired cells' requests by the digests their facts keep.
+        cell_receipts = [
+            fold.receipt(through_seq=through, rows=fold.digest_rows) for fold in self.cells.values()
+        ]
         observations: list[ArmObservation] = []
         planned_statuses: list[ReceiptStatus] = []
         used: set[str] = set()

@@ -16,18 +16,22 @@ from cache_family.errors import Refused
 from cache_family.schemas.journal import CellOpened, RungCompleted
 from cache_family.schemas.measurement import (
     CacheExpectation,
+    RequestDigest,
     RequestRow,
     RungFacts,
     RungSummary,
     SerialSummary,
 )
 from cache_family.schemas.request_rows import RequestRowLine
+from cache_family.states import parity
 from cache_family.states.cache_reuse import CacheTallier
 from cache_family.states.calibration import first_content_with_final
 from cache_family.states.metrics import RungAccumulator, SerialAccumulator
 
 # A concurrent rung reported without a makespan cannot be summarised.
 MAKESPAN_MISSING = "fold.makespan_missing"
+# ``cell_opened.cohort`` of a stage server's cell (OpenAI chat), whose rungs keep digests.
+COHORT_OPENAI = "openai"
 
 
 class RungTally:
@@ -41,7 +45,10 @@ class RungTally:
         ttft_slo_ms: float | None = None,
         tpot_slo_ms: float | None = None,
         expectation: CacheExpectation | None = None,
+        digests: bool = False,
     ) -> None:
+        """``digests``: keep each request's parity digests (a stage server's rung of at most
+        parity's request cap; a larger one cannot be compared anyway)."""
         self.serial = serial
         self._summary: SerialAccumulator | RungAccumulator = (
             SerialAccumulator(requested)
@@ -52,6 +59,9 @@ class RungTally:
         )
         self._cache = CacheTallier(expectation)
         self._first_with_final = array("q")
+        self._digests: list[RequestDigest] | None = (
+            [] if digests and requested <= parity.MAX_REQUESTS else None
+        )
         self.rows = self.completed = 0
 
     def add(self, row: RequestRow) -> None:
@@ -61,6 +71,15 @@ class RungTally:
         self._cache.add(row)
         if not self.serial and first_content_with_final((row,)):
             self._first_with_final.append(row.request_id)
+        if self._digests is not None:
+            self._digests.append(
+                RequestDigest(
+                    request_id=row.request_id,
+                    status=row.status,
+                    content_sha256=row.content_sha256,
+                    first_chunk_sha256=row.first_chunk_sha256,
+                )
+            )
 
     def facts(self, *, concurrency: int, makespan_seconds: float | None) -> RungFacts:
         """The facts as of the rows added so far (call again after more rows)."""
@@ -86,6 +105,7 @@ class RungTally:
             summary_refusals=refusals,
             first_content_with_final_ids=tuple(sorted(self._first_with_final)),
             cache=self._cache.tally(),
+            digests=tuple(sorted(self._digests or (), key=lambda d: d.request_id)),
         )
 
 
@@ -107,6 +127,7 @@ def tally_cell(
                 ttft_slo_ms=opened.ttft_slo_ms,
                 tpot_slo_ms=opened.tpot_slo_ms,
                 expectation=opened.cache_expectation,
+                digests=opened.cohort == COHORT_OPENAI,
             )
         tally.add(line.row)
     return {
