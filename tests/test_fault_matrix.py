@@ -6,8 +6,8 @@ llama-server's HTTP; it tells the test through a FIFO when a streamed request ar
 fault lands at a known point without sleeping) or the real ``llama-server`` with the tiny
 model zoo (marked native). After each fault the test checks, from the files alone: the run's
 exit code, the matrix, row and faulted cell receipts (status, terminal refusal), that the
-faulted cell is refused for parity, that no observation was lost (every request outcome the
-journal holds for the cell is in its ``cell.json``, and a completed earlier cell stays
+faulted cell is refused for parity, that no observation was lost (every request row the
+cell's ``rung_rows`` records journal is in its ``cell.json``, and a completed earlier cell stays
 completed), that no journaled process is left and every journaled port is free, and what
 ``cache-family replay`` says.
 
@@ -257,9 +257,10 @@ def render_doc(cells: tuple[FaultCell, ...] = CELLS) -> str:
         "equal. Each row is a test (`pytest tests/test_fault_matrix.py -k KEY`) that runs a real",
         "`cache-family run`, injects the fault, and asserts the receipt shown. Every row also",
         "asserts, from the files alone: the faulted cell is refused for parity",
-        "(`accepted_for_parity: false`); no observation is lost (each request outcome the",
-        "journal holds for the cell is in its `cell.json`; a cell that completed before the",
-        "fault stays completed); no journaled process is left and every journaled port is free.",
+        "(`accepted_for_parity: false`); no observation is lost (each request row that the",
+        "cell's `rung_rows` records journal is in its `cell.json`; a cell that completed",
+        "before the fault stays completed); no journaled process is left and every journaled",
+        "port is free.",
         "",
         "| key | " + " | ".join(title for title, _ in COLUMNS) + " |",
         "|---|" + "---|" * len(COLUMNS),

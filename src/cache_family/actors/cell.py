@@ -281,7 +281,8 @@ class CellActor:
         self._stop_recorded = False
         self._out_of_time = False
         self._warmup: tuple[RequestRow, ...] = ()
-        # The cell's rows file (``requests.jsonl``), opened by the first request that ends.
+        # The cell's rows file (``requests.jsonl``): opened by the first load run, closed
+        # (read-only) before the receipt is published.
         self._rows_file: RowFileWriter | None = None
         self._argv: list[str] = []
         # A stage server's dialect, read from its help in pin-verify.
@@ -347,8 +348,6 @@ class CellActor:
                 finally:
                     self._release_host.set()  # custody never outlives the loop
         finally:
-            if self._rows_file is not None:
-                self._rows_file.close()
             if self._exec is not None:
                 custody.remove_tree(self._exec.root)  # the host has ended with custody
         if escaped is not None:
@@ -745,6 +744,8 @@ class CellActor:
         await self._host_ended.wait()
 
     async def _publish_receipt(self) -> None:
+        if self._rows_file is not None:
+            self._rows_file.close()  # no load run follows finalize
         relative = f"{self.plan.cell_dir}/cell.json"
         published = await publish_cell_receipt(
             self.ctx.writer, self.ctx.run_dir, self.plan.cell_id, relative
