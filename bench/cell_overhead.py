@@ -27,13 +27,14 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cache_family.schemas import request_rows
 from cache_family.schemas.journal import (
     CellOpened,
     ChildSpawned,
     ListeningMarkerSeen,
     Ready,
-    RequestOutcome,
     RungCompleted,
+    RungRows,
     Transition,
     read_journal,
 )
@@ -78,10 +79,12 @@ class Cell:
 def cells_of(journal: Path) -> list[Cell]:
     read = read_journal(journal.read_bytes())
     cells: dict[str, Cell] = {}
+    cell_dirs: dict[str, str] = {}
     for line in read.lines:
         record = line.record
         cell_id = getattr(record, "cell_id", None)
         if isinstance(record, CellOpened):
+            cell_dirs[record.cell_id] = record.cell_dir
             # A cell opens in pin-verify; its first transition leaves it.
             cells[record.cell_id] = Cell(
                 record.cell_id,
@@ -103,8 +106,11 @@ def cells_of(journal: Path) -> list[Cell]:
             cell.ready_ns = line.mono_ns
         elif isinstance(record, RungCompleted):
             cell.load_s += record.makespan_seconds or 0.0
-        elif isinstance(record, RequestOutcome):
-            row = record.row
+        elif isinstance(record, RungRows) and record.first_line == 0:
+            # A serial cell's warmup request is the first line of its rows file.
+            rows = journal.parent / cell_dirs[cell_id] / record.path
+            with rows.open("rb") as stream:
+                row = request_rows.DECODER.decode(stream.readline()).row
             if row.excluded_warmup and row.elapsed_ms is not None:
                 cell.load_s += row.elapsed_ms / 1000
         elif isinstance(record, Transition) and record.machine == "cell":

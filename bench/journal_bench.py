@@ -33,7 +33,7 @@ import trio
 from cache_family.actors.journal import JournalWriter
 from cache_family.schemas.journal import (
     JournalChain,
-    RequestOutcome,
+    PinObserved,
     Transition,
     read_journal,
 )
@@ -53,9 +53,16 @@ def _row(i: int) -> RequestRow:
     )
 
 
-def _outcome(i: int) -> RequestOutcome:
-    return RequestOutcome(
-        cell_id="cell-0000/native-serial", rung_index=0, concurrency=1, row=_row(i)
+def _outcome(i: int) -> PinObserved:
+    """An observation of about a request row's size (rows are no longer journaled: they
+    stream to the cell's rows file), of a type old sources also know (``--ab``)."""
+    return PinObserved(
+        cell_id="cell-0000/native-serial",
+        phase="before",
+        name=f"shard:{i}",
+        path=f"/models/model-{i:05}-of-99999.gguf",
+        expected_sha256=f"{i:064x}",
+        observed_sha256=f"{i:064x}",
     )
 
 
@@ -83,12 +90,12 @@ def plain_writes(path: str, lines: list[bytes], *, sync: bool) -> float:
         os.close(fd)
 
 
-def sample_lines(records: list[RequestOutcome] | list[Transition]) -> list[bytes]:
+def sample_lines(records: list[PinObserved] | list[Transition]) -> list[bytes]:
     chain = JournalChain()
     return [chain.line(r, mono_ns=i, wall_ns=i)[1] for i, r in enumerate(records)]
 
 
-async def ours_appends(path: str, records: list[RequestOutcome]) -> float:
+async def ours_appends(path: str, records: list[PinObserved]) -> float:
     """Seconds from the first append_nowait until everything is written (closed)."""
     async with trio.open_nursery() as nursery:
         writer = JournalWriter(path)

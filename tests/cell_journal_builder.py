@@ -7,11 +7,15 @@ the actors write around them. Tests of the actors themselves run the real actors
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from cache_family.actors.cell import pin_records
+from cache_family.actors.request_rows import RowFileWriter
 from cache_family.actors.row import row_dir_name, row_opened_record
 from cache_family.actors.run_context import PinResult, PinTarget
 from cache_family.schemas.journal import (
@@ -27,15 +31,16 @@ from cache_family.schemas.journal import (
     PortReserved,
     Ready,
     Record,
-    RequestOutcome,
     RowOpened,
     RungCompleted,
     RungPlan,
+    RungRows,
     RunStarted,
     Transition,
     WarmupExclusion,
 )
 from cache_family.schemas.measurement import HostCleanup, RequestRow, ServerTimings
+from cache_family.schemas.request_rows import REQUESTS_FILENAME, RequestRowLine, rows_digest
 from cache_family.states.cell import (
     CELL_TABLE,
     ROW_TABLE,
@@ -44,6 +49,7 @@ from cache_family.states.cell import (
     LiveMachine,
     RowEvent,
 )
+from cache_family.states.tally import tally_cell
 
 PIN_A = "a" * 64
 PIN_B = "b" * 64
@@ -89,8 +95,11 @@ class CellScript:
     create_time: float = 1700000000.25
     synthetic: bool = False
     records: list[Record] = field(default_factory=list)
+    # The cell's rows file, in memory: what its load runs would have written.
+    lines: list[RequestRowLine] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self._journaled_lines = 0
         self.machine = LiveMachine(CELL_TABLE, self.cell_id, self._journal_step)
 
     def _journal_step(self, source: CellState, event: CellEvent, dest: CellState) -> None:
@@ -177,33 +186,76 @@ class CellScript:
         self.fire(CellEvent.WARMUP_DONE)
 
     def request(self, rung: int, request_id: int, row: RequestRow | None = None) -> None:
+        """A request of ``rung`` ended: its row goes to the rows file (journaled with the
+        rung's ``rung_rows`` record by ``rows_done`` / ``rung_done``)."""
         concurrency = self.rungs[rung][0] if rung < len(self.rungs) else 1
         warm = self.kind == "serial" and request_id == 0
-        self.records.append(
-            RequestOutcome(
-                cell_id=self.cell_id,
+        self.lines.append(
+            RequestRowLine(
                 rung_index=rung,
                 concurrency=concurrency,
                 row=row or completed_row(request_id, warmup=warm),
             )
         )
 
-    def rung_done(self, rung: int, *, status: str = "completed", pid: int | None = None) -> None:
-        concurrency, requests = self.rungs[rung]
+    def rows_done(self, rung: int) -> None:
+        """Journal the rows written since the last ``rung_rows`` record as one."""
+        first = self._journaled_lines
+        segment = self.lines[first:]
+        if not segment:
+            return
+        _, sha256 = rows_digest(self.lines)
         self.records.append(
-            RungCompleted(
+            RungRows(
                 cell_id=self.cell_id,
                 rung_index=rung,
-                concurrency=concurrency,
-                requested_requests=requests,
-                status=status,
-                makespan_seconds=0.5 * (rung + 1),
-                prompt_sha256="4" * 64,
-                output_tokens=8,
-                host_pid=self.pid if pid is None else pid,
-                host_create_time=self.create_time,
+                concurrency=segment[0].concurrency,
+                path=REQUESTS_FILENAME,
+                first_line=first,
+                count=len(segment),
+                completed=sum(line.row.status == "completed" for line in segment),
+                sha256=sha256,
             )
         )
+        self._journaled_lines = len(self.lines)
+
+    def write_rows(self, cell_dir: str) -> None:
+        """Write the rows file where the cell actor would have (its cell's directory)."""
+        writer = RowFileWriter(os.path.join(cell_dir, REQUESTS_FILENAME), REQUESTS_FILENAME)
+        writer.add_many(self.lines)
+        writer.close()
+
+    def rows_source(self, segments: Sequence[RungRows]) -> Iterator[RequestRowLine]:
+        """The fold's ``RowsSource`` over the in-memory rows file."""
+        last = segments[-1]
+        return iter(self.lines[: last.first_line + last.count])
+
+    def rung_done(
+        self,
+        rung: int,
+        *,
+        status: str = "completed",
+        pid: int | None = None,
+        makespan: float | None = -1.0,
+    ) -> None:
+        """The rung's rows (``rows_done``), then its completion with the tally of its rows."""
+        self.rows_done(rung)
+        concurrency, requests = self.rungs[rung]
+        record = RungCompleted(
+            cell_id=self.cell_id,
+            rung_index=rung,
+            concurrency=concurrency,
+            requested_requests=requests,
+            status=status,
+            makespan_seconds=0.5 * (rung + 1) if makespan == -1.0 else makespan,
+            prompt_sha256="4" * 64,
+            output_tokens=8,
+            host_pid=self.pid if pid is None else pid,
+            host_create_time=self.create_time,
+        )
+        opened = next(r for r in self.records if isinstance(r, CellOpened))
+        facts = tally_cell(opened, {rung: record}, self.lines).get(rung)
+        self.records.append(msgspec.structs.replace(record, tally=facts))
 
     def ladder(self) -> None:
         for rung, (_, requests) in enumerate(self.rungs):

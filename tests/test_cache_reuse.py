@@ -7,15 +7,19 @@ from collections.abc import Sequence
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cache_family.schemas.journal import JournalLine, Record
 from cache_family.schemas.measurement import CacheExpectation, RequestRow, ServerTimings
 from cache_family.schemas.receipts import CacheVerdict, encode_receipt
 from cache_family.states.cache_reuse import (
+    accounting,
     cache_expectation,
     checkpoints,
     expected_cached_tokens,
     reuse_rule,
+    rule_text,
     rung_verdicts,
 )
 from cache_family.states.cell import CellEvent
@@ -217,3 +221,97 @@ def test_a_cell_opened_without_an_expectation_has_no_verdicts() -> None:
     receipt = fold_cell(lines([run_started(), *script.records]), script.cell_id)
     assert receipt.measurement.rungs[0].cache_verdict is None
     assert receipt.measurement.cache_shortfall_rungs == ()
+
+
+def verdicts_by_sorting(
+    expectation: CacheExpectation, rungs: Sequence[Sequence[RequestRow]]
+) -> list[CacheVerdict]:
+    """The verdicts as defined before they were tallied: every judged request of a rung
+    sorted, each new slot's first one cold (without slots, the first ``lanes`` of the cell)."""
+    text, rule = rule_text(expectation), expectation.rule
+    used: set[int] = set()
+    cold_left = expectation.lanes
+    verdicts = []
+    for rows in rungs:
+        seen = [a for a in (accounting(r) for r in rows) if a is not None]
+        if rule is None or not seen:
+            verdicts.append(CacheVerdict(rule=text))
+            continue
+        judged = sorted(
+            (
+                (
+                    c,
+                    expected_cached_tokens(
+                        rule, prompt_tokens=p, common_prefix=p, n_ubatch=expectation.n_ubatch
+                    ),
+                    s,
+                )
+                for p, c, s in seen
+            ),
+            key=lambda entry: (entry[0], entry[1], -1 if entry[2] is None else entry[2]),
+        )
+        if all(s is not None for _, _, s in judged):
+            cold = set()
+            for index, (_, _, s) in enumerate(judged):
+                if s not in used:
+                    used.add(s)  # type: ignore[arg-type]
+                    cold.add(index)
+        elif cold_left is not None:
+            take = min(cold_left, len(judged))
+            cold_left -= take
+            cold = set(range(take))
+        else:
+            verdicts.append(CacheVerdict(rule=text))
+            continue
+        warm = [e for i, e in enumerate(judged) if i not in cold]
+        hits = sum(1 for c, e, _ in judged if c >= e)
+        verdicts.append(
+            CacheVerdict(
+                expected_hits=len(warm),
+                observed_hits=hits,
+                expected_cached_tokens=min(e for _, e, _ in judged),
+                observed_cached_tokens_min=min((c for c, _, _ in warm), default=None),
+                shortfall=hits < len(warm),
+                rule=text,
+            )
+        )
+    return verdicts
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rule=st.sampled_from(["llama", "mamba", "gemma3", "unknown-arch"]),
+    lanes=st.one_of(st.none(), st.integers(0, 4)),
+    slotted=st.booleans(),
+    rungs=st.lists(
+        st.lists(
+            st.tuples(
+                st.integers(0, 140),
+                st.one_of(st.none(), st.integers(0, 5)),
+                st.integers(100, 700),
+                st.booleans(),
+            ),
+            max_size=12,
+        ),
+        max_size=4,
+    ),
+)
+def test_tallied_verdicts_are_the_sorted_definitions(
+    rule: str,
+    lanes: int | None,
+    slotted: bool,
+    rungs: list[list[tuple[int, int | None, int, bool]]],
+) -> None:
+    """The verdicts from per-rung tallies (what the journal holds) equal the definition over
+    every row, for any rows, slots, lanes and rule."""
+    expectation = cache_expectation(rule, lanes)
+    rosters = [
+        [
+            row(i, cached, (slot or 0) if slotted else slot, prompt=prompt)
+            if completed
+            else RequestRow(request_id=i, status="failed")
+            for i, (cached, slot, prompt, completed) in enumerate(rung)
+        ]
+        for rung in rungs
+    ]
+    assert rung_verdicts(expectation, rosters) == verdicts_by_sorting(expectation, rosters)

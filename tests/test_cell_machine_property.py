@@ -40,6 +40,7 @@ from cache_family.actors import cell as cell_actor
 from cache_family.actors.cell import CellActor, CellPlan, pin_targets
 from cache_family.actors.journal import JournalWriter
 from cache_family.actors.prompts import PromptChoice
+from cache_family.actors.request_rows import cell_rows
 from cache_family.actors.run_context import Budgets, HostSettings, RunContext, RunStop
 from cache_family.schemas.journal import (
     Cancellation,
@@ -417,7 +418,8 @@ class CellSessions(RuleBasedStateMachine):
         for record in published:
             assert record.cell_id is not None
             live = (Path(self.run_dir) / record.path).read_bytes()
-            refolded = fold_cell(lines, record.cell_id, through_seq=record.through_seq)
+            rows = cell_rows(str((Path(self.run_dir) / record.path).parent))
+            refolded = fold_cell(lines, record.cell_id, through_seq=record.through_seq, rows=rows)
             assert encode_receipt(refolded) == live
 
     @invariant()

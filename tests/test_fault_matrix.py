@@ -6,8 +6,8 @@ llama-server's HTTP; it tells the test through a FIFO when a streamed request ar
 fault lands at a known point without sleeping) or the real ``llama-server`` with the tiny
 model zoo (marked native). After each fault the test checks, from the files alone: the run's
 exit code, the matrix, row and faulted cell receipts (status, terminal refusal), that the
-faulted cell is refused for parity, that no observation was lost (every request outcome the
-journal holds for the cell is in its ``cell.json``, and a completed earlier cell stays
+faulted cell is refused for parity, that no observation was lost (every request row the
+cell's ``rung_rows`` records journal is in its ``cell.json``, and a completed earlier cell stays
 completed), that no journaled process is left and every journaled port is free, and what
 ``cache-family replay`` says.
 
@@ -32,7 +32,8 @@ import pytest
 import trio
 
 from cache_family.actors.replay import replay
-from cache_family.schemas.journal import ChildSpawned, RequestOutcome, read_journal
+from cache_family.schemas import request_rows
+from cache_family.schemas.journal import CellOpened, ChildSpawned, RungRows, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
 from test_run_budgets import make_prepared
@@ -256,9 +257,10 @@ def render_doc(cells: tuple[FaultCell, ...] = CELLS) -> str:
         "equal. Each row is a test (`pytest tests/test_fault_matrix.py -k KEY`) that runs a real",
         "`cache-family run`, injects the fault, and asserts the receipt shown. Every row also",
         "asserts, from the files alone: the faulted cell is refused for parity",
-        "(`accepted_for_parity: false`); no observation is lost (each request outcome the",
-        "journal holds for the cell is in its `cell.json`; a cell that completed before the",
-        "fault stays completed); no journaled process is left and every journaled port is free.",
+        "(`accepted_for_parity: false`); no observation is lost (each request row that the",
+        "cell's `rung_rows` records journal is in its `cell.json`; a cell that completed",
+        "before the fault stays completed); no journaled process is left and every journaled",
+        "port is free.",
         "",
         "| key | " + " | ".join(title for title, _ in COLUMNS) + " |",
         "|---|" + "---|" * len(COLUMNS),
@@ -505,13 +507,19 @@ def records_of(out: Path, kind: type) -> list[Any]:
 
 
 def journaled_rows(out: Path, cell_id: str) -> list[Any]:
+    """The rows of the cell's rows file that its ``rung_rows`` records journaled."""
     read = read_journal((out / "journal.jsonl").read_bytes())
     assert read.chain_break is None
-    return [
-        line.record.row
-        for line in read.lines
-        if isinstance(line.record, RequestOutcome) and line.record.cell_id == cell_id
+    records = [
+        line.record for line in read.lines if getattr(line.record, "cell_id", None) == cell_id
     ]
+    segments = [record for record in records if isinstance(record, RungRows)]
+    if not segments:
+        return []
+    opened = next(record for record in records if isinstance(record, CellOpened))
+    data = (out / opened.cell_dir / request_rows.REQUESTS_FILENAME).read_bytes()
+    lines = request_rows.DECODER.decode_lines(data)
+    return [line.row for line in lines[: segments[-1].first_line + segments[-1].count]]
 
 
 def cleanup_words(receipt: Any) -> str:

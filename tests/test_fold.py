@@ -24,9 +24,9 @@ from cache_family.schemas.journal import (
     JournalLine,
     PinDrift,
     Record,
-    RequestOutcome,
     RowOpened,
     RungCompleted,
+    RungRows,
     Transition,
     encode_journal,
     read_journal,
@@ -51,7 +51,6 @@ from cache_family.states.fold import (
     CellFold,
     JournalIndex,
     fold_cell,
-    fold_cell_with_rows,
     fold_row,
 )
 from cache_family.states.matrix import fold_matrix
@@ -63,6 +62,7 @@ from cache_family.states.receipts import (
     meet,
     terminal_downgrade,
 )
+from cache_family.states.tally import tally_cell
 from cell_journal_builder import CellScript, RowScript, row_records, run_started, serial_cell
 
 
@@ -73,7 +73,7 @@ def journal(*records: Record, synthetic_catalog: bool = False) -> tuple[JournalL
 
 
 def fold(script: CellScript, *extra: Record) -> CellReceipt:
-    return fold_cell(journal(*script.records, *extra), script.cell_id)
+    return fold_cell(journal(*script.records, *extra), script.cell_id, rows=script.rows_source)
 
 
 def finish(script: CellScript) -> CellScript:
@@ -372,6 +372,7 @@ def test_cancel_or_deadline_during_ladder(stop: str, expected: str) -> None:
     script.become_ready()
     script.warmup()
     script.request(0, 0)
+    script.rows_done(0)  # what was written is journaled, as a warmup's row is
     script.cancel() if stop == "cancel" else script.deadline()
     script.cleanup()
     receipt = fold(script)
@@ -454,6 +455,7 @@ def test_a_stop_during_the_ladder_downgrades_the_measurement_level(
 ) -> None:
     script = _ladder_started(CellScript())
     script.request(0, 0)
+    script.rows_done(0)
     if stop == "deadline":
         script.deadline()
     else:
@@ -618,12 +620,16 @@ def test_short_roster_is_refused_by_the_metrics_and_marks_incomplete() -> None:
 
 
 def without_makespan(script: CellScript, rung_index: int) -> list[Record]:
-    return [
-        msgspec.structs.replace(r, makespan_seconds=None)
-        if isinstance(r, RungCompleted) and r.rung_index == rung_index
-        else r
-        for r in script.records
-    ]
+    """The script's records with that rung reported without a makespan (and tallied so)."""
+    opened = next(r for r in script.records if isinstance(r, CellOpened))
+    records: list[Record] = []
+    for record in script.records:
+        if isinstance(record, RungCompleted) and record.rung_index == rung_index:
+            record = msgspec.structs.replace(record, makespan_seconds=None)
+            facts = tally_cell(opened, {rung_index: record}, script.lines)[rung_index]
+            record = msgspec.structs.replace(record, tally=facts)
+        records.append(record)
+    return records
 
 
 def test_a_concurrent_rung_without_its_makespan_is_not_summarised() -> None:
@@ -822,6 +828,7 @@ def test_an_incomplete_row_takes_its_first_shortfall_as_its_reason() -> None:
     recorded no fault (a cancelled cell; a rung reported incomplete without a fault)."""
     cancelled = _ladder_started(CellScript())
     cancelled.request(0, 0)
+    cancelled.rows_done(0)
     cancelled.cancel()
     cancelled.cleanup()
     cells = [serial_cell().happy(), cancelled]
@@ -938,7 +945,7 @@ def test_identity_records_route_to_their_views() -> None:
     index = JournalIndex(lines)
     cell_lines = index.lines_for_cell(script.cell_id)
     assert isinstance(cell_lines[1].record, CellOpened)
-    assert sum(isinstance(line.record, RequestOutcome) for line in cell_lines) == 6
+    assert sum(isinstance(line.record, RungRows) for line in cell_lines) == 2
     assert "cells=1" in repr(index)
 
 
@@ -1084,23 +1091,31 @@ def test_terminal_downgrade_never_raises() -> None:
 def test_rows_past_the_inline_limit_move_to_the_rows_file_whole(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Six rows stay inline at a limit of six; at five, every rung's rows leave the receipt
-    for the rows file, in receipt order, and nothing else in the receipt changes."""
+    """Six rows stay inline at a limit of six (read through the rows source); at five, the
+    receipt names the rows file by its last ``rung_rows`` record, reads no row, and nothing
+    else in the receipt changes."""
     script = CellScript().happy()  # rungs of 2 and 4 requests
     lines = journal(*script.records)
     monkeypatch.setattr(request_rows, "INLINE_ROWS_MAX", 6)
-    inline, none = fold_cell_with_rows(lines, script.cell_id)
-    assert none == () and inline.measurement.rows_file is None
+    inline = fold_cell(lines, script.cell_id, rows=script.rows_source)
+    assert inline.measurement.rows_file is None
+    assert [(x.rung_index, x.concurrency, x.row) for x in script.lines] == sorted(
+        (
+            (rung.rung_index, rung.concurrency, row)
+            for rung in inline.measurement.rungs
+            for row in rung.rows
+        ),
+        key=lambda x: (x[0], x[2].request_id),
+    )
     monkeypatch.setattr(request_rows, "INLINE_ROWS_MAX", 5)
-    moved, file_lines = fold_cell_with_rows(lines, script.cell_id)
+
+    def unread(segments: object) -> list[request_rows.RequestRowLine]:
+        raise AssertionError("a receipt that names its rows file reads none of them")
+
+    moved = fold_cell(lines, script.cell_id, rows=unread)
     rows_file = moved.measurement.rows_file
     assert rows_file is not None and rows_file.path == request_rows.REQUESTS_FILENAME
-    assert (rows_file.count, rows_file.sha256) == request_rows.rows_digest(file_lines)
-    assert [(x.rung_index, x.concurrency, x.row) for x in file_lines] == [
-        (rung.rung_index, rung.concurrency, row)
-        for rung in inline.measurement.rungs
-        for row in rung.rows
-    ]
+    assert (rows_file.count, rows_file.sha256) == request_rows.rows_digest(script.lines)
     stripped = msgspec.structs.replace(
         inline.measurement,
         rungs=tuple(msgspec.structs.replace(r, rows=()) for r in inline.measurement.rungs),

@@ -30,9 +30,9 @@ from cache_family.schemas.journal import (
     PinObserved,
     PlannedRowBrief,
     PortReserved,
+    Ready,
     ReceiptPublished,
     Record,
-    RequestOutcome,
     RowOpened,
     RunStarted,
     Transition,
@@ -44,7 +44,7 @@ from cache_family.schemas.measurement import HostCleanup
 from cache_family.schemas.receipts import decode_cell_receipt, encode_receipt
 from cache_family.states.cell import CellEvent
 from cache_family.states.fold import fold_cell
-from cell_journal_builder import CellScript, completed_row, run_started
+from cell_journal_builder import CellScript, run_started
 
 
 def sample_records(n_cells: int = 1) -> list[Record]:
@@ -83,7 +83,7 @@ def test_round_trip_and_chain_layout() -> None:
 
 def test_every_record_type_has_a_unique_tag() -> None:
     assert len(KNOWN_TAGS) == len(RECORD_TYPES)
-    assert "request_outcome" in KNOWN_TAGS
+    assert "rung_rows" in KNOWN_TAGS and "request_outcome" not in KNOWN_TAGS
 
 
 def test_edit_in_a_record_reports_that_line() -> None:
@@ -386,11 +386,7 @@ async def test_fsync_only_at_state_changes_and_batches(
         ]
         assert seqs == list(range(2, 22))
         for i in range(20):
-            await writer.append(
-                RequestOutcome(
-                    cell_id=cell.cell_id, rung_index=0, concurrency=1, row=completed_row(i)
-                )
-            )
+            await writer.append(Ready(cell_id=cell.cell_id, url=f"u{i}", attempts=1))
         await writer.wait_written(41)
         assert fsync.calls == 1, "observations alone never fsync"
         assert writer.written_seq == 41 and writer.durable_seq == 1
@@ -539,6 +535,7 @@ async def test_published_cell_receipt_is_the_fold_of_the_file(
         for record in script.happy().records:
             await writer.append(record)
         (tmp_path / "cell-0000" / "native-concurrent").mkdir(parents=True)
+        script.write_rows(str(tmp_path / "cell-0000" / "native-concurrent"))
         syncs_before = fsync.calls
         publication = await publish_cell_receipt(
             writer, str(tmp_path), script.cell_id, "cell-0000/native-concurrent/cell.json"
@@ -554,7 +551,9 @@ async def test_published_cell_receipt_is_the_fold_of_the_file(
     assert published.through_seq == published_lines[0].seq - 1
     on_disk = (tmp_path / published.path).read_bytes()
     assert hashlib.sha256(on_disk).hexdigest() == published.sha256
-    refolded = fold_cell(read.lines, script.cell_id, through_seq=published.through_seq)
+    refolded = fold_cell(
+        read.lines, script.cell_id, through_seq=published.through_seq, rows=script.rows_source
+    )
     assert encode_receipt(refolded) == on_disk
     # What the caller gets back is the receipt as published, without reading the file again.
     assert publication.receipt == refolded == decode_cell_receipt(on_disk)
@@ -601,7 +600,16 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     "listening_marker_seen": ("cell_id", "pid", "port", "marker"),
     "ready": ("cell_id", "url", "attempts", "elapsed_ms"),
     "warmup_exclusion": ("cell_id", "rung_index", "request_ids", "reason"),
-    "request_outcome": ("cell_id", "rung_index", "concurrency", "row"),
+    "rung_rows": (
+        "cell_id",
+        "rung_index",
+        "concurrency",
+        "path",
+        "first_line",
+        "count",
+        "completed",
+        "sha256",
+    ),
     "rung_completed": (
         "cell_id",
         "rung_index",

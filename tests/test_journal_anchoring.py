@@ -144,7 +144,7 @@ def test_a_record_slipped_between_the_matrix_and_a_recomputed_seal_is_refused(
     ("tag", "where"),
     [
         pytest.param("transition", ("record",), id="record"),
-        pytest.param("request_outcome", ("record", "row"), id="nested-request-row"),
+        pytest.param("rung_completed", ("record", "tally"), id="nested-rung-facts"),
         pytest.param("cleanup_outcome", ("record", "cleanup"), id="nested-host-cleanup"),
     ],
 )
@@ -218,9 +218,7 @@ def test_a_head_followed_by_more_lines_says_records_were_appended(run_dir: Path)
     lines = journal_lines(run_dir)
     last = decode_line(lines[-1])
     chain = JournalChain(next_seq=last.seq + 1, prev=head)
-    _, data = chain.line(
-        RowOpened(row_index=9, row_key="x", case_key="x"), mono_ns=1, wall_ns=1
-    )
+    _, data = chain.line(RowOpened(row_index=9, row_key="x", case_key="x"), mono_ns=1, wall_ns=1)
     (run_dir / "journal.jsonl").write_bytes(b"".join(ln + b"\n" for ln in lines) + data)
     report = replay(str(run_dir), head=HeadCheck(expect_head=head))
     assert "replay.head.mismatch" in refusal_codes(report)

@@ -18,7 +18,6 @@ from cache_family.schemas.journal import (
     JournalSealed,
     PortReserved,
     Record,
-    RequestOutcome,
     Transition,
     _read_checked,
     _read_intact,
@@ -28,7 +27,7 @@ from cache_family.schemas.journal import (
 )
 from cache_family.schemas.receipts import encode_receipt
 from cache_family.states.fold import JournalIndex, fold_cell
-from cell_journal_builder import CellScript, completed_row, run_started
+from cell_journal_builder import CellScript, run_started
 
 
 def sample_records() -> list[Record]:
@@ -111,9 +110,7 @@ async def test_a_full_buffer_is_written_without_a_state_change(
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         for i in range(200):
-            await writer.append(
-                RequestOutcome(cell_id="c", rung_index=0, concurrency=1, row=completed_row(i))
-            )
+            await writer.append(PortReserved(cell_id="c", port=i))
         await trio.sleep(1)
         assert writer.written_seq > 150 and writer.durable_seq == 0 and writer.fsync_count == 0
         await writer.aclose()

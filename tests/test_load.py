@@ -24,7 +24,7 @@ from cache_family.actors.load import (
     run_load,
 )
 from cache_family.errors import Refused
-from cache_family.schemas.measurement import LoadRequest, ServerTimings
+from cache_family.schemas.measurement import LoadRequest, RequestRow, ServerTimings
 from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
 
 PROMPT = "the quick brown fox"
@@ -287,6 +287,63 @@ async def test_outside_cancellation_still_yields_a_roster(
     ]
     assert "cancelled" in (outcome.rows[2].error or "")
     assert outcome.status == "incomplete"
+
+
+class CountingSink:
+    """A row sink that keeps only what it was given, by id (what a rows file would hold)."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.statuses: list[str] = []
+
+    def add(self, row: RequestRow) -> None:
+        self.ids.append(row.request_id)
+        self.statuses.append(row.status)
+
+
+def held_rows(value: object, seen: set[int] | None = None) -> int:
+    """Request rows reachable from ``value``'s attributes and containers (not the sink)."""
+    seen = set() if seen is None else seen
+    if id(value) in seen or isinstance(value, CountingSink | str | bytes | bytearray):
+        return 0
+    seen.add(id(value))
+    if isinstance(value, RequestRow):
+        return 1
+    if isinstance(value, dict):
+        return sum(held_rows(v, seen) for v in (*value.keys(), *value.values()))
+    if isinstance(value, list | tuple | set | frozenset):
+        return sum(held_rows(v, seen) for v in value)
+    slots = [
+        getattr(value, name)
+        for name in getattr(type(value), "__slots__", ())
+        if hasattr(value, name)
+    ]
+    attributes = getattr(value, "__dict__", {})
+    if not slots and not attributes:
+        return 0
+    return sum(held_rows(v, seen) for v in (*slots, *attributes.values()))
+
+
+async def test_a_run_streams_each_row_to_its_sink_and_keeps_none(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every planned id reaches the sink exactly once (cut and unlaunched ones when the run
+    is cancelled); the run holds no row itself, only its tally, and the outcome lists none."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda i, b: Reply(first_token_delay=1.0)))
+        sink = CountingSink()
+        run = LoadRun(load_request(server, requests=7, concurrency=2, output_tokens=1), rows=sink)
+        with trio.move_on_after(2.5):
+            await run.run()
+        assert len(sink.ids) == 4 and held_rows(run) == 0
+        outcome = run.outcome(stop_reason="cancelled")
+        nursery.cancel_scope.cancel()
+    assert sorted(sink.ids) == list(range(7)) and held_rows(run) == 0
+    assert sink.statuses == ["completed"] * 4 + ["incomplete"] * 2 + ["not-launched"]
+    assert outcome.rows == () and outcome.status == "incomplete"
+    assert outcome.facts is not None and outcome.facts.rows == 7
+    assert outcome.facts.completed == 4
+    assert run.outcome() is outcome  # the roster closes once
 
 
 async def test_unreachable_server_fails_requests_not_the_process(

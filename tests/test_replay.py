@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
 import psutil
 import pytest
 import trio
@@ -24,6 +25,7 @@ from cache_family.actors.journal import (
 )
 from cache_family.actors.matrix import finish_run
 from cache_family.actors.replay import replay, replay_command
+from cache_family.actors.request_rows import cell_rows
 from cache_family.cli import main as cli_main
 from cache_family.schemas.journal import (
     ArmPlan,
@@ -31,14 +33,16 @@ from cache_family.schemas.journal import (
     JournalChain,
     ReceiptPublished,
     Record,
+    RungCompleted,
     decode_line,
     encode_journal,
+    read_journal,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME, MATRIX_SCOPE_SYNTHETIC, decode_matrix
 from cache_family.schemas.production import PRODUCTION_JSON, PRODUCTION_MD
-from cache_family.schemas.receipts import SYNTHETIC_EVIDENCE_CLASS
+from cache_family.schemas.receipts import SYNTHETIC_EVIDENCE_CLASS, encode_receipt
 from cache_family.states.cell import CellEvent, RowEvent
-from cache_family.states.fold import REFOLDERS, JournalIndex, register_refolder
+from cache_family.states.fold import REFOLDERS, JournalIndex, fold_cell, register_refolder
 from cell_journal_builder import CellScript, RowScript, row_records, run_started, serial_cell
 
 
@@ -83,6 +87,7 @@ def build_run(
                 for record in script.records:
                     await writer.append(record)
                 (run_dir / script.cell_id).mkdir(parents=True)
+                script.write_rows(str(run_dir / script.cell_id))
                 await publish_cell_receipt(
                     writer, str(run_dir), script.cell_id, f"{script.cell_id}/cell.json"
                 )
@@ -525,3 +530,79 @@ def test_receipt_scopes_come_from_the_refolder_registry(
     assert "matrix" in REFOLDERS
     with pytest.raises(ValueError, match="already registered"):
         register_refolder("matrix", lambda index, record: b"")
+
+
+@pytest.mark.parametrize(
+    ("damage", "code"),
+    [
+        ("edit", "rows.digest_mismatch"),
+        ("truncate", "rows.digest_mismatch"),
+        ("remove", "file.missing"),
+    ],
+)
+def test_a_small_cells_damaged_rows_file_makes_replay_differ(
+    run_dir: Path, damage: str, code: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A small cell lists its rows inline, but the journal holds only their rung_rows
+    records: replay re-reads them from the rows file, which must hold every record's digest."""
+    path = run_dir / "cell-0000/native-serial/requests.jsonl"
+    data = path.read_bytes()
+    path.chmod(0o644)
+    if damage == "edit":
+        path.write_bytes(data.replace(b'"elapsed_ms":2', b'"elapsed_ms":3', 1))
+    elif damage == "truncate":
+        path.write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 1])
+    else:
+        path.unlink()
+    assert replay_command(str(run_dir), reap=False) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS cell-0000/native-serial/cell.json" in out and code in out
+    assert "identical cell-0000/native-concurrent/cell.json" in out
+
+
+def test_a_rung_summary_its_rows_do_not_give_is_caught_by_re_tallying(run_dir: Path) -> None:
+    """A consistent forgery of the journal and the cell receipt (a rung's p50 latency changed
+    in its ``rung_completed`` facts, the receipt re-folded from them and its publication
+    record re-hashed): the chain and the receipt check out, the rows file does not re-tally."""
+    cell_id, cell_json = (
+        "cell-0000/native-concurrent",
+        run_dir / "cell-0000/native-concurrent/cell.json",
+    )
+
+    def forged(records: list[Record]) -> bytes:
+        chain, data = JournalChain(), b""
+        for old, record in zip(original, records, strict=True):
+            data += chain.line(record, mono_ns=old.mono_ns, wall_ns=old.wall_ns)[1]
+        return data
+
+    original = [decode_line(line) for line in journal_lines(run_dir)]
+    records: list[Record] = [line.record for line in original]
+    for i, record in enumerate(records):
+        if isinstance(record, RungCompleted) and record.cell_id == cell_id:
+            assert record.tally is not None and record.tally.rung_summary is not None
+            summary = msgspec.structs.replace(record.tally.rung_summary, latency_p50_ms=999.0)
+            tally = msgspec.structs.replace(record.tally, rung_summary=summary)
+            records[i] = msgspec.structs.replace(record, tally=tally)
+    lines = read_journal(forged(records)).lines
+    at, published = next(
+        (i, r)
+        for i, r in enumerate(records)
+        if isinstance(r, ReceiptPublished) and r.cell_id == cell_id
+    )
+    receipt = encode_receipt(
+        fold_cell(
+            lines, cell_id, through_seq=published.through_seq, rows=cell_rows(str(cell_json.parent))
+        )
+    )
+    records[at] = msgspec.structs.replace(published, sha256=hashlib.sha256(receipt).hexdigest())
+    (run_dir / "journal.jsonl").write_bytes(forged(records))
+    cell_json.chmod(0o644)
+    cell_json.write_bytes(receipt)
+    report = replay(str(run_dir))
+    assert report.exit_code == 1 and "hash chain intact" in report.lines[0]
+    assert any(
+        line.startswith(f"DIFFERS {cell_id}/cell.json")
+        and "rung 0: its rows re-tally to other facts" in line
+        and "re-folded bytes differ" not in line
+        for line in report.lines
+    ), report.lines

@@ -22,6 +22,7 @@ from cache_family.errors import Refused
 from cache_family.report.run import read_run
 from cache_family.report.run_report import MARKDOWN_NAME, render_run_report
 from cache_family.schemas import request_rows as schemas_request_rows
+from cache_family.schemas.journal import RungRows
 from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import decode_cell_receipt
 from cache_family.schemas.request_rows import (
@@ -190,10 +191,11 @@ def test_a_large_cell_keeps_its_rows_in_the_rows_file(large_run: Path) -> None:
             ttft_slo_ms=2000.0,
             tpot_slo_ms=100.0,
         )
-    # The small serial cell of the same run keeps its rows inline and names no file.
+    # The small serial cell of the same run lists its rows inline and names no file (its
+    # rows file stays beside it: the journal's rung_rows records name it).
     serial = decode_cell_receipt((large_run / "cell-0000/native-serial/cell.json").read_bytes())
     assert serial.measurement.rows_file is None and serial.measurement.rungs[0].rows
-    assert not (large_run / "cell-0000/native-serial" / REQUESTS_FILENAME).exists()
+    assert (large_run / "cell-0000/native-serial" / REQUESTS_FILENAME).exists()
 
 
 def test_a_large_cell_replays_identically_under_a_small_read_cap(
@@ -227,20 +229,36 @@ def test_a_damaged_rows_file_makes_replay_differ(
     assert code in out
 
 
-def test_the_fold_and_the_writer_agree_on_the_rows_files_bytes(tmp_path: Path) -> None:
+def test_each_checkpoint_names_its_prefix_and_the_reader_checks_every_one(
+    tmp_path: Path,
+) -> None:
+    """The writer's checkpoints (one per ``rung_rows`` record) give the count and SHA-256 of
+    every line so far, as ``rows_digest`` computes them; the reader checks each such mark
+    where it falls inside a chunk, and refuses at the first that does not hold, before it
+    gives a line past it."""
     lines = [
         RequestRowLine(rung_index=i % 3, concurrency=4, row=row)
         for i, row in enumerate(roster(5_000))
     ]
-    digest = RowsFileDigest(path=REQUESTS_FILENAME, count=len(lines), sha256="")
-    count, sha256 = rows_digest(lines, batch=7)
-    digest = msgspec.structs.replace(digest, count=count, sha256=sha256)
-    request_rows.publish_rows_file(str(tmp_path / REQUESTS_FILENAME), lines, digest)
-    assert list(stream_rows(str(tmp_path / REQUESTS_FILENAME), digest)) == lines
+    path = str(tmp_path / REQUESTS_FILENAME)
+    writer = RowFileWriter(path, REQUESTS_FILENAME, flush_bytes=4096)
+    marks, first = [], 0
+    for cut in (1, 1234, 5_000):
+        writer.add_many(lines[first:cut])
+        written = writer.checkpoint()
+        assert (written.count, written.sha256) == rows_digest(lines[:cut], batch=7)
+        marks.append((written.count, written.sha256))
+        first = cut
+    whole = writer.close()
+    assert list(stream_rows(path, whole, marks=marks[:-1], chunk_bytes=4096)) == lines
+    given: list[RequestRowLine] = []
     with pytest.raises(Refused) as refused:
-        request_rows.publish_rows_file(str(tmp_path / "other.jsonl"), lines[1:], digest)
+        given.extend(stream_rows(path, whole, marks=[(1234, "0" * 64)], chunk_bytes=4096))
     assert refused.value.codes == ["rows.digest_mismatch"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [REQUESTS_FILENAME]
+    assert len(given) < 1234  # no line of the chunk that holds the bad mark, or later
+    with pytest.raises(Refused) as refused:
+        list(stream_rows(path, whole, marks=[(5_001, whole.sha256)]))
+    assert refused.value.codes == ["rows.digest_mismatch"]  # a mark past the file's end
 
 
 def test_the_run_report_of_a_large_cell_is_the_one_its_inline_rows_give(
@@ -294,6 +312,21 @@ async def test_a_cell_past_the_inline_limit_runs_publishes_its_rows_file_and_rep
     path = out / "cell-0000" / "sweep-native-concurrent" / REQUESTS_FILENAME
     streamed = list(stream_rows(str(path), rows_file))
     assert {line.row.status for line in streamed} == {"completed"}
+    # The journal holds no row: one rung_rows record per rung (the serial rung 0 has two,
+    # its warmup request's and the rest), naming consecutive lines and their digests.
+    journal = (out / "journal.jsonl").read_bytes()
+    assert b'"request_outcome"' not in journal and b'"row":' not in journal
+    segments = budgets.records(out, RungRows)
+    by_cell = {
+        cell_id: [(s.rung_index, s.first_line, s.count) for s in segments if s.cell_id == cell_id]
+        for cell_id in (budgets.SERIAL, budgets.CONCURRENT)
+    }
+    assert by_cell[budgets.SERIAL] == [(0, 0, 1), (0, 1, 2)]
+    assert [(r, c) for r, _, c in by_cell[budgets.CONCURRENT]] == [
+        (r.rung_index, r.requested_requests) for r in concurrent.measurement.rungs
+    ]
+    last = [s for s in segments if s.cell_id == budgets.CONCURRENT][-1]
+    assert (last.first_line + last.count, last.sha256) == (rows_file.count, rows_file.sha256)
     verdict = replay_module.replay(str(out))
     assert verdict.exit_code == 0, verdict.lines
     assert "cell-0000/sweep-native-concurrent/cell.json" in verdict.identical

@@ -51,6 +51,7 @@ from cache_family.actors.progress import (
 from cache_family.actors.replay import replay
 from cache_family.actors.run_context import Budgets, HostSettings, PinTarget, RunStop, hash_pins
 from cache_family.errors import Refused
+from cache_family.schemas import request_rows
 from cache_family.schemas.bounded import MIB
 from cache_family.schemas.catalog import packaged_catalog
 from cache_family.schemas.journal import (
@@ -63,9 +64,9 @@ from cache_family.schemas.journal import (
     InterruptFinishFailed,
     JournalChain,
     JournalLine,
-    RequestOutcome,
     RowOpened,
     RungCompleted,
+    RungRows,
     RunStarted,
     Transition,
     WarmupExclusion,
@@ -78,6 +79,7 @@ from cache_family.schemas.matrix import (
     MatrixCatalog,
     decode_matrix,
 )
+from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.prepared import (
     PREPARED_INPUT_MAX_BYTES,
     PreparationRequest,
@@ -237,6 +239,12 @@ def records(out: Path, kind: type) -> list[Any]:
     return [line.record for line in journal(out) if isinstance(line.record, kind)]
 
 
+def rows_file(out: Path, name: str) -> list[RequestRow]:
+    """The rows a cell's load runs wrote to its rows file, in the order they ended."""
+    data = (out / "cell-0000" / name / request_rows.REQUESTS_FILENAME).read_bytes()
+    return [line.row for line in request_rows.DECODER.decode_lines(data)]
+
+
 def cell(out: Path, name: str) -> Any:
     return decode_cell_receipt((out / "cell-0000" / name / "cell.json").read_bytes())
 
@@ -310,20 +318,21 @@ async def test_the_warmup_state_sends_the_excluded_request_and_the_ladder_the_me
         record = line.record
         if isinstance(record, WarmupExclusion) and record.cell_id == SERIAL:
             order.append("warmup rule")
-        elif isinstance(record, RequestOutcome) and record.cell_id == SERIAL:
-            order.append(f"request {record.row.request_id} excluded={record.row.excluded_warmup}")
+        elif isinstance(record, RungRows) and record.cell_id == SERIAL:
+            order.append(f"rows {record.first_line}+{record.count}")
         elif isinstance(record, Transition) and record.cell_id == SERIAL:
             order.append(f"{record.from_state} -> {record.to_state}")
     start = order.index("launch -> warmup")
-    assert order[start : start + 7] == [
+    assert order[start : start + 6] == [
         "launch -> warmup",
         "warmup rule",
-        "request 0 excluded=True",
+        "rows 0+1",  # request 0, journaled by the warmup state
         "warmup -> ladder",
-        "request 1 excluded=False",
-        "request 2 excluded=False",
+        "rows 1+2",
         "ladder -> post-verify",
     ]
+    rows = [(r.request_id, r.excluded_warmup) for r in rows_file(out, "native-serial")]
+    assert rows == [(0, True), (1, False), (2, False)]
     serial = cell(out, "native-serial").measurement.rungs[0]
     assert [r.request_id for r in serial.rows] == [0, 1, 2]
     assert serial.warmup_excluded_ids == (0,) and serial.serial_summary.excluded_runs == 1
@@ -476,7 +485,7 @@ async def test_a_hanging_request_is_cut_at_the_cell_deadline(
     assert concurrent.status == "incomplete" and concurrent.terminal_refusal == "deadline_expired"
     expiry = [r for r in records(out, DeadlineExpired) if r.cell_id == CONCURRENT]
     assert [r.budget for r in expiry] == ["cell"]
-    cut = [r.row for r in records(out, RequestOutcome) if r.cell_id == CONCURRENT]
+    cut = rows_file(out, "sweep-native-concurrent")
     assert [r.status for r in cut] == ["incomplete", "not-launched"]  # concurrency 1
     assert cut[0].elapsed_ms is not None and 12_000 <= cut[0].elapsed_ms <= 15_000
     assert "the cell budget" in (cut[0].error or "")
@@ -501,7 +510,7 @@ async def test_a_request_timeout_shorter_than_the_cell_faults_only_that_cell(
     concurrent = cell(out, "sweep-native-concurrent")
     assert concurrent.status == "incomplete" and concurrent.terminal_refusal is None
     assert [f.kind for f in concurrent.faults][:1] == ["request_timeout"]
-    cut = [r.row for r in records(out, RequestOutcome) if r.cell_id == CONCURRENT]
+    cut = rows_file(out, "sweep-native-concurrent")
     assert {r.status for r in cut} <= {"incomplete", "not-launched"}
     assert all(
         r.elapsed_ms is None or 1500 <= r.elapsed_ms < 1600
@@ -601,7 +610,8 @@ async def test_pin_drift_before_launch_launches_nothing(
     concurrent = cell(out, "sweep-native-concurrent")
     assert [p.name for p in concurrent.before_identity if not p.matches] == ["native_build"]
     assert script.launched == [] and script.cleaned == []  # nothing launched, nothing ended
-    assert records(out, RequestOutcome) == []
+    assert records(out, RungRows) == []
+    assert not list(out.glob("cell-0000/*/requests.jsonl"))
     # Nothing was ended, so the receipts claim no cleanup at all.
     assert serial.cleanup is None and concurrent.cleanup is None
     assert records(out, CleanupOutcome) == []

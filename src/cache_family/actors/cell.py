@@ -40,6 +40,7 @@ from cache_family.actors.load import (
 from cache_family.actors.private_exec import PrivateCopy, make_private_copy
 from cache_family.actors.prompts import SOURCE_CORRECTNESS, PromptChoice
 from cache_family.actors.publish import publish_fresh
+from cache_family.actors.request_rows import RowFileWriter
 from cache_family.actors.run_context import (
     ARM_DIRS,
     Budgets,
@@ -65,9 +66,9 @@ from cache_family.schemas.journal import (
     PortReserved,
     Ready,
     Record,
-    RequestOutcome,
     RungCompleted,
     RungPlan,
+    RungRows,
     WarmupExclusion,
 )
 from cache_family.schemas.measurement import (
@@ -83,6 +84,7 @@ from cache_family.schemas.measurement import (
 )
 from cache_family.schemas.prepared import HostProfile
 from cache_family.schemas.receipts import CellReceipt
+from cache_family.schemas.request_rows import REQUESTS_FILENAME, RequestRowLine
 from cache_family.states.cache_reuse import cache_expectation
 from cache_family.states.cell import (
     CELL_TABLE,
@@ -223,6 +225,29 @@ class _Fault(Exception):
         self.detail = detail
 
 
+class _Segment:
+    """A load run's row sink: each row becomes a line of the cell's rows file as its request
+    ends (``keep``: and is kept, for the warmup's one row that rung 0 continues from)."""
+
+    def __init__(
+        self, writer: RowFileWriter, rung_index: int, concurrency: int, *, keep: bool = False
+    ) -> None:
+        self.writer = writer
+        self.rung_index = rung_index
+        self.concurrency = concurrency
+        self.first_line = writer.lines
+        self.completed = 0
+        self.kept: list[RequestRow] | None = [] if keep else None
+
+    def add(self, row: RequestRow) -> None:
+        self.writer.add(
+            RequestRowLine(rung_index=self.rung_index, concurrency=self.concurrency, row=row)
+        )
+        self.completed += row.status == "completed"
+        if self.kept is not None:
+            self.kept.append(row)
+
+
 # --- the actor --------------------------------------------------------------------------------
 
 
@@ -256,6 +281,9 @@ class CellActor:
         self._stop_recorded = False
         self._out_of_time = False
         self._warmup: tuple[RequestRow, ...] = ()
+        # The cell's rows file (``requests.jsonl``): opened by the first load run, closed
+        # (read-only) before the receipt is published.
+        self._rows_file: RowFileWriter | None = None
         self._argv: list[str] = []
         # A stage server's dialect, read from its help in pin-verify.
         self.cli: stage_host.CliAdmitted | None = None
@@ -646,30 +674,34 @@ class CellActor:
         """The serial cell's request 0 (excluded); a concurrent cell excludes none."""
         if self.plan.kind != "serial":
             return
+        rows = self._segment(0, keep=True)
         warm = LoadRun(
             self._request(RungPlan(concurrency=1, requests=1)),
             deadline=self.work_deadline,
             client=self.http,
+            rows=rows,
         )
         outcome: LoadOutcome | None = None
         try:
             outcome = await warm.run()
         finally:
             with trio.CancelScope(shield=outcome is None):
-                rung = await self._journal_warmup(outcome or warm.outcome(stop_reason="cancelled"))
+                finished = outcome or warm.outcome(stop_reason="cancelled")
+                rung = await self._journal_warmup(finished, rows)
         if rung is not None:
             self._judge(0, self.plan.rungs[0], rung)
 
-    async def _journal_warmup(self, outcome: LoadOutcome) -> LoadOutcome | None:
+    async def _journal_warmup(self, outcome: LoadOutcome, rows: _Segment) -> LoadOutcome | None:
         """Journal request 0 of rung 0; when it did not complete, rung 0 ends with it (the rest
         of its roster never launched) and that rung's outcome is returned."""
-        self._warmup = outcome.rows
-        await self._journal_rows(0, outcome.rows)
+        self._warmup = tuple(rows.kept or ())
+        await self._journal_segment(rows)
         if outcome.status == "completed":
             return None
         rung = self.plan.rungs[0]
-        closed = LoadRun(self._request(rung), sent=outcome.rows).outcome(outcome.stop_reason)
-        await self._journal_rung(0, rung, closed, sent=len(outcome.rows))
+        rest = self._segment(0)
+        closed = self._load(self._request(rung), self._warmup, rest).outcome(outcome.stop_reason)
+        await self._journal_rung(0, rung, closed, rest)
         return closed
 
     async def _run_rungs(self) -> None:
@@ -700,12 +732,8 @@ class CellActor:
         if trio.current_time() >= self.work_deadline:
             self._out_of_time = True
             return
-        timed_out = any(
-            row.status == "incomplete" and row.error and "timeout" in row.error
-            for row in outcome.rows
-        )
         raise _Fault(
-            "request_timeout" if timed_out else "request_failed",
+            "request_timeout" if outcome.timed_out else "request_failed",
             f"rung {index} (concurrency {rung.concurrency}) ended {outcome.status}: "
             f"{outcome.stop_reason or 'no reason given'}",
         )
@@ -716,6 +744,8 @@ class CellActor:
         await self._host_ended.wait()
 
     async def _publish_receipt(self) -> None:
+        if self._rows_file is not None:
+            self._rows_file.close()  # no load run follows finalize
         relative = f"{self.plan.cell_dir}/cell.json"
         published = await publish_cell_receipt(
             self.ctx.writer, self.ctx.run_dir, self.plan.cell_id, relative
@@ -740,8 +770,9 @@ class CellActor:
             ignore_eos=plan.synthetic,
         )
 
-    def _load(self, request: LoadRequest, sent: Sequence[RequestRow]) -> LoadRun:
+    def _load(self, request: LoadRequest, sent: Sequence[RequestRow], rows: _Segment) -> LoadRun:
         """llama-server's /completion, or a stage server's OpenAI chat (its model id)."""
+        expectation = cache_expectation(self.plan.architecture, self.plan.lanes)
         if self.plan.host_kind == "stage":
             return OpenAIChatRun(
                 request,
@@ -749,38 +780,62 @@ class CellActor:
                 deadline=self.work_deadline,
                 sent=sent,
                 client=self.http,
+                rows=rows,
+                expectation=expectation,
             )
-        return LoadRun(request, deadline=self.work_deadline, sent=sent, client=self.http)
+        return LoadRun(
+            request,
+            deadline=self.work_deadline,
+            sent=sent,
+            client=self.http,
+            rows=rows,
+            expectation=expectation,
+        )
 
     async def _rung(self, index: int, rung: RungPlan) -> LoadOutcome:
-        """One measured rung (rung 0 after its warmup, if any); its roster and completion are
+        """One measured rung (rung 0 after its warmup, if any); its rows and completion are
         journaled also when it is cancelled (every planned id, launched or not)."""
         sent = self._warmup if index == 0 else ()
-        load = self._load(self._request(rung), sent)
+        rows = self._segment(index)
+        load = self._load(self._request(rung), sent, rows)
         outcome: LoadOutcome | None = None
         try:
             outcome = await load.run()
         finally:
             with trio.CancelScope(shield=outcome is None):
                 finished = outcome or load.outcome(stop_reason="cancelled")
-                await self._journal_rung(index, rung, finished, sent=len(sent))
+                await self._journal_rung(index, rung, finished, rows)
         return finished
 
-    async def _journal_rows(self, index: int, rows: Sequence[RequestRow]) -> None:
-        concurrency = self.plan.rungs[index].concurrency
-        for row in rows:
-            await self._journal(
-                RequestOutcome(
-                    cell_id=self.plan.cell_id, rung_index=index, concurrency=concurrency, row=row
-                )
+    def _segment(self, index: int, *, keep: bool = False) -> _Segment:
+        """Where the rows of rung ``index`` go as they end: the cell's rows file."""
+        if self._rows_file is None:
+            path = os.path.join(self.cell_path, REQUESTS_FILENAME)
+            self._rows_file = RowFileWriter(path, REQUESTS_FILENAME)
+        return _Segment(self._rows_file, index, self.plan.rungs[index].concurrency, keep=keep)
+
+    async def _journal_segment(self, rows: _Segment) -> None:
+        """The segment's rows are written and fsynced, then journaled as one record."""
+        written = rows.writer.checkpoint()
+        await self._journal(
+            RungRows(
+                cell_id=self.plan.cell_id,
+                rung_index=rows.rung_index,
+                concurrency=rows.concurrency,
+                path=written.path,
+                first_line=rows.first_line,
+                count=written.count - rows.first_line,
+                completed=rows.completed,
+                sha256=written.sha256,
             )
+        )
 
     async def _journal_rung(
-        self, index: int, rung: RungPlan, outcome: LoadOutcome, *, sent: int
+        self, index: int, rung: RungPlan, outcome: LoadOutcome, rows: _Segment
     ) -> None:
-        """The rows not journaled yet (the first ``sent`` were), then the rung's completion."""
+        """The rung's rows (those the warmup did not journal), then its completion."""
         host = self._live_host()
-        await self._journal_rows(index, outcome.rows[sent:])
+        await self._journal_segment(rows)
         calibration = self.ctx.client_calibration
         await self._journal(
             RungCompleted(
@@ -797,6 +852,7 @@ class CellActor:
                 stop_reason=outcome.stop_reason,
                 client_overhead_ms=calibration.overhead_p50_ms if calibration else None,
                 client_overhead_factor=calibration.near_factor if calibration else None,
+                tally=outcome.facts,
             )
         )
 

@@ -34,7 +34,7 @@ from typing import Final, Generic, TypeVar
 import trio
 
 from cache_family.actors.publish import fsync_dir, publish_fresh
-from cache_family.actors.request_rows import publish_rows_file
+from cache_family.actors.request_rows import cell_rows
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
@@ -52,7 +52,7 @@ from cache_family.schemas.receipts import (
     decode_row_receipt,
     encode_receipt,
 )
-from cache_family.states.fold import EncodedLine, JournalIndex, fold_cell_with_rows, fold_row
+from cache_family.states.fold import EncodedLine, JournalIndex, fold_cell, fold_row
 
 # A week-long run journals a few million short lines; replay and resume read at most this much.
 JOURNAL_READ_LIMIT: Final = 4 * 1024 * 1024 * 1024
@@ -471,15 +471,11 @@ async def publish_cell_receipt(
     """
 
     def fold(through: int) -> CellReceipt:
-        receipt, rows = fold_cell_with_rows(
-            writer.index.lines_for_cell(cell_id), cell_id, through_seq=through
+        # The rows file the load runs wrote beside the receipt (read only for inline rows).
+        rows = cell_rows(os.path.dirname(os.path.join(run_dir, relative_path)))
+        return fold_cell(
+            writer.index.lines_for_cell(cell_id), cell_id, through_seq=through, rows=rows
         )
-        rows_file = receipt.measurement.rows_file
-        if rows_file is not None:
-            # Before the receipt that names it, so a published receipt's file always exists.
-            directory = os.path.dirname(os.path.join(run_dir, relative_path))
-            publish_rows_file(os.path.join(directory, rows_file.path), rows, rows_file)
-        return receipt
 
     return await _publish_folded(
         writer, run_dir, relative_path, fold, decode_cell_receipt, scope="cell", cell_id=cell_id

@@ -33,22 +33,21 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any, ClassVar, Final, NamedTuple, Protocol
 
 import trio
 
 from cache_family.actors.http import HttpError, LoopbackHttp, Response
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
+    CacheExpectation,
     LoadOutcome,
     LoadRequest,
     LoadStatus,
     RequestRow,
-    RungSummary,
-    SerialSummary,
     ServerTimings,
 )
-from cache_family.states import metrics
+from cache_family.states.tally import MAKESPAN_MISSING, RungTally
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -139,8 +138,29 @@ class _Exchange:
     first_chunk: str | None = None
 
 
+class RowSink(Protocol):
+    """Where a run's rows go as their requests end (each planned id exactly once)."""
+
+    def add(self, row: RequestRow) -> None: ...
+
+
+@dataclass(slots=True)
+class RowList:
+    """The default sink: keeps every row (a calibration run, a test); the outcome lists them."""
+
+    rows: list[RequestRow] = field(default_factory=list)
+
+    def add(self, row: RequestRow) -> None:
+        self.rows.append(row)
+
+
 class LoadRun:
-    """One serial baseline (``request.stream`` false) or one ladder rung (true)."""
+    """One serial baseline (``request.stream`` false) or one ladder rung (true).
+
+    Each row goes to ``rows`` as its request ends (the cell gives a sink that streams it to
+    the cell's rows file) and into the rung's tally; the run itself keeps one byte per
+    planned id (the roster) and what the tally needs, never the rows.
+    """
 
     def __init__(
         self,
@@ -151,29 +171,66 @@ class LoadRun:
         stop_on_failure: bool = True,
         client: LoopbackHttp | None = None,
         sent: Sequence[RequestRow] = (),
+        rows: RowSink | None = None,
+        expectation: CacheExpectation | None = None,
     ) -> None:
-        """``sent``: the rung's leading requests, already sent (the cell's warmup state sends
-        a serial rung's excluded request 0); the run sends the rest and keeps the whole roster."""
+        """``sent``: the rung's leading requests, already sent and already in ``rows`` (the
+        cell's warmup state sends a serial rung's excluded request 0); the run sends the rest
+        and tallies the whole roster. ``expectation``: what the cell's cache verdicts are
+        judged by (tallied with the rows)."""
         _check_request(request)
         self.request = request
         self.deadline = math.inf if deadline is None else deadline
         self.clock = clock
         self.stop_on_failure = stop_on_failure
         self._client = client
-        self._rows: dict[int, RequestRow] = {row.request_id: row for row in sent}
-        self._launched: set[int] = set(self._rows)
-        self._first_unsent = len(self._rows)
+        self._sink: RowSink = rows if rows is not None else RowList(list(sent))
+        self._tally = RungTally(
+            request.requests,
+            serial=not request.stream,
+            ttft_slo_ms=request.ttft_slo_ms,
+            tpot_slo_ms=request.tpot_slo_ms,
+            expectation=expectation,
+            digests=self.parity_digests,
+        )
+        # One byte per planned id: 1 once its row was tallied (and given to the sink).
+        self._ended = bytearray(request.requests)
+        self._finished = self._completed = self._failed = self._timed_out = 0
+        for row in sent:
+            self._tally_row(row)
+        # Ids below this were launched (sent ones included): launching goes in id order.
+        self._first_unsent = self._next_launch = len(sent)
         self._first_launch: float | None = None
         self._last_end: float | None = None
         self._stop_reason: str | None = None
+        self._outcome: LoadOutcome | None = None
         self.prompt_sha256 = hashlib.sha256(request.prompt.encode()).hexdigest()
+
+    # Whether the rung's tally keeps each request's digests for old/new parity.
+    parity_digests: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         kind = "rung" if self.request.stream else "serial"
         return (
-            f"<LoadRun {kind} c={self.request.concurrency} launched={len(self._launched)}"
-            f"/{self.request.requests} finished={len(self._rows)} stop={self._stop_reason}>"
+            f"<LoadRun {kind} c={self.request.concurrency} launched={self._next_launch}"
+            f"/{self.request.requests} finished={self._finished} stop={self._stop_reason}>"
         )
+
+    def _tally_row(self, row: RequestRow) -> None:
+        self._ended[row.request_id] = 1
+        self._finished += 1
+        self._completed += row.status == "completed"
+        self._failed += row.status == "failed"
+        self._timed_out += row.status == "incomplete" and "timeout" in (row.error or "")
+        self._tally.add(row)
+
+    def _end(self, row: RequestRow) -> None:
+        """A request ended: its row goes to the sink and the tally, once, unless the roster
+        was already closed (a cancelled run's in-flight request was recorded by then)."""
+        if self._outcome is not None or self._ended[row.request_id]:
+            return
+        self._sink.add(row)
+        self._tally_row(row)
 
     def excluded_warmup(self, request_id: int) -> bool:
         if not self.request.stream:
@@ -197,7 +254,7 @@ class LoadRun:
                 if self._stop_reason is not None:
                     slots.release()
                     break
-                self._launched.add(request_id)
+                self._next_launch = request_id + 1
                 if self._first_launch is None:
                     self._first_launch = self.clock()
                 nursery.start_soon(self._one, client, request_id, slots)
@@ -205,7 +262,7 @@ class LoadRun:
     async def _one(self, client: LoopbackHttp, request_id: int, slots: trio.Semaphore) -> None:
         try:
             row = await self._exchange(client, request_id)
-            self._rows[request_id] = row
+            self._end(row)
             if row.status == "completed":
                 self._last_end = max(self._last_end or -math.inf, self.clock())
             elif self._stop_reason is None and trio.current_time() >= self.deadline:
@@ -374,72 +431,62 @@ class LoadRun:
             error=error[:1000],
         )
 
-    def roster(self, stop_reason: str | None = None) -> tuple[RequestRow, ...]:
-        """One row per planned request id, whatever state the run is in."""
-        rows = []
-        for request_id in range(self.request.requests):
-            row = self._rows.get(request_id)
-            if row is None:
-                warmup = self.excluded_warmup(request_id)
-                if request_id in self._launched:
-                    reason = stop_reason or self._stop_reason or "stopped"
-                    row = RequestRow(
-                        request_id=request_id,
-                        status="incomplete",
-                        excluded_warmup=warmup,
-                        error=f"still in flight when the run stopped ({reason})",
-                    )
-                else:
-                    row = RequestRow(
-                        request_id=request_id, status="not-launched", excluded_warmup=warmup
-                    )
-            rows.append(row)
-        return tuple(rows)
-
     def outcome(self, stop_reason: str | None = None) -> LoadOutcome:
-        """The full roster, the status and (when the roster allows) the summary."""
+        """Close the roster (a row for every planned id not ended yet: in flight or never
+        launched) and give the status and the tally. Idempotent: the first call decides."""
+        if self._outcome is not None:
+            return self._outcome
         reason = self._stop_reason or stop_reason
-        rows = self.roster(reason)
+        ended, launched = self._ended, self._next_launch
+        request_id = ended.find(0)
+        while request_id != -1:
+            warmup = self.excluded_warmup(request_id)
+            if request_id < launched:
+                row = RequestRow(
+                    request_id=request_id,
+                    status="incomplete",
+                    excluded_warmup=warmup,
+                    error=f"still in flight when the run stopped ({reason or 'stopped'})",
+                )
+            else:
+                row = RequestRow(
+                    request_id=request_id, status="not-launched", excluded_warmup=warmup
+                )
+            self._sink.add(row)
+            self._tally_row(row)
+            request_id = ended.find(0, request_id + 1)
         makespan = None
         if self._first_launch is not None and self._last_end is not None:
             makespan = self._last_end - self._first_launch
         status: LoadStatus
-        if not self._launched:
+        if not launched:
             status = "not-launched"
-        elif all(row.status == "completed" for row in rows):
+        elif self._completed == self.request.requests:
             status = "completed"
-        elif any(row.status == "failed" for row in rows):
+        elif self._failed:
             status = "failed"
         else:
             status = "incomplete"
-        rung: RungSummary | None = None
-        serial: SerialSummary | None = None
-        try:
-            if not self.request.stream:
-                serial = metrics.serial_summary(rows, requested=self.request.requests)
-            elif makespan is not None:
-                rung = metrics.rung_summary(
-                    rows,
-                    concurrency=self.request.concurrency,
-                    requested_requests=self.request.requests,
-                    makespan_seconds=makespan,
-                    ttft_slo_ms=self.request.ttft_slo_ms,
-                    tpot_slo_ms=self.request.tpot_slo_ms,
-                )
-        except Refused as refused:
-            reason = reason or ",".join(refused.codes)
+        facts = self._tally.facts(concurrency=self.request.concurrency, makespan_seconds=makespan)
+        refusals = [code for code in facts.summary_refusals if code != MAKESPAN_MISSING]
+        if refusals:
+            reason = reason or ",".join(refusals)
             if status == "completed":
                 status = "incomplete"
-        return LoadOutcome(
+        kept = self._sink.rows if isinstance(self._sink, RowList) else []
+        self._outcome = LoadOutcome(
             request=self.request,
             prompt_sha256=self.prompt_sha256,
             status=status,
-            rows=rows,
+            rows=tuple(sorted(kept, key=lambda row: row.request_id)),
             makespan_seconds=makespan,
-            rung_summary=rung,
-            serial_summary=serial,
+            rung_summary=facts.rung_summary,
+            serial_summary=facts.serial_summary,
             stop_reason=reason,
+            facts=facts,
+            timed_out=self._timed_out,
         )
+        return self._outcome
 
 
 async def run_load(
@@ -840,6 +887,8 @@ class OpenAIChatRun(LoadRun):
     streamed with usage, ``Authorization: Bearer EMPTY``. Each row's digests are the
     reference's: the content digest over everything generated, the first-generated digest
     over the first generating delta (``first_chunk_sha256``)."""
+
+    parity_digests: ClassVar[bool] = True
 
     def __init__(self, request: LoadRequest, model_id: str, **kwargs: Any) -> None:
         super().__init__(request, **kwargs)

@@ -61,6 +61,7 @@ import psutil
 from cache_family.actors.head_signature import head_line, verify_head
 from cache_family.actors.journal import JOURNAL_READ_LIMIT
 from cache_family.actors.process_group import PROCESS_TAG_NAME, tagged_processes
+from cache_family.actors.request_rows import cell_rows
 from cache_family.errors import Refusal, Refused
 from cache_family.report.run import read_run
 from cache_family.report.run_report import MARKDOWN_NAME, render_run_report
@@ -73,15 +74,16 @@ from cache_family.schemas.journal import (
     JournalSealed,
     ReceiptPublished,
     RowOpened,
+    RungCompleted,
+    RungRows,
     RunResumed,
     RunStarted,
     read_journal,
     seal_problems,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
-from cache_family.schemas.receipts import decode_cell_receipt
-from cache_family.schemas.request_rows import stream_rows
-from cache_family.states.fold import JournalIndex, refold
+from cache_family.states.fold import JournalIndex, refold, refold_cell
+from cache_family.states.tally import tally_cell
 
 EXIT_IDENTICAL: Final = 0
 EXIT_DIFFERS: Final = 1
@@ -378,8 +380,13 @@ def _compare_published(report: ReplayReport, root: str, lines: tuple[JournalLine
         where = _superseded_path(record.path, line.seq, resumes)
         journaled.add(os.path.normpath(where))
         name = f"{where} (seq {line.seq}, through {record.through_seq})"
+        cell_dir = os.path.join(root, os.path.dirname(where))
         try:
-            expected = refold(index, record)
+            if record.scope == "cell":
+                # Its inline rows come from the rows file, as at publication.
+                expected = refold_cell(index, record, cell_rows(cell_dir))
+            else:
+                expected = refold(index, record)
         except Refused as refused:
             if refused.codes == ["fold.scope.unsupported"]:
                 _unreadable(report, refused.refusals)
@@ -399,8 +406,8 @@ def _compare_published(report: ReplayReport, root: str, lines: tuple[JournalLine
             problems.append(
                 f"re-folded bytes differ from the file {_first_difference(expected, on_disk)}"
             )
-        elif record.scope == "cell":
-            problems += _rows_file_problems(root, where, expected)
+        elif record.scope == "cell" and record.cell_id is not None:
+            problems += _tally_problems(index, record.cell_id, record.through_seq, cell_dir)
         if problems:
             report.differs = True
             report.mismatched.append(where)
@@ -411,21 +418,34 @@ def _compare_published(report: ReplayReport, root: str, lines: tuple[JournalLine
     return journaled
 
 
-def _rows_file_problems(root: str, where: str, receipt: bytes) -> list[str]:
-    """A cell receipt that names a rows file holds only when that file streams to the digest
-    and count it records (read a chunk at a time; the receipt read cap never applies)."""
-    rows_file = decode_cell_receipt(receipt).measurement.rows_file
-    if rows_file is None:
+def _tally_problems(index: JournalIndex, cell_id: str, through: int, cell_dir: str) -> list[str]:
+    """A cell receipt holds only when its rows file streams to the digest of every
+    ``rung_rows`` record (read a chunk at a time: no read cap applies) and re-tallies to the
+    facts every ``rung_completed`` record holds, which the receipt's summaries came from."""
+    opened: CellOpened | None = None
+    segments: list[RungRows] = []
+    completed: dict[int, RungCompleted] = {}
+    for line in index.lines_for_cell(cell_id):
+        record = line.record
+        if line.seq > through:
+            break
+        if isinstance(record, CellOpened) and record.cell_id == cell_id:
+            opened = opened or record
+        elif isinstance(record, RungRows) and record.cell_id == cell_id:
+            segments.append(record)
+        elif isinstance(record, RungCompleted) and record.cell_id == cell_id:
+            completed[record.rung_index] = record
+    if opened is None or not segments:
         return []
-    path = os.path.normpath(os.path.join(root, os.path.dirname(where), rows_file.path))
-    if not path.startswith(root + os.sep):
-        return [f"its rows file {rows_file.path!r} leaves the run directory"]
     try:
-        for _ in stream_rows(path, rows_file):
-            pass
+        facts = tally_cell(opened, completed, cell_rows(cell_dir)(segments))
     except Refused as refused:
         return [f"its rows file does not hold: {refused}"]
-    return []
+    return [
+        f"rung {rung}: its rows re-tally to other facts than its rung_completed record holds"
+        for rung, record in sorted(completed.items())
+        if record.tally != facts.get(rung)
+    ]
 
 
 def _read_receipt(report: ReplayReport, root: str, relative: str, name: str) -> bytes | None:

@@ -1,22 +1,28 @@
 """Writing a cell's ``requests.jsonl`` (``schemas/request_rows.py``, which also streams it).
 
-The writer buffers encoded lines and writes them in large chunks (one ``write`` per
-``flush_bytes``), hashing every byte as it goes; ``close`` fsyncs and returns the digest a
-receipt records, and ``publish_rows_file`` gives a fold's rows file atomically.
+The cell actor's load runs give the writer each row as its request ends; it buffers them and
+writes them in large chunks (one ``write`` per ``flush_bytes``), hashing every byte as it goes.
+At the end of each rung ``checkpoint`` fsyncs and gives the count and SHA-256 of every line so
+far, which the ``rung_rows`` record journals; ``cell_rows`` reads the file back for a fold.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
-from cache_family.actors.publish import fsync_dir, link_fresh, temp_sibling
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import MIB
-from cache_family.schemas.request_rows import ENCODER, RequestRowLine, RowsFileDigest
+from cache_family.schemas.journal import RungRows
+from cache_family.schemas.request_rows import (
+    ENCODER,
+    RequestRowLine,
+    RowsFileDigest,
+    stream_rows,
+)
+from cache_family.states.fold import RowsSource
 
 FLUSH_BYTES: Final = 4 * MIB
 
@@ -41,6 +47,11 @@ class RowFileWriter:
         if self._pending_estimate >= self._flush_bytes:
             self.flush()
 
+    @property
+    def lines(self) -> int:
+        """Lines given so far, written or still buffered."""
+        return self.count + len(self._pending)
+
     def add_many(self, lines: Iterable[RequestRowLine]) -> None:
         for line in lines:
             self.add(line)
@@ -58,36 +69,45 @@ class RowFileWriter:
         while view:
             view = view[os.write(self._fd, view) :]
 
+    def checkpoint(self) -> RowsFileDigest:
+        """Write what is buffered and fsync (the file stays open): the count and SHA-256 of
+        every line so far, which a ``rung_rows`` record then names."""
+        self.flush()
+        if self._fd is None:
+            raise ValueError("rows file is closed")
+        os.fsync(self._fd)
+        return RowsFileDigest(path=self.relative, count=self.count, sha256=self._digest.hexdigest())
+
     def close(self) -> RowsFileDigest:
         """Write what is buffered, fsync, close; the digest the receipt records."""
         self.flush()
         if self._fd is not None:
+            # Evidence from here on, read-only like the receipts that name it.
+            os.fchmod(self._fd, 0o444)
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
         return RowsFileDigest(path=self.relative, count=self.count, sha256=self._digest.hexdigest())
 
 
-def publish_rows_file(path: str, lines: Iterable[RequestRowLine], expected: RowsFileDigest) -> None:
-    """Write a receipt's rows file at ``path`` (which must not exist) atomically and durably,
-    before the receipt naming it is published; refuses bytes whose digest is not ``expected``
-    (the fold and the writer disagree about the encoding: a bug, never a published file)."""
-    tmp = temp_sibling(path)
-    writer = RowFileWriter(tmp, expected.path)
-    try:
-        writer.add_many(lines)
-        written = writer.close()
-        if written != expected:
+def cell_rows(cell_dir: str) -> RowsSource:
+    """The fold's ``RowsSource`` for the cell whose directory is ``cell_dir``: its rows file
+    streamed a chunk at a time, each ``rung_rows`` record's digest checked before its lines
+    are given, and the file's end checked against the last one."""
+
+    def read(segments: Sequence[RungRows]) -> Iterator[RequestRowLine]:
+        last = segments[-1]
+        if os.path.basename(last.path) != last.path or last.path in ("", ".", ".."):
             raise Refused.one(
-                "rows.digest_mismatch",
-                f"$.rows_file[{expected.path}]",
-                f"the rows written ({written.count}, {written.sha256}) are not the folded"
-                f" ones ({expected.count}, {expected.sha256})",
-                "report this: the fold and the rows writer encode differently",
+                "rows.path",
+                "$.rung_rows.path",
+                f"the rows file {last.path!r} is not a file of the cell's directory",
+                "the journal was written by a faulty or foreign writer",
             )
-        link_fresh(tmp, path)
-    finally:
-        writer.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    fsync_dir(os.path.dirname(path) or ".")
+        expected = RowsFileDigest(
+            path=last.path, count=last.first_line + last.count, sha256=last.sha256
+        )
+        marks = [(segment.first_line + segment.count, segment.sha256) for segment in segments]
+        yield from stream_rows(os.path.join(cell_dir, last.path), expected, marks=marks[:-1])
+
+    return read

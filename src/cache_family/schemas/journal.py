@@ -41,7 +41,7 @@ from cache_family.schemas.measurement import (
     CacheExpectation,
     ClientCalibration,
     HostCleanup,
-    RequestRow,
+    RungFacts,
 )
 
 JOURNAL_FILENAME: Final = "journal.jsonl"
@@ -300,11 +300,22 @@ class WarmupExclusion(_Record, tag="warmup_exclusion", frozen=True, kw_only=True
     prompt_sha256: str = ""
 
 
-class RequestOutcome(_Record, tag="request_outcome", frozen=True, kw_only=True):
+class RungRows(_Record, tag="rung_rows", frozen=True, kw_only=True):
+    """Rows of one rung written to the cell's rows file (``schemas/request_rows.py``) and
+    fsynced before this record: lines ``first_line`` to ``first_line + count - 1`` of
+    ``path`` (relative to the cell's directory). ``sha256`` is the digest of the file from its
+    first byte through this segment's last, so each segment checks everything before it too.
+    A rung has one segment; a serial rung 0 has two (its warmup request, then the rest)."""
+
     cell_id: str
     rung_index: int
     concurrency: int
-    row: RequestRow
+    path: str
+    first_line: int
+    count: int
+    # Rows of the segment whose status is ``completed``.
+    completed: int
+    sha256: str
 
 
 class RungCompleted(_Record, tag="rung_completed", frozen=True, kw_only=True):
@@ -325,6 +336,9 @@ class RungCompleted(_Record, tag="rung_completed", frozen=True, kw_only=True):
     # receipt can say whether its latencies came near it.
     client_overhead_ms: float | None = None
     client_overhead_factor: float | None = None
+    # What the fold needs of the rung's rows, tallied by the load actor as they ended
+    # (``states/tally.py``); replay re-tallies the rows file and compares.
+    tally: RungFacts | None = None
 
 
 class Fault(_Record, tag="fault", frozen=True, kw_only=True):
@@ -479,7 +493,7 @@ Record: TypeAlias = (
     | ListeningMarkerSeen
     | Ready
     | WarmupExclusion
-    | RequestOutcome
+    | RungRows
     | RungCompleted
     | Fault
     | CleanupOutcome

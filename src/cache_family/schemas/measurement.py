@@ -101,6 +101,50 @@ class SerialSummary(msgspec.Struct, frozen=True, kw_only=True):
     complete: bool = False
 
 
+class CacheTally(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a rung's cache verdict needs of its rows (``states/cache_reuse.py``), tallied one
+    row at a time: a few numbers per rung and per server slot, never one per request."""
+
+    # Completed requests whose prompt accounting the server reported.
+    seen: int = 0
+    # Those whose cached tokens reached the rule's expectation.
+    hits: int = 0
+    expected_min: int | None = None
+    # Every seen request named its slot.
+    slotted: bool = True
+    # (slot, lowest cached tokens, second lowest or None) for each slot seen.
+    slots: tuple[tuple[int, int, int | None], ...] = ()
+    # The lowest cached-token counts, ascending (as many as the cell's lanes, plus one).
+    lowest: tuple[int, ...] = ()
+
+
+class RequestDigest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What old/new parity compares of one request (``states/parity.py``)."""
+
+    request_id: int
+    status: RequestStatus
+    content_sha256: str | None = None
+    first_chunk_sha256: str | None = None
+
+
+class RungFacts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything a rung's receipt derives from its rows (``states/tally.py``): the load
+    actor tallies it as rows end and journals it with ``rung_completed``; replay re-tallies
+    the rows file and compares."""
+
+    rows: int
+    completed: int
+    rung_summary: RungSummary | None = None
+    serial_summary: SerialSummary | None = None
+    # Refusal codes of a roster that could not be summarised.
+    summary_refusals: tuple[str, ...] = ()
+    first_content_with_final_ids: tuple[int, ...] = ()
+    cache: CacheTally | None = None
+    # A stage server's rung of at most parity's request cap: each request's digests, by id,
+    # because the row's old/new parity is folded from the journal alone.
+    digests: tuple[RequestDigest, ...] = ()
+
+
 class ClientCalibration(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The run's own client timed against the calibration server on this machine, before the
     first ladder (``states/calibration.py``); times in ms."""
@@ -147,12 +191,18 @@ class LoadOutcome(msgspec.Struct, frozen=True, kw_only=True):
     request: LoadRequest
     prompt_sha256: str
     status: LoadStatus
+    # The roster, when the run kept it (``LoadRun`` without a rows file); a run that streamed
+    # its rows to a file keeps none of them.
     rows: tuple[RequestRow, ...]
     makespan_seconds: float | None = None
     rung_summary: RungSummary | None = None
     serial_summary: SerialSummary | None = None
     # Why the summary is missing or the run stopped early (a refusal code), if it did.
     stop_reason: str | None = None
+    # The roster's tally (what the journal records of it); None for an outcome built by hand.
+    facts: RungFacts | None = None
+    # Requests cut by their own timeout (not by the cell budget).
+    timed_out: int = 0
 
 
 ReuseRule = Literal["exact-prefix", "checkpoint", "checkpoint-swa"]

@@ -1,18 +1,21 @@
 """A cell's per-request rows in their own streamed file, beside its ``cell.json``.
 
-Layout of ``requests.jsonl``: one JSON line per request, in the order the requests ended::
+Layout of ``requests.jsonl``: one JSON line per request, in the order the requests ended,
+rung after rung (a serial rung 0's warmup request first)::
 
-    {"rung_index":0,"concurrency":8,"row":{"request_id":0,"status":"completed",...}}\\n
+    {"rung_index":0,"concurrency":8,"row":{"request_id":0,"status":"completed",...}}\n
 
-The file is written once, front to back, and never read whole: a receipt names it with
-:class:`RowsFileDigest` (the SHA-256 of all its bytes and its line count), and a reader
-verifies that digest while it streams the lines (``actors/request_rows.py``).
+The load actor writes it front to back as requests end (``actors/request_rows.py``); at the
+end of each rung it is fsynced and a ``rung_rows`` journal record names the rung's lines and
+the SHA-256 of the file through them. The journal holds no row. It is never read whole: a
+reader verifies those digests while it streams the lines a chunk at a time.
 
-A cell of more than ``INLINE_ROWS_MAX`` requests keeps its rows here instead of in
-``cell.json`` (the fold decides, ``states/fold.py``): rows sorted by rung, then request id, as
-the receipt would have listed them. Smaller cells keep them inline, so a small receipt stays
-one self-contained file and reads as before; a large one stays far below the receipt read cap
-(a 100k-request ``cell.json`` with its rows inline is about 80 MB).
+A cell of more than ``INLINE_ROWS_MAX`` requests names this file in ``cell.json`` with
+:class:`RowsFileDigest` (its line count and SHA-256, the last ``rung_rows`` record's); a
+smaller one also lists its rows inline, sorted by rung, then request id (the fold decides,
+``states/fold.py``), so a small receipt stays one self-contained file and reads as before,
+and a large one stays far below the receipt read cap (a 100k-request ``cell.json`` with its
+rows inline is about 80 MB).
 
 Evolution rule as for the journal: a new field gets a default and goes last.
 """
@@ -21,7 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Final
 
@@ -71,13 +75,19 @@ def rows_digest(lines: Iterable[RequestRowLine], *, batch: int = 4096) -> tuple[
 
 
 def stream_rows(
-    path: str, expected: RowsFileDigest, *, chunk_bytes: int = CHUNK_BYTES
+    path: str,
+    expected: RowsFileDigest,
+    *,
+    marks: Sequence[tuple[int, str]] = (),
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> Iterator[RequestRowLine]:
     """Every line of the rows file at ``path``, read ``chunk_bytes`` at a time; refuses
     (``rows.*``) an unreadable or undecodable file and, after its last line, one whose SHA-256
-    or line count is not ``expected``'s. A consumer keeps nothing it folded until the
-    iteration ended without a refusal."""
+    or line count is not ``expected``'s. ``marks``: (lines, SHA-256 of the file through them)
+    of earlier segments (``rung_rows`` records), each checked before its lines are given. A
+    consumer keeps nothing it folded until the iteration ended without a refusal."""
     where = f"$.rows_file[{expected.path}]"
+    pending = deque(sorted(marks))
     digest = hashlib.sha256()
     count = 0
     rest = b""
@@ -94,27 +104,45 @@ def stream_rows(
                 ) from None
             if not chunk:
                 break
-            digest.update(chunk)
             data = rest + chunk
             cut = data.rfind(b"\n") + 1
             rest = data[cut:]
-            if cut:
-                try:
-                    lines = DECODER.decode_lines(data[:cut])
-                except msgspec.DecodeError as exc:
+            if not cut:
+                continue
+            body = data[:cut]
+            try:
+                lines = DECODER.decode_lines(body)
+            except msgspec.DecodeError as exc:
+                raise Refused.one(
+                    "rows.undecodable",
+                    where,
+                    f"{path}: a line after line {count} is not a request row ({exc})",
+                    "the file was edited or corrupted; re-run the cell",
+                ) from None
+            hashed = 0
+            while pending and pending[0][0] <= count + len(lines):
+                mark, sha256 = pending.popleft()
+                end = _after_lines(body, hashed, mark - count - _lines_in(body, hashed))
+                digest.update(body[hashed:end])
+                hashed = end
+                if digest.hexdigest() != sha256:
                     raise Refused.one(
-                        "rows.undecodable",
+                        "rows.digest_mismatch",
                         where,
-                        f"{path}: a line after line {count} is not a request row ({exc})",
-                        "the file was edited or corrupted; re-run the cell",
-                    ) from None
-                count += len(lines)
-                yield from lines
+                        f"{path}: its first {mark} rows do not have the SHA-256 the journal's"
+                        f" rung_rows record holds ({sha256})",
+                        "the rows file changed after its rows were journaled; re-run the cell",
+                    )
+            digest.update(body[hashed:])
+            count += len(lines)
+            yield from lines
     problems = []
     if rest:
         problems.append(f"it ends with {len(rest)} bytes of a torn line")
     if count != expected.count:
         problems.append(f"it holds {count} rows, the receipt says {expected.count}")
+    if pending:
+        problems.append(f"it ends before line {pending[0][0]} a rung_rows record names")
     if digest.hexdigest() != expected.sha256:
         problems.append(f"its SHA-256 is {digest.hexdigest()}, the receipt says {expected.sha256}")
     if problems:
@@ -124,3 +152,14 @@ def stream_rows(
             f"{path}: " + "; ".join(problems),
             "the rows file changed after its receipt was published; re-run the cell",
         )
+
+
+def _lines_in(body: bytes, end: int) -> int:
+    return body.count(b"\n", 0, end)
+
+
+def _after_lines(body: bytes, start: int, lines: int) -> int:
+    """The offset just after the ``lines``-th newline from ``start``."""
+    for _ in range(lines):
+        start = body.index(b"\n", start) + 1
+    return start

@@ -17,10 +17,11 @@ serve it, which counts as a hit.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Final
 
-from cache_family.schemas.measurement import CacheExpectation, RequestRow, ReuseRule
+from cache_family.schemas.measurement import CacheExpectation, CacheTally, RequestRow, ReuseRule
 from cache_family.schemas.receipts import CacheVerdict
 
 #: llama-server's default ``-ub`` (the cell never passes one).
@@ -154,6 +155,75 @@ def accounting(row: RequestRow) -> tuple[int, int, int | None] | None:
 def rung_verdicts(
     expectation: CacheExpectation, rungs: Sequence[Sequence[RequestRow]]
 ) -> list[CacheVerdict]:
+    """One verdict per rung of one cell, rungs in ladder order, from their rows."""
+    tallies = []
+    for rows in rungs:
+        tally = CacheTallier(expectation)
+        for row in rows:
+            tally.add(row)
+        tallies.append(tally.tally())
+    return verdicts_of_tallies(expectation, tallies)
+
+
+class CacheTallier:
+    """A rung's ``CacheTally``, one row at a time (the rows are never kept): the count of
+    judged requests and hits, the lowest expectation, and per slot the two lowest cached
+    counts (a new slot's lowest is its cold request; the next is its lowest warm one)."""
+
+    def __init__(self, expectation: CacheExpectation | None) -> None:
+        self.rule = expectation.rule if expectation is not None else None
+        self.n_ubatch = expectation.n_ubatch if expectation is not None else DEFAULT_N_UBATCH
+        self.keep = (expectation.lanes or 0) + 1 if expectation is not None else 1
+        self.seen = self.hits = 0
+        self.expected_min: int | None = None
+        self.slotted = True
+        self.slots: dict[int, list[int]] = {}
+        self.lowest: list[int] = []
+
+    def add(self, row: RequestRow) -> None:
+        found = accounting(row)
+        if found is None or self.rule is None:
+            return
+        prompt, cached, slot = found
+        expected = expected_cached_tokens(
+            self.rule, prompt_tokens=prompt, common_prefix=prompt, n_ubatch=self.n_ubatch
+        )
+        self.seen += 1
+        self.hits += cached >= expected
+        if self.expected_min is None or expected < self.expected_min:
+            self.expected_min = expected
+        if slot is None:
+            self.slotted = False
+        else:
+            self.slots[slot] = _two_lowest(self.slots.get(slot, []), cached)
+        if len(self.lowest) < self.keep or cached < self.lowest[-1]:
+            bisect.insort(self.lowest, cached)
+            del self.lowest[self.keep :]
+
+    def tally(self) -> CacheTally | None:
+        """None without a reuse rule (hits are not judged)."""
+        if self.rule is None:
+            return None
+        return CacheTally(
+            seen=self.seen,
+            hits=self.hits,
+            expected_min=self.expected_min,
+            slotted=self.slotted,
+            slots=tuple(
+                (slot, lows[0], lows[1] if len(lows) > 1 else None)
+                for slot, lows in sorted(self.slots.items())
+            ),
+            lowest=tuple(self.lowest),
+        )
+
+
+def _two_lowest(lows: list[int], value: int) -> list[int]:
+    return sorted([*lows, value])[:2]
+
+
+def verdicts_of_tallies(
+    expectation: CacheExpectation, tallies: Sequence[CacheTally | None]
+) -> list[CacheVerdict]:
     """One verdict per rung of one cell, rungs in ladder order (slots stay warm across rungs).
 
     Every request of a cell sends the same prompt, so its designed shared prefix is all of it.
@@ -162,49 +232,41 @@ def rung_verdicts(
     be cold (and without lanes either, hits are not judged).
     """
     text = rule_text(expectation)
-    rule = expectation.rule
     used: set[int] = set()
     cold_left = expectation.lanes
     verdicts: list[CacheVerdict] = []
-    for rows in rungs:
-        seen = [a for a in (accounting(row) for row in rows) if a is not None]
-        if rule is None or not seen:
+    for tally in tallies:
+        if expectation.rule is None or tally is None or not tally.seen:
             verdicts.append(CacheVerdict(rule=text))
             continue
-        judged = sorted(
-            (
-                cached,
-                expected_cached_tokens(
-                    rule, prompt_tokens=prompt, common_prefix=prompt, n_ubatch=expectation.n_ubatch
-                ),
-                slot,
-            )
-            for prompt, cached, slot in seen
-        )
-        cold: set[int] = set()  # indices into ``judged``
-        if all(slot is not None for _, _, slot in judged):
-            for index, (_, _, slot) in enumerate(judged):
-                assert slot is not None
-                if slot not in used:
+        warm_lows: list[int | None]
+        if tally.slotted:
+            warm_lows = []
+            cold = 0
+            for slot, lowest, second in tally.slots:
+                if slot in used:
+                    warm_lows.append(lowest)
+                else:
                     used.add(slot)
-                    cold.add(index)
+                    cold += 1
+                    warm_lows.append(second)
         elif cold_left is not None:
-            take = min(cold_left, len(judged))
-            cold_left -= take
-            cold = set(range(take))
+            cold = min(cold_left, tally.seen)
+            cold_left -= cold
+            warm_lows = [tally.lowest[cold] if cold < tally.seen else None]
         else:
             verdicts.append(CacheVerdict(rule=text))
             continue
-        warm = [entry for index, entry in enumerate(judged) if index not in cold]
-        expected_hits = len(warm)
-        observed_hits = sum(1 for cached, expected, _ in judged if cached >= expected)
+        expected_hits = tally.seen - cold
         verdicts.append(
             CacheVerdict(
                 expected_hits=expected_hits,
-                observed_hits=observed_hits,
-                expected_cached_tokens=min(expected for _, expected, _ in judged),
-                observed_cached_tokens_min=min((c for c, _, _ in warm), default=None),
-                shortfall=observed_hits < expected_hits,
+                observed_hits=tally.hits,
+                expected_cached_tokens=tally.expected_min,
+                observed_cached_tokens_min=min(
+                    (low for low in warm_lows if low is not None), default=None
+                ),
+                shortfall=tally.hits < expected_hits,
                 rule=text,
             )
         )

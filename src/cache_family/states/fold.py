@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
@@ -57,16 +57,22 @@ from cache_family.schemas.journal import (
     Ready,
     ReceiptPublished,
     Record,
-    RequestOutcome,
     RowOpened,
     RungCompleted,
+    RungRows,
     RunResumed,
     RunStarted,
     Transition,
     WarmupExclusion,
     decode_line,
 )
-from cache_family.schemas.measurement import HostCleanup, RequestRow, RungSummary, SerialSummary
+from cache_family.schemas.measurement import (
+    CacheTally,
+    HostCleanup,
+    RequestRow,
+    RungSummary,
+    SerialSummary,
+)
 from cache_family.schemas.receipts import (
     CORRECTNESS_UNRECORDED,
     ArmObservation,
@@ -89,11 +95,9 @@ from cache_family.schemas.receipts import (
     evidence_class,
 )
 from cache_family.schemas.request_rows import RequestRowLine, RowsFileDigest
-from cache_family.states import metrics
-from cache_family.states.cache_reuse import rung_verdicts
+from cache_family.states.cache_reuse import verdicts_of_tallies
 from cache_family.states.calibration import (
     NEAR_OVERHEAD_FACTOR,
-    first_content_with_final,
     near_client_overhead,
     rung_latencies,
 )
@@ -191,7 +195,8 @@ class CellFold:
         self.pins_after: dict[str, PinEntry] = {}
         self.drifted = False
         self.cleanup: HostCleanup | None = None
-        self.rows: dict[int, list[RequestRow]] = {}
+        # The cell's ``rung_rows`` records in journal order: its rows file, segment by segment.
+        self.segments: list[RungRows] = []
         self.rung_concurrency: dict[int, int] = {}
         self.rungs: dict[int, RungCompleted] = {}
         self.host_retained: dict[int, bool | None] = {}
@@ -272,8 +277,8 @@ class CellFold:
             self.ready = record
         elif isinstance(record, WarmupExclusion):
             self.exclusions.setdefault(record.rung_index, []).extend(record.request_ids)
-        elif isinstance(record, RequestOutcome):
-            self.rows.setdefault(record.rung_index, []).append(record.row)
+        elif isinstance(record, RungRows):
+            self.segments.append(record)
             self.rung_concurrency.setdefault(record.rung_index, record.concurrency)
         elif isinstance(record, RungCompleted):
             self._rung(seq, record)
@@ -355,19 +360,16 @@ class CellFold:
 
     # -- the receipt -----------------------------------------------------------------------
 
-    def receipt(self, *, through_seq: int | None = None) -> CellReceipt:
-        """The cell's receipt as of the lines applied so far (pure; call any time)."""
-        return self.receipt_and_rows(through_seq=through_seq)[0]
-
-    def receipt_and_rows(
-        self, *, through_seq: int | None = None
-    ) -> tuple[CellReceipt, tuple[RequestRowLine, ...]]:
-        """The receipt and, when its rows went to the rows file (``Measurement.rows_file``),
-        that file's lines; else no lines (the rows are inline)."""
+    def receipt(
+        self, *, through_seq: int | None = None, rows: RowsSource | None = None
+    ) -> CellReceipt:
+        """The cell's receipt as of the lines applied so far (pure; call any time). A cell of
+        at most ``INLINE_ROWS_MAX`` rows lists them inline, read through ``rows`` (without
+        it, none are listed: a row's fold needs only the summaries); a larger one names its
+        rows file instead (``Measurement.rows_file``)."""
         status = self.ceiling
         faults = list(self.faults)
-        inline, measurement_problems = self._measurement()
-        measurement, moved = _rows_to_file(inline)
+        measurement, measurement_problems = self._measurement(rows)
 
         def inferred(kind: str, detail: str) -> None:
             nonlocal status
@@ -435,20 +437,63 @@ class CellFold:
             synthetic=synthetic,
             evidence_class=evidence_class(synthetic),
         )
-        return receipt, moved
+        return receipt
 
-    def _measurement(self) -> tuple[Measurement, list[str]]:
+    def digest_rows(self, segments: Sequence[RungRows]) -> Iterator[RequestRowLine]:
+        """A ``RowsSource`` from the journal alone: the rows of every rung whose facts keep
+        its requests' digests, as rows that hold only those (what parity compares)."""
+        del segments  # the facts already cover every segment of their rung
+        for index, record in sorted(self.rungs.items()):
+            for digest in record.tally.digests if record.tally else ():
+                yield RequestRowLine(
+                    rung_index=index,
+                    concurrency=record.concurrency,
+                    row=RequestRow(
+                        request_id=digest.request_id,
+                        status=digest.status,
+                        content_sha256=digest.content_sha256,
+                        first_chunk_sha256=digest.first_chunk_sha256,
+                    ),
+                )
+
+    def _rows(
+        self, rows: RowsSource | None, problems: list[str]
+    ) -> tuple[dict[int, list[RequestRow]], RowsFileDigest | None]:
+        """The rows listed inline by rung, or the rows file the receipt names instead."""
+        segments = self.segments
+        expected_first = 0
+        for segment in segments:
+            if segment.path != segments[0].path or segment.first_line != expected_first:
+                problems.append(
+                    f"rung {segment.rung_index}'s rows are not the next lines of the rows file"
+                    f" (line {segment.first_line} of {segment.path}, expected {expected_first})"
+                )
+            expected_first = segment.first_line + segment.count
+        inline: dict[int, list[RequestRow]] = {}
+        if sum(segment.count for segment in segments) > request_rows.INLINE_ROWS_MAX:
+            last = segments[-1]
+            return inline, RowsFileDigest(
+                path=last.path, count=last.first_line + last.count, sha256=last.sha256
+            )
+        if rows is not None and segments:
+            for line in rows(segments):
+                inline.setdefault(line.rung_index, []).append(line.row)
+        return inline, None
+
+    def _measurement(self, source: RowsSource | None) -> tuple[Measurement, list[str]]:
         opened = self.opened
         kind = opened.measurement_kind if opened else "concurrent"
         planned = opened.rungs if opened else ()
-        indices = sorted(set(range(len(planned))) | set(self.rows) | set(self.rungs))
+        journaled = {segment.rung_index for segment in self.segments}
+        indices = sorted(set(range(len(planned))) | journaled | set(self.rungs))
         problems: list[str] = []
+        inline, rows_file = self._rows(source, problems)
         rungs: list[RungReceipt] = []
         verdicts = self._cache_verdicts(indices)
         for index in indices:
             plan = planned[index] if index < len(planned) else None
             record = self.rungs.get(index)
-            rows = tuple(sorted(self.rows.get(index, ()), key=lambda row: row.request_id))
+            rows = tuple(sorted(inline.get(index, ()), key=lambda row: row.request_id))
             concurrency = (
                 record.concurrency
                 if record
@@ -457,15 +502,24 @@ class CellFold:
                 else self.rung_concurrency.get(index, 0)
             )
             requested = (
-                record.requested_requests if record else plan.requests if plan else len(rows)
+                record.requested_requests
+                if record
+                else plan.requests
+                if plan
+                else sum(s.count for s in self.segments if s.rung_index == index)
             )
             rung_summary: RungSummary | None = None
             serial_summary: SerialSummary | None = None
             refusals: tuple[str, ...] = ()
+            first_with_final: tuple[int, ...] = ()
             if record is not None:
-                rung_summary, serial_summary, refusals = _summarise(
-                    kind, rows, record, opened, concurrency=concurrency, requested=requested
-                )
+                if record.tally is None:
+                    refusals = ("fold.tally_missing",)
+                else:
+                    rung_summary = record.tally.rung_summary
+                    serial_summary = record.tally.serial_summary
+                    refusals = record.tally.summary_refusals
+                    first_with_final = record.tally.first_content_with_final_ids
             status = record.status if record else "not-run"
             if plan is None:
                 problems.append(f"rung {index} was not planned")
@@ -502,14 +556,18 @@ class CellFold:
                         record.client_overhead_ms if record else None,
                         (record.client_overhead_factor if record else None) or NEAR_OVERHEAD_FACTOR,
                     ),
-                    first_content_with_final_ids=(
-                        first_content_with_final(rows) if kind != "serial" else ()
-                    ),
+                    first_content_with_final_ids=first_with_final if kind != "serial" else (),
                 )
             )
         if not planned:
             problems.append("no rung was planned")
-        status = _measurement_status(planned=bool(planned), rungs=rungs, problems=problems)
+        status = _measurement_status(
+            planned=bool(planned),
+            rungs=rungs,
+            problems=problems,
+            rows_journaled=bool(self.segments),
+            completed_journaled=any(segment.completed for segment in self.segments),
+        )
         if self.terminal_refusal is not None:
             status = terminal_downgrade(status)
         measurement = Measurement(
@@ -520,6 +578,7 @@ class CellFold:
             terminal_refusal=self.terminal_refusal,
             ignore_eos=opened.ignore_eos if opened else None,
             cache_shortfall_rungs=tuple(i for i, v in sorted(verdicts.items()) if v.shortfall),
+            rows_file=rows_file,
         )
         return measurement, problems
 
@@ -528,78 +587,34 @@ class CellFold:
         expectation = self.opened.cache_expectation if self.opened else None
         if expectation is None:
             return {}
-        rosters = [self.rows.get(index, ()) for index in indices]
-        return dict(zip(indices, rung_verdicts(expectation, rosters), strict=True))
-
-
-def _rows_to_file(measurement: Measurement) -> tuple[Measurement, tuple[RequestRowLine, ...]]:
-    """A measurement with more than ``INLINE_ROWS_MAX`` rows names the rows file instead and
-    gives its lines (rung order, then request id: the order the inline receipt lists them)."""
-    if sum(len(rung.rows) for rung in measurement.rungs) <= request_rows.INLINE_ROWS_MAX:
-        return measurement, ()
-    lines = tuple(
-        RequestRowLine(rung_index=rung.rung_index, concurrency=rung.concurrency, row=row)
-        for rung in measurement.rungs
-        for row in rung.rows
-    )
-    count, sha256 = request_rows.rows_digest(lines)
-    return (
-        msgspec.structs.replace(
-            measurement,
-            rungs=tuple(msgspec.structs.replace(rung, rows=()) for rung in measurement.rungs),
-            rows_file=RowsFileDigest(
-                path=request_rows.REQUESTS_FILENAME, count=count, sha256=sha256
-            ),
-        ),
-        lines,
-    )
+        tallies: list[CacheTally | None] = []
+        for index in indices:
+            record = self.rungs.get(index)
+            tallies.append(record.tally.cache if record and record.tally else None)
+        return dict(zip(indices, verdicts_of_tallies(expectation, tallies), strict=True))
 
 
 def _measurement_status(
-    *, planned: bool, rungs: Sequence[RungReceipt], problems: Sequence[str]
+    *,
+    planned: bool,
+    rungs: Sequence[RungReceipt],
+    problems: Sequence[str],
+    rows_journaled: bool,
+    completed_journaled: bool,
 ) -> ReceiptStatus:
     """The measurement level's status before any terminal refusal: ``unmeasured`` with nothing
     planned, ``not-run`` when no rung reported and no request was journaled, ``completed``
     with nothing missing, ``incomplete`` when some evidence was produced, else ``failed``."""
     if not planned:
         return "unmeasured"
-    if all(rung.status == "not-run" and not rung.rows for rung in rungs):
+    if all(rung.status == "not-run" for rung in rungs) and not rows_journaled:
         return "not-run"
     if not problems:
         return "completed"
-    produced = any(rung.status in ("completed", "incomplete") for rung in rungs) or any(
-        row.status == "completed" for rung in rungs for row in rung.rows
+    produced = completed_journaled or any(
+        rung.status in ("completed", "incomplete") for rung in rungs
     )
     return "incomplete" if produced else "failed"
-
-
-def _summarise(
-    kind: str,
-    rows: tuple[RequestRow, ...],
-    record: RungCompleted,
-    opened: CellOpened | None,
-    *,
-    concurrency: int,
-    requested: int,
-) -> tuple[RungSummary | None, SerialSummary | None, tuple[str, ...]]:
-    """A reported rung's summary from the metrics functions (a rung summary for a concurrent
-    cell, a serial one for a serial cell), or the codes the roster was refused with."""
-    try:
-        if kind == "serial":
-            return None, metrics.serial_summary(rows, requested=requested), ()
-        if record.makespan_seconds is None:
-            return None, None, ("fold.makespan_missing",)
-        summary = metrics.rung_summary(
-            rows,
-            concurrency=concurrency,
-            requested_requests=requested,
-            makespan_seconds=record.makespan_seconds,
-            ttft_slo_ms=opened.ttft_slo_ms if opened else None,
-            tpot_slo_ms=opened.tpot_slo_ms if opened else None,
-        )
-    except Refused as refused:
-        return None, None, tuple(sorted(set(refused.codes)))
-    return summary, None, ()
 
 
 def lines_through(lines: Iterable[JournalLine], through_seq: int | None) -> Iterable[JournalLine]:
@@ -621,22 +636,25 @@ def _apply_through(
     return last if through_seq is None else through_seq
 
 
+RowsSource = Callable[[Sequence[RungRows]], Iterable[RequestRowLine]]
+"""The lines of a cell's rows file that its ``rung_rows`` records name, in file order (an
+actor streams them and checks each record's digest: ``actors/request_rows.py``)."""
+
+
 def fold_cell(
-    lines: Iterable[JournalLine], cell_id: str, *, through_seq: int | None = None
+    lines: Iterable[JournalLine],
+    cell_id: str,
+    *,
+    through_seq: int | None = None,
+    rows: RowsSource | None = None,
 ) -> CellReceipt:
-    """``cell.json`` of ``cell_id`` from the journal lines up to ``through_seq``.
+    """``cell.json`` of ``cell_id`` from the journal lines up to ``through_seq``, its inline
+    rows (a cell of at most ``INLINE_ROWS_MAX``) read through ``rows``.
 
     ``lines`` may be the whole journal or any seq-ordered subset holding the run-wide lines and
     the cell's own (``JournalIndex.lines_for_cell``). Refused with ``fold.cell.unknown`` when
     no ``cell_opened`` record names the cell.
     """
-    return fold_cell_with_rows(lines, cell_id, through_seq=through_seq)[0]
-
-
-def fold_cell_with_rows(
-    lines: Iterable[JournalLine], cell_id: str, *, through_seq: int | None = None
-) -> tuple[CellReceipt, tuple[RequestRowLine, ...]]:
-    """``fold_cell`` and the lines of the rows file its receipt names (none when inline)."""
     fold = CellFold(cell_id)
     through = _apply_through(fold, lines, through_seq)
     if fold.opened is None:
@@ -646,7 +664,7 @@ def fold_cell_with_rows(
             f"the journal opens no cell {cell_id!r}",
             "check the cell id; a receipt can only be folded for a journaled cell",
         )
-    return fold.receipt_and_rows(through_seq=through)
+    return fold.receipt(through_seq=through, rows=rows)
 
 
 # --- rows -----------------------------------------------------------------------------------
@@ -723,7 +741,10 @@ class RowFold:
     def receipt(self, *, through_seq: int | None = None) -> RowReceipt:
         opened = self.opened
         through = self.last_seq if through_seq is None else through_seq
-        cell_receipts = [fold.receipt(through_seq=through) for fold in self.cells.values()]
+        # Parity compares the paired cells' requests by the digests their facts keep.
+        cell_receipts = [
+            fold.receipt(through_seq=through, rows=fold.digest_rows) for fold in self.cells.values()
+        ]
         observations: list[ArmObservation] = []
         planned_statuses: list[ReceiptStatus] = []
         used: set[str] = set()
@@ -1154,7 +1175,10 @@ def _row_of(record: object) -> int | None:
 Refolder = Callable[[JournalIndex, ReceiptPublished], bytes]
 
 
-def _refold_cell(index: JournalIndex, published: ReceiptPublished) -> bytes:
+def refold_cell(
+    index: JournalIndex, published: ReceiptPublished, rows: RowsSource | None = None
+) -> bytes:
+    """``refold`` of a cell receipt, its inline rows read through ``rows``."""
     if published.cell_id is None:
         raise _bad_publication(published, "names no cell_id")
     return encode_receipt(
@@ -1162,6 +1186,7 @@ def _refold_cell(index: JournalIndex, published: ReceiptPublished) -> bytes:
             index.lines_for_cell(published.cell_id),
             published.cell_id,
             through_seq=published.through_seq,
+            rows=rows,
         )
     )
 
@@ -1180,7 +1205,7 @@ def _refold_row(index: JournalIndex, published: ReceiptPublished) -> bytes:
 
 # Receipt scopes replay can re-fold. Another pure module adds its own (the matrix receipt)
 # with ``register_refolder`` at import time; ``actors/replay.py`` imports such modules.
-REFOLDERS: dict[str, Refolder] = {"cell": _refold_cell, "row": _refold_row}
+REFOLDERS: dict[str, Refolder] = {"cell": refold_cell, "row": _refold_row}
 
 
 def register_refolder(scope: str, refolder: Refolder) -> None:

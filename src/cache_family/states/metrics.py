@@ -222,11 +222,15 @@ class RungAccumulator:
             "record a row for every planned request, including not-launched ones",
         )
 
+    def refusals(self) -> list[Refusal]:
+        """Why the roster cannot be summarised: its ids, then its rows' numbers."""
+        roster = self._roster_refusal()
+        return ([roster] if roster is not None else []) + self._refusals
+
     def summary(self, *, concurrency: int, makespan_seconds: float) -> RungSummary:
         """The rung's summary; raises ``Refused`` with every reason it cannot."""
         path = self._path
-        roster = self._roster_refusal()
-        refusals = ([roster] if roster is not None else []) + self._refusals
+        refusals = self.refusals()
         if not math.isfinite(makespan_seconds):
             refusals.append(
                 Refusal(
@@ -321,26 +325,54 @@ def _indices_above(seen: bytearray, value: int, limit: int) -> list[int]:
 
 def serial_summary(rows: Sequence[RequestRow], *, requested: int, path: str = "$") -> SerialSummary:
     """Warm statistics of a serial baseline; the excluded warmup row never counts."""
-    refusals = roster_refusals(rows, requested, path)
-    if refusals:
-        raise Refused(tuple(refusals))
-    warm = sorted((row for row in rows if is_successful(row)), key=lambda row: row.request_id)
-    latencies = [row.elapsed_ms for row in warm if row.elapsed_ms is not None]
-    cache_hits = tuple(
-        row.timings.cache_n
-        for row in warm
-        if row.timings is not None and row.timings.cache_n is not None
-    )
-    return SerialSummary(
-        warm_mean_ms=mean(latencies),
-        warm_median_ms=median(latencies),
-        excluded_runs=sum(1 for row in rows if row.excluded_warmup),
-        warm_requests=len(warm),
-        warm_cache_n=cache_hits,
-        # Only a claim about every warm request: one without a reported cache_n voids it.
-        warm_cache_n_min=min(cache_hits) if cache_hits and len(cache_hits) == len(warm) else None,
-        complete=all(row.status == "completed" for row in rows),
-    )
+    serial = SerialAccumulator(requested, path=path)
+    for row in rows:
+        serial.add(row)
+    return serial.summary()
+
+
+class SerialAccumulator:
+    """``serial_summary`` of rows given one at a time, in any order (the one definition):
+    the roster check of ``RungAccumulator``, the warm latencies as 8-byte floats and the warm
+    requests' reported ``cache_n`` by request id."""
+
+    def __init__(self, requested: int, *, path: str = "$") -> None:
+        self._roster = RungAccumulator(requested, path=path, compact=True)
+        self._latencies = array("d")
+        self._cache_n: list[tuple[int, int]] = []
+        self._warm = self._excluded = 0
+        self._all_completed = True
+
+    def add(self, row: RequestRow) -> None:
+        self._roster.add(row)
+        self._excluded += row.excluded_warmup
+        self._all_completed &= row.status == "completed"
+        if not is_successful(row):
+            return
+        self._warm += 1
+        if row.elapsed_ms is not None:
+            self._latencies.append(row.elapsed_ms)
+        if row.timings is not None and row.timings.cache_n is not None:
+            self._cache_n.append((row.request_id, row.timings.cache_n))
+
+    def summary(self) -> SerialSummary:
+        """The summary; raises ``Refused`` with every reason the roster cannot give one."""
+        refusals = self._roster.refusals()
+        if refusals:
+            raise Refused(tuple(refusals))
+        cache_hits = tuple(cache_n for _, cache_n in sorted(self._cache_n))
+        return SerialSummary(
+            warm_mean_ms=mean(self._latencies),
+            warm_median_ms=median(self._latencies),
+            excluded_runs=self._excluded,
+            warm_requests=self._warm,
+            warm_cache_n=cache_hits,
+            # Only a claim about every warm request: one without a reported cache_n voids it.
+            warm_cache_n_min=(
+                min(cache_hits) if cache_hits and len(cache_hits) == self._warm else None
+            ),
+            complete=self._all_completed,
+        )
 
 
 def _rate(count: int, seconds: float) -> float:
