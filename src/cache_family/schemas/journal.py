@@ -30,7 +30,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-from collections.abc import Iterable, Iterator
+import operator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Final, TypeAlias, get_args
 
@@ -505,7 +506,10 @@ UNKNOWN_FIELD: Final = "journal.record.unknown_field"
 NEWER_WRITER_CODES: Final = frozenset((UNKNOWN_TYPE, UNKNOWN_FIELD))
 
 
-class JournalLine(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class JournalLine(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
+    # Untracked by the cyclic collector (it holds only numbers, a string and a frozen record,
+    # so it can close no cycle): a replay holds millions, and the collector would otherwise
+    # walk them all again at every full collection.
     seq: int
     mono_ns: int
     wall_ns: int
@@ -531,6 +535,8 @@ _LOOSE_DECODER: Final = msgspec.json.Decoder(_LooseLine)
 _LOOSE_RECORD_DECODER: Final = msgspec.json.Decoder(_LooseRecord)
 # A line's bytes up to its record: JournalLine's fields in declaration order.
 _LINE_HEAD: Final = b'{"seq":%d,"mono_ns":%d,"wall_ns":%d,"prev":"%s","record":'
+# A whole line from its head's fields and its encoded record, in one formatting step.
+_LINE_FORMAT: Final = _LINE_HEAD + b"%s}"
 _sha256: Final = hashlib.sha256
 
 
@@ -573,8 +579,11 @@ class JournalChain:
         The bytes are exactly ``encode_line`` of the :class:`JournalLine` (its fields in
         declaration order, integers as JSON writes them), without building that struct.
         """
-        data = b"%s%s}" % (
-            _LINE_HEAD % (self.next_seq, mono_ns, wall_ns, self.prev.encode()),
+        data = _LINE_FORMAT % (
+            self.next_seq,
+            mono_ns,
+            wall_ns,
+            self.prev.encode(),
             _ENCODER.encode(record),
         )
         self.prev = _sha256(data).hexdigest()
@@ -582,20 +591,31 @@ class JournalChain:
         return data + b"\n"
 
     def encode_many(self, items: list[tuple[Record, int, int]]) -> list[bytes]:
-        """``encode`` for each (record, mono_ns, wall_ns) in order, the records encoded in one
-        call (JSON strings escape every newline, so the encoded records split cleanly)."""
-        if not items:
+        """``encode`` for each (record, mono_ns, wall_ns) in order, in one batch."""
+        records, monos, walls = zip(*items, strict=True) if items else ((), (), ())
+        return [data + b"\n" for data in self.encode_batch(records, monos, walls)]
+
+    def encode_batch(
+        self, records: Sequence[Record], monos: Sequence[int], walls: Sequence[int]
+    ) -> list[bytes]:
+        """Chain ``records`` (stamped ``monos[i]``, ``walls[i]``) and return each line's bytes
+        WITHOUT the newline: the writer's hot path, so the loop does only what the per-line
+        chain needs (one format, one SHA-256 per line). The records are encoded in one call;
+        JSON strings escape every newline, so the encoded records split cleanly."""
+        if not records:
             return []
-        records = _ENCODER.encode_lines([record for record, _, _ in items]).split(b"\n")
+        encoded = _ENCODER.encode_lines(records).split(b"\n")
+        encoded.pop()  # the empty piece after the last newline
         out: list[bytes] = []
-        head, sha256 = _LINE_HEAD, _sha256
-        seq, prev = self.next_seq, self.prev.encode()
-        for (_, mono_ns, wall_ns), encoded in zip(items, records, strict=False):
-            data = b"%s%s}" % (head % (seq, mono_ns, wall_ns, prev), encoded)
+        append, line_format, sha256 = out.append, _LINE_FORMAT, _sha256
+        first, prev = self.next_seq, self.prev.encode()
+        for seq, mono_ns, wall_ns, record in zip(
+            range(first, first + len(records)), monos, walls, encoded, strict=True
+        ):
+            data = line_format % (seq, mono_ns, wall_ns, prev, record)
             prev = sha256(data).hexdigest().encode()
-            out.append(data + b"\n")
-            seq += 1
-        self.next_seq, self.prev = seq, prev.decode()
+            append(data)
+        self.next_seq, self.prev = first + len(out), prev.decode()
         return out
 
     def seal(
@@ -805,7 +825,10 @@ def _gc_paused() -> Iterator[None]:
 def _read_intact(data: bytes) -> JournalRead | None:
     """The common case in one pass: every line decodes typed (in one ``decode_lines`` call),
     seqs run 1..n and each ``prev`` is its predecessor's SHA-256. None at the first doubt:
-    ``_read_checked`` then finds and names the break line by line."""
+    ``_read_checked`` then finds and names the break line by line.
+
+    Each step runs over all lines inside C (``map``, list comparison): per line there is only
+    the decode, one SHA-256 and its hex, no Python bytecode."""
     if not data.endswith(b"\n"):
         return None
     try:
@@ -814,17 +837,21 @@ def _read_intact(data: bytes) -> JournalRead | None:
         return None
     raw_lines = data.split(b"\n")
     raw_lines.pop()
-    if len(raw_lines) != len(lines):
+    count = len(lines)
+    if len(raw_lines) != count:
         return None
-    shas: list[str] = []
-    prev = GENESIS_PREV
-    sha256 = hashlib.sha256
-    for seq, (line, raw) in enumerate(zip(lines, raw_lines, strict=True), start=1):
-        if line.seq != seq or line.prev != prev:
-            return None
-        prev = sha256(raw).hexdigest()
-        shas.append(prev)
+    shas = list(map(_HEXDIGEST, map(_sha256, raw_lines)))
+    if list(map(_SEQ, lines)) != list(range(1, count + 1)):
+        return None
+    prevs = list(map(_PREV, lines))
+    if count and (prevs[0] != GENESIS_PREV or prevs[1:] != shas[:-1]):
+        return None
     return JournalRead(lines=tuple(lines), line_sha256s=tuple(shas))
+
+
+_HEXDIGEST: Final = type(hashlib.sha256()).hexdigest
+_SEQ: Final = operator.attrgetter("seq")
+_PREV: Final = operator.attrgetter("prev")
 
 
 def _read_checked(data: bytes) -> JournalRead:
