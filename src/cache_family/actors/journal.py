@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, TypeVar, cast
 
 import trio
 
@@ -59,10 +59,12 @@ JOURNAL_READ_LIMIT: Final = 4 * 1024 * 1024 * 1024
 # Buffered observations are written once they reach this much, durable point or not.
 FLUSH_BYTES: Final = 1024 * 1024
 
-# A queued record: (mono_ns, wall_ns, record); its seq is its place in the queue (the first
-# queued one's is the chain's next). A tuple, not a class: it is made once per append on the
-# hot path. A state change's wait is a ``_SyncRequest`` through its seq, queued beside it.
-_Pending = tuple[int, int, Record]
+# The queue is one flat list of (mono_ns, wall_ns, record) triples: a record's seq is its
+# place in it (the first queued one's is the chain's next). Flat, because an append then
+# allocates nothing that outlives it (a queued tuple per record kept the cyclic collector
+# busy) and a batch splits into its columns by three strided slices. A state change's wait
+# is a ``_SyncRequest`` through its seq, queued beside it.
+_FIELDS: Final = 3
 
 
 @dataclass(slots=True)
@@ -132,7 +134,9 @@ class JournalWriter:
         self._state = "created"
         self._failure: BaseException | None = None
         self._fd: int | None = None
-        self._queue: deque[_Pending] = deque()
+        self._queue: list[int | Record] = []
+        # Triples before this one are taken (see ``_take``).
+        self._queue_head = 0
         # In ``through`` order: each is answered once everything through it is written.
         self._syncs: deque[_SyncRequest] = deque()
         self._wakeup = trio.Event()
@@ -186,7 +190,7 @@ class JournalWriter:
             # called once per request row).
             seq = self._next_seq
             mono_ns = self._clock_ns() + self._clock_offset_ns
-            self._queue.append((mono_ns, self._wall_ns(), record))
+            self._queue += (mono_ns, self._wall_ns(), record)
             self._next_seq = seq + 1
             if self._asleep:
                 self._asleep = False
@@ -289,7 +293,7 @@ class JournalWriter:
             )
         seq = self._next_seq
         mono_ns = self._clock_ns() + self._clock_offset_ns
-        self._queue.append((mono_ns, self._wall_ns(), record))
+        self._queue += (mono_ns, self._wall_ns(), record)
         self._wakeup.set()
         self._next_seq += 1
         if self._on_record is not None:
@@ -330,10 +334,10 @@ class JournalWriter:
                 self._clock_ns = lambda: round(clock.current_time() * 1e9)
         self._state = "running"
         task_status.started(self)
-        queue, syncs = self._queue, self._syncs
+        syncs = self._syncs
         try:
             while True:
-                if not queue and not syncs:
+                if not self.queued and not syncs:
                     if self._closing:
                         break
                     self._asleep = True
@@ -341,14 +345,9 @@ class JournalWriter:
                     self._wakeup = trio.Event()
                     self._asleep = False
                     continue
-                if len(queue) <= self._batch_max:
-                    batch = list(queue)
-                    queue.clear()
-                else:
-                    batch = [queue.popleft() for _ in range(self._batch_max)]
                 # Written without a checkpoint: no cancellation can split a batch.
-                self._write_batch(batch, force_sync=False)
-                if queue:
+                self._write_batch(self._take(self._batch_max), force_sync=False)
+                if self.queued:
                     await trio.lowlevel.checkpoint()  # a long backlog never starves the loop
         except BaseException as exc:
             if self._failure is None and not isinstance(exc, trio.Cancelled):
@@ -361,8 +360,7 @@ class JournalWriter:
 
     async def _finish(self) -> None:
         self._closing = True
-        rest = list(self._queue)
-        self._queue.clear()
+        rest = self._take(self.queued)
         try:
             if self._failure is None and self._fd is not None:
                 self._write_batch(rest, force_sync=True)
@@ -378,7 +376,28 @@ class JournalWriter:
             self._finished.set()
             self._progress.set()
 
-    def _write_batch(self, batch: list[_Pending], *, force_sync: bool) -> None:
+    @property
+    def queued(self) -> int:
+        """Records appended and not yet taken by the writer task."""
+        return len(self._queue) // _FIELDS - self._queue_head
+
+    def _take(self, most: int) -> list[int | Record]:
+        """The next ``most`` (or fewer) queued triples, flat, in order."""
+        queue, head = self._queue, self._queue_head
+        if self.queued <= most:
+            taken = queue[head * _FIELDS :] if head else queue
+            self._queue, self._queue_head = [], 0
+            return taken
+        self._queue_head = head + most
+        taken = queue[head * _FIELDS : (head + most) * _FIELDS]
+        if self._queue_head * 2 > len(queue) // _FIELDS:
+            # Drop what was taken once it is half the list: amortised O(1) per record, and a
+            # long backlog does not keep the list's head alive.
+            del queue[: self._queue_head * _FIELDS]
+            self._queue_head = 0
+        return taken
+
+    def _write_batch(self, batch: list[int | Record], *, force_sync: bool) -> None:
         """Chain the batch into the buffer; write (and fsync) the buffer when the batch holds a
         state change, when a sync request waits for it, when ``force_sync``, or when the buffer
         is full. Per record this does only the chain's own work (``encode_batch``): the rest
@@ -386,7 +405,9 @@ class JournalWriter:
         waiting: list[trio.Event] = []
         must_write = must_sync = force_sync
         if batch:
-            monos, walls, records = zip(*batch, strict=True)
+            monos = cast(list[int], batch[0::_FIELDS])
+            walls = cast(list[int], batch[1::_FIELDS])
+            records = cast(list[Record], batch[2::_FIELDS])
             if not self._buffered:
                 self._buffered_first = self._chain.next_seq
             datas = self._chain.encode_batch(records, monos, walls)
@@ -395,7 +416,7 @@ class JournalWriter:
             # A line's bytes plus its newline.
             self._buffered_bytes += sum(map(len, datas)) + len(datas)
         chained = self._chain.next_seq - 1
-        if chained + len(self._queue) != self._next_seq - 1:
+        if chained + self.queued != self._next_seq - 1:
             raise AssertionError(f"journal chained {chained} + queued != {self._next_seq - 1}")
         syncs = self._syncs
         while syncs and syncs[0].through <= chained:
