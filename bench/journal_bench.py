@@ -204,9 +204,15 @@ def appends_only(count: int, directory: str) -> None:
     path = os.path.join(directory, f"ab-{os.getpid()}.jsonl")
     seconds, cpu_seconds = trio.run(_ours_appends, path, records)
     data = Path(path).read_bytes()
-    start, cpu = time.perf_counter(), time.process_time()
-    lines = len(read_journal(data).lines)
-    replay_s, replay_cpu = time.perf_counter() - start, time.process_time() - cpu
+    # The best of three reads: one read is as short as a load spike on a shared machine.
+    replay_s = replay_cpu = float("inf")
+    for _ in range(3):
+        start, cpu = time.perf_counter(), time.process_time()
+        read = read_journal(data)
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        lines = len(read.lines)
+        del read
+        replay_s, replay_cpu = min(replay_s, elapsed), min(replay_cpu, cpu)
     print(
         f"{count / seconds:.0f} {lines / replay_s:.0f} "
         f"{count / cpu_seconds:.0f} {lines / replay_cpu:.0f}"

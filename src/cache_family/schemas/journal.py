@@ -876,10 +876,7 @@ def _gc_paused() -> Iterator[None]:
 def _read_intact(data: bytes) -> JournalRead | None:
     """The common case in one pass: every line decodes typed (in one ``decode_lines`` call),
     seqs run 1..n and each ``prev`` is its predecessor's SHA-256. None at the first doubt:
-    ``_read_checked`` then finds and names the break line by line.
-
-    Each step runs over all lines inside C (``map``, list comparison): per line there is only
-    the decode, one SHA-256 and its hex, no Python bytecode."""
+    ``_read_checked`` then finds and names the break line by line."""
     if not data.endswith(b"\n"):
         return None
     try:
@@ -888,21 +885,17 @@ def _read_intact(data: bytes) -> JournalRead | None:
         return None
     raw_lines = data.split(b"\n")
     raw_lines.pop()
-    count = len(lines)
-    if len(raw_lines) != count:
+    if len(raw_lines) != len(lines):
         return None
-    shas = list(map(_HEXDIGEST, map(_sha256, raw_lines)))
-    if list(map(_SEQ, lines)) != list(range(1, count + 1)):
-        return None
-    prevs = list(map(_PREV, lines))
-    if count and (prevs[0] != GENESIS_PREV or prevs[1:] != shas[:-1]):
-        return None
+    shas: list[str] = []
+    prev = GENESIS_PREV
+    sha256 = hashlib.sha256
+    for seq, (line, raw) in enumerate(zip(lines, raw_lines, strict=True), start=1):
+        if line.seq != seq or line.prev != prev:
+            return None
+        prev = sha256(raw).hexdigest()
+        shas.append(prev)
     return JournalRead(lines=tuple(lines), line_sha256s=tuple(shas))
-
-
-_HEXDIGEST: Final = type(hashlib.sha256()).hexdigest
-_SEQ: Final = operator.attrgetter("seq")
-_PREV: Final = operator.attrgetter("prev")
 
 
 def _read_checked(data: bytes) -> JournalRead:
