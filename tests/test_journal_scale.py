@@ -154,32 +154,25 @@ async def test_a_backlog_longer_than_a_batch_keeps_call_order_and_durable_waits(
     state change queued behind the backlog returns only once it and all before it are
     fsynced."""
     writer = JournalWriter(journal_path(str(tmp_path)), batch_max=4)
-    # (seq, durable_seq) when the state change's append returned.
-    returned: list[tuple[int, int]] = []
-
-    async def state_change() -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        # No checkpoint until the state change is queued: it waits behind 23 records, six
+        # batches' worth.
+        seqs = [writer.append_nowait(PortReserved(cell_id="c", port=i)) for i in range(23)]
         seq = await writer.append(
             Transition(machine="cell", cell_id="c", from_state="a", event="b", to_state="c")
         )
-        returned.append((seq, writer.durable_seq))
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(writer.run)
-        seqs = [writer.append_nowait(PortReserved(cell_id="c", port=i)) for i in range(23)]
-        nursery.start_soon(state_change)
-        await trio.lowlevel.checkpoint()  # the state change is queued behind the backlog
+        assert seq == 24 and writer.durable_seq >= 24
         seqs += [writer.append_nowait(PortReserved(cell_id="c", port=100 + i)) for i in range(9)]
-        through = await writer.sync()
-        assert through == 33 and writer.durable_seq == 33
+        assert await writer.sync() == 33 and writer.durable_seq == 33
         await writer.aclose()
-    [(seq, durable)] = returned
-    assert seq == 24 and durable >= 24
     read = read_journal(Path(writer.path).read_bytes())
     assert read.chain_break is None
-    ports = [line.record.port for line in read.lines if isinstance(line.record, PortReserved)]
-    assert ports == [*range(23), *range(100, 109)]
     assert [line.seq for line in read.lines] == list(range(1, 34))
     assert seqs == [*range(1, 24), *range(25, 34)]
+    ports = [line.record.port for line in read.lines if isinstance(line.record, PortReserved)]
+    assert ports == [*range(23), *range(100, 109)]
+    assert isinstance(read.lines[23].record, Transition)
 
 
 async def test_the_default_clock_stamps_trios_own_time(tmp_path: Path) -> None:
