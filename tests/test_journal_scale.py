@@ -142,3 +142,46 @@ async def test_the_writers_index_folds_exactly_what_the_file_holds(
         assert live.lines_for_row(1) == from_file.lines_for_row(1)
         await writer.aclose()
     assert msgspec.json.decode(Path(writer.path).read_bytes().split(b"\n")[0])["seq"] == 1
+
+
+async def test_a_backlog_longer_than_a_batch_keeps_call_order_and_durable_waits(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    """The writer takes a long backlog a few records at a time; seqs stay call order and a
+    state change queued behind the backlog returns only once it and all before it are
+    fsynced."""
+    writer = JournalWriter(journal_path(str(tmp_path)), batch_max=4)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        # No checkpoint until the state change is queued: it waits behind 23 records, six
+        # batches' worth.
+        seqs = [writer.append_nowait(PortReserved(cell_id="c", port=i)) for i in range(23)]
+        seq = await writer.append(
+            Transition(machine="cell", cell_id="c", from_state="a", event="b", to_state="c")
+        )
+        assert seq == 24 and writer.durable_seq >= 24
+        seqs += [writer.append_nowait(PortReserved(cell_id="c", port=100 + i)) for i in range(9)]
+        assert await writer.sync() == 33 and writer.durable_seq == 33
+        await writer.aclose()
+    read = read_journal(Path(writer.path).read_bytes())
+    assert read.chain_break is None
+    assert [line.seq for line in read.lines] == list(range(1, 34))
+    assert seqs == [*range(1, 24), *range(25, 34)]
+    ports = [line.record.port for line in read.lines if isinstance(line.record, PortReserved)]
+    assert ports == [*range(23), *range(100, 109)]
+    assert isinstance(read.lines[23].record, Transition)
+
+
+async def test_the_default_clock_stamps_trios_own_time(tmp_path: Path) -> None:
+    """With trio's system clock the writer reads ``perf_counter_ns`` plus the clock's offset:
+    the stamp must still be trio's time (what deadlines and budgets are computed in)."""
+    writer = JournalWriter(journal_path(str(tmp_path)))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        before = round(trio.current_time() * 1e9)
+        writer.append_nowait(PortReserved(cell_id="c", port=1))
+        after = round(trio.current_time() * 1e9)
+        await writer.aclose()
+    [line] = read_journal(Path(writer.path).read_bytes()).lines
+    # Within a nanosecond of rounding on either side.
+    assert before - 1 <= line.mono_ns <= after + 1

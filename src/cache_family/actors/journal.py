@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, TypeVar, cast
 
 import trio
 
@@ -52,22 +52,26 @@ from cache_family.schemas.receipts import (
     decode_row_receipt,
     encode_receipt,
 )
-from cache_family.states.fold import EncodedLine, JournalIndex, fold_cell, fold_row
+from cache_family.states.fold import JournalIndex, fold_cell, fold_row
 
 # A week-long run journals a few million short lines; replay and resume read at most this much.
 JOURNAL_READ_LIMIT: Final = 4 * 1024 * 1024 * 1024
 # Buffered observations are written once they reach this much, durable point or not.
 FLUSH_BYTES: Final = 1024 * 1024
 
-# A queued record: (seq, mono_ns, wall_ns, record, done). A tuple, not a class: it is made
-# once per append on the hot path.
-_Pending = tuple[int, int, int, Record, trio.Event | None]
+# The queue is one flat list of (mono_ns, wall_ns, record) triples: a record's seq is its
+# place in it (the first queued one's is the chain's next). Flat, because an append then
+# allocates nothing that outlives it (a queued tuple per record kept the cyclic collector
+# busy) and a batch splits into its columns by three strided slices. A state change's wait
+# is a ``_SyncRequest`` through its seq, queued beside it.
+_FIELDS: Final = 3
 
 
 @dataclass(slots=True)
 class _SyncRequest:
-    """Write everything before this point; fsync it too when ``durable``."""
+    """Write everything through seq ``through``; fsync it too when ``durable``."""
 
+    through: int
     done: trio.Event
     durable: bool = True
 
@@ -78,6 +82,17 @@ def journal_path(run_dir: str) -> str:
 
 def _trio_monotonic_ns() -> int:
     return round(trio.current_time() * 1e9)
+
+
+def _system_clock_offset_ns(clock: trio.abc.Clock) -> int | None:
+    """For trio's default clock (``offset + time.perf_counter()``), its offset in ns: its
+    reading is then ``time.perf_counter_ns()`` plus that (within a nanosecond), two C calls
+    instead of three Python-level ones. None for any other clock (the autojump clock)."""
+    offset = getattr(clock, "offset", None)
+    kind = type(clock)
+    if kind.__name__ != "SystemClock" or not kind.__module__.startswith("trio."):
+        return None
+    return round(offset * 1e9) if isinstance(offset, float) else None
 
 
 class JournalWriter:
@@ -102,6 +117,9 @@ class JournalWriter:
         self.fsync_count = 0
         self._fsync = fsync
         self._monotonic_ns = monotonic_ns
+        # The hot path reads ``_clock_ns() + _clock_offset_ns`` (see ``run``).
+        self._clock_ns = monotonic_ns
+        self._clock_offset_ns = 0
         self._wall_ns = wall_ns
         self._batch_max = batch_max
         self._flush_bytes = flush_bytes
@@ -116,11 +134,20 @@ class JournalWriter:
         self._state = "created"
         self._failure: BaseException | None = None
         self._fd: int | None = None
-        self._queue: deque[_Pending | _SyncRequest] = deque()
+        self._queue: list[int | Record] = []
+        # Triples before this one are taken (see ``_take``).
+        self._queue_head = 0
+        # In ``through`` order: each is answered once everything through it is written.
+        self._syncs: deque[_SyncRequest] = deque()
         self._wakeup = trio.Event()
+        # True while the writer task waits for work: only then does an append wake it.
+        self._asleep = False
         self._closing = False
-        # Chained but not yet written, and how many bytes they hold.
-        self._buffered: list[EncodedLine] = []
+        # Chained but not yet written: the lines' bytes (without newlines), their records,
+        # the first one's seq and how many bytes they hold.
+        self._buffered: list[bytes] = []
+        self._buffered_records: list[Record] = []
+        self._buffered_first = 1
         self._buffered_bytes = 0
         self._finished = trio.Event()
         self._progress = trio.Event()
@@ -158,16 +185,31 @@ class JournalWriter:
 
     def append_nowait(self, record: Record) -> int:
         """Stamp and queue ``record``; returns its seq. Never blocks, never checkpoints."""
-        return self._enqueue(record, None)
+        if self._failure is None and self._state == "running":
+            # The hot path: stamp and queue, nothing else (``_enqueue`` inlined: this is
+            # called once per request row).
+            seq = self._next_seq
+            mono_ns = self._clock_ns() + self._clock_offset_ns
+            self._queue += (mono_ns, self._wall_ns(), record)
+            self._next_seq = seq + 1
+            if self._asleep:
+                self._asleep = False
+                self._wakeup.set()
+            if self._on_record is not None:
+                self._on_record(record, mono_ns)
+            return seq
+        return self._enqueue(record)
 
     async def append(self, record: Record, *, durable: bool | None = None) -> int:
         """Queue ``record``; for a state change (or ``durable=True``) wait until it is fsynced."""
-        must_sync = record.durable if durable is None else durable
-        done = trio.Event() if must_sync else None
-        seq = self._enqueue(record, done)
-        if done is None:
+        seq = self._enqueue(record)
+        if not (record.durable if durable is None else durable):
             await trio.lowlevel.checkpoint()
             return seq
+        # Queued with the record, no checkpoint between: answered once it is written with
+        # everything before it, and fsynced.
+        done = trio.Event()
+        self._put(_SyncRequest(seq, done))
         await done.wait()
         self._raise_if_failed()
         return seq
@@ -176,7 +218,7 @@ class JournalWriter:
         """Wait until everything queued so far is written and fsynced; returns that seq."""
         self._raise_if_failed()
         done = trio.Event()
-        self._put(_SyncRequest(done))
+        self._put(_SyncRequest(self._next_seq - 1, done))
         await done.wait()
         self._raise_if_failed()
         return self._durable_seq
@@ -185,7 +227,7 @@ class JournalWriter:
         """Wait until line ``seq`` is written (not necessarily fsynced) or the writer stopped."""
         if self._written_seq < seq and not self._finished.is_set():
             # Buffered observations are written now rather than with the next state change.
-            self._put(_SyncRequest(trio.Event(), durable=False))
+            self._put(_SyncRequest(self._next_seq - 1, trio.Event(), durable=False))
         while self._written_seq < seq and not self._finished.is_set():
             await self._progress.wait()
         self._raise_if_failed()
@@ -216,7 +258,10 @@ class JournalWriter:
             terminal_refusal=terminal_refusal,
         )
         line, data = self._chain.seal(
-            record, self._bytes_digest, mono_ns=self._monotonic_ns(), wall_ns=self._wall_ns()
+            record,
+            self._bytes_digest,
+            mono_ns=self._clock_ns() + self._clock_offset_ns,
+            wall_ns=self._wall_ns(),
         )
         self._next_seq += 1
         with trio.CancelScope(shield=True):
@@ -230,17 +275,7 @@ class JournalWriter:
         self.head_sha256 = self._chain.prev
         return self._chain.prev
 
-    def _enqueue(self, record: Record, done: trio.Event | None) -> int:
-        if self._failure is None and self._state == "running":
-            # The hot path: stamp and queue, nothing else.
-            seq = self._next_seq
-            mono_ns = self._monotonic_ns()
-            self._queue.append((seq, mono_ns, self._wall_ns(), record, done))
-            self._wakeup.set()
-            self._next_seq = seq + 1
-            if self._on_record is not None:
-                self._on_record(record, mono_ns)
-            return seq
+    def _enqueue(self, record: Record) -> int:
         self._raise_if_failed()
         if self._state == "sealed":
             raise Refused.one(
@@ -257,8 +292,8 @@ class JournalWriter:
                 "journal before closing the writer",
             )
         seq = self._next_seq
-        mono_ns = self._monotonic_ns()
-        self._queue.append((seq, mono_ns, self._wall_ns(), record, done))
+        mono_ns = self._clock_ns() + self._clock_offset_ns
+        self._queue += (mono_ns, self._wall_ns(), record)
         self._wakeup.set()
         self._next_seq += 1
         if self._on_record is not None:
@@ -266,7 +301,7 @@ class JournalWriter:
         return seq
 
     def _put(self, request: _SyncRequest) -> None:
-        self._queue.append(request)
+        self._syncs.append(request)
         self._wakeup.set()
 
     def _raise_if_failed(self) -> None:
@@ -292,23 +327,27 @@ class JournalWriter:
         if self._monotonic_ns is _trio_monotonic_ns:
             # The same reading as trio.current_time(), without its per-call lookup.
             clock = trio.lowlevel.current_clock()
-            self._monotonic_ns = lambda: round(clock.current_time() * 1e9)
+            offset = _system_clock_offset_ns(clock)
+            if offset is not None:
+                self._clock_ns, self._clock_offset_ns = time.perf_counter_ns, offset
+            else:
+                self._clock_ns = lambda: round(clock.current_time() * 1e9)
         self._state = "running"
         task_status.started(self)
-        queue = self._queue
+        syncs = self._syncs
         try:
             while True:
-                if not queue:
+                if not self.queued and not syncs:
                     if self._closing:
                         break
+                    self._asleep = True
                     await self._wakeup.wait()
                     self._wakeup = trio.Event()
+                    self._asleep = False
                     continue
-                take = min(len(queue), self._batch_max)
-                batch = [queue.popleft() for _ in range(take)]
                 # Written without a checkpoint: no cancellation can split a batch.
-                self._write_batch(batch, force_sync=False)
-                if queue:
+                self._write_batch(self._take(self._batch_max), force_sync=False)
+                if self.queued:
                     await trio.lowlevel.checkpoint()  # a long backlog never starves the loop
         except BaseException as exc:
             if self._failure is None and not isinstance(exc, trio.Cancelled):
@@ -321,8 +360,7 @@ class JournalWriter:
 
     async def _finish(self) -> None:
         self._closing = True
-        rest = list(self._queue)
-        self._queue.clear()
+        rest = self._take(self.queued)
         try:
             if self._failure is None and self._fd is not None:
                 self._write_batch(rest, force_sync=True)
@@ -333,49 +371,74 @@ class JournalWriter:
                 os.close(self._fd)
                 self._fd = None
             self._state = "failed" if self._failure else "closed"
-            for item in rest:
-                done = item.done if isinstance(item, _SyncRequest) else item[4]
-                if done is not None:
-                    done.set()
+            while self._syncs:
+                self._syncs.popleft().done.set()
             self._finished.set()
             self._progress.set()
 
-    def _write_batch(self, batch: list[_Pending | _SyncRequest], *, force_sync: bool) -> None:
+    @property
+    def queued(self) -> int:
+        """Records appended and not yet taken by the writer task."""
+        return len(self._queue) // _FIELDS - self._queue_head
+
+    def _take(self, most: int) -> list[int | Record]:
+        """The next ``most`` (or fewer) queued triples, flat, in order."""
+        queue, head = self._queue, self._queue_head
+        if self.queued <= most:
+            taken = queue[head * _FIELDS :] if head else queue
+            self._queue, self._queue_head = [], 0
+            return taken
+        self._queue_head = head + most
+        taken = queue[head * _FIELDS : (head + most) * _FIELDS]
+        if self._queue_head * 2 > len(queue) // _FIELDS:
+            # Drop what was taken once it is half the list: amortised O(1) per record, and a
+            # long backlog does not keep the list's head alive.
+            del queue[: self._queue_head * _FIELDS]
+            self._queue_head = 0
+        return taken
+
+    def _write_batch(self, batch: list[int | Record], *, force_sync: bool) -> None:
         """Chain the batch into the buffer; write (and fsync) the buffer when the batch holds a
-        state change or a sync request, when ``force_sync``, or when the buffer is full."""
-        buffered = self._buffered
+        state change, when a sync request waits for it, when ``force_sync``, or when the buffer
+        is full. Per record this does only the chain's own work (``encode_batch``): the rest
+        runs over whole columns."""
         waiting: list[trio.Event] = []
-        pending: list[_Pending] = []
         must_write = must_sync = force_sync
-        for item in batch:
-            if isinstance(item, _SyncRequest):
-                waiting.append(item.done)
-                must_write = True
-                must_sync = must_sync or item.durable
-                continue
-            pending.append(item)
-            if item[4] is not None:
-                waiting.append(item[4])
-                must_write = must_sync = True
-        size = self._buffered_bytes
-        for (seq, _, _, record, _), data in zip(
-            pending, self._chain.encode_many([(p[3], p[1], p[2]) for p in pending]), strict=True
-        ):
-            buffered.append(EncodedLine(seq, record, data))
-            size += len(data)
-        self._buffered_bytes = size
-        if buffered and buffered[-1].seq != self._chain.next_seq - 1:
-            raise AssertionError(f"journal seq {self._chain.next_seq - 1} != {buffered[-1].seq}")
-        if must_write or size >= self._flush_bytes:
+        if batch:
+            monos = cast(list[int], batch[0::_FIELDS])
+            walls = cast(list[int], batch[1::_FIELDS])
+            records = cast(list[Record], batch[2::_FIELDS])
+            if not self._buffered:
+                self._buffered_first = self._chain.next_seq
+            datas = self._chain.encode_batch(records, monos, walls)
+            self._buffered += datas
+            self._buffered_records += records
+            # A line's bytes plus its newline.
+            self._buffered_bytes += sum(map(len, datas)) + len(datas)
+        chained = self._chain.next_seq - 1
+        if chained + self.queued != self._next_seq - 1:
+            raise AssertionError(f"journal chained {chained} + queued != {self._next_seq - 1}")
+        syncs = self._syncs
+        while syncs and syncs[0].through <= chained:
+            request = syncs.popleft()
+            waiting.append(request.done)
+            must_write = True
+            must_sync = must_sync or request.durable
+        if must_write or self._buffered_bytes >= self._flush_bytes:
             self._flush(must_sync, waiting)
         for done in waiting:
             done.set()
 
     def _flush(self, must_sync: bool, waiting: list[trio.Event]) -> None:
         """Write the buffer in one ``write`` (plus one fsync when ``must_sync``)."""
-        buffered = self._buffered
-        self._buffered, self._buffered_bytes = [], 0
-        data = b"".join([line.data for line in buffered])
+        buffered, records, first = self._buffered, self._buffered_records, self._buffered_first
+        self._buffered, self._buffered_records, self._buffered_bytes = [], [], 0
+        if buffered:
+            buffered.append(b"")  # for the last line's newline, without a copy of the data
+            data = b"\n".join(buffered)
+            buffered.pop()
+        else:
+            data = b""
         if data or must_sync:
             try:
                 # In the event loop's own thread: one write (and one fsync) and no hand-off to
@@ -389,9 +452,9 @@ class JournalWriter:
                 raise
         # The index decodes these very bytes when a fold reads them, so live folds equal
         # replay; decoding only then keeps it off the append path.
-        self.index.add_written(buffered)
+        self.index.add_written(first, records, buffered)
         if buffered:
-            self._written_seq = buffered[-1].seq
+            self._written_seq = first + len(buffered) - 1
         if must_sync:
             self._durable_seq = self._written_seq
         self._progress.set()

@@ -30,7 +30,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-from collections.abc import Iterable, Iterator
+import itertools
+import operator
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Final, TypeAlias, get_args
 
@@ -519,7 +522,10 @@ UNKNOWN_FIELD: Final = "journal.record.unknown_field"
 NEWER_WRITER_CODES: Final = frozenset((UNKNOWN_TYPE, UNKNOWN_FIELD))
 
 
-class JournalLine(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class JournalLine(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
+    # Untracked by the cyclic collector (it holds only numbers, a string and a frozen record,
+    # so it can close no cycle): a replay holds millions, and the collector would otherwise
+    # walk them all again at every full collection.
     seq: int
     mono_ns: int
     wall_ns: int
@@ -545,6 +551,8 @@ _LOOSE_DECODER: Final = msgspec.json.Decoder(_LooseLine)
 _LOOSE_RECORD_DECODER: Final = msgspec.json.Decoder(_LooseRecord)
 # A line's bytes up to its record: JournalLine's fields in declaration order.
 _LINE_HEAD: Final = b'{"seq":%d,"mono_ns":%d,"wall_ns":%d,"prev":"%s","record":'
+# A whole line from its head's fields and its encoded record, in one formatting step.
+_LINE_FORMAT: Final = _LINE_HEAD + b"%s}"
 _sha256: Final = hashlib.sha256
 
 
@@ -587,8 +595,11 @@ class JournalChain:
         The bytes are exactly ``encode_line`` of the :class:`JournalLine` (its fields in
         declaration order, integers as JSON writes them), without building that struct.
         """
-        data = b"%s%s}" % (
-            _LINE_HEAD % (self.next_seq, mono_ns, wall_ns, self.prev.encode()),
+        data = _LINE_FORMAT % (
+            self.next_seq,
+            mono_ns,
+            wall_ns,
+            self.prev.encode(),
             _ENCODER.encode(record),
         )
         self.prev = _sha256(data).hexdigest()
@@ -596,20 +607,31 @@ class JournalChain:
         return data + b"\n"
 
     def encode_many(self, items: list[tuple[Record, int, int]]) -> list[bytes]:
-        """``encode`` for each (record, mono_ns, wall_ns) in order, the records encoded in one
-        call (JSON strings escape every newline, so the encoded records split cleanly)."""
-        if not items:
+        """``encode`` for each (record, mono_ns, wall_ns) in order, in one batch."""
+        records, monos, walls = zip(*items, strict=True) if items else ((), (), ())
+        return [data + b"\n" for data in self.encode_batch(records, monos, walls)]
+
+    def encode_batch(
+        self, records: Sequence[Record], monos: Sequence[int], walls: Sequence[int]
+    ) -> list[bytes]:
+        """Chain ``records`` (stamped ``monos[i]``, ``walls[i]``) and return each line's bytes
+        WITHOUT the newline: the writer's hot path, so the loop does only what the per-line
+        chain needs (one format, one SHA-256 per line). The records are encoded in one call;
+        JSON strings escape every newline, so the encoded records split cleanly."""
+        if not records:
             return []
-        records = _ENCODER.encode_lines([record for record, _, _ in items]).split(b"\n")
+        encoded = _ENCODER.encode_lines(records).split(b"\n")
+        encoded.pop()  # the empty piece after the last newline
         out: list[bytes] = []
-        head, sha256 = _LINE_HEAD, _sha256
-        seq, prev = self.next_seq, self.prev.encode()
-        for (_, mono_ns, wall_ns), encoded in zip(items, records, strict=False):
-            data = b"%s%s}" % (head % (seq, mono_ns, wall_ns, prev), encoded)
+        append, line_format, sha256 = out.append, _LINE_FORMAT, _sha256
+        first, prev = self.next_seq, self.prev.encode()
+        for seq, mono_ns, wall_ns, record in zip(
+            range(first, first + len(records)), monos, walls, encoded, strict=True
+        ):
+            data = line_format % (seq, mono_ns, wall_ns, prev, record)
             prev = sha256(data).hexdigest().encode()
-            out.append(data + b"\n")
-            seq += 1
-        self.next_seq, self.prev = seq, prev.decode()
+            append(data)
+        self.next_seq, self.prev = first + len(out), prev.decode()
         return out
 
     def seal(
@@ -654,73 +676,122 @@ def seal_problems(data: bytes, read: JournalRead) -> list[Refusal]:
     runner that died between them leaves a ``run_resumed`` there), so a record slipped in
     after the matrix, with the seal recomputed over it, is refused too.
     """
+    lines = read.lines
+    # Only seals, the matrix's publication and the line after each matter; they are found
+    # over the whole column in C (``list.index``), so a long journal costs no Python per line.
+    kinds = list(map(type, map(_RECORD, lines)))
+    seals = _positions(kinds, JournalSealed)
+    matrices = [
+        p
+        for p in _positions(kinds, ReceiptPublished)
+        if isinstance(published := lines[p].record, ReceiptPublished)
+        and published.scope == "matrix"
+    ]
+    follows_seal = {p + 1 for p in seals}
+    follows_matrix = {p + 1 for p in matrices}
     problems: list[Refusal] = []
     running = hashlib.sha256()
-    offset = 0
-    after_seal: JournalLine | None = None
-    after_matrix: JournalLine | None = None
-    for position, line in enumerate(read.lines):
-        end = data.index(b"\n", offset)
-        raw = data[offset:end]
+    hashed = 0  # how many of data's bytes ``running`` holds
+    cursor = _LineCursor(data)
+    for position in sorted(follows_seal | follows_matrix | set(seals)):
+        if position >= len(lines):
+            continue
+        line = lines[position]
         record = line.record
         where = f"$.journal[{position}]"
-        if after_seal is not None and not isinstance(record, RunResumed):
+        if position in follows_seal and not isinstance(record, RunResumed):
             problems.append(
                 Refusal(
                     "journal.seal.trailing_record",
                     where,
                     f"seq {line.seq}: a {_tag(record)} record follows the seal at seq "
-                    f"{after_seal.seq}; only run_resumed may",
+                    f"{lines[position - 1].seq}; only run_resumed may",
                     _AFTER_THE_END,
                 )
             )
-        if after_matrix is not None and not isinstance(record, JournalSealed | RunResumed):
+        if position in follows_matrix and not isinstance(record, JournalSealed | RunResumed):
             problems.append(
                 Refusal(
                     "journal.matrix.trailing_record",
                     where,
                     f"seq {line.seq}: a {_tag(record)} record follows the matrix's publication "
-                    f"at seq {after_matrix.seq}; only the seal may (or run_resumed, when the "
-                    "runner died between the two)",
+                    f"at seq {lines[position - 1].seq}; only the seal may (or run_resumed, when "
+                    "the runner died between the two)",
                     _AFTER_THE_END,
                 )
             )
-        after_seal = after_matrix = None
-        if isinstance(record, ReceiptPublished) and record.scope == "matrix":
-            after_matrix = line
-        if isinstance(record, JournalSealed):
-            after_seal = line
-            if encode_line(line) != raw:
-                problems.append(
-                    Refusal(
-                        "journal.seal.noncanonical",
-                        where,
-                        f"seq {line.seq}: the seal line is not in its canonical form",
-                        _SEAL_EDITED,
-                    )
+        if not isinstance(record, JournalSealed):
+            continue
+        start, end = cursor.span(position)
+        running.update(data[hashed:start])
+        hashed = start
+        if encode_line(line) != data[start:end]:
+            problems.append(
+                Refusal(
+                    "journal.seal.noncanonical",
+                    where,
+                    f"seq {line.seq}: the seal line is not in its canonical form",
+                    _SEAL_EDITED,
                 )
-            elif seal_digest(running, line) != record.digest:
-                problems.append(
-                    Refusal(
-                        "journal.seal.digest",
-                        where,
-                        f"seq {line.seq}: the seal's digest does not match the journal's bytes "
-                        "(an earlier line or the seal itself was edited)",
-                        _SEAL_EDITED,
-                    )
+            )
+        elif seal_digest(running, line) != record.digest:
+            problems.append(
+                Refusal(
+                    "journal.seal.digest",
+                    where,
+                    f"seq {line.seq}: the seal's digest does not match the journal's bytes "
+                    "(an earlier line or the seal itself was edited)",
+                    _SEAL_EDITED,
                 )
-            if record.head_sha256 != line.prev or record.through_seq != line.seq - 1:
-                problems.append(
-                    Refusal(
-                        "journal.seal.head",
-                        where,
-                        f"seq {line.seq}: the seal names another head than its line",
-                        _SEAL_EDITED,
-                    )
+            )
+        if record.head_sha256 != line.prev or record.through_seq != line.seq - 1:
+            problems.append(
+                Refusal(
+                    "journal.seal.head",
+                    where,
+                    f"seq {line.seq}: the seal names another head than its line",
+                    _SEAL_EDITED,
                 )
-        running.update(data[offset : end + 1])
-        offset = end + 1
+            )
     return problems
+
+
+_RECORD: Final = operator.attrgetter("record")
+
+
+def _positions(items: list[type], wanted: type) -> list[int]:
+    """Every index of ``wanted`` in ``items``, each found by ``list.index`` (in C)."""
+    found: list[int] = []
+    position = -1
+    while True:
+        try:
+            position = items.index(wanted, position + 1)
+        except ValueError:
+            return found
+        found.append(position)
+
+
+class _LineCursor:
+    """Byte spans of a journal's lines by line number, moving forward only: the newlines
+    between two asked-for lines are skipped in C (``re.finditer`` under ``islice``)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._line = 0  # the line that starts at ``_offset``
+        self._offset = 0
+
+    def span(self, line: int) -> tuple[int, int]:
+        """(start, end) of line ``line`` (0-based), ``end`` at its newline."""
+        if line < self._line:
+            raise ValueError(f"line {line} is behind the cursor at line {self._line}")
+        if line > self._line:
+            skipped = _NEWLINE.finditer(self._data, self._offset)
+            newline = next(itertools.islice(skipped, line - self._line - 1, None))
+            self._line, self._offset = line, newline.end()
+        return self._offset, self._data.index(b"\n", self._offset)
+
+
+_NEWLINE: Final = re.compile(b"\n")
 
 
 _AFTER_THE_END: Final = (

@@ -1022,12 +1022,15 @@ class JournalIndex:
     """
 
     def __init__(self, lines: Iterable[JournalLine] = ()) -> None:
-        self._run: list[JournalLine | EncodedLine] = []
-        self._rows: dict[int, list[JournalLine | EncodedLine]] = {}
-        self._cells: dict[str, list[JournalLine | EncodedLine]] = {}
+        # Each list holds decoded lines and, for lines the writer wrote, their bytes (without
+        # the newline) until a fold first reads them: ``_decoded`` turns those into lines.
+        self._run: list[JournalLine | bytes] = []
+        self._rows: dict[int, list[JournalLine | bytes]] = {}
+        self._cells: dict[str, list[JournalLine | bytes]] = {}
         self._cells_of_row: dict[int, list[str]] = {}
-        # Written lines not filed yet: filed (in order) by the first read, off the append path.
-        self._unfiled: list[EncodedLine] = []
+        # Written batches not filed yet, each (first seq, records, line bytes): filed (in
+        # order) by the first read, off the append path.
+        self._unfiled: list[tuple[int, Sequence[Record], Sequence[bytes]]] = []
         self._last_seq = 0
         for line in lines:
             self.add(line)
@@ -1037,20 +1040,23 @@ class JournalIndex:
         self._file()
         return self._last_seq
 
-    def add(self, line: JournalLine | EncodedLine) -> None:
+    def add(self, line: JournalLine) -> None:
         if self._unfiled:
             self._file()
-        self._add(line)
+        self._add(line.seq, line.record, line)
 
     def _file(self) -> None:
         unfiled, self._unfiled = self._unfiled, []
-        for line in unfiled:
-            self._add(line)
+        add = self._add
+        for first, records, datas in unfiled:
+            for seq, record, data in zip(
+                range(first, first + len(records)), records, datas, strict=True
+            ):
+                add(seq, record, data)
 
-    def _add(self, line: JournalLine | EncodedLine) -> None:
-        record = line.record
-        if line.seq > self._last_seq:
-            self._last_seq = line.seq
+    def _add(self, seq: int, record: Record, line: JournalLine | bytes) -> None:
+        if seq > self._last_seq:
+            self._last_seq = seq
         # The hot path (a request row or any observation of a cell already filed): straight
         # to that cell's lines; everything else is filed below.
         cell_id = getattr(record, "cell_id", None)
@@ -1083,10 +1089,15 @@ class JournalIndex:
             return
         self._run.append(line)
 
-    def add_written(self, lines: list[EncodedLine]) -> None:
-        """Index lines the writer just wrote: filed by the records they were written from when
-        first read, and decoded from their bytes on disk only when a fold first reads them."""
-        self._unfiled.extend(lines)
+    def add_written(
+        self, first_seq: int, records: Sequence[Record], datas: Sequence[bytes]
+    ) -> None:
+        """Index lines the writer just wrote (seqs from ``first_seq``; each line's bytes
+        without its newline): filed by the records they were written from when first read,
+        and decoded from those bytes only when a fold first reads them. Nothing per line
+        happens here: this is on the writer's hot path."""
+        if records:
+            self._unfiled.append((first_seq, records, datas))
 
     def lines_for_cell(self, cell_id: str) -> list[JournalLine]:
         self._file()
@@ -1095,7 +1106,7 @@ class JournalIndex:
 
     def lines_for_row(self, row_index: int) -> list[JournalLine]:
         self._file()
-        views: list[list[JournalLine | EncodedLine]] = [self._run, self._rows.get(row_index, [])]
+        views: list[list[JournalLine | bytes]] = [self._run, self._rows.get(row_index, [])]
         views += [self._cells.get(c, []) for c in self._cells_of_row.get(row_index, [])]
         return list(heapq.merge(*map(_decoded, views), key=_seq))
 
@@ -1113,7 +1124,7 @@ class JournalIndex:
         apply to anything opened after it. Kept rows keep their lines."""
         for row_index in record.rerun_rows:
             self.forget_row(row_index)
-        self._run = [line for line in self._run if run_wide_terminal(line.record) is None]
+        self._run = [line for line in _decoded(self._run) if run_wide_terminal(line.record) is None]
 
     def forget_row(self, row_index: int) -> None:
         """Drop a finished row's lines (its receipts are published) to bound memory."""
@@ -1142,23 +1153,11 @@ def _seq(line: JournalLine) -> int:
     return line.seq
 
 
-class EncodedLine:
-    """A written line not decoded yet: its seq, the record it was written from (for filing
-    only) and its bytes with the newline."""
-
-    __slots__ = ("data", "record", "seq")
-
-    def __init__(self, seq: int, record: Record, data: bytes) -> None:
-        self.seq = seq
-        self.record = record
-        self.data = data
-
-
-def _decoded(lines: list[JournalLine | EncodedLine]) -> list[JournalLine]:
-    """``lines`` with every encoded line decoded, in place, so each is decoded once."""
+def _decoded(lines: list[JournalLine | bytes]) -> list[JournalLine]:
+    """``lines`` with every line still in bytes decoded, in place, so each is decoded once."""
     for position, line in enumerate(lines):
-        if isinstance(line, EncodedLine):
-            lines[position] = decode_line(line.data[:-1])
+        if type(line) is bytes:
+            lines[position] = decode_line(line)
     return lines  # type: ignore[return-value]  # every member is decoded now
 
 
