@@ -16,6 +16,8 @@ from types import ModuleType
 import trio
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
+# The bench scripts import their siblings as top-level modules, as when run as scripts.
+sys.path.insert(0, str(BENCH))
 TTFT_MS = 30.0
 ITL_MS = 4.0
 TOKENS = 5
