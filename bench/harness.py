@@ -335,9 +335,12 @@ CLIENTS: dict[str, Callable[..., RunResult]] = {
 
 
 class Server:
-    def __init__(self, ttft_ms: float, itl_ms: float, tokens: int, cpu: int | None) -> None:
+    def __init__(
+        self, ttft_ms: float, itl_ms: float, tokens: int, cpu: int | None, accept: str = "drain"
+    ) -> None:
         self.ttft_ms = ttft_ms
         argv = [sys.executable, str(BENCH / "calibration_server.py"), "--port", "0"]
+        argv += ["--accept", accept]
         argv += ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens", str(tokens)]
         self.process = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_child_env()
@@ -876,7 +879,7 @@ def fidelity_part(args: argparse.Namespace, sizes: Sizes) -> Part:
         result.server_late = server.lateness(stamps(), c)
         return result
 
-    server = Server(args.ttft_ms, args.itl_ms, args.tokens, server_cpu)
+    server = Server(args.ttft_ms, args.itl_ms, args.tokens, server_cpu, args.server_accept)
     try:
         for repeat in range(repeats):
             for client in args.clients:
@@ -902,7 +905,7 @@ def fidelity_part(args: argparse.Namespace, sizes: Sizes) -> Part:
     finally:
         server.stop()
     if sizes.capacity_requests:
-        unpaced = Server(0.0, 0.0, args.tokens, server_cpu)
+        unpaced = Server(0.0, 0.0, args.tokens, server_cpu, args.server_accept)
         try:
             # One run a client: a peer's start-up costs more than its run, and a capacity
             # figure is a rate over hundreds of requests, not a tail.
@@ -935,7 +938,8 @@ def fidelity_part(args: argparse.Namespace, sizes: Sizes) -> Part:
     )
     head = (
         f"Calibration server: TTFT {args.ttft_ms} ms, inter-token {args.itl_ms} ms, "
-        f"{args.tokens} tokens; {pin_text}; concurrency {', '.join(map(str, concurrency))}; "
+        f"{args.tokens} tokens, listener `--accept {args.server_accept}`; {pin_text}; "
+        f"concurrency {', '.join(map(str, concurrency))}; "
         f"{repeats} repeat(s) pooled, the first c requests of each run left out."
     )
     pieces = (
@@ -1305,6 +1309,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--requests", type=int, default=0, help="per run; 0: max(40, 5 c)")
     parser.add_argument("--no-pin", action="store_true")
+    parser.add_argument(
+        "--server-accept",
+        choices=("drain", "one"),
+        default="drain",
+        help="the calibration server's listener: every pending connection at each wake-up "
+        "(drain) or trio's one a pass (one)",
+    )
     args = parser.parse_args(argv)
     chosen = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(SECTIONS))
