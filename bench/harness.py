@@ -745,14 +745,23 @@ def million_part(sizes: Sizes) -> Part:
     return part
 
 
-def run_demo(out: Path) -> list[Path]:
-    """The demo's quick plan, a real run on the real parts; its run directories."""
+def run_dirs(out: Path) -> list[Path]:
+    return [out / name for name in ("full-gguf", "use-cases") if (out / name).is_dir()]
+
+
+def run_demo(out: Path) -> tuple[list[Path], str]:
+    """The demo's quick plan, a real run on the real parts: its run directories, and why it
+    failed when it did (a failed step still leaves journals and receipts worth reading)."""
     argv = [sys.executable, "-m", "cache_family.oracles.demo", "--quick", "--quiet", str(out)]
-    run_script(argv, 1800)
-    runs = [out / name for name in ("full-gguf", "use-cases") if (out / name).is_dir()]
+    failed = ""
+    try:
+        run_script(argv, 1800)
+    except RuntimeError as exc:
+        failed = str(exc)
+    runs = run_dirs(out)
     if not runs:
-        raise RuntimeError(f"the demo wrote no run directory under {out}")
-    return runs
+        raise RuntimeError(failed or f"the demo wrote no run directory under {out}")
+    return runs, failed
 
 
 def overhead_summary(per_run: Iterable[Mapping[str, Any]]) -> dict[str, float]:
@@ -1346,11 +1355,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def demo_part() -> Part:
                 part = Part("demo", "The real run read by items 4 and 7")
-                runs = (
-                    [p for p in (demo / "full-gguf", demo / "use-cases") if p.is_dir()]
-                    if args.demo_dir
-                    else run_demo(demo)
-                )
+                runs, part.error = (run_dirs(demo), "") if args.demo_dir else run_demo(demo)
                 demo_runs.extend(runs)
                 part.text = (
                     "`python -m cache_family.oracles.demo --quick` "
