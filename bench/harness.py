@@ -26,8 +26,8 @@ average to ``bench/RESULTS.md`` (``--no-record`` skips; ``--quick`` never record
 * ``journal`` (item 6): ``bench/journal_bench.py``, appends, durable transitions, replay.
 * ``million`` (item 6): ``bench/million_cell.py``, a 1,000,000-request cell.
 
-    just bench-harness                       # everything, recorded (about 15 min on 2 CPUs)
-    just bench-harness --quick --no-record   # a smoke of every section (about 4 min)
+    just bench-harness                       # everything, recorded (22 min on 2 busy CPUs)
+    just bench-harness --quick --no-record   # a smoke of every section (7 min on 2 busy CPUs)
     just bench-harness --only fidelity --clients ours bare --concurrency 1 64
 """
 
