@@ -136,9 +136,11 @@ bench-peers-install:
     }
     install .venv-aiperf "aiperf==0.13.*"
     install .venv-guidellm "guidellm==0.8.*" "torch==2.13.0"
+    # A CUDA torch would be a silent 6 GB detour: refuse any nvidia-* package.
+    .venv-guidellm/bin/python -c 'import importlib.metadata as m, sys; gpu = sorted(d.metadata["Name"] for d in m.distributions() if d.metadata["Name"].lower().startswith("nvidia-")); sys.exit(f"bench-peers-install: CUDA packages in .venv-guidellm: {gpu}") if gpu else None'
     {{venv}}/python peer_tokenizer.py .peer-tokenizer
 
-# Run the client-fidelity harness (ours, the bare floor and each installed peer) against the calibration server.
+# Issue 13's benchmarks in one run, one target table, recorded in bench/RESULTS.md (--only fidelity,overhead,pins,journal,million,calibration; --quick --no-record: a smoke).
 [group('bench')]
 [positional-arguments]
 bench-harness *ARGS:

@@ -16,11 +16,13 @@ import time
 from typing import Any
 
 import aiohttp
+from bench_peers import request_seq
 
 
 async def one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic_ns()
     first: int | None = None
+    seq: int | None = None
     final: dict[str, Any] | None = None
     ended = 0
     async with session.post(url + "/completion", json=body) as response:
@@ -35,7 +37,7 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) ->
                 final, ended = payload, arrived
                 break
             if first is None and payload.get("content"):
-                first = arrived
+                first, seq = arrived, request_seq(payload["content"])
     if final is None:
         raise RuntimeError("stream ended without a stop event")
     first = first if first is not None else ended
@@ -48,6 +50,8 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) ->
         "tpot_ms": (latency - ttft) / max(tokens - 1, 1),
         "tokens": tokens,
         "start_ns": started,
+        "first_ns": first,
+        "seq": seq,
         "server_prompt_ms": final["timings"]["prompt_ms"],
         "server_predicted_ms": final["timings"]["predicted_ms"],
     }

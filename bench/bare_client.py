@@ -22,6 +22,7 @@ from typing import Any
 
 import h11
 import trio
+from bench_peers import request_seq
 
 READ_SIZE = 64 * 1024
 
@@ -29,6 +30,7 @@ READ_SIZE = 64 * 1024
 async def one(host: str, port: int, body: bytes) -> dict[str, Any]:
     started = time.monotonic_ns()
     first: int | None = None
+    seq: int | None = None
     final: dict[str, Any] | None = None
     ended = 0
     stream = await trio.open_tcp_stream(host, port)
@@ -42,6 +44,9 @@ async def one(host: str, port: int, body: bytes) -> dict[str, Any]:
         ]
         request = h11.Request(method="POST", target="/completion", headers=headers)
         await stream.send_all(conn.send(request) + conn.send(h11.Data(data=body)))
+        # From here on the request is in the server's socket: what remains until its receipt
+        # stamp is the server's accept and read, not this client.
+        sent = time.monotonic_ns()
         conn.send(h11.EndOfMessage())
         pending = b""
         while final is None:
@@ -65,7 +70,7 @@ async def one(host: str, port: int, body: bytes) -> dict[str, Any]:
                 if payload.get("stop"):
                     final, ended = payload, arrived
                 elif first is None and payload.get("content"):
-                    first = arrived
+                    first, seq = arrived, request_seq(payload["content"])
     timings = final["timings"]
     first = first if first is not None else ended
     tokens = int(final["tokens_predicted"])
@@ -77,6 +82,9 @@ async def one(host: str, port: int, body: bytes) -> dict[str, Any]:
         "tpot_ms": (latency - ttft) / max(tokens - 1, 1),
         "tokens": tokens,
         "start_ns": started,
+        "sent_ns": sent,
+        "first_ns": first,
+        "seq": seq,
         "server_prompt_ms": timings["prompt_ms"],
         "server_predicted_ms": timings["predicted_ms"],
     }

@@ -19,6 +19,12 @@ PROMPT_TOKENS = 64
 _SEQ = re.compile(r"(?:chatcmpl-|^<)(\d+)")
 
 
+def request_seq(text: object) -> int | None:
+    """The calibration server's request number in a first token (``<N>``) or an id."""
+    found = _SEQ.search(text) if isinstance(text, str) else None
+    return int(found.group(1)) if found else None
+
+
 def aiperf_command(
     venv: Path, url: str, c: int, n: int, tokens: int, out: Path, tokenizer: Path
 ) -> list[str]:
@@ -98,14 +104,14 @@ def guidellm_rows(out: Path) -> list[dict[str, Any]]:
             end = timings["request_end"]
             tokens = (request.get("output_metrics") or {}).get("text_tokens") or 1
             ttft, latency = (first - start) * 1000, (end - start) * 1000
-            seq = _SEQ.search(request.get("response_id") or request.get("output") or "")
+            seq = request_seq(request.get("response_id") or request.get("output") or "")
             rows.append(
                 {
                     "start_wall_ns": int(start * 1e9),
                     "ttft_ms": ttft,
                     "latency_ms": latency,
                     "tpot_ms": (latency - ttft) / max(int(tokens) - 1, 1),
-                    "seq": int(seq.group(1)) if seq else None,
+                    "seq": seq,
                 }
             )
     return rows

@@ -10,9 +10,12 @@ alike) times:
 * all files: ``hash_files`` with one thread per file against ``sha256sum`` run on the files
   one after another (one process each) and against one ``sha256sum F1 F2 ...`` process.
 
+When ``openssl`` is installed, ``openssl dgst -sha256 FILE`` is timed on the one file too:
+coreutils' ``sha256sum`` can be a slow build, so the OpenSSL ratio is the one to judge.
+
 Every digest is compared with ``sha256sum``'s. It prints the medians, throughput and the
-ratios (sha256sum seconds / our seconds: above 1 means we are faster), and with ``--json``
-writes every sample.
+ratios (their seconds / our seconds: above 1 means we are faster); ``--json`` writes every
+sample, ``--append`` records the output in bench/RESULTS.md.
 
     .venv/bin/python bench/hash_throughput.py [--files 2] [--size-mib 1024] [--repeats 3]
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import shutil
 import ssl
 import statistics
 import subprocess
@@ -31,6 +34,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from _results import load_average, machine, record
 
 from cache_family.actors.pins import Budget, HashJob, hash_files
 
@@ -57,6 +62,20 @@ def sha256sum(paths: list[Path]) -> dict[str, str]:
     return digests
 
 
+def openssl_dgst(paths: list[Path]) -> dict[str, str]:
+    done = subprocess.run(
+        ["openssl", "dgst", "-sha256", "-r", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    digests = {}
+    for line in done.stdout.splitlines():
+        digest, _, name = line.partition(" *")
+        digests[name] = digest
+    return digests
+
+
 def ours(paths: list[Path], workers: int) -> dict[str, str]:
     pins = hash_files(
         [HashJob(str(p), str(p)) for p in paths], Budget.seconds(3600), workers=workers
@@ -77,7 +96,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where to write the files (default: TMPDIR)")
     parser.add_argument("--json", default=None, help="write every sample here")
+    parser.add_argument("--append", action="store_true", help="record in bench/RESULTS.md")
     args = parser.parse_args()
+    load_before = load_average()
     if args.files < 2:
         parser.error("--files must be at least 2 (the parallel case needs two)")
     size = args.size_mib * MIB
@@ -97,6 +118,8 @@ def main() -> int:
             },
             f"sha256sum, {args.files} files in one process": lambda: sha256sum(paths),
         }
+        if shutil.which("openssl"):
+            contenders["openssl dgst -sha256, 1 file"] = lambda: openssl_dgst(paths[:1])
         samples: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(args.repeats):
             for name, action in contenders.items():
@@ -108,36 +131,43 @@ def main() -> int:
 
     median = {name: statistics.median(values) for name, values in samples.items()}
     names = list(contenders)
-    one_ours, one_sum, many_ours, many_serial, many_one_proc = (median[n] for n in names)
+    one_ours, one_sum, many_ours, many_serial, many_one_proc = (median[n] for n in names[:5])
     load = os.getloadavg()
-    print(
-        f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}, {ssl.OPENSSL_VERSION}"
-    )
+    out: list[str] = []
+
+    def say(text: str = "") -> None:
+        """Print a line; with --append it is also what is recorded."""
+        print(text)
+        out.append(text)
+
+    say(f"machine: {machine()}, {ssl.OPENSSL_VERSION}")
     version = subprocess.run(["sha256sum", "--version"], capture_output=True, text=True)
-    print(version.stdout.splitlines()[0])
-    print(
+    say(version.stdout.splitlines()[0])
+    say(
         f"files: {args.files} x {args.size_mib} MiB random bytes, page cache warm; "
         f"medians of {args.repeats}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
-    print()
-    print("| contender | median s | GiB/s | samples s |")
-    print("|---|---:|---:|---|")
+    say()
+    say("| contender | median s | GiB/s | samples s |")
+    say("|---|---:|---:|---|")
     for name in names:
         volume = size * (1 if "1 file" in name else args.files)
         samples_text = ", ".join(f"{s:.3f}" for s in samples[name])
-        print(
+        say(
             f"| {name} | {median[name]:.3f} | {volume / median[name] / 1024**3:.2f} | "
             f"{samples_text} |"
         )
-    print()
-    print(f"one file: ours vs sha256sum = {one_sum / one_ours:.2f}x (target >= 0.9x)")
-    print(
+    say()
+    say(f"one file: ours vs sha256sum = {one_sum / one_ours:.2f}x (target >= 0.9x)")
+    if "openssl dgst -sha256, 1 file" in median:
+        one_openssl = median["openssl dgst -sha256, 1 file"]
+        say(f"one file: ours vs openssl dgst -sha256 = {one_openssl / one_ours:.2f}x")
+    say(
         f"{args.files} files: ours vs sha256sum one after another = "
         f"{many_serial / many_ours:.2f}x (target >= 1.6x)"
     )
-    print(f"{args.files} files: ours vs one sha256sum process = {many_one_proc / many_ours:.2f}x")
-    print(
+    say(f"{args.files} files: ours vs one sha256sum process = {many_one_proc / many_ours:.2f}x")
+    say(
         f"{args.files} files on {args.files} threads vs our 1 file = "
         f"{args.files * one_ours / many_ours:.2f}x of {args.files}x ideal parallel speed-up"
     )
@@ -155,6 +185,9 @@ def main() -> int:
                 indent=2,
             )
         )
+    if args.append:
+        body = "\n".join(out)
+        record("Pin hashing throughput", body, argv=sys.argv, load_before=load_before)
     return 0
 
 

@@ -22,7 +22,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import statistics
 import sys
 import zlib
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _results import load_average, machine, record
 
 from cache_family.errors import Refused
 from cache_family.oracles.native_parts import ensure_parts, serve
@@ -110,8 +110,7 @@ def run(sizes: list[int], repeats: int, threads: int, pin: bool) -> dict[str, An
         "threads": threads,
         "server_cpus": sorted(server_cpus) if server_cpus else "unpinned",
         "client_cpus": sorted(os.sched_getaffinity(0)),
-        "machine": f"{platform.machine()}, {n_cpus} CPUs visible, "
-        f"Python {platform.python_version()}",
+        "machine": machine(),
         "repeats": repeats,
         "suffix_tokens": SUFFIX_TOKENS,
         "rows": rows,
@@ -155,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-pin", action="store_true", help="do not pin server and client")
     parser.add_argument("--json", type=Path, help="also write the result as JSON here")
+    parser.add_argument("--append", action="store_true", help="record in bench/RESULTS.md")
     args = parser.parse_args(argv)
+    load_before = load_average()
     if args.repeats < 3:
         parser.error("--repeats must be at least 3 (medians of three or more)")
     if min(args.sizes) <= SUFFIX_TOKENS:
@@ -167,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {refusal.line()}", file=sys.stderr)
         return 2
     command = " ".join([".venv/bin/python", "bench/prefix_reuse.py", *sys.argv[1:]])
-    print(render(result, command))
+    text = render(result, command)
+    print(text)
+    if args.append:
+        title = f"Prefix reuse on the zoo's tiny {result['model_key']}"
+        record(title, text, argv=[sys.argv[0], *(argv or sys.argv[1:])], load_before=load_before)
     if args.json:
         args.json.write_text(json.dumps({**result, "command": command}, indent=2) + "\n")
     return 0

@@ -16,6 +16,8 @@ from types import ModuleType
 import trio
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
+# The bench scripts import their siblings as top-level modules, as when run as scripts.
+sys.path.insert(0, str(BENCH))
 TTFT_MS = 30.0
 ITL_MS = 4.0
 TOKENS = 5
@@ -82,3 +84,25 @@ async def test_chat_stream_ends_with_usage_and_done() -> None:
     contents = [json.loads(e)["choices"][0]["delta"].get("content") for e in events[:-2]]
     assert contents == ["<1>", " tok", " tok"]
     assert len(server.stamps) == 1 and server.stamps[0].truth()["ttft_ms"] >= 1.0 - 0.01
+
+
+async def test_the_draining_listener_serves_a_burst_and_the_floor_names_each_request() -> None:
+    server = server_mod.CalibrationServer(server_mod.Pace(5.0, 1.0, 3))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server_mod.serve_draining, server, 0)
+        # 32 connections at once: the listener takes them as a burst of pending ones.
+        rows = await client_mod.run(f"http://127.0.0.1:{port}", 32, 64, 3, "hello")
+        nursery.cancel_scope.cancel()
+    assert server.port == port
+    assert all("error" not in row for row in rows), rows
+    assert sorted(s.seq for s in server.stamps) == list(range(1, 65))
+    # The floor reads the request number from the first token, so its rows pair with stamps.
+    by_seq = {s.seq: s for s in server.stamps}
+    assert sorted(row["seq"] for row in rows) == list(range(1, 65))
+    for row in rows:
+        stamps = by_seq[row["seq"]]
+        # One clock on both sides: nothing is received before it was started, nor read
+        # before it was written.
+        assert row["start_ns"] <= row["sent_ns"]
+        assert row["start_ns"] <= stamps.received_ns
+        assert row["first_ns"] >= stamps.first_content_ns
