@@ -968,6 +968,12 @@ def fidelity_part(args: argparse.Namespace, sizes: Sizes) -> Part:
 # --- targets --------------------------------------------------------------------------------------
 
 
+def _per_cpu_note(per_cpu: float | None) -> str:
+    """On a shared machine the wall rate says what the process got, the CPU rate what the
+    code costs; both are printed, the verdict stays on the wall rate."""
+    return "" if per_cpu is None else f"{per_cpu:,.0f} per CPU second of the process"
+
+
 @dataclass(frozen=True)
 class Target:
     """One target of the issue judged on this run's figures.
@@ -1150,7 +1156,8 @@ def build_targets(parts: Mapping[str, Part]) -> list[Target]:
         out.append(
             Target("6", "non-durable appends: at least 200,000/s", "/s",
                    f.get("appends_per_s"), 200_000.0, f.get("plain_appends_per_s"),
-                   "plain write loop", higher_is_better=True)
+                   "plain write loop", higher_is_better=True,
+                   note=_per_cpu_note(f.get("appends_per_cpu_s")))
         )  # fmt: skip
         plain = f.get("plain_durable_per_s")
         out.append(
@@ -1160,7 +1167,8 @@ def build_targets(parts: Mapping[str, Part]) -> list[Target]:
         )  # fmt: skip
         out.append(
             Target("6", "replay: at least 200,000 lines/s", "lines/s",
-                   f.get("replay_lines_per_s"), 200_000.0, higher_is_better=True)
+                   f.get("replay_lines_per_s"), 200_000.0, higher_is_better=True,
+                   note=_per_cpu_note(f.get("replay_lines_per_cpu_s")))
         )  # fmt: skip
     if million := parts.get("million"):
         f = million.figures

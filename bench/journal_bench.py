@@ -17,9 +17,7 @@ Run with ``just bench-journal`` (``--append`` writes the figures to bench/RESULT
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -29,6 +27,7 @@ import time
 from pathlib import Path
 
 import trio
+from _results import emit_figures, load_average, record
 
 from cache_family.actors.journal import JournalWriter
 from cache_family.schemas.journal import (
@@ -39,8 +38,6 @@ from cache_family.schemas.journal import (
     seal_problems,
 )
 from cache_family.schemas.measurement import RequestRow
-
-RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
 def _row(i: int) -> RequestRow:
@@ -268,6 +265,8 @@ def main() -> int:
         appends_only(args.appends_only, args.dir)
         return 0
     out: list[str] = []
+    figures: dict[str, float] = {}
+    load_before = load_average()
 
     def say(text: str) -> None:
         print(text, flush=True)
@@ -280,6 +279,11 @@ def main() -> int:
         journal = os.path.join(tmp, "ours.jsonl")
         ours, ours_cpu = trio.run(_ours_appends, journal, records)
         plain_rate, ours_rate = len(lines) / plain, len(records) / ours
+        figures.update(
+            appends_per_s=ours_rate,
+            plain_appends_per_s=plain_rate,
+            appends_per_cpu_s=len(records) / ours_cpu,
+        )
         say(
             f"non-durable appends: ours {ours_rate:,.0f}/s, plain write {plain_rate:,.0f}/s "
             f"(ours/plain {ours_rate / plain_rate:.2f}x; target >= 200,000/s); per CPU "
@@ -296,6 +300,9 @@ def main() -> int:
         assert not seal_problems(data, read)
         seal_s, seal_cpu = time.perf_counter() - start, time.process_time() - cpu
         count = len(read.lines)
+        figures.update(
+            replay_lines_per_s=count / replay_s, replay_lines_per_cpu_s=count / replay_cpu
+        )
         say(
             f"replay (read_journal: chain + typed decode): {count / replay_s:,.0f} lines/s "
             f"({len(data) / 2**20:.1f} MiB; target >= 200,000/s), "
@@ -315,6 +322,7 @@ def main() -> int:
         )
         o_rate = len(transitions) / statistics.median(ours_s)
         p_rate = len(transitions) / statistics.median(plain_s)
+        figures.update(durable_per_s=o_rate, plain_durable_per_s=p_rate)
         say(
             f"durable transitions: ours {o_rate:,.0f}/s, write+fsync {p_rate:,.0f}/s "
             f"(ours/plain {o_rate / p_rate:.2f}x, median of {args.rounds} alternating rounds "
@@ -338,21 +346,16 @@ def main() -> int:
         if args.ab:
             say(against_baseline(args.ab, 100_000, 5, tmp))
     say(f"peak RSS of the journal part of the benchmark: {peak_rss_mib():.0f} MiB")
+    emit_figures(figures)
     if args.append:
-        _append_results(out)
+        record(
+            "Journal and replay at scale",
+            "\n".join(f"- {line}" for line in out),
+            argv=sys.argv,
+            load_before=load_before,
+            recipe="bench-journal",
+        )
     return 0
-
-
-def _append_results(out: list[str]) -> None:
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    header = (
-        f"\n## Journal and replay at scale ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC)\n\n"
-        f"Command: `{' '.join(['python', *sys.argv])}` (`just bench-journal`); machine: "
-        f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} "
-        f"{platform.release()}, Python {platform.python_version()}; load average {load}.\n\n"
-    )
-    with RESULTS.open("a", encoding="utf-8") as stream:
-        stream.write(header + "".join(f"- {line}\n" for line in out))
 
 
 if __name__ == "__main__":

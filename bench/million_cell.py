@@ -24,11 +24,9 @@ its own. ``--append`` writes the figures to bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -37,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from _results import emit_figures, load_average, record
 
 from cache_family.actors import cell as cell_actor
 from cache_family.actors.cell import CellActor, CellPlan
@@ -51,7 +50,6 @@ from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import decode_cell_receipt
 from cache_family.states.cache_reuse import cache_expectation
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 CELL = "cell-0000/native-concurrent"
 CELL_DIR = "cell-0000/sweep-native-concurrent"
 CONCURRENCY = 64
@@ -271,6 +269,7 @@ def main() -> int:
     if args.part == "replay":
         replay_part(args.dir)
         return 0
+    load_before = load_average()
     small = max(args.requests // 10, 1)
     lines = []
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
@@ -295,18 +294,24 @@ def main() -> int:
         f"{per_request[2]:.1f} bytes"
     )
     print(lines[-1])
-    line = "\n- ".join(lines)
+    emit_figures(
+        {
+            "requests": args.requests,
+            "run_s": many[0] + many[2],
+            "run_rss_mib": max(many[1], many[3]),
+            "replay_s": many[7],
+            "replay_rss_mib": many[8],
+            "bytes_per_further_request": max(per_request),
+        }
+    )
     if args.append:
-        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-        header = (
-            f"\n## A million-request cell through journal, fold and replay "
-            f"({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC)\n\n"
-            f"Command: `{' '.join(['python', *sys.argv])}`; machine: {platform.machine()}, "
-            f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python "
-            f"{platform.python_version()}; load average {load}.\n\n"
+        record(
+            "A million-request cell through journal, fold and replay",
+            "\n".join(f"- {line}" for line in lines),
+            argv=sys.argv,
+            load_before=load_before,
+            recipe="bench-million-cell",
         )
-        with RESULTS.open("a", encoding="utf-8") as stream:
-            stream.write(header + f"- {line}\n")
     return 0
 
 
