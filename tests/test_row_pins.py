@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -75,10 +76,74 @@ async def test_a_row_hashes_an_unchanged_file_twice_whatever_its_cell_count(
     last = await verify(pins, target, final=True)
     assert last.matches and last.verified_by == "sha256"
     assert hasher.hashed == ["model", "model"]
-    # Trees are hashed at every verification, as before.
-    await pins.verify([tree_target], 60.0)
-    await pins.verify([tree_target], 60.0)
+    # A tree likewise: hashed first and last, its directories and files held in between.
+    assert (await pins.verify([tree_target], 60.0))[0].verified_by == "sha256"
+    for _ in range(10):
+        [result] = await pins.verify([tree_target], 60.0)
+        assert result.matches and result.verified_by == "identity"
+    assert (await pins.verify([tree_target], 60.0, final=True))[0].verified_by == "sha256"
     assert hasher.hashed.count("native_build") == 2
+    pins.close()
+
+
+def build_tree(tmp_path: Path) -> tuple[Path, PinTarget]:
+    """A small native build: a binary, a library and its version links, a nested dir."""
+    tree = tmp_path / "native"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "lib" / "plugins").mkdir(parents=True)
+    (tree / "bin" / "server").write_bytes(b"\x7fELF server")
+    (tree / "lib" / "libx.so.1.0").write_bytes(b"\x7fELF libx")
+    (tree / "lib" / "libx.so").symlink_to("libx.so.1.0")
+    (tree / "lib" / "libother.so").write_bytes(b"\x7fELF other")
+    (tree / "lib" / "plugins" / "p.so").write_bytes(b"\x7fELF plugin")
+    sha = pin_tree(str(tree), Budget.seconds(60)).sha256
+    return tree, PinTarget("native_build", str(tree), sha, "tree")
+
+
+def add_file(tree: Path) -> None:
+    (tree / "lib" / "plugins" / "evil.so").write_bytes(b"\x7fELF evil")
+
+
+def re_point_link(tree: Path) -> None:
+    (tree / "lib" / "libx.so").unlink()
+    (tree / "lib" / "libx.so").symlink_to("libother.so")
+
+
+def write_library_keeping_mtime(tree: Path) -> None:
+    write_in_place_keeping_mtime(tree / "lib" / "libx.so.1.0")
+
+
+def rename_over(tree: Path) -> None:
+    os.replace(tree / "lib" / "libother.so", tree / "lib" / "plugins" / "p.so")
+
+
+def swap_the_root(tree: Path) -> None:
+    twin = tree.with_name("twin")
+    os.rename(tree, tree.with_name("old"))
+    # The same bytes elsewhere, renamed into place: other directories, other inodes.
+    shutil.copytree(tree.with_name("old"), twin, symlinks=True)
+    os.rename(twin, tree)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [add_file, re_point_link, write_library_keeping_mtime, rename_over, swap_the_root],
+)
+async def test_a_held_tree_finds_every_change_and_hashes_it_again(
+    tmp_path: Path, change: object
+) -> None:
+    tree, target = build_tree(tmp_path)
+    hasher = CountingHasher()
+    pins = RowPins(hasher, racy_seconds=0)
+    assert (await pins.verify([target], 60.0))[0].verified_by == "sha256"
+    assert (await pins.verify([target], 60.0))[0].verified_by == "identity"
+    change(tree)  # type: ignore[operator]
+    [result] = await pins.verify([target], 60.0)
+    assert result.verified_by == "sha256" and hasher.hashed == ["native_build"] * 2
+    if change is swap_the_root:
+        assert result.matches  # the same bytes: hashed again, and they still match
+    else:
+        assert not result.matches
     pins.close()
 
 

@@ -582,6 +582,40 @@ async def test_a_signal_cancels_the_run_and_downgrades_every_receipt(
     assert replay(str(out)).exit_code == 0
 
 
+async def test_a_host_that_exits_on_the_signal_mid_ladder_is_not_a_changed_identity(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The FAKE host exits (as on the operator's SIGINT) before the signal reaches the run, so
+    the rung's identity re-check always runs after the exit: an exit, not a swap."""
+    script = FakeHostScript()
+    arrived = trio.Event()
+
+    def exit_and_tell(index: int, body: dict[str, Any]) -> Reply:
+        if body.get("stream"):
+            script.exited = True
+            arrived.set()
+            return Reply(behaviour="hang")
+        return Reply(first_token_delay=0.01)
+
+    script.reply = exit_and_tell
+    out = tmp_path / "out"
+
+    async def signal_when_exited() -> None:
+        await arrived.wait()
+        os.kill(os.getpid(), signal.SIGINT)  # caught by the run's signal receiver
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(signal_when_exited)
+        outcome = await run(make_prepared(tmp_path / "p"), out, script)
+    assert outcome.interrupted
+    concurrent = cell(out, "sweep-native-concurrent")
+    assert concurrent.terminal_refusal == "cancelled"
+    assert "host_identity_changed" not in [f.kind for f in concurrent.faults]
+    [rung] = [r for r in records(out, RungCompleted) if r.cell_id == CONCURRENT]
+    assert rung.host_create_time is not None and rung.status == "incomplete"
+    assert replay(str(out)).exit_code == 0
+
+
 # --- custody faults keep observations -------------------------------------------------------------
 
 

@@ -259,8 +259,10 @@ class CellActor:
         self._argv: list[str] = []
         # A stage server's dialect, read from its help in pin-verify.
         self.cli: stage_host.CliAdmitted | None = None
-        # The private copy of the binary and native build the host runs from (pin-verify).
+        # The private copy of the binary and native build the host runs from (pin-verify):
+        # the row's (``RowExec``), or the cell's own when it runs outside a row.
         self._exec: PrivateCopy | None = None
+        self._exec_owned = False
         self._exec_problem = ""
 
     def __repr__(self) -> str:
@@ -320,7 +322,7 @@ class CellActor:
                 finally:
                     self._release_host.set()  # custody never outlives the loop
         finally:
-            if self._exec is not None:
+            if self._exec is not None and self._exec_owned:
                 custody.remove_tree(self._exec.root)  # the host has ended with custody
         if escaped is not None:
             raise escaped
@@ -434,10 +436,17 @@ class CellActor:
                 plan.refusal or "the prepared input has no native host profile for this case",
             )
         profile = plan.profile
+        row_exec = self.ctx.row_exec
         try:
-            self._exec = await trio.to_thread.run_sync(
-                make_private_copy, profile.binary, profile.native_build, self.cell_path
-            )
+            if row_exec is not None:
+                self._exec = await trio.to_thread.run_sync(
+                    row_exec.copy_for, profile.binary, profile.native_build
+                )
+            else:
+                self._exec = await trio.to_thread.run_sync(
+                    make_private_copy, profile.binary, profile.native_build, self.cell_path
+                )
+                self._exec_owned = True
         except OSError as exc:
             # The pins (hashed by path then) say what is wrong; if they still match, the
             # cell is refused below: a host never runs from a path its pins did not hash.
@@ -468,23 +477,28 @@ class CellActor:
         return CellEvent.PINS_VERIFIED
 
     async def _admit_cli(self) -> stage_host.CliAdmitted:
-        """Read the stage server's dialect from its help (the binary re-hashed around each
-        probe), journal it, and write ``cli-admission.json`` and ``stage.json``."""
+        """Read the stage server's dialect from its help (the binary verified around each
+        probe), journal it, and write ``cli-admission.json`` and ``stage.json``. The help is
+        read once per run for each pinned binary (``RunContext.cli_admissions``)."""
         plan, profile = self.plan, self.plan.profile
         assert profile is not None
         binary = next(t for t in plan.pins if t.name == "binary")
+        key = (profile.binary, profile.binary_sha256)
+        admitted = self.ctx.cli_admissions.get(key)
+        if admitted is None:
 
-        async def same_bytes() -> bool:
-            remaining = self.work_deadline - trio.current_time()
-            [result] = await self.ctx.hosts.pin_hasher([binary], remaining)
-            return result.matches
+            async def same_bytes() -> bool:
+                remaining = self.work_deadline - trio.current_time()
+                [result] = await self.ctx.verify_pins([binary], remaining)
+                return result.matches
 
-        probe_dir = custody.make_private_dir(self.cell_path, "cli-probe")
-        try:
-            env = self._host_env(probe_dir)
-            admitted = await stage_host.admit_cli(profile.binary, env, probe_dir, same_bytes)
-        finally:
-            custody.remove_tree(probe_dir)
+            probe_dir = custody.make_private_dir(self.cell_path, "cli-probe")
+            try:
+                env = self._host_env(probe_dir)
+                admitted = await stage_host.admit_cli(profile.binary, env, probe_dir, same_bytes)
+            finally:
+                custody.remove_tree(probe_dir)
+            self.ctx.cli_admissions[key] = admitted
         await self._journal(
             CliAdmission(
                 cell_id=plan.cell_id,
@@ -793,7 +807,8 @@ class CellActor:
                 prompt_sha256=outcome.prompt_sha256,
                 output_tokens=self.plan.output_tokens,
                 host_pid=host.pid,
-                host_create_time=host.create_time if host.still_same() else None,
+                # A host that exited (a signal mid-ladder ends it) is not a swapped one.
+                host_create_time=None if host.replaced() else host.create_time,
                 stop_reason=outcome.stop_reason,
                 client_overhead_ms=calibration.overhead_p50_ms if calibration else None,
                 client_overhead_factor=calibration.near_factor if calibration else None,

@@ -469,3 +469,47 @@ class HeldFile:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+class HeldTree:
+    """A pinned tree held across a row: its root as pinned, every directory under it and every
+    file it pins (``HeldFile`` each), from one listing. A file written or replaced changes its
+    own identity; a file or link added, removed, renamed or re-pointed changes its directory's
+    (its entries are the directory's content); a root re-pointed names another directory."""
+
+    __slots__ = ("held", "path")
+
+    def __init__(self, path: str, *, json_path: str = "$") -> None:
+        canonical, files = list_tree(path, json_path=json_path)  # refused when incomplete
+        self.path = path
+        names = [path]
+        stack = [canonical]
+        while stack:  # list_tree bounded its depth and entries
+            directory = stack.pop()
+            if directory != canonical:
+                names.append(directory)
+            with os.scandir(directory) as listing:
+                stack += [entry.path for entry in listing if entry.is_dir(follow_symlinks=False)]
+        names += sorted({item.source for item in files})
+        self.held: list[HeldFile] = []
+        try:
+            for name in names:
+                self.held.append(HeldFile(name))
+        except OSError:
+            self.close()
+            raise
+
+    def change(self) -> str | None:
+        """The first held directory or file whose identity changed, or None."""
+        for held in self.held:
+            problem = held.change()
+            if problem is not None:
+                return problem
+        return None
+
+    def settled(self, racy_seconds: float, now_ns: int) -> bool:
+        return all(held.settled(racy_seconds, now_ns) for held in self.held)
+
+    def close(self) -> None:
+        for held in self.held:
+            held.close()
