@@ -8,6 +8,7 @@ test checks what the journal and the published receipts say, never internal flag
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -613,6 +614,53 @@ async def test_a_host_that_exits_on_the_signal_mid_ladder_is_not_a_changed_ident
     assert "host_identity_changed" not in [f.kind for f in concurrent.faults]
     [rung] = [r for r in records(out, RungCompleted) if r.cell_id == CONCURRENT]
     assert rung.host_create_time is not None and rung.status == "incomplete"
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_a_cells_transition_is_on_disk_before_its_host_is_started_or_ended(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Transitions into warmup, finalize and done share the next fsync (cell.py
+    ``_SYNCED_LATER``); the ones a process start or end follows never wait for one."""
+    script = FakeHostScript()
+    out = tmp_path / "out"
+    inner = fake_opener(script)
+    seen: list[tuple[str, str, str]] = []
+
+    def last_state_on_disk(cell_id: str) -> str:
+        lines = read_journal((out / "journal.jsonl").read_bytes()).lines
+        states = [
+            line.record.to_state
+            for line in lines
+            if isinstance(line.record, Transition) and line.record.cell_id == cell_id
+        ]
+        return states[-1] if states else "(none)"
+
+    @contextlib.asynccontextmanager
+    async def opener(config: custody.HostConfig, observe: Any) -> Any:
+        cell_id = config.process_tag.split("/", 1)[1]
+        async with inner(config, observe) as host:
+            launch, cleanup = host.launch, host.cleanup
+
+            async def launch_seen(argv: Sequence[str], env: Any) -> Any:
+                seen.append((cell_id, "launch", last_state_on_disk(cell_id)))
+                return await launch(argv, env)
+
+            async def cleanup_seen() -> Any:
+                seen.append((cell_id, "cleanup", last_state_on_disk(cell_id)))
+                return await cleanup()
+
+            host.launch, host.cleanup = launch_seen, cleanup_seen
+            yield host
+
+    await run(make_prepared(tmp_path / "p"), out, script, host_opener=opener)
+    assert seen == [
+        (SERIAL, "launch", "launch"),
+        (SERIAL, "cleanup", "cleanup"),
+        (CONCURRENT, "launch", "launch"),
+        (CONCURRENT, "cleanup", "cleanup"),
+    ]
+    assert cell(out, "sweep-native-concurrent").status == "completed"
     assert replay(str(out)).exit_code == 0
 
 

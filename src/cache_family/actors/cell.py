@@ -340,7 +340,8 @@ class CellActor:
                 shielded = stopped is not None or step.to in CELL_TABLE.after_fault
                 with trio.CancelScope(shield=shielded):
                     with trio.move_on_after(_BOUNDS.get(step.to, math.inf)) as bounded:
-                        await self.ctx.writer.sync()
+                        if step.to not in _SYNCED_LATER:
+                            await self.ctx.writer.sync()
                         for action in step.actions:
                             await _EFFECTS[action](self)
                 if bounded.cancelled_caught:
@@ -903,6 +904,16 @@ _EFFECTS: Final[Mapping[CellAction, Callable[[CellActor], Awaitable[None]]]] = {
     CellAction.END_HOST: CellActor._end_host,
     CellAction.PUBLISH_RECEIPT: CellActor._publish_receipt,
 }
+
+# Every transition is fsynced (architecture: journal). One into these states shares the fsync
+# of the durable point that follows it with nothing outside the journal done in between: the
+# steps into warmup (its actions only journal and talk HTTP to the cell's own host, and every
+# way out of warmup syncs: the ladder's step, or cleanup's before it signals the host),
+# finalize (publication folds through ``writer.sync()`` before it writes any file) and done
+# (the row's next step, or its receipt, syncs right after the cell returns). Steps that start
+# or end a process, or that precede long work (the ladder, post-verify's hashing), still
+# fsync before their actions.
+_SYNCED_LATER: Final = frozenset((CellState.WARMUP, CellState.FINALIZE, CellState.DONE))
 
 # How long the actions of a step into these states may take (they run shielded).
 _BOUNDS: Final[Mapping[CellState, float]] = {CellState.FINALIZE: FINALIZE_BOUND_SECONDS}
