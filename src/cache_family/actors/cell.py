@@ -869,7 +869,11 @@ class CellActor:
             )
         elif isinstance(event, HostCleaned):
             # The whole outcome: the fold judges it, so replay downgrades exactly as live did.
-            await self._journal(CleanupOutcome(cell_id=cell_id, cleanup=event.outcome))
+            # Custody has ended everything and removed the state dir before this: the record
+            # shares the fsync of the receipt's fold (``_SYNCED_LATER``), the next durable point.
+            await self.ctx.writer.append(
+                CleanupOutcome(cell_id=cell_id, cleanup=event.outcome), durable=False
+            )
 
 
 def _done(event: CellEvent) -> Callable[[CellActor], Awaitable[CellEvent]]:
@@ -910,9 +914,9 @@ _EFFECTS: Final[Mapping[CellAction, Callable[[CellActor], Awaitable[None]]]] = {
 # steps into warmup (its actions only journal and talk HTTP to the cell's own host, and every
 # way out of warmup syncs: the ladder's step, or cleanup's before it signals the host),
 # finalize (publication folds through ``writer.sync()`` before it writes any file) and done
-# (the row's next step, or its receipt, syncs right after the cell returns). Steps that start
-# or end a process, or that precede long work (the ladder, post-verify's hashing), still
-# fsync before their actions.
+# (the next cell's ``cell_opened`` or the row's receipt follows the cell, both durable).
+# Steps that start or end a process, or that precede long work (the ladder, post-verify's
+# hashing), still fsync before their actions.
 _SYNCED_LATER: Final = frozenset((CellState.WARMUP, CellState.FINALIZE, CellState.DONE))
 
 # How long the actions of a step into these states may take (they run shielded).

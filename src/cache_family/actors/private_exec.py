@@ -20,7 +20,7 @@ What is still read by path after the check: libraries the loader finds outside t
 (toolkit trees, the system's, an absolute RUNPATH of a binary outside the build); the model
 and its shards (mmapped by the host: a model flipped and flipped back during the ladder is
 outside what pins can see); toolkit trees; and a stage server's help probes, which run the
-original binary between two hashes of it.
+original binary between two checks of its pin (once per run per pinned binary).
 """
 
 from __future__ import annotations

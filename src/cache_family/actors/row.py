@@ -354,9 +354,14 @@ class RowActor:
 
     # -- machine -----------------------------------------------------------------------------
 
-    async def _fire(self, event: RowEvent) -> None:
-        self.machine.fire(event)  # the machine journals the step
-        await self.ctx.writer.sync()
+    async def _fire(self, event: RowEvent, *, sync: bool = True) -> None:
+        """Fire ``event`` (the machine journals the step) and fsync it, unless ``sync`` is
+        False: a step between the row's arms shares the fsync of what follows it with
+        nothing outside the journal in between (the next cell's durable ``cell_opened``, or
+        the row receipt's fold), as the cell's own steps into ``done`` do."""
+        self.machine.fire(event)
+        if sync:
+            await self.ctx.writer.sync()
 
     async def _stopped(self) -> None:
         if self._stop_recorded:
@@ -465,16 +470,16 @@ class RowActor:
         verdict = await self.correctness.run()
         if not self._accept(verdict):
             # The table's skip-baselines step: the fold shows each planned arm as skipped.
-            await self._fire(RowEvent.CORRECTNESS_NOT_PASSED)
+            await self._fire(RowEvent.CORRECTNESS_NOT_PASSED, sync=False)
             return
-        await self._fire(RowEvent.CORRECTNESS_PASSED)
+        await self._fire(RowEvent.CORRECTNESS_PASSED, sync=False)
         planned = [a.arm for a in arms if a.status == "planned"]
         for arm in (ARM_SERIAL, ARM_CONCURRENT, ARM_OLD, ARM_NEW):
             if arm in (ARM_OLD, ARM_NEW) and not any(a.arm == arm for a in arms):
                 continue
             plan = next(a for a in arms if a.arm == arm)
             if plan.status != "planned":
-                await self._fire(RowEvent.ARM_SKIPPED)
+                await self._fire(RowEvent.ARM_SKIPPED, sync=False)
                 continue
             await self._wait_if_out_of_time()
             last = arm == planned[-1]
@@ -483,8 +488,8 @@ class RowActor:
             )
             self.cells.append(cell)
             await cell.run()
-            await self._fire(RowEvent.ARM_FINISHED)
-        await self._fire(RowEvent.ARMS_EXHAUSTED)
+            await self._fire(RowEvent.ARM_FINISHED, sync=False)
+        await self._fire(RowEvent.ARMS_EXHAUSTED, sync=False)
 
     def _accept(self, verdict: StageVerdict) -> bool:
         if verdict.status != STAGE_COMPLETED or not verdict.prompt_text:
