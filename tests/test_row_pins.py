@@ -18,7 +18,7 @@ import trio
 from cache_family.actors.cell import pin_records
 from cache_family.actors.child import ChildCommand, ChildEnded, OnSpawn
 from cache_family.actors.matrix import admit_run, supervise
-from cache_family.actors.pins import Budget, pin_tree
+from cache_family.actors.pins import HELD_TREE_LIMIT, Budget, pin_tree
 from cache_family.actors.progress import RunProgress
 from cache_family.actors.replay import replay
 from cache_family.actors.run_context import (
@@ -144,6 +144,25 @@ async def test_a_held_tree_finds_every_change_and_hashes_it_again(
         assert result.matches  # the same bytes: hashed again, and they still match
     else:
         assert not result.matches
+    pins.close()
+
+
+async def test_a_tree_too_large_to_hold_is_hashed_at_every_verification(
+    tmp_path: Path,
+) -> None:
+    tree = tmp_path / "toolkit"
+    tree.mkdir()
+    for index in range(HELD_TREE_LIMIT):
+        (tree / f"f{index:04d}").write_bytes(b"%d" % index)
+    target = PinTarget(
+        "toolkit:t", str(tree), pin_tree(str(tree), Budget.seconds(60)).sha256, "tree"
+    )
+    hasher = CountingHasher()
+    pins = RowPins(hasher, racy_seconds=0)
+    for _ in range(3):
+        [result] = await pins.verify([target], 60.0)
+        assert result.matches and result.verified_by == "sha256"
+    assert hasher.hashed == ["toolkit:t"] * 3
     pins.close()
 
 

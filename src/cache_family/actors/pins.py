@@ -16,6 +16,7 @@ files inside the tree, no special files, at least one file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat
@@ -471,11 +472,18 @@ class HeldFile:
             os.close(self.fd)
 
 
+# A tree is held by one descriptor per directory and file; a larger one (a toolkit, say) is
+# not held, and is hashed in full at every verification, so that a row never takes the
+# descriptors its hosts' clients need.
+HELD_TREE_LIMIT = 256
+
+
 class HeldTree:
     """A pinned tree held across a row: its root as pinned, every directory under it and every
     file it pins (``HeldFile`` each), from one listing. A file written or replaced changes its
     own identity; a file or link added, removed, renamed or re-pointed changes its directory's
-    (its entries are the directory's content); a root re-pointed names another directory."""
+    (its entries are the directory's content); a root re-pointed names another directory.
+    OSError (EMFILE) for a tree of more than ``HELD_TREE_LIMIT`` directories and files."""
 
     __slots__ = ("held", "path")
 
@@ -491,6 +499,8 @@ class HeldTree:
             with os.scandir(directory) as listing:
                 stack += [entry.path for entry in listing if entry.is_dir(follow_symlinks=False)]
         names += sorted({item.source for item in files})
+        if len(names) > HELD_TREE_LIMIT:
+            raise OSError(errno.EMFILE, f"more than {HELD_TREE_LIMIT} entries to hold", path)
         self.held: list[HeldFile] = []
         try:
             for name in names:
