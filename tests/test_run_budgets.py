@@ -617,6 +617,25 @@ async def test_a_host_that_exits_on_the_signal_mid_ladder_is_not_a_changed_ident
     assert replay(str(out)).exit_code == 0
 
 
+async def test_a_host_gone_before_the_next_rung_is_an_exit_not_a_changed_identity(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    script = FakeHostScript()
+
+    def exit_after_answering(index: int, body: dict[str, Any]) -> Reply:
+        if body.get("stream"):
+            script.exited = True  # the FAKE host exits once it answered the ladder's request
+        return Reply(first_token_delay=0.01)
+
+    script.reply = exit_after_answering
+    out = tmp_path / "out"
+    await run(make_prepared(tmp_path / "p"), out, script)
+    concurrent = cell(out, "sweep-native-concurrent")
+    assert [f.kind for f in concurrent.faults] == ["child_exited"]
+    assert concurrent.status != "completed"
+    assert replay(str(out)).exit_code == 0
+
+
 async def test_a_cells_transition_is_on_disk_before_its_host_is_started_or_ended(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

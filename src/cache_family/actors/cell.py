@@ -698,6 +698,10 @@ class CellActor:
                 )
             previous = rung.concurrency
             if not host.still_same():
+                if not host.replaced():  # it exited: not a swap
+                    raise _Fault(
+                        "child_exited", f"before rung {index}: host pid {host.pid} has exited"
+                    )
                 raise _Fault(
                     "host_identity_changed",
                     f"before rung {index}: pid {host.pid} is no longer the host spawned at "
