@@ -5,12 +5,14 @@ is still found, hashed again and reported as drift exactly as a full re-hash wou
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -283,7 +285,7 @@ async def test_close_releases_every_held_descriptor(tmp_path: Path) -> None:
 
 
 async def run_row(
-    tmp_path: Path, *, after_correctness: object = None
+    tmp_path: Path, *, after_correctness: object = None, after_first_host: object = None
 ) -> tuple[Path, CountingHasher]:
     input_path = make_prepared(tmp_path / "p")
     out = tmp_path / "out"
@@ -301,8 +303,19 @@ async def run_row(
         return ended
 
     counting = CountingHasher()
+    inner = fake_opener(FakeHostScript())
+    ended: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def opener(config: Any, observe: Any) -> Any:
+        async with inner(config, observe) as host:
+            yield host
+        if not ended and after_first_host is not None:
+            after_first_host(out)  # type: ignore[operator]
+        ended.append(config.label)
+
     hosts = HostSettings(
-        host_opener=fake_opener(FakeHostScript()),
+        host_opener=opener,
         pin_hasher=counting,
         child_runner=child_runner,
         row_pin_identity=True,
@@ -310,6 +323,37 @@ async def run_row(
     )
     await supervise(admitted, hosts, RunProgress(io.StringIO(), 1, synthetic=True))
     return out, counting
+
+
+def write_the_rows_copy_of_the_server(out: Path) -> None:
+    [copy] = [p for p in out.glob("cell-0000/exec-state-*/**/fake-llama-server") if p.is_file()]
+    os.chmod(copy, 0o700)
+    write_in_place_keeping_mtime(copy)
+
+
+@pytest.mark.usefixtures("autojump_clock")
+async def test_a_write_to_the_rows_private_copy_between_cells_refuses_the_next_cell(
+    tmp_path: Path,
+) -> None:
+    """The row's hosts run from one private copy, checked by identity between cells: a write
+    to it after the first host ended is found, hashed again and the next cell is refused."""
+    out, _ = await run_row(tmp_path, after_first_host=write_the_rows_copy_of_the_server)
+    assert cell(out, "native-serial").status == "completed"
+    concurrent = cell(out, "sweep-native-concurrent")
+    assert concurrent.status == "failed" and concurrent.host is None
+    assert [p.name for p in concurrent.before_identity if not p.matches] == ["binary"]
+    by = [
+        (r.cell_id, r.phase, r.verified_by)
+        for r in records(out, PinObserved)
+        if r.name == "binary" and r.phase == "before"
+    ]
+    # The serial cell hashed the copy; the concurrent cell found it changed and hashed again.
+    assert by == [
+        ("cell-0000/native-serial", "before", "sha256"),
+        ("cell-0000/native-concurrent", "before", "sha256"),
+    ]
+    assert not list(out.glob("cell-0000/exec-state-*"))  # removed with the row
+    assert replay(str(out)).exit_code == 0
 
 
 @pytest.mark.usefixtures("autojump_clock")
