@@ -15,7 +15,8 @@ For every cell (host session) of a run, from the journal's own ``mono_ns`` stamp
     .venv/bin/python bench/cell_overhead.py RUN_DIR [RUN_DIR ...] [--json]
 
 RUN_DIR is a run directory (holding ``journal.jsonl``) or the journal itself. Only cells that
-spawned a host are counted; the correctness arm's tool children are not cells.
+spawned a host are counted; the correctness arm's tool children are not cells. The medians
+are also printed per cohort (``native``: llama-server; ``openai``: a stage server).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from cache_family.schemas.journal import (
 @dataclass
 class Cell:
     cell_id: str
+    cohort: str = ""  # native (llama-server) or openai (a stage server)
     first_ns: int = 0
     last_ns: int = 0
     spawned_ns: int | None = None
@@ -88,6 +90,7 @@ def cells_of(journal: Path) -> list[Cell]:
             # A cell opens in pin-verify; its first transition leaves it.
             cells[record.cell_id] = Cell(
                 record.cell_id,
+                record.cohort,
                 line.mono_ns,
                 line.mono_ns,
                 _state="pin-verify",
@@ -178,6 +181,17 @@ def main(argv: list[str] | None = None) -> None:
             "time in cell states, median ms: "
             + ", ".join(f"{state} {_fmt(spent)}" for state, spent in states.items())
         )
+        for cohort in sorted({cell.cohort for cell in cells}):
+            part = summary([cell for cell in cells if cell.cohort == cohort])
+            overhead, marker = part["overhead_ms"], part["marker_to_ready_ms"]
+            part_states = part["state_median_ms"]
+            assert isinstance(overhead, dict) and isinstance(marker, dict)
+            assert isinstance(part_states, dict)
+            print(
+                f"{cohort} cells ({part['cells']}): overhead {_fmt(overhead['median'])}, "
+                f"marker-to-ready {_fmt(marker['median'])}; states: "
+                + ", ".join(f"{state} {_fmt(spent)}" for state, spent in part_states.items())
+            )
         for cell in cells:
             f = cell.figures()
             print(

@@ -498,3 +498,26 @@ async def test_a_cancel_during_the_spawn_waits_for_it_and_ends_the_host_it_made(
     outcome = host.outcome
     assert spawned and outcome is not None and outcome.pid == spawned[0]
     assert host.create_time is not None and not alive(spawned[0], host.create_time)
+
+
+async def test_a_host_that_exited_was_not_replaced_but_another_process_at_its_pid_was(
+    tmp_path: Path,
+) -> None:
+    """A rung's identity re-check after a signal ended the host must see an exit, not a swap
+    (issue 12: SIGINT mid-ladder journaled host_identity_changed)."""
+    with trio.fail_after(30):
+        async with host_custody(config(tmp_path)) as host:
+            await host.launch([sys.executable, SCRIPTED, "graceful", str(host.port)], env_for(host))
+            await host.wait_ready(10)
+            assert host.pid is not None and host.create_time is not None
+            assert host.still_same() and not host.replaced()
+            spawned_at = host.create_time
+            # The pid naming a process created at another time: a swap.
+            host.create_time = spawned_at - 1.0
+            assert host.replaced()
+            host.create_time = spawned_at
+            os.kill(host.pid, 9)  # the host dies (as on a signal), not yet reaped by custody
+            while host.still_same():
+                await trio.sleep(CHILD_POLL_SECONDS)
+            assert not host.replaced()
+    assert not host.replaced()  # ended by custody's cleanup: still not a swap

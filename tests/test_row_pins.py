@@ -5,11 +5,14 @@ is still found, hashed again and reported as drift exactly as a full re-hash wou
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -17,7 +20,7 @@ import trio
 from cache_family.actors.cell import pin_records
 from cache_family.actors.child import ChildCommand, ChildEnded, OnSpawn
 from cache_family.actors.matrix import admit_run, supervise
-from cache_family.actors.pins import Budget, pin_tree
+from cache_family.actors.pins import HELD_TREE_LIMIT, Budget, pin_tree
 from cache_family.actors.progress import RunProgress
 from cache_family.actors.replay import replay
 from cache_family.actors.run_context import (
@@ -75,10 +78,93 @@ async def test_a_row_hashes_an_unchanged_file_twice_whatever_its_cell_count(
     last = await verify(pins, target, final=True)
     assert last.matches and last.verified_by == "sha256"
     assert hasher.hashed == ["model", "model"]
-    # Trees are hashed at every verification, as before.
-    await pins.verify([tree_target], 60.0)
-    await pins.verify([tree_target], 60.0)
+    # A tree likewise: hashed first and last, its directories and files held in between.
+    assert (await pins.verify([tree_target], 60.0))[0].verified_by == "sha256"
+    for _ in range(10):
+        [result] = await pins.verify([tree_target], 60.0)
+        assert result.matches and result.verified_by == "identity"
+    assert (await pins.verify([tree_target], 60.0, final=True))[0].verified_by == "sha256"
     assert hasher.hashed.count("native_build") == 2
+    pins.close()
+
+
+def build_tree(tmp_path: Path) -> tuple[Path, PinTarget]:
+    """A small native build: a binary, a library and its version links, a nested dir."""
+    tree = tmp_path / "native"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "lib" / "plugins").mkdir(parents=True)
+    (tree / "bin" / "server").write_bytes(b"\x7fELF server")
+    (tree / "lib" / "libx.so.1.0").write_bytes(b"\x7fELF libx")
+    (tree / "lib" / "libx.so").symlink_to("libx.so.1.0")
+    (tree / "lib" / "libother.so").write_bytes(b"\x7fELF other")
+    (tree / "lib" / "plugins" / "p.so").write_bytes(b"\x7fELF plugin")
+    sha = pin_tree(str(tree), Budget.seconds(60)).sha256
+    return tree, PinTarget("native_build", str(tree), sha, "tree")
+
+
+def add_file(tree: Path) -> None:
+    (tree / "lib" / "plugins" / "evil.so").write_bytes(b"\x7fELF evil")
+
+
+def re_point_link(tree: Path) -> None:
+    (tree / "lib" / "libx.so").unlink()
+    (tree / "lib" / "libx.so").symlink_to("libother.so")
+
+
+def write_library_keeping_mtime(tree: Path) -> None:
+    write_in_place_keeping_mtime(tree / "lib" / "libx.so.1.0")
+
+
+def rename_over(tree: Path) -> None:
+    os.replace(tree / "lib" / "libother.so", tree / "lib" / "plugins" / "p.so")
+
+
+def swap_the_root(tree: Path) -> None:
+    twin = tree.with_name("twin")
+    os.rename(tree, tree.with_name("old"))
+    # The same bytes elsewhere, renamed into place: other directories, other inodes.
+    shutil.copytree(tree.with_name("old"), twin, symlinks=True)
+    os.rename(twin, tree)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [add_file, re_point_link, write_library_keeping_mtime, rename_over, swap_the_root],
+)
+async def test_a_held_tree_finds_every_change_and_hashes_it_again(
+    tmp_path: Path, change: object
+) -> None:
+    tree, target = build_tree(tmp_path)
+    hasher = CountingHasher()
+    pins = RowPins(hasher, racy_seconds=0)
+    assert (await pins.verify([target], 60.0))[0].verified_by == "sha256"
+    assert (await pins.verify([target], 60.0))[0].verified_by == "identity"
+    change(tree)  # type: ignore[operator]
+    [result] = await pins.verify([target], 60.0)
+    assert result.verified_by == "sha256" and hasher.hashed == ["native_build"] * 2
+    if change is swap_the_root:
+        assert result.matches  # the same bytes: hashed again, and they still match
+    else:
+        assert not result.matches
+    pins.close()
+
+
+async def test_a_tree_too_large_to_hold_is_hashed_at_every_verification(
+    tmp_path: Path,
+) -> None:
+    tree = tmp_path / "toolkit"
+    tree.mkdir()
+    for index in range(HELD_TREE_LIMIT):
+        (tree / f"f{index:04d}").write_bytes(b"%d" % index)
+    target = PinTarget(
+        "toolkit:t", str(tree), pin_tree(str(tree), Budget.seconds(60)).sha256, "tree"
+    )
+    hasher = CountingHasher()
+    pins = RowPins(hasher, racy_seconds=0)
+    for _ in range(3):
+        [result] = await pins.verify([target], 60.0)
+        assert result.matches and result.verified_by == "sha256"
+    assert hasher.hashed == ["toolkit:t"] * 3
     pins.close()
 
 
@@ -199,7 +285,7 @@ async def test_close_releases_every_held_descriptor(tmp_path: Path) -> None:
 
 
 async def run_row(
-    tmp_path: Path, *, after_correctness: object = None
+    tmp_path: Path, *, after_correctness: object = None, after_first_host: object = None
 ) -> tuple[Path, CountingHasher]:
     input_path = make_prepared(tmp_path / "p")
     out = tmp_path / "out"
@@ -217,8 +303,19 @@ async def run_row(
         return ended
 
     counting = CountingHasher()
+    inner = fake_opener(FakeHostScript())
+    ended: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def opener(config: Any, observe: Any) -> Any:
+        async with inner(config, observe) as host:
+            yield host
+        if not ended and after_first_host is not None:
+            after_first_host(out)  # type: ignore[operator]
+        ended.append(config.label)
+
     hosts = HostSettings(
-        host_opener=fake_opener(FakeHostScript()),
+        host_opener=opener,
         pin_hasher=counting,
         child_runner=child_runner,
         row_pin_identity=True,
@@ -226,6 +323,37 @@ async def run_row(
     )
     await supervise(admitted, hosts, RunProgress(io.StringIO(), 1, synthetic=True))
     return out, counting
+
+
+def write_the_rows_copy_of_the_server(out: Path) -> None:
+    [copy] = [p for p in out.glob("cell-0000/exec-state-*/**/fake-llama-server") if p.is_file()]
+    os.chmod(copy, 0o700)
+    write_in_place_keeping_mtime(copy)
+
+
+@pytest.mark.usefixtures("autojump_clock")
+async def test_a_write_to_the_rows_private_copy_between_cells_refuses_the_next_cell(
+    tmp_path: Path,
+) -> None:
+    """The row's hosts run from one private copy, checked by identity between cells: a write
+    to it after the first host ended is found, hashed again and the next cell is refused."""
+    out, _ = await run_row(tmp_path, after_first_host=write_the_rows_copy_of_the_server)
+    assert cell(out, "native-serial").status == "completed"
+    concurrent = cell(out, "sweep-native-concurrent")
+    assert concurrent.status == "failed" and concurrent.host is None
+    assert [p.name for p in concurrent.before_identity if not p.matches] == ["binary"]
+    by = [
+        (r.cell_id, r.phase, r.verified_by)
+        for r in records(out, PinObserved)
+        if r.name == "binary" and r.phase == "before"
+    ]
+    # The serial cell hashed the copy; the concurrent cell found it changed and hashed again.
+    assert by == [
+        ("cell-0000/native-serial", "before", "sha256"),
+        ("cell-0000/native-concurrent", "before", "sha256"),
+    ]
+    assert not list(out.glob("cell-0000/exec-state-*"))  # removed with the row
+    assert replay(str(out)).exit_code == 0
 
 
 @pytest.mark.usefixtures("autojump_clock")

@@ -8,6 +8,7 @@ test checks what the journal and the published receipts say, never internal flag
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -588,6 +589,106 @@ async def test_a_signal_cancels_the_run_and_downgrades_every_receipt(
     assert row(out).status == "incomplete" and row(out).terminal_refusal == "cancelled"
     assert matrix(out).terminal_refusal == "cancelled"
     assert script.cleaned == script.launched
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_a_host_that_exits_on_the_signal_mid_ladder_is_not_a_changed_identity(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The FAKE host exits (as on the operator's SIGINT) before the signal reaches the run, so
+    the rung's identity re-check always runs after the exit: an exit, not a swap."""
+    script = FakeHostScript()
+    arrived = trio.Event()
+
+    def exit_and_tell(index: int, body: dict[str, Any]) -> Reply:
+        if body.get("stream"):
+            script.exited = True
+            arrived.set()
+            return Reply(behaviour="hang")
+        return Reply(first_token_delay=0.01)
+
+    script.reply = exit_and_tell
+    out = tmp_path / "out"
+
+    async def signal_when_exited() -> None:
+        await arrived.wait()
+        os.kill(os.getpid(), signal.SIGINT)  # caught by the run's signal receiver
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(signal_when_exited)
+        outcome = await run(make_prepared(tmp_path / "p"), out, script)
+    assert outcome.interrupted
+    concurrent = cell(out, "sweep-native-concurrent")
+    assert concurrent.terminal_refusal == "cancelled"
+    assert "host_identity_changed" not in [f.kind for f in concurrent.faults]
+    [rung] = [r for r in records(out, RungCompleted) if r.cell_id == CONCURRENT]
+    assert rung.host_create_time is not None and rung.status == "incomplete"
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_a_host_gone_before_the_next_rung_is_an_exit_not_a_changed_identity(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    script = FakeHostScript()
+
+    def exit_after_answering(index: int, body: dict[str, Any]) -> Reply:
+        if body.get("stream"):
+            script.exited = True  # the FAKE host exits once it answered the ladder's request
+        return Reply(first_token_delay=0.01)
+
+    script.reply = exit_after_answering
+    out = tmp_path / "out"
+    await run(make_prepared(tmp_path / "p"), out, script)
+    concurrent = cell(out, "sweep-native-concurrent")
+    assert [f.kind for f in concurrent.faults] == ["child_exited"]
+    assert concurrent.status != "completed"
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_a_cells_transition_is_on_disk_before_its_host_is_started_or_ended(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Transitions into warmup, finalize and done share the next fsync (cell.py
+    ``_SYNCED_LATER``); the ones a process start or end follows never wait for one."""
+    script = FakeHostScript()
+    out = tmp_path / "out"
+    inner = fake_opener(script)
+    seen: list[tuple[str, str, str]] = []
+
+    def last_state_on_disk(cell_id: str) -> str:
+        lines = read_journal((out / "journal.jsonl").read_bytes()).lines
+        states = [
+            line.record.to_state
+            for line in lines
+            if isinstance(line.record, Transition) and line.record.cell_id == cell_id
+        ]
+        return states[-1] if states else "(none)"
+
+    @contextlib.asynccontextmanager
+    async def opener(config: custody.HostConfig, observe: Any) -> Any:
+        cell_id = config.process_tag.split("/", 1)[1]
+        async with inner(config, observe) as host:
+            launch, cleanup = host.launch, host.cleanup
+
+            async def launch_seen(argv: Sequence[str], env: Any) -> Any:
+                seen.append((cell_id, "launch", last_state_on_disk(cell_id)))
+                return await launch(argv, env)
+
+            async def cleanup_seen() -> Any:
+                seen.append((cell_id, "cleanup", last_state_on_disk(cell_id)))
+                return await cleanup()
+
+            host.launch, host.cleanup = launch_seen, cleanup_seen
+            yield host
+
+    await run(make_prepared(tmp_path / "p"), out, script, host_opener=opener)
+    assert seen == [
+        (SERIAL, "launch", "launch"),
+        (SERIAL, "cleanup", "cleanup"),
+        (CONCURRENT, "launch", "launch"),
+        (CONCURRENT, "cleanup", "cleanup"),
+    ]
+    assert cell(out, "sweep-native-concurrent").status == "completed"
     assert replay(str(out)).exit_code == 0
 
 

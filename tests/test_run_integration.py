@@ -191,11 +191,15 @@ def test_prepare_full_then_run_checks_correctness_then_measures_both_native_arms
     # The typed reader keeps the host's argv and the prompt's provenance (the records' own
     # fields), so folds and replay see exactly what the file holds.
     argv = list(hosts[0].host_argv)
-    # The host ran the cell's private copy of the pinned build (the bytes its pins hashed).
-    copy = Path(argv[0]).relative_to(row_dir / "native-serial")
+    # The host ran the row's private copy of the pinned build (the bytes its pins hashed),
+    # and so did the other arm's: one copy per row.
+    copy = Path(argv[0]).relative_to(row_dir)
     assert copy.parts[0].startswith("exec-state-") and copy.parts[1:] == (
-        "native", "bin", "llama-server"
+        "native-0",
+        "bin",
+        "llama-server",
     )
+    assert hosts[1].host_argv[0] == argv[0] and not Path(argv[0]).exists()
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--no-webui" in argv
     assert argv[argv.index("-t") + 1] == "1" and {h.host_threads for h in hosts} == {"1"}
     assert all("OMP_NUM_THREADS" in h.host_env_names for h in hosts)

@@ -40,8 +40,12 @@ class FakeHostScript:
     reply: Callable[[int, dict[str, Any]], Reply] = lambda _i, _b: Reply(
         first_token_delay=0.01, token_delay=0.0
     )
-    # still_same() turns false after this many calls (None: never).
+    # still_same() turns false after this many calls (None: never): the pid now names
+    # another process (a swap).
     identity_lasts: int | None = None
+    # Set (by a reply, say) when the FAKE host has exited: still_same() is false from then
+    # on, and it is an exit, not a swap (replaced() stays false).
+    exited: bool = False
     forced_cleanup: bool = False
     # Further custody findings of the fake cleanup (CleanupOutcome fields), e.g. a truncated
     # capture or a descendant that escaped the process group.
@@ -120,7 +124,14 @@ class FakeHost:
     def still_same(self) -> bool:
         self.identity_checks += 1
         lasts = self.script.identity_lasts
+        if self.script.exited:
+            return False
         return self.pid is not None and (lasts is None or self.identity_checks <= lasts)
+
+    def replaced(self) -> bool:
+        if self.script.exited:
+            return False
+        return self.pid is not None and not self.still_same()
 
     def note_descendants(self) -> None:
         pass

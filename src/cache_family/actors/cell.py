@@ -287,8 +287,10 @@ class CellActor:
         self._argv: list[str] = []
         # A stage server's dialect, read from its help in pin-verify.
         self.cli: stage_host.CliAdmitted | None = None
-        # The private copy of the binary and native build the host runs from (pin-verify).
+        # The private copy of the binary and native build the host runs from (pin-verify):
+        # the row's (``RowExec``), or the cell's own when it runs outside a row.
         self._exec: PrivateCopy | None = None
+        self._exec_owned = False
         self._exec_problem = ""
 
     def __repr__(self) -> str:
@@ -348,7 +350,7 @@ class CellActor:
                 finally:
                     self._release_host.set()  # custody never outlives the loop
         finally:
-            if self._exec is not None:
+            if self._exec is not None and self._exec_owned:
                 custody.remove_tree(self._exec.root)  # the host has ended with custody
         if escaped is not None:
             raise escaped
@@ -366,7 +368,8 @@ class CellActor:
                 shielded = stopped is not None or step.to in CELL_TABLE.after_fault
                 with trio.CancelScope(shield=shielded):
                     with trio.move_on_after(_BOUNDS.get(step.to, math.inf)) as bounded:
-                        await self.ctx.writer.sync()
+                        if step.to not in _SYNCED_LATER:
+                            await self.ctx.writer.sync()
                         for action in step.actions:
                             await _EFFECTS[action](self)
                 if bounded.cancelled_caught:
@@ -462,10 +465,17 @@ class CellActor:
                 plan.refusal or "the prepared input has no native host profile for this case",
             )
         profile = plan.profile
+        row_exec = self.ctx.row_exec
         try:
-            self._exec = await trio.to_thread.run_sync(
-                make_private_copy, profile.binary, profile.native_build, self.cell_path
-            )
+            if row_exec is not None:
+                self._exec = await trio.to_thread.run_sync(
+                    row_exec.copy_for, profile.binary, profile.native_build
+                )
+            else:
+                self._exec = await trio.to_thread.run_sync(
+                    make_private_copy, profile.binary, profile.native_build, self.cell_path
+                )
+                self._exec_owned = True
         except OSError as exc:
             # The pins (hashed by path then) say what is wrong; if they still match, the
             # cell is refused below: a host never runs from a path its pins did not hash.
@@ -496,23 +506,28 @@ class CellActor:
         return CellEvent.PINS_VERIFIED
 
     async def _admit_cli(self) -> stage_host.CliAdmitted:
-        """Read the stage server's dialect from its help (the binary re-hashed around each
-        probe), journal it, and write ``cli-admission.json`` and ``stage.json``."""
+        """Read the stage server's dialect from its help (the binary verified around each
+        probe), journal it, and write ``cli-admission.json`` and ``stage.json``. The help is
+        read once per run for each pinned binary (``RunContext.cli_admissions``)."""
         plan, profile = self.plan, self.plan.profile
         assert profile is not None
         binary = next(t for t in plan.pins if t.name == "binary")
+        key = (profile.binary, profile.binary_sha256)
+        admitted = self.ctx.cli_admissions.get(key)
+        if admitted is None:
 
-        async def same_bytes() -> bool:
-            remaining = self.work_deadline - trio.current_time()
-            [result] = await self.ctx.hosts.pin_hasher([binary], remaining)
-            return result.matches
+            async def same_bytes() -> bool:
+                remaining = self.work_deadline - trio.current_time()
+                [result] = await self.ctx.verify_pins([binary], remaining)
+                return result.matches
 
-        probe_dir = custody.make_private_dir(self.cell_path, "cli-probe")
-        try:
-            env = self._host_env(probe_dir)
-            admitted = await stage_host.admit_cli(profile.binary, env, probe_dir, same_bytes)
-        finally:
-            custody.remove_tree(probe_dir)
+            probe_dir = custody.make_private_dir(self.cell_path, "cli-probe")
+            try:
+                env = self._host_env(probe_dir)
+                admitted = await stage_host.admit_cli(profile.binary, env, probe_dir, same_bytes)
+            finally:
+                custody.remove_tree(probe_dir)
+            self.ctx.cli_admissions[key] = admitted
         await self._journal(
             CliAdmission(
                 cell_id=plan.cell_id,
@@ -715,6 +730,10 @@ class CellActor:
                 )
             previous = rung.concurrency
             if not host.still_same():
+                if not host.replaced():  # it exited: not a swap
+                    raise _Fault(
+                        "child_exited", f"before rung {index}: host pid {host.pid} has exited"
+                    )
                 raise _Fault(
                     "host_identity_changed",
                     f"before rung {index}: pid {host.pid} is no longer the host spawned at "
@@ -848,7 +867,8 @@ class CellActor:
                 prompt_sha256=outcome.prompt_sha256,
                 output_tokens=self.plan.output_tokens,
                 host_pid=host.pid,
-                host_create_time=host.create_time if host.still_same() else None,
+                # A host that exited (a signal mid-ladder ends it) is not a swapped one.
+                host_create_time=None if host.replaced() else host.create_time,
                 stop_reason=outcome.stop_reason,
                 client_overhead_ms=calibration.overhead_p50_ms if calibration else None,
                 client_overhead_factor=calibration.near_factor if calibration else None,
@@ -909,7 +929,11 @@ class CellActor:
             )
         elif isinstance(event, HostCleaned):
             # The whole outcome: the fold judges it, so replay downgrades exactly as live did.
-            await self._journal(CleanupOutcome(cell_id=cell_id, cleanup=event.outcome))
+            # Custody has ended everything and removed the state dir before this: the record
+            # shares the fsync of the receipt's fold (``_SYNCED_LATER``), the next durable point.
+            await self.ctx.writer.append(
+                CleanupOutcome(cell_id=cell_id, cleanup=event.outcome), durable=False
+            )
 
 
 def _done(event: CellEvent) -> Callable[[CellActor], Awaitable[CellEvent]]:
@@ -944,6 +968,16 @@ _EFFECTS: Final[Mapping[CellAction, Callable[[CellActor], Awaitable[None]]]] = {
     CellAction.END_HOST: CellActor._end_host,
     CellAction.PUBLISH_RECEIPT: CellActor._publish_receipt,
 }
+
+# Every transition is fsynced (architecture: journal). One into these states shares the fsync
+# of the durable point that follows it with nothing outside the journal done in between: the
+# steps into warmup (its actions only journal and talk HTTP to the cell's own host, and every
+# way out of warmup syncs: the ladder's step, or cleanup's before it signals the host),
+# finalize (publication folds through ``writer.sync()`` before it writes any file) and done
+# (the next cell's ``cell_opened`` or the row's receipt follows the cell, both durable).
+# Steps that start or end a process, or that precede long work (the ladder, post-verify's
+# hashing), still fsync before their actions.
+_SYNCED_LATER: Final = frozenset((CellState.WARMUP, CellState.FINALIZE, CellState.DONE))
 
 # How long the actions of a step into these states may take (they run shielded).
 _BOUNDS: Final[Mapping[CellState, float]] = {CellState.FINALIZE: FINALIZE_BOUND_SECONDS}

@@ -50,6 +50,7 @@ from cache_family.actors.process_group import (
     PROCESS_TAG_NAME,
     end_identified,
     end_tagged,
+    pid_replaced,
     still_same,
     stop_group,
 )
@@ -637,6 +638,16 @@ class Host:
         if self.pid is None or self.create_time is None or self._exited.is_set():
             return False
         return still_same(self.pid, self.create_time)
+
+    def replaced(self) -> bool:
+        """True only when the host's pid now names another live process than the one
+        spawned: a host that exited (on its own, on a signal, or ended by this custody) was
+        not swapped, whether or not its exit has been reaped yet."""
+        if self.pid is None or self.create_time is None:
+            return False
+        if self._exited.is_set() or self.state in ("terminating", "cleaned"):
+            return False
+        return pid_replaced(self.pid, self.create_time)
 
     # -- cleanup -------------------------------------------------------------------------
 

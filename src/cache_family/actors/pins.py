@@ -16,6 +16,7 @@ files inside the tree, no special files, at least one file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat
@@ -469,3 +470,56 @@ class HeldFile:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+# A tree is held by one descriptor per directory and file; a larger one (a toolkit, say) is
+# not held, and is hashed in full at every verification, so that a row never takes the
+# descriptors its hosts' clients need.
+HELD_TREE_LIMIT = 256
+
+
+class HeldTree:
+    """A pinned tree held across a row: its root as pinned, every directory under it and every
+    file it pins (``HeldFile`` each), from one listing. A file written or replaced changes its
+    own identity; a file or link added, removed, renamed or re-pointed changes its directory's
+    (its entries are the directory's content); a root re-pointed names another directory.
+    OSError (EMFILE) for a tree of more than ``HELD_TREE_LIMIT`` directories and files."""
+
+    __slots__ = ("held", "path")
+
+    def __init__(self, path: str, *, json_path: str = "$") -> None:
+        canonical, files = list_tree(path, json_path=json_path)  # refused when incomplete
+        self.path = path
+        names = [path]
+        stack = [canonical]
+        while stack:  # list_tree bounded its depth and entries
+            directory = stack.pop()
+            if directory != canonical:
+                names.append(directory)
+            with os.scandir(directory) as listing:
+                stack += [entry.path for entry in listing if entry.is_dir(follow_symlinks=False)]
+        names += sorted({item.source for item in files})
+        if len(names) > HELD_TREE_LIMIT:
+            raise OSError(errno.EMFILE, f"more than {HELD_TREE_LIMIT} entries to hold", path)
+        self.held: list[HeldFile] = []
+        try:
+            for name in names:
+                self.held.append(HeldFile(name))
+        except OSError:
+            self.close()
+            raise
+
+    def change(self) -> str | None:
+        """The first held directory or file whose identity changed, or None."""
+        for held in self.held:
+            problem = held.change()
+            if problem is not None:
+                return problem
+        return None
+
+    def settled(self, racy_seconds: float, now_ns: int) -> bool:
+        return all(held.settled(racy_seconds, now_ns) for held in self.held)
+
+    def close(self) -> None:
+        for held in self.held:
+            held.close()

@@ -1,9 +1,12 @@
 """The bytes a host executes are the bytes its pins saw: it runs from a private copy.
 
 Pins are hashed by path, and a server exec'd by that path a moment later could be other bytes
-(a binary swapped after the hash and swapped back before the next one). So, before the
-pre-launch pin check, the cell copies what the host loads into a fresh 0700 directory of its
-own, the pin check hashes THE COPIES, and the host execs the copy:
+(a binary swapped after the hash and swapped back before the next one). So what the host
+loads is copied into a fresh 0700 directory, the pre-launch pin check verifies THE COPIES,
+and the host execs the copy. A row makes its copies once (``RowExec``, before its correctness
+arm) and every cell of the row runs from them: the first cell's check hashes the copies, the
+later ones check their identities through descriptors held across the row (``RowPins``), so
+a write to a copy or a replaced copy between two cells is still found:
 
   * the native build tree (the install prefix: ``bin/``, ``lib/``): llama-server finds
     libllama.so and the ggml libraries through ``LD_LIBRARY_PATH`` and its RUNPATH
@@ -17,15 +20,17 @@ What is still read by path after the check: libraries the loader finds outside t
 (toolkit trees, the system's, an absolute RUNPATH of a binary outside the build); the model
 and its shards (mmapped by the host: a model flipped and flipped back during the ladder is
 outside what pins can see); toolkit trees; and a stage server's help probes, which run the
-original binary between two hashes of it.
+original binary between two checks of its pin (once per run per pinned binary).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cache_family.actors.custody import make_private_dir, remove_tree
@@ -35,7 +40,7 @@ from cache_family.actors.custody import make_private_dir, remove_tree
 class PrivateCopy:
     """Where a cell's host runs from: ``binary`` to exec, ``native_build`` (the copied tree,
     or None when the binary lies outside the build and only it was copied) for the host's
-    environment, ``root`` to remove once the host has ended."""
+    environment, ``root`` (the row's, see ``RowExec``) to remove once the hosts have ended."""
 
     root: str
     binary: str
@@ -49,29 +54,82 @@ def inside(path: str, tree: str) -> bool:
 def make_private_copy(binary: str, native_build: str | None, parent: str) -> PrivateCopy:
     """Copy the native build tree and ``binary`` into a new 0700 dir under ``parent``;
     OSError when it cannot (a missing binary, a full disk)."""
-    source = os.path.realpath(binary, strict=True)
-    tree = os.path.realpath(native_build, strict=True) if native_build else None
-    if os.statvfs(parent).f_flag & os.ST_NOEXEC:
-        raise OSError(
-            errno.EACCES,
-            "the run directory is on a filesystem mounted noexec; the host runs from a "
-            "private copy there: choose an output on a filesystem that allows executables",
-            parent,
-        )
-    root = make_private_dir(parent, "exec")
+    copies = RowExec(parent)
     try:
+        return copies.copy_for(binary, native_build)
+    except BaseException:
+        copies.close()
+        raise
+
+
+class RowExec:
+    """The private copies a row's hosts run from, made once per row in one 0700 dir under
+    ``parent``: each native build tree once, each binary outside its tree once. ``close``
+    removes them; the row calls it once its last host has ended."""
+
+    def __init__(self, parent: str) -> None:
+        self.parent = parent
+        self.root = ""
+        self._trees: dict[str, str] = {}  # canonical tree -> its copy
+        self._binaries: dict[str, str] = {}  # canonical binary outside a tree -> its copy
+
+    def prepare(self, pairs: Iterable[tuple[str, str | None]]) -> None:
+        """Make the copies of ``(binary, native_build)`` pairs ahead of the row's cells, so
+        they are old enough to be held by identity when the first cell checks them; a copy
+        that cannot be made now is tried again, and its problem reported, by that cell."""
+        for binary, native_build in pairs:
+            with contextlib.suppress(OSError):
+                self.copy_for(binary, native_build)
+
+    def copy_for(self, binary: str, native_build: str | None) -> PrivateCopy:
+        """The copy ``binary`` runs from (made now unless the row made it already); OSError
+        when it cannot be made."""
+        source = os.path.realpath(binary, strict=True)
+        tree = os.path.realpath(native_build, strict=True) if native_build else None
+        root = self._root()
         copied_tree = None
         if tree is not None:
-            copied_tree = os.path.join(root, "native")
-            shutil.copytree(tree, copied_tree, symlinks=True)
+            copied_tree = self._trees.get(tree)
+            if copied_tree is None:
+                copied_tree = os.path.join(root, f"native-{len(self._trees)}")
+                try:
+                    shutil.copytree(tree, copied_tree, symlinks=True)
+                except BaseException:
+                    remove_tree(copied_tree)
+                    raise
+                self._trees[tree] = copied_tree
             if inside(source, tree):
                 copied = os.path.join(copied_tree, os.path.relpath(source, tree))
                 return PrivateCopy(root, copied, copied_tree)
-        copied = os.path.join(root, "bin", os.path.basename(source))
-        os.mkdir(os.path.dirname(copied), 0o700)
-        shutil.copyfile(source, copied)
-        os.chmod(copied, stat.S_IRUSR | stat.S_IXUSR)
+        copied = self._binaries.get(source, "")
+        if not copied:
+            directory = os.path.join(root, f"bin-{len(self._binaries)}")
+            copied = os.path.join(directory, os.path.basename(source))
+            try:
+                os.mkdir(directory, 0o700)
+                shutil.copyfile(source, copied)
+                os.chmod(copied, stat.S_IRUSR | stat.S_IXUSR)
+            except BaseException:
+                remove_tree(directory)
+                raise
+            self._binaries[source] = copied
         return PrivateCopy(root, copied, copied_tree)
-    except BaseException:
-        remove_tree(root)
-        raise
+
+    def _root(self) -> str:
+        if not self.root:
+            if os.statvfs(self.parent).f_flag & os.ST_NOEXEC:
+                raise OSError(
+                    errno.EACCES,
+                    "the run directory is on a filesystem mounted noexec; the host runs from "
+                    "a private copy there: choose an output on a filesystem that allows "
+                    "executables",
+                    self.parent,
+                )
+            self.root = make_private_dir(self.parent, "exec")
+        return self.root
+
+    def close(self) -> None:
+        remove_tree(self.root)
+        self.root = ""
+        self._trees.clear()
+        self._binaries.clear()

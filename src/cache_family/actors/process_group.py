@@ -170,6 +170,18 @@ def still_same(pid: int, create_time: float) -> bool:
         return False
 
 
+def pid_replaced(pid: int, create_time: float) -> bool:
+    """True when ``pid`` names a live process created at another time than ``create_time``;
+    False while it is that process, and when nothing (or only a zombie) is left at ``pid``."""
+    try:
+        process = psutil.Process(pid)
+        return process.create_time() != create_time and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # another user's process now holds the pid
+
+
 async def end_identified(known: Mapping[int, float]) -> tuple[list[int], list[int]]:
     """SIGKILL every process of ``known`` (pid -> create time) that is still itself; return
     (those that were alive, those still alive after ``END_WAIT_SECONDS``). Shielded."""

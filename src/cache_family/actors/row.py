@@ -28,6 +28,7 @@ from cache_family.actors.cell import CellActor, CellPlan, pin_targets
 from cache_family.actors.correctness import ARM_CORRECTNESS, CorrectnessActor, CorrectnessPlan
 from cache_family.actors.journal import publish_row_receipt
 from cache_family.actors.load import PromptCuts
+from cache_family.actors.private_exec import RowExec
 from cache_family.actors.prompts import PromptChoice, PromptSelector, accepted_prompt
 from cache_family.actors.run_context import (
     ARM_CONCURRENT,
@@ -353,9 +354,14 @@ class RowActor:
 
     # -- machine -----------------------------------------------------------------------------
 
-    async def _fire(self, event: RowEvent) -> None:
-        self.machine.fire(event)  # the machine journals the step
-        await self.ctx.writer.sync()
+    async def _fire(self, event: RowEvent, *, sync: bool = True) -> None:
+        """Fire ``event`` (the machine journals the step) and fsync it, unless ``sync`` is
+        False: a step between the row's arms shares the fsync of what follows it with
+        nothing outside the journal in between (the next cell's durable ``cell_opened``, or
+        the row receipt's fold), as the cell's own steps into ``done`` do."""
+        self.machine.fire(event)
+        if sync:
+            await self.ctx.writer.sync()
 
     async def _stopped(self) -> None:
         if self._stop_recorded:
@@ -425,31 +431,55 @@ class RowActor:
         return self.result
 
     async def _arms(self, arms: tuple[ArmPlan, ...]) -> None:
-        # One RowPins for the row's arms: each pinned file is hashed in full when first
-        # verified and at the last cell's post-verify, and identity-checked in between.
+        # One RowPins for the row's arms: each pinned file or tree is hashed in full when first
+        # verified and at the last cell's post-verify, and identity-checked in between. One
+        # RowExec: the private copies every host of the row runs from, made once.
         pins = self.ctx.hosts.row_pins()
+        copies = RowExec(os.path.join(self.ctx.run_dir, self.dir))
         try:
-            await self._run_arms(arms, dataclasses.replace(self.ctx, row_pins=pins))
+            ctx = dataclasses.replace(self.ctx, row_pins=pins, row_exec=copies)
+            await self._run_arms(arms, ctx)
         finally:
+            # Every cell of the row has ended its host (a cell leaves only after cleanup).
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(copies.close)
             if pins is not None:
                 pins.close()
 
+    def _exec_pairs(self, arms: tuple[ArmPlan, ...]) -> list[tuple[str, str | None]]:
+        """(binary, native build) of each planned host arm that has a usable profile."""
+        pairs: list[tuple[str, str | None]] = []
+        for arm in arms:
+            if arm.status != "planned":
+                continue
+            if arm.arm in (ARM_OLD, ARM_NEW):
+                profile, refusal = self._stage_profile(arm.arm)
+            else:
+                profile, refusal = self._native_profile()
+            if profile is not None and refusal is None:
+                pairs.append((profile.binary, profile.native_build))
+        return pairs
+
     async def _run_arms(self, arms: tuple[ArmPlan, ...], ctx: RunContext) -> None:
         await self._wait_if_out_of_time()
+        if ctx.row_exec is not None:
+            # Made now, the copies are settled (``RACY_SECONDS``) by the time the first cell
+            # checks them, so each is hashed once per row and held by identity after that.
+            await trio.to_thread.run_sync(ctx.row_exec.prepare, self._exec_pairs(arms))
         self.correctness = CorrectnessActor(self.correctness_plan(), ctx)
         verdict = await self.correctness.run()
         if not self._accept(verdict):
             # The table's skip-baselines step: the fold shows each planned arm as skipped.
-            await self._fire(RowEvent.CORRECTNESS_NOT_PASSED)
+            await self._fire(RowEvent.CORRECTNESS_NOT_PASSED, sync=False)
             return
-        await self._fire(RowEvent.CORRECTNESS_PASSED)
+        await self._fire(RowEvent.CORRECTNESS_PASSED, sync=False)
         planned = [a.arm for a in arms if a.status == "planned"]
         for arm in (ARM_SERIAL, ARM_CONCURRENT, ARM_OLD, ARM_NEW):
             if arm in (ARM_OLD, ARM_NEW) and not any(a.arm == arm for a in arms):
                 continue
             plan = next(a for a in arms if a.arm == arm)
             if plan.status != "planned":
-                await self._fire(RowEvent.ARM_SKIPPED)
+                await self._fire(RowEvent.ARM_SKIPPED, sync=False)
                 continue
             await self._wait_if_out_of_time()
             last = arm == planned[-1]
@@ -458,8 +488,8 @@ class RowActor:
             )
             self.cells.append(cell)
             await cell.run()
-            await self._fire(RowEvent.ARM_FINISHED)
-        await self._fire(RowEvent.ARMS_EXHAUSTED)
+            await self._fire(RowEvent.ARM_FINISHED, sync=False)
+        await self._fire(RowEvent.ARMS_EXHAUSTED, sync=False)
 
     def _accept(self, verdict: StageVerdict) -> bool:
         if verdict.status != STAGE_COMPLETED or not verdict.prompt_text:

@@ -15,7 +15,7 @@ from typing import Final, Literal, Protocol
 
 import trio
 
-from cache_family.actors import custody
+from cache_family.actors import custody, stage_host
 from cache_family.actors.child import ChildRunner, run_child
 from cache_family.actors.http import LoopbackHttp
 from cache_family.actors.journal import JournalWriter
@@ -24,10 +24,12 @@ from cache_family.actors.pins import (
     Budget,
     HashJob,
     HeldFile,
+    HeldTree,
     hash_file,
     hash_files,
     pin_tree,
 )
+from cache_family.actors.private_exec import RowExec
 from cache_family.errors import Refused
 from cache_family.schemas.journal import Record, Transition
 from cache_family.schemas.measurement import (
@@ -129,6 +131,8 @@ class HostHandle(Protocol):
 
     def still_same(self) -> bool: ...
 
+    def replaced(self) -> bool: ...
+
     def note_descendants(self) -> None: ...
 
     def shorten_grace(self) -> None: ...
@@ -220,20 +224,21 @@ async def hash_pins(targets: Sequence[PinTarget], seconds: float) -> list[PinRes
 
 
 class RowPins:
-    """The pins of one row: a pinned file's bytes are hashed in full when the row first
-    verifies it and at the row's final verification; in between, every verification checks
-    only its identity (device, inode, size, mtime and ctime in ns) through a descriptor held
-    across the row (``HeldFile``), and hashes it again only when that identity changed.
+    """The pins of one row: a pinned file's or tree's bytes are hashed in full when the row
+    first verifies it and at the row's final verification; in between, every verification
+    checks only identities (device, inode, size, mtime and ctime in ns) through descriptors
+    held across the row (``HeldFile``; a tree's directories and files: ``HeldTree``), and
+    hashes it again only when an identity changed.
 
-    Tree pins (the native build, toolkits) are hashed in full at every verification, as before.
     ``close`` releases the held descriptors; the row calls it when it ends.
     """
 
     def __init__(self, hasher: PinHasher, *, racy_seconds: float = RACY_SECONDS) -> None:
         self._hasher = hasher
         self._racy_seconds = racy_seconds
-        # (path, expected sha256) -> the file held since its bytes were hashed and matched.
-        self._held: dict[tuple[str, str], HeldFile] = {}
+        # (path, expected sha256) -> the file or tree held since its bytes were hashed and
+        # matched.
+        self._held: dict[tuple[str, str], HeldFile | HeldTree] = {}
         # Pin name -> how many times its bytes were hashed in full for this row.
         self.full_hashes: dict[str, int] = {}
 
@@ -244,7 +249,7 @@ class RowPins:
         to_hash: list[PinTarget] = []
         for target in targets:
             key = (target.path, target.expected_sha256)
-            held = self._held.get(key) if target.kind == "file" else None
+            held = self._held.get(key)
             if held is not None and not final and held.change() is None:
                 results[id(target)] = PinResult(
                     target, target.expected_sha256, verified_by="identity"
@@ -252,14 +257,17 @@ class RowPins:
                 continue
             self._release(key)
             to_hash.append(target)
-        opened: dict[int, HeldFile] = {}
+        opened: dict[int, HeldFile | HeldTree] = {}
         try:
             for target in to_hash:
-                if target.kind == "file":
-                    # The path as pinned (a link is followed each time it is checked, so
-                    # re-pointing it is seen); the hash reports a missing file itself.
-                    with contextlib.suppress(OSError):
-                        opened[id(target)] = HeldFile(target.path)
+                # The path as pinned (a link is followed each time it is checked, so
+                # re-pointing it is seen); the hash reports a missing file or bad tree itself.
+                with contextlib.suppress(OSError, Refused):
+                    opened[id(target)] = (
+                        HeldFile(target.path)
+                        if target.kind == "file"
+                        else HeldTree(target.path, json_path=f"$.pins.{target.name}")
+                    )
             for result in await self._hasher(to_hash, seconds):
                 target = result.target
                 self.full_hashes[target.name] = self.full_hashes.get(target.name, 0) + 1
@@ -272,7 +280,7 @@ class RowPins:
                 left.close()
         return [results[id(target)] for target in targets]
 
-    def _hold(self, target: PinTarget, result: PinResult, held: HeldFile) -> PinResult:
+    def _hold(self, target: PinTarget, result: PinResult, held: HeldFile | HeldTree) -> PinResult:
         """Keep ``held`` for the row when its bytes were hashed unchanged and match the pin."""
         problem = held.change()
         if problem is not None:
@@ -366,6 +374,11 @@ class RunContext:
     client_calibration: ClientCalibration | None = None
     # The current row's pins (a row's arms run with a context that names them).
     row_pins: RowPins | None = None
+    # The current row's private copies its hosts run from (None: each cell makes its own).
+    row_exec: RowExec | None = None
+    # A stage server's dialect by (binary, pinned sha256), read once per run from its help:
+    # the dialect is the pinned bytes', and every later cell runs bytes verified to be them.
+    cli_admissions: dict[tuple[str, str], stage_host.CliAdmitted] = field(default_factory=dict)
     # This runner's share of every host's environment tag (``<process_tag>/<cell id>``):
     # cleanup ends what still carries its cell's tag, ``replay --reap`` what carries this.
     process_tag: str = field(default_factory=lambda: f"cf-{secrets.token_hex(8)}")

@@ -2,8 +2,9 @@
 
 The dialect is read from the binary's own help (reference ``skippy_cli_admission``): ``<bin>
 serve --help`` exiting 0 is the current dialect, else ``<bin> serve-openai --help`` exiting 0
-the legacy one, else the binary is refused. Each probe is capped at 5 s; the binary's SHA-256
-is re-checked around the probes, so the dialect is the pinned bytes'.
+the legacy one, else the binary is refused. Each probe is capped at 5 s; the binary's pin is
+re-checked around the probes, so the dialect is the pinned bytes' (the cell actor reads it
+once per run for each pinned binary).
 """
 
 from __future__ import annotations
