@@ -53,6 +53,8 @@ from cache_family.actors.run_context import (
 )
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
+    COHORT_NATIVE,
+    COHORT_OPENAI,
     Cancellation,
     CellOpened,
     ChildSpawned,
@@ -96,8 +98,6 @@ from cache_family.states.cell import (
     MachineTable,
 )
 
-COHORT_NATIVE: Final = "native"
-COHORT_OPENAI: Final = "openai"
 # Finalize (fold + publish) is shielded; this bounds it so a wedged disk cannot hang a run.
 FINALIZE_BOUND_SECONDS: Final = 30.0
 

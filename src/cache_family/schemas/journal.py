@@ -184,6 +184,12 @@ class RowOpened(_Record, tag="row_opened", frozen=True, kw_only=True):
     synthetic: bool = False
 
 
+# ``CellOpened.cohort``: llama-server's own /completion, or a stage server's OpenAI chat (whose
+# rungs keep per-request digests for parity).
+COHORT_NATIVE: Final = "native"
+COHORT_OPENAI: Final = "openai"
+
+
 class CellOpened(_Record, tag="cell_opened", frozen=True, kw_only=True):
     """One host session of one arm; ``cell_id`` is unique within the run."""
 

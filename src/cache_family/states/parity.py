@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
+from cache_family.schemas.journal import COHORT_OPENAI
 from cache_family.schemas.receipts import (
     PARITY_UNAVAILABLE,
     ArmObservation,
@@ -63,7 +64,7 @@ def rung_parity(
         )
     problem = _roster_problem(a) or _roster_problem(b)
     if problem is None:
-        if old is None or new is None or old.cohort != new.cohort or old.cohort != "openai":
+        if old is None or new is None or old.cohort != new.cohort or old.cohort != COHORT_OPENAI:
             problem = "both rosters must be OpenAI cohorts"
         elif a.prompt_sha256 != b.prompt_sha256:
             problem = "the two rungs sent different prompts"

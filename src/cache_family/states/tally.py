@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 
 from cache_family.errors import Refused
-from cache_family.schemas.journal import CellOpened, RungCompleted
+from cache_family.schemas.journal import COHORT_OPENAI, CellOpened, RungCompleted
 from cache_family.schemas.measurement import (
     CacheExpectation,
     RequestDigest,
@@ -30,8 +30,6 @@ from cache_family.states.metrics import RungAccumulator, SerialAccumulator
 
 # A concurrent rung reported without a makespan cannot be summarised.
 MAKESPAN_MISSING = "fold.makespan_missing"
-# ``cell_opened.cohort`` of a stage server's cell (OpenAI chat), whose rungs keep digests.
-COHORT_OPENAI = "openai"
 
 
 class RungTally:
