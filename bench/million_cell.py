@@ -77,6 +77,9 @@ class _HostIdentity:
     def still_same(self) -> bool:
         return True
 
+    def replaced(self) -> bool:
+        return False
+
 
 class _AfterTheNetwork(LoadRun):
     """The load actor with its exchange answered at once: a canned llama-server final event
