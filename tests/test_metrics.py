@@ -244,3 +244,45 @@ def test_rung_counts_add_up(spec: list[tuple[float, int, bool]], makespan: float
     assert summary.complete == (succeeded == len(rows))
     assert math.isclose(summary.throughput_requests_per_sec * makespan, succeeded)
     assert summary.observed_completion_tokens == sum(t for _, t, ok in spec if ok)
+
+
+@given(st.lists(finite, min_size=1, max_size=300))
+def test_a_compact_rungs_percentiles_agree_whichever_way_it_is_sorted(values: list[float]) -> None:
+    from array import array
+
+    from cache_family.states import metrics
+
+    as_objects = metrics._percentiles(array("d", values))
+    saved = metrics.SORT_IN_PLACE_ABOVE
+    metrics.SORT_IN_PLACE_ABOVE = 0  # type: ignore[misc]
+    try:
+        in_place = metrics._percentiles(array("d", values))
+    finally:
+        metrics.SORT_IN_PLACE_ABOVE = saved  # type: ignore[misc]
+    assert as_objects == in_place == tuple(percentile(values, p) for p in (50, 90, 99))
+
+
+def test_a_small_compact_rung_is_summarised_without_loading_numpy() -> None:
+    """numpy's import costs more client CPU than a small rung's whole load (the harness's
+    CPU-per-request figure counted it); only a rung past SORT_IN_PLACE_ABOVE may load it."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys\n"
+        "from cache_family.schemas.measurement import RequestRow, ServerTimings\n"
+        "from cache_family.states.metrics import RungAccumulator\n"
+        "acc = RungAccumulator(1000, compact=True)\n"
+        "for i in range(1000):\n"
+        "    acc.add(RequestRow(request_id=i, status='completed', ttft_ms=float(i % 97),\n"
+        "        tpot_ms=1.0, elapsed_ms=float(i % 89) + 100.0, tokens_predicted=4,\n"
+        "        tokens_evaluated=20, timings=ServerTimings(predicted_n=4)))\n"
+        "summary = acc.summary(concurrency=8, makespan_seconds=1.0)\n"
+        "assert summary.ttft_p50_ms is not None, summary\n"
+        "print('numpy' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "False"

@@ -15,6 +15,7 @@ import math
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, MutableSequence, Sequence
+from typing import Final
 
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.measurement import RequestRow, RungSummary, SerialSummary
@@ -287,15 +288,22 @@ class RungAccumulator:
         return summary
 
 
+# Above this many values a compact rung's times are sorted in place (numpy) rather than as a
+# list of float objects (about 32 bytes a value): memory stays at 8 bytes a value.
+SORT_IN_PLACE_ABOVE: Final = 100_000
+
+
 def _percentiles(values: MutableSequence[float]) -> tuple[float | None, ...]:
-    """p50, p90 and p99 as ``percentile`` gives them, one metric at a time. A compact
+    """p50, p90 and p99 as ``percentile`` gives them, one metric at a time. A large compact
     ``array`` is sorted in place by numpy (8 bytes a value, no float objects)."""
     if not values:
         return (None, None, None)
     n = len(values)
     ranks = [min(math.floor(n * p / 100), n - 1) for p in (50, 90, 99)]
-    if isinstance(values, array):
-        import numpy  # only for compact rungs: the fold of a small cell never needs it
+    if isinstance(values, array) and n > SORT_IN_PLACE_ABOVE:
+        # Imported only here: a process whose rungs are all small never loads numpy (its import
+        # costs more CPU than a whole small rung's client work).
+        import numpy
 
         in_place = numpy.frombuffer(values, dtype=numpy.float64)
         in_place.sort()
