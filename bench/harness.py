@@ -665,11 +665,18 @@ def _search(pattern: str, text: str) -> re.Match[str] | None:
     return re.search(pattern, text, re.MULTILINE)
 
 
+def _numeric_figures(stdout: str) -> dict[str, float] | None:
+    """The numbers of a script's ``bench-figures`` line; None when it printed none."""
+    figures = read_figures(stdout)
+    if figures is None:
+        return None
+    return {k: float(v) for k, v in figures.items() if isinstance(v, int | float)}
+
+
 def parse_journal(stdout: str) -> dict[str, float]:
     """journal_bench's figures: its ``bench-figures`` line, else its prose lines."""
-    figures = read_figures(stdout)
-    if figures is not None:
-        return {k: float(v) for k, v in figures.items() if isinstance(v, int | float)}
+    if (figures := _numeric_figures(stdout)) is not None:
+        return figures
     out: dict[str, float] = {}
     if m := _search(r"non-durable appends: ours ([\d,.]+)/s, plain write ([\d,.]+)/s", stdout):
         out["appends_per_s"], out["plain_appends_per_s"] = _number(m[1]), _number(m[2])
@@ -681,9 +688,9 @@ def parse_journal(stdout: str) -> dict[str, float]:
 
 
 def parse_pins(stdout: str) -> dict[str, float]:
-    figures = read_figures(stdout)
-    if figures is not None:
-        return {k: float(v) for k, v in figures.items() if isinstance(v, int | float)}
+    """pins_bench's figures: its ``bench-figures`` line, else its prose lines."""
+    if (figures := _numeric_figures(stdout)) is not None:
+        return figures
     out: dict[str, float] = {}
     if m := _search(r"full hash: ([\d.]+) GiB/s", stdout):
         out["hash_gib_per_s"] = _number(m[1])
@@ -695,18 +702,9 @@ def parse_pins(stdout: str) -> dict[str, float]:
 
 
 def parse_million(stdout: str) -> dict[str, float]:
-    figures = read_figures(stdout)
-    if figures is not None:
-        return {k: float(v) for k, v in figures.items() if isinstance(v, int | float)}
-    out: dict[str, float] = {}
-    pattern = (
-        r"([\d,]+)-request cell: journal \+ fold \+ publish ([\d.]+) s, peak RSS ([\d.]+) MiB;"
-        r" replay.*? ([\d.]+) s, peak RSS ([\d.]+) MiB"
-    )
-    if m := _search(pattern, stdout):
-        out["requests"], out["run_s"], out["run_rss_mib"] = (_number(m[i]) for i in (1, 2, 3))
-        out["replay_s"], out["replay_rss_mib"] = _number(m[4]), _number(m[5])
-    return out
+    """million_cell's ``bench-figures`` line (it always prints one; its prose changes with
+    what it drives)."""
+    return _numeric_figures(stdout) or {}
 
 
 def _bullets(stdout: str) -> str:

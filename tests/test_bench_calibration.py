@@ -7,33 +7,17 @@ are exactly its stamps.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import trio
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-# The bench scripts import their siblings as top-level modules, as when run as scripts.
-sys.path.insert(0, str(BENCH))
+from bench_modules import load_bench
+
+server_mod = load_bench("calibration_server")
+client_mod = load_bench("bare_client")
 TTFT_MS = 30.0
 ITL_MS = 4.0
 TOKENS = 5
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-server_mod = _load("calibration_server")
-client_mod = _load("bare_client")
 
 
 async def test_stamps_keep_the_schedule_and_match_the_reported_timings() -> None:

@@ -8,32 +8,17 @@ the test.
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import io
 import json
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-# The bench scripts import their siblings as top-level modules, as when run as scripts.
-sys.path.insert(0, str(BENCH))
+from bench_modules import BENCH, load_bench
 
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load("harness")
-results = _load("_results")
+harness = load_bench("harness")
+results = load_bench("_results")
 
 
 FIGURE_KEYS = [
@@ -183,8 +168,9 @@ per cell (a pre- and a post-verify): full re-hash 1465 s, identity checks 0.13 m
 less)
 """
 MILLION_OUT = """\
-1,000,000-request cell: journal + fold + publish 45.2 s, peak RSS 1619 MiB; replay (read, \
-re-fold, compare, stream the rows file) 50.6 s, peak RSS 2319 MiB; journal 620 MiB
+1,000,000 requests, after the network: rung 55.1 s (18,145 requests/s), peak RSS 94 MiB
+bench-figures: {"bytes_per_further_request": 34.3, "replay_rss_mib": 106.0, "replay_s": 9.4, \
+"requests": 1000000, "run_rss_mib": 94.0, "run_s": 55.1}
 """
 
 
@@ -202,15 +188,20 @@ def test_the_scripts_prose_is_read_when_they_print_no_figures_line() -> None:
         "rehash_per_cell_s": 1465.0,
         "identity_per_cell_ms": 0.13,
     }
+    assert harness.parse_journal("something else entirely") == {}
+
+
+def test_the_million_cell_is_read_from_its_figures_line_only() -> None:
     million = harness.parse_million(MILLION_OUT)
     assert million == {
         "requests": 1e6,
-        "run_s": 45.2,
-        "run_rss_mib": 1619.0,
-        "replay_s": 50.6,
-        "replay_rss_mib": 2319.0,
+        "run_s": 55.1,
+        "run_rss_mib": 94.0,
+        "replay_s": 9.4,
+        "replay_rss_mib": 106.0,
+        "bytes_per_further_request": 34.3,
     }
-    assert harness.parse_journal("something else entirely") == {}
+    assert harness.parse_million("1,000,000 requests, after the network: rung 55.1 s") == {}
 
 
 def test_a_figures_line_wins_over_the_prose() -> None:

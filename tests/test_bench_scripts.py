@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from test_bench_harness import harness
+from bench_modules import BENCH, load_bench
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+harness = load_bench("harness")
 
 pytestmark = pytest.mark.slow
 
