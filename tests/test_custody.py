@@ -10,7 +10,10 @@ import os
 import socket
 import stat
 import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -28,6 +31,7 @@ from cache_family.actors.custody import (
     recorded_environment,
     still_same,
 )
+from cache_family.actors.http import LoopbackHttp, Response
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
     HostCleaned,
@@ -235,6 +239,42 @@ async def test_host_that_never_becomes_healthy_fails_readiness(tmp_path: Path) -
             await host.wait_ready(4.0)
     assert caught.value.codes == ["custody.readiness_failed"]
     assert "HTTP 503" in str(caught.value)
+
+
+class SilentNearTheDeadline(LoopbackHttp):
+    """A fault-injection client: the real client until `silent_from`, then no answer at all,
+    so the last readiness tries (under HEALTH_TRY_SECONDS from it) are cut short."""
+
+    def __init__(self, silent_from: Callable[[], float]) -> None:
+        super().__init__()
+        self.silent_from = silent_from
+        self.answered = 0
+
+    @asynccontextmanager
+    async def request(self, method: str, url: str, **kwargs: Any) -> AsyncIterator[Response]:
+        if trio.current_time() >= self.silent_from():
+            await trio.sleep_forever()
+        async with super().request(method, url, **kwargs) as response:
+            self.answered += 1
+            yield response
+
+
+async def test_a_readiness_try_cut_short_by_the_deadline_keeps_the_hosts_last_answer(
+    tmp_path: Path,
+) -> None:
+    startup, silent_for = 10.0, 1.5
+    with trio.fail_after(30), pytest.raises(Refused) as caught:
+        async with host_custody(config(tmp_path)) as host:
+            await host.launch(
+                [sys.executable, SCRIPTED, "unhealthy", str(host.port)], env_for(host)
+            )
+            assert host._spawned_at is not None
+            spawned_at = host._spawned_at
+            client = SilentNearTheDeadline(lambda: spawned_at + startup - silent_for)
+            await host.wait_ready(startup, client)
+    assert client.answered > 0
+    assert caught.value.codes == ["custody.readiness_failed"]
+    assert "last: HTTP 503" in str(caught.value)
 
 
 async def test_missing_binary_is_a_spawn_failure(tmp_path: Path) -> None:

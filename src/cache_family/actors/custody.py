@@ -608,9 +608,14 @@ class Host:
                 )
             attempts += 1
             try_seconds = min(HEALTH_TRY_SECONDS, max(deadline - trio.current_time(), 0.001))
-            ok, last_problem = await _health_once(
+            ok, problem = await _health_once(
                 client, self.readiness_url, try_seconds, self._ready_answer
             )
+            # A try the deadline cut short says nothing about the host; the answer it gave
+            # before (say HTTP 503) is the one the refusal should name.
+            cut_short = problem is None and try_seconds < HEALTH_TRY_SECONDS and attempts > 1
+            if not cut_short:
+                last_problem = problem or f"no answer within {try_seconds:.2f} s"
             if ok:
                 self.state = "ready"
                 ready = HostReady(
@@ -824,13 +829,14 @@ async def host_custody(config: HostConfig, observe: Observe | None = None) -> As
 
 async def _health_once(
     client: LoopbackHttp, url: str, seconds: float, ready: Callable[[object], bool]
-) -> tuple[bool, str]:
+) -> tuple[bool, str | None]:
+    """(ready, the problem) for one readiness try; the problem is None when nothing answered."""
     try:
         with trio.fail_after(seconds):
             async with client.request("GET", url) as response:
                 body = await response.read(HEALTH_BODY_LIMIT)
     except trio.TooSlowError:
-        return False, f"no answer within {seconds:.2f} s"
+        return False, None
     except HttpError as exc:
         return False, f"{type(exc).__name__}: {exc}"
     if response.status_code != 200:
