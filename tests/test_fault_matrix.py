@@ -337,10 +337,16 @@ async def host_sigkill(where: Where) -> Ran:
 
 async def host_sigstop(where: Where) -> Ran:
     tmp_path = where.tmp
+
     # A stopped host answers nothing: the request timeout ends the cell; SIGTERM stays
-    # pending in a stopped process, so cleanup must SIGKILL it.
+    # pending in a stopped process, so cleanup must SIGKILL it. The host stops itself as
+    # the request arrives (a signal from here could land after the request timeout on a
+    # loaded machine); the timeout is generous for the serial cell's requests before it.
+    async def nothing_more(runner: trio.Process, host: int) -> None:
+        del runner, host
+
     return await _stalled_fake(
-        tmp_path, _signal_host(signal.SIGSTOP), top={"request_timeout_ms": 2000}
+        tmp_path, nothing_more, stop_on_stream=True, top={"request_timeout_ms": 5000}
     )
 
 

@@ -46,7 +46,7 @@ async def ignoring_group(tmp_path: Path) -> tuple[trio.Process, list[int]]:
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
-    with trio.fail_after(10):
+    with trio.fail_after(30):
         while not pids.exists():
             await trio.sleep(CHILD_POLL_SECONDS)
     return process, list(json.loads(pids.read_text()))
@@ -69,7 +69,7 @@ async def test_a_popen_leader_is_stopped_the_same_way(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
-    with trio.fail_after(10):
+    with trio.fail_after(30):
         while not pids.exists():
             await trio.sleep(CHILD_POLL_SECONDS)
     grandchild = json.loads(pids.read_text())[1]

@@ -42,7 +42,9 @@ from test_run_budgets import make_prepared
 
 CLI = Path(sys.executable).parent / "cache-family"
 HARNESS = Path(__file__).parent / "fake_hosts" / "fault_injection_run.py"
-WAIT = 60  # seconds: an upper bound on process events, never a pause
+# seconds: an upper bound on process events, never a pause; a real run reaching a native
+# ladder on a loaded 2-core machine took over 30 s to get there, so the bound is generous.
+WAIT = 600
 CHILD_POLL_SECONDS = 0.02  # polling a real child process (no event to await)
 
 
@@ -121,8 +123,13 @@ async def wait_exit(process: trio.Process) -> int:
         return await process.wait()
 
 
-def journal_records(out: Path, kind: type) -> list[Any]:
-    read = read_journal((out / "journal.jsonl").read_bytes())
+def journal_records(out: Path, kind: type, *, live: bool = False) -> list[Any]:
+    """The journal's records of ``kind``; ``live``: the run may be writing a line right now,
+    so only its complete lines are read."""
+    data = (out / "journal.jsonl").read_bytes()
+    if live:
+        data = data[: data.rfind(b"\n") + 1]
+    read = read_journal(data)
     assert read.chain_break is None and not read.torn_tail
     return [line.record for line in read.lines if isinstance(line.record, kind)]
 
@@ -215,8 +222,10 @@ async def test_sigint_mid_ladder_downgrades_every_receipt_and_leaves_nothing(
 async def test_sigterm_then_a_second_signal_shortens_the_grace_but_cleans_up(
     tmp_path: Path,
 ) -> None:
-    # The ladder's host ignores SIGTERM (it only reports it), so custody must SIGKILL it.
-    run = await start_stalled_run(tmp_path, ignore_sigterm="after_stream")
+    # The ladder's host ignores SIGTERM (it only reports it), so custody must SIGKILL it;
+    # the hosts' grace is long, so only the second signal can have ended it.
+    long_grace = Seam(tmp_path, "long-grace")
+    run = await start_stalled_run(tmp_path, seam=long_grace, ignore_sigterm="after_stream")
     out, process, fifo = run.out, run.process, run.fifo
     try:
         assert (await fifo.next_line()).startswith("stream ")
@@ -228,6 +237,7 @@ async def test_sigterm_then_a_second_signal_shortens_the_grace_but_cleans_up(
         # below), never a wall-clock reading a loaded machine could stretch.
     finally:
         stop(run)
+        long_grace.close()
     assert code == 130
     sweep = decode_cell_receipt(
         (out / "cell-0000" / "sweep-native-concurrent" / "cell.json").read_bytes()
@@ -350,7 +360,7 @@ async def test_reap_is_refused_while_the_runner_lives_and_touches_nothing(
     try:
         event, pid = (await fifo.next_line()).split()
         assert event == "stream"
-        (started,) = journal_records(out, RunStarted)
+        (started,) = journal_records(out, RunStarted, live=True)
         assert started.runner_pid == process.pid
         assert started.runner_create_time == psutil.Process(process.pid).create_time()
         host = psutil.Process(int(pid))
@@ -368,7 +378,8 @@ async def test_reap_is_refused_while_the_runner_lives_and_touches_nothing(
         # Nothing was signalled: the host is still serving and the run still runs.
         assert host.is_running() and host.status() != psutil.STATUS_ZOMBIE
         assert process.poll() is None
-        assert [c for c in journal_records(out, CleanupOutcome) if c.cleanup.pid == host.pid] == []
+        cleaned = journal_records(out, CleanupOutcome, live=True)
+        assert [c for c in cleaned if c.cleanup.pid == host.pid] == []
         process.send_signal(signal.SIGINT)
         code = await wait_exit(process)
     finally:

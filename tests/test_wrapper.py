@@ -7,6 +7,7 @@ Both entry points run as real child processes; the runner is the scripted fake
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -21,7 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cache_family.bench_sequence import default_runner, plan_bench
+from cache_family import bench_sequence
+from cache_family.bench_sequence import BenchPlan, Step, default_runner, plan_bench, run_bench
 from cache_family.schemas.corpus import default_corpus_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -450,6 +452,37 @@ def test_sigterm_reaches_the_running_step_and_stops_the_sequence(
     assert not psutil.pid_exists(int(calls[1]["pid"]))  # type: ignore[call-overload]
     assert "Wrote raw" not in stdout
     assert_failure_block(stderr)
+
+
+class SignalledWhileStarting:
+    """FAULT INJECTION: ``subprocess.Popen`` as the wrapper sees it, with a SIGTERM to the
+    wrapper itself arriving while the step is being started (before the wrapper knows it)."""
+
+    def __init__(self) -> None:
+        self.real_popen = subprocess.Popen
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def __call__(self, *args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the next line
+        child: subprocess.Popen[bytes] = self.real_popen(*args, **kwargs)  # type: ignore[call-overload]
+        self.started.append(child)
+        return child
+
+
+def test_a_signal_while_a_step_is_starting_still_reaches_that_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    popen = SignalledWhileStarting()
+    monkeypatch.setattr(bench_sequence.subprocess, "Popen", popen)
+    sleeper = (sys.executable, "-c", "import time; time.sleep(120)")
+    step = Step(name="hang", argv=sleeper, evidence=str(tmp_path / "none"), next_step="rerun")
+    plan = BenchPlan(str(tmp_path / "out"), "run", "corpus", (step, step), ())
+    out, err = io.StringIO(), io.StringIO()
+    code = run_bench(plan, {"PATH": os.defpath}, out, err, quiet=True)
+    assert code == 128 + signal.SIGTERM  # the step ended on the forwarded signal
+    [child] = popen.started  # and the sequence stopped there
+    assert child.returncode == -signal.SIGTERM
+    assert "exited with code 143" in err.getvalue()
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

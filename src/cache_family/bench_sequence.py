@@ -332,9 +332,13 @@ class _Signals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
+        self.forward()
+
+    def forward(self) -> None:
+        """Send the signal received (if any) to the running step (if any)."""
         child = self.child
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)
+        if self.received is not None and child is not None and child.poll() is None:
+            child.send_signal(self.received)
 
     def __enter__(self) -> _Signals:
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -426,6 +430,8 @@ def run_bench(
                     "check that the program exists and is executable, then rerun",
                 )
                 return code
+            # A signal that came while the step was being started found no step to reach.
+            signals.forward()
             code = _exit_code(signals.child.wait())
             signals.child = None
             _log(log, f"{step.name}: exit {code}")

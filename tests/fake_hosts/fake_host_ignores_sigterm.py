@@ -28,7 +28,8 @@ def main() -> None:
         while True:
             signal.pause()
     if leader_obeys:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        # os._exit: no interpreter shutdown to outlast a short grace on a loaded machine.
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     write_pids(pids_path, [os.getpid(), grandchild])
     serve_health(port)
     print_marker(port)

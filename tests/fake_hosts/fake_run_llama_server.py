@@ -12,6 +12,8 @@ private copy of the launcher ``make_prepared`` writes, which names that file in
 ``FAKE_LLAMA_BEHAVIOUR``):
   {"completion_delay": seconds before each /completion answers (default 0),
    "stream_delay": seconds before each streamed /completion answers (default 0),
+   "stop_on_stream": true to stop itself with SIGSTOP once a streamed request arrived
+                     (right after notifying it), so no race with a test's signal exists,
    "ignore_sigterm": "always", or "after_stream" (once a streamed request arrived) to
                      survive SIGTERM (custody must SIGKILL it); otherwise SIGTERM exits 0,
    "notify_fifo": a FIFO the host writes one line to at events the test waits for:
@@ -132,6 +134,8 @@ class Handler(BaseHTTPRequestHandler):
             if body.get("stream"):
                 _stream_seen = True
                 _notify("stream")
+                if BEHAVIOUR.get("stop_on_stream"):
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 time.sleep(float(BEHAVIOUR.get("stream_delay", 0)))
             final = _final(prompt, n_predict, cache_n)
             if not body.get("stream"):

@@ -11,6 +11,11 @@ signal in between, at a moment it knows exactly, without sleeping:
   run-dir        the output directory exists, trio and the supervisor have not started
   rows-over      every row has ended; the matrix is not folded yet
   published      the matrix is published and the journal sealed; the last lines not printed
+
+One more SEAM blocks nothing:
+
+  long-grace     every host's cleanup grace is LONG_GRACE_SECONDS, so a test of a second
+                 signal cutting the grace short never races the grace running out by itself
 """
 
 from __future__ import annotations
@@ -56,8 +61,17 @@ def _wrap(original: Callable[..., Any], seam: str, before: bool, notify: str, re
     return wrapped
 
 
+# Under the hosts' cleanup bound (30 s), which must still hold with the kill wait after it.
+LONG_GRACE_SECONDS = 20.0
+
+
 def main() -> int:
     seam, notify, release, *argv = sys.argv[1:]
+    if seam == "long-grace":
+        matrix.HostSettings = functools.partial(  # type: ignore[misc]
+            matrix.HostSettings, grace_seconds=LONG_GRACE_SECONDS
+        )
+        return cli.main(argv)
     name, before = SEAMS[seam]
     setattr(matrix, name, _wrap(getattr(matrix, name), seam, before, notify, release))
     return cli.main(argv)
