@@ -1,6 +1,7 @@
 """The calibration server as a process: known TTFT and inter-token interval, and its stamps.
 
-The server itself is ``cache_family.oracles.calibration`` (the run also starts it in-process to
+The server itself is ``cache_family.actors.run.calibration_server``
+(the run also starts it in-process to
 measure its own client). This script serves it on 127.0.0.1 with ``time.monotonic_ns()``
 stamps, the clock the bench clients stamp with:
 
@@ -26,7 +27,7 @@ from typing import Any
 
 import trio
 
-from cache_family.oracles.calibration import CalibrationServer, Pace
+from cache_family.actors.run.calibration_server import CalibrationServer, Pace
 
 BACKLOG = 1024
 

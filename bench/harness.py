@@ -200,7 +200,7 @@ def ours_client(url: str, c: int, n: int, tokens: int) -> None:
 
     import trio
 
-    from cache_family.actors.load import LoadRun
+    from cache_family.actors.run.load import LoadRun
     from cache_family.schemas.measurement import LoadRequest
 
     request = LoadRequest(

@@ -5,7 +5,7 @@ temporary directory, reads each once so every contender starts from the page cac
 each of ``--repeats`` rounds (contenders interleaved, so drift on a shared machine hits all
 alike) times:
 
-* one file: ``cache_family.actors.pins.hash_files`` (1 MiB chunks, budget checked between
+* one file: ``cache_family.system.pins.hash_files`` (1 MiB chunks, budget checked between
   chunks) against ``sha256sum FILE``;
 * all files: ``hash_files`` with one thread per file against ``sha256sum`` run on the files
   one after another (one process each) and against one ``sha256sum F1 F2 ...`` process.
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from _results import load_average, machine, record
 
-from cache_family.actors.pins import Budget, HashJob, hash_files
+from cache_family.system.pins import Budget, HashJob, hash_files
 
 MIB = 1024 * 1024
 

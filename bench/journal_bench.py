@@ -29,7 +29,7 @@ from pathlib import Path
 import trio
 from _results import emit_figures, load_average, record
 
-from cache_family.actors.journal import JournalWriter
+from cache_family.actors.journal.writer import JournalWriter
 from cache_family.schemas.journal import (
     JournalChain,
     PinObserved,
@@ -157,7 +157,7 @@ def cell_only(requests: int, directory: str) -> None:
     as it ends, then the file streamed back, its digest verified and the summary re-folded.
     Prints one line: seconds to run+fold, seconds to replay, peak RSS (MiB), file MiB."""
     # Imported here: ``--ab`` runs this file against an older source tree without them.
-    from cache_family.actors.request_rows import RowFileWriter
+    from cache_family.actors.journal.rows_file import RowFileWriter
     from cache_family.schemas.request_rows import RequestRowLine, stream_rows
     from cache_family.states.metrics import RungAccumulator
 

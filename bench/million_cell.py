@@ -37,18 +37,18 @@ from typing import Any
 import trio
 from _results import emit_figures, load_average, record
 
-from cache_family.actors import cell as cell_actor
-from cache_family.actors.cell import CellActor, CellPlan
-from cache_family.actors.http import LoopbackHttp
-from cache_family.actors.journal import JournalWriter, journal_path, publish_cell_receipt
-from cache_family.actors.load import BenchmarkPrompt, LoadRun, _Exchange
-from cache_family.actors.prompts import PromptChoice
-from cache_family.actors.replay import replay
-from cache_family.actors.run_context import Budgets, RunContext, RunStop
+from cache_family.actors.audit.replay import replay
+from cache_family.actors.journal.writer import JournalWriter, journal_path, publish_cell_receipt
+from cache_family.actors.run import cell as cell_actor
+from cache_family.actors.run.cell import CellActor, CellPlan
+from cache_family.actors.run.context import Budgets, RunContext, RunStop
+from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, _Exchange
+from cache_family.actors.run.prompts import PromptChoice
 from cache_family.schemas.journal import CellOpened, RungPlan
 from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import decode_cell_receipt
 from cache_family.states.cache_reuse import cache_expectation
+from cache_family.system.http import LoopbackHttp
 
 CELL = "cell-0000/native-concurrent"
 CELL_DIR = "cell-0000/sweep-native-concurrent"

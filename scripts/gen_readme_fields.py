@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cache_family.actors.publish import replace_atomically
+from cache_family.system.publish import replace_atomically
 from cache_family.schemas.docs import render_operator_reference, replace_marked_section
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cache_family.actors.publish import replace_atomically
+from cache_family.system.publish import replace_atomically
 from cache_family.states.cell import render_table_markdown
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "state-machines.md"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Both matrices and their combined README tables: scripts/skippy-cache-family-bench.sh [OUTPUT_DIR]
 # The sequence and its environment contract are defined once, in `cache-family bench`
-# (src/cache_family/bench_sequence.py; README "The wrapper"); this script only sets up .venv
+# (src/cache_family/console/bench_sequence.py; README "The wrapper"); this script only sets up .venv
 # the way every other entry point does and hands over, so both read the same variables.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

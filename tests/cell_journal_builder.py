@@ -14,10 +14,10 @@ from typing import Any
 
 import msgspec
 
-from cache_family.actors.cell import pin_records
-from cache_family.actors.request_rows import RowFileWriter
-from cache_family.actors.row import row_dir_name, row_opened_record
-from cache_family.actors.run_context import PinResult, PinTarget
+from cache_family.actors.journal.rows_file import RowFileWriter
+from cache_family.actors.run.cell import pin_records
+from cache_family.actors.run.context import PinResult, PinTarget
+from cache_family.actors.run.row import row_dir_name, row_opened_record
 from cache_family.schemas.journal import (
     ArmPlan,
     Cancellation,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cache_family.actors.replay import replay
+from cache_family.actors.audit.replay import replay
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 from cache_family.schemas.receipts import CellReceipt, decode_cell_receipt

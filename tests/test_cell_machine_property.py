@@ -36,12 +36,12 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from cache_family.actors import cell as cell_actor
-from cache_family.actors.cell import CellActor, CellPlan, pin_targets
-from cache_family.actors.journal import JournalWriter
-from cache_family.actors.prompts import PromptChoice
-from cache_family.actors.request_rows import cell_rows
-from cache_family.actors.run_context import Budgets, HostSettings, RunContext, RunStop
+from cache_family.actors.journal.rows_file import cell_rows
+from cache_family.actors.journal.writer import JournalWriter
+from cache_family.actors.run import cell as cell_actor
+from cache_family.actors.run.cell import CellActor, CellPlan, pin_targets
+from cache_family.actors.run.context import Budgets, HostSettings, RunContext, RunStop
+from cache_family.actors.run.prompts import PromptChoice
 from cache_family.schemas.journal import (
     Cancellation,
     ChildSpawned,

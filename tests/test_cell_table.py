@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import transitions
 
-from cache_family.actors import cell as cell_actor
+from cache_family.actors.run import cell as cell_actor
 from cache_family.errors import Refused
 from cache_family.states import cell as cell_module
 from cache_family.states.cell import (

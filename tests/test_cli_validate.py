@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from cache_family.cli import EXIT_OK, EXIT_REFUSED, main
+from cache_family.cli import main
+from cache_family.exit_codes import ExitCode
 from cache_family.schemas.examples import example_operator, example_plan
 
 C40 = "c0ffee" * 6 + "c0ff"
@@ -71,7 +72,7 @@ def test_valid_input_exits_0_and_names_the_bytes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write(tmp_path, valid_document())
-    assert main(["validate", "--input", str(path)]) == EXIT_OK
+    assert main(["validate", "--input", str(path)]) == ExitCode.OK
     out = capsys.readouterr().out
     assert out.startswith(f"valid: {path}")
     assert hashlib.sha256(path.read_bytes()).hexdigest() in out
@@ -81,7 +82,7 @@ def test_refused_input_exits_2_and_prints_every_refusal_with_code_path_and_hint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write(tmp_path, refused_document())
-    assert main(["validate", "--input", str(path)]) == EXIT_REFUSED
+    assert main(["validate", "--input", str(path)]) == ExitCode.REFUSED
     captured = capsys.readouterr()
     lines = [line for line in captured.err.splitlines() if line.startswith("refused: ")]
     assert len(lines) == len(EXPECTED_REFUSALS)
@@ -95,12 +96,12 @@ def test_refused_input_exits_2_and_prints_every_refusal_with_code_path_and_hint(
 
 def test_json_verdicts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = write(tmp_path, valid_document(), "good.json")
-    assert main(["validate", "--input", str(good), "--json"]) == EXIT_OK
+    assert main(["validate", "--input", str(good), "--json"]) == ExitCode.OK
     verdict = json.loads(capsys.readouterr().out)
     assert verdict["valid"] is True and verdict["refusals"] == []
 
     bad = write(tmp_path, refused_document(), "bad.json")
-    assert main(["validate", "--input", str(bad), "--json"]) == EXIT_REFUSED
+    assert main(["validate", "--input", str(bad), "--json"]) == ExitCode.REFUSED
     captured = capsys.readouterr()
     verdict = json.loads(captured.out)
     assert verdict["valid"] is False
@@ -125,13 +126,13 @@ def test_undecodable_documents_are_refused_not_raised(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, code: str
 ) -> None:
     path = write(tmp_path, content)
-    assert main(["validate", "--input", str(path), "--json"]) == EXIT_REFUSED
+    assert main(["validate", "--input", str(path), "--json"]) == ExitCode.REFUSED
     codes = [r["code"] for r in json.loads(capsys.readouterr().out)["refusals"]]
     assert code in codes
 
 
 def test_a_missing_file_is_a_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", "--input", str(tmp_path / "absent.json")]) == EXIT_REFUSED
+    assert main(["validate", "--input", str(tmp_path / "absent.json")]) == ExitCode.REFUSED
     assert "refused: file.missing" in capsys.readouterr().err
 
 
@@ -150,7 +151,7 @@ def test_the_installed_command_validates_in_a_real_process(tmp_path: Path) -> No
         [str(command), "validate", "--input", str(good)],
         capture_output=True, text=True, env=env, timeout=120, check=False,
     )  # fmt: skip
-    assert (ran.returncode, ran.stderr) == (EXIT_OK, "")
+    assert (ran.returncode, ran.stderr) == (ExitCode.OK, "")
     assert ran.stdout.startswith("valid: ")
 
     bad = write(tmp_path, refused_document(), "bad.json")
@@ -158,7 +159,7 @@ def test_the_installed_command_validates_in_a_real_process(tmp_path: Path) -> No
         [str(command), "validate", "--input", str(bad), "--json"],
         capture_output=True, text=True, env=env, timeout=120, check=False,
     )  # fmt: skip
-    assert ran.returncode == EXIT_REFUSED
+    assert ran.returncode == ExitCode.REFUSED
     assert "Traceback" not in ran.stderr
     verdict = json.loads(ran.stdout)
     assert [r["code"] for r in verdict["refusals"]] == [c for c, _, _ in EXPECTED_REFUSALS]

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import trio
 
-from cache_family.actors.custody import (
+from cache_family.actors.run.custody import (
     Host,
     HostConfig,
     host_basics,
@@ -31,7 +31,6 @@ from cache_family.actors.custody import (
     recorded_environment,
     still_same,
 )
-from cache_family.actors.http import LoopbackHttp, Response
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
     HostCleaned,
@@ -39,6 +38,7 @@ from cache_family.schemas.measurement import (
     HostFaulted,
     HostMarkerSeen,
 )
+from cache_family.system.http import LoopbackHttp, Response
 
 # Real child processes have no event to await: readiness files are polled at this interval.
 CHILD_POLL_SECONDS = 0.01

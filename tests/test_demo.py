@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cache_family import bench_sequence
+from cache_family.console import bench_sequence
 from cache_family.oracles.demo import (
     DEFAULT_PLAN,
     PLANS,

@@ -31,7 +31,7 @@ import psutil
 import pytest
 import trio
 
-from cache_family.actors.replay import replay
+from cache_family.actors.audit.replay import replay
 from cache_family.schemas import request_rows
 from cache_family.schemas.journal import CellOpened, ChildSpawned, RungRows, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix

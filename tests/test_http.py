@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from cache_family.actors.http import ConnectError, HttpError, LoopbackHttp, loopback_target
+from cache_family.system.http import ConnectError, HttpError, LoopbackHttp, loopback_target
 
 Script = Callable[[trio.SocketStream], Awaitable[None]]
 

@@ -15,7 +15,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache_family.actors.journal import JournalWriter, journal_path, publish_cell_receipt
+from cache_family.actors.journal.writer import JournalWriter, journal_path, publish_cell_receipt
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
     GENESIS_PREV,

@@ -21,13 +21,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from cache_family.actors.head_signature import (
+from cache_family.actors.audit.head_signature import (
     SIGNATURE_FILENAME,
     SIGNATURE_NAMESPACE,
     head_line,
     sign_head,
 )
-from cache_family.actors.replay import HeadCheck, replay
+from cache_family.actors.audit.replay import HeadCheck, replay
 from cache_family.schemas.journal import (
     GENESIS_PREV,
     Fault,

@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 import trio
 
-from cache_family.actors.journal import JournalWriter, journal_path
+from cache_family.actors.journal.writer import JournalWriter, journal_path
 from cache_family.schemas.journal import (
     JournalChain,
     JournalLine,

@@ -10,8 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from cache_family.actors.http import LoopbackHttp
-from cache_family.actors.load import (
+from cache_family.actors.run.load import (
     CacheAccounting,
     LoadRun,
     PromptCuts,
@@ -25,6 +24,7 @@ from cache_family.actors.load import (
 )
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import LoadRequest, RequestRow, ServerTimings
+from cache_family.system.http import LoopbackHttp
 from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
 
 PROMPT = "the quick brown fox"

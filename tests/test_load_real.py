@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from cache_family.actors.custody import HostConfig, host_custody, host_environment
-from cache_family.actors.load import build_benchmark_prompt, run_load
+from cache_family.actors.run.custody import HostConfig, host_custody, host_environment
+from cache_family.actors.run.load import build_benchmark_prompt, run_load
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.measurement import HostEvent, LoadRequest
 

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from cache_family.actors.custody import port_is_free, still_same
-from cache_family.actors.publish import publish_fresh
+from cache_family.actors.run.custody import port_is_free, still_same
 from cache_family.cli import main
 from cache_family.schemas.journal import ChildSpawned, PortReserved, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME
+from cache_family.system.publish import publish_fresh
 from test_run_signals import start_stalled_run, stop, wait_exit
 
 
@@ -80,7 +80,7 @@ def test_a_failed_write_leaves_no_temporary_behind(tmp_path: Path) -> None:
     # ENOSPC: the same path through publish_fresh, for any user.
     code = (
         "import errno, resource, signal, sys\n"
-        "from cache_family.actors.publish import publish_fresh\n"
+        "from cache_family.system.publish import publish_fresh\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
         "try:\n"

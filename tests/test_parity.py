@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from cache_family.actors.load import openai_content_sha256, openai_first_generated_sha256
+from cache_family.actors.run.load import openai_content_sha256, openai_first_generated_sha256
 from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import (
     ArmObservation,

@@ -1,4 +1,4 @@
-"""The bytes a host executes are the bytes its pins hashed (``actors/private_exec.py``).
+"""The bytes a host executes are the bytes its pins hashed (``actors/run/private_exec.py``).
 
 A real run (real custody, real pin hashing, the FAKE llama-server launcher as the pinned
 binary) with one fault-injection seam: the pin hasher. Right after the pre-launch hash it
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import trio
 
-from cache_family.actors import custody
-from cache_family.actors.custody import host_environment
-from cache_family.actors.pins import Budget, pin_tree
-from cache_family.actors.private_exec import make_private_copy
-from cache_family.actors.run_context import PinResult, PinTarget, hash_pins
+from cache_family.actors.run import custody
+from cache_family.actors.run.context import PinResult, PinTarget, hash_pins
+from cache_family.actors.run.custody import host_environment
+from cache_family.actors.run.private_exec import make_private_copy
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.journal import ChildSpawned, PinObserved
+from cache_family.system.pins import Budget, pin_tree
 from fake_hosts.fake_custody import FakeHostScript
 from test_run_budgets import cell, fake_server_launcher, make_prepared, records, run
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cache_family.actors.pins import (
+from cache_family.console.progress import BytesBar, NullProgress, bytes_progress_for
+from cache_family.errors import Refused
+from cache_family.system.pins import (
     CHUNK_BYTES,
     TREE_MAX_DEPTH,
     TREE_MAX_ENTRIES,
@@ -21,8 +23,6 @@ from cache_family.actors.pins import (
     hash_files,
     pin_tree,
 )
-from cache_family.actors.progress import BytesBar, NullProgress, bytes_progress_for
-from cache_family.errors import Refused
 
 
 def unlimited() -> Budget:

@@ -25,8 +25,13 @@ import psutil
 import pytest
 import trio
 
-from cache_family.actors.pins import Budget
-from cache_family.actors.preparation import (
+from cache_family.actors.prepare.admission import admit, parse_overrides
+from cache_family.actors.prepare.models import (
+    ModelLook,
+    context_refusals,
+    source_admission_argv,
+)
+from cache_family.actors.prepare.parent import (
     INPUT_NAME,
     OBSERVATIONS_NAME,
     REQUEST_NAME,
@@ -34,26 +39,18 @@ from cache_family.actors.preparation import (
     STDOUT_LOG,
     InterruptLatch,
     ParentReport,
-    WorkerRecord,
     _publish,
     _read_observations,
-    observe,
     revoke_if_late,
     run_prepare,
 )
-from cache_family.actors.preparation_admission import admit, parse_overrides
-from cache_family.actors.preparation_models import (
-    ModelLook,
-    context_refusals,
-    source_admission_argv,
-)
-from cache_family.actors.preparation_supervisor import (
+from cache_family.actors.prepare.supervisor import (
     EventSink,
     WorkerEvents,
     WorkerOutcome,
     supervise_worker,
 )
-from cache_family.actors.publish import publish_fresh
+from cache_family.actors.prepare.worker import WorkerRecord, observe
 from cache_family.cli import build_parser, main, normalize_argv
 from cache_family.errors import Refused
 from cache_family.schemas.catalog import NOT_BUILT_NOTE_PREFIX, Preset, packaged_catalog
@@ -65,6 +62,8 @@ from cache_family.schemas.prepared import (
     encode_document,
     load_prepared_input,
 )
+from cache_family.system.pins import Budget
+from cache_family.system.publish import publish_fresh
 from hub_fixture import (
     Claims,
     Toolbox,
@@ -314,7 +313,7 @@ def test_tools_must_be_regular_files(box: Toolbox, tmp_path: Path) -> None:
 def test_a_changed_toolkit_pin_refuses_and_a_matching_one_is_recorded(
     box: Toolbox, tmp_path: Path
 ) -> None:
-    from cache_family.actors.pins import pin_tree
+    from cache_family.system.pins import pin_tree
 
     toolkit = tmp_path / "vulkan"
     write_tool(toolkit / "bin" / "glslc")
@@ -353,7 +352,7 @@ OBSERVATION_STEPS = [
 
 
 def test_observation_runs_its_steps_in_order(box: Toolbox, tmp_path: Path) -> None:
-    from cache_family.actors.pins import pin_tree
+    from cache_family.system.pins import pin_tree
 
     toolkit = tmp_path / "vulkan"
     write_tool(toolkit / "bin" / "glslc")
@@ -652,8 +651,8 @@ def test_zoo_bytes_are_never_a_real_family(box: Toolbox, tmp_path: Path, key: st
 def test_bytes_changed_after_their_header_was_read_are_refused(
     box: Toolbox, tmp_path: Path
 ) -> None:
-    from cache_family.actors.preparation_models import Gathered, examine_models, hash_models
-    from cache_family.actors.progress import NullProgress
+    from cache_family.actors.prepare.models import Gathered, examine_models, hash_models
+    from cache_family.console.progress import NullProgress
 
     preset = packaged_catalog().catalog.preset("llama")
     gathered = Gathered()
@@ -720,9 +719,10 @@ def test_a_prefix_overflowing_uint32_is_refused_before_any_write(
 def test_an_input_over_the_runs_cap_is_refused(
     box: Toolbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cache_family.actors import preparation
+    from cache_family.actors.prepare import parent, worker
 
-    monkeypatch.setattr(preparation, "PREPARED_INPUT_MAX_BYTES", 4096)
+    monkeypatch.setattr(parent, "PREPARED_INPUT_MAX_BYTES", 4096)
+    monkeypatch.setattr(worker, "PREPARED_INPUT_MAX_BYTES", 4096)
     # the worker refuses before it publishes observations...
     assert observe_codes(request_for(box, tmp_path)) == ["preparation.input_too_large"]
     # ...and the parent before it publishes the input (its worker, a fresh process, had the
@@ -1119,7 +1119,7 @@ def test_a_late_refusal_revokes_only_the_file_we_wrote(
 
 DRIVER = r"""
 import os, signal, sys
-from cache_family.actors.preparation import INPUT_NAME, run_prepare
+from cache_family.actors.prepare.parent import INPUT_NAME, run_prepare
 
 mode, operator, output = sys.argv[1:4]
 
@@ -1133,8 +1133,8 @@ def replace_then_expire(budget):
 if mode == "deadline":
     # The worker's deadline is absolute and 1.5 s out, the parent's 60 s: however late the
     # worker starts on a loaded machine, its own budget ends first, never the parent's.
-    import cache_family.actors.preparation as preparation
-    preparation._worker_budget_ms = lambda remaining: 1500
+    import cache_family.actors.prepare.parent as parent
+    parent._worker_budget_ms = lambda remaining: 1500
 
 hooks = {
     "deadline": {"budget_seconds": 60.0},

@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import trio
 
-from cache_family.actors.child import ChildCommand, run_child
-from cache_family.actors.process_group import live_members, stop_group
 from cache_family.oracles.stage_server import child_environment
+from cache_family.system.child import ChildCommand, run_child
+from cache_family.system.process_group import live_members, stop_group
 
 CHILD_POLL_SECONDS = 0.01
 IGNORES_SIGTERM = str(Path(__file__).parent / "fake_hosts" / "fake_host_ignores_sigterm.py")

@@ -11,9 +11,9 @@ import msgspec
 import pytest
 import trio
 
-from cache_family.actors.journal import JournalWriter, journal_path
-from cache_family.actors.matrix import finish_run
-from cache_family.actors.report_files import production_md
+from cache_family.actors.journal.writer import JournalWriter, journal_path
+from cache_family.actors.run.matrix import finish_run
+from cache_family.actors.run.report_files import production_md
 from cache_family.report import build_report
 from cache_family.report.decode import Refusals
 from cache_family.report.producer import producer_sources, render_producer_report

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from cache_family.actors.publish import (
+from cache_family.errors import Refused
+from cache_family.system.publish import (
     publish_fresh,
     replace_atomically,
     replace_with_symlink,
     revoke,
 )
-from cache_family.errors import Refused
 
 
 def test_publish_writes_the_bytes_and_leaves_no_temporary_file(tmp_path: Path) -> None:

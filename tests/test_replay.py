@@ -17,15 +17,15 @@ import psutil
 import pytest
 import trio
 
-from cache_family.actors.journal import (
+from cache_family.actors.audit.replay import replay, replay_command
+from cache_family.actors.journal.rows_file import cell_rows
+from cache_family.actors.journal.writer import (
     JournalWriter,
     journal_path,
     publish_cell_receipt,
     publish_row_receipt,
 )
-from cache_family.actors.matrix import finish_run
-from cache_family.actors.replay import replay, replay_command
-from cache_family.actors.request_rows import cell_rows
+from cache_family.actors.run.matrix import finish_run
 from cache_family.cli import main as cli_main
 from cache_family.schemas.journal import (
     ArmPlan,

@@ -17,20 +17,20 @@ from typing import Any
 import pytest
 import trio
 
-from cache_family.actors.cell import pin_records
-from cache_family.actors.child import ChildCommand, ChildEnded, OnSpawn
-from cache_family.actors.matrix import admit_run, supervise
-from cache_family.actors.pins import HELD_TREE_LIMIT, Budget, pin_tree
-from cache_family.actors.progress import RunProgress
-from cache_family.actors.replay import replay
-from cache_family.actors.run_context import (
+from cache_family.actors.audit.replay import replay
+from cache_family.actors.run.cell import pin_records
+from cache_family.actors.run.context import (
     HostSettings,
     PinResult,
     PinTarget,
     RowPins,
     hash_pins,
 )
+from cache_family.actors.run.matrix import admit_run, supervise
+from cache_family.console.progress import RunProgress
 from cache_family.schemas.journal import PinDrift, PinObserved
+from cache_family.system.child import ChildCommand, ChildEnded, OnSpawn
+from cache_family.system.pins import HELD_TREE_LIMIT, Budget, pin_tree
 from fake_hosts.fake_custody import FakeHostScript, fake_child_runner, fake_opener
 from test_run_budgets import autojump_clock, cell, make_prepared, records, row  # noqa: F401
 

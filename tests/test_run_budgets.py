@@ -28,9 +28,13 @@ import pytest
 import trio
 import trio.testing
 
-from cache_family.actors import custody
-from cache_family.actors.journal import JournalWriter
-from cache_family.actors.matrix import (
+from cache_family.actors.audit.replay import replay
+from cache_family.actors.journal.writer import JournalWriter
+from cache_family.actors.prepare.admission import admit
+from cache_family.actors.prepare.worker import observe
+from cache_family.actors.run import custody
+from cache_family.actors.run.context import Budgets, HostSettings, PinTarget, RunStop, hash_pins
+from cache_family.actors.run.matrix import (
     RUN_INPUT_MAX_BYTES,
     MatrixOutcome,
     _make_fresh_dir,
@@ -40,17 +44,13 @@ from cache_family.actors.matrix import (
     is_interrupt,
     supervise,
 )
-from cache_family.actors.pins import Budget, pin_tree
-from cache_family.actors.preparation import admit, observe
-from cache_family.actors.progress import (
+from cache_family.console.progress import (
     JsonRunProgress,
     RichRunProgress,
     RunProgress,
     choose_mode,
     run_progress_for,
 )
-from cache_family.actors.replay import replay
-from cache_family.actors.run_context import Budgets, HostSettings, PinTarget, RunStop, hash_pins
 from cache_family.errors import Refused
 from cache_family.schemas import request_rows
 from cache_family.schemas.bounded import MIB
@@ -94,6 +94,7 @@ from cache_family.schemas.receipts import (
 from cache_family.states.fold import JournalIndex
 from cache_family.states.handoff import RUNTIME_SLICE_TOPOLOGIES
 from cache_family.states.matrix import fold_matrix
+from cache_family.system.pins import Budget, pin_tree
 from fake_hosts.fake_correctness_tool import FAKE_PROMPT
 from fake_hosts.fake_custody import FakeHostScript, fake_child_runner, fake_opener, hasher
 from fake_hosts.fake_llama_http import Reply
@@ -447,7 +448,7 @@ async def test_a_published_row_leaves_the_writers_index_and_the_matrix_still_fol
     over a long run); the matrix is folded from the journal file, so it still sees every row."""
     writers: list[JournalWriter] = []
     monkeypatch.setattr(
-        "cache_family.actors.matrix.JournalWriter",
+        "cache_family.actors.run.matrix.JournalWriter",
         lambda path, **options: writers.append(JournalWriter(path, **options)) or writers[-1],
     )
     out = tmp_path / "out"
@@ -877,7 +878,7 @@ async def test_the_interrupt_finish_check_runs_before_the_fold_and_downgrades_th
         return "SIGTERM's previous handler cannot be put back"
 
     monkeypatch.setattr(
-        "cache_family.actors.matrix.check_interrupt_finish", handlers_cannot_be_restored
+        "cache_family.actors.run.matrix.check_interrupt_finish", handlers_cannot_be_restored
     )
     outcome = await supervise_fake(admitted, FakeHostScript())
     out = Path(admitted.output)
@@ -919,7 +920,7 @@ async def test_a_fold_that_fails_still_publishes_the_failed_matrix(
     def fold_interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt  # what Python's default SIGINT handler would raise
 
-    monkeypatch.setattr("cache_family.actors.matrix.fold_matrix", fold_interrupted)
+    monkeypatch.setattr("cache_family.actors.run.matrix.fold_matrix", fold_interrupted)
     with pytest.raises(BaseException) as raised:
         await supervise_fake(admitted, FakeHostScript())
     assert is_interrupt(raised.value)  # re-raised, after the fallback was written

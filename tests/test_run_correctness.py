@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from cache_family.actors.replay import replay
+from cache_family.actors.audit.replay import replay
 from cache_family.schemas.journal import (
     ChildSpawned,
     CliAdmission,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cache_family.actors.replay import replay
+from cache_family.actors.audit.replay import replay
 from cache_family.oracles import native_build
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.journal import ChildSpawned, WarmupExclusion, read_journal

@@ -21,8 +21,8 @@ import psutil
 import pytest
 import trio
 
-from cache_family.actors.replay import replay
-from cache_family.actors.resume import plan_resumption
+from cache_family.actors.audit.replay import replay
+from cache_family.actors.run.resume import plan_resumption
 from cache_family.errors import Refused
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.journal import (
@@ -102,7 +102,7 @@ def test_a_record_appended_after_the_seal_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_writer_refuses_to_append_after_its_seal(tmp_path: Path) -> None:
-    from cache_family.actors.journal import JournalWriter
+    from cache_family.actors.journal.writer import JournalWriter
 
     async def main() -> None:
         writer = JournalWriter(str(tmp_path / "journal.jsonl"))

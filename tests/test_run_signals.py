@@ -23,8 +23,8 @@ import psutil
 import pytest
 import trio
 
-from cache_family.actors.custody import port_is_free, still_same
-from cache_family.actors.replay import replay
+from cache_family.actors.audit.replay import replay
+from cache_family.actors.run.custody import port_is_free, still_same
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
     Cancellation,

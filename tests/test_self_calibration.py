@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from cache_family.actors.self_calibration import CALIBRATION_PACE, calibrate_client
+from cache_family.actors.run.self_calibration import CALIBRATION_PACE, calibrate_client
 from cache_family.schemas.journal import ArmPlan, ClientCalibrated, Record, RungCompleted
 from cache_family.schemas.matrix import encode_matrix
 from cache_family.schemas.measurement import ClientCalibration, RequestRow, RungSummary

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from cache_family.actors import stage_host
-from cache_family.actors.cell import CellActor
-from cache_family.actors.journal import JournalWriter
-from cache_family.actors.run_context import Budgets, HostSettings, RunContext, RunStop
+from cache_family.actors.journal.writer import JournalWriter
+from cache_family.actors.run import stage_host
+from cache_family.actors.run.cell import CellActor
+from cache_family.actors.run.context import Budgets, HostSettings, RunContext, RunStop
 from cache_family.schemas.journal import CliAdmission, read_journal
 from fake_hosts.fake_custody import hasher
 from test_cell_machine_property import cell_plan, host_profile

@@ -22,8 +22,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cache_family import bench_sequence
-from cache_family.bench_sequence import BenchPlan, Step, default_runner, plan_bench, run_bench
+from cache_family.console import bench_sequence
+from cache_family.console.bench_sequence import (
+    BenchPlan,
+    Step,
+    default_runner,
+    plan_bench,
+    run_bench,
+)
 from cache_family.schemas.corpus import default_corpus_path
 
 ROOT = Path(__file__).resolve().parents[1]

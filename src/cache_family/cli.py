@@ -15,17 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from cache_family import __version__
+from cache_family.console.refusals import print_refusals, print_refusals_json
 from cache_family.errors import Refusal, Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.schemas.text import UnsafeCharacter, unsafe_character
 
 if TYPE_CHECKING:
-    from cache_family.actors.progress import Mode
+    from cache_family.console.progress import Mode
 
-EXIT_OK = 0
-EXIT_NEGATIVE = 1
-EXIT_REFUSED = 2
-EXIT_REFUSED_DURING_WORK = 3
-EXIT_INTERRUPTED = 130
 
 # The operator guide's compatibility spelling: `cache-family automation cache-family-run <sub>`.
 _COMPAT_PREFIX = ("automation",)
@@ -63,7 +60,7 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         hint = f"run `{self.prog} --help`"
         print(f"refused: {Refusal(_USAGE, where, message, hint).line()}", file=sys.stderr)
-        raise SystemExit(EXIT_REFUSED)
+        raise SystemExit(ExitCode.REFUSED)
 
 
 class _Once(argparse.Action):
@@ -151,14 +148,9 @@ def _dir_path(where: str) -> Callable[[str], str]:
 
 def _print_refusals(refused: Refused, as_json: bool = False) -> None:
     if as_json:
-        print(
-            json.dumps(
-                {"valid": False, "refusals": [r.as_dict() for r in refused.refusals]}, indent=2
-            )
-        )
-        return
-    for refusal in refused.refusals:
-        print(f"refused: {refusal.line()}", file=sys.stderr)
+        print_refusals_json(refused.refusals, sys.stdout)
+    else:
+        print_refusals(refused.refusals, sys.stderr)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -171,7 +163,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     except Refused as refused:
         _print_refusals(refused, args.json)
         if not args.json:
-            from cache_family.actors.progress import say_failed
+            from cache_family.console.refusals import say_failed
 
             say_failed(
                 sys.stderr,
@@ -181,12 +173,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 "fix each one as its hint says (README: 'Operator input reference'), then "
                 "validate again",
             )
-        return EXIT_REFUSED
+        return ExitCode.REFUSED
     if args.json:
         print(json.dumps({"valid": True, "sha256": raw.sha256, "refusals": []}, indent=2))
     else:
         print(f"valid: {args.input} (sha256 {raw.sha256})")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _cmd_zoo_build(args: argparse.Namespace) -> int:
@@ -194,7 +186,7 @@ def _cmd_zoo_build(args: argparse.Namespace) -> int:
 
     result = build_zoo(Path(args.cache_root).absolute(), seed=args.seed, progress=sys.stderr)
     print(result.summary())
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # Plan overrides of prepare-full / prepare-use-cases; preparation refuses repeats.
@@ -209,7 +201,7 @@ _PREPARE_OVERRIDES = (
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from cache_family.actors.preparation import prepare_command
+    from cache_family.actors.prepare.parent import prepare_command
 
     overrides = [
         item
@@ -221,13 +213,13 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare_worker(args: argparse.Namespace) -> int:
-    from cache_family.actors.preparation import worker_command
+    from cache_family.actors.prepare.worker import worker_command
 
     return worker_command(args.input, args.output)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from cache_family.actors.interrupts import hold_until_exit
+    from cache_family.system.interrupts import hold_until_exit
 
     # Before the run's first side effect, and until the process exits: no SIGINT/SIGTERM
     # reaches Python's defaults (143, a KeyboardInterrupt); each ends in 130 with a matrix.
@@ -236,18 +228,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume is not None:
         if args.input is not None or args.output is not None:
             parser.refuse("--resume", "--resume continues a run: give no --input or --output")
-        from cache_family.actors.resume import resume_command
+        from cache_family.actors.run.resume import resume_command
 
         return resume_command(args.resume, sign_key=args.sign_key, mode=_progress_mode(args))
     if args.input is None or args.output is None:
         parser.refuse("--input", "give --input and --output (or --resume RUN_DIR)")
-    from cache_family.actors.matrix import run_command
+    from cache_family.actors.run.matrix import run_command
 
     return run_command(args.input, args.output, sign_key=args.sign_key, mode=_progress_mode(args))
 
 
 def _progress_mode(args: argparse.Namespace) -> Mode:
-    from cache_family.actors.progress import choose_mode
+    from cache_family.console.progress import choose_mode
 
     return choose_mode(sys.stderr, quiet=args.quiet, json_events=args.json_events)
 
@@ -270,9 +262,9 @@ def _add_progress_options(command: argparse.ArgumentParser) -> None:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from cache_family.actors.head_signature import HEAD_PATTERN
-    from cache_family.actors.progress import say_failed
-    from cache_family.actors.replay import HeadCheck, replay_command
+    from cache_family.actors.audit.head_signature import HEAD_PATTERN
+    from cache_family.actors.audit.replay import HeadCheck, replay_command
+    from cache_family.console.refusals import say_failed
 
     parser: _Parser = args.parser
     if args.expect_head is not None and not HEAD_PATTERN.fullmatch(args.expect_head):
@@ -286,7 +278,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     )
     code = replay_command(args.run_dir, reap=args.reap, head=head)
     journal = str(Path(args.run_dir) / "journal.jsonl")
-    if code == EXIT_NEGATIVE:
+    if code == ExitCode.NEGATIVE:
         say_failed(
             sys.stderr,
             "replay",
@@ -297,7 +289,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             "differing receipt means the run directory was changed after the run: keep it "
             "as evidence and rerun into a fresh --output",
         )
-    elif code != EXIT_OK:
+    elif code != ExitCode.OK:
         say_failed(
             sys.stderr,
             "replay",
@@ -314,14 +306,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     import os
 
-    from cache_family.actors.publish import replace_atomically
     from cache_family.report import build_report
     from cache_family.schemas.refusal_codes import report_hint
+    from cache_family.system.publish import replace_atomically
 
     text = build_report(args.input, args.use_case_corpus)  # refuses before anything is written
     if args.output is None:
         sys.stdout.write(text)
-        return EXIT_OK
+        return ExitCode.OK
     target = str(Path(args.output).absolute())
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -334,7 +326,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             report_hint("report.output_unwritable"),
         ) from None
     print(f"Wrote {args.output}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _add_report_command(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -376,8 +368,8 @@ def _publish_report_file(target: str, data: bytes) -> None:
     """Replace ``target`` atomically, creating its parents; a failure is a typed refusal."""
     import os
 
-    from cache_family.actors.publish import replace_atomically
     from cache_family.schemas.refusal_codes import report_hint
+    from cache_family.system.publish import replace_atomically
 
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -406,7 +398,7 @@ def _cmd_report_run(args: argparse.Namespace) -> int:
         _publish_report_file(str(root / name), files[name])
     for name in ("report.md", "report.html"):
         print(f"Wrote {Path(output) / name}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _add_report_run_command(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -447,7 +439,7 @@ def _add_report_run_command(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from cache_family.bench_sequence import bench_command
+    from cache_family.console.bench_sequence import bench_command
 
     return bench_command(args.output_dir, quiet=args.quiet)
 
@@ -530,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         zoo_build.set_defaults(func=_cmd_zoo_build)
 
-    if _available("cache_family.actors.preparation"):
+    if _available("cache_family.actors.prepare.parent"):
         for name, what in (
             ("prepare-full", "all catalog presets, no use cases"),
             ("prepare-use-cases", "every use case of the corpus"),
@@ -562,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
                 )
             prep.set_defaults(func=_cmd_prepare)
 
-    if _available("cache_family.actors.matrix"):
+    if _available("cache_family.actors.run.matrix"):
         run = sub.add_parser("run", help="run every prepared row and publish journaled receipts")
         run.add_argument(
             "--input",
@@ -595,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_progress_options(run)
         run.set_defaults(func=_cmd_run, parser=run)
 
-    if _available("cache_family.actors.replay"):
+    if _available("cache_family.actors.audit.replay"):
         replay = sub.add_parser(
             "replay", help="verify a run's journal and re-fold its receipts byte for byte"
         )
@@ -646,7 +638,7 @@ def _worker_parser() -> argparse.ArgumentParser:
 
 def _say_refused(args: argparse.Namespace, refused: Refused) -> None:
     """The closing lines after a command's refusals: what, evidence, what to do next."""
-    from cache_family.actors.progress import say_failed
+    from cache_family.console.refusals import say_failed
 
     command = str(getattr(args, "command", None) or "cache-family")
     what = f"refused ({len(refused.refusals)} refusal(s) above, each with its hint)"
@@ -699,26 +691,26 @@ def _never_fail_on_encoding() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     _never_fail_on_encoding()
     args_in = normalize_argv(sys.argv[1:] if argv is None else argv)
-    worker = args_in[:1] == [_WORKER_COMMAND] and _available("cache_family.actors.preparation")
+    worker = args_in[:1] == [_WORKER_COMMAND] and _available("cache_family.actors.prepare.worker")
     parser = _worker_parser() if worker else build_parser()
     try:
         args = parser.parse_args(args_in[1:] if worker else args_in)
     except Refused as refused:  # a path argument refused by its own rule
         _print_refusals(refused)
-        return EXIT_REFUSED
+        return ExitCode.REFUSED
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()
-        return EXIT_REFUSED
+        return ExitCode.REFUSED
     try:
         return func(args)
     except Refused as refused:
         _print_refusals(refused)
         _say_refused(args, refused)
-        return EXIT_REFUSED
+        return ExitCode.REFUSED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

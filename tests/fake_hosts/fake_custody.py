@@ -16,10 +16,8 @@ from typing import Any
 
 import trio
 
-from cache_family.actors import custody
-from cache_family.actors.child import ChildCommand, ChildEnded, ChildRunner, OnSpawn
-from cache_family.actors.http import LoopbackHttp
-from cache_family.actors.run_context import HostHandle, Observe, PinResult, PinTarget
+from cache_family.actors.run import custody
+from cache_family.actors.run.context import HostHandle, Observe, PinResult, PinTarget
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
     HostCleaned,
@@ -29,6 +27,8 @@ from cache_family.schemas.measurement import (
     HostReady,
     HostSpawned,
 )
+from cache_family.system.child import ChildCommand, ChildEnded, ChildRunner, OnSpawn
+from cache_family.system.http import LoopbackHttp
 from fake_hosts.fake_correctness_tool import write_report
 from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
 

@@ -3,7 +3,7 @@
 Usage: fault_injection_run.py SEAM NOTIFY_FIFO RELEASE_FIFO CACHE_FAMILY_ARGS...
 
 Everything is the product's own code in a real process; only one function of
-``cache_family.actors.matrix`` is wrapped so that, when the run reaches it, the harness writes
+``cache_family.actors.run.matrix`` is wrapped so that, when the run reaches it, the harness writes
 ``at SEAM`` to NOTIFY_FIFO and blocks until a line arrives on RELEASE_FIFO. A test sends its
 signal in between, at a moment it knows exactly, without sleeping:
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cache_family import cli
-from cache_family.actors import matrix
+from cache_family.actors.run import matrix
 
 # seam -> (function of actors.matrix, block before (True) or after (False) calling it)
 SEAMS: dict[str, tuple[str, bool]] = {

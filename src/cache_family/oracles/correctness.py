@@ -29,8 +29,7 @@ from typing import Any, Final, NoReturn
 
 import numpy as np
 
-from cache_family.actors.publish import publish_fresh
-from cache_family.actors.run_context import thread_setting
+from cache_family.actors.run.context import thread_setting
 from cache_family.errors import Refusal, Refused
 from cache_family.oracles import llama_bindings, native_build, package_builder
 from cache_family.states.handoff import (
@@ -42,6 +41,7 @@ from cache_family.states.handoff import (
     Payload,
     topology_of,
 )
+from cache_family.system.publish import publish_fresh
 
 COMMAND: Final = "state-handoff"
 #: Test-only fault injection: when this variable is "1", the exported kv-recurrent bytes are

@@ -4,7 +4,7 @@ It builds or reuses ``llama-server`` and the tiny model zoo, installs them with 
 workload oracles as ``skippy-workload-oracles-build`` lays them out (``OUT/tools``), writes an
 operator input naming those tools exactly as it would name real Skippy tools (old and new
 stage servers bound), then runs ``cache-family bench``'s own step list
-(:mod:`cache_family.bench_sequence`: prepare-full, run, prepare-use-cases, run, report),
+(:mod:`cache_family.console.bench_sequence`: prepare-full, run, prepare-use-cases, run, report),
 followed by ``report-run`` and ``replay`` of both runs. Which families and use cases run is
 chosen only through the operator input (``plan.cases``) and the wrapper's corpus variable
 (a subset of the checked-in corpus); see :data:`PLANS`.
@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from cache_family import bench_sequence
-from cache_family.actors.progress import say_failed
+from cache_family.console import bench_sequence
+from cache_family.console.refusals import say_failed
 from cache_family.errors import Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.oracles import native_build
 from cache_family.oracles.native_parts import Parts, ensure_parts
 from cache_family.schemas.corpus import default_corpus_path
@@ -223,7 +224,7 @@ def run_demo(
             f"the refusals above; {out if out.exists() else 'nothing was written'}",
             "fix what each refusal names, then run `./bootstrap demo` again",
         )
-        return bench_sequence.EXIT_PRECONDITION
+        return ExitCode.PRECONDITION
     operator = out / OPERATOR_NAME
     operator.write_text(json.dumps(operator_input(parts, tools, plan.cases), indent=2) + "\n")
     corpus = out / CORPUS_NAME
@@ -234,7 +235,7 @@ def run_demo(
         bench = bench_sequence.plan_bench(str(out), env, quiet=quiet)
     except bench_sequence.BenchRefused as refused:
         say_failed(progress, "demo", refused.refusal.line(), refused.evidence, refused.refusal.hint)
-        return bench_sequence.EXIT_PRECONDITION
+        return ExitCode.PRECONDITION
     extra, wrote = demo_steps(bench.output)
     bench = dataclasses.replace(bench, steps=bench.steps + extra, wrote=bench.wrote + wrote)
     code = bench_sequence.run_bench(bench, env, stdout, progress, quiet=quiet)

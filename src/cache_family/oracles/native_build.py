@@ -35,10 +35,10 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, TextIO
 
-from cache_family.actors.pins import tree_digest
-from cache_family.actors.publish import replace_atomically, replace_with_symlink
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import read_bounded
+from cache_family.system.pins import tree_digest
+from cache_family.system.publish import replace_atomically, replace_with_symlink
 
 SERVER_NAME = "llama-server"
 _PROGRESS = re.compile(r"^\[\s*(\d+)%\]")

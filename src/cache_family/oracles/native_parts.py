@@ -42,9 +42,9 @@ from typing import Any, TextIO
 
 import trio
 
-from cache_family.actors.process_group import stop_group
 from cache_family.errors import Refused
 from cache_family.oracles import llama_bindings, native_build
+from cache_family.system.process_group import stop_group
 
 DEFAULT_SEED = 0
 SKIP_NATIVE_ENV = "CACHE_FAMILY_SKIP_NATIVE"

@@ -40,7 +40,6 @@ import httpx
 import msgspec
 import trio
 
-from cache_family.actors.process_group import PROCESS_TAG_NAME
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.gguf_header import read_gguf_header
@@ -51,6 +50,7 @@ from cache_family.schemas.stage_server import (
     StageConfig,
     listening_line,
 )
+from cache_family.system.process_group import PROCESS_TAG_NAME
 
 PROGRAM: Final = "skippy"
 BACKEND: Final = "llama-server"

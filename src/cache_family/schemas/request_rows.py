@@ -5,7 +5,7 @@ rung after rung (a serial rung 0's warmup request first)::
 
     {"rung_index":0,"concurrency":8,"row":{"request_id":0,"status":"completed",...}}\n
 
-The load actor writes it front to back as requests end (``actors/request_rows.py``); at the
+The load actor writes it front to back as requests end (``actors/journal/rows_file.py``); at the
 end of each rung it is fsynced and a ``rung_rows`` journal record names the rung's lines and
 the SHA-256 of the file through them. The journal holds no row. It is never read whole: a
 reader verifies those digests while it streams the lines a chunk at a time.

@@ -638,7 +638,7 @@ def _apply_through(
 
 RowsSource = Callable[[Sequence[RungRows]], Iterable[RequestRowLine]]
 """The lines of a cell's rows file that its ``rung_rows`` records name, in file order (an
-actor streams them and checks each record's digest: ``actors/request_rows.py``)."""
+actor streams them and checks each record's digest: ``actors/journal/rows_file.py``)."""
 
 
 def fold_cell(
@@ -1203,7 +1203,7 @@ def _refold_row(index: JournalIndex, published: ReceiptPublished) -> bytes:
 
 
 # Receipt scopes replay can re-fold. Another pure module adds its own (the matrix receipt)
-# with ``register_refolder`` at import time; ``actors/replay.py`` imports such modules.
+# with ``register_refolder`` at import time; ``actors/audit/replay.py`` imports such modules.
 REFOLDERS: dict[str, Refolder] = {"cell": refold_cell, "row": _refold_row}
 
 

@@ -39,7 +39,6 @@ from typing import Literal, TextIO
 
 import gguf
 
-from cache_family.actors.publish import replace_atomically
 from cache_family.errors import Refusal, Refused
 from cache_family.oracles.zoo import dense, hybrid, minimax, moe
 from cache_family.oracles.zoo.base import SYNTHETIC_TAG, Builder, BuiltModel, ZooUnsupported
@@ -62,6 +61,7 @@ from cache_family.oracles.zoo.zoo_catalog import (
 )
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import Preset, packaged_catalog
+from cache_family.system.publish import replace_atomically
 
 CATALOG_NAME = "catalog.json"
 REPORT_NAME = "zoo-report.json"

@@ -24,8 +24,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from cache_family.actors.publish import replace_atomically, replace_with_symlink
 from cache_family.errors import Refusal, Refused
+from cache_family.system.publish import replace_atomically, replace_with_symlink
 
 _REPO_DIR = re.compile(r"^models--[^/]+--[^/]+$")
 _REVISION = re.compile(r"^[0-9a-f]{40}$")

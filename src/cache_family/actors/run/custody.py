@@ -45,15 +45,6 @@ from typing import Literal, NoReturn
 import psutil
 import trio
 
-from cache_family.actors.http import HttpError, LoopbackHttp
-from cache_family.actors.process_group import (
-    PROCESS_TAG_NAME,
-    end_identified,
-    end_tagged,
-    pid_replaced,
-    still_same,
-    stop_group,
-)
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas import stage_server
 from cache_family.schemas.measurement import (
@@ -66,6 +57,15 @@ from cache_family.schemas.measurement import (
     HostMarkerSeen,
     HostReady,
     HostSpawned,
+)
+from cache_family.system.http import HttpError, LoopbackHttp
+from cache_family.system.process_group import (
+    PROCESS_TAG_NAME,
+    end_identified,
+    end_tagged,
+    pid_replaced,
+    still_same,
+    stop_group,
 )
 
 KIB = 1024

@@ -22,9 +22,9 @@ import subprocess
 import tempfile
 from typing import Final
 
-from cache_family.actors.publish import replace_atomically
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import read_bounded
+from cache_family.system.publish import replace_atomically
 
 SIGNATURE_FILENAME: Final = "journal.head.sig"
 SIGNATURE_NAMESPACE: Final = "cache-family-journal"

@@ -3,7 +3,7 @@
 Like the cell actor, one loop: the current state's work returns the next event, the live
 machine takes it (journaling the step), and each action of the step runs through its one
 effect handler. ``run-topology`` runs the correctness tool for one planned topology as a
-supervised child (``actors/child.py``) in ``cell-NNNN/correctness/topology-NN/`` and judges
+supervised child (``system/child.py``) in ``cell-NNNN/correctness/topology-NN/`` and judges
 its report with the gate; ``journal-verdict`` records the stage. The accepted prompt text is
 kept in memory for the row's later requests; only its SHA-256 is journaled.
 """
@@ -21,12 +21,9 @@ from typing import Final
 
 import trio
 
-from cache_family.actors import custody
-from cache_family.actors.cell import argv_sha256
-from cache_family.actors.child import ChildCommand, ChildEnded
-from cache_family.actors.process_group import PROCESS_TAG_NAME
-from cache_family.actors.publish import publish_fresh
-from cache_family.actors.run_context import (
+from cache_family.actors.run import custody
+from cache_family.actors.run.cell import argv_sha256
+from cache_family.actors.run.context import (
     MEASUREMENT_RESERVE_SECONDS,
     PinTarget,
     RunContext,
@@ -63,6 +60,9 @@ from cache_family.states.correctness import (
     judge_topology,
     redacted_argv,
 )
+from cache_family.system.child import ChildCommand, ChildEnded
+from cache_family.system.process_group import PROCESS_TAG_NAME
+from cache_family.system.publish import publish_fresh
 
 ARM_CORRECTNESS: Final = "correctness"
 REPORT_MAX_BYTES: Final = 16 * MIB

@@ -11,7 +11,7 @@ before each event was written, so every client timestamp has a server truth:
 The llama.cpp final event's ``timings`` are these stamps, not the configuration: ``prompt_ms``
 is first content write minus receipt, ``predicted_ms`` final write minus first content write.
 A request's ``n_predict`` / ``max_tokens`` / ``max_completion_tokens`` sets its token count.
-The run starts it in-process to measure its own client (``actors/self_calibration.py``);
+The run starts it in-process to measure its own client (``actors/run/self_calibration.py``);
 ``bench/calibration_server.py`` runs it as a process for the harness.
 """
 

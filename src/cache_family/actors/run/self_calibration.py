@@ -1,6 +1,6 @@
 """The run's own client, timed against the calibration server before the first ladder.
 
-The server (``oracles/calibration.py``) runs in this process on loopback and keeps a known
+The server (``actors/run/calibration_server.py``) runs in this process on loopback and keeps a known
 pace; the product's load client (``LoadRun`` over ``LoopbackHttp``, exactly as a rung uses
 it) sends streamed ``/completion`` requests one at a time. The server's final event carries
 its own receipt-to-first-content and first-to-final times, so every request has an exact
@@ -14,12 +14,12 @@ from typing import Final
 
 import trio
 
-from cache_family.actors.http import LoopbackHttp
-from cache_family.actors.load import Clock, LoadRun
-from cache_family.oracles.calibration import CalibrationServer, Pace
+from cache_family.actors.run.calibration_server import CalibrationServer, Pace
+from cache_family.actors.run.load import Clock, LoadRun
 from cache_family.schemas.journal import ClientCalibrated
 from cache_family.schemas.measurement import LoadRequest
 from cache_family.states.calibration import calibration
+from cache_family.system.http import LoopbackHttp
 
 # Short enough to cost about half a second, long enough that the server's pacing, not the
 # client, decides when each event is written.

@@ -15,21 +15,9 @@ from typing import Final, Literal, Protocol
 
 import trio
 
-from cache_family.actors import custody, stage_host
-from cache_family.actors.child import ChildRunner, run_child
-from cache_family.actors.http import LoopbackHttp
-from cache_family.actors.journal import JournalWriter
-from cache_family.actors.pins import (
-    RACY_SECONDS,
-    Budget,
-    HashJob,
-    HeldFile,
-    HeldTree,
-    hash_file,
-    hash_files,
-    pin_tree,
-)
-from cache_family.actors.private_exec import RowExec
+from cache_family.actors.journal.writer import JournalWriter
+from cache_family.actors.run import custody, stage_host
+from cache_family.actors.run.private_exec import RowExec
 from cache_family.errors import Refused
 from cache_family.schemas.journal import Record, Transition
 from cache_family.schemas.measurement import (
@@ -41,6 +29,18 @@ from cache_family.schemas.measurement import (
     HostSpawned,
 )
 from cache_family.states.cell import OnStep
+from cache_family.system.child import ChildRunner, run_child
+from cache_family.system.http import LoopbackHttp
+from cache_family.system.pins import (
+    RACY_SECONDS,
+    Budget,
+    HashJob,
+    HeldFile,
+    HeldTree,
+    hash_file,
+    hash_files,
+    pin_tree,
+)
 
 ARM_SERIAL: Final = "native-serial"
 ARM_CONCURRENT: Final = "native-concurrent"

@@ -6,7 +6,7 @@ only its SHA-256. The correctness tool is handed the row's use-case prompt, when
 one, as preparation copied it from the pinned corpus into the prepared input.
 
 ``choose`` is the corpus-derived source of a prompt cut by a host's tokenizer to the row's
-prefix plus one suffix token (``actors/load.py``): a use-case row's prompt, else the FIRST
+prefix plus one suffix token (``actors/run/load.py``): a use-case row's prompt, else the FIRST
 entry of the packaged corpus. Loading a corpus is bounded and checked against its pin once.
 """
 

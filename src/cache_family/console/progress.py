@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from rich.progress import Progress as RichBar
     from rich.progress import Task, TaskID
 
-    from cache_family.actors.row import RowResult
-    from cache_family.actors.run_context import Budgets
+    from cache_family.actors.run.context import Budgets
+    from cache_family.actors.run.row import RowResult
     from cache_family.schemas.prepared import PreparedRow
 
 Mode = Literal["rich", "plain", "quiet", "json"]
@@ -56,13 +56,6 @@ def choose_mode(stream: TextIO, *, quiet: bool = False, json_events: bool = Fals
 def synthetic_mark(synthetic: bool) -> str:
     """ " (synthetic)" after a line about a synthetic row or run, else nothing."""
     return SYNTHETIC_MARK if synthetic else ""
-
-
-def say_failed(stream: TextIO, who: str, what: str, evidence: str, next_step: str) -> None:
-    """How every failing exit ends: what failed, where its evidence is, what to do next."""
-    print(f"{who}: failed: {what}", file=stream)
-    print(f"{who}: evidence: {evidence}", file=stream)
-    print(f"{who}: next: {next_step}", file=stream, flush=True)
 
 
 class EventLines:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import trio
 
-from cache_family.actors.journal import (
+from cache_family.actors.journal.writer import (
     JOURNAL_READ_LIMIT,
     JournalWriter,
     journal_path,

@@ -33,8 +33,7 @@ from typing import Final, Generic, TypeVar, cast
 
 import trio
 
-from cache_family.actors.publish import fsync_dir, publish_fresh
-from cache_family.actors.request_rows import cell_rows
+from cache_family.actors.journal.rows_file import cell_rows
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
@@ -53,6 +52,7 @@ from cache_family.schemas.receipts import (
     encode_receipt,
 )
 from cache_family.states.fold import JournalIndex, fold_cell, fold_row
+from cache_family.system.publish import fsync_dir, publish_fresh
 
 # A week-long run journals a few million short lines; replay and resume read at most this much.
 JOURNAL_READ_LIMIT: Final = 4 * 1024 * 1024 * 1024

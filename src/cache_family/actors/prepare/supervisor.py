@@ -17,9 +17,9 @@ from typing import IO, Final, Literal, Protocol, TextIO
 
 import trio
 
-from cache_family.actors.process_group import stop_group
-from cache_family.actors.progress import BytesBar, is_terminal
+from cache_family.console.progress import BytesBar, is_terminal
 from cache_family.schemas.bounded import MIB
+from cache_family.system.process_group import stop_group
 
 GRACE_SECONDS: Final = 12.0
 KILL_WAIT_SECONDS: Final = 5.0

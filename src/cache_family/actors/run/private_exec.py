@@ -33,7 +33,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cache_family.actors.custody import make_private_dir, remove_tree
+from cache_family.actors.run.custody import make_private_dir, remove_tree
 
 
 @dataclass(frozen=True, slots=True)

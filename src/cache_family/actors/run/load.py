@@ -14,7 +14,7 @@ fails its request, never the process. Facts about llama-server this relies on:
   with ``data: {json}`` lines; the last event has ``stop: true`` and the server's ``timings``
   (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``, ``cache_n``).
 * It closes the connection after every streamed response, so each request gets a fresh one
-  (``actors/http.py``).
+  (``system/http.py``).
 * A tiny random model often samples end-of-sequence first: for a synthetic catalog
   ``ignore_eos`` keeps the output length fixed (a real catalog gets the reference's body
   exactly), and token counts come from the server, never from re-tokenizing text.
@@ -37,7 +37,6 @@ from typing import Any, ClassVar, Final, NamedTuple, Protocol
 
 import trio
 
-from cache_family.actors.http import HttpError, LoopbackHttp, Response
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
     CacheExpectation,
@@ -48,6 +47,7 @@ from cache_family.schemas.measurement import (
     ServerTimings,
 )
 from cache_family.states.tally import MAKESPAN_MISSING, RungTally
+from cache_family.system.http import HttpError, LoopbackHttp, Response
 
 KIB = 1024
 MIB = 1024 * KIB

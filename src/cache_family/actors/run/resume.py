@@ -30,20 +30,21 @@ from typing import Final
 import psutil
 import trio
 
-from cache_family.actors.cell import pin_targets
-from cache_family.actors.head_signature import check_sign_key
-from cache_family.actors.journal import JOURNAL_READ_LIMIT, journal_path
-from cache_family.actors.matrix import (
-    EXIT_REFUSED,
+from cache_family.actors.audit.head_signature import check_sign_key
+from cache_family.actors.audit.replay import ReplayReport, reap_children, refuse_while_runner_lives
+from cache_family.actors.journal.writer import JOURNAL_READ_LIMIT, journal_path
+from cache_family.actors.run.cell import pin_targets
+from cache_family.actors.run.context import PinTarget, hash_pins
+from cache_family.actors.run.matrix import (
     AdmittedRun,
     Resumption,
     supervise_command,
 )
-from cache_family.actors.progress import Mode, say_failed
-from cache_family.actors.prompts import PromptSelector
-from cache_family.actors.replay import ReplayReport, reap_children, refuse_while_runner_lives
-from cache_family.actors.run_context import PinTarget, hash_pins
+from cache_family.actors.run.prompts import PromptSelector
+from cache_family.console.progress import Mode
+from cache_family.console.refusals import say_failed
 from cache_family.errors import Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
     JournalLine,
@@ -243,7 +244,7 @@ def resume_command(run_dir: str, *, sign_key: str | None = None, mode: Mode | No
             f"fix what each refusal names, or check it with `cache-family replay {run_dir}`; "
             "a run that cannot be resumed is rerun into a fresh --output",
         )
-        return EXIT_REFUSED
+        return ExitCode.REFUSED
     for note in notes:
         print(note, file=sys.stderr)
     return supervise_command(admitted, resumption, sign_key=sign_key, mode=mode)

@@ -24,15 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from cache_family.actors.pins import (
-    Budget,
-    FilePin,
-    HashJob,
-    canonical_regular_file,
-    hash_files,
-)
-from cache_family.actors.progress import ProgressSink
-from cache_family.actors.publish import path_inside
+from cache_family.console.progress import ProgressSink
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import NOT_BUILT_NOTE_PREFIX, Preset
@@ -44,6 +36,14 @@ from cache_family.schemas.gguf_header import (
 )
 from cache_family.schemas.layer_package import MANIFEST_NAME, decode_manifest
 from cache_family.schemas.prepared import ModelObservation, PreparedRow, ShardPin
+from cache_family.system.pins import (
+    Budget,
+    FilePin,
+    HashJob,
+    canonical_regular_file,
+    hash_files,
+)
+from cache_family.system.publish import path_inside
 
 PACKAGE_MANIFEST_MAX_BYTES: Final = 4 * MIB
 ADMISSION_STDOUT_MAX_BYTES: Final = MIB

@@ -58,11 +58,11 @@ from typing import Final, TextIO
 import msgspec
 import psutil
 
-from cache_family.actors.head_signature import head_line, verify_head
-from cache_family.actors.journal import JOURNAL_READ_LIMIT
-from cache_family.actors.process_group import PROCESS_TAG_NAME, tagged_processes
-from cache_family.actors.request_rows import cell_rows
+from cache_family.actors.audit.head_signature import head_line, verify_head
+from cache_family.actors.journal.rows_file import cell_rows
+from cache_family.actors.journal.writer import JOURNAL_READ_LIMIT
 from cache_family.errors import Refusal, Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.report.run import read_run
 from cache_family.report.run_report import MARKDOWN_NAME, render_run_report
 from cache_family.schemas.bounded import MIB, read_bounded
@@ -84,10 +84,7 @@ from cache_family.schemas.journal import (
 from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.states.fold import JournalIndex, refold, refold_cell
 from cache_family.states.tally import tally_cell
-
-EXIT_IDENTICAL: Final = 0
-EXIT_DIFFERS: Final = 1
-EXIT_UNREADABLE: Final = 2
+from cache_family.system.process_group import PROCESS_TAG_NAME, tagged_processes
 
 RECEIPT_READ_LIMIT: Final = 64 * MIB
 RECEIPT_NAMES: Final = frozenset(("cell.json", "row.json"))
@@ -95,7 +92,7 @@ CREATE_TIME_TOLERANCE_S: Final = 0.01
 # Pure modules that register refolders for further receipt scopes (states.fold.REFOLDERS).
 # Every one is imported before replaying: a missing module is a broken install, never a
 # reason to leave a published receipt (the matrix) unchecked.
-REFOLD_MODULES: Final = ("cache_family.states.matrix", "cache_family.actors.report_files")
+REFOLD_MODULES: Final = ("cache_family.states.matrix", "cache_family.actors.run.report_files")
 
 
 @dataclass
@@ -117,8 +114,8 @@ class ReplayReport:
     @property
     def exit_code(self) -> int:
         if self.unreadable:
-            return EXIT_UNREADABLE
-        return EXIT_DIFFERS if self.differs or self.unfinished else EXIT_IDENTICAL
+            return ExitCode.UNREADABLE
+        return ExitCode.DIFFERS if self.differs or self.unfinished else ExitCode.IDENTICAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,9 +205,13 @@ def replay(
         reap_children(report, read.lines, reap_grace_s)
     if report.unfinished is not None:
         report.say(f"replay: run did not finish: {report.unfinished}")
-    verdict = {EXIT_IDENTICAL: "identical", EXIT_DIFFERS: "DIFFERS", EXIT_UNREADABLE: "UNREADABLE"}
+    verdict: dict[int, str] = {
+        ExitCode.IDENTICAL: "identical",
+        ExitCode.DIFFERS: "DIFFERS",
+        ExitCode.UNREADABLE: "UNREADABLE",
+    }
     if report.unfinished is not None and not report.differs and not report.unreadable:
-        verdict[EXIT_DIFFERS] = "UNFINISHED"
+        verdict[ExitCode.DIFFERS] = "UNFINISHED"
     report.say(
         f"replay: {verdict[report.exit_code]} ({len(report.identical)} identical, "
         f"{len(report.mismatched)} differing)"

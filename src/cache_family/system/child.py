@@ -18,7 +18,7 @@ from typing import Final
 import psutil
 import trio
 
-from cache_family.actors.process_group import PROCESS_TAG_NAME, end_tagged, stop_group
+from cache_family.system.process_group import PROCESS_TAG_NAME, end_tagged, stop_group
 
 # The reference child runner's stop: 12 s graceful, then 1 s after SIGKILL.
 GRACE_SECONDS: Final = 12.0

@@ -7,15 +7,15 @@ Admission (nothing is written unless all of it passes; refusals exit 2):
     pins; the output's parent is a real directory and the output does not exist yet.
 
 The run (one trio task tree):
-  * a journal writer (``actors/journal.py``) that outlives every other task;
+  * a journal writer (``actors/journal/writer.py``) that outlives every other task;
   * a signal watcher: the first SIGINT/SIGTERM is journaled as a run-wide cancellation and
     cancels the rows; a second one shortens the SIGTERM grace of every host in custody, but
     cleanup always runs;
   * a deadline watcher: at ``execution_seconds`` it journals the run-wide deadline expiry and
     cancels the rows the same way (so every receipt folded afterwards sees it);
-  * the rows, strictly in plan order (``actors/row.py``), each publishing its ``row.json``.
+  * the rows, strictly in plan order (``actors/run/row.py``), each publishing its ``row.json``.
 
-SIGINT/SIGTERM never meet Python's defaults in a ``run`` process (``actors/interrupts.py``):
+SIGINT/SIGTERM never meet Python's defaults in a ``run`` process (``system/interrupts.py``):
 from before the output directory is created until exit, a signal is either the run's
 cancellation (before the matrix is folded; one that arrived before the supervisor's receiver
 opened is taken as soon as it opens) or only counted (after), and any signal makes the exit
@@ -50,35 +50,34 @@ import psutil
 import trio
 
 from cache_family import __version__
-from cache_family.actors import interrupts
-from cache_family.actors.head_signature import check_sign_key, head_line, sign_head
-from cache_family.actors.journal import (
+from cache_family.actors.audit.head_signature import check_sign_key, head_line, sign_head
+from cache_family.actors.journal.writer import (
     JOURNAL_READ_LIMIT,
     JournalWriter,
     journal_path,
     publish_receipt,
 )
-from cache_family.actors.progress import (
-    Mode,
-    RunProgress,
-    choose_mode,
-    run_progress_for,
-    say_failed,
-    synthetic_mark,
-)
-from cache_family.actors.prompts import PromptSelector
-from cache_family.actors.publish import fsync_dir, overlapping_trees, publish_fresh
-from cache_family.actors.report_files import publish_report_files
-from cache_family.actors.row import RowActor, RowResult
-from cache_family.actors.run_context import (
+from cache_family.actors.run.context import (
     Budgets,
     HostSettings,
     RunContext,
     RunStop,
     thread_setting,
 )
-from cache_family.actors.self_calibration import calibrate_client
+from cache_family.actors.run.prompts import PromptSelector
+from cache_family.actors.run.report_files import publish_report_files
+from cache_family.actors.run.row import RowActor, RowResult
+from cache_family.actors.run.self_calibration import calibrate_client
+from cache_family.console.progress import (
+    Mode,
+    RunProgress,
+    choose_mode,
+    run_progress_for,
+    synthetic_mark,
+)
+from cache_family.console.refusals import say_failed
 from cache_family.errors import Refusal, Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
     Cancellation,
@@ -103,14 +102,12 @@ from cache_family.schemas.prepared import (
 )
 from cache_family.states.fold import JournalIndex
 from cache_family.states.matrix import fold_matrix
+from cache_family.system import interrupts
+from cache_family.system.publish import fsync_dir, overlapping_trees, publish_fresh
 
 # The run reads whatever preparation may publish, and no more.
 RUN_INPUT_MAX_BYTES: Final = PREPARED_INPUT_MAX_BYTES
 
-EXIT_COMPLETED: Final = 0
-EXIT_NOT_COMPLETED: Final = 1
-EXIT_REFUSED: Final = 2
-EXIT_INTERRUPTED: Final = 130
 
 _SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
 
@@ -256,7 +253,7 @@ class _Signals:
 
 @dataclass(frozen=True, slots=True)
 class Resumption:
-    """What ``run --resume`` decided before the run continues (``actors/resume.py``): the
+    """What ``run --resume`` decided before the run continues (``actors/run/resume.py``): the
     ``run_resumed`` record to journal first, the rows kept as they are, and the moves of the
     rerun rows' directories (and the interrupted segment's report files) to perform once
     that record is durable."""
@@ -616,7 +613,7 @@ def run_command(
                 f"{input}; nothing was written under {output}",
                 "fix what each refusal names (its hint), then run again",
             )
-            return EXIT_REFUSED
+            return ExitCode.REFUSED
         return supervise_command(admitted, sign_key=sign_key, mode=mode)
 
 
@@ -637,7 +634,7 @@ def supervise_command(
         late = latch.take()
     for name in late:
         print(f"{name} after the matrix was published: the run had finished", file=sys.stderr)
-    return EXIT_INTERRUPTED if late else code
+    return ExitCode.INTERRUPTED if late else code
 
 
 def _supervise_and_print(
@@ -673,22 +670,22 @@ def _supervise_and_print(
             except OSError as exc:
                 print(f"interrupted: {unwritten_matrix(admitted, exc.strerror)}", file=sys.stderr)
                 _say_interrupted(run_dir, run_dir)
-                progress.finished("interrupted", None, None, EXIT_INTERRUPTED)
-                return EXIT_INTERRUPTED
+                progress.finished("interrupted", None, None, ExitCode.INTERRUPTED)
+                return ExitCode.INTERRUPTED
         print(f"interrupted: {matrix}", file=sys.stderr)
         _say_interrupted(matrix, run_dir)
-        progress.finished("interrupted", matrix, None, EXIT_INTERRUPTED)
-        return EXIT_INTERRUPTED
+        progress.finished("interrupted", matrix, None, ExitCode.INTERRUPTED)
+        return ExitCode.INTERRUPTED
     written = os.path.isfile(matrix)
     signed = True
     if written and outcome.journal_head is not None:
         signed = _sign(admitted.output, sign_key, outcome.journal_head)
     if outcome.interrupted:
-        code = EXIT_INTERRUPTED
+        code = ExitCode.INTERRUPTED
     elif not signed:  # the head's signature was asked for and is missing: not a clean run
-        code = EXIT_NOT_COMPLETED
+        code = ExitCode.NOT_COMPLETED
     else:
-        code = EXIT_COMPLETED if outcome.status == "completed" else EXIT_NOT_COMPLETED
+        code = ExitCode.COMPLETED if outcome.status == "completed" else ExitCode.NOT_COMPLETED
     if progress.result_lines:
         if written:
             print(final_line(admitted, outcome))
@@ -696,9 +693,9 @@ def _supervise_and_print(
                 print(head_line(outcome.journal_head), flush=True)
         else:  # a full disk, say: the failure was reported above; name no missing file
             print(f"{outcome.status}: {unwritten_matrix(admitted, None)}", flush=True)
-    if code == EXIT_INTERRUPTED:
+    if code == ExitCode.INTERRUPTED:
         _say_interrupted(matrix if written else run_dir, run_dir)
-    elif code != EXIT_COMPLETED:
+    elif code != ExitCode.COMPLETED:
         say_failed(
             sys.stderr,
             "run",

@@ -20,8 +20,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from cache_family.actors.progress import say_failed
+from cache_family.console.refusals import say_failed
 from cache_family.errors import Refusal, Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.schemas.corpus import default_corpus_path
 
 RUNNER_ENV = "MESH_LLM_AUTOMATION_BIN"
@@ -48,9 +49,7 @@ PREPARED_JSON = "cache-family-input.json"
 TABLES = "readme-tables.md"
 
 #: A wrapper precondition that fails (bad variable, missing tool): the reference's exit 1.
-EXIT_PRECONDITION = 1
 #: A run that exited 0 without the file the report needs: refused during work, output kept.
-EXIT_MISSING_OUTPUT = 3
 
 # Steps get this environment, not the caller's whole one: what the tools, the build (compiler,
 # pip) and the live progress display read. Anything else must come through the operator input.
@@ -385,7 +384,7 @@ def run_bench(
             plan.output,
             "pass a writable OUTPUT_DIR as the first argument",
         )
-        return EXIT_PRECONDITION
+        return ExitCode.PRECONDITION
     _log(log, f"bench run id {plan.run_id}: {len(plan.steps)} steps into {plan.output}")
     env = step_environment(environ)
     total = len(plan.steps)
@@ -413,7 +412,7 @@ def run_bench(
                     f"{os.path.dirname(missing[0])}; commands and exit codes in {log}",
                     step.needs_next,
                 )
-                return EXIT_MISSING_OUTPUT
+                return ExitCode.MISSING_OUTPUT
             if not quiet:
                 print(f"bench: {where}: {shlex.join(step.argv)}", file=err, flush=True)
             _log(log, f"{step.name}: {shlex.join(step.argv)}")
@@ -490,5 +489,5 @@ def bench_command(
             refused.evidence,
             refused.refusal.hint,
         )
-        return EXIT_PRECONDITION
+        return ExitCode.PRECONDITION
     return run_bench(plan, env, out, err, quiet=quiet)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cache_family.actors.progress import NullProgress, ProgressSink
+from cache_family.console.progress import NullProgress, ProgressSink
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import open_regular_file
 

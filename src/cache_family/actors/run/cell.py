@@ -28,20 +28,10 @@ from typing import Final, Literal
 import msgspec
 import trio
 
-from cache_family.actors import custody, stage_host
-from cache_family.actors.http import LoopbackHttp
-from cache_family.actors.journal import publish_cell_receipt
-from cache_family.actors.load import (
-    BenchmarkPrompt,
-    LoadRun,
-    OpenAIChatRun,
-    PromptCuts,
-)
-from cache_family.actors.private_exec import PrivateCopy, make_private_copy
-from cache_family.actors.prompts import SOURCE_CORRECTNESS, PromptChoice
-from cache_family.actors.publish import publish_fresh
-from cache_family.actors.request_rows import RowFileWriter
-from cache_family.actors.run_context import (
+from cache_family.actors.journal.rows_file import RowFileWriter
+from cache_family.actors.journal.writer import publish_cell_receipt
+from cache_family.actors.run import custody, stage_host
+from cache_family.actors.run.context import (
     ARM_DIRS,
     Budgets,
     HostHandle,
@@ -51,6 +41,14 @@ from cache_family.actors.run_context import (
     is_cancellation,
     thread_setting,
 )
+from cache_family.actors.run.load import (
+    BenchmarkPrompt,
+    LoadRun,
+    OpenAIChatRun,
+    PromptCuts,
+)
+from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
+from cache_family.actors.run.prompts import SOURCE_CORRECTNESS, PromptChoice
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
     COHORT_NATIVE,
@@ -97,6 +95,8 @@ from cache_family.states.cell import (
     LiveMachine,
     MachineTable,
 )
+from cache_family.system.http import LoopbackHttp
+from cache_family.system.publish import publish_fresh
 
 # Finalize (fold + publish) is shielded; this bounds it so a wedged disk cannot hang a run.
 FINALIZE_BOUND_SECONDS: Final = 30.0

@@ -3,7 +3,7 @@
     correctness -> serial -> concurrent -> finalize
 
 * A row whose model is missing is journaled and kept, never launched: no directory, no cells.
-* Every present row runs its correctness arm first (``actors/correctness.py``, in
+* Every present row runs its correctness arm first (``actors/run/correctness.py``, in
   ``cell-NNNN/correctness``). Only when it passed do the baselines run, each request with the
   prompt text it accepted; otherwise the row keeps the evidence, skips its baselines with the
   reason and is never ``completed``. A row without a usable correctness profile is refused the
@@ -24,13 +24,9 @@ from typing import Final
 
 import trio
 
-from cache_family.actors.cell import CellActor, CellPlan, pin_targets
-from cache_family.actors.correctness import ARM_CORRECTNESS, CorrectnessActor, CorrectnessPlan
-from cache_family.actors.journal import publish_row_receipt
-from cache_family.actors.load import PromptCuts
-from cache_family.actors.private_exec import RowExec
-from cache_family.actors.prompts import PromptChoice, PromptSelector, accepted_prompt
-from cache_family.actors.run_context import (
+from cache_family.actors.journal.writer import publish_row_receipt
+from cache_family.actors.run.cell import CellActor, CellPlan, pin_targets
+from cache_family.actors.run.context import (
     ARM_CONCURRENT,
     ARM_DIRS,
     ARM_NEW,
@@ -41,6 +37,10 @@ from cache_family.actors.run_context import (
     RunContext,
     is_cancellation,
 )
+from cache_family.actors.run.correctness import ARM_CORRECTNESS, CorrectnessActor, CorrectnessPlan
+from cache_family.actors.run.load import PromptCuts
+from cache_family.actors.run.private_exec import RowExec
+from cache_family.actors.run.prompts import PromptChoice, PromptSelector, accepted_prompt
 from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan
 from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
 from cache_family.schemas.receipts import RowReceipt

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from cache_family.actors.publish import overlapping_trees
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import LoadedCatalog, load_catalog
@@ -23,6 +22,7 @@ from cache_family.schemas.corpus import LoadedCorpus, default_corpus_path, load_
 from cache_family.schemas.operator import OperatorInput, PlanInput, validate_operator_object
 from cache_family.schemas.prepared import CorpusSource, Mode, loads_strict_json
 from cache_family.states.planning import check_selection
+from cache_family.system.publish import overlapping_trees
 
 OPERATOR_MAX_BYTES: Final = MIB
 CORPUS_ENV: Final = "SKIPPY_CACHE_USECASE_CORPUS"
