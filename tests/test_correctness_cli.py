@@ -9,11 +9,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from cache_family.errors import Refused
-from cache_family.oracles import correctness, llama_bindings
+from cache_family.oracles import correctness, llama_bindings, native_build
 
 
 @pytest.fixture
@@ -187,3 +188,101 @@ def test_fault_injection_alters_only_the_tail() -> None:
     span = len(payload) // 16
     assert altered[:-span] == payload[:-span]
     assert all(a != b for a, b in zip(altered[-span:], payload[-span:], strict=True))
+
+
+def test_the_launchers_native_build_is_found_without_the_runs(tmp_path: Path) -> None:
+    """Outside a run only the launcher's CACHE_FAMILY_ORACLE_NATIVE names the build."""
+    launchers = tmp_path / "launcher-native"
+    (launchers / "lib").mkdir(parents=True)
+    (launchers / "lib" / "libllama.so").write_bytes(b"")
+    only_launcher = {native_build.ORACLE_NATIVE_ENV: str(launchers)}
+    assert llama_bindings.library_dir(only_launcher) == (launchers / "lib").resolve()
+    # the run's build, and an explicit library directory, come before the launcher's
+    with pytest.raises(Refused) as run_first:
+        llama_bindings.library_dir({**only_launcher, llama_bindings.STAGE_BUILD_ENV: "/x"})
+    assert run_first.value.codes == ["bindings.library_absent"]
+    with pytest.raises(Refused) as explicit_first:
+        llama_bindings.library_dir({**only_launcher, llama_bindings.LIB_PATH_ENV: "/x"})
+    assert explicit_first.value.codes == ["bindings.library_absent"]
+    with pytest.raises(Refused) as unset:
+        llama_bindings.library_dir({})
+    assert native_build.ORACLE_NATIVE_ENV in unset.value.refusals[0].message
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"OMP_NUM_THREADS": "3"}, correctness.Threads(3, "OMP_NUM_THREADS")),
+        ({"OMP_NUM_THREADS": "1"}, correctness.Threads(1, "OMP_NUM_THREADS")),
+        ({}, correctness.Threads(1, "default")),
+        ({"OMP_NUM_THREADS": ""}, correctness.Threads(1, "default")),
+        ({"OMP_NUM_THREADS": "0"}, correctness.Threads(1, "default")),
+        ({"OMP_NUM_THREADS": "-2"}, correctness.Threads(1, "default")),
+        ({"OMP_NUM_THREADS": "two"}, correctness.Threads(1, "default")),
+        ({"OMP_NUM_THREADS": "1.5"}, correctness.Threads(1, "default")),
+    ],
+)
+def test_the_thread_count_is_the_shared_environments_else_one(
+    environ: dict[str, str], expected: correctness.Threads
+) -> None:
+    assert correctness.oracle_threads(environ) == expected
+
+
+class _FakeLlama:
+    """Just the llama.cpp calls a session makes to load a model and open a context."""
+
+    def __init__(self) -> None:
+        self.contexts: list[SimpleNamespace] = []
+
+    def llama_model_default_params(self) -> SimpleNamespace:
+        return SimpleNamespace(n_gpu_layers=None)
+
+    def llama_model_load_from_file(self, path: bytes, params: SimpleNamespace) -> object:
+        return object()
+
+    def llama_model_get_vocab(self, model: object) -> object:
+        return object()
+
+    def llama_vocab_n_tokens(self, vocab: object) -> int:
+        return 32
+
+    def llama_context_default_params(self) -> SimpleNamespace:
+        return SimpleNamespace(n_threads=None, n_threads_batch=None)
+
+    def llama_init_from_model(self, model: object, params: SimpleNamespace) -> SimpleNamespace:
+        self.contexts.append(params)
+        return params
+
+    def llama_free(self, ctx: object) -> None:
+        pass
+
+    def llama_model_free(self, model: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("threads", [None, 3])
+def test_every_context_runs_on_the_sessions_thread_count(
+    threads: int | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A thread count in this process's environment must not leak past the one the session got.
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    lib = _FakeLlama()
+    given = {} if threads is None else {"threads": threads}
+    session = correctness.Session(lib, tmp_path / "model.gguf", 0, **given)
+    session.context(64, 8, 1)
+    session.context(64, 8, 2)
+    session.close()
+    want = threads or 1
+    assert [(p.n_threads, p.n_threads_batch) for p in lib.contexts] == [(want, want)] * 2
+
+
+def test_the_report_records_the_thread_count(reference_argv: list[str]) -> None:
+    args = correctness.parse_args(reference_argv)
+    assert args is not None
+    given = correctness.Threads(3, "OMP_NUM_THREADS")
+    report = correctness.build_report(args, correctness.Measured(threads=given), None)
+    assert (report["threads"], report["threads_source"]) == (3, "OMP_NUM_THREADS")
+    # new members go last, so the reference's members keep their places
+    assert list(report)[-2:] == ["threads", "threads_source"]
+    plain = correctness.build_report(args, correctness.Measured(), None)
+    assert (plain["threads"], plain["threads_source"]) == (1, "default")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cache_family.oracles import correctness, llama_bindings, package_builder
+from cache_family.oracles import correctness, llama_bindings, native_build, package_builder
 from cache_family.oracles.native_build import sha256_file
 from cache_family.oracles.native_parts import SKIP_NATIVE_ENV, Parts
 from cache_family.states.handoff import (
@@ -64,8 +64,11 @@ def run_oracle(
     fault: bool = False,
     extra: tuple[str, ...] = (),
     override: list[str] | None = None,
+    command: tuple[str, ...] = (sys.executable, "-m", "cache_family.oracles.correctness"),
+    env_changes: dict[str, str | None] | None = None,
 ) -> tuple[int, dict[str, Any], str]:
-    """Run the oracle on a zoo preset; ``override`` replaces flag values (pairs)."""
+    """Run the oracle on a zoo preset; ``override`` replaces flag values (pairs), ``command``
+    the program, and ``env_changes`` sets (or, with None, removes) environment variables."""
     entry = preset(parts, key)
     layers = int(entry["layer_end"])
     start, end, stage = topology_range(topology, layers)
@@ -73,7 +76,7 @@ def run_oracle(
         Path(tempfile.mkdtemp(prefix=f"{key}-{topology}-", dir=tmp_path)) / "state-handoff.json"
     )
     argv = [
-        sys.executable, "-m", "cache_family.oracles.correctness", "state-handoff",
+        *command, "state-handoff",
         "--model", str(parts.model_path(key)),
         "--model-id", str(entry["model_id"]),
         "--stage-server-bin", str(parts.llama_server),
@@ -105,6 +108,11 @@ def run_oracle(
     }
     if fault:
         env[correctness.FAULT_ENV] = "1"
+    for name, value in (env_changes or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=False)
     output = done.stdout + done.stderr
     if done.returncode == 2:
@@ -244,3 +252,33 @@ def test_a_model_llama_cpp_cannot_load_fails_with_its_reason(parts: Parts, tmp_p
     assert report["status"] == "fail"
     assert report["reason"].startswith("model.load_failed:")
     assert report["benchmark_prompt_text"] == ""
+
+
+def test_outside_a_run_the_launcher_finds_its_own_native_build(
+    parts: Parts, tmp_path: Path
+) -> None:
+    """``skippy-correctness`` called by hand: no LLAMA_STAGE_BUILD_DIR, only the build its
+    launcher names (as the stage-server oracle finds llama-server), and no thread setting."""
+    tool = next(t for t in native_build.ORACLE_TOOLS if t.module == "correctness")
+    launcher = tmp_path / tool.name
+    launcher.write_text(
+        native_build.launcher_script(
+            tool, sys.executable, parts.native_build, native_build.package_source_sha256()
+        )
+    )
+    launcher.chmod(0o755)
+    unset = {llama_bindings.STAGE_BUILD_ENV: None, correctness.THREADS_ENV: None}
+    code, report, output = run_oracle(
+        parts, tmp_path, RESIDENT, command=(str(launcher),), env_changes=unset
+    )
+    assert "bindings.library_unset" not in output
+    assert_passed(parts, RESIDENT, "one-stage", code, report)
+    assert (report["threads"], report["threads_source"]) == (1, "default")
+
+
+def test_the_thread_count_comes_from_the_shared_environment(parts: Parts, tmp_path: Path) -> None:
+    code, report, _ = run_oracle(
+        parts, tmp_path, RESIDENT, env_changes={correctness.THREADS_ENV: "2"}
+    )
+    assert_passed(parts, RESIDENT, "one-stage", code, report)
+    assert (report["threads"], report["threads_source"]) == (2, "OMP_NUM_THREADS")

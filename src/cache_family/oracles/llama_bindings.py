@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, TextIO
@@ -114,22 +115,28 @@ def ensure_installed(progress: TextIO) -> None:
         )
 
 
-def library_dir(environ: dict[str, str] | None = None) -> Path:
-    """Where ``libllama.so`` is: ``$LLAMA_STAGE_BUILD_DIR/lib``, else ``$LLAMA_CPP_LIB_PATH``.
+def library_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where ``libllama.so`` is: ``$LLAMA_STAGE_BUILD_DIR/lib``, else ``$LLAMA_CPP_LIB_PATH``,
+    else ``$CACHE_FAMILY_ORACLE_NATIVE/lib``.
 
-    The run's native build comes first: it is the build the run pinned.
+    The run's native build comes first: it is the build the run pinned. Called outside a run,
+    the oracle uses the build its launcher was written with, as the stage-server oracle does.
     """
     env = os.environ if environ is None else environ
     if env.get(STAGE_BUILD_ENV):
         where = Path(env[STAGE_BUILD_ENV]) / "lib"
     elif env.get(LIB_PATH_ENV):
         where = Path(env[LIB_PATH_ENV])
+    elif env.get(native_build.ORACLE_NATIVE_ENV):
+        where = Path(env[native_build.ORACLE_NATIVE_ENV]) / "lib"
     else:
         raise Refused.one(
             "bindings.library_unset",
             "$",
-            f"neither {LIB_PATH_ENV} nor {STAGE_BUILD_ENV} names the native build",
-            f"set {STAGE_BUILD_ENV} to the native build directory (OUTPUT/native)",
+            f"none of {STAGE_BUILD_ENV}, {LIB_PATH_ENV} and {native_build.ORACLE_NATIVE_ENV} "
+            "names the native build",
+            "run the tool through its launcher (it names its build), or set "
+            f"{STAGE_BUILD_ENV} to the native build directory (OUTPUT/native)",
         )
     if not (where / _LIBRARY).is_file():
         raise Refused.one(

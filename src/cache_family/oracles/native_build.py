@@ -577,6 +577,10 @@ def package_source_sha256(root: Path | None = None) -> str:
     return tree_digest(sorted(entries))
 
 
+#: The native build a launcher was written with; an oracle uses it when the run names none.
+ORACLE_NATIVE_ENV = "CACHE_FAMILY_ORACLE_NATIVE"
+
+
 def launcher_script(tool: OracleTool, python: str, native: Path, source_sha256: str) -> str:
     argv = [python, "-I", "-m", "cache_family.oracles.launch", source_sha256, tool.module]
     command = " ".join(shlex.quote(part) for part in [*argv, *tool.args])
@@ -585,8 +589,8 @@ def launcher_script(tool: OracleTool, python: str, native: Path, source_sha256: 
         f"# {tool.name}: cache-family-bench reference workload oracle (not a Skippy build).\n"
         f"# Runs cache_family.oracles.{tool.module} on the package source pinned below, with\n"
         "# this interpreter; the native build is the run's LLAMA_STAGE_BUILD_DIR, else this one.\n"
-        f"CACHE_FAMILY_ORACLE_NATIVE={shlex.quote(str(native))}\n"
-        "export CACHE_FAMILY_ORACLE_NATIVE\n"
+        f"{ORACLE_NATIVE_ENV}={shlex.quote(str(native))}\n"
+        f"export {ORACLE_NATIVE_ENV}\n"
         f'exec {command} "$@"\n'
     )
 

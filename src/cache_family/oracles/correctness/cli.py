@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -26,13 +27,16 @@ from cache_family.oracles.correctness.report import (
 from cache_family.oracles.correctness.session import (
     FAULT_ENV,
     PACKAGE_MANIFEST,
+    THREADS_ENV,
     HandoffArgs,
     HandoffFailed,
     Measured,
     _join_package,
     _quiet_logs,
+    oracle_threads,
     run_handoff,
 )
+from cache_family.oracles.native_build import ORACLE_NATIVE_ENV
 from cache_family.states.handoff import (
     LOAD_MODES,
     PAYLOADS,
@@ -98,7 +102,12 @@ accepted, recorded, not used (the handoff runs in this process):
   --cache-decoded-result-hits.
 
 environment:
-  LLAMA_STAGE_BUILD_DIR/lib, else LLAMA_CPP_LIB_PATH: the directory of libllama.so.
+  {THREADS_ENV}: the threads of every llama.cpp context, as the stage servers get it; one
+  thread when it is unset or not a positive whole number. The report records the count
+  ("threads") and where it came from ("threads_source").
+  The native build's libllama.so: $LLAMA_STAGE_BUILD_DIR/lib (the run's build), else
+  $LLAMA_CPP_LIB_PATH, else ${ORACLE_NATIVE_ENV}/lib (the build the skippy-correctness
+  launcher was written with).
   {FAULT_ENV}=1: FAULT INJECTION, tests only: alters the exported kv-recurrent bytes
   before each import (no effect on resident-kv, which imports no bytes).
 
@@ -365,7 +374,7 @@ def state_handoff(args: HandoffArgs) -> dict[str, Any]:
     lib = llama_bindings.load(llama_bindings.library_dir())
     _quiet_logs(lib)
     lib.llama_backend_init()
-    seen = Measured()
+    seen = Measured(threads=oracle_threads(os.environ))
     failure: str | None = None
     with tempfile.TemporaryDirectory(prefix="skippy-correctness-") as scratch:
         try:

@@ -131,6 +131,9 @@ def build_report(args: HandoffArgs, seen: Measured, failure: str | None) -> dict
             "llama_cpp_commit": pin.llama_cpp_commit,
             "bindings": llama_bindings.requirement(),
         },
+        # After the reference's members and the earlier extras, so their order stays.
+        "threads": seen.threads.count,
+        "threads_source": seen.threads.source,
     }
     return report
 

@@ -12,7 +12,7 @@ import hashlib
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,6 @@ from typing import Any, Final
 
 import numpy as np
 
-from cache_family.actors.run.context import thread_setting
 from cache_family.errors import Refused
 from cache_family.oracles import package_builder
 from cache_family.states.handoff import PROMPT_TEXT_MAX_BYTES, LoadMode, Payload
@@ -32,6 +31,12 @@ FAULT_ENV: Final = "CACHE_FAMILY_FAULT_ALTER_STATE_BYTES"
 #: allocates (measured 200 ms against 0.7 ms afterwards on the zoo's qwen3next).
 WARMUP_HITS: Final = 1
 PACKAGE_MANIFEST: Final = "model-package.json"
+#: The shared environment's thread count: the stage servers and llama-server get the same.
+THREADS_ENV: Final = "OMP_NUM_THREADS"
+#: Without a thread count every context runs on one thread, so a hit's timing does not depend
+#: on how busy the machine is (with up to four threads: 421 ms per hit decode on a loaded
+#: machine, 0.4 ms on an idle one, for the same call).
+DEFAULT_THREADS: Final = 1
 _CUT_SEARCH_CHARS: Final = 64
 _GGML_LOG_LEVEL_ERROR: Final = 4
 
@@ -42,6 +47,22 @@ DEFAULT_PROMPT: Final = (
     "the answer is exactly the one a full recomputation gives. Every number is measured on "
     "the machine that runs it, and every failure is written down instead of hidden. "
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Threads:
+    """How many threads each llama.cpp context runs on, and where that number came from."""
+
+    count: int = DEFAULT_THREADS
+    source: str = "default"  # default | OMP_NUM_THREADS
+
+
+def oracle_threads(environ: Mapping[str, str]) -> Threads:
+    """``OMP_NUM_THREADS`` when it is a positive whole number, else one thread."""
+    value = environ.get(THREADS_ENV, "")
+    if value.isdigit() and int(value) > 0:
+        return Threads(int(value), THREADS_ENV)
+    return Threads()
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +161,11 @@ def _quiet_logs(lib: Any) -> None:
 class Session:
     """One loaded model and the contexts of one handoff run."""
 
-    def __init__(self, lib: Any, model_path: Path, n_gpu_layers: int) -> None:
+    def __init__(
+        self, lib: Any, model_path: Path, n_gpu_layers: int, threads: int = DEFAULT_THREADS
+    ) -> None:
         self.lib = lib
+        self.threads = threads
         params = lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         self.model = lib.llama_model_load_from_file(str(model_path).encode(), params)
@@ -207,11 +231,8 @@ class Session:
         params.n_batch = n_batch
         params.n_ubatch = n_batch
         params.n_seq_max = n_seq_max
-        # The operator's thread count, as llama-server gets it (-t); else up to 4 cores.
-        setting = thread_setting(os.environ)
-        threads = int(setting) if setting else max(1, min(4, len(os.sched_getaffinity(0))))
-        params.n_threads = threads
-        params.n_threads_batch = threads
+        params.n_threads = self.threads
+        params.n_threads_batch = self.threads
         params.kv_unified = True
         params.swa_full = True
         params.no_perf = True
@@ -265,8 +286,8 @@ class Session:
 
 
 @contextmanager
-def _session(lib: Any, model_path: Path, n_gpu_layers: int) -> Iterator[Session]:
-    session = Session(lib, model_path, n_gpu_layers)
+def _session(lib: Any, model_path: Path, n_gpu_layers: int, threads: int) -> Iterator[Session]:
+    session = Session(lib, model_path, n_gpu_layers, threads)
     try:
         yield session
     finally:
@@ -353,6 +374,7 @@ class Measured:
     model_facts: dict[str, Any] = field(default_factory=dict)
     fault_injection: str | None = None
     package: dict[str, Any] | None = None
+    threads: Threads = field(default_factory=Threads)
 
 
 def _max_diff(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
@@ -362,7 +384,7 @@ def _max_diff(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
 
 def run_handoff(args: HandoffArgs, lib: Any, model_path: Path, seen: Measured) -> None:
     """Measure into ``seen``; raises :class:`HandoffFailed` with the reason of a failed run."""
-    with _session(lib, model_path, args.n_gpu_layers) as session:
+    with _session(lib, model_path, args.n_gpu_layers, seen.threads.count) as session:
         recurrent, hybrid = session.recurrent(), session.hybrid()
         seen.model_facts = {
             "architecture": session.meta("general.architecture"),
