@@ -115,9 +115,6 @@ exit status: 0 pass, 1 fail (report written), 2 refused (nothing written).
 """
 
 
-# --- the command line ------------------------------------------------------------------------
-
-
 def _refuse_argv(code: str, path: str, message: str) -> NoReturn:
     raise Refused.one(
         f"correctness.argv.{code}", path, message, f"see `skippy-correctness {COMMAND} --help`"

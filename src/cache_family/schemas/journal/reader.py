@@ -58,148 +58,6 @@ _LOOSE_DECODER: Final = msgspec.json.Decoder(_LooseLine)
 _LOOSE_RECORD_DECODER: Final = msgspec.json.Decoder(_LooseRecord)
 
 
-def seal_problems(data: bytes, read: JournalRead) -> list[Refusal]:
-    """What is wrong with the seals of a journal's trusted lines (empty when all hold).
-
-    Every ``journal_sealed`` must hold the digest of the bytes before it and of its own line,
-    name its predecessor as its head, be written canonically, and be followed by nothing but a
-    ``run_resumed`` (a later segment) or the end of the journal. The matrix's publication is
-    followed by the seal and nothing else (``finish_run`` writes the two back to back; only a
-    runner that died between them leaves a ``run_resumed`` there), so a record slipped in
-    after the matrix, with the seal recomputed over it, is refused too.
-    """
-    lines = read.lines
-    # Only seals, the matrix's publication and the line after each matter; they are found
-    # over the whole column in C (``list.index``), so a long journal costs no Python per line.
-    kinds = list(map(type, map(_RECORD, lines)))
-    seals = _positions(kinds, JournalSealed)
-    matrices = [
-        p
-        for p in _positions(kinds, ReceiptPublished)
-        if isinstance(published := lines[p].record, ReceiptPublished)
-        and published.scope == "matrix"
-    ]
-    follows_seal = {p + 1 for p in seals}
-    follows_matrix = {p + 1 for p in matrices}
-    problems: list[Refusal] = []
-    running = hashlib.sha256()
-    hashed = 0  # how many of data's bytes ``running`` holds
-    cursor = _LineCursor(data)
-    for position in sorted(follows_seal | follows_matrix | set(seals)):
-        if position >= len(lines):
-            continue
-        line = lines[position]
-        record = line.record
-        where = f"$.journal[{position}]"
-        if position in follows_seal and not isinstance(record, RunResumed):
-            problems.append(
-                Refusal(
-                    "journal.seal.trailing_record",
-                    where,
-                    f"seq {line.seq}: a {_tag(record)} record follows the seal at seq "
-                    f"{lines[position - 1].seq}; only run_resumed may",
-                    _AFTER_THE_END,
-                )
-            )
-        if position in follows_matrix and not isinstance(record, JournalSealed | RunResumed):
-            problems.append(
-                Refusal(
-                    "journal.matrix.trailing_record",
-                    where,
-                    f"seq {line.seq}: a {_tag(record)} record follows the matrix's publication "
-                    f"at seq {lines[position - 1].seq}; only the seal may (or run_resumed, when "
-                    "the runner died between the two)",
-                    _AFTER_THE_END,
-                )
-            )
-        if not isinstance(record, JournalSealed):
-            continue
-        start, end = cursor.span(position)
-        running.update(data[hashed:start])
-        hashed = start
-        if encode_line(line) != data[start:end]:
-            problems.append(
-                Refusal(
-                    "journal.seal.noncanonical",
-                    where,
-                    f"seq {line.seq}: the seal line is not in its canonical form",
-                    _SEAL_EDITED,
-                )
-            )
-        elif seal_digest(running, line) != record.digest:
-            problems.append(
-                Refusal(
-                    "journal.seal.digest",
-                    where,
-                    f"seq {line.seq}: the seal's digest does not match the journal's bytes "
-                    "(an earlier line or the seal itself was edited)",
-                    _SEAL_EDITED,
-                )
-            )
-        if record.head_sha256 != line.prev or record.through_seq != line.seq - 1:
-            problems.append(
-                Refusal(
-                    "journal.seal.head",
-                    where,
-                    f"seq {line.seq}: the seal names another head than its line",
-                    _SEAL_EDITED,
-                )
-            )
-    return problems
-
-
-_RECORD: Final = operator.attrgetter("record")
-
-
-def _positions(items: list[type], wanted: type) -> list[int]:
-    """Every index of ``wanted`` in ``items``, each found by ``list.index`` (in C)."""
-    found: list[int] = []
-    position = -1
-    while True:
-        try:
-            position = items.index(wanted, position + 1)
-        except ValueError:
-            return found
-        found.append(position)
-
-
-class _LineCursor:
-    """Byte spans of a journal's lines by line number, moving forward only: the newlines
-    between two asked-for lines are skipped in C (``re.finditer`` under ``islice``)."""
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-        self._line = 0  # the line that starts at ``_offset``
-        self._offset = 0
-
-    def span(self, line: int) -> tuple[int, int]:
-        """(start, end) of line ``line`` (0-based), ``end`` at its newline."""
-        if line < self._line:
-            raise ValueError(f"line {line} is behind the cursor at line {self._line}")
-        if line > self._line:
-            skipped = _NEWLINE.finditer(self._data, self._offset)
-            newline = next(itertools.islice(skipped, line - self._line - 1, None))
-            self._line, self._offset = line, newline.end()
-        return self._offset, self._data.index(b"\n", self._offset)
-
-
-_NEWLINE: Final = re.compile(b"\n")
-
-
-_AFTER_THE_END: Final = (
-    "the journal was extended after the run ended; compare its head with the one the run "
-    "printed (replay --expect-head) or verify the head's signature"
-)
-_SEAL_EDITED: Final = "the journal's last segment was edited after the run sealed it"
-
-
-def _tag(record: Record) -> str:
-    return str(type(record).__struct_config__.tag)
-
-
-# --- reading ---------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
 class ChainBreak:
     """The first place the journal stops being trustworthy.
@@ -445,3 +303,145 @@ def _decode_one(raw: bytes, line_no: int) -> tuple[int, str, JournalLine | None,
             "the line was edited or corrupted",
         ),
     )
+
+
+# --- the seals ------------------------------------------------------------------------------------
+
+
+def seal_problems(data: bytes, read: JournalRead) -> list[Refusal]:
+    """What is wrong with the seals of a journal's trusted lines (empty when all hold).
+
+    Every ``journal_sealed`` must hold the digest of the bytes before it and of its own line,
+    name its predecessor as its head, be written canonically, and be followed by nothing but a
+    ``run_resumed`` (a later segment) or the end of the journal. The matrix's publication is
+    followed by the seal and nothing else (``finish_run`` writes the two back to back; only a
+    runner that died between them leaves a ``run_resumed`` there), so a record slipped in
+    after the matrix, with the seal recomputed over it, is refused too.
+    """
+    lines = read.lines
+    # Only seals, the matrix's publication and the line after each matter; they are found
+    # over the whole column in C (``list.index``), so a long journal costs no Python per line.
+    kinds = list(map(type, map(_RECORD, lines)))
+    seals = _positions(kinds, JournalSealed)
+    matrices = [
+        p
+        for p in _positions(kinds, ReceiptPublished)
+        if isinstance(published := lines[p].record, ReceiptPublished)
+        and published.scope == "matrix"
+    ]
+    follows_seal = {p + 1 for p in seals}
+    follows_matrix = {p + 1 for p in matrices}
+    problems: list[Refusal] = []
+    running = hashlib.sha256()
+    hashed = 0  # how many of data's bytes ``running`` holds
+    cursor = _LineCursor(data)
+    for position in sorted(follows_seal | follows_matrix | set(seals)):
+        if position >= len(lines):
+            continue
+        line = lines[position]
+        record = line.record
+        where = f"$.journal[{position}]"
+        if position in follows_seal and not isinstance(record, RunResumed):
+            problems.append(
+                Refusal(
+                    "journal.seal.trailing_record",
+                    where,
+                    f"seq {line.seq}: a {_tag(record)} record follows the seal at seq "
+                    f"{lines[position - 1].seq}; only run_resumed may",
+                    _AFTER_THE_END,
+                )
+            )
+        if position in follows_matrix and not isinstance(record, JournalSealed | RunResumed):
+            problems.append(
+                Refusal(
+                    "journal.matrix.trailing_record",
+                    where,
+                    f"seq {line.seq}: a {_tag(record)} record follows the matrix's publication "
+                    f"at seq {lines[position - 1].seq}; only the seal may (or run_resumed, when "
+                    "the runner died between the two)",
+                    _AFTER_THE_END,
+                )
+            )
+        if not isinstance(record, JournalSealed):
+            continue
+        start, end = cursor.span(position)
+        running.update(data[hashed:start])
+        hashed = start
+        if encode_line(line) != data[start:end]:
+            problems.append(
+                Refusal(
+                    "journal.seal.noncanonical",
+                    where,
+                    f"seq {line.seq}: the seal line is not in its canonical form",
+                    _SEAL_EDITED,
+                )
+            )
+        elif seal_digest(running, line) != record.digest:
+            problems.append(
+                Refusal(
+                    "journal.seal.digest",
+                    where,
+                    f"seq {line.seq}: the seal's digest does not match the journal's bytes "
+                    "(an earlier line or the seal itself was edited)",
+                    _SEAL_EDITED,
+                )
+            )
+        if record.head_sha256 != line.prev or record.through_seq != line.seq - 1:
+            problems.append(
+                Refusal(
+                    "journal.seal.head",
+                    where,
+                    f"seq {line.seq}: the seal names another head than its line",
+                    _SEAL_EDITED,
+                )
+            )
+    return problems
+
+
+_RECORD: Final = operator.attrgetter("record")
+
+
+def _positions(items: list[type], wanted: type) -> list[int]:
+    """Every index of ``wanted`` in ``items``, each found by ``list.index`` (in C)."""
+    found: list[int] = []
+    position = -1
+    while True:
+        try:
+            position = items.index(wanted, position + 1)
+        except ValueError:
+            return found
+        found.append(position)
+
+
+class _LineCursor:
+    """Byte spans of a journal's lines by line number, moving forward only: the newlines
+    between two asked-for lines are skipped in C (``re.finditer`` under ``islice``)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._line = 0  # the line that starts at ``_offset``
+        self._offset = 0
+
+    def span(self, line: int) -> tuple[int, int]:
+        """(start, end) of line ``line`` (0-based), ``end`` at its newline."""
+        if line < self._line:
+            raise ValueError(f"line {line} is behind the cursor at line {self._line}")
+        if line > self._line:
+            skipped = _NEWLINE.finditer(self._data, self._offset)
+            newline = next(itertools.islice(skipped, line - self._line - 1, None))
+            self._line, self._offset = line, newline.end()
+        return self._offset, self._data.index(b"\n", self._offset)
+
+
+_NEWLINE: Final = re.compile(b"\n")
+
+
+_AFTER_THE_END: Final = (
+    "the journal was extended after the run ended; compare its head with the one the run "
+    "printed (replay --expect-head) or verify the head's signature"
+)
+_SEAL_EDITED: Final = "the journal's last segment was edited after the run sealed it"
+
+
+def _tag(record: Record) -> str:
+    return str(type(record).__struct_config__.tag)
