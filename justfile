@@ -17,9 +17,9 @@ demo *ARGS: native-parts
 
 # --- checks -----------------------------------------------------------------
 
-# Run the whole test suite (builds or reuses the cached llama-server and model zoo first).
+# Lint, then run the whole test suite (builds or reuses the cached llama-server and model zoo first).
 [group('checks')]
-test *ARGS: native-parts browser
+test *ARGS: lint native-parts browser
     {{venv}}/python -m pytest {{ARGS}}
 
 # Run the suite without building first: native tests use cached parts, or skip (with a reason) when absent.
@@ -51,12 +51,13 @@ fault-matrix-doc:
     {{venv}}/python tests/test_fault_matrix.py > docs/fault-matrix.md.tmp
     mv docs/fault-matrix.md.tmp docs/fault-matrix.md
 
-# Lint: ruff over src and tests, mypy --strict over src.
+# Lint: ruff (check and format) over src, tests and bench, mypy --strict over src, the layer contracts.
 [group('checks')]
 lint:
     {{venv}}/ruff check src tests bench
-    {{venv}}/ruff format --check src
+    {{venv}}/ruff format --check src tests bench
     {{venv}}/mypy --strict src/
+    {{venv}}/lint-imports --no-cache
 
 # Format the code in place.
 [group('checks')]
