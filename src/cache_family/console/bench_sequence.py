@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+import cache_family
 from cache_family.console.refusals import say_failed
 from cache_family.errors import Refusal, Refused
 from cache_family.exit_codes import ExitCode
@@ -115,7 +116,8 @@ def _refuse(code: str, where: str, message: str, hint: str, evidence: str) -> Be
 
 def repo_root() -> Path:
     """The source checkout this package runs from (its justfile holds the build recipe)."""
-    return Path(__file__).resolve().parents[2]
+    # src/cache_family/__init__.py -> the checkout holding src/
+    return Path(cache_family.__file__).resolve().parents[2]
 
 
 def default_runner() -> tuple[str, ...]:
