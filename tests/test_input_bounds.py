@@ -154,6 +154,12 @@ def test_a_file_name_that_is_not_utf8_gets_a_verdict_on_a_strict_stdout(tmp_path
         err = ran.stderr.decode("utf-8")
         assert ran.returncode == 2, err
         assert "Traceback" not in err
+        if extra:  # --json: the verdict is the document on stdout, as for any refusal
+            verdict = json.loads(ran.stdout)
+            assert verdict["valid"] is False
+            assert [r["code"] for r in verdict["refusals"]] == ["cli.path.not_utf8"]
+            assert "op\\udcff\\udcfe.json" in verdict["refusals"][0]["message"]
+            continue
         assert "refused: cli.path.not_utf8 at --input: " in err
         assert "op\\udcff\\udcfe.json" in err
 
