@@ -124,8 +124,7 @@ class RefusalCap:
                 Refusal(
                     self.more_code,
                     "$",
-                    f"{self._past_all} more refusal(s) not listed "
-                    f"(the first {self.in_all} are)",
+                    f"{self._past_all} more refusal(s) not listed (the first {self.in_all} are)",
                     self.more_hint,
                 )
             )
