@@ -995,8 +995,10 @@ def _bounded_shape(root: object, base: Loc) -> tuple[object, list[tuple[Loc, Ref
     Every later step (surrogate cleaning, pydantic, the cross-entry rules, one refusal per
     bad entry) is linear in what it is given; without this a 1 MiB array of bad entries
     produced half a million refusals, and a few hundred nested arrays a RecursionError.
-    Too deep refuses the document outright; an over-long container is refused and only
-    its first JSON_MAX_ENTRIES entries are checked further.
+    Too deep refuses the document outright, and so do more than JSON_MAX_VALUES values in
+    all (many containers of bad entries: pydantic alone took 230 MB to list their errors);
+    an over-long container is refused and only its first JSON_MAX_ENTRIES entries are
+    checked further.
     """
     found: list[tuple[Loc, Refusal]] = []
     values = 0
@@ -1017,8 +1019,8 @@ def _bounded_shape(root: object, base: Loc) -> tuple[object, list[tuple[Loc, Ref
             )
     if values > JSON_MAX_VALUES:
         message = (
-            f"the document's arrays and objects hold {values} values, more than "
-            f"{JSON_MAX_VALUES}; none was checked further"
+            f"the document's arrays and objects hold more than {JSON_MAX_VALUES} values "
+            f"({values} counted); none was checked further"
         )
         raise Refused((_refusal("operator.json.too_many_values", base, message)[1],))
     return (_truncated(root) if found else root), found
