@@ -68,6 +68,11 @@ def test_a_single_valued_option_given_twice_is_refused(
         (["run", "--input", "/a.json", "--output", "/tmp/x\u200b"], "cli.path.format_char"),
         (["replay", "/runs/\ufeffr1"], "cli.path.format_char"),
         (["validate", "--input", "/ops/op\udcff.json"], "cli.path.not_utf8"),
+        # "" was read as the current directory (a directory "" even became "/").
+        (["validate", "--input", ""], "cli.path.empty"),
+        (["report", "--input", "", "--output", "/tmp/r.md"], "cli.path.empty"),
+        (["run", "--input", "/a.json", "--output", ""], "cli.path.empty"),
+        (["report-run", ""], "cli.path.empty"),
     ],
 )
 def test_a_path_argument_is_refused_with_its_own_code(

@@ -131,6 +131,20 @@ def test_undecodable_documents_are_refused_not_raised(
     assert code in codes
 
 
+@pytest.mark.parametrize(
+    ("path", "code"),
+    [("/ops/op.json/", "cli.path.trailing_slash"), ("", "cli.path.empty")],
+)
+def test_a_path_refused_with_json_is_a_json_verdict_on_stdout(
+    capsys: pytest.CaptureFixture[str], path: str, code: str
+) -> None:
+    # The path is refused while the arguments are parsed; stdout stayed empty.
+    assert main(["validate", "--json", "--input", path]) == ExitCode.REFUSED
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["valid"] is False
+    assert [(r["code"], r["path"]) for r in verdict["refusals"]] == [(code, "--input")]
+
+
 def test_a_missing_file_is_a_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--input", str(tmp_path / "absent.json")]) == ExitCode.REFUSED
     assert "refused: file.missing" in capsys.readouterr().err

@@ -227,6 +227,117 @@ CELLS: tuple[FaultCell, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class InputFault:
+    """A malformed or hostile input a command reads and the typed verdict it must end in
+    (never a traceback); ``test`` names the test that holds it."""
+
+    key: str
+    input: str
+    command: str
+    exit_code: int
+    verdict: str
+    test: str  # tests/FILE.py::FUNCTION
+
+
+INPUT_FAULTS: tuple[InputFault, ...] = (
+    InputFault(
+        key="report-integer-5000-digits",
+        input="an integer literal of 5,000 digits (past the 4,300 int() converts)",
+        command="`report --input`, `report --use-case-corpus`",
+        exit_code=2,
+        verdict="report.json naming the file",
+        test="tests/test_report_refusals.py::test_a_corpus_with_an_integer_of_5000_digits_is_refused",
+    ),
+    InputFault(
+        key="report-run-integer-5000-digits",
+        input="an integer literal of 5,000 digits in a cell.json",
+        command="`report-run`",
+        exit_code=2,
+        verdict="report.json naming the cell.json",
+        test="tests/test_report_run.py::test_an_integer_of_5000_digits_in_a_cell_receipt_is_refused",
+    ),
+    InputFault(
+        key="report-run-production-integer-5000-digits",
+        input="an integer literal of 5,000 digits in the production rows",
+        command="`report-run --production`",
+        exit_code=2,
+        verdict="report.json naming the file",
+        test="tests/test_report_run.py::"
+        "test_an_integer_of_5000_digits_in_the_production_rows_is_refused",
+    ),
+    InputFault(
+        key="every-reader-integer-5000-digits",
+        input="an integer literal of 5,000 digits (also in the fuzz mutations)",
+        command="operator, prepared input, corpus and report readers",
+        exit_code=2,
+        verdict="each reader's typed refusal",
+        test="tests/test_fuzz_long.py::"
+        "test_an_integer_of_5000_digits_ends_in_typed_refusals_for_every_reader",
+    ),
+    InputFault(
+        key="operator-amplifying-mebibyte",
+        input="1 MiB: ~900 toolkit_directories entries of 115 unknown members",
+        command="`validate`",
+        exit_code=2,
+        verdict="one operator.json.too_many_values (was 130,000 refusals, 20 MB, 230 MB)",
+        test="tests/test_input_bounds.py::"
+        "test_the_amplifying_mebibyte_is_one_refusal_in_bounded_memory",
+    ),
+    InputFault(
+        key="operator-one-mistake-repeated",
+        input="30 toolkit entries of 100 unknown members (under the values bound)",
+        command="`validate`",
+        exit_code=2,
+        verdict="8 of each code under each top-level member, then operator.more_refusals "
+        "with the count",
+        test="tests/test_input_bounds.py::"
+        "test_one_mistake_repeated_is_listed_a_few_times_with_a_count",
+    ),
+    InputFault(
+        key="report-run-cell-receipt-deleted",
+        input="a cell.json the row receipt names, deleted",
+        command="`report-run`",
+        exit_code=2,
+        verdict="report.receipt: the cell receipt is missing (the arm was dropped, exit 0)",
+        test="tests/test_report_run.py::"
+        "test_a_missing_cell_receipt_is_refused_and_a_path_outside_is_refused",
+    ),
+    InputFault(
+        key="report-run-nan-in-receipt",
+        input="NaN, Infinity or -Infinity in a cell.json",
+        command="`report-run`",
+        exit_code=2,
+        verdict="report.json (was printed as nan)",
+        test="tests/test_report_run.py::test_nan_or_infinity_in_a_receipt_is_refused_not_printed",
+    ),
+    InputFault(
+        key="report-corpus-without-use-cases",
+        input="a corpus of `{}`",
+        command="`report --use-case-corpus`",
+        exit_code=2,
+        verdict="report.missing_field at $.use_cases",
+        test="tests/test_report_refusals.py::test_a_malformed_corpus_is_refused",
+    ),
+    InputFault(
+        key="validate-json-path-refused",
+        input="a refused path argument (e.g. a trailing slash)",
+        command="`validate --json`",
+        exit_code=2,
+        verdict="the JSON verdict on stdout (was nothing)",
+        test="tests/test_cli_validate.py::test_a_path_refused_with_json_is_a_json_verdict_on_stdout",
+    ),
+    InputFault(
+        key="empty-path-argument",
+        input='`--input ""` (any path argument)',
+        command="`validate`, `report`, `run`, `report-run`",
+        exit_code=2,
+        verdict="cli.path.empty (was read as the current directory)",
+        test="tests/test_cli.py::test_a_path_argument_is_refused_with_its_own_code",
+    ),
+)
+
+
 # --- the document ---------------------------------------------------------------------------------
 
 COLUMNS = (
@@ -268,11 +379,33 @@ def render_doc(cells: tuple[FaultCell, ...] = CELLS) -> str:
     for cell in cells:
         values = [shown(getattr(cell, name)) for _, name in COLUMNS]
         lines.append(f"| `{cell.key}` | " + " | ".join(values) + " |")
+    lines += [
+        "",
+        "## Malformed and hostile inputs",
+        "",
+        "Generated from `INPUT_FAULTS` in the same file. Each row is an input a command reads,",
+        "the typed verdict it ends in (never a traceback) and the test that holds it.",
+        "",
+        "| key | input | command | exit | verdict | test |",
+        "|---|---|---|---|---|---|",
+    ]
+    for fault in INPUT_FAULTS:
+        values = [fault.input, fault.command, str(fault.exit_code), fault.verdict]
+        lines.append(
+            f"| `{fault.key}` | " + " | ".join(shown(v) for v in values) + f" | `{fault.test}` |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def test_the_checked_in_document_is_the_table() -> None:
     assert DOC.read_text() == render_doc(), "run `just fault-matrix-doc`"
+
+
+def test_every_input_fault_names_a_test_that_exists() -> None:
+    assert len({f.key for f in INPUT_FAULTS}) == len(INPUT_FAULTS)
+    for fault in INPUT_FAULTS:
+        file, function = fault.test.split("::")
+        assert f"def {function}(" in (HERE.parent / file).read_text(), fault.key
 
 
 def test_every_cell_has_a_scenario_and_keys_are_unique() -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,6 +35,7 @@ from cache_family.schemas.catalog import decode_strict
 from cache_family.schemas.corpus import Corpus, check_corpus, default_corpus_path
 from cache_family.schemas.operator import OperatorInput, validate_operator_document
 from cache_family.schemas.prepared import PreparedInput, decode_document
+from test_cli_validate import valid_document
 from test_operator_property import MUTATIONS, assert_well_formed, operator_inputs
 
 FUZZ_LONG_EXAMPLES = 2_500  # of each of the four kinds: 10,000 documents
@@ -85,11 +86,24 @@ def _at(node: Doc, path: tuple[Any, ...]) -> Doc:
     return node
 
 
+#: An integer literal past CPython's 4,300-digit limit on int() of text: json.loads raises a
+#: plain ValueError for it (not a JSONDecodeError), which once escaped the report's reader.
+LONG_INTEGER: Final = "1" * 5000
+_LONG_INTEGER_MARK: Final = "cache-family:long-integer"
+
+
+def with_long_integer(doc: Doc) -> bytes:
+    """``doc`` encoded, each ``_LONG_INTEGER_MARK`` string in it written as ``LONG_INTEGER``
+    (json.dumps itself cannot write such an int)."""
+    return json.dumps(doc).replace(f'"{_LONG_INTEGER_MARK}"', LONG_INTEGER).encode()
+
+
 @st.composite
 def mutated(draw: st.DrawFn, original: Doc) -> bytes:
     """One structural mutation of ``original`` (which is left alone), or one flipped byte."""
     doc = copy.deepcopy(original)
-    kind = draw(st.sampled_from(["drop", "add", "replace", "nest", "flip"]), label="kind")
+    kinds = ["drop", "add", "replace", "nest", "flip", "long-int"]
+    kind = draw(st.sampled_from(kinds), label="kind")
     if kind == "flip":
         data = bytearray(json.dumps(doc).encode())
         at = draw(st.integers(0, len(data) - 1), label="at")
@@ -109,6 +123,9 @@ def mutated(draw: st.DrawFn, original: Doc) -> bytes:
             del target[slot]
         elif kind == "replace":
             target[slot] = draw(json_values, label="value")
+        elif kind == "long-int":
+            target[slot] = _LONG_INTEGER_MARK
+            return with_long_integer(doc)
         else:  # nest: a value buried deep, the shape that once overflowed the stack
             target[slot] = draw(st.sampled_from([40, 400, 4000]), label="depth") * [0]
             for _ in range(draw(st.integers(1, 600), label="levels")):
@@ -230,6 +247,49 @@ def fuzz(kind: str, examples: int, tmp_root: Path) -> Tally:
 
 
 KINDS = ("operator", "prepared", "corpus", "report")
+
+
+def _first_number_marked(node: Doc) -> bool:
+    """Replace the first integer found (depth first) with the long-integer mark."""
+    items = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+    for key, value in items:
+        if isinstance(value, int) and not isinstance(value, bool):
+            node[key] = _LONG_INTEGER_MARK
+            return True
+        if isinstance(value, dict | list) and _first_number_marked(value):
+            return True
+    return False
+
+
+def test_an_integer_of_5000_digits_ends_in_typed_refusals_for_every_reader(
+    tmp_path: Path,
+) -> None:
+    """Each kind's reader, given its valid document with its first integer 5,000 digits long,
+    refuses it typed (the report reader raised a bare ValueError)."""
+    bases = {
+        "operator": valid_document,
+        "prepared": lambda: copy.deepcopy(prepared_document(str(tmp_path))),
+        "corpus": lambda: {**copy.deepcopy(corpus_document()), "version": _LONG_INTEGER_MARK},
+        "report": lambda: copy.deepcopy(report_documents()[0]),
+    }
+    for kind, base in bases.items():
+        doc = base()
+        assert kind == "corpus" or _first_number_marked(doc), kind
+        data = with_long_integer(doc)
+        assert LONG_INTEGER.encode() in data
+        tally = Tally()
+        if kind == "operator":
+            with pytest.raises(Refused) as refused:
+                validate_operator_document(data)
+            well_formed(refused.value)
+            tally.refused += 1
+        elif kind == "prepared":
+            check_prepared(tally, data)
+        elif kind == "corpus":
+            check_corpus_bytes(tally, data)
+        else:
+            check_report(tally, data)
+        assert tally.refused == 1, kind
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from cache_family.errors import Refused
+from cache_family.cli import main
+from cache_family.errors import LISTED_PER_GROUP, Refusal, RefusalCap, Refused
 from cache_family.schemas import operator
 from cache_family.schemas.operator import (
     DOCUMENT_MAX_BYTES,
@@ -154,6 +155,12 @@ def test_a_file_name_that_is_not_utf8_gets_a_verdict_on_a_strict_stdout(tmp_path
         err = ran.stderr.decode("utf-8")
         assert ran.returncode == 2, err
         assert "Traceback" not in err
+        if extra:  # --json: the verdict is the document on stdout, as for any refusal
+            verdict = json.loads(ran.stdout)
+            assert verdict["valid"] is False
+            assert [r["code"] for r in verdict["refusals"]] == ["cli.path.not_utf8"]
+            assert "op\\udcff\\udcfe.json" in verdict["refusals"][0]["message"]
+            continue
         assert "refused: cli.path.not_utf8 at --input: " in err
         assert "op\\udcff\\udcfe.json" in err
 
@@ -191,3 +198,104 @@ def test_a_prepared_document_of_any_shape_gets_one_refusal(rows: Any, message: s
     (refusal,) = refused.value.refusals
     assert refusal.code == "prepared.decode"
     assert message in refusal.message
+
+
+# --- refusals that amplify -------------------------------------------------------------------
+
+
+def _toolkits_of_unknown_members(entries: int, members: int) -> dict[str, Any]:
+    """A valid document whose toolkit_directories holds ``entries`` objects of ``members``
+    unknown members each: one refusal per member (and two missing, one bad name per entry)."""
+    doc = valid_document()
+    doc["toolkit_directories"] = {
+        f"T{i}": {f"u{j}": 0 for j in range(members)} for i in range(entries)
+    }
+    return doc
+
+
+def test_the_amplifying_mebibyte_is_one_refusal_in_bounded_memory(tmp_path: Path) -> None:
+    # About 1,000 entries of about 120 unknown members: 130,000 refusals, 20 MB of stderr and
+    # 230 MB of memory before; now the values are counted before any is checked.
+    entries = 1
+    while len(json.dumps(_toolkits_of_unknown_members(entries + 50, 115))) < DOCUMENT_MAX_BYTES:
+        entries += 50
+    data = json.dumps(_toolkits_of_unknown_members(entries, 115)).encode()
+    assert DOCUMENT_MAX_BYTES - 100_000 < len(data) <= DOCUMENT_MAX_BYTES
+    path = tmp_path / "amplifying.json"
+    path.write_bytes(data)
+    # The child reports its own peak memory (VmHWM: getrusage's figure would carry this
+    # process's peak across the fork and exec), so nothing else running changes the figure.
+    code = (
+        "import sys; from cache_family.cli import main; status = main(); "
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')]; "
+        "print(hwm[0].split()[1]); sys.exit(status)"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", code, "validate", "--input", str(path)],
+        capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    err = ran.stderr.decode()
+    assert ran.returncode == 2, err
+    assert len(ran.stderr) < 2_000
+    assert err.startswith("refused: operator.json.too_many_values at $: the document's arrays")
+    assert err.count("refused: ") == 1
+    peak_kib = int(ran.stdout)
+    assert peak_kib < 120 * 1024, f"peak memory {peak_kib} KiB"
+
+
+def test_one_mistake_repeated_is_listed_a_few_times_with_a_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 30 x 100 unknown members stay under the values bound: each is a refusal, but only the
+    # first few of one code under one top-level member are printed, then how many more.
+    doc = _toolkits_of_unknown_members(30, 100)
+    with pytest.raises(Refused) as refused:
+        validate_operator_document(json.dumps(doc).encode())
+    codes = refused.value.codes
+    assert codes.count("operator.unknown_field") == LISTED_PER_GROUP
+    assert codes.count("operator.missing_field") == LISTED_PER_GROUP
+    assert codes.count("operator.toolkit.bad_name") == LISTED_PER_GROUP
+    more = [
+        (r.path, r.message) for r in refused.value.refusals if r.code.endswith(".more_refusals")
+    ]
+    assert more == [
+        (
+            "$.toolkit_directories",
+            f"{30 * 100 - LISTED_PER_GROUP} more operator.unknown_field refusal(s) under "
+            f"$.toolkit_directories not listed (the first {LISTED_PER_GROUP} are)",
+        ),
+        (
+            "$.toolkit_directories",
+            f"{30 * 2 - LISTED_PER_GROUP} more operator.missing_field refusal(s) under "
+            f"$.toolkit_directories not listed (the first {LISTED_PER_GROUP} are)",
+        ),
+        (
+            "$.toolkit_directories",
+            f"{30 - LISTED_PER_GROUP} more operator.toolkit.bad_name refusal(s) under "
+            f"$.toolkit_directories not listed (the first {LISTED_PER_GROUP} are)",
+        ),
+    ]
+    path = tmp_path / "repeated.json"
+    path.write_text(json.dumps(doc))
+    assert main(["validate", "--input", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.encode()) < 8_000
+    assert (
+        "refused: operator.more_refusals at $.toolkit_directories: 2992 more "
+        "operator.unknown_field refusal(s)" in err
+    )
+
+
+def test_the_cap_bounds_refusals_in_all_whatever_their_groups() -> None:
+    cap = RefusalCap("test.more", "fix the listed ones", per_group=2, in_all=5)
+    for group in range(10):
+        for _ in range(3):
+            cap.add(Refusal("test.same", f"$.g{group}", "m", "h"), f"$.g{group}")
+    listed = cap.refusals()
+    assert [r.path for r in listed[:5]] == ["$.g0", "$.g0", "$.g1", "$.g1", "$.g2"]
+    assert [(r.path, r.message) for r in listed[5:]] == [
+        ("$.g0", "1 more test.same refusal(s) under $.g0 not listed (the first 2 are)"),
+        ("$.g1", "1 more test.same refusal(s) under $.g1 not listed (the first 2 are)"),
+        ("$", "23 more refusal(s) not listed (the first 5 are)"),
+    ]
+    assert cap.unlisted == 30 - 5

@@ -179,6 +179,8 @@ MALFORMED: list[tuple[str, str, str, str]] = [
         "$[0].family",
     ),
     ("not JSON", '[{"family": "Llama",]', "report.json", "$"),
+    # Past CPython's 4,300-digit limit on int(): a ValueError traceback and exit 1 before.
+    ("an integer of 5000 digits", '[{"prefix_tokens": ' + "1" * 5000 + "}]", "report.json", "$"),
     ("nesting too deep", "[" * 200_000 + "]" * 200_000, "report.json", "$"),
     ("a lone surrogate", '[{"family": "\\ud800"}]', "report.bad_text", "$[0].family"),
     (
@@ -312,6 +314,8 @@ def test_a_missing_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
             "$.use_cases[0].source.row_idx",
         ),
         ({"use_cases": None}, "report.type", "$.use_cases"),
+        ({}, "report.missing_field", "$.use_cases"),
+        ({"version": 1}, "report.missing_field", "$.use_cases"),
         ([], "report.type", "$"),
         ({"use_cases": [{"key": "x"}] * 10_001}, "report.corpus_too_large", "$.use_cases"),
     ],
@@ -330,6 +334,23 @@ def test_a_malformed_corpus_is_refused(
     status, err = run_report(tmp_path, capsys, rows, corpus=corpus_path)
     assert status == 2
     assert f"refused: {code} at {path}: {corpus_path}: " in err
+
+
+def test_a_corpus_with_an_integer_of_5000_digits_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([good_row()]))
+    corpus_path = tmp_path / "corpus.json"
+    corpus_path.write_text(
+        '{"version": 1, "use_cases": [{"key": "x", "source": {"row_idx": ' + "7" * 5000 + "}}]}"
+    )
+    status, err = run_report(tmp_path, capsys, rows, corpus=corpus_path)
+    assert status == 2
+    assert (
+        f"refused: report.json at $: {corpus_path}: use-case corpus holds an integer literal "
+        "of more than 4300 digits" in err
+    )
 
 
 def test_an_unwritable_output_is_refused_and_leaves_nothing(

@@ -209,28 +209,90 @@ def test_a_wrongly_typed_verdict_member_is_refused_with_its_path(tmp_path: Path)
     assert "$.measurement.rungs[1].cache_verdict.observed_hits" in str(refused.value)
 
 
-def test_an_absent_cell_receipt_is_shown_absent_and_a_path_outside_is_refused(
-    tmp_path: Path,
+def test_a_missing_cell_receipt_is_refused_and_a_path_outside_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = native_only(tmp_path)
+    # Cells publish before their row, so a cell receipt the row names was removed: the arm
+    # was silently dropped from a report that exited 0.
     (run / "cell-0001" / "sweep-native-concurrent" / "cell.json").unlink()
-    markdown = render(run)["report.md"].decode()
+    assert main(["report-run", str(run)]) == 2
+    err = capsys.readouterr().err
     assert (
-        "| fam1-p32 | completed | [row.json](cell-0001/row.json) | native-concurrent "
-        "| completed | absent |" in markdown
+        "refused: report.receipt at $.observations[0].cell_dir: "
+        f"{run}/cell-0001/row.json: cell receipt "
+        "cell-0001/sweep-native-concurrent/cell.json is missing" in err
     )
-    # Its curves still come from the row receipt's rung briefs.
-    assert (
-        "native-concurrent p99 at concurrency 4: 46.0 ms"
-        in render(run)["plots/row-0001-fam1-p32.svg"].decode()
-    )
+    assert not (run / "report.md").exists()
     matrix = json.loads((run / "cache-family-matrix.json").read_text())
     matrix["rows"][0]["result"]["evidence"] = "../elsewhere/row.json"
     (run / "cache-family-matrix.json").write_text(json.dumps(matrix))
     with pytest.raises(Refused) as refused:
         read_run(str(run))
-    assert refused.value.codes == ["report.receipt"]
+    assert refused.value.codes == ["report.receipt", "report.receipt"]
     assert refused.value.refusals[0].path == "$.rows[0].result.evidence"
+
+
+def test_a_missing_row_receipt_is_refused(tmp_path: Path) -> None:
+    run = native_only(tmp_path)
+    # The matrix is published last, naming only row receipts already published.
+    (run / "cell-0000" / "row.json").unlink()
+    with pytest.raises(Refused) as refused:
+        read_run(str(run))
+    assert [(r.code, r.path) for r in refused.value.refusals] == [
+        ("report.receipt", "$.rows[0].result.evidence")
+    ]
+    assert "row receipt cell-0000/row.json is missing" in str(refused.value)
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_nan_or_infinity_in_a_receipt_is_refused_not_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], constant: str
+) -> None:
+    run = native_only(tmp_path)
+    cell = run / "cell-0000" / "sweep-native-concurrent" / "cell.json"
+    text = cell.read_text()
+    assert '"ttft_ms": 10.0' in text
+    cell.write_text(text.replace('"ttft_ms": 10.0', f'"ttft_ms": {constant}', 1))
+    assert main(["report-run", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"refused: report.json at $: {cell}: cell receipt holds {constant}, which is" in err
+    assert not (run / "report.md").exists()
+
+
+LONG_INTEGER = "1" * 5000  # past CPython's 4,300-digit limit on int() of a string
+
+
+def test_an_integer_of_5000_digits_in_a_cell_receipt_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = native_only(tmp_path)
+    cell = run / "cell-0000" / "sweep-native-concurrent" / "cell.json"
+    text = cell.read_text()
+    cell.write_text(text.replace('"tokens_predicted": 16', f'"tokens_predicted": {LONG_INTEGER}'))
+    assert main(["report-run", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (
+        f"refused: report.json at $: {cell}: cell receipt holds an integer literal of more "
+        "than 4300 digits" in err
+    )
+
+
+def test_an_integer_of_5000_digits_in_the_production_rows_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = native_only(tmp_path)
+    production = tmp_path / "production-cache-bench.json"
+    production.write_text(f'[{{"prefix_tokens": {LONG_INTEGER}}}]')
+    argv = ["report-run", str(run), "--production", str(production)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (
+        f"refused: report.json at $: {production}: report input holds an integer literal "
+        "of more than 4300 digits" in err
+    )
 
 
 def test_a_receipt_that_does_not_decode_is_refused(tmp_path: Path) -> None:

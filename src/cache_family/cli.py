@@ -110,6 +110,8 @@ def _path_refusal(where: str, value: str, *, is_file: bool) -> Refusal | None:
     something that can only be a directory.
     """
     shown = ascii(value)
+    if not value:  # "" would be read as the current directory
+        return Refusal("cli.path.empty", where, "the path is empty", "give a path")
     kind = unsafe_character(value)
     if kind is not None:
         code, what, hint = _UNSAFE_PATH[kind]
@@ -696,7 +698,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(args_in[1:] if worker else args_in)
     except Refused as refused:  # a path argument refused by its own rule
-        _print_refusals(refused)
+        # Refused while parsing, so args is not there to ask: `validate --json` promises
+        # its verdict as a JSON document on stdout whatever refused it.
+        _print_refusals(refused, as_json=args_in[:1] == ["validate"] and "--json" in args_in)
         return ExitCode.REFUSED
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
