@@ -157,7 +157,7 @@ async def test_a_tool_child_that_left_a_daemon_is_not_clean_and_the_daemon_is_en
         ended = await run_child(command, spawned)
     daemon = int(daemon_file.read_text())
     assert ended.exit_code == 0 and not ended.forced
-    assert ended.tagged_escapees == (daemon,) and ended.surviving == ()
+    assert ended.tagged_escapees == (daemon,) and ended.surviving_descendants == ()
     assert not ended.clean
     assert not running(daemon)
 

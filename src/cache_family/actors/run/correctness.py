@@ -353,8 +353,8 @@ def _process_problem(ended: ChildEnded) -> str | None:
         return "the tool ran past the correctness budget and was stopped"
     if ended.forced:
         return f"the tool's group had to be killed (exit {ended.exit_code})"
-    if ended.tagged_escapees or ended.surviving:
-        left = sorted({*ended.tagged_escapees, *ended.surviving})
+    if ended.tagged_escapees or ended.surviving_descendants:
+        left = sorted({*ended.tagged_escapees, *ended.surviving_descendants})
         return f"the tool left processes outside its group (found by its environment tag): {left}"
     if ended.exit_code != 0:
         return f"the tool exited {ended.exit_code}"
