@@ -96,6 +96,7 @@ from cache_family.states.cell import (
     MachineTable,
 )
 from cache_family.system.http import LoopbackHttp
+from cache_family.system.process_group import PROCESS_TAG_NAME
 from cache_family.system.publish import publish_fresh
 
 # Finalize (fold + publish) is shielded; this bounds it so a wedged disk cannot hang a run.
@@ -506,12 +507,14 @@ class CellActor:
         return CellEvent.PINS_VERIFIED
 
     async def _admit_cli(self) -> stage_host.CliAdmitted:
-        """Read the stage server's dialect from its help (the binary verified around each
-        probe), journal it, and write ``cli-admission.json`` and ``stage.json``. The help is
-        read once per run for each pinned binary (``RunContext.cli_admissions``)."""
-        plan, profile = self.plan, self.plan.profile
-        assert profile is not None
-        binary = next(t for t in plan.pins if t.name == "binary")
+        """Read the stage server's dialect from the help of the private copy the host will run
+        (its pin verified around each probe; each probe a child in custody under this cell's
+        tag), journal it, and write ``cli-admission.json`` and ``stage.json``. The help is read
+        once per run for each pinned binary (``RunContext.cli_admissions``); when the probes
+        left processes running, every cell that relies on them is faulted."""
+        plan, profile, copy = self.plan, self.plan.profile, self._exec
+        assert profile is not None and copy is not None  # pin-verify made the private copy
+        binary = next(t for t in self._launch_pins() if t.name == "binary")
         key = (profile.binary, profile.binary_sha256)
         admitted = self.ctx.cli_admissions.get(key)
         if admitted is None:
@@ -522,9 +525,22 @@ class CellActor:
                 return result.matches
 
             probe_dir = custody.make_private_dir(self.cell_path, "cli-probe")
+            tag = self.ctx.cell_process_tag(plan.cell_id)
             try:
                 env = self._host_env(probe_dir)
-                admitted = await stage_host.admit_cli(profile.binary, env, probe_dir, same_bytes)
+
+                async def journal_probe(argv: tuple[str, ...], pid: int, created: float) -> None:
+                    await self._journal_probe(argv, {**env, PROCESS_TAG_NAME: tag}, pid, created)
+
+                probes = stage_host.ProbeCustody(
+                    runner=self.ctx.hosts.child_runner,
+                    process_tag=tag,
+                    probe_dir=probe_dir,
+                    on_spawn=journal_probe,
+                )
+                admitted = await stage_host.admit_cli(
+                    copy.binary, env, probes, same_bytes, pinned=profile.binary
+                )
             finally:
                 custody.remove_tree(probe_dir)
             self.ctx.cli_admissions[key] = admitted
@@ -553,7 +569,32 @@ class CellActor:
         }
         for name, data in documents.items():
             await trio.to_thread.run_sync(publish_fresh, os.path.join(self.cell_path, name), data)
+        if admitted.left_behind:
+            raise _Fault(
+                "help_probe_unclean",
+                f"the stage server's help probes left processes running (ended now): "
+                f"{admitted.left_behind}",
+            )
         return admitted
+
+    async def _journal_probe(
+        self, argv: tuple[str, ...], env: Mapping[str, str], pid: int, create_time: float
+    ) -> None:
+        """A help probe's child, journaled as it starts (``replay --reap`` finds it)."""
+        await self._journal(
+            ChildSpawned(
+                cell_id=self.plan.cell_id,
+                role="help_probe",
+                pid=pid,
+                create_time=create_time,
+                pgid=pid,
+                argv_sha256=argv_sha256(argv),
+                executable=argv[0],
+                host_argv=argv,
+                host_env_names=tuple(sorted(env)),
+                effective_environment=custody.recorded_environment(env),
+            )
+        )
 
     def _launch_pins(self) -> tuple[PinTarget, ...]:
         """The pins checked before launch: the binary and native build as their private
