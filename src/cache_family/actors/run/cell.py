@@ -96,6 +96,7 @@ from cache_family.states.cell import (
     MachineTable,
 )
 from cache_family.system.http import LoopbackHttp
+from cache_family.system.pin_watch import PinWatch, WatchedPin
 from cache_family.system.process_group import PROCESS_TAG_NAME
 from cache_family.system.publish import publish_fresh
 
@@ -183,6 +184,12 @@ def llama_server_argv(plan: CellPlan, profile: HostProfile, port: int) -> list[s
     if threads is not None:
         argv += ["-t", threads]
     return argv
+
+
+def watch_pins(targets: Sequence[PinTarget]) -> PinWatch:
+    """Watch ``targets`` from before their first hash to after their last: a change in
+    between, even one undone before the last hash, is drift (blocking: call in a thread)."""
+    return PinWatch(WatchedPin(t.name, t.path, t.kind == "tree") for t in targets)
 
 
 def argv_sha256(argv: Sequence[str]) -> str:
@@ -293,6 +300,8 @@ class CellActor:
         self._exec: PrivateCopy | None = None
         self._exec_owned = False
         self._exec_problem = ""
+        # The launch pins, watched from before pin-verify's hash to after post-verify's.
+        self._watch: PinWatch | None = None
 
     def __repr__(self) -> str:
         elapsed = "-"
@@ -351,6 +360,8 @@ class CellActor:
                 finally:
                     self._release_host.set()  # custody never outlives the loop
         finally:
+            if self._watch is not None:
+                self._watch.close()
             if self._exec is not None and self._exec_owned:
                 custody.remove_tree(self._exec.root)  # the host has ended with custody
         if escaped is not None:
@@ -481,6 +492,7 @@ class CellActor:
             # The pins (hashed by path then) say what is wrong; if they still match, the
             # cell is refused below: a host never runs from a path its pins did not hash.
             self._exec_problem = f"{exc.filename or profile.binary}: {exc.strerror or exc}"
+        self._watch = await trio.to_thread.run_sync(watch_pins, self._launch_pins())
         if not await self._verify_pins("before", self._launch_pins()):
             await self._journal(
                 Fault(cell_id=plan.cell_id, kind="pin_mismatch", detail="pins differ before launch")
@@ -645,7 +657,17 @@ class CellActor:
 
     async def _post_verify(self) -> CellEvent:
         ok = await self._verify_pins("after")
-        return CellEvent.PINS_VERIFIED if ok else CellEvent.PINS_MISMATCH
+        changed = self._watch.changes() if self._watch is not None else []
+        if changed:
+            await self._journal(
+                Fault(
+                    cell_id=self.plan.cell_id,
+                    kind="pin_drift",
+                    detail=f"pinned paths changed during the cell (seen as they changed, "
+                    f"whatever the hashes say now): {', '.join(changed)}",
+                )
+            )
+        return CellEvent.PINS_VERIFIED if ok and not changed else CellEvent.PINS_MISMATCH
 
     async def _verify_pins(self, phase: str, targets: Sequence[PinTarget] | None = None) -> bool:
         remaining = self.work_deadline - trio.current_time()
