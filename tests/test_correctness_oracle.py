@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from cache_family.oracles import correctness, llama_bindings, package_builder
-from cache_family.oracles.native_build import sha256_file
 from cache_family.oracles.native_parts import SKIP_NATIVE_ENV, Parts
 from cache_family.states.handoff import (
     RUNTIME_SLICE_TOPOLOGIES,
@@ -27,6 +26,7 @@ from cache_family.states.handoff import (
     handoff_report_refusals,
     topology_range,
 )
+from cache_family.system.hashing import sha256_file
 
 pytestmark = pytest.mark.native
 

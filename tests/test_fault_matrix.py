@@ -338,6 +338,75 @@ INPUT_FAULTS: tuple[InputFault, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class CheckedElsewhere:
+    """A fault whose regression test lives beside the code it checks (not a full run here)."""
+
+    key: str
+    fault: str
+    state: str
+    outcome: str
+    test: str  # tests/FILE.py::NAME
+
+
+ELSEWHERE: tuple[CheckedElsewhere, ...] = (
+    CheckedElsewhere(
+        key="help-probe-daemon",
+        fault="the stage server's `--help` starts `sleep 1000 &`",
+        state="pin-verify: the help probe that reads the dialect",
+        outcome="the probe is a child in custody (own group, the cell's tag, journaled as "
+        "`child_spawned` role `help_probe`): the daemon is ended with its group; the cell "
+        "relying on the probe is failed (`help_probe_unclean`)",
+        test="tests/test_stage_help_probe.py::"
+        "test_a_help_probe_that_starts_a_daemon_leaves_nothing_and_the_cell_is_faulted",
+    ),
+    CheckedElsewhere(
+        key="help-probe-swap",
+        fault="the operator's stage binary swapped after the pre-probe check, restored after",
+        state="pin-verify: the help probe that reads the dialect",
+        outcome="the probe runs the row's private pinned copy: the swapped program never "
+        "answers, the dialect is the pinned bytes'",
+        test="tests/test_stage_help_probe.py::"
+        "test_a_swap_of_the_operators_binary_around_the_probe_is_never_what_answers",
+    ),
+    CheckedElsewhere(
+        key="model-flip-restore-in-cell",
+        fault="a model byte flipped and restored (every hash matches)",
+        state="serial ladder, between pin-verify and post-verify",
+        outcome="the watch (inotify) saw it: the cell is incomplete with `pin_drift` at "
+        "post-verify and refused for parity; replay identical",
+        test="tests/test_pin_watch.py::test_a_model_flipped_and_restored_during_a_cell_is_drift",
+    ),
+    CheckedElsewhere(
+        key="model-flip-restore-in-correctness",
+        fault="a model byte flipped and restored (every hash matches)",
+        state="correctness arm, while the tool runs",
+        outcome="the correctness gate fails (`pin_drift: model ...`), the baselines are "
+        "skipped, the row is not completed; replay identical",
+        test="tests/test_pin_watch.py::"
+        "test_a_model_flipped_and_restored_during_correctness_fails_the_gate",
+    ),
+    CheckedElsewhere(
+        key="output-parent-flipped",
+        fault="the `--output` parent flipped to a symlink into the native build",
+        state="`run` start: after admission, before the run directory is made",
+        outcome="exit 2, `run.output_parent`; nothing is created in the build, nothing runs",
+        test="tests/test_output_placement.py::"
+        "test_a_parent_flipped_into_the_build_after_admission_gets_no_run_directory",
+    ),
+    CheckedElsewhere(
+        key="output-parent-flipping",
+        fault="the `--output` parent flipping between a directory and a symlink into the build",
+        state="`run` start, 40 tries against a flipping thread",
+        outcome="each try makes its run directory in the real directory or exits 2 with a "
+        "typed refusal (a link flipped while resolved: `run.output_parent`); none lands in "
+        "the build, no traceback",
+        test="tests/test_output_placement.py::test_an_output_parent_flipping_between_a_"
+        "directory_and_a_link_never_lands_in_the_build",
+    ),
+)
+
+
 # --- the document ---------------------------------------------------------------------------------
 
 COLUMNS = (
@@ -394,6 +463,19 @@ def render_doc(cells: tuple[FaultCell, ...] = CELLS) -> str:
         lines.append(
             f"| `{fault.key}` | " + " | ".join(shown(v) for v in values) + f" | `{fault.test}` |"
         )
+    lines += [
+        "",
+        "## Faults checked by their own tests",
+        "",
+        "Generated from `ELSEWHERE` in the same file. Each is a regression test beside the",
+        "code it checks (`pytest TEST`), not a full run of the matrix above.",
+        "",
+        "| key | fault | state | outcome | test |",
+        "|---|---|---|---|---|",
+    ]
+    for other in ELSEWHERE:
+        values = [shown(v) for v in (other.fault, other.state, other.outcome)]
+        lines.append(f"| `{other.key}` | " + " | ".join(values) + f" | `{other.test}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -411,6 +493,14 @@ def test_every_input_fault_names_a_test_that_exists() -> None:
 def test_every_cell_has_a_scenario_and_keys_are_unique() -> None:
     assert len({c.key for c in CELLS}) == len(CELLS)
     assert {c.key for c in CELLS} == set(SCENARIOS)
+
+
+def test_every_fault_checked_elsewhere_names_a_test_that_exists() -> None:
+    keys = [c.key for c in CELLS] + [o.key for o in ELSEWHERE]
+    assert len(set(keys)) == len(keys)
+    for other in ELSEWHERE:
+        path, name = other.test.split("::")
+        assert f"def {name}(" in (HERE.parent / path).read_text(), other.test
 
 
 @dataclass

@@ -30,6 +30,7 @@ from cache_family.oracles.native_parts import (
     producer_matches,
     tools_dir,
 )
+from cache_family.system.hashing import sha256_file
 
 
 @pytest.fixture
@@ -368,7 +369,7 @@ def test_producer_json_hashes_match_the_installed_files(native_parts: Parts) -> 
     assert "native/bin/llama-server" in installed
     assert any(name.startswith("native/lib/libllama") for name in installed)
     for relative, digest in producer["files"].items():
-        assert native_build.sha256_file(native_parts.tools / relative) == digest, relative
+        assert sha256_file(native_parts.tools / relative) == digest, relative
     assert producer_matches(native_parts.tools)
 
 
@@ -402,7 +403,7 @@ def test_the_build_command_installs_a_runnable_server(native_parts: Parts, tmp_p
     server = out / "native" / "bin" / "llama-server"
     assert os.access(server, os.X_OK)
     producer = json.loads((out / "producer.json").read_text())
-    assert producer["files"]["native/bin/llama-server"] == native_build.sha256_file(server)
+    assert producer["files"]["native/bin/llama-server"] == sha256_file(server)
     version = subprocess.run(
         [str(server), "--version"],
         capture_output=True,

@@ -17,12 +17,15 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
+from cache_family.actors.run import matrix
 from cache_family.actors.run.custody import port_is_free, still_same
 from cache_family.cli import main
 from cache_family.schemas.journal import ChildSpawned, PortReserved, read_journal
@@ -178,3 +181,105 @@ async def test_a_run_that_fills_its_disk_says_so_and_names_no_missing_file(
     for line in read.lines:
         if isinstance(line.record, PortReserved):
             assert port_is_free(line.record.port)
+
+
+# --- an output parent that changes while the run starts ---------------------------------
+
+
+def _stub_supervision(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Stop ``run`` right after it made its run directory (nothing is supervised)."""
+    started: list[str] = []
+
+    def supervise(admitted: matrix.AdmittedRun, **_: object) -> int:
+        started.append(admitted.output)
+        return 0
+
+    monkeypatch.setattr(matrix, "supervise_command", supervise)
+    return started
+
+
+def _flip_to_link(parent: Path, away: Path, target: str) -> None:
+    os.rename(parent, away)
+    parent.symlink_to(target, target_is_directory=True)
+
+
+def test_a_parent_flipped_into_the_build_after_admission_gets_no_run_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepared, trees = _prepared_trees(tmp_path)
+    build = Path(trees["native_build"])
+    before = sorted(build.rglob("*"))
+    parent = tmp_path / "runs"
+    parent.mkdir()
+    started = _stub_supervision(monkeypatch)
+    admit = matrix.admit_run
+
+    def admit_then_flip(*args: Any, **kwargs: Any) -> matrix.AdmittedRun:
+        admitted = admit(*args, **kwargs)  # the parent was a real directory when checked
+        _flip_to_link(parent, tmp_path / "runs-away", str(build))
+        return admitted
+
+    monkeypatch.setattr(matrix, "admit_run", admit_then_flip)
+    assert main(["run", "--input", str(prepared), "--output", str(parent / "out")]) == 2
+    assert "refused: run.output_parent at $.output" in capsys.readouterr().err
+    assert started == [] and sorted(build.rglob("*")) == before
+
+
+def test_a_link_flipping_while_it_is_resolved_is_a_refusal_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepared, _ = _prepared_trees(tmp_path)
+    parent = tmp_path / "runs"
+    parent.mkdir()
+    started = _stub_supervision(monkeypatch)
+    resolve = os.path.realpath
+
+    def flipped_midway(path: Any, *args: Any, **kwargs: Any) -> str:
+        # What os.path.realpath raises when a link it has lstat'ed is a directory again by
+        # the time it reads the link (readlink: EINVAL).
+        if os.fspath(path) == str(parent):
+            raise OSError(errno.EINVAL, "Invalid argument", str(parent))
+        return resolve(path, *args, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", flipped_midway)
+    assert main(["run", "--input", str(prepared), "--output", str(parent / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "refused: run.output_parent at $.output" in err and "Traceback" not in err
+    assert started == [] and not (parent / "out").exists()
+
+
+def test_an_output_parent_flipping_between_a_directory_and_a_link_never_lands_in_the_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever the interleaving: each try makes its run directory in the real directory or
+    is refused with a typed code; none lands in the build, none ends in a traceback."""
+    prepared, trees = _prepared_trees(tmp_path)
+    build = Path(trees["native_build"])
+    before = sorted(build.rglob("*"))
+    parent, away = tmp_path / "runs", tmp_path / "runs-away"
+    parent.mkdir()
+    started = _stub_supervision(monkeypatch)
+    done = threading.Event()
+
+    def flip() -> None:
+        while not done.is_set():
+            _flip_to_link(parent, away, str(build))
+            parent.unlink()
+            os.rename(away, parent)
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    codes = []
+    try:
+        for index in range(40):
+            codes.append(
+                main(["run", "--input", str(prepared), "--output", str(parent / f"out-{index}")])
+            )
+    finally:
+        done.set()
+        flipper.join()
+    assert set(codes) <= {0, 2}
+    assert "Traceback" not in capsys.readouterr().err
+    assert sorted(build.rglob("*")) == before
+    made = {path.name for path in parent.iterdir()}
+    assert made == {Path(output).name for output in started}

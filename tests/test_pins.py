@@ -12,8 +12,8 @@ import pytest
 
 from cache_family.console.progress import BytesBar, NullProgress, bytes_progress_for
 from cache_family.errors import Refused
+from cache_family.system.hashing import CHUNK_BYTES
 from cache_family.system.pins import (
-    CHUNK_BYTES,
     TREE_MAX_DEPTH,
     TREE_MAX_ENTRIES,
     Budget,

@@ -1352,8 +1352,8 @@ async def test_a_worker_ignoring_sigterm_is_killed_after_the_grace(
         grace_seconds=12.0,
         events=CancelWhenReady(cancel),
     )
-    assert outcome.cancelled and outcome.terminated and outcome.killed
-    assert outcome.returncode == -signal.SIGKILL
+    assert outcome.cancelled and outcome.terminated and outcome.forced
+    assert outcome.exit_code == -signal.SIGKILL
     assert not outcome.clean
     assert trio.current_time() - start >= 12.0  # the grace was honoured (on the fake clock)
     assert (tmp_path / "out.log").read_bytes() == b"ready\n"
@@ -1367,8 +1367,8 @@ async def test_the_deadline_terminates_the_worker(
     outcome = await supervise_python(
         tmp_path, "import signal\nwhile True: signal.pause()", deadline=trio.current_time() + 30
     )
-    assert outcome.deadline_expired and outcome.terminated and not outcome.killed
-    assert outcome.returncode == -signal.SIGTERM and not outcome.clean
+    assert outcome.deadline_expired and outcome.terminated and not outcome.forced
+    assert outcome.exit_code == -signal.SIGTERM and not outcome.clean
 
 
 async def test_a_clean_worker_and_its_logs(tmp_path: Path) -> None:
@@ -1377,7 +1377,7 @@ async def test_a_clean_worker_and_its_logs(tmp_path: Path) -> None:
     outcome = await supervise_python(
         tmp_path, code, deadline=trio.current_time() + 120, events=sink
     )
-    assert outcome.clean and outcome.returncode == 0 and not outcome.terminated
+    assert outcome.clean and outcome.exit_code == 0 and not outcome.terminated
     assert sink.lines == [b'{"event":"phase","text":"x"}']
     assert (tmp_path / "err.log").read_text() == "note"
 
@@ -1385,7 +1385,7 @@ async def test_a_clean_worker_and_its_logs(tmp_path: Path) -> None:
 async def test_an_oversized_stdout_makes_the_worker_unclean(tmp_path: Path) -> None:
     code = "import sys\nsys.stdout.buffer.write(b'x' * (17 * 1024 * 1024))\n"
     outcome = await supervise_python(tmp_path, code, deadline=trio.current_time() + 120)
-    assert outcome.returncode == 0 and outcome.stdout_truncated and not outcome.clean
+    assert outcome.exit_code == 0 and outcome.stdout_truncated and not outcome.clean
     assert (tmp_path / "out.log").stat().st_size == 16 * 1024 * 1024
 
 

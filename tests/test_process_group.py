@@ -157,9 +157,36 @@ async def test_a_tool_child_that_left_a_daemon_is_not_clean_and_the_daemon_is_en
         ended = await run_child(command, spawned)
     daemon = int(daemon_file.read_text())
     assert ended.exit_code == 0 and not ended.forced
-    assert ended.tagged_escapees == (daemon,) and ended.surviving == ()
+    assert ended.tagged_escapees == (daemon,) and ended.surviving_descendants == ()
     assert not ended.clean
     assert not running(daemon)
+
+
+async def test_a_child_that_exits_leaving_a_background_process_in_its_group_is_not_clean(
+    tmp_path: Path,
+) -> None:
+    """``sleep 1000 &`` stays in the child's group: the group outlives the child, is ended
+    with it, and the outcome says so (no tag needed to find it)."""
+    pid_file = tmp_path / "background.pid"
+    command = ChildCommand(
+        argv=("/bin/sh", "-c", f'sleep 1000 & echo $! > "{pid_file}"; exit 0'),
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=str(tmp_path),
+        stdout_path=str(tmp_path / "out.log"),
+        stderr_path=str(tmp_path / "err.log"),
+        deadline=trio.current_time() + 60,
+        grace_seconds=5.0,
+    )
+
+    async def spawned(pid: int, create_time: float) -> None:
+        del pid, create_time
+
+    with trio.fail_after(60):
+        ended = await run_child(command, spawned)
+    background = int(pid_file.read_text())
+    assert ended.exit_code == 0 and not ended.timed_out
+    assert ended.outlived_by_group and ended.left_processes and not ended.clean
+    assert not running(background)
 
 
 def test_the_stage_server_oracle_passes_the_cell_tag_to_its_backend() -> None:

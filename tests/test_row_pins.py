@@ -10,7 +10,7 @@ import hashlib
 import io
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from cache_family.actors.audit.replay import replay
+from cache_family.actors.run import row as row_actor
 from cache_family.actors.run.cell import pin_records
 from cache_family.actors.run.context import (
     HostSettings,
@@ -27,6 +28,7 @@ from cache_family.actors.run.context import (
     hash_pins,
 )
 from cache_family.actors.run.matrix import admit_run, supervise
+from cache_family.actors.run.private_exec import PrivateCopy, RowExec
 from cache_family.console.progress import RunProgress
 from cache_family.schemas.journal import PinDrift, PinObserved
 from cache_family.system.child import ChildCommand, ChildEnded, OnSpawn
@@ -298,8 +300,6 @@ async def run_row(
 
     async def child_runner(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
         ended = await correctness(command, on_spawn)
-        if after_correctness is not None:
-            after_correctness(model_path)  # type: ignore[operator]
         return ended
 
     counting = CountingHasher()
@@ -321,8 +321,35 @@ async def run_row(
         row_pin_identity=True,
         pin_racy_seconds=0,
     )
-    await supervise(admitted, hosts, RunProgress(io.StringIO(), 1, synthetic=True))
+    with pytest.MonkeyPatch.context() as patch:
+        if after_correctness is not None:
+            patch.setattr(row_actor, "RowExec", _after_correctness(after_correctness, model_path))
+        await supervise(admitted, hosts, RunProgress(io.StringIO(), 1, synthetic=True))
     return out, counting
+
+
+def _after_correctness(hook: Any, model_path: Path) -> type[RowExec]:
+    """A ``RowExec`` that runs ``hook(model_path)`` when the first cell asks for its copy: the
+    correctness arm (and its pin watch) has ended, the cell's watch and pin check not begun."""
+
+    class HookedRowExec(RowExec):
+        preparing = False
+
+        def prepare(self, pairs: Iterable[tuple[str, str | None]]) -> None:
+            self.preparing = True  # the row's copies, made before its correctness arm
+            try:
+                super().prepare(pairs)
+            finally:
+                self.preparing = False
+
+        def copy_for(self, binary: str, native_build: str | None) -> PrivateCopy:
+            nonlocal hook
+            if hook is not None and not self.preparing:
+                hook, run = None, hook
+                run(model_path)
+            return super().copy_for(binary, native_build)
+
+    return HookedRowExec
 
 
 def write_the_rows_copy_of_the_server(out: Path) -> None:

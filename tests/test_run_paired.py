@@ -136,8 +136,13 @@ def test_a_reduced_plan_with_old_and_new_bound_completes_with_parity_accepted(
             ]
             assert admitted.dialect == "current" and admitted.probes == ((command, 0),)
             # Exactly one launch per arm across all rungs, retained at every rung.
-            spawns = [r for r in records if isinstance(r, ChildSpawned) and r.cell_id == cell_id]
+            children = [r for r in records if isinstance(r, ChildSpawned) and r.cell_id == cell_id]
+            spawns = [r for r in children if r.role == "host"]
             assert len(spawns) == 1 and spawns[0].host_argv[1] == "serve"
+            # The help probe (once per run per binary) ran the row's private copy, as the host.
+            for probe in (r for r in children if r.role == "help_probe"):
+                assert probe.host_argv[1:] == ("serve", "--help")
+                assert probe.executable == spawns[0].executable
             rungs = [r for r in records if isinstance(r, RungCompleted) and r.cell_id == cell_id]
             assert [r.concurrency for r in rungs] == [1, 2]
             assert {r.host_pid for r in rungs} == {spawns[0].pid}

@@ -16,6 +16,7 @@ from cache_family.actors.journal.writer import JournalWriter
 from cache_family.actors.run import stage_host
 from cache_family.actors.run.cell import CellActor
 from cache_family.actors.run.context import Budgets, HostSettings, RunContext, RunStop
+from cache_family.actors.run.private_exec import PrivateCopy
 from cache_family.schemas.journal import CliAdmission, read_journal
 from fake_hosts.fake_custody import hasher
 from test_cell_machine_property import cell_plan, host_profile
@@ -27,10 +28,15 @@ async def test_a_stage_servers_help_is_read_once_per_run_for_each_pinned_binary(
     probed: list[str] = []
 
     async def fake_admit_cli(
-        binary: str, env: Mapping[str, str], cwd: str, same_bytes: Callable[[], Awaitable[bool]]
+        binary: str,
+        env: Mapping[str, str],
+        custody: stage_host.ProbeCustody,
+        same_bytes: Callable[[], Awaitable[bool]],
+        *,
+        pinned: str,
     ) -> stage_host.CliAdmitted:
         assert await same_bytes()
-        probed.append(binary)
+        probed.append(pinned)
         return stage_host.CliAdmitted("current", (stage_host.Probe("serve", 0, True),))
 
     monkeypatch.setattr(stage_host, "admit_cli", fake_admit_cli)
@@ -58,6 +64,7 @@ async def test_a_stage_servers_help_is_read_once_per_run_for_each_pinned_binary(
                 cell_plan(run_dir, index, "concurrent", chosen), host_kind="stage"
             )
             actor = CellActor(plan, ctx)
+            actor._exec = PrivateCopy(root="", binary=chosen.binary, native_build=None)
             os.makedirs(actor.cell_path)
             cells.append(await actor._admit_cli())
             assert (Path(actor.cell_path) / stage_host.CLI_ADMISSION_NAME).is_file()

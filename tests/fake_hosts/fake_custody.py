@@ -209,6 +209,6 @@ def fake_child_runner(
             with open(path, "x"):
                 pass
         write_report(command.argv[1:], changes)
-        return ChildEnded(pid, 1.0, exit_code, 0.0)
+        return ChildEnded(pid=pid, graceful=True, exit_code=exit_code, create_time=1.0)
 
     return runner

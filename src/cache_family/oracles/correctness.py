@@ -41,6 +41,7 @@ from cache_family.states.handoff import (
     Payload,
     topology_of,
 )
+from cache_family.system.hashing import sha256_file
 from cache_family.system.publish import publish_fresh
 
 COMMAND: Final = "state-handoff"
@@ -951,7 +952,7 @@ def state_handoff(args: HandoffArgs) -> dict[str, Any]:
                 model_path, layer_count = _join_package(args.model, Path(scratch))
                 seen.package = {
                     "root": str(args.model.resolve()),
-                    "manifest_sha256": native_build.sha256_file(args.model / PACKAGE_MANIFEST),
+                    "manifest_sha256": sha256_file(args.model / PACKAGE_MANIFEST),
                     "layer_count": layer_count,
                     "loaded_as": "parts joined into one temporary GGUF",
                 }

@@ -139,7 +139,7 @@ def _worker_refusal(outcome: WorkerOutcome, output: str) -> tuple[int, Refusal] 
             "preparation was interrupted while the worker ran",
             f"observations are kept; {logs}",
         )
-    if outcome.deadline_expired or outcome.returncode == ExitCode.WORKER_DEADLINE:
+    if outcome.deadline_expired or outcome.exit_code == ExitCode.WORKER_DEADLINE:
         return ExitCode.REFUSED_DURING_WORK, Refusal(
             "preparation.deadline_expired",
             "$.preparation_seconds",
@@ -148,11 +148,11 @@ def _worker_refusal(outcome: WorkerOutcome, output: str) -> tuple[int, Refusal] 
         )
     if not outcome.clean:
         how = (
-            f"exited with status {outcome.returncode}"
-            if outcome.returncode is not None and outcome.returncode >= 0
-            else f"was ended by signal {-(outcome.returncode or 0)}"
+            f"exited with status {outcome.exit_code}"
+            if outcome.exit_code is not None and outcome.exit_code >= 0
+            else f"was ended by signal {-(outcome.exit_code or 0)}"
         )
-        if outcome.killed:
+        if outcome.forced:
             how += " after SIGKILL"
         if outcome.stdout_truncated:
             how += "; its stdout exceeded the capture limit"

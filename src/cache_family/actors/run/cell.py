@@ -96,6 +96,8 @@ from cache_family.states.cell import (
     MachineTable,
 )
 from cache_family.system.http import LoopbackHttp
+from cache_family.system.pin_watch import PinWatch, WatchedPin
+from cache_family.system.process_group import PROCESS_TAG_NAME
 from cache_family.system.publish import publish_fresh
 
 # Finalize (fold + publish) is shielded; this bounds it so a wedged disk cannot hang a run.
@@ -182,6 +184,12 @@ def llama_server_argv(plan: CellPlan, profile: HostProfile, port: int) -> list[s
     if threads is not None:
         argv += ["-t", threads]
     return argv
+
+
+def watch_pins(targets: Sequence[PinTarget]) -> PinWatch:
+    """Watch ``targets`` from before their first hash to after their last: a change in
+    between, even one undone before the last hash, is drift (blocking: call in a thread)."""
+    return PinWatch(WatchedPin(t.name, t.path, t.kind == "tree") for t in targets)
 
 
 def argv_sha256(argv: Sequence[str]) -> str:
@@ -292,6 +300,8 @@ class CellActor:
         self._exec: PrivateCopy | None = None
         self._exec_owned = False
         self._exec_problem = ""
+        # The launch pins, watched from before pin-verify's hash to after post-verify's.
+        self._watch: PinWatch | None = None
 
     def __repr__(self) -> str:
         elapsed = "-"
@@ -350,6 +360,8 @@ class CellActor:
                 finally:
                     self._release_host.set()  # custody never outlives the loop
         finally:
+            if self._watch is not None:
+                self._watch.close()
             if self._exec is not None and self._exec_owned:
                 custody.remove_tree(self._exec.root)  # the host has ended with custody
         if escaped is not None:
@@ -480,6 +492,7 @@ class CellActor:
             # The pins (hashed by path then) say what is wrong; if they still match, the
             # cell is refused below: a host never runs from a path its pins did not hash.
             self._exec_problem = f"{exc.filename or profile.binary}: {exc.strerror or exc}"
+        self._watch = await trio.to_thread.run_sync(watch_pins, self._launch_pins())
         if not await self._verify_pins("before", self._launch_pins()):
             await self._journal(
                 Fault(cell_id=plan.cell_id, kind="pin_mismatch", detail="pins differ before launch")
@@ -506,12 +519,14 @@ class CellActor:
         return CellEvent.PINS_VERIFIED
 
     async def _admit_cli(self) -> stage_host.CliAdmitted:
-        """Read the stage server's dialect from its help (the binary verified around each
-        probe), journal it, and write ``cli-admission.json`` and ``stage.json``. The help is
-        read once per run for each pinned binary (``RunContext.cli_admissions``)."""
-        plan, profile = self.plan, self.plan.profile
-        assert profile is not None
-        binary = next(t for t in plan.pins if t.name == "binary")
+        """Read the stage server's dialect from the help of the private copy the host will run
+        (its pin verified around each probe; each probe a child in custody under this cell's
+        tag), journal it, and write ``cli-admission.json`` and ``stage.json``. The help is read
+        once per run for each pinned binary (``RunContext.cli_admissions``); when the probes
+        left processes running, every cell that relies on them is faulted."""
+        plan, profile, copy = self.plan, self.plan.profile, self._exec
+        assert profile is not None and copy is not None  # pin-verify made the private copy
+        binary = next(t for t in self._launch_pins() if t.name == "binary")
         key = (profile.binary, profile.binary_sha256)
         admitted = self.ctx.cli_admissions.get(key)
         if admitted is None:
@@ -522,9 +537,22 @@ class CellActor:
                 return result.matches
 
             probe_dir = custody.make_private_dir(self.cell_path, "cli-probe")
+            tag = self.ctx.cell_process_tag(plan.cell_id)
             try:
                 env = self._host_env(probe_dir)
-                admitted = await stage_host.admit_cli(profile.binary, env, probe_dir, same_bytes)
+
+                async def journal_probe(argv: tuple[str, ...], pid: int, created: float) -> None:
+                    await self._journal_probe(argv, {**env, PROCESS_TAG_NAME: tag}, pid, created)
+
+                probes = stage_host.ProbeCustody(
+                    runner=self.ctx.hosts.child_runner,
+                    process_tag=tag,
+                    probe_dir=probe_dir,
+                    on_spawn=journal_probe,
+                )
+                admitted = await stage_host.admit_cli(
+                    copy.binary, env, probes, same_bytes, pinned=profile.binary
+                )
             finally:
                 custody.remove_tree(probe_dir)
             self.ctx.cli_admissions[key] = admitted
@@ -553,7 +581,32 @@ class CellActor:
         }
         for name, data in documents.items():
             await trio.to_thread.run_sync(publish_fresh, os.path.join(self.cell_path, name), data)
+        if admitted.left_behind:
+            raise _Fault(
+                "help_probe_unclean",
+                f"the stage server's help probes left processes running (ended now): "
+                f"{admitted.left_behind}",
+            )
         return admitted
+
+    async def _journal_probe(
+        self, argv: tuple[str, ...], env: Mapping[str, str], pid: int, create_time: float
+    ) -> None:
+        """A help probe's child, journaled as it starts (``replay --reap`` finds it)."""
+        await self._journal(
+            ChildSpawned(
+                cell_id=self.plan.cell_id,
+                role="help_probe",
+                pid=pid,
+                create_time=create_time,
+                pgid=pid,
+                argv_sha256=argv_sha256(argv),
+                executable=argv[0],
+                host_argv=argv,
+                host_env_names=tuple(sorted(env)),
+                effective_environment=custody.recorded_environment(env),
+            )
+        )
 
     def _launch_pins(self) -> tuple[PinTarget, ...]:
         """The pins checked before launch: the binary and native build as their private
@@ -604,7 +657,17 @@ class CellActor:
 
     async def _post_verify(self) -> CellEvent:
         ok = await self._verify_pins("after")
-        return CellEvent.PINS_VERIFIED if ok else CellEvent.PINS_MISMATCH
+        changed = self._watch.changes() if self._watch is not None else []
+        if changed:
+            await self._journal(
+                Fault(
+                    cell_id=self.plan.cell_id,
+                    kind="pin_drift",
+                    detail=f"pinned paths changed during the cell (seen as they changed, "
+                    f"whatever the hashes say now): {', '.join(changed)}",
+                )
+            )
+        return CellEvent.PINS_VERIFIED if ok and not changed else CellEvent.PINS_MISMATCH
 
     async def _verify_pins(self, phase: str, targets: Sequence[PinTarget] | None = None) -> bool:
         remaining = self.work_deadline - trio.current_time()

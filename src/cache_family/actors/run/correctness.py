@@ -22,7 +22,7 @@ from typing import Final
 import trio
 
 from cache_family.actors.run import custody
-from cache_family.actors.run.cell import argv_sha256
+from cache_family.actors.run.cell import argv_sha256, watch_pins
 from cache_family.actors.run.context import (
     MEASUREMENT_RESERVE_SECONDS,
     PinTarget,
@@ -61,6 +61,7 @@ from cache_family.states.correctness import (
     redacted_argv,
 )
 from cache_family.system.child import ChildCommand, ChildEnded
+from cache_family.system.pin_watch import PinWatch
 from cache_family.system.process_group import PROCESS_TAG_NAME
 from cache_family.system.publish import publish_fresh
 
@@ -110,6 +111,8 @@ class CorrectnessActor:
         self.ran: list[tuple[str, TopologyVerdict]] = []
         self.verdict = StageVerdict(STAGE_NOT_RUN, "correctness_never_started")
         self.arm_path = os.path.join(ctx.run_dir, plan.arm_dir)
+        # The arm's pins, watched from before their hash to the gate.
+        self._watch: PinWatch | None = None
 
     def __repr__(self) -> str:
         return (
@@ -118,6 +121,13 @@ class CorrectnessActor:
         )
 
     async def run(self) -> StageVerdict:
+        try:
+            return await self._run()
+        finally:
+            if self._watch is not None:
+                self._watch.close()
+
+    async def _run(self) -> StageVerdict:
         self.deadline = self.ctx.budgets.cell_deadline(trio.current_time())
         event: CorrectnessEvent | None = None
         stopped: BaseException | None = None
@@ -167,6 +177,7 @@ class CorrectnessActor:
             self.verdict = StageVerdict(STAGE_NOT_RUN, plan.refusal)
             return CorrectnessEvent.NOT_RUNNABLE
         os.makedirs(self.arm_path, exist_ok=True)
+        self._watch = await trio.to_thread.run_sync(watch_pins, plan.pins)
         remaining = self.deadline - MEASUREMENT_RESERVE_SECONDS - trio.current_time()
         results = await self.ctx.verify_pins(plan.pins, remaining)
         drifted = []
@@ -208,6 +219,12 @@ class CorrectnessActor:
 
     async def _gate(self) -> CorrectnessEvent:
         self.verdict = judge_stage(self.plan.spec.topologies, self.ran)
+        changed = self._watch.changes() if self._watch is not None else []
+        if changed:
+            self.verdict = StageVerdict(
+                STAGE_FAILED,
+                f"pin_drift: {', '.join(changed)} changed while the correctness tool ran",
+            )
         if self.verdict.status == "completed":
             return CorrectnessEvent.ACCEPTED
         return CorrectnessEvent.REJECTED
@@ -353,8 +370,8 @@ def _process_problem(ended: ChildEnded) -> str | None:
         return "the tool ran past the correctness budget and was stopped"
     if ended.forced:
         return f"the tool's group had to be killed (exit {ended.exit_code})"
-    if ended.tagged_escapees or ended.surviving:
-        left = sorted({*ended.tagged_escapees, *ended.surviving})
+    if ended.tagged_escapees or ended.surviving_descendants:
+        left = sorted({*ended.tagged_escapees, *ended.surviving_descendants})
         return f"the tool left processes outside its group (found by its environment tag): {left}"
     if ended.exit_code != 0:
         return f"the tool exited {ended.exit_code}"

@@ -35,6 +35,8 @@ the progress lines and the final line say "(synthetic)".
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import secrets
 import signal
@@ -103,7 +105,12 @@ from cache_family.schemas.prepared import (
 from cache_family.states.fold import JournalIndex
 from cache_family.states.matrix import fold_matrix
 from cache_family.system import interrupts
-from cache_family.system.publish import fsync_dir, overlapping_trees, publish_fresh
+from cache_family.system.publish import (
+    fsync_dir,
+    overlapping_trees,
+    publish_fresh,
+    trees_holding,
+)
 
 # The run reads whatever preparation may publish, and no more.
 RUN_INPUT_MAX_BYTES: Final = PREPARED_INPUT_MAX_BYTES
@@ -175,11 +182,9 @@ def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = N
     )
 
 
-def _output_overlaps(output: str, prepared: PreparedInput) -> list[Refusal]:
-    """An output inside the native build or the model cache (or holding one) changes pinned
-    bytes: every row would fail its own pin check. Refused as preparation refuses it."""
-    canonical = os.path.join(os.path.realpath(os.path.dirname(output)), os.path.basename(output))
-    guarded = [
+def guarded_trees(prepared: PreparedInput) -> list[tuple[str, str]]:
+    """(where, path) of every tree a run reads pinned bytes from: its output stays outside."""
+    return [
         ("$.native_build.path", prepared.native_build.path),
         ("$.cache_root", prepared.cache_root),
         *(
@@ -187,15 +192,39 @@ def _output_overlaps(output: str, prepared: PreparedInput) -> list[Refusal]:
             for name, toolkit in prepared.toolkit_directories.items()
         ),
     ]
-    return [
-        Refusal(
-            "run.output_not_disjoint",
-            "$.output",
-            f"output {canonical} overlaps {tree} (the prepared input's {where[2:]})",
-            "write the run outside the native build, the model cache and the toolkit trees",
-        )
-        for where, tree in overlapping_trees(canonical, guarded)
-    ]
+
+
+def _output_overlaps(output: str, prepared: PreparedInput) -> list[Refusal]:
+    """An output inside the native build or the model cache (or holding one) changes pinned
+    bytes: every row would fail its own pin check. Refused as preparation refuses it (by path
+    here; ``_make_fresh_dir`` checks again by the identity of the parent it creates under)."""
+    try:
+        parent = os.path.realpath(os.path.dirname(output))
+        canonical = os.path.join(parent, os.path.basename(output))
+        overlaps = overlapping_trees(canonical, guarded_trees(prepared))
+    except OSError as exc:  # a link flipped while it was resolved
+        return [_parent_changed(output, exc)]
+    return [_not_disjoint(canonical, tree, where) for where, tree in overlaps]
+
+
+def _not_disjoint(output: str, tree: str, where: str) -> Refusal:
+    return Refusal(
+        "run.output_not_disjoint",
+        "$.output",
+        f"output {output} overlaps {tree} (the prepared input's {where[2:]})",
+        "write the run outside the native build, the model cache and the toolkit trees",
+    )
+
+
+def _parent_changed(output: str, exc: OSError) -> Refusal:
+    return Refusal(
+        "run.output_parent",
+        "$.output",
+        f"the parent of {output} is not a real directory, or changed while the run directory "
+        f"was made ({exc.strerror or exc})",
+        "give an output whose parent is a real directory (not a symlink) that nothing else "
+        "changes while the run starts",
+    )
 
 
 def _output_exists(output: str) -> Refusal:
@@ -602,7 +631,7 @@ def run_command(
             admitted = admit_run(input, output)
             if sign_key is not None:
                 check_sign_key(sign_key)
-            _make_fresh_dir(admitted.output)
+            _make_fresh_dir(admitted.output, guarded_trees(admitted.prepared))
         except Refused as refused:
             for refusal in refused.refusals:
                 print(f"refused: {refusal.line()}", file=sys.stderr)
@@ -772,15 +801,47 @@ def unwritten_matrix(admitted: AdmittedRun, reason: str | None) -> str:
     )
 
 
-def _make_fresh_dir(path: str) -> None:
+def _make_fresh_dir(path: str, guarded: Sequence[tuple[str, str]] = ()) -> None:
+    """Create the run directory ``path`` (absolute, normalized), fresh.
+
+    Its parent is opened once as a directory descriptor without following a link; that
+    directory's identity, not its path, is checked against the ``guarded`` trees, the run
+    directory is made under the descriptor, and the path is then checked to name what was
+    made (a parent flipped to a symlink meanwhile is refused, and what was made removed).
+    Every OSError is a typed refusal."""
+    parent, name = os.path.split(path)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        os.mkdir(path, 0o755)
-    except FileExistsError:
-        raise Refused((_output_exists(path),)) from None
+        parent_fd = os.open(parent, flags)
     except OSError as exc:
-        raise Refused.one(
-            "run.output_unwritable",
-            "$.output",
-            f"cannot create {path}: {exc.strerror}",
-            "check the parent directory's permissions",
-        ) from None
+        raise Refused((_parent_changed(path, exc),)) from None
+    try:
+        try:
+            inside = trees_holding(parent_fd, guarded)
+        except OSError as exc:
+            raise Refused((_parent_changed(path, exc),)) from None
+        if inside:
+            raise Refused(tuple(_not_disjoint(path, tree, where) for where, tree in inside))
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        except FileExistsError:
+            raise Refused((_output_exists(path),)) from None
+        except OSError as exc:
+            raise Refused.one(
+                "run.output_unwritable",
+                "$.output",
+                f"cannot create {path}: {exc.strerror}",
+                "check the parent directory's permissions",
+            ) from None
+        try:
+            made = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+            named = os.stat(path)
+            problem = None if os.path.samestat(made, named) else OSError(errno.EXDEV, "moved")
+        except OSError as exc:
+            problem = exc
+        if problem is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=parent_fd)
+            raise Refused((_parent_changed(path, problem),)) from None
+    finally:
+        os.close(parent_fd)
