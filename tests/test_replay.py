@@ -17,7 +17,7 @@ import psutil
 import pytest
 import trio
 
-from cache_family.actors.audit.replay import replay, replay_command
+from cache_family.actors.audit.replay import replay
 from cache_family.actors.journal.rows_file import cell_rows
 from cache_family.actors.journal.writer import (
     JournalWriter,
@@ -27,6 +27,7 @@ from cache_family.actors.journal.writer import (
 )
 from cache_family.actors.run.matrix import finish_run
 from cache_family.cli import main as cli_main
+from cache_family.console.commands import replay_command
 from cache_family.schemas.journal import (
     ArmPlan,
     ChildSpawned,

@@ -49,11 +49,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, TextIO
+from typing import Final
 
 import msgspec
 import psutil
@@ -127,16 +126,6 @@ class HeadCheck:
     expect_head: str | None = None
     allowed_signers: str | None = None
     signer_identity: str | None = None
-
-
-def replay_command(
-    run_dir: str, *, reap: bool, reap_grace_s: float = 5.0, head: HeadCheck | None = None
-) -> int:
-    report = replay(run_dir, reap=reap, reap_grace_s=reap_grace_s, head=head)
-    out: TextIO = sys.stdout
-    for line in report.lines:
-        print(line, file=out)
-    return report.exit_code
 
 
 def _load_refolders() -> None:

@@ -23,28 +23,19 @@ superseded ones included.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Final
 
 import psutil
 import trio
 
-from cache_family.actors.audit.head_signature import check_sign_key
 from cache_family.actors.audit.replay import ReplayReport, reap_children, refuse_while_runner_lives
 from cache_family.actors.journal.writer import JOURNAL_READ_LIMIT, journal_path
 from cache_family.actors.run.cell import pin_targets
 from cache_family.actors.run.context import PinTarget, hash_pins
-from cache_family.actors.run.matrix import (
-    AdmittedRun,
-    Resumption,
-    supervise_command,
-)
+from cache_family.actors.run.matrix import AdmittedRun, Resumption
 from cache_family.actors.run.prompts import PromptSelector
-from cache_family.console.progress import Mode
-from cache_family.console.refusals import say_failed
 from cache_family.errors import Refused
-from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
     JournalLine,
@@ -225,26 +216,3 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
     )
     notes.say(f"resume: keeping rows {sorted(kept)}, re-running rows {[r.index for r in rerun]}")
     return admitted, resumption, notes.lines
-
-
-def resume_command(run_dir: str, *, sign_key: str | None = None, mode: Mode | None = None) -> int:
-    """The ``run --resume`` verb; exit codes as ``run``'s (``mode``: how progress shows)."""
-    try:
-        if sign_key is not None:
-            check_sign_key(sign_key)
-        admitted, resumption, notes = plan_resumption(run_dir)
-    except Refused as refused:
-        for refusal in refused.refusals:
-            print(f"refused: {refusal.line()}", file=sys.stderr)
-        say_failed(
-            sys.stderr,
-            "run --resume",
-            f"the run cannot be resumed ({len(refused.refusals)} refusal(s) above)",
-            f"{run_dir}; nothing in it was changed",
-            f"fix what each refusal names, or check it with `cache-family replay {run_dir}`; "
-            "a run that cannot be resumed is rerun into a fresh --output",
-        )
-        return ExitCode.REFUSED
-    for note in notes:
-        print(note, file=sys.stderr)
-    return supervise_command(admitted, resumption, sign_key=sign_key, mode=mode)
