@@ -383,6 +383,7 @@ def _publish_report_file(target: str, data: bytes) -> None:
 
 
 def _cmd_report_run(args: argparse.Namespace) -> int:
+    from cache_family.actors.audit.run_files import REPORT_MANIFEST_NAME, report_manifest
     from cache_family.report.run import read_run
     from cache_family.report.run_report import render_run_report
 
@@ -395,6 +396,8 @@ def _cmd_report_run(args: argparse.Namespace) -> int:
     # Plots first and report.md last: a reader who sees the new Markdown finds its plots.
     for name in sorted(files, key=lambda n: (n.count("/") == 0, n.endswith(".md"), n)):
         _publish_report_file(str(root / name), files[name])
+    # Then the SHA-256 of each: replay of the run directory finds one missing or extra.
+    _publish_report_file(str(root / REPORT_MANIFEST_NAME), report_manifest(files))
     for name in ("report.md", "report.html"):
         print(f"Wrote {Path(output) / name}")
     return ExitCode.OK

@@ -49,6 +49,7 @@ import psutil
 import trio
 
 from cache_family import __version__
+from cache_family.actors.audit.run_files import bind_run_files
 from cache_family.actors.journal.writer import (
     JOURNAL_READ_LIMIT,
     JournalWriter,
@@ -78,6 +79,7 @@ from cache_family.schemas.journal import (
     DeadlineExpired,
     InterruptFinishFailed,
     PlannedRowBrief,
+    RunFilesBound,
     RunResumed,
     RunStarted,
     UseCaseSourceBrief,
@@ -381,9 +383,13 @@ async def _run_and_publish(
 
 
 async def finish_run(writer: JournalWriter, run_dir: str) -> MatrixReceipt:
-    """How every run (and resumed run) ends: the report files, the matrix, then the seal;
+    """How every run (and resumed run) ends: the report files, the list of every file in
+    the run directory (``run_files``), the matrix, then the seal;
     afterwards nothing can be appended and ``writer.head_sha256`` is the journal's head."""
     await publish_report_files(writer, run_dir)
+    # Every file the run wrote, bound before the matrix (which its own publication binds).
+    files = await trio.to_thread.run_sync(bind_run_files, run_dir)
+    await writer.append(RunFilesBound(files=files))
     receipt = await publish_matrix_receipt(writer, run_dir)
     await writer.seal(matrix_status=receipt.status, terminal_refusal=receipt.terminal_refusal)
     return receipt
