@@ -72,9 +72,6 @@ class Latch:
                 signal.signal(signum, handler)
 
 
-# The run's name for the latch (what ``run`` journals and counts).
-RunInterrupts = Latch
-
 # The latch in place now: the process's (never removed), or one ``held`` put up for a block.
 _CURRENT: Latch | None = None
 # The process's latch, once the command line installed it for the life of the process.

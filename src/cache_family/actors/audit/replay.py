@@ -96,6 +96,7 @@ from cache_family.schemas.journal import (
     seal_problems,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
+from cache_family.schemas.request_rows import REQUESTS_FILENAME
 from cache_family.states.fold import JournalIndex, refold, refold_cell
 from cache_family.states.tally import tally_cell
 from cache_family.system.process_group import PROCESS_TAG_NAME, tagged_processes
@@ -340,8 +341,7 @@ def _check_run_files(
     problems = [
         problem
         for problem in check_run_files(root, last.files)
-        if os.path.normpath(problem.path) not in receipts
-        and os.path.basename(problem.path) not in RECEIPT_NAMES
+        if not _checked_as_receipt(problem.path, problem.code, receipts)
     ]
     for problem in problems:
         report.differs = True
@@ -349,6 +349,19 @@ def _check_run_files(
         report.say(f"DIFFERS {problem.path}: {problem.code}: {problem.detail}")
     if not problems:
         report.say(f"run files: {len(last.files)} bound, every one as bound and no other")
+
+
+def _checked_as_receipt(path: str, code: str, receipts: set[str]) -> bool:
+    """A receipt (journaled or planted) and a journaled cell's rows file (re-read against its
+    ``rung_rows`` digests) are reported by the receipt checks, which say more."""
+    if os.path.basename(path) in RECEIPT_NAMES or os.path.normpath(path) in receipts:
+        return True
+    cell_receipt = os.path.normpath(os.path.join(os.path.dirname(path), "cell.json"))
+    return (
+        os.path.basename(path) == REQUESTS_FILENAME
+        and code != "replay.file.unbound"
+        and cell_receipt in receipts
+    )
 
 
 def _compare_run_report(report: ReplayReport, root: str) -> None:

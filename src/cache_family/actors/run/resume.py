@@ -1,15 +1,19 @@
 """``cache-family run --resume RUN_DIR``: continue a run whose runner died or was stopped.
 
 Admission (refusals exit 2, nothing is touched):
-  * the journal's trusted lines hold a ``run_started``; an edited or reordered journal is
-    refused, a torn last line (the runner died mid-write) is cut off and journaled;
+  * the command holds the run directory's lock (``system/run_lock.py``; ``run.locked``
+    naming the holder's pid otherwise), taken before the journal is read;
+  * the journal's trusted lines hold a ``run_started``; an edited or reordered journal, or
+    one whose seals do not hold, is refused; a torn last line (the runner died mid-write) is
+    cut off and journaled;
   * a journal sealed without a terminal refusal is a finished run and is refused; one sealed
     after a cancellation, a deadline expiry or a failed interrupt-finish may be resumed;
   * the runner of the journal (``run_started``, or the latest ``run_resumed``) is dead
     (``replay.reap.run_alive`` otherwise, as for ``replay --reap``);
   * the prepared input named in ``run_started`` still has the bytes the run was admitted with.
 
-Then the journaled children still alive are reaped (replay's reap), and every planned row is
+Then the journaled children still alive are reaped (replay's reap: only processes carrying
+the run's environment tag), and every planned row is
 kept or re-run. A row is kept when its model was missing (nothing to run) or when its last
 ``row.json`` publication folds to ``completed``, every receipt it published is on disk with
 the journaled bytes, and the pins of its case's host profiles (server binaries, build tree,
@@ -45,6 +49,7 @@ from cache_family.schemas.journal import (
     RunResumed,
     RunStarted,
     read_journal,
+    seal_problems,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
@@ -74,6 +79,10 @@ def _read(run_dir: str) -> tuple[tuple[JournalLine, ...], int]:
         if read.chain_break.code != "journal.line.torn":
             raise Refused((read.chain_break.refusal(),))
         torn = len(raw.data) - (raw.data.rfind(b"\n") + 1)
+    # A journal whose seals do not hold may not steer the reaper or the rows kept.
+    problems = seal_problems(raw.data, read)
+    if problems:
+        raise Refused(tuple(problems))
     if not read.lines or not isinstance(read.lines[0].record, RunStarted):
         raise _refused(
             "run.resume.not_a_run",
