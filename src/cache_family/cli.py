@@ -693,7 +693,13 @@ def _never_fail_on_encoding() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line. Called as the program (``argv`` None) by a command that holds the
     process's signal latch (``run``), it never returns: see :func:`_exit_holding_signals`."""
-    code = _command(argv)
+    try:
+        code = _command(argv)
+    except SystemExit as stop:  # a usage refusal after the latch was put up
+        latch = interrupts.process_latch() if argv is None else None
+        if latch is None or not isinstance(stop.code, int):
+            raise
+        _exit_holding_signals(latch, stop.code)
     latch = interrupts.process_latch() if argv is None else None
     if latch is not None:
         _exit_holding_signals(latch, code)
