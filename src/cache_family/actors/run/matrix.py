@@ -105,9 +105,6 @@ from cache_family.system.publish import fsync_dir, overlapping_trees, publish_fr
 RUN_INPUT_MAX_BYTES: Final = PREPARED_INPUT_MAX_BYTES
 
 
-_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
-
-
 # --- admission ----------------------------------------------------------------------------------
 
 
@@ -295,9 +292,11 @@ async def supervise(
     seen = _Signals()
     receipt: MatrixReceipt | FailedMatrix | None = None
     head: str | None = None
-    originals: dict[int, SignalHandler] = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+    originals: dict[int, SignalHandler] = {
+        signum: signal.getsignal(signum) for signum in interrupts.SIGNALS
+    }
     try:
-        with trio.open_signal_receiver(*_SIGNALS) as signals:
+        with trio.open_signal_receiver(*interrupts.SIGNALS) as signals:
             async with trio.open_nursery() as writer_nursery:
                 await writer_nursery.start(writer.run)
                 try:
@@ -315,7 +314,7 @@ async def supervise(
                     with trio.CancelScope(shield=True):
                         await writer.aclose()
         # The receiver is closed: the displaced handlers are back.
-        restored = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+        restored = {signum: signal.getsignal(signum) for signum in interrupts.SIGNALS}
         if restored != originals:
             progress.note("interrupt finish: SIGINT/SIGTERM handlers were not restored")
     except Exception as exc:
