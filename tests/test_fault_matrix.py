@@ -407,6 +407,97 @@ ELSEWHERE: tuple[CheckedElsewhere, ...] = (
 )
 
 
+# --- faults at a run's edges: its exit, its directory, its audit ------------------------------
+
+
+@dataclass(frozen=True)
+class EdgeFault:
+    """A fault outside any one cell, the outcome it must leave, and the test that injects it
+    (``tests/FILE::TEST``; the document's table is generated from these)."""
+
+    key: str
+    fault: str
+    moment: str
+    outcome: str
+    test: str
+
+
+EDGES: tuple[EdgeFault, ...] = (
+    EdgeFault(
+        key="signal-after-the-last-line",
+        fault="runner gets SIGTERM or SIGINT",
+        moment="after the seal and the last printed line, while the process exits",
+        outcome="exit 130 (never -15 / -2); receipts and journal unchanged; no `--resume` "
+        "suggested; replay identical",
+        test="test_run_signals.py::test_a_signal_after_the_last_line_still_exits_130_and_"
+        "changes_no_receipt",
+    ),
+    EdgeFault(
+        key="signal-after-the-rows-before-the-fold",
+        fault="runner gets SIGTERM",
+        moment="every row ended, the matrix not folded yet",
+        outcome="exit 130; matrix completed and sealed; closing lines say nothing is left to "
+        "resume",
+        test="test_run_signals.py::test_a_signal_after_the_rows_before_the_fold_exits_130_and_"
+        "changes_no_receipt",
+    ),
+    EdgeFault(
+        key="second-writer-of-a-run-directory",
+        fault="a second `run --resume` (or `replay --reap`) while one holds the run",
+        moment="a killed run being resumed",
+        outcome="exit 2, `run.locked` naming the holder's pid; nothing written; a holder "
+        "killed with SIGKILL leaves no stale lock",
+        test="test_run_resume.py::test_a_second_writer_of_a_run_directory_is_refused_naming_"
+        "the_holder",
+    ),
+    EdgeFault(
+        key="forged-child-record",
+        fault="a re-chained `child_spawned` record names an unrelated process",
+        moment="`replay --reap` of a killed run",
+        outcome="the process and its descendants are left alone (no run tag); the run's own "
+        "tagged host is ended",
+        test="test_replay.py::test_reap_never_ends_a_process_a_forged_record_names",
+    ),
+    EdgeFault(
+        key="reap-of-an-unverified-journal",
+        fault="head other than `--expect-head`, or an edited line",
+        moment="`replay --reap`",
+        outcome="`replay.reap.unverified`; no process is signalled; exit 1",
+        test="test_replay.py::test_reap_refuses_a_journal_whose_head_is_not_the_expected_one",
+    ),
+    EdgeFault(
+        key="evidence-file-edited",
+        fault="`state-handoff.json`, `stage.json` or a log edited, removed, planted or linked",
+        moment="after the run",
+        outcome="exit 1, `replay.file.changed` / `replay.file.missing` / "
+        "`replay.file.unbound` (a journal without `run_files`: said so, receipts checked)",
+        test="test_replay.py::test_an_evidence_file_no_receipt_names_is_bound_by_the_journal",
+    ),
+    EdgeFault(
+        key="report-file-edited-without-report-md",
+        fault="`report.md` deleted and `report.html` or a plot edited, or a plot planted",
+        moment="after `report-run`",
+        outcome="exit 1: every report file regenerated and compared (`file.missing`, "
+        "`replay.report.unlisted`); `report-files.json` binds their SHA-256",
+        test="test_replay.py::test_report_run_files_are_all_compared_even_without_report_md",
+    ),
+)
+
+EDGE_COLUMNS = (
+    ("fault", "fault"),
+    ("moment", "moment"),
+    ("outcome", "outcome"),
+    ("test", "test"),
+)
+
+
+def test_every_edge_names_a_test_that_exists() -> None:
+    assert len({edge.key for edge in EDGES}) == len(EDGES)
+    for edge in EDGES:
+        file, _, name = edge.test.partition("::")
+        assert f"def {name}(" in (HERE / file).read_text(), edge.test
+
+
 # --- the document ---------------------------------------------------------------------------------
 
 COLUMNS = (
@@ -476,6 +567,19 @@ def render_doc(cells: tuple[FaultCell, ...] = CELLS) -> str:
     for other in ELSEWHERE:
         values = [shown(v) for v in (other.fault, other.state, other.outcome)]
         lines.append(f"| `{other.key}` | " + " | ".join(values) + f" | `{other.test}` |")
+    lines += [
+        "",
+        "## Faults at a run's edges",
+        "",
+        "Generated from `EDGES` in the same file: faults outside any one cell (the run's exit,",
+        "its directory, its audit), each asserted by the test named in its row.",
+        "",
+        "| key | " + " | ".join(title for title, _ in EDGE_COLUMNS) + " |",
+        "|---|" + "---|" * len(EDGE_COLUMNS),
+    ]
+    for edge in EDGES:
+        values = [shown(getattr(edge, name)) for _, name in EDGE_COLUMNS]
+        lines.append(f"| `{edge.key}` | " + " | ".join(values) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -637,6 +637,8 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     "cli_admission": ("cell_id", "binary", "binary_sha256", "dialect"),
     # Issue 13: the run's own client overhead, before the first ladder.
     "client_calibrated": (),
+    # Issue 22: every file of the run directory, bound before the matrix.
+    "run_files": (),
 }
 
 

@@ -37,21 +37,20 @@ from cache_family.actors.prepare.parent import (
     REQUEST_NAME,
     STDERR_LOG,
     STDOUT_LOG,
-    InterruptLatch,
     ParentReport,
     _publish,
     _read_observations,
+    preparation_latch,
     revoke_if_late,
-    run_prepare,
 )
 from cache_family.actors.prepare.supervisor import (
     EventSink,
-    WorkerEvents,
     WorkerOutcome,
     supervise_worker,
 )
 from cache_family.actors.prepare.worker import WorkerRecord, observe
 from cache_family.cli import build_parser, main, normalize_argv
+from cache_family.console.preparation import WorkerEvents, run_prepare
 from cache_family.errors import Refused
 from cache_family.schemas.catalog import NOT_BUILT_NOTE_PREFIX, Preset, packaged_catalog
 from cache_family.schemas.layer_package import MANIFEST_NAME
@@ -1075,7 +1074,7 @@ async def test_a_foreign_input_file_is_never_replaced(
     foreign.write_text("someone else's file")
     budget = Budget.seconds(60)
     report = await _publish(
-        str(out), prepared, budget, InterruptLatch(budget), ParentReport(exit_code=0), None
+        str(out), prepared, budget, preparation_latch(budget), ParentReport(exit_code=0), None
     )
     assert report.exit_code == 3 and [r.code for r in report.refusals] == ["publish.exists"]
     assert foreign.read_text() == "someone else's file"
@@ -1086,7 +1085,7 @@ def test_a_late_refusal_revokes_only_the_file_we_wrote(
 ) -> None:
     _, prepared = prepared_once
     budget = Budget.seconds(60)
-    latch = InterruptLatch(budget)
+    latch = preparation_latch(budget)
     ours = tmp_path / "ours"
     ours.mkdir()
     report = ParentReport(
@@ -1119,7 +1118,8 @@ def test_a_late_refusal_revokes_only_the_file_we_wrote(
 
 DRIVER = r"""
 import os, signal, sys
-from cache_family.actors.prepare.parent import INPUT_NAME, run_prepare
+from cache_family.actors.prepare.parent import INPUT_NAME
+from cache_family.console.preparation import run_prepare
 
 mode, operator, output = sys.argv[1:4]
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import trio
 
-from cache_family.actors.audit.replay import replay, replay_command
+from cache_family.actors.audit.replay import HeadCheck, replay
 from cache_family.actors.journal.rows_file import cell_rows
 from cache_family.actors.journal.writer import (
     JournalWriter,
@@ -27,6 +27,7 @@ from cache_family.actors.journal.writer import (
 )
 from cache_family.actors.run.matrix import finish_run
 from cache_family.cli import main as cli_main
+from cache_family.console.commands import replay_command
 from cache_family.schemas.journal import (
     ArmPlan,
     ChildSpawned,
@@ -43,6 +44,7 @@ from cache_family.schemas.production import PRODUCTION_JSON, PRODUCTION_MD
 from cache_family.schemas.receipts import SYNTHETIC_EVIDENCE_CLASS, encode_receipt
 from cache_family.states.cell import CellEvent, RowEvent
 from cache_family.states.fold import REFOLDERS, JournalIndex, fold_cell, register_refolder
+from cache_family.system.process_group import PROCESS_TAG_NAME
 from cell_journal_builder import CellScript, RowScript, row_records, run_started, serial_cell
 
 
@@ -378,7 +380,7 @@ def test_a_row_that_never_published_is_unfinished_even_with_a_matrix(tmp_path: P
     assert report.identical == [PRODUCTION_JSON, PRODUCTION_MD, MATRIX_FILENAME]
     assert not report.differs and report.exit_code == 1
     assert report.unfinished == (
-        "row 0 opened at seq 2 never published its receipt (the trusted journal ends at seq 6)"
+        "row 0 opened at seq 2 never published its receipt (the trusted journal ends at seq 7)"
     )
     # A finished run with the same shape replays identically (no false alarm).
     finished = tmp_path / "finished"
@@ -419,28 +421,36 @@ FAULT_CHILD_IGNORES_SIGTERM = (
 )
 
 
-def spawn_child(code: str) -> subprocess.Popen[bytes]:
+# The environment tag a run's host carries (``CACHE_FAMILY_CELL=<run tag>/<cell id>``).
+HOST_TAG = "cf-test0123456789/cell-0000/native-serial"
+
+
+def spawn_child(code: str, *, tag: str | None = HOST_TAG) -> subprocess.Popen[bytes]:
+    """A child as a run's host is: carrying the run's tag (``tag=None``: a process that is no
+    run's, such as a victim a forged journal names)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    if tag is not None:
+        env[PROCESS_TAG_NAME] = tag
     child = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
     )
     assert child.stdout is not None and child.stdout.readline() == b"ready\n"
     return child
 
 
+def child_spawned(pid: int, create_time: float, tag: str = HOST_TAG) -> ChildSpawned:
+    return ChildSpawned(
+        cell_id="cell-0000/native-serial",
+        pid=pid,
+        create_time=create_time,
+        argv_sha256=hashlib.sha256(b"argv").hexdigest(),
+        effective_environment={PROCESS_TAG_NAME: tag},
+    )
+
+
 def journal_children(run_dir: Path, children: list[tuple[int, float]]) -> None:
     records: list[Record] = [run_started()]
-    for pid, create_time in children:
-        records.append(
-            ChildSpawned(
-                cell_id="cell-0000/native-serial",
-                pid=pid,
-                create_time=create_time,
-                argv_sha256=hashlib.sha256(b"argv").hexdigest(),
-            )
-        )
+    records += [child_spawned(pid, create_time) for pid, create_time in children]
     (run_dir / "journal.jsonl").write_bytes(encode_journal(records))
 
 
@@ -476,6 +486,72 @@ def test_reap_kills_a_child_that_ignores_sigterm(
     finally:
         child.kill()
         child.wait()
+
+
+def test_reap_never_ends_a_process_a_forged_record_names(tmp_path: Path) -> None:
+    """A ``child_spawned`` record appended for an unrelated process (its pid and create time
+    copied from the process table, the journal re-chained): the process carries no run tag, so
+    neither it nor its descendant is ended, while the run's own tagged host is."""
+    victim = spawn_child(
+        "import subprocess, sys; grandchild = subprocess.Popen([sys.executable, '-c', "
+        "'import sys; sys.stdin.read()'], stdin=subprocess.PIPE); "
+        "print('ready', flush=True); print(grandchild.pid, flush=True); sys.stdin.read()",
+        tag=None,
+    )
+    host = spawn_child(CHILD_WAITS_ON_STDIN)
+    try:
+        assert victim.stdout is not None
+        grandchild = psutil.Process(int(victim.stdout.readline()))
+    except BaseException:
+        victim.kill()
+        host.kill()
+        raise
+    try:
+        created = psutil.Process(victim.pid).create_time()
+        # The forger copies the host's record (tag included) for the victim, and re-chains.
+        records: list[Record] = [
+            run_started(),
+            child_spawned(host.pid, psutil.Process(host.pid).create_time()),
+            child_spawned(victim.pid, created),
+        ]
+        (tmp_path / "journal.jsonl").write_bytes(encode_journal(records))
+        report = replay(str(tmp_path), reap=True, reap_grace_s=10)
+        assert psutil.Process(victim.pid).status() != psutil.STATUS_ZOMBIE
+        assert grandchild.is_running() and grandchild.status() != psutil.STATUS_ZOMBIE
+        assert f"reap: ended with SIGTERM: [{host.pid}]" in report.lines
+        assert any(
+            line.startswith(f"reap: pid {victim.pid} ") and "does not carry" in line
+            for line in report.lines
+        )
+    finally:
+        grandchild.kill()
+        for child in (victim, host):
+            child.kill()
+            child.wait()
+
+
+def test_reap_refuses_a_journal_whose_head_is_not_the_expected_one(tmp_path: Path) -> None:
+    """Even the run's own tagged host is not ended on the word of a journal that does not
+    verify: a head other than --expect-head, or a broken chain."""
+    host = spawn_child(CHILD_WAITS_ON_STDIN)
+    try:
+        journal_children(tmp_path, [(host.pid, psutil.Process(host.pid).create_time())])
+        expected = HeadCheck(expect_head="0" * 64)
+        report = replay(str(tmp_path), reap=True, reap_grace_s=10, head=expected)
+        assert host.poll() is None
+        assert any(
+            line.startswith("reap: refused: replay.reap.unverified") for line in report.lines
+        )
+        assert report.exit_code == 1
+        journal = tmp_path / "journal.jsonl"
+        edited = journal.read_bytes().replace(b'"run_id":"run-test"', b'"run_id":"run-edit"', 1)
+        journal.write_bytes(edited)
+        broken = replay(str(tmp_path), reap=True, reap_grace_s=10)
+        assert host.poll() is None
+        assert any("replay.reap.unverified" in line for line in broken.lines)
+    finally:
+        host.kill()
+        host.wait()
 
 
 def test_reap_leaves_a_reused_pid_alone(tmp_path: Path) -> None:
@@ -606,3 +682,114 @@ def test_a_rung_summary_its_rows_do_not_give_is_caught_by_re_tallying(run_dir: P
         and "re-folded bytes differ" not in line
         for line in report.lines
     ), report.lines
+
+
+# --- every file of the run directory is bound (issue 22, item 6) ----------------------------
+
+EVIDENCE = {
+    "cell-0000/correctness/state-handoff.json": b'{"verdict": "pass"}\n',
+    "cell-0000/skippy-new/stage.json": b'{"stage": 0}\n',
+    "cell-0000/native-serial/host.stderr.log": b"listening on 127.0.0.1\n",
+}
+
+
+def sealed_run_with_evidence(run_dir: Path) -> None:
+    """A finished run whose directory holds evidence files no receipt names."""
+    for relative, data in EVIDENCE.items():
+        (run_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / relative).write_bytes(data)
+
+    async def main() -> None:
+        writer = JournalWriter(journal_path(str(run_dir)))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            await writer.append(run_started())
+            await finish_run(writer, str(run_dir))
+            await writer.aclose()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize(
+    ("damage", "code"),
+    [
+        ("edit", "replay.file.changed"),
+        ("remove", "replay.file.missing"),
+        ("plant", "replay.file.unbound"),
+        ("link", "replay.file.changed"),
+    ],
+)
+def test_an_evidence_file_no_receipt_names_is_bound_by_the_journal(
+    tmp_path: Path, damage: str, code: str
+) -> None:
+    """``state-handoff.json``, ``stage.json`` and host logs are outside every receipt: the
+    run binds them all by SHA-256 before the matrix, so an edit, a removal, a planted file or
+    a file swapped for a link differs with a typed code."""
+    sealed_run_with_evidence(tmp_path)
+    clean = replay(str(tmp_path))
+    assert clean.exit_code == 0, clean.lines
+    assert f"run files: {len(EVIDENCE) + 2} bound, every one as bound and no other" in clean.lines
+    target = tmp_path / "cell-0000/correctness/state-handoff.json"
+    if damage == "edit":
+        target.write_bytes(b'{"verdict": "fail"}\n')
+    elif damage == "remove":
+        target.unlink()
+    elif damage == "plant":
+        target = tmp_path / "cell-0000/skippy-new/extra.json"
+        target.write_bytes(b"{}\n")
+    else:
+        target.unlink()
+        target.symlink_to(tmp_path / "cell-0000/skippy-new/stage.json")
+    report = replay(str(tmp_path))
+    relative = str(target.relative_to(tmp_path))
+    assert report.exit_code == 1 and report.mismatched == [relative]
+    assert any(line.startswith(f"DIFFERS {relative}: {code}: ") for line in report.lines)
+
+
+def test_a_journal_from_before_bound_files_still_replays_and_says_so(tmp_path: Path) -> None:
+    """Old runs stay replayable: a journal without ``run_files`` binds no file list, which
+    replay says; its receipts are checked as before, and no file is called unbound."""
+    (tmp_path / "planted.txt").write_bytes(b"not bound by anyone\n")
+    (tmp_path / "journal.jsonl").write_bytes(encode_journal([run_started()]))
+    report = replay(str(tmp_path))
+    assert any(
+        line.startswith("run files: the journal binds no file list") for line in report.lines
+    )
+    assert not report.differs and report.mismatched == []
+
+
+def test_report_run_files_are_all_compared_even_without_report_md(tmp_path: Path) -> None:
+    """Replay compared the report files only while ``report.md`` was there: deleting it let an
+    edited ``report.html`` or plot pass. Now any one of report-run's files (or its manifest
+    ``report-files.json``) makes replay regenerate and compare them all."""
+    build_run(tmp_path, synthetic=True)
+    assert cli_main(["report-run", str(tmp_path)]) == 0
+    clean = replay(str(tmp_path))
+    assert clean.exit_code == 0
+    (tmp_path / "report.md").unlink()
+    page = tmp_path / "report.html"
+    page.write_bytes(page.read_bytes().replace(b"synthetic", b"measured", 1))
+    report = replay(str(tmp_path))
+    assert report.exit_code == 1
+    assert {"report.md", "report.html"} <= set(report.mismatched)
+    assert any(line.startswith("DIFFERS report.md (run report): ") for line in report.lines)
+    # report-run bound what it wrote: the manifest names each file's SHA-256.
+    manifest = json.loads((tmp_path / "report-files.json").read_text())
+    assert set(manifest["report_files"]) >= {"report.md", "report.html"}
+    assert "report-files.json" in clean.identical
+
+
+def test_a_plot_report_run_never_wrote_differs(tmp_path: Path) -> None:
+    build_run(tmp_path)
+    assert cli_main(["report-run", str(tmp_path)]) == 0
+    (tmp_path / "report.md").unlink()
+    (tmp_path / "report.html").unlink()
+    (tmp_path / "report-files.json").unlink(missing_ok=True)
+    planted = tmp_path / "plots" / "row-9999-planted.svg"
+    planted.parent.mkdir(exist_ok=True)
+    planted.write_bytes(b"<svg/>\n")
+    report = replay(str(tmp_path))
+    assert report.exit_code == 1
+    assert "plots/row-9999-planted.svg" in report.mismatched
+    assert any("replay.report.unlisted" in line for line in report.lines)
+    assert {"report.md", "report.html"} <= set(report.mismatched)

@@ -15,9 +15,9 @@ import trio.testing
 
 import test_run_budgets as budgets
 from cache_family.actors.audit import replay as replay_module
-from cache_family.actors.audit.replay import replay_command
 from cache_family.actors.journal import rows_file as request_rows
 from cache_family.actors.journal.rows_file import RowFileWriter
+from cache_family.console.commands import replay_command
 from cache_family.errors import Refused
 from cache_family.report.run import read_run
 from cache_family.report.run_report import MARKDOWN_NAME, render_run_report

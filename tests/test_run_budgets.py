@@ -37,11 +37,11 @@ from cache_family.actors.run.context import Budgets, HostSettings, PinTarget, Ru
 from cache_family.actors.run.matrix import (
     RUN_INPUT_MAX_BYTES,
     MatrixOutcome,
-    _make_fresh_dir,
     admit_run,
     check_interrupt_finish,
     final_line,
     is_interrupt,
+    make_fresh_dir,
     supervise,
 )
 from cache_family.console.progress import (
@@ -1074,7 +1074,7 @@ def test_admission_reports_every_refusal_it_finds_in_order(tmp_path: Path) -> No
     assert exists.value.codes == ["run.output_exists"]
     # The same refusal when the output appears between admission and creating it.
     with pytest.raises(Refused) as raced:
-        _make_fresh_dir(str(taken))
+        make_fresh_dir(str(taken))
     assert raced.value.refusals == exists.value.refusals
     assert str(raced.value) == (
         f"run.output_exists at $.output: {taken} already exists "

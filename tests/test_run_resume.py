@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -378,3 +379,46 @@ def test_resume_keeps_a_completed_row_only_while_its_pins_verify(tmp_path: Path)
     assert drifted.record.detail == "pins changed for rows [0]; re-run"
     # Nothing was moved or appended while deciding.
     assert (out / "cell-0001").is_dir() and not (out / "superseded").exists()
+
+
+# The run directory's one writer: a process that holds its lock until its stdin closes.
+LOCK_HOLDER = (
+    "import sys\n"
+    "from cache_family.system.run_lock import run_lock\n"
+    "with run_lock(sys.argv[1], what='test'):\n"
+    "    print('held', flush=True)\n"
+    "    sys.stdin.read()\n"
+)
+
+
+def test_a_second_writer_of_a_run_directory_is_refused_naming_the_holder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two resumes of one run must not both write it: while one process holds the run
+    directory's lock, ``run --resume`` and ``replay --reap`` are refused with the holder's pid
+    and change nothing; a holder killed with SIGKILL leaves no stale lock behind."""
+    from cache_family.cli import main as cli_main
+    from cache_family.system.run_lock import run_lock
+
+    out = crashed_after_row_0(tmp_path)
+    before = (out / "journal.jsonl").read_bytes()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        assert cli_main(["run", "--resume", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"refused: run.locked at $.run_dir: {out} is in use by pid {holder.pid}" in err
+        assert "run --resume: failed: the run cannot be resumed" in err
+        with pytest.raises(Refused) as reaping:
+            replay(str(out), reap=True, reap_grace_s=1)
+        assert reaping.value.codes == ["run.locked"]
+        assert (out / "journal.jsonl").read_bytes() == before
+        assert not (out / "superseded").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert holder.returncode == -signal.SIGKILL
+    with run_lock(str(out), what="test"):  # the killed holder's lock went with it
+        assert (out / "run.lock").read_text() == f"{os.getpid()}\n"

@@ -546,6 +546,9 @@ async def test_a_signal_after_the_rows_before_the_fold_exits_130_and_changes_no_
     assert "SIGTERM after the matrix was folded" in stderr
     matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
     assert matrix.status == "completed"  # every row had ended: the signal cancels nothing
+    # The journal is sealed as finished: the closing lines suggest no resume (it would refuse).
+    assert "--resume" not in stderr
+    assert "run: next: nothing is left to resume: `cache-family replay " in stderr
     assert journal_records(out, Cancellation) == []
     assert_no_orphan_and_ports_free(out)
     assert replay(str(out)).exit_code == 0
@@ -595,4 +598,30 @@ async def test_a_second_signal_after_publication_does_not_kill_the_process(
     assert matrix.status == "incomplete" and matrix.terminal_refusal == "cancelled"
     assert [c.signal for c in journal_records(out, Cancellation) if c.cell_id is None] == ["SIGINT"]
     assert_no_orphan_and_ports_free(out)
+    assert replay(str(out)).exit_code == 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signal_after_the_last_line_still_exits_130_and_changes_no_receipt(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """The run has printed its last line and its command returned: the process is about to
+    exit (Python's finalization used to put the default actions back here, and a signal then
+    ended it as -15 or -2). The seam holds it at that moment: the signal still makes it 130,
+    the sealed receipts stay as they are, and no resume is suggested."""
+    out, logs, process, seam = await run_to_seam(tmp_path, "exiting")
+    try:
+        assert (logs / "run.stdout").read_text().startswith("completed: ")
+        sealed = {name: (out / name).read_bytes() for name in ("journal.jsonl", MATRIX_FILENAME)}
+        process.send_signal(signum)
+        seam.release()
+        code = await wait_exit(process)
+    finally:
+        seam.close()
+        if process.returncode is None:
+            process.kill()
+    stderr = assert_interrupted_cleanly(logs, code)
+    assert f"{signum.name} after the run's last line: the run had finished" in stderr
+    assert "--resume" not in stderr
+    assert {name: (out / name).read_bytes() for name in sealed} == sealed
     assert replay(str(out)).exit_code == 0

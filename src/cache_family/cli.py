@@ -8,7 +8,9 @@ Exit codes: 0 success, 1 a run or comparison that finished with a negative verdi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +21,7 @@ from cache_family.console.refusals import print_refusals, print_refusals_json
 from cache_family.errors import Refusal, Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.schemas.text import UnsafeCharacter, unsafe_character
+from cache_family.system import interrupts
 
 if TYPE_CHECKING:
     from cache_family.console.progress import Mode
@@ -203,7 +206,7 @@ _PREPARE_OVERRIDES = (
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from cache_family.actors.prepare.parent import prepare_command
+    from cache_family.console.preparation import prepare_command
 
     overrides = [
         item
@@ -215,27 +218,25 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare_worker(args: argparse.Namespace) -> int:
-    from cache_family.actors.prepare.worker import worker_command
+    from cache_family.console.preparation import worker_command
 
     return worker_command(args.input, args.output)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from cache_family.system.interrupts import hold_until_exit
-
     # Before the run's first side effect, and until the process exits: no SIGINT/SIGTERM
     # reaches Python's defaults (143, a KeyboardInterrupt); each ends in 130 with a matrix.
-    hold_until_exit()
+    interrupts.hold_until_exit()
     parser: _Parser = args.parser
     if args.resume is not None:
         if args.input is not None or args.output is not None:
             parser.refuse("--resume", "--resume continues a run: give no --input or --output")
-        from cache_family.actors.run.resume import resume_command
+        from cache_family.console.commands import resume_command
 
         return resume_command(args.resume, sign_key=args.sign_key, mode=_progress_mode(args))
     if args.input is None or args.output is None:
         parser.refuse("--input", "give --input and --output (or --resume RUN_DIR)")
-    from cache_family.actors.run.matrix import run_command
+    from cache_family.console.commands import run_command
 
     return run_command(args.input, args.output, sign_key=args.sign_key, mode=_progress_mode(args))
 
@@ -265,7 +266,8 @@ def _add_progress_options(command: argparse.ArgumentParser) -> None:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from cache_family.actors.audit.head_signature import HEAD_PATTERN
-    from cache_family.actors.audit.replay import HeadCheck, replay_command
+    from cache_family.actors.audit.replay import HeadCheck
+    from cache_family.console.commands import replay_command
     from cache_family.console.refusals import say_failed
 
     parser: _Parser = args.parser
@@ -306,7 +308,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    import os
 
     from cache_family.report import build_report
     from cache_family.schemas.refusal_codes import report_hint
@@ -368,8 +369,6 @@ def _add_report_command(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 def _publish_report_file(target: str, data: bytes) -> None:
     """Replace ``target`` atomically, creating its parents; a failure is a typed refusal."""
-    import os
-
     from cache_family.schemas.refusal_codes import report_hint
     from cache_family.system.publish import replace_atomically
 
@@ -386,6 +385,7 @@ def _publish_report_file(target: str, data: bytes) -> None:
 
 
 def _cmd_report_run(args: argparse.Namespace) -> int:
+    from cache_family.actors.audit.run_files import REPORT_MANIFEST_NAME, report_manifest
     from cache_family.report.run import read_run
     from cache_family.report.run_report import render_run_report
 
@@ -398,6 +398,8 @@ def _cmd_report_run(args: argparse.Namespace) -> int:
     # Plots first and report.md last: a reader who sees the new Markdown finds its plots.
     for name in sorted(files, key=lambda n: (n.count("/") == 0, n.endswith(".md"), n)):
         _publish_report_file(str(root / name), files[name])
+    # Then the SHA-256 of each: replay of the run directory finds one missing or extra.
+    _publish_report_file(str(root / REPORT_MANIFEST_NAME), report_manifest(files))
     for name in ("report.md", "report.html"):
         print(f"Wrote {Path(output) / name}")
     return ExitCode.OK
@@ -691,6 +693,39 @@ def _never_fail_on_encoding() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line. Called as the program (``argv`` None) by a command that holds the
+    process's signal latch (``run``), it never returns: see :func:`_exit_holding_signals`."""
+    try:
+        code = _command(argv)
+    except SystemExit as stop:  # a usage refusal after the latch was put up
+        latch = interrupts.process_latch() if argv is None else None
+        if latch is None or not isinstance(stop.code, int):
+            raise
+        _exit_holding_signals(latch, stop.code)
+    latch = interrupts.process_latch() if argv is None else None
+    if latch is not None:
+        _exit_holding_signals(latch, code)
+    return code
+
+
+def _exit_holding_signals(latch: interrupts.Latch, code: int) -> NoReturn:
+    """End a ``run`` process once its last line is printed, with the latch still in place.
+
+    Python's finalization would put SIGINT/SIGTERM's default actions back while it tears the
+    interpreter down, so a signal in those milliseconds ended the process as -15 or -2. Here
+    the signals are blocked, any that came after the command's own last look make the exit
+    code 130, and the process ends at once (``os._exit``, after flushing what it printed)."""
+    late = interrupts.signals_at_exit(latch)
+    for name in late:
+        print(f"{name} after the run's last line: the run had finished", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        # A closed pipe: what could not be written is lost either way.
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(ExitCode.INTERRUPTED if late else code)
+
+
+def _command(argv: Sequence[str] | None) -> int:
     _never_fail_on_encoding()
     args_in = normalize_argv(sys.argv[1:] if argv is None else argv)
     worker = args_in[:1] == [_WORKER_COMMAND] and _available("cache_family.actors.prepare.worker")

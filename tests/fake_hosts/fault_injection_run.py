@@ -2,8 +2,9 @@
 
 Usage: fault_injection_run.py SEAM NOTIFY_FIFO RELEASE_FIFO CACHE_FAMILY_ARGS...
 
-Everything is the product's own code in a real process; only one function of
-``cache_family.actors.run.matrix`` is wrapped so that, when the run reaches it, the harness writes
+Everything is the product's own code in a real process; only one function of the run (in
+``cache_family.console.commands``, ``cache_family.actors.run.matrix`` or
+``cache_family.system.interrupts``) is wrapped so that, when the run reaches it, the harness writes
 ``at SEAM`` to NOTIFY_FIFO and blocks until a line arrives on RELEASE_FIFO. A test sends its
 signal in between, at a moment it knows exactly, without sleeping:
 
@@ -11,6 +12,8 @@ signal in between, at a moment it knows exactly, without sleeping:
   run-dir        the output directory exists, trio and the supervisor have not started
   rows-over      every row has ended; the matrix is not folded yet
   published      the matrix is published and the journal sealed; the last lines not printed
+  exiting        the last line is printed and the command returned its code; the process
+                 has not exited yet (Python's finalization would begin here)
 
 One more SEAM blocks nothing:
 
@@ -28,13 +31,16 @@ from typing import Any
 
 from cache_family import cli
 from cache_family.actors.run import matrix
+from cache_family.console import commands
+from cache_family.system import interrupts
 
-# seam -> (function of actors.matrix, block before (True) or after (False) calling it)
-SEAMS: dict[str, tuple[str, bool]] = {
-    "before-output": ("_make_fresh_dir", True),
-    "run-dir": ("_make_fresh_dir", False),
-    "rows-over": ("check_interrupt_finish", True),
-    "published": ("final_line", True),
+# seam -> (module, its function, block before (True) or after (False) calling it)
+SEAMS: dict[str, tuple[Any, str, bool]] = {
+    "before-output": (commands, "make_fresh_dir", True),
+    "run-dir": (commands, "make_fresh_dir", False),
+    "rows-over": (matrix, "check_interrupt_finish", True),
+    "published": (commands, "final_line", True),
+    "exiting": (interrupts, "signals_at_exit", True),
 }
 
 
@@ -67,14 +73,16 @@ LONG_GRACE_SECONDS = 20.0
 
 def main() -> int:
     seam, notify, release, *argv = sys.argv[1:]
+    # The command line as the program sees it: cli.main() then ends the process as it would.
+    sys.argv = [sys.argv[0], *argv]
     if seam == "long-grace":
         matrix.HostSettings = functools.partial(  # type: ignore[misc]
             matrix.HostSettings, grace_seconds=LONG_GRACE_SECONDS
         )
-        return cli.main(argv)
-    name, before = SEAMS[seam]
-    setattr(matrix, name, _wrap(getattr(matrix, name), seam, before, notify, release))
-    return cli.main(argv)
+        return cli.main()
+    module, name, before = SEAMS[seam]
+    setattr(module, name, _wrap(getattr(module, name), seam, before, notify, release))
+    return cli.main()
 
 
 if __name__ == "__main__":

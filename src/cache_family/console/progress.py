@@ -14,14 +14,16 @@ import json
 import sys
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
+from cache_family.actors.run.run_progress import synthetic_mark
 from cache_family.schemas.journal import (
     CellOpened,
     Record,
     RungCompleted,
     Transition,
 )
+from cache_family.system.hashing_progress import NullProgress, ProgressSink
 
 if TYPE_CHECKING:
     from rich.progress import Progress as RichBar
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
 
 Mode = Literal["rich", "plain", "quiet", "json"]
 
-SYNTHETIC_MARK = " (synthetic)"
 CORRECTNESS_ARM = "correctness"
 # The state a cell or the correctness arm ends in.
 _DONE = "done"
@@ -53,11 +54,6 @@ def choose_mode(stream: TextIO, *, quiet: bool = False, json_events: bool = Fals
     return "rich" if is_terminal(stream) else "plain"
 
 
-def synthetic_mark(synthetic: bool) -> str:
-    """ " (synthetic)" after a line about a synthetic row or run, else nothing."""
-    return SYNTHETIC_MARK if synthetic else ""
-
-
 class EventLines:
     """JSON lines, one event each, flushed at once; safe to call from several threads."""
 
@@ -73,29 +69,6 @@ class EventLines:
 
 
 # --- hashing: bytes ---------------------------------------------------------------------------
-
-
-class ProgressSink(Protocol):
-    """Receives byte counts from hashing threads; implementations must be thread-safe."""
-
-    def begin(self, files: int, total_bytes: int) -> None: ...
-
-    def advance(self, nbytes: int) -> None: ...
-
-    def end(self) -> None: ...
-
-
-class NullProgress:
-    """Progress that shows nothing (stderr is not a terminal, or a test)."""
-
-    def begin(self, files: int, total_bytes: int) -> None:
-        del files, total_bytes
-
-    def advance(self, nbytes: int) -> None:
-        del nbytes
-
-    def end(self) -> None:
-        pass
 
 
 class BytesBar:

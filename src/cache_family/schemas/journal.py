@@ -413,6 +413,24 @@ class ReportFailed(_Record, tag="report_failed", frozen=True, kw_only=True):
     detail: str = ""
 
 
+class BoundFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One file of the run directory as it stood when the run bound its files."""
+
+    path: str  # relative to the run directory
+    sha256: str
+    size: int
+
+
+class RunFilesBound(_Record, tag="run_files", frozen=True, kw_only=True):
+    """Every file the run wrote into its directory, by SHA-256, journaled just before the
+    matrix's publication (the matrix is bound by its own ``receipt_published``). Replay finds
+    an edited, missing or extra file against the last of these (``actors/audit/run_files.py``).
+    Journals from before this record bind no file list."""
+
+    durable: ClassVar[bool] = True
+    files: tuple[BoundFile, ...] = ()
+
+
 class JournalSealed(_Record, tag="journal_sealed", frozen=True, kw_only=True):
     """The last line of a finished journal (segment), anchoring every byte before it.
 
@@ -509,6 +527,7 @@ Record: TypeAlias = (
     | ReceiptPublished
     | RunResumed
     | ReportFailed
+    | RunFilesBound
     | JournalSealed
     | CorrectnessTopologyRan
     | CorrectnessVerdict

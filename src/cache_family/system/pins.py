@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cache_family.console.progress import NullProgress, ProgressSink
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import open_regular_file
 from cache_family.system.hashing import sha256_stream
+from cache_family.system.hashing_progress import NullProgress, ProgressSink
 
 TREE_MAX_DEPTH = 32
 TREE_MAX_ENTRIES = 10_000

@@ -8,16 +8,14 @@ in a capped log and read as JSON-lines events (phases, hashing progress) for the
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Final, Literal, Protocol, TextIO
+from typing import IO, Final, Literal, Protocol
 
 import trio
 
-from cache_family.console.progress import BytesBar, is_terminal
 from cache_family.schemas.bounded import MIB
 from cache_family.schemas.measurement import ProcessOutcome
 from cache_family.system.process_group import stop_group
@@ -54,37 +52,6 @@ class EventSink(Protocol):
     def handle(self, line: bytes) -> None: ...
 
     def close(self) -> None: ...
-
-
-class WorkerEvents:
-    """Renders the worker's JSON-lines events: phase lines always, a bar on a terminal."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.bar = BytesBar(stream, "hashing") if is_terminal(stream) else None
-        self.phases: list[str] = []
-
-    def handle(self, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return
-        if not isinstance(event, dict):
-            return
-        kind = event.get("event")
-        if kind == "phase" and isinstance(event.get("text"), str):
-            self.phases.append(event["text"])
-            if self.bar is not None:
-                self.bar.end()
-            print(f"preparation: {event['text']}", file=self.stream, flush=True)
-        elif kind == "progress" and self.bar is not None:
-            done, total = event.get("done"), event.get("total")
-            if isinstance(done, int) and isinstance(total, int):
-                self.bar.set_completed(done, total, f"hashing {event.get('files', '?')} file(s)")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.end()
 
 
 async def _pump_stdout(
