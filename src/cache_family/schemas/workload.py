@@ -10,6 +10,7 @@ hint, every refusal of the document at once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -351,13 +352,23 @@ def validate_workload_object(obj: object) -> WorkloadFile:
         raise Refused(tuple(dict.fromkeys(found))) from None
 
 
-def validate_workload_document(data: bytes) -> WorkloadFile:
-    """Decode strict UTF-8 JSON bytes and validate them."""
-    # Imported here: prepared.py imports this module for its pin.
-    from cache_family.schemas.prepared import loads_strict_json
+def _members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+        raise ValueError("a member name is repeated in one object")
+    return dict(pairs)
 
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def validate_workload_document(data: bytes) -> WorkloadFile:
+    """Decode strict UTF-8 JSON bytes (each member once, no NaN) and validate them."""
     try:
-        obj = loads_strict_json(data)
+        obj = json.loads(
+            data.decode("utf-8"), object_pairs_hook=_members, parse_constant=_no_constant
+        )
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise Refused(
             (_refusal("workload.json.decode", (), f"the workload file is not strict JSON: {exc}"),)
