@@ -40,6 +40,7 @@ from cache_family.states.cache_reuse import (
 from cache_family.states.metrics import percentile
 
 ArrivalPattern = Literal["constant", "poisson", "gamma"]
+SaturationCode = Literal["workload.arrivals.in_flight_growing", "workload.arrivals.sender_late"]
 
 #: The smallest band a point is judged by (percentage points), as in SGLang's benchmark.
 MIN_BAND_PP: Final = 0.5
@@ -489,7 +490,8 @@ def arrival_schedule(
     while True:
         if requests is not None and len(times) >= requests:
             break
-        now += next(gaps)
+        # Constant offsets are i / rate exactly, not a sum that drifts by rounding.
+        now = len(times) / rate if pattern == "constant" else now + next(gaps)
         if duration_s is not None and now >= duration_s:
             break
         times.append(now)
@@ -648,7 +650,7 @@ def achieved_rate(send_times: Sequence[float]) -> float | None:
 class Saturation(msgspec.Struct, frozen=True, kw_only=True):
     """Why an open-loop rate stopped early, with the evidence."""
 
-    code: str
+    code: SaturationCode
     send_index: int
     in_flight: int
     lateness_ms: float

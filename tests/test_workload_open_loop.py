@@ -1,0 +1,177 @@
+"""The open-loop sender (actors/run/open_loop.py) on trio's autojump clock: sends keep their
+schedule whatever earlier requests do, every index ends with one row, and the sender stops on
+over-saturation (a queue that keeps growing, or a sender that fell behind) and on its deadline,
+saying why. Then through the real request code against the calibration server."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import trio
+import trio.testing
+
+from cache_family.actors.run.calibration_server import CalibrationServer, Pace
+from cache_family.actors.run.open_loop import (
+    Exchange,
+    OpenLoopEvent,
+    OpenLoopSender,
+    completion_exchange,
+)
+from cache_family.schemas.measurement import RequestRow
+from cache_family.schemas.workload import OverSaturation
+from cache_family.states.workloads import SaturationWatch, arrival_schedule
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+def served_in(seconds: float | None) -> Exchange:
+    """A FAKE exchange: each request takes ``seconds`` of (fake) time; None: never ends."""
+
+    async def exchange(index: int) -> RequestRow:
+        await trio.sleep(math.inf if seconds is None else seconds)
+        return RequestRow(request_id=index, status="completed", elapsed_ms=seconds)
+
+    return exchange
+
+
+async def test_sends_keep_their_schedule_while_earlier_requests_are_in_flight(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    schedule = arrival_schedule("constant", 10.0, seed=0, requests=20)
+    events: list[OpenLoopEvent] = []
+    sender = OpenLoopSender(
+        schedule,
+        served_in(0.5),
+        target_rate_per_s=10.0,
+        pattern="constant",
+        watch=SaturationWatch(OverSaturation(window=8, min_in_flight=8)),
+        events=events.append,
+    )
+    outcome = await sender.run()
+    assert [row.request_id for row in outcome.rows] == list(range(20))
+    assert all(row.status == "completed" for row in outcome.rows)
+    # On the fake clock a send is stamped at the very time it was scheduled.
+    assert [s.sent_s for s in outcome.sends] == list(schedule)
+    assert outcome.lateness is not None and outcome.lateness.max_ms == 0.0
+    # Five requests of 0.5 s at 10/s overlap: the sender never waited for an answer.
+    assert 5 <= max(s.in_flight for s in outcome.sends) <= 6
+    assert outcome.achieved_rate_per_s == pytest.approx(10.0)
+    assert outcome.rate_error == pytest.approx(0.0, abs=1e-9)
+    assert outcome.fit is not None and outcome.fit.value == pytest.approx(0.0, abs=1e-9)
+    assert outcome.stop_reason is None and outcome.saturation is None
+    assert outcome.completed_per_s == pytest.approx(20 / (1.9 + 0.5))
+    assert [e.kind for e in events] == ["started", "finished"]
+
+
+async def test_a_queue_that_never_drains_stops_as_over_saturated(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    schedule = arrival_schedule("poisson", 50.0, seed=3, requests=400)
+    events: list[OpenLoopEvent] = []
+    rule = OverSaturation(window=16, min_in_flight=8, growth_factor=1.5)
+    sender = OpenLoopSender(
+        schedule,
+        served_in(None),
+        target_rate_per_s=50.0,
+        pattern="poisson",
+        watch=SaturationWatch(rule),
+        events=events.append,
+    )
+    outcome = await sender.run()
+    assert outcome.stop_reason == "workload.arrivals.in_flight_growing"
+    assert outcome.saturation is not None
+    assert outcome.saturation.send_index == rule.window - 1  # the first full window
+    assert outcome.launched == rule.window < 400
+    statuses = [row.status for row in outcome.rows]
+    assert statuses == ["incomplete"] * outcome.launched + ["not-launched"] * (
+        400 - outcome.launched
+    )
+    assert "workload.arrivals.in_flight_growing" in (outcome.rows[0].error or "")
+    assert [e.kind for e in events] == ["started", "stopped", "finished"]
+    assert events[1].saturation == outcome.saturation
+
+
+async def test_a_sender_that_falls_behind_stops_as_late(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def stalls_the_process(index: int) -> RequestRow:
+        if index == 3:
+            # The whole process stood still for 2 s (a stopped VM, a swap storm): trio's
+            # time moved on without any task running.
+            autojump_clock.jump(2.0)
+        return RequestRow(request_id=index, status="completed")
+
+    sender = OpenLoopSender(
+        arrival_schedule("constant", 100.0, seed=0, requests=50),
+        stalls_the_process,
+        target_rate_per_s=100.0,
+        pattern="constant",
+        watch=SaturationWatch(OverSaturation(max_lateness_ms=500)),
+    )
+    outcome = await sender.run()
+    assert outcome.stop_reason == "workload.arrivals.sender_late"
+    saturation = outcome.saturation
+    assert saturation is not None
+    # Sends 4, 5, ... were all overdue at once; whichever of them ran first stopped the run.
+    assert 4 <= saturation.send_index < outcome.launched < 50
+    assert saturation.lateness_ms == pytest.approx(2000.0 - 10 * (saturation.send_index - 3))
+    assert [row.status for row in outcome.rows[:4]] == ["completed"] * 4
+    assert outcome.rows[-1].status == "not-launched"
+
+
+async def test_the_deadline_cuts_what_is_in_flight_and_sends_nothing_after_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    start = trio.current_time()
+    sender = OpenLoopSender(
+        arrival_schedule("constant", 10.0, seed=0, requests=30),
+        served_in(0.35),
+        target_rate_per_s=10.0,
+        pattern="constant",
+        deadline=start + 1.0,
+    )
+    outcome = await sender.run()
+    assert outcome.stop_reason == "load.deadline"
+    assert outcome.launched == 10  # sends at 0.0 .. 0.9
+    statuses = [row.status for row in outcome.rows]
+    # Requests sent by 0.6 ended by 0.95; those sent at 0.7 .. 0.9 were cut at 1.0.
+    assert statuses[:7] == ["completed"] * 7
+    assert statuses[7:10] == ["incomplete"] * 3
+    assert statuses[10:] == ["not-launched"] * 20
+
+
+def test_a_schedule_must_be_ascending() -> None:
+    with pytest.raises(ValueError, match="ascending"):
+        OpenLoopSender([0.0, 0.2, 0.1], served_in(0.1), target_rate_per_s=1.0, pattern="constant")
+
+
+async def test_open_loop_through_the_real_request_code_against_the_calibration_server(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 20 ms to first token, then 5 ms per token, 8 tokens: 55 ms a request, sent every 10 ms.
+    server = CalibrationServer(Pace(ttft_ms=20.0, itl_ms=5.0, tokens=8))
+    schedule = arrival_schedule("poisson", 100.0, seed=11, requests=40)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve, 0)
+        exchange = completion_exchange(
+            f"http://127.0.0.1:{port}",
+            lambda index: f"prompt {index}",
+            output_tokens=8,
+            request_timeout_ms=10_000,
+        )
+        outcome = await OpenLoopSender(
+            schedule, exchange, target_rate_per_s=100.0, pattern="poisson"
+        ).run()
+        nursery.cancel_scope.cancel()
+    assert [row.status for row in outcome.rows] == ["completed"] * 40, outcome.rows[0]
+    assert [row.request_id for row in outcome.rows] == list(range(40))
+    assert all(row.tokens_predicted == 8 and row.timings is not None for row in outcome.rows)
+    assert len(server.stamps) == 40
+    # Requests overlapped: the server held more than one at a time.
+    assert max(s.in_flight for s in outcome.sends) > 1
+    assert [s.sent_s for s in outcome.sends] == list(schedule)
+    assert outcome.fit is not None and outcome.fit.statistic == "kolmogorov-smirnov"
