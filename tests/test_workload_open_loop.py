@@ -144,6 +144,19 @@ async def test_the_deadline_cuts_what_is_in_flight_and_sends_nothing_after_it(
     assert statuses[10:] == ["not-launched"] * 20
 
 
+def test_a_spinning_sender_never_sends_early() -> None:
+    async def main() -> None:
+        schedule = arrival_schedule("poisson", 200.0, seed=5, requests=20)
+        outcome = await OpenLoopSender(
+            schedule, served_in(0.01), target_rate_per_s=200.0, pattern="poisson", spin_s=0.002
+        ).run()
+        assert [row.status for row in outcome.rows] == ["completed"] * 20
+        assert all(s.sent_s >= s.scheduled_s for s in outcome.sends)
+
+    # A clock that runs at real speed: the spin watches it move.
+    trio.run(main, clock=trio.testing.MockClock(rate=1.0))
+
+
 def test_a_schedule_must_be_ascending() -> None:
     with pytest.raises(ValueError, match="ascending"):
         OpenLoopSender([0.0, 0.2, 0.1], served_in(0.1), target_rate_per_s=1.0, pattern="constant")
