@@ -327,6 +327,10 @@ def test_over_saturation_is_growth_of_the_queue_not_a_burst() -> None:
     steady = SaturationWatch(rule)
     # A steady queue with a burst in it: never saturated.
     assert all(steady.observe(n, 0.0) is None for n in [3, 4, 3, 9, 3, 4, 3, 4] * 8)
+    # A stall the queue recovers from: flat, then a jump, then a fall. Not growth either.
+    stalled = SaturationWatch(OverSaturation(window=32, min_in_flight=4))
+    bump = [2] * 24 + [3, 5, 7, 9, 11, 12, 12, 12] + [6, 3, 2, 2] * 8
+    assert all(stalled.observe(n, 0.0) is None for n in bump)
     growing = SaturationWatch(rule)
     found = [growing.observe(n, 0.0) for n in range(1, 40)]
     first = next(s for s in found if s is not None)

@@ -204,9 +204,10 @@ class MultiTurn(_Strict):
 
 
 class OverSaturation(_Strict):
-    """When an open-loop rate stops: the queue grows without bound (``in-flight`` requests
-    grew over the last ``window`` sends to at least ``growth_factor`` times, and at least
-    ``min_in_flight``), or the sender itself fell ``max_lateness_ms`` behind its schedule."""
+    """When an open-loop rate stops: the queue grows without bound (over the last ``window``
+    sends the mean in-flight count rises quarter by quarter to at least ``growth_factor``
+    times the first quarter's, and at least ``min_in_flight`` are in flight), or the sender
+    itself fell ``max_lateness_ms`` behind its schedule."""
 
     window: Window = 32
     min_in_flight: Count = 8

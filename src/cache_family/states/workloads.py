@@ -660,11 +660,13 @@ class Saturation(msgspec.Struct, frozen=True, kw_only=True):
 class SaturationWatch:
     """The over-saturation stop rule, fed one observation per send.
 
-    Saturated when the queue grows without bound (the mean in-flight count over the second
-    half of the last ``window`` sends is at least ``growth_factor`` times that of the first
-    half, and the latest count is at least ``min_in_flight``: halves, not single samples, so
-    a Poisson burst is not taken for growth), or when a send is more than
-    ``max_lateness_ms`` behind its schedule (the sender cannot keep the rate)."""
+    Saturated when the queue grows without bound: over the last ``window`` sends, the mean
+    in-flight count rises from each quarter of the window to the next, the last quarter's is
+    at least ``growth_factor`` times the first's, and the latest count is at least
+    ``min_in_flight``. Quarter means, each above the last, so that neither a Poisson burst
+    nor a stall the queue recovers from (a bump, then a fall) is taken for growth. Also
+    saturated when a send is more than ``max_lateness_ms`` behind its schedule (the sender
+    cannot keep the rate)."""
 
     def __init__(self, rule: OverSaturation) -> None:
         self.rule = rule
@@ -691,18 +693,20 @@ class SaturationWatch:
         window = self._in_flight
         if len(window) < self.rule.window or in_flight < self.rule.min_in_flight:
             return None
-        half = len(window) // 2
-        seen = list(window)
-        first = sum(seen[:half]) / half
-        second = sum(seen[half:]) / (len(seen) - half)
-        if second >= self.rule.growth_factor * max(first, 1.0):
+        quarter = len(window) // 4
+        seen = list(window)[len(window) - 4 * quarter :]
+        means = [sum(seen[i * quarter : (i + 1) * quarter]) / quarter for i in range(4)]
+        rising = all(b > a for a, b in pairwise(means))
+        if rising and means[-1] >= self.rule.growth_factor * max(means[0], 1.0):
             return Saturation(
                 code="workload.arrivals.in_flight_growing",
                 send_index=index,
                 in_flight=in_flight,
                 lateness_ms=late_ms,
-                detail=f"in flight grew from {first:.1f} to {second:.1f} on average over the "
-                f"last {len(seen)} sends (now {in_flight})",
+                detail="in flight rose over the last "
+                f"{len(seen)} sends (quarter means "
+                + ", ".join(f"{m:.1f}" for m in means)
+                + f"; now {in_flight})",
             )
         return None
 
