@@ -99,6 +99,7 @@ async def one_rate(
     return {
         "target_rate_per_s": rate,
         "scheduled": outcome.scheduled,
+        "sent": outcome.launched,
         "completed": completed,
         "achieved_rate_per_s": outcome.achieved_rate_per_s,
         "rate_error_pct": None if outcome.rate_error is None else 100 * outcome.rate_error,
@@ -127,14 +128,15 @@ def render(result: dict[str, Any], command: str) -> str:
         f"{result['duration_s']:g} s per rate; over-saturation stop "
         f"{'on (default rule)' if result['stop'] else 'off'}; spin {result['spin_ms']:g} ms",
         "",
-        "| target /s | sent | completed | achieved /s | rate error | lateness p50 | "
+        "| target /s | scheduled | sent | completed | achieved /s | rate error | lateness p50 | "
         "lateness p99 | lateness max | max in flight | client CPU / request | KS (p) | stop |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in result["rates"]:
         cells = [
             f"{row['target_rate_per_s']:g}",
             str(row["scheduled"]),
+            str(row["sent"]),
             str(row["completed"]),
             _shown(row["achieved_rate_per_s"], "{:.2f}"),
             _shown(row["rate_error_pct"], "{:+.2f} %"),
@@ -149,6 +151,8 @@ def render(result: dict[str, Any], command: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
+        "Sent: the schedule's sends made before the rate ended (an over-saturation stop ends it "
+        "early); lateness, achieved rate and KS are over those sends. "
         "Rate error: achieved rate (sends between the first and the last) against the target; "
         "a Poisson schedule of a few seconds differs from its mean rate by itself (the KS "
         "statistic and its p-value say whether the sent gaps follow the drawn law).",
@@ -170,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-pin", action="store_true", help="do not pin server and client")
     parser.add_argument("--append", action="store_true", help="record in bench/RESULTS.md")
+    parser.add_argument("--notes", default="", help="a reading recorded with the figures")
     args = parser.parse_args(argv)
     load_before = load_average()
     cpus = sorted(os.sched_getaffinity(0))
@@ -213,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         record(
             "Open-loop send lateness against the calibration server",
             render(result, command),
+            notes=args.notes,
             argv=[sys.argv[0], *(argv or sys.argv[1:])],
             load_before=load_before,
         )

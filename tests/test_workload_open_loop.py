@@ -67,15 +67,19 @@ async def test_sends_keep_their_schedule_while_earlier_requests_are_in_flight(
     assert [e.kind for e in events] == ["started", "finished"]
 
 
-async def test_a_queue_that_never_drains_stops_as_over_saturated(
+async def test_a_queue_that_drains_ever_slower_stops_as_over_saturated(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    async def ever_slower(index: int) -> RequestRow:
+        await trio.sleep(0.02 * index)  # each answer takes longer: the queue grows
+        return RequestRow(request_id=index, status="completed")
+
     schedule = arrival_schedule("poisson", 50.0, seed=3, requests=400)
     events: list[OpenLoopEvent] = []
     rule = OverSaturation(window=16, min_in_flight=8, growth_factor=1.5)
     sender = OpenLoopSender(
         schedule,
-        served_in(None),
+        ever_slower,
         target_rate_per_s=50.0,
         pattern="poisson",
         watch=SaturationWatch(rule),
@@ -83,16 +87,33 @@ async def test_a_queue_that_never_drains_stops_as_over_saturated(
     )
     outcome = await sender.run()
     assert outcome.stop_reason == "workload.arrivals.in_flight_growing"
-    assert outcome.saturation is not None
-    assert outcome.saturation.send_index == rule.window - 1  # the first full window
-    assert outcome.launched == rule.window < 400
+    saturation = outcome.saturation
+    assert saturation is not None and saturation.in_flight >= rule.min_in_flight
+    assert rule.window <= saturation.send_index < outcome.launched < 400
     statuses = [row.status for row in outcome.rows]
-    assert statuses == ["incomplete"] * outcome.launched + ["not-launched"] * (
-        400 - outcome.launched
-    )
-    assert "workload.arrivals.in_flight_growing" in (outcome.rows[0].error or "")
+    assert statuses[0] == "completed" and statuses[-1] == "not-launched"
+    cut = [row for row in outcome.rows if row.status == "incomplete"]
+    assert cut and all("workload.arrivals.in_flight_growing" in (r.error or "") for r in cut)
     assert [e.kind for e in events] == ["started", "stopped", "finished"]
     assert events[1].saturation == outcome.saturation
+
+
+async def test_a_server_that_never_answers_stops_at_the_in_flight_cap(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rule = OverSaturation(window=16, max_in_flight=40)
+    sender = OpenLoopSender(
+        arrival_schedule("constant", 100.0, seed=0, requests=400),
+        served_in(None),
+        target_rate_per_s=100.0,
+        pattern="constant",
+        watch=SaturationWatch(rule),
+    )
+    outcome = await sender.run()
+    assert outcome.stop_reason == "workload.arrivals.in_flight_growing"
+    assert outcome.saturation is not None and outcome.saturation.in_flight == 41
+    assert outcome.launched == 41
+    assert [r.status for r in outcome.rows[:41]] == ["incomplete"] * 41
 
 
 async def test_a_sender_that_falls_behind_stops_as_late(

@@ -322,16 +322,22 @@ def test_lateness_percentiles_and_the_achieved_rate() -> None:
     assert achieved_rate([1.0]) is None and lateness([], []) is None
 
 
+def answered(rule: OverSaturation) -> SaturationWatch:
+    watch = SaturationWatch(rule)
+    watch.answered()  # the ramp is over: an answer has ended
+    return watch
+
+
 def test_over_saturation_is_growth_of_the_queue_not_a_burst() -> None:
     rule = OverSaturation(window=8, min_in_flight=4, growth_factor=2.0, max_lateness_ms=100)
-    steady = SaturationWatch(rule)
+    steady = answered(rule)
     # A steady queue with a burst in it: never saturated.
     assert all(steady.observe(n, 0.0) is None for n in [3, 4, 3, 9, 3, 4, 3, 4] * 8)
     # A stall the queue recovers from: flat, then a jump, then a fall. Not growth either.
-    stalled = SaturationWatch(OverSaturation(window=32, min_in_flight=4))
+    stalled = answered(OverSaturation(window=32, min_in_flight=4))
     bump = [2] * 24 + [3, 5, 7, 9, 11, 12, 12, 12] + [6, 3, 2, 2] * 8
     assert all(stalled.observe(n, 0.0) is None for n in bump)
-    growing = SaturationWatch(rule)
+    growing = answered(rule)
     found = [growing.observe(n, 0.0) for n in range(1, 40)]
     first = next(s for s in found if s is not None)
     assert first.code == "workload.arrivals.in_flight_growing"
@@ -341,6 +347,24 @@ def test_over_saturation_is_growth_of_the_queue_not_a_burst() -> None:
     assert late.lateness_ms == pytest.approx(200)
     for saturation in (first, late):
         assert saturation.code in WORKLOAD_VERDICT_CODES
+
+
+def test_the_ramp_before_the_first_answer_is_not_growth() -> None:
+    rule = OverSaturation(window=8, min_in_flight=4, max_in_flight=50)
+    watch = SaturationWatch(rule)
+    # Until an answer ends, every send adds one in flight: the ramp to rate x latency.
+    assert all(watch.observe(n, 0.0) is None for n in range(1, 30))
+    watch.answered()
+    # Windows that began before the first answer are not judged; the next full one is.
+    growth = [4, 4, 5, 5, 8, 8, 10, 10]
+    assert all(watch.observe(n, 0.0) is None for n in growth[:-1])
+    found = watch.observe(growth[-1], 0.0)
+    assert found is not None and found.send_index == 36
+    # A server that never answers: the cap stops it.
+    silent = SaturationWatch(rule)
+    stops = [silent.observe(n, 0.0) for n in range(1, 60)]
+    capped = next(s for s in stops if s is not None)
+    assert capped.in_flight == 51 and capped.code == "workload.arrivals.in_flight_growing"
 
 
 def test_sweep_rates_lie_strictly_between_the_measured_ends() -> None:

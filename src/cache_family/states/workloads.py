@@ -664,17 +664,26 @@ class SaturationWatch:
     in-flight count rises from each quarter of the window to the next, the last quarter's is
     at least ``growth_factor`` times the first's, and the latest count is at least
     ``min_in_flight``. Quarter means, each above the last, so that neither a Poisson burst
-    nor a stall the queue recovers from (a bump, then a fall) is taken for growth. Also
-    saturated when a send is more than ``max_lateness_ms`` behind its schedule (the sender
-    cannot keep the rate)."""
+    nor a stall the queue recovers from (a bump, then a fall) is taken for growth; and only
+    windows sent after the first answer ended, since until then every send adds one in flight
+    (the ramp to the steady ``rate x latency``). A server that answers nothing is caught by
+    ``max_in_flight``. Also saturated when a send is more than ``max_lateness_ms`` behind its
+    schedule (the sender cannot keep the rate)."""
 
     def __init__(self, rule: OverSaturation) -> None:
         self.rule = rule
         self._in_flight: deque[int] = deque(maxlen=rule.window)
         self._sends = 0
+        # Sends observed when the first answer ended (None: none has yet).
+        self._first_answer_after: int | None = None
 
     def __repr__(self) -> str:
         return f"<SaturationWatch sends={self._sends} window={list(self._in_flight)[-4:]}>"
+
+    def answered(self) -> None:
+        """A request ended (whatever its status)."""
+        if self._first_answer_after is None:
+            self._first_answer_after = self._sends
 
     def observe(self, in_flight: int, lateness_s: float) -> Saturation | None:
         index = self._sends
@@ -690,8 +699,20 @@ class SaturationWatch:
                 detail=f"send {index} was {late_ms:.1f} ms late "
                 f"(limit {self.rule.max_lateness_ms:g} ms)",
             )
+        if in_flight > self.rule.max_in_flight:
+            return Saturation(
+                code="workload.arrivals.in_flight_growing",
+                send_index=index,
+                in_flight=in_flight,
+                lateness_ms=late_ms,
+                detail=f"{in_flight} requests in flight, more than {self.rule.max_in_flight}",
+            )
         window = self._in_flight
-        if len(window) < self.rule.window or in_flight < self.rule.min_in_flight:
+        ramped = (
+            self._first_answer_after is not None
+            and self._sends - self.rule.window >= self._first_answer_after
+        )
+        if not ramped or len(window) < self.rule.window or in_flight < self.rule.min_in_flight:
             return None
         quarter = len(window) // 4
         seen = list(window)[len(window) - 4 * quarter :]

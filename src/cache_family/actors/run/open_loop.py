@@ -206,6 +206,8 @@ class OpenLoopSender:
                     return
             row = await self.exchange(index)
             self._rows[index] = row
+            if self.watch is not None:
+                self.watch.answered()
             if row.status == "completed":
                 self._last_completed = trio.current_time()
         finally:
