@@ -206,11 +206,12 @@ class MultiTurn(_Strict):
 class OverSaturation(_Strict):
     """When an open-loop rate stops: the queue grows without bound (over the last ``window``
     sends the mean in-flight count rises quarter by quarter to at least ``growth_factor``
-    times the first quarter's, and at least ``min_in_flight`` are in flight, judged once the
+    times the first quarter's, the last quarter's counts all above the first's, and at least
+    ``min_in_flight`` are in flight, judged once the
     first answer has ended; or more than ``max_in_flight`` at all), or the sender itself fell
     ``max_lateness_ms`` behind its schedule."""
 
-    window: Window = 32
+    window: Window = 128
     min_in_flight: Count = 8
     growth_factor: Factor = 2.0
     max_lateness_ms: PositiveMilliseconds = 1000.0

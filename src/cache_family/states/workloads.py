@@ -662,9 +662,10 @@ class SaturationWatch:
 
     Saturated when the queue grows without bound: over the last ``window`` sends, the mean
     in-flight count rises from each quarter of the window to the next, the last quarter's is
-    at least ``growth_factor`` times the first's, and the latest count is at least
-    ``min_in_flight``. Quarter means, each above the last, so that neither a Poisson burst
-    nor a stall the queue recovers from (a bump, then a fall) is taken for growth; and only
+    at least ``growth_factor`` times the first's, every count of the last quarter is above
+    every count of the first, and the latest count is at least ``min_in_flight``. Quarters,
+    each above the last and apart, so that neither a Poisson burst nor the start of a stall
+    the queue recovers from (a jump at the end of a flat window) is taken for growth; and only
     windows sent after the first answer ended, since until then every send adds one in flight
     (the ramp to the steady ``rate x latency``). A server that answers nothing is caught by
     ``max_in_flight``. Also saturated when a send is more than ``max_lateness_ms`` behind its
@@ -718,7 +719,9 @@ class SaturationWatch:
         seen = list(window)[len(window) - 4 * quarter :]
         means = [sum(seen[i * quarter : (i + 1) * quarter]) / quarter for i in range(4)]
         rising = all(b > a for a, b in pairwise(means))
-        if rising and means[-1] >= self.rule.growth_factor * max(means[0], 1.0):
+        # Apart, not only on average: the last quarter's fewest above the first quarter's most.
+        apart = min(seen[-quarter:]) > max(seen[:quarter])
+        if rising and apart and means[-1] >= self.rule.growth_factor * max(means[0], 1.0):
             return Saturation(
                 code="workload.arrivals.in_flight_growing",
                 send_index=index,
