@@ -76,7 +76,7 @@ async def test_a_queue_that_drains_ever_slower_stops_as_over_saturated(
 
     schedule = arrival_schedule("poisson", 50.0, seed=3, requests=400)
     events: list[OpenLoopEvent] = []
-    rule = OverSaturation(window=16, min_in_flight=8, growth_factor=1.5)
+    rule = OverSaturation(window=16, min_in_flight=8)
     sender = OpenLoopSender(
         schedule,
         ever_slower,

@@ -329,7 +329,7 @@ def answered(rule: OverSaturation) -> SaturationWatch:
 
 
 def test_over_saturation_is_growth_of_the_queue_not_a_burst() -> None:
-    rule = OverSaturation(window=8, min_in_flight=4, growth_factor=2.0, max_lateness_ms=100)
+    rule = OverSaturation(window=8, min_in_flight=4, max_lateness_ms=100)
     steady = answered(rule)
     # A steady queue with a burst in it: never saturated.
     assert all(steady.observe(n, 0.0) is None for n in [3, 4, 3, 9, 3, 4, 3, 4] * 8)

@@ -113,7 +113,7 @@ def test_a_full_document_is_read_with_its_defaults() -> None:
     assert workloads.prefix_overlap is not None
     assert workloads.prefix_overlap.hit_ratios_pct == list(DEFAULT_HIT_RATIOS_PCT)
     assert workloads.open_loop is not None and workloads.open_loop.rates_per_s == [5, 10.5, 20]
-    assert workloads.open_loop.over_saturation.growth_factor == 2.0
+    assert workloads.open_loop.over_saturation.min_growth_per_send == 0.1
 
 
 @pytest.mark.parametrize(("document", "code", "path"), CASES)

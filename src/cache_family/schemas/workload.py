@@ -152,7 +152,7 @@ SweepPoints = Annotated[int, AfterValidator(Between(1, 64))]
 Rate = Annotated[float, AfterValidator(Between(1e-3, RATE_MAX_PER_S))]
 Milliseconds = Annotated[float, AfterValidator(Between(0, 3_600_000))]
 PositiveMilliseconds = Annotated[float, AfterValidator(Between(1e-3, 3_600_000))]
-Factor = Annotated[float, AfterValidator(Between(1.0, 1000.0))]
+Share = Annotated[float, AfterValidator(Between(1e-3, 1.0))]
 Shape = Annotated[float, AfterValidator(Between(1e-3, 1000.0))]
 Seconds = Annotated[float, AfterValidator(Between(1e-3, 86_400))]
 
@@ -204,18 +204,17 @@ class MultiTurn(_Strict):
 
 
 class OverSaturation(_Strict):
-    """When an open-loop rate stops: the queue grows without bound (over the last ``window``
-    sends the mean in-flight count rises quarter by quarter to at least ``growth_factor``
-    times the first quarter's, the last quarter's counts all above the first's, and at least
-    ``min_in_flight`` are in flight, judged once the
-    first answer has ended; or more than ``max_in_flight`` at all), or the sender itself fell
-    ``max_lateness_ms`` behind its schedule."""
+    """When an open-loop rate stops: the queue grows without bound, or the sender itself fell
+    ``max_lateness_ms`` behind its schedule. Growth, judged once the first answer has ended:
+    over the last ``window`` sends the mean in-flight count rises quarter by quarter, every
+    count of the last quarter is above every count of the first, the count rose by at least
+    ``min_growth_per_send`` a send on average (answers lag sends by that share), and at least
+    ``min_in_flight`` are in flight; or more than ``max_in_flight`` are in flight at all."""
 
     window: Window = 128
     min_in_flight: Count = 8
-    growth_factor: Factor = 2.0
+    min_growth_per_send: Share = 0.1
     max_lateness_ms: PositiveMilliseconds = 1000.0
-    # Whatever the trend, more in flight than this is a queue that does not drain.
     max_in_flight: Count = 4096
 
 

@@ -660,16 +660,18 @@ class Saturation(msgspec.Struct, frozen=True, kw_only=True):
 class SaturationWatch:
     """The over-saturation stop rule, fed one observation per send.
 
-    Saturated when the queue grows without bound: over the last ``window`` sends, the mean
-    in-flight count rises from each quarter of the window to the next, the last quarter's is
-    at least ``growth_factor`` times the first's, every count of the last quarter is above
-    every count of the first, and the latest count is at least ``min_in_flight``. Quarters,
-    each above the last and apart, so that neither a Poisson burst nor the start of a stall
-    the queue recovers from (a jump at the end of a flat window) is taken for growth; and only
-    windows sent after the first answer ended, since until then every send adds one in flight
-    (the ramp to the steady ``rate x latency``). A server that answers nothing is caught by
-    ``max_in_flight``. Also saturated when a send is more than ``max_lateness_ms`` behind its
-    schedule (the sender cannot keep the rate)."""
+    Saturated when the queue grows without bound: over the last ``window`` sends the mean
+    in-flight count rises from each quarter of the window to the next, every count of the
+    last quarter is above every count of the first, the count rose by at least
+    ``min_growth_per_send`` a send on average (first quarter's mean to last's), and the latest
+    count is at least ``min_in_flight``. Quarters, each above the last and apart, so that
+    neither a Poisson burst nor the start of a stall the queue recovers from (a jump at the
+    end of a flat window) is taken for growth; growth per send, not a ratio, since a queue
+    that grows without bound adds the same share of each send however long it already is.
+    Only windows sent after the first answer ended are judged: until then every send adds one
+    in flight (the ramp to the steady ``rate x latency``), and a server that answers nothing
+    is caught by ``max_in_flight``. Also saturated when a send is more than
+    ``max_lateness_ms`` behind its schedule (the sender cannot keep the rate)."""
 
     def __init__(self, rule: OverSaturation) -> None:
         self.rule = rule
@@ -721,16 +723,16 @@ class SaturationWatch:
         rising = all(b > a for a, b in pairwise(means))
         # Apart, not only on average: the last quarter's fewest above the first quarter's most.
         apart = min(seen[-quarter:]) > max(seen[:quarter])
-        if rising and apart and means[-1] >= self.rule.growth_factor * max(means[0], 1.0):
+        # The quarters' centres lie 3 quarters of the window apart.
+        per_send = (means[-1] - means[0]) / (3 * quarter)
+        if rising and apart and per_send >= self.rule.min_growth_per_send:
             return Saturation(
                 code="workload.arrivals.in_flight_growing",
                 send_index=index,
                 in_flight=in_flight,
                 lateness_ms=late_ms,
-                detail="in flight rose over the last "
-                f"{len(seen)} sends (quarter means "
-                + ", ".join(f"{m:.1f}" for m in means)
-                + f"; now {in_flight})",
+                detail=f"in flight rose {per_send:.2f} a send over the last {len(seen)} sends "
+                "(quarter means " + ", ".join(f"{m:.1f}" for m in means) + f"; now {in_flight})",
             )
         return None
 
