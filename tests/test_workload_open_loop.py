@@ -17,9 +17,10 @@ from cache_family.actors.run.open_loop import (
     OpenLoopEvent,
     OpenLoopSender,
     completion_exchange,
+    run_rates,
 )
 from cache_family.schemas.measurement import RequestRow
-from cache_family.schemas.workload import OverSaturation
+from cache_family.schemas.workload import OpenLoop, OverSaturation, RateSweep
 from cache_family.states.workloads import SaturationWatch, arrival_schedule
 
 
@@ -209,3 +210,57 @@ async def test_open_loop_through_the_real_request_code_against_the_calibration_s
     assert max(s.in_flight for s in outcome.sends) > 1
     assert [s.sent_s for s in outcome.sends] == list(schedule)
     assert outcome.fit is not None and outcome.fit.statistic == "kolmogorov-smirnov"
+
+
+def server_of_capacity(slots: int, service_s: float) -> Exchange:
+    """A FAKE server: ``slots`` requests served at once, each in ``service_s``; the rest
+    wait their turn (so it sustains ``slots / service_s`` requests a second)."""
+    lanes = trio.Semaphore(slots)
+
+    async def exchange(index: int) -> RequestRow:
+        async with lanes:
+            await trio.sleep(service_s)
+        return RequestRow(request_id=index, status="completed")
+
+    return exchange
+
+
+async def test_a_sweep_measures_both_ends_then_runs_the_rates_between(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    spec = OpenLoop(
+        pattern="constant",
+        sweep=RateSweep(points=3, throughput_concurrency=16),
+        requests=80,
+        over_saturation=OverSaturation(window=16, min_in_flight=8),
+    )
+    stages = await run_rates(spec, server_of_capacity(4, 0.1))
+    assert [s.kind for s in stages] == ["synchronous", "throughput", "rate", "rate", "rate"]
+    assert stages[0].measured_rate_per_s == pytest.approx(10.0)  # one at a time: 1 / 0.1 s
+    assert stages[1].measured_rate_per_s == pytest.approx(40.0)  # four lanes at once
+    assert [s.target_rate_per_s for s in stages[2:]] == pytest.approx([17.5, 25.0, 32.5])
+    for stage in stages[2:]:
+        assert stage.outcome is not None and stage.outcome.stop_reason is None
+        assert all(row.status == "completed" for row in stage.outcome.rows)
+
+
+async def test_the_first_rate_that_over_saturates_ends_the_workload(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    spec = OpenLoop(
+        pattern="poisson",
+        rates_per_s=[10, 30, 60, 80],
+        requests=600,
+        seed=7,
+    )  # the default rule: 128-send windows (a 32-send one takes 30/s of 40 for growth)
+    events: list[OpenLoopEvent] = []
+    stages = await run_rates(spec, server_of_capacity(4, 0.1), events=events.append)
+    assert [s.target_rate_per_s for s in stages] == [10, 30, 60, 80]
+    low, middle, high, skipped = stages
+    for stage in (low, middle):
+        assert stage.outcome is not None and stage.outcome.stop_reason is None
+    assert high.outcome is not None
+    assert high.outcome.stop_reason == "workload.arrivals.in_flight_growing"
+    assert skipped.outcome is None
+    assert skipped.skipped_because == "workload.arrivals.in_flight_growing at 60/s"
+    assert [e.kind for e in events].count("stopped") == 1

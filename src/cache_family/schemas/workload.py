@@ -223,6 +223,8 @@ class RateSweep(_Strict):
     rates evenly between the two measured rates."""
 
     points: SweepPoints
+    # The as-fast-as-possible stage: this many requests in flight at once, closed loop.
+    throughput_concurrency: Small = 64
 
 
 class OpenLoop(_Strict):

@@ -28,6 +28,7 @@ import trio
 
 from cache_family.actors.run.load import LoadRun
 from cache_family.schemas.measurement import LoadRequest, RequestRow
+from cache_family.schemas.workload import OpenLoop
 from cache_family.states.workloads import (
     ArrivalPattern,
     GoodnessOfFit,
@@ -36,8 +37,10 @@ from cache_family.states.workloads import (
     SaturationCode,
     SaturationWatch,
     achieved_rate,
+    arrival_schedule,
     goodness_of_fit,
     lateness,
+    sweep_rates,
 )
 from cache_family.system.http import LoopbackHttp
 
@@ -287,3 +290,125 @@ def completion_exchange(
         return msgspec.structs.replace(outcome.rows[0], request_id=index)
 
     return exchange
+
+
+# --- a workload's rates: explicit, or GuideLLM's sweep -------------------------------------------
+
+
+StageKind = Literal["synchronous", "throughput", "rate"]
+
+
+class RateStage(msgspec.Struct, frozen=True, kw_only=True):
+    """One stage of an open-loop workload: a closed-loop measurement of the rate the server
+    sustains (one at a time, or as many as allowed at once), or one open-loop target rate,
+    or a rate not run because a lower one already over-saturated the server."""
+
+    kind: StageKind
+    target_rate_per_s: float | None = None
+    # Closed-loop stages: completed requests per second over the stage.
+    measured_rate_per_s: float | None = None
+    completed: int = 0
+    outcome: OpenLoopOutcome | None = None
+    skipped_because: str | None = None
+
+
+async def closed_loop_rate(
+    exchange: Exchange,
+    *,
+    concurrency: int,
+    requests: int | None = None,
+    duration_s: float | None = None,
+) -> tuple[float | None, int]:
+    """Completed requests per second (and how many) of a closed loop: ``concurrency``
+    requests in flight, each followed at once by the next, until ``requests`` were sent or
+    ``duration_s`` passed."""
+    if (requests is None) == (duration_s is None):
+        raise ValueError("give requests or duration_s")
+    start = trio.current_time()
+    end = math.inf if duration_s is None else start + duration_s
+    next_index = 0
+    completed = 0
+    last_end = start
+
+    async def worker() -> None:
+        nonlocal next_index, completed, last_end
+        while trio.current_time() < end and (requests is None or next_index < requests):
+            index = next_index
+            next_index += 1
+            row = await exchange(index)
+            if row.status == "completed":
+                completed += 1
+                last_end = trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    span = last_end - start
+    return (completed / span if completed and span > 0 else None), completed
+
+
+async def run_rates(
+    spec: OpenLoop,
+    exchange: Exchange,
+    *,
+    events: Callable[[OpenLoopEvent], None] | None = None,
+    deadline: float | None = None,
+) -> tuple[RateStage, ...]:
+    """Every rate of an open-loop workload, lowest first. A sweep first measures the rate
+    one request at a time and the rate as fast as possible, then runs ``points`` rates
+    evenly between. The first rate that over-saturates the server ends the workload: the
+    rates above it are recorded as skipped, with the reason. Rate ``i`` draws its schedule
+    from ``seed + i``."""
+    stages: list[RateStage] = []
+    rates: Sequence[float]
+    if spec.rates_per_s is not None:
+        rates = spec.rates_per_s
+    else:
+        assert spec.sweep is not None
+        synchronous, done = await closed_loop_rate(
+            exchange, concurrency=1, requests=spec.requests, duration_s=spec.duration_s
+        )
+        stages.append(
+            RateStage(kind="synchronous", measured_rate_per_s=synchronous, completed=done)
+        )
+        throughput, done = await closed_loop_rate(
+            exchange,
+            concurrency=spec.sweep.throughput_concurrency,
+            requests=spec.requests,
+            duration_s=spec.duration_s,
+        )
+        stages.append(RateStage(kind="throughput", measured_rate_per_s=throughput, completed=done))
+        rates = (
+            sweep_rates(synchronous, throughput, spec.sweep.points)
+            if synchronous is not None and throughput is not None
+            else ()
+        )
+    saturated: str | None = None
+    for offset, rate in enumerate(rates):
+        if saturated is not None:
+            stages.append(RateStage(kind="rate", target_rate_per_s=rate, skipped_because=saturated))
+            continue
+        schedule = arrival_schedule(
+            spec.pattern,
+            rate,
+            seed=spec.seed + offset,
+            requests=spec.requests,
+            duration_s=spec.duration_s,
+            burstiness=spec.burstiness,
+        )
+        outcome = await OpenLoopSender(
+            schedule,
+            exchange,
+            target_rate_per_s=rate,
+            pattern=spec.pattern,
+            burstiness=spec.burstiness,
+            watch=SaturationWatch(spec.over_saturation),
+            deadline=deadline,
+            events=events,
+        ).run()
+        stages.append(RateStage(kind="rate", target_rate_per_s=rate, outcome=outcome))
+        if outcome.saturation is not None:
+            saturated = f"{outcome.saturation.code} at {rate:g}/s"
+        elif outcome.stop_reason == "load.deadline":
+            saturated = "load.deadline"
+    return tuple(stages)
