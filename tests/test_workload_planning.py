@@ -38,6 +38,7 @@ from cache_family.states.workloads import (
     reuse_by_turn,
     session_plan,
     session_prompt_tokens,
+    session_tokens,
     sweep_rates,
 )
 
@@ -197,18 +198,30 @@ SESSIONS = st.builds(
 def test_sessions_interleave_users_and_expect_their_earlier_tokens(
     spec: MultiTurn, rule: ReuseRule
 ) -> None:
-    plan = session_plan(spec, rule, n_ubatch=8)
-    assert plan == session_plan(spec, rule, n_ubatch=8)
+    plan = session_plan(spec, rule)
+    assert plan == session_plan(spec, rule)
     assert len(plan) == spec.users * spec.turns
     for user in range(spec.users):
         assert [t.turn for t in plan if t.user == user] == list(range(spec.turns))
     for item in plan:
         assert item.prompt_tokens == session_prompt_tokens(spec, item.turn)
         assert 0 <= item.expected_reused_tokens < item.prompt_tokens
-        if item.turn and rule == "exact-prefix":
-            earlier = session_prompt_tokens(spec, item.turn - 1) + spec.answer_tokens
-            assert item.expected_reused_tokens == earlier
-    assert plan[0].expected_reused_tokens == 0
+        # The session so far, less the last answer token; a first turn is cold.
+        earlier = session_prompt_tokens(spec, item.turn - 1) + spec.answer_tokens - 1
+        assert item.expected_reused_tokens == (earlier if item.turn else 0)
+    assert all(t.expected_reused_tokens == 0 for t in session_plan(spec, None))
+
+
+@given(spec=SESSIONS, seed=st.integers(0, 2**16))
+def test_session_tokens_share_exactly_the_system_prompt(spec: MultiTurn, seed: int) -> None:
+    tokens = session_tokens(spec, vocabulary_size=900, starts=FreshStarts(900, seed))
+    assert len(tokens.system) == spec.system_prompt_tokens
+    assert [len(c) for c in tokens.contexts] == [spec.user_context_tokens] * spec.users
+    firsts = [tokens.first_prompt(user) for user in range(spec.users)]
+    assert all(len(p) == session_prompt_tokens(spec, 0) for p in firsts)
+    if spec.user_context_tokens:
+        for a, b in combinations(firsts, 2):
+            assert common_prefix(a, b) == spec.system_prompt_tokens
 
 
 def test_the_eviction_turn_is_the_first_whose_reuse_falls_short() -> None:
