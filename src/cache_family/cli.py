@@ -197,6 +197,7 @@ def _cmd_zoo_build(args: argparse.Namespace) -> int:
 # Plan overrides of prepare-full / prepare-use-cases; preparation refuses repeats.
 _PREPARE_OVERRIDES = (
     ("--use-case-corpus", "ABS"),
+    ("--workloads", "ABS"),
     ("--prefix-tokens", "N"),
     ("--runtime-lane-count", "N"),
     ("--llama-parallel", "N"),

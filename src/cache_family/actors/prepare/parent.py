@@ -375,6 +375,7 @@ def prepare(
                     worker_budget_ms=(worker_ms := _worker_budget_ms(budget.remaining())),
                     worker_deadline_monotonic_ns=time.monotonic_ns() + worker_ms * 1_000_000,
                     unused_corpus=admission.unused_corpus,
+                    workloads=admission.workloads,
                 )
             )
             publish_fresh(os.path.join(admission.output, REQUEST_NAME), request_bytes)

@@ -365,6 +365,7 @@ def _plan(run: _Observing) -> PreparedInput:
             if run.request.unused_corpus is not None
             else None
         ),
+        workloads=run.request.workloads,
     )
     run.phase("checking the prepared input's size")
     refuse_oversized_input(encode_document(prepared), PREPARED_INPUT_MAX_BYTES)
