@@ -28,6 +28,7 @@ import trio
 from cache_family.actors.run import matrix
 from cache_family.actors.run.custody import port_is_free, still_same
 from cache_family.cli import main
+from cache_family.console import commands
 from cache_family.schemas.journal import ChildSpawned, PortReserved, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.system.publish import publish_fresh
@@ -194,7 +195,7 @@ def _stub_supervision(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         started.append(admitted.output)
         return 0
 
-    monkeypatch.setattr(matrix, "supervise_command", supervise)
+    monkeypatch.setattr(commands, "supervise_command", supervise)
     return started
 
 
@@ -212,14 +213,14 @@ def test_a_parent_flipped_into_the_build_after_admission_gets_no_run_directory(
     parent = tmp_path / "runs"
     parent.mkdir()
     started = _stub_supervision(monkeypatch)
-    admit = matrix.admit_run
+    admit = commands.admit_run
 
     def admit_then_flip(*args: Any, **kwargs: Any) -> matrix.AdmittedRun:
         admitted = admit(*args, **kwargs)  # the parent was a real directory when checked
         _flip_to_link(parent, tmp_path / "runs-away", str(build))
         return admitted
 
-    monkeypatch.setattr(matrix, "admit_run", admit_then_flip)
+    monkeypatch.setattr(commands, "admit_run", admit_then_flip)
     assert main(["run", "--input", str(prepared), "--output", str(parent / "out")]) == 2
     assert "refused: run.output_parent at $.output" in capsys.readouterr().err
     assert started == [] and sorted(build.rglob("*")) == before
