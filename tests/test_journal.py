@@ -637,6 +637,14 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     "cli_admission": ("cell_id", "binary", "binary_sha256", "dialect"),
     # Issue 13: the run's own client overhead, before the first ladder.
     "client_calibrated": (),
+    "rows_selected": (
+        "prepared_sha256",
+        "how",
+        "row_keys",
+        "shard_index",
+        "shard_count",
+        "unselected_rows",
+    ),
 }
 
 

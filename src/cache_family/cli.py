@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -228,14 +229,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume is not None:
         if args.input is not None or args.output is not None:
             parser.refuse("--resume", "--resume continues a run: give no --input or --output")
+        if args.rows is not None or args.shard is not None or args.dry_run:
+            parser.refuse("--resume", "a resumed run keeps the rows it was started with")
         from cache_family.actors.run.resume import resume_command
 
         return resume_command(args.resume, sign_key=args.sign_key, mode=_progress_mode(args))
+    if args.dry_run:
+        if args.input is None:
+            parser.refuse("--dry-run", "--dry-run lists the rows of --input PREPARED_JSON")
+        from cache_family.actors.run.selection import dry_run_command
+
+        return dry_run_command(args.input, args.rows, args.shard, os.environ)
     if args.input is None or args.output is None:
         parser.refuse("--input", "give --input and --output (or --resume RUN_DIR)")
     from cache_family.actors.run.matrix import run_command
 
-    return run_command(args.input, args.output, sign_key=args.sign_key, mode=_progress_mode(args))
+    select = None
+    if args.rows is not None or args.shard is not None:
+        from cache_family.actors.run.selection import selector
+
+        select = selector(args.rows, args.shard, os.environ)
+    return run_command(
+        args.input, args.output, sign_key=args.sign_key, mode=_progress_mode(args), select=select
+    )
 
 
 def _progress_mode(args: argparse.Namespace) -> Mode:
@@ -583,6 +599,26 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="SSH_PRIVATE_KEY",
             help="sign the journal's head with this OpenSSH key (ssh-keygen -Y sign) into "
             "RUN_DIR/journal.head.sig",
+        )
+        rows = run.add_mutually_exclusive_group()
+        rows.add_argument(
+            "--rows",
+            action=_Once,
+            metavar="KEY[,KEY...]",
+            help="run only these rows of the prepared input (a key is CASE/USE_CASE/PREFIX; "
+            "--dry-run lists them)",
+        )
+        rows.add_argument(
+            "--shard",
+            action=_Once,
+            metavar="I/N",
+            help="run shard I of N (rendezvous hashing of the row keys); auto/N reads "
+            "SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX",
+        )
+        run.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="print the keys of the rows the run would run, one a line, and exit",
         )
         _add_progress_options(run)
         run.set_defaults(func=_cmd_run, parser=run)

@@ -133,6 +133,23 @@ class RunStarted(_Record, tag="run_started", frozen=True, kw_only=True):
     runner_create_time: float | None = None
 
 
+class RowsSelected(_Record, tag="rows_selected", frozen=True, kw_only=True):
+    """The run runs only some rows of its prepared input (``run --rows`` or ``--shard``);
+    journaled right after ``run_started``, only then, so a whole run's journal is unchanged.
+
+    It binds the prepared input's bytes and the row set: ``run_started.planned_rows`` holds the
+    selected rows and ``unselected_rows`` the rest of the plan, so a campaign merging shards
+    knows the whole plan from any one of them. Keys are ``states/selection.row_key``'s."""
+
+    durable: ClassVar[bool] = True
+    prepared_sha256: str
+    how: str  # rows | shard
+    row_keys: tuple[str, ...]
+    shard_index: int | None = None
+    shard_count: int | None = None
+    unselected_rows: tuple[PlannedRowBrief, ...] = ()
+
+
 class Cancellation(_Record, tag="cancellation", frozen=True, kw_only=True):
     """Cancellation seen (SIGINT/SIGTERM). ``cell_id`` None: the whole run."""
 
@@ -514,6 +531,7 @@ Record: TypeAlias = (
     | CorrectnessVerdict
     | CliAdmission
     | ClientCalibrated
+    | RowsSelected
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.

@@ -1,0 +1,111 @@
+"""``run --rows KEY,…`` / ``--shard I/N`` / ``--dry-run``: a run of some rows of a prepared input.
+
+The admitted run keeps the prepared input's pins, budgets and bytes (``request_sha256``); only
+its rows are narrowed, and the ``rows_selected`` record that binds the choice is journaled
+right after ``run_started`` (``states/selection.py`` says what a row key is and how a shard is
+chosen). Every row still verifies its own pins on the host that runs it, so a host with other
+bytes refuses the row instead of mixing builds in one campaign.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Mapping, Sequence
+
+from cache_family.actors.run.matrix import AdmittedRun, planned_brief
+from cache_family.console.refusals import say_failed
+from cache_family.errors import Refused
+from cache_family.exit_codes import ExitCode
+from cache_family.schemas.bounded import read_bounded
+from cache_family.schemas.journal import RowsSelected
+from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
+from cache_family.states.selection import (
+    Selection,
+    parse_shard,
+    plan_keys,
+    row_key,
+    select_rows,
+    split_row_list,
+)
+
+
+def prepared_keys(prepared: PreparedInput) -> dict[str, int]:
+    """Every row key of the prepared input -> its plan index."""
+    return plan_keys(
+        [(r.index, row_key(r.key, r.use_case, r.prefix_tokens)) for r in prepared.rows]
+    )
+
+
+def choose(
+    prepared: PreparedInput,
+    rows: str | None,
+    shard: str | None,
+    environ: Mapping[str, str],
+) -> Selection:
+    """The selection named by ``--rows`` or ``--shard`` (never both: the parser sees to it)."""
+    keys = prepared_keys(prepared)
+    if shard is not None:
+        return select_rows(keys, shard=parse_shard(shard, environ))
+    return select_rows(keys, rows=split_row_list(rows or ""))
+
+
+def narrow(admitted: AdmittedRun, selection: Selection) -> AdmittedRun:
+    """The admitted run restricted to the selected rows, carrying the record that binds them."""
+    prepared = admitted.prepared
+    keys = prepared_keys(prepared)
+    chosen = {keys[key] for key in selection.row_keys}
+    kept = [row for row in prepared.rows if row.index in chosen]
+    left = [row for row in prepared.rows if row.index not in chosen]
+    record = RowsSelected(
+        prepared_sha256=admitted.request_sha256,
+        how=selection.how,
+        row_keys=selection.row_keys,
+        shard_index=selection.shard.index if selection.shard else None,
+        shard_count=selection.shard.count if selection.shard else None,
+        unselected_rows=tuple(planned_brief(prepared, row) for row in left),
+    )
+    return dataclasses.replace(
+        admitted, prepared=prepared.model_copy(update={"rows": kept}), selection=record
+    )
+
+
+def selector(
+    rows: str | None, shard: str | None, environ: Mapping[str, str]
+) -> Callable[[AdmittedRun], AdmittedRun]:
+    """What ``run_command`` applies to the admitted run before creating its output."""
+
+    def apply(admitted: AdmittedRun) -> AdmittedRun:
+        return narrow(admitted, choose(admitted.prepared, rows, shard, environ))
+
+    return apply
+
+
+def dry_run_command(
+    input_path: str, rows: str | None, shard: str | None, environ: Mapping[str, str]
+) -> int:
+    """``run --input PREPARED --dry-run [--rows …|--shard …]``: print the keys of the rows the
+    run would run, one a line in plan order; nothing is written."""
+    try:
+        raw = read_bounded(input_path, PREPARED_INPUT_MAX_BYTES, what="prepared input")
+        prepared = decode_document(raw.data, PreparedInput, what="prepared input")
+        if rows is None and shard is None:
+            keys: Sequence[str] = sorted(
+                prepared_keys(prepared), key=prepared_keys(prepared).__getitem__
+            )
+        else:
+            keys = choose(prepared, rows, shard, environ).row_keys
+    except Refused as refused:
+        for refusal in refused.refusals:
+            print(f"refused: {refusal.line()}", file=sys.stderr)
+        say_failed(
+            sys.stderr,
+            "run",
+            f"the dry run was refused ({len(refused.refusals)} refusal(s) above)",
+            input_path,
+            "fix what each refusal names (its hint), then run again",
+        )
+        return ExitCode.REFUSED
+    for key in keys:
+        print(key)
+    return ExitCode.COMPLETED
