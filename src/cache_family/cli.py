@@ -237,9 +237,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         if args.input is None:
             parser.refuse("--dry-run", "--dry-run lists the rows of --input PREPARED_JSON")
-        from cache_family.actors.run.selection import dry_run_command
+        from cache_family.actors.run.selection import dry_run_keys
 
-        return dry_run_command(args.input, args.rows, args.shard, os.environ)
+        try:
+            keys = dry_run_keys(args.input, args.rows, args.shard, os.environ)
+        except Refused as refused:
+            _print_refusals(refused)
+            _say_refused(args, refused)
+            return ExitCode.REFUSED
+        for key in keys:
+            print(key)
+        return ExitCode.OK
     if args.input is None or args.output is None:
         parser.refuse("--input", "give --input and --output (or --resume RUN_DIR)")
     from cache_family.actors.run.matrix import run_command

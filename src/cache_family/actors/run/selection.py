@@ -10,13 +10,9 @@ bytes refuses the row instead of mixing builds in one campaign.
 from __future__ import annotations
 
 import dataclasses
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from cache_family.actors.run.matrix import AdmittedRun, planned_brief
-from cache_family.console.refusals import say_failed
-from cache_family.errors import Refused
-from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import RowsSelected
 from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
@@ -81,31 +77,14 @@ def selector(
     return apply
 
 
-def dry_run_command(
+def dry_run_keys(
     input_path: str, rows: str | None, shard: str | None, environ: Mapping[str, str]
-) -> int:
-    """``run --input PREPARED --dry-run [--rows …|--shard …]``: print the keys of the rows the
-    run would run, one a line in plan order; nothing is written."""
-    try:
-        raw = read_bounded(input_path, PREPARED_INPUT_MAX_BYTES, what="prepared input")
-        prepared = decode_document(raw.data, PreparedInput, what="prepared input")
-        if rows is None and shard is None:
-            keys: Sequence[str] = sorted(
-                prepared_keys(prepared), key=prepared_keys(prepared).__getitem__
-            )
-        else:
-            keys = choose(prepared, rows, shard, environ).row_keys
-    except Refused as refused:
-        for refusal in refused.refusals:
-            print(f"refused: {refusal.line()}", file=sys.stderr)
-        say_failed(
-            sys.stderr,
-            "run",
-            f"the dry run was refused ({len(refused.refusals)} refusal(s) above)",
-            input_path,
-            "fix what each refusal names (its hint), then run again",
-        )
-        return ExitCode.REFUSED
-    for key in keys:
-        print(key)
-    return ExitCode.COMPLETED
+) -> tuple[str, ...]:
+    """``run --input PREPARED --dry-run [--rows …|--shard …]``: the keys of the rows the run
+    would run, in plan order (every row without a selection). Raises ``Refused``."""
+    raw = read_bounded(input_path, PREPARED_INPUT_MAX_BYTES, what="prepared input")
+    prepared = decode_document(raw.data, PreparedInput, what="prepared input")
+    if rows is None and shard is None:
+        keys = prepared_keys(prepared)
+        return tuple(sorted(keys, key=keys.__getitem__))
+    return choose(prepared, rows, shard, environ).row_keys
