@@ -188,7 +188,7 @@ def test_one_row_runs_alone_journals_its_selection_and_replays(
     ]
     # The row keeps its plan index (and so its directory name).
     assert matrix.rows[0].index == 0 and (out / "cell-0000" / "row.json").is_file()
-    assert replay(out).identical
+    assert replay(str(out)).exit_code == 0
 
 
 def test_a_run_without_rows_journals_exactly_as_before(prepared: Path, tmp_path: Path) -> None:

@@ -644,6 +644,7 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
         "shard_index",
         "shard_count",
         "unselected_rows",
+        "host",
     ),
 }
 

@@ -285,12 +285,37 @@ def _add_progress_options(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from cache_family.actors.campaign.merge import merge_campaign
+
+    try:
+        outcome = merge_campaign(args.output, args.shard_dirs)
+    except Refused as refused:
+        _print_refusals(refused)
+        _say_refused(args, refused)
+        return ExitCode.REFUSED
+    print(f"{outcome.status}: {outcome.matrix_path}")
+    print(f"campaign journal head: {outcome.head}")
+    return ExitCode.COMPLETED if outcome.status == "completed" else ExitCode.NOT_COMPLETED
+
+
+def _replay_campaign(campaign_dir: str) -> int:
+    from cache_family.actors.campaign.audit import replay_campaign
+
+    report = replay_campaign(campaign_dir)
+    for line in report.lines:
+        print(line)
+    return report.exit_code
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from cache_family.actors.audit.head_signature import HEAD_PATTERN
     from cache_family.actors.audit.replay import HeadCheck, replay_command
     from cache_family.console.refusals import say_failed
 
     parser: _Parser = args.parser
+    if (Path(args.run_dir) / "campaign-journal.jsonl").is_file():
+        return _replay_campaign(args.run_dir)
     if args.expect_head is not None and not HEAD_PATTERN.fullmatch(args.expect_head):
         parser.refuse("--expect-head", "give the 64 lowercase hex digits the run printed")
     if (args.allowed_signers is None) != (args.signer_identity is None):
@@ -661,6 +686,18 @@ def build_parser() -> argparse.ArgumentParser:
             help="the identity (principal) in --allowed-signers the head must be signed by",
         )
         replay.set_defaults(func=_cmd_replay, parser=replay)
+
+    if _available("cache_family.actors.campaign.merge"):
+        merge = sub.add_parser(
+            "merge", help="merge the run directories of a campaign's shards into one campaign"
+        )
+        merge.add_argument(
+            "--output", required=True, type=_dir_path("--output"), metavar="ABS_CAMPAIGN_DIR"
+        )
+        merge.add_argument(
+            "shard_dirs", nargs="+", metavar="SHARD_DIR", type=_dir_path("SHARD_DIR")
+        )
+        merge.set_defaults(func=_cmd_merge, parser=merge)
 
     _add_report_command(sub)
     _add_report_run_command(sub)

@@ -40,6 +40,7 @@ from typing import ClassVar, Final, TypeAlias, get_args
 import msgspec
 
 from cache_family.errors import Refusal
+from cache_family.schemas.host_identity import HostIdentity
 from cache_family.schemas.measurement import (
     CacheExpectation,
     ClientCalibration,
@@ -148,6 +149,8 @@ class RowsSelected(_Record, tag="rows_selected", frozen=True, kw_only=True):
     shard_index: int | None = None
     shard_count: int | None = None
     unselected_rows: tuple[PlannedRowBrief, ...] = ()
+    # The machine that ran the selected rows (the campaign's merge names it for each row).
+    host: HostIdentity | None = None
 
 
 class Cancellation(_Record, tag="cancellation", frozen=True, kw_only=True):

@@ -10,10 +10,14 @@ bytes refuses the row instead of mixing builds in one campaign.
 from __future__ import annotations
 
 import dataclasses
+import glob
+import os
+import socket
 from collections.abc import Callable, Mapping
 
 from cache_family.actors.run.matrix import AdmittedRun, planned_brief
 from cache_family.schemas.bounded import read_bounded
+from cache_family.schemas.host_identity import HostIdentity
 from cache_family.schemas.journal import RowsSelected
 from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
 from cache_family.states.selection import (
@@ -46,7 +50,43 @@ def choose(
     return select_rows(keys, rows=split_row_list(rows or ""))
 
 
-def narrow(admitted: AdmittedRun, selection: Selection) -> AdmittedRun:
+# What a scheduler that starts the run (the campaign's Ray task) says about its node.
+NODE_ID_ENV = "CACHE_FAMILY_NODE_ID"
+NODE_LABELS_ENV = "CACHE_FAMILY_NODE_LABELS"  # k=v,k=v
+_NVIDIA_GPUS = "/proc/driver/nvidia/gpus/*/information"
+
+
+def observe_host(environ: Mapping[str, str], gpu_info: str = _NVIDIA_GPUS) -> HostIdentity:
+    """This machine as a campaign names it: hostname, the scheduler's node id and labels,
+    the GPUs its NVIDIA driver lists (read from ``/proc``, no tool is run), the CPU count."""
+    labels: dict[str, str] = {}
+    for item in environ.get(NODE_LABELS_ENV, "").split(","):
+        name, sep, value = item.partition("=")
+        if sep and name.strip():
+            labels[name.strip()] = value.strip()
+    gpus: list[str] = []
+    for path in sorted(glob.glob(gpu_info)):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as info:
+                text = info.read(65536)
+        except OSError:
+            continue
+        model = next(
+            (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Model:")), ""
+        )
+        gpus.append(model or "GPU (model not given)")
+    return HostIdentity(
+        hostname=socket.gethostname(),
+        node_id=environ.get(NODE_ID_ENV) or None,
+        labels=labels,
+        gpus=tuple(gpus),
+        cpu_count=os.cpu_count(),
+    )
+
+
+def narrow(
+    admitted: AdmittedRun, selection: Selection, host: HostIdentity | None = None
+) -> AdmittedRun:
     """The admitted run restricted to the selected rows, carrying the record that binds them."""
     prepared = admitted.prepared
     keys = prepared_keys(prepared)
@@ -60,6 +100,7 @@ def narrow(admitted: AdmittedRun, selection: Selection) -> AdmittedRun:
         shard_index=selection.shard.index if selection.shard else None,
         shard_count=selection.shard.count if selection.shard else None,
         unselected_rows=tuple(planned_brief(prepared, row) for row in left),
+        host=host,
     )
     return dataclasses.replace(
         admitted, prepared=prepared.model_copy(update={"rows": kept}), selection=record
@@ -72,7 +113,8 @@ def selector(
     """What ``run_command`` applies to the admitted run before creating its output."""
 
     def apply(admitted: AdmittedRun) -> AdmittedRun:
-        return narrow(admitted, choose(admitted.prepared, rows, shard, environ))
+        selection = choose(admitted.prepared, rows, shard, environ)
+        return narrow(admitted, selection, observe_host(environ))
 
     return apply
 
