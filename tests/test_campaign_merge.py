@@ -6,6 +6,7 @@ The shards are real ``cache-family run --shard I/N`` processes against the FAKE 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from cache_family.schemas.campaign import (
     CAMPAIGN_JOURNAL,
     CAMPAIGN_REPORT,
+    CampaignOpened,
     RowUnmeasured,
     ShardMerged,
     read_campaign,
@@ -158,3 +160,42 @@ def test_merge_refuses_an_edited_shard_journal_and_replay_finds_one_edited_later
     replayed = cli("replay", str(campaign))
     assert replayed.returncode == 1
     assert "campaign.shard.unverified" in replayed.stdout
+
+
+def test_a_placement_file_is_pinned_and_each_shard_records_what_it_asked(
+    shards: Shards, tmp_path: Path
+) -> None:
+    placement = tmp_path / "placement.json"
+    placement.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "rules": [
+                    {"preset": "qwen3_dense", "labels": {"cf.host": "small"}},
+                    {"row": "qwen3_dense/none/16", "labels": {"cf.host": "big"}, "gpus": 1},
+                ],
+            }
+        )
+    )
+    campaign = tmp_path / "campaign"
+    done = cli(
+        "merge", "--output", str(campaign), "--placement", str(placement),
+        *map(str, shards.dirs),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = merged_records(campaign)
+    opened = records[0]
+    assert isinstance(opened, CampaignOpened)
+    assert opened.placement_sha256 == hashlib.sha256(placement.read_bytes()).hexdigest()
+    asked = [r.placement for r in records if isinstance(r, ShardMerged)]
+    # The row key's rule wins over its preset's.
+    assert [a for a in asked if a] == [
+        "row qwen3_dense/none/16: labels {cf.host=big}, gpus 1, cpus 1"
+    ]
+    assert cli("replay", str(campaign)).returncode == 0
+    placement.write_text(json.dumps({"schema_version": 1, "rules": [{"family": "nope"}]}))
+    refused = cli(
+        "merge", "--output", str(tmp_path / "c2"), "--placement", str(placement),
+        *map(str, shards.dirs),
+    )  # fmt: skip
+    assert refused.returncode == 2 and "placement.unknown_target" in refused.stderr

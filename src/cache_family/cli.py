@@ -289,7 +289,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from cache_family.actors.campaign.merge import merge_campaign
 
     try:
-        outcome = merge_campaign(args.output, args.shard_dirs)
+        outcome = merge_campaign(args.output, args.shard_dirs, placement_file=args.placement)
     except Refused as refused:
         _print_refusals(refused)
         _say_refused(args, refused)
@@ -693,6 +693,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
         merge.add_argument(
             "--output", required=True, type=_dir_path("--output"), metavar="ABS_CAMPAIGN_DIR"
+        )
+        merge.add_argument(
+            "--placement",
+            action=_Once,
+            type=_file_path("--placement"),
+            metavar="PLACEMENT_JSON",
+            help="the placement file the shards were placed by (pinned in the campaign journal)",
         )
         merge.add_argument(
             "shard_dirs", nargs="+", metavar="SHARD_DIR", type=_dir_path("SHARD_DIR")

@@ -33,6 +33,7 @@ import msgspec
 
 from cache_family import __version__
 from cache_family.actors.audit.replay import replay
+from cache_family.actors.campaign.placement import brief_key, load_placement
 from cache_family.actors.journal.writer import JOURNAL_READ_LIMIT
 from cache_family.errors import Refusal, Refused
 from cache_family.report.producer import render_producer_report
@@ -76,7 +77,6 @@ from cache_family.schemas.production import (
 from cache_family.schemas.receipts import ReceiptStatus
 from cache_family.states.projection import project_row
 from cache_family.states.receipts import MEASURED_CHAIN, meet_all, terminal_downgrade
-from cache_family.states.selection import row_key
 from cache_family.system.publish import publish_fresh
 
 # The matrix's terminal refusal when some planned row has no measurement in the campaign.
@@ -84,10 +84,6 @@ ROWS_UNMEASURED: Final = "campaign_rows_unmeasured"
 NOT_IN_ANY_SHARD: Final = "not_in_any_shard"
 CALIBRATION_PER_SHARD: Final = "measured per shard: see each shard's cache-family-matrix.json"
 _MEASURED: Final[dict[str, ReceiptStatus]] = {status: status for status in MEASURED_CHAIN}
-
-
-def brief_key(brief: PlannedRowBrief) -> str:
-    return row_key(brief.case, brief.use_case, brief.prefix_tokens)
 
 
 # --- reading a shard --------------------------------------------------------------------------
@@ -311,15 +307,6 @@ def _host_table(
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
-    """The placement file a campaign was driven with, and what it asked of each row key."""
-
-    path: str
-    sha256: str
-    rules: Mapping[str, str] = field(default_factory=dict)  # row key -> requirement text
-
-
-@dataclass(frozen=True, slots=True)
 class Missing:
     """A planned row the driver could not measure, and why (``host.lost``, ``cancelled``)."""
 
@@ -385,7 +372,7 @@ def merge_campaign(
     campaign_dir: str,
     shard_dirs: Sequence[str],
     *,
-    placement: Placement | None = None,
+    placement_file: str | None = None,
     missing: Mapping[str, Missing] | None = None,
 ) -> MergeOutcome:
     """Verify the shards, then publish the campaign journal and files into the fresh
@@ -419,6 +406,7 @@ def merge_campaign(
 
     first = shards[0]
     plan = first.plan
+    placement = load_placement(placement_file, plan).pin if placement_file else None
     opened = CampaignOpened(
         campaign_id=f"campaign-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-"
         f"{secrets.token_hex(4)}",
