@@ -299,6 +299,21 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return ExitCode.COMPLETED if outcome.status == "completed" else ExitCode.NOT_COMPLETED
 
 
+def _cmd_campaign(args: argparse.Namespace) -> int:
+    from cache_family.actors.campaign.ray_driver import campaign_main
+
+    parser: _Parser = args.parser
+    if args.hosts < 1 or args.hosts > 64:
+        parser.refuse("--hosts", "--hosts is a whole number from 1 to 64")
+    try:
+        code, _ = campaign_main(args.input, args.output, args.ray, args.placement, args.hosts)
+    except Refused as refused:
+        _print_refusals(refused)
+        _say_refused(args, refused)
+        return ExitCode.REFUSED
+    return code
+
+
 def _replay_campaign(campaign_dir: str) -> int:
     from cache_family.actors.campaign.audit import replay_campaign
 
@@ -705,6 +720,43 @@ def build_parser() -> argparse.ArgumentParser:
             "shard_dirs", nargs="+", metavar="SHARD_DIR", type=_dir_path("SHARD_DIR")
         )
         merge.set_defaults(func=_cmd_merge, parser=merge)
+
+    if _available("cache_family.actors.campaign.ray_driver"):
+        campaign = sub.add_parser(
+            "campaign", help="run every row of a prepared input as a Ray task on labelled hosts"
+        )
+        campaign.add_argument(
+            "--input", required=True, type=_file_path("--input"), metavar="PREPARED_JSON"
+        )
+        campaign.add_argument(
+            "--output",
+            required=True,
+            type=_dir_path("--output"),
+            metavar="ABS_FRESH_DIR",
+            help="the campaign directory; every node must see it (a shared file system)",
+        )
+        campaign.add_argument(
+            "--ray",
+            required=True,
+            metavar="ADDRESS|local",
+            help="a Ray cluster's address, or local: a cluster of --hosts labelled nodes on "
+            "this machine, on loopback only (needs root for its network namespace)",
+        )
+        campaign.add_argument(
+            "--placement",
+            action=_Once,
+            type=_file_path("--placement"),
+            metavar="PLACEMENT_JSON",
+            help="which hosts (Ray labels, GPUs, CPUs) may run which rows",
+        )
+        campaign.add_argument(
+            "--hosts",
+            type=int,
+            default=1,
+            metavar="N",
+            help="with --ray local: the number of nodes, labelled cf.host=host-0..host-N-1",
+        )
+        campaign.set_defaults(func=_cmd_campaign, parser=campaign)
 
     _add_report_command(sub)
     _add_report_run_command(sub)
