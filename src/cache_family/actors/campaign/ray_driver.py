@@ -146,19 +146,25 @@ def drive(
     from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 
     ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    # Ray puts handlers of its own in place (SIGTERM ends the driver at once): the
+    # campaign's come back, so a signal cancels the tasks instead.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop.handler)
     try:
         task = ray.remote(_on_node)
         rows_dir = os.path.join(campaign, ROWS_DIR)
         refs: dict[Any, tuple[str, str]] = {}
+        selectors: dict[Any, dict[str, str]] = {}
+        stranded: set[Any] = set()  # cancelled: no alive node has their labels any more
         for brief in plan:
             key = brief_key(brief)
             row_dir = os.path.join(rows_dir, f"row-{brief.index:04d}")
             argv = row_argv(input_path, row_dir, key)
             log = os.path.join(rows_dir, f"row-{brief.index:04d}.log")
-            ref = task.options(**_task_options(placement, key, local)).remote(
-                argv, log, grace_seconds
-            )
+            options = _task_options(placement, key, local)
+            ref = task.options(**options).remote(argv, log, grace_seconds)
             refs[ref] = (key, row_dir)
+            selectors[ref] = options.get("label_selector", {})
         if on_submitted is not None:
             on_submitted()
         shards: list[str] = []
@@ -175,16 +181,21 @@ def drive(
                     ray.cancel(ref, force=True)
                 cancel_deadline = float("inf")
             done, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
+            lost = False
             for ref in done:
                 key, row_dir = refs[ref]
                 try:
                     result = ray.get(ref)
                 except TaskCancelledError:
-                    reason, detail, host = CANCELLED, "cancelled before its row sealed", None
+                    if ref in stranded:
+                        reason, detail, host = HOST_LOST, "no alive node has its labels", None
+                    else:
+                        reason, detail, host = CANCELLED, "cancelled before its row sealed", None
                 except RayTaskError as exc:
                     reason, detail, host = TASK_FAILED, str(exc)[:2000], None
                 except RayError as exc:
                     reason, detail, host = HOST_LOST, f"{type(exc).__name__}", None
+                    lost = True
                 else:
                     reason = ROW_UNSEALED
                     detail = f"the row's run exited {result.get('returncode')}"
@@ -193,9 +204,26 @@ def drive(
                     shards.append(row_dir)
                 else:
                     missing[key] = Missing(reason, detail, host)
+            if lost:
+                stranded |= _strand(ray, pending, selectors)
         return shards, missing
     finally:
         ray.shutdown()
+
+
+def _strand(ray: Any, pending: Sequence[Any], selectors: Mapping[Any, dict[str, str]]) -> set[Any]:
+    """After a node was lost: cancel the waiting rows whose labels no alive node has (they
+    would wait for ever); they end ``host.lost``."""
+    alive = [node.get("Labels") or {} for node in ray.nodes() if node.get("Alive")]
+    stranded = {
+        ref
+        for ref in pending
+        if selectors.get(ref)
+        and not any(selectors[ref].items() <= labels.items() for labels in alive)
+    }
+    for ref in stranded:
+        ray.cancel(ref)
+    return stranded
 
 
 def _host_of(result: Mapping[str, object]) -> HostIdentity | None:
