@@ -297,14 +297,20 @@ def run_campaign(
             enter_loopback_namespace()
         campaign = admitted.output
         os.makedirs(os.path.join(campaign, ROWS_DIR))
+        timings: dict[str, float] = {}
+        evidence: dict[str, object] = {}
+        started = time.monotonic()
         if local:
             session_dir = os.path.join(campaign, RAY_DIR)
             with local_cluster(session_dir, hosts) as cluster:
+                timings["cluster_start_seconds"] = time.monotonic() - started
+                rows_started = time.monotonic()
                 shards, missing = drive(
                     cluster.address, admitted.input_path, campaign, plan, placement, stop,
                     local=True, grace_seconds=grace_seconds,
                 )  # fmt: skip
-                _write_evidence(campaign, hosts)
+                timings["rows_seconds"] = time.monotonic() - rows_started
+                evidence = {"hosts": hosts, "interfaces": interfaces(), "tcp": tcp_endpoints()}
             ended = end_row_processes(os.path.join(campaign, ROWS_DIR), grace_seconds)
             if ended:
                 lines.append(f"ended {len(ended)} row process(es) a lost node left")
@@ -314,12 +320,16 @@ def run_campaign(
                 local=False, grace_seconds=grace_seconds,
             )  # fmt: skip
         outcome: MergeOutcome | None = None
+        merge_started = time.monotonic()
         if shards:
             outcome = merge_campaign(
                 campaign, shards, placement_file=placement_file, missing=missing
             )
         else:
             lines.append("no row sealed a run directory: nothing to merge")
+        timings["merge_seconds"] = time.monotonic() - merge_started
+        if local:
+            _write_evidence(campaign, {**evidence, "rows": len(plan), **timings})
     if stop.signal_name is not None:
         return CampaignResult(ExitCode.INTERRUPTED, outcome, lines)
     if outcome is not None and outcome.status == "completed":
@@ -327,10 +337,10 @@ def run_campaign(
     return CampaignResult(ExitCode.NOT_COMPLETED, outcome, lines)
 
 
-def _write_evidence(campaign: str, hosts: int) -> None:
-    """What the loopback-only namespace held while the cluster was up: its interfaces and
-    the endpoints of every TCP socket in it (evidence that nothing left 127.0.0.1)."""
-    evidence = {"hosts": hosts, "interfaces": interfaces(), "tcp": tcp_endpoints()}
+def _write_evidence(campaign: str, evidence: Mapping[str, object]) -> None:
+    """What the loopback-only namespace held while the cluster was up (its interfaces and
+    the endpoints of every TCP socket in it: nothing left 127.0.0.1), and the driver's own
+    times (cluster start, the rows, the merge; bench/campaign_driver.py reads them)."""
     path = os.path.join(campaign, LOCAL_CLUSTER_EVIDENCE)
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(evidence, handle, indent=2)
