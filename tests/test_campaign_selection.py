@@ -7,6 +7,7 @@ and Hypothesis; the command is a real ``cache-family run`` process against the F
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache_family.actors.audit.replay import replay
+from cache_family.actors.run.selection import NODE_ID_ENV, NODE_LABELS_ENV, observe_host
 from cache_family.errors import Refused
 from cache_family.schemas.journal import RowsSelected, RunStarted, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
@@ -174,6 +176,7 @@ def test_one_row_runs_alone_journals_its_selection_and_replays(
     assert isinstance(started, RunStarted) and isinstance(selected, RowsSelected)
     assert selected.prepared_sha256 == started.request_sha256
     assert selected.how == "rows"
+    assert selected.host is not None and selected.host.hostname == socket.gethostname()
     assert selected.row_keys == ("qwen3_dense/none/16", "llama/none/32")
     ran = {(brief.case, brief.prefix_tokens) for brief in started.planned_rows}
     assert ran == {("qwen3_dense", 16), ("llama", 32)}
@@ -210,3 +213,21 @@ def test_unknown_row_keys_refuse_before_anything_is_written(prepared: Path, tmp_
     assert refused.returncode == 2
     assert "run.rows.unknown" in refused.stderr
     assert not out.exists()
+
+
+def test_the_host_is_observed_from_the_schedulers_variables_and_the_driver(
+    tmp_path: Path,
+) -> None:
+    gpu = tmp_path / "gpus" / "0000:01:00.0"
+    gpu.mkdir(parents=True)
+    (gpu / "information").write_text("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ: 42\n")
+    host = observe_host(
+        {NODE_ID_ENV: "abc123", NODE_LABELS_ENV: "cf.host=big, zone=a"},
+        gpu_info=str(tmp_path / "gpus" / "*" / "information"),
+    )
+    assert host.hostname == socket.gethostname()
+    assert host.node_id == "abc123"
+    assert host.labels == {"cf.host": "big", "zone": "a"}
+    assert host.gpus == ("NVIDIA H100 80GB HBM3",)
+    bare = observe_host({}, gpu_info=str(tmp_path / "none" / "*"))
+    assert (bare.node_id, bare.labels, bare.gpus) == (None, {}, ())
