@@ -130,7 +130,7 @@ def test_rows_land_on_their_labelled_nodes_on_loopback_and_the_campaign_replays(
     assert "replay: campaign identical" in replayed.stdout
 
 
-async def test_sigterm_mid_ladder_cancels_every_row_and_leaves_no_process(
+async def test_sigterm_mid_ladder_cancels_every_row_leaves_no_process_and_resume_finishes(
     short_tmp: Path,
 ) -> None:
     prepared = prepared_pair(short_tmp)
@@ -165,6 +165,31 @@ async def test_sigterm_mid_ladder_cancels_every_row_and_leaves_no_process(
     # The row in its ladder sealed as cancelled; no qwen3_dense row completed.
     assert statuses[0].status == "incomplete" or statuses[2].status == "incomplete"
     assert all(statuses[i].status != "completed" for i in (0, 2))
+
+    # --resume runs only the rows without a finished run; the finished ones are kept as they are.
+    kept = {
+        name: (out / "rows" / name / "journal.jsonl").read_bytes()
+        for name in ("row-0001", "row-0003")
+        if (out / "rows" / name / "journal.jsonl").is_file()
+    }
+    behave(prepared)  # the FAKE host answers at once now
+    resumed = subprocess.run(
+        [str(CLI), "campaign", "--resume", str(out), "--ray", "local", "--hosts", "2"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-4000:]
+    assert f"{len(kept)} row(s) kept" in resumed.stdout
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.status == "completed"
+    for name, journal in kept.items():
+        assert (out / "rows" / name / "journal.jsonl").read_bytes() == journal
+    assert (out / "superseded" / "1" / CAMPAIGN_JOURNAL).is_file()
+    assert processes_naming(out) == []
+    assert subprocess.run([str(CLI), "replay", str(out)], check=False).returncode == 0
 
 
 def node_of(host_pid: int) -> tuple[psutil.Process, psutil.Process]:

@@ -305,8 +305,21 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     parser: _Parser = args.parser
     if args.hosts < 1 or args.hosts > 64:
         parser.refuse("--hosts", "--hosts is a whole number from 1 to 64")
+    if args.resume is not None:
+        if args.input is not None or args.output is not None or args.placement is not None:
+            parser.refuse("--resume", "--resume continues a campaign: give no --input, "
+                          "--output or --placement")  # fmt: skip
+    elif args.input is None or args.output is None:
+        parser.refuse("--input", "give --input and --output (or --resume CAMPAIGN)")
     try:
-        code, _ = campaign_main(args.input, args.output, args.ray, args.placement, args.hosts)
+        code, _ = campaign_main(
+            args.input,
+            str(args.resume or args.output),
+            args.ray,
+            args.placement,
+            args.hosts,
+            resume=args.resume is not None,
+        )
     except Refused as refused:
         _print_refusals(refused)
         _say_refused(args, refused)
@@ -726,11 +739,18 @@ def build_parser() -> argparse.ArgumentParser:
             "campaign", help="run every row of a prepared input as a Ray task on labelled hosts"
         )
         campaign.add_argument(
-            "--input", required=True, type=_file_path("--input"), metavar="PREPARED_JSON"
+            "--input", action=_Once, type=_file_path("--input"), metavar="PREPARED_JSON"
+        )
+        campaign.add_argument(
+            "--resume",
+            action=_Once,
+            type=_dir_path("--resume"),
+            metavar="CAMPAIGN",
+            help="run again only the rows of CAMPAIGN without a finished run, then merge",
         )
         campaign.add_argument(
             "--output",
-            required=True,
+            action=_Once,
             type=_dir_path("--output"),
             metavar="ABS_FRESH_DIR",
             help="the campaign directory; every node must see it (a shared file system)",

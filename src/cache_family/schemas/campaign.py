@@ -178,3 +178,25 @@ def read_campaign(data: bytes) -> CampaignRead:
             ),
         )
     return CampaignRead(tuple(lines), tuple(shas), None)
+
+
+CAMPAIGN_REQUEST: Final = "campaign-request.json"
+
+
+class CampaignRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What ``cache-family campaign`` was started with, written before its first row, so
+    ``campaign --resume`` continues the same campaign (same input bytes, same placement)."""
+
+    schema_version: int = 1
+    input_path: str
+    input_sha256: str
+    placement_path: str | None = None
+    placement_sha256: str | None = None
+
+
+def encode_request(request: CampaignRequest) -> bytes:
+    return msgspec.json.format(_ENCODER.encode(request), indent=2) + b"\n"
+
+
+def decode_request(data: bytes) -> CampaignRequest:
+    return msgspec.json.decode(data, type=CampaignRequest)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Final
 
+import msgspec
 import psutil
 
 from cache_family.actors.campaign.local_cluster import (
@@ -40,11 +41,20 @@ from cache_family.actors.campaign.local_cluster import (
 )
 from cache_family.actors.campaign.merge import MergeOutcome, Missing, merge_campaign
 from cache_family.actors.campaign.placement import LoadedPlacement, brief_key, load_placement
+from cache_family.actors.campaign.resume import (
+    ResumePlan,
+    check_bytes,
+    move_aside,
+    plan_resume,
+    read_request,
+)
 from cache_family.actors.campaign.row_task import DEFAULT_GRACE_SECONDS, row_argv, run_row
 from cache_family.actors.run.matrix import admit_run, planned_brief
 from cache_family.actors.run.selection import NODE_ID_ENV, NODE_LABELS_ENV
 from cache_family.errors import Refused
 from cache_family.exit_codes import ExitCode
+from cache_family.schemas.bounded import read_bounded
+from cache_family.schemas.campaign import CAMPAIGN_REQUEST, CampaignRequest, encode_request
 from cache_family.schemas.host_identity import HostIdentity
 from cache_family.schemas.journal import (
     JOURNAL_FILENAME,
@@ -52,6 +62,8 @@ from cache_family.schemas.journal import (
     PlannedRowBrief,
     read_journal,
 )
+from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
+from cache_family.system.publish import publish_fresh
 
 ROWS_DIR: Final = "rows"
 RAY_DIR: Final = "ray"
@@ -269,19 +281,17 @@ def _signals_as(stop: _Stop) -> Iterator[None]:
 
 
 def run_campaign(
-    input_path: str,
+    input_path: str | None,
     output: str,
     ray_address: str,
     *,
     placement_file: str | None = None,
     hosts: int = 1,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    resume: bool = False,
 ) -> CampaignResult:
-    """Admit, drive, merge; raises ``Refused`` before anything is written."""
-    admitted = admit_run(input_path, output)
-    prepared = admitted.prepared
-    plan = [planned_brief(prepared, row) for row in prepared.rows]
-    placement = load_placement(placement_file, plan) if placement_file else None
+    """Admit, drive, merge; raises ``Refused`` before anything is written. With ``resume``,
+    ``output`` is an earlier campaign: only its rows without a finished run run again."""
     local = ray_address == "local"
     if not local and hosts != 1:
         raise Refused.one(
@@ -290,13 +300,43 @@ def run_campaign(
             "--hosts starts local nodes; it goes only with --ray local",
             "drop --hosts, or use --ray local",
         )
+    resumed: ResumePlan | None = None
+    if resume:
+        campaign = os.path.abspath(output)
+        request = read_request(campaign)
+        check_bytes(request.input_path, request.input_sha256, "prepared input")
+        check_bytes(request.placement_path, request.placement_sha256, "placement file")
+        input_path, placement_file = request.input_path, request.placement_path
+        raw = read_bounded(input_path, PREPARED_INPUT_MAX_BYTES, what="prepared input")
+        prepared = decode_document(raw.data, PreparedInput, what="prepared input")
+        plan = [planned_brief(prepared, row) for row in prepared.rows]
+        resumed = plan_resume(campaign, plan, os.path.join(campaign, ROWS_DIR), request)
+        to_run = list(resumed.rerun)
+    else:
+        assert input_path is not None
+        admitted = admit_run(input_path, output)
+        campaign, input_path = admitted.output, admitted.input_path
+        plan = [planned_brief(admitted.prepared, row) for row in admitted.prepared.rows]
+        to_run = plan
+        request = CampaignRequest(input_path=input_path, input_sha256=admitted.request_sha256)
+    placement = load_placement(placement_file, plan) if placement_file else None
+    if placement is not None and not resume:
+        request = msgspec.structs.replace(
+            request, placement_path=placement.pin.path, placement_sha256=placement.pin.sha256
+        )
     stop = _Stop()
     lines: list[str] = []
     with _signals_as(stop):
         if local:
             enter_loopback_namespace()
-        campaign = admitted.output
-        os.makedirs(os.path.join(campaign, ROWS_DIR))
+        if resumed is None:
+            os.makedirs(os.path.join(campaign, ROWS_DIR))
+            publish_fresh(os.path.join(campaign, CAMPAIGN_REQUEST), encode_request(request))
+        else:
+            move_aside(resumed.moves)
+            lines.append(
+                f"resume: {len(resumed.kept)} row(s) kept, {len(resumed.rerun)} to run again"
+            )
         timings: dict[str, float] = {}
         evidence: dict[str, object] = {}
         started = time.monotonic()
@@ -306,7 +346,7 @@ def run_campaign(
                 timings["cluster_start_seconds"] = time.monotonic() - started
                 rows_started = time.monotonic()
                 shards, missing = drive(
-                    cluster.address, admitted.input_path, campaign, plan, placement, stop,
+                    cluster.address, input_path, campaign, to_run, placement, stop,
                     local=True, grace_seconds=grace_seconds,
                 )  # fmt: skip
                 timings["rows_seconds"] = time.monotonic() - rows_started
@@ -316,11 +356,13 @@ def run_campaign(
                 lines.append(f"ended {len(ended)} row process(es) a lost node left")
         else:
             shards, missing = drive(
-                ray_address, admitted.input_path, campaign, plan, placement, stop,
+                ray_address, input_path, campaign, to_run, placement, stop,
                 local=False, grace_seconds=grace_seconds,
             )  # fmt: skip
         outcome: MergeOutcome | None = None
         merge_started = time.monotonic()
+        if resumed is not None:
+            shards = sorted([*resumed.kept, *shards])
         if shards:
             outcome = merge_campaign(
                 campaign, shards, placement_file=placement_file, missing=missing
@@ -329,7 +371,7 @@ def run_campaign(
             lines.append("no row sealed a run directory: nothing to merge")
         timings["merge_seconds"] = time.monotonic() - merge_started
         if local:
-            _write_evidence(campaign, {**evidence, "rows": len(plan), **timings})
+            _write_evidence(campaign, {**evidence, "rows": len(to_run), **timings})
     if stop.signal_name is not None:
         return CampaignResult(ExitCode.INTERRUPTED, outcome, lines)
     if outcome is not None and outcome.status == "completed":
@@ -348,16 +390,19 @@ def _write_evidence(campaign: str, evidence: Mapping[str, object]) -> None:
 
 
 def campaign_main(
-    input_path: str,
+    input_path: str | None,
     output: str,
     ray_address: str,
     placement_file: str | None,
     hosts: int,
+    *,
+    resume: bool = False,
 ) -> tuple[int, list[str]]:
     """The exit code and the lines to print (refusals are raised for the CLI to print)."""
     result = run_campaign(
-        input_path, output, ray_address, placement_file=placement_file, hosts=hosts
-    )
+        input_path, output, ray_address, placement_file=placement_file, hosts=hosts,
+        resume=resume,
+    )  # fmt: skip
     lines = list(result.lines)
     if result.outcome is not None:
         lines.append(f"{result.outcome.status}: {result.outcome.matrix_path}")
