@@ -232,14 +232,37 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume is not None:
         if args.input is not None or args.output is not None:
             parser.refuse("--resume", "--resume continues a run: give no --input or --output")
+        if args.rows is not None or args.shard is not None or args.dry_run:
+            parser.refuse("--resume", "a resumed run keeps the rows it was started with")
         from cache_family.console.commands import resume_command
 
         return resume_command(args.resume, sign_key=args.sign_key, mode=_progress_mode(args))
+    if args.dry_run:
+        if args.input is None:
+            parser.refuse("--dry-run", "--dry-run lists the rows of --input PREPARED_JSON")
+        from cache_family.actors.run.selection import dry_run_keys
+
+        try:
+            keys = dry_run_keys(args.input, args.rows, args.shard, os.environ)
+        except Refused as refused:
+            _print_refusals(refused)
+            _say_refused(args, refused)
+            return ExitCode.REFUSED
+        for key in keys:
+            print(key)
+        return ExitCode.OK
     if args.input is None or args.output is None:
         parser.refuse("--input", "give --input and --output (or --resume RUN_DIR)")
     from cache_family.console.commands import run_command
 
-    return run_command(args.input, args.output, sign_key=args.sign_key, mode=_progress_mode(args))
+    select = None
+    if args.rows is not None or args.shard is not None:
+        from cache_family.actors.run.selection import selector
+
+        select = selector(args.rows, args.shard, os.environ)
+    return run_command(
+        args.input, args.output, sign_key=args.sign_key, mode=_progress_mode(args), select=select
+    )
 
 
 def _progress_mode(args: argparse.Namespace) -> Mode:
@@ -265,6 +288,57 @@ def _add_progress_options(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from cache_family.actors.campaign.merge import merge_campaign
+
+    try:
+        outcome = merge_campaign(args.output, args.shard_dirs, placement_file=args.placement)
+    except Refused as refused:
+        _print_refusals(refused)
+        _say_refused(args, refused)
+        return ExitCode.REFUSED
+    print(f"{outcome.status}: {outcome.matrix_path}")
+    print(f"campaign journal head: {outcome.head}")
+    return ExitCode.COMPLETED if outcome.status == "completed" else ExitCode.NOT_COMPLETED
+
+
+def _cmd_campaign(args: argparse.Namespace) -> int:
+    from cache_family.actors.campaign.ray_driver import campaign_main
+
+    parser: _Parser = args.parser
+    if args.hosts < 1 or args.hosts > 64:
+        parser.refuse("--hosts", "--hosts is a whole number from 1 to 64")
+    if args.resume is not None:
+        if args.input is not None or args.output is not None or args.placement is not None:
+            parser.refuse("--resume", "--resume continues a campaign: give no --input, "
+                          "--output or --placement")  # fmt: skip
+    elif args.input is None or args.output is None:
+        parser.refuse("--input", "give --input and --output (or --resume CAMPAIGN)")
+    try:
+        code, _ = campaign_main(
+            args.input,
+            str(args.resume or args.output),
+            args.ray,
+            args.placement,
+            args.hosts,
+            resume=args.resume is not None,
+        )
+    except Refused as refused:
+        _print_refusals(refused)
+        _say_refused(args, refused)
+        return ExitCode.REFUSED
+    return code
+
+
+def _replay_campaign(campaign_dir: str) -> int:
+    from cache_family.actors.campaign.audit import replay_campaign
+
+    report = replay_campaign(campaign_dir)
+    for line in report.lines:
+        print(line)
+    return report.exit_code
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from cache_family.actors.audit.head_signature import HEAD_PATTERN
     from cache_family.actors.audit.replay import HeadCheck
@@ -272,6 +346,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from cache_family.console.refusals import say_failed
 
     parser: _Parser = args.parser
+    if (Path(args.run_dir) / "campaign-journal.jsonl").is_file():
+        return _replay_campaign(args.run_dir)
     if args.expect_head is not None and not HEAD_PATTERN.fullmatch(args.expect_head):
         parser.refuse("--expect-head", "give the 64 lowercase hex digits the run printed")
     if (args.allowed_signers is None) != (args.signer_identity is None):
@@ -589,6 +665,26 @@ def build_parser() -> argparse.ArgumentParser:
             help="sign the journal's head with this OpenSSH key (ssh-keygen -Y sign) into "
             "RUN_DIR/journal.head.sig",
         )
+        rows = run.add_mutually_exclusive_group()
+        rows.add_argument(
+            "--rows",
+            action=_Once,
+            metavar="KEY[,KEY...]",
+            help="run only these rows of the prepared input (a key is CASE/USE_CASE/PREFIX; "
+            "--dry-run lists them)",
+        )
+        rows.add_argument(
+            "--shard",
+            action=_Once,
+            metavar="I/N",
+            help="run shard I of N (rendezvous hashing of the row keys); auto/N reads "
+            "SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX",
+        )
+        run.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="print the keys of the rows the run would run, one a line, and exit",
+        )
         _add_progress_options(run)
         run.set_defaults(func=_cmd_run, parser=run)
 
@@ -622,6 +718,69 @@ def build_parser() -> argparse.ArgumentParser:
             help="the identity (principal) in --allowed-signers the head must be signed by",
         )
         replay.set_defaults(func=_cmd_replay, parser=replay)
+
+    if _available("cache_family.actors.campaign.merge"):
+        merge = sub.add_parser(
+            "merge", help="merge the run directories of a campaign's shards into one campaign"
+        )
+        merge.add_argument(
+            "--output", required=True, type=_dir_path("--output"), metavar="ABS_CAMPAIGN_DIR"
+        )
+        merge.add_argument(
+            "--placement",
+            action=_Once,
+            type=_file_path("--placement"),
+            metavar="PLACEMENT_JSON",
+            help="the placement file the shards were placed by (pinned in the campaign journal)",
+        )
+        merge.add_argument(
+            "shard_dirs", nargs="+", metavar="SHARD_DIR", type=_dir_path("SHARD_DIR")
+        )
+        merge.set_defaults(func=_cmd_merge, parser=merge)
+
+    if _available("cache_family.actors.campaign.ray_driver"):
+        campaign = sub.add_parser(
+            "campaign", help="run every row of a prepared input as a Ray task on labelled hosts"
+        )
+        campaign.add_argument(
+            "--input", action=_Once, type=_file_path("--input"), metavar="PREPARED_JSON"
+        )
+        campaign.add_argument(
+            "--resume",
+            action=_Once,
+            type=_dir_path("--resume"),
+            metavar="CAMPAIGN",
+            help="run again only the rows of CAMPAIGN without a finished run, then merge",
+        )
+        campaign.add_argument(
+            "--output",
+            action=_Once,
+            type=_dir_path("--output"),
+            metavar="ABS_FRESH_DIR",
+            help="the campaign directory; every node must see it (a shared file system)",
+        )
+        campaign.add_argument(
+            "--ray",
+            required=True,
+            metavar="ADDRESS|local",
+            help="a Ray cluster's address, or local: a cluster of --hosts labelled nodes on "
+            "this machine, on loopback only (needs root for its network namespace)",
+        )
+        campaign.add_argument(
+            "--placement",
+            action=_Once,
+            type=_file_path("--placement"),
+            metavar="PLACEMENT_JSON",
+            help="which hosts (Ray labels, GPUs, CPUs) may run which rows",
+        )
+        campaign.add_argument(
+            "--hosts",
+            type=int,
+            default=1,
+            metavar="N",
+            help="with --ray local: the number of nodes, labelled cf.host=host-0..host-N-1",
+        )
+        campaign.set_defaults(func=_cmd_campaign, parser=campaign)
 
     _add_report_command(sub)
     _add_report_run_command(sub)

@@ -639,6 +639,15 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     "client_calibrated": (),
     # Issue 22: every file of the run directory, bound before the matrix.
     "run_files": (),
+    "rows_selected": (
+        "prepared_sha256",
+        "how",
+        "row_keys",
+        "shard_index",
+        "shard_count",
+        "unselected_rows",
+        "host",
+    ),
 }
 
 

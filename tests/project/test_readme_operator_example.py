@@ -35,7 +35,7 @@ def test_the_demo_and_run_options_the_readme_names_exist() -> None:
     demo_help = _parser().format_help()
     for flag in re.findall(r"\./bootstrap demo (--[a-z-]+)", text):
         assert flag in demo_help, flag
-        assert flag[2:] in PLANS or flag == "--quiet", flag
+        assert flag[2:] in PLANS or flag in ("--quiet", "--hosts"), flag
     run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
     run_help = run.format_help()
     for flag in ("--quiet", "--json-events"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -44,13 +45,20 @@ from cache_family.system.run_lock import run_lock
 
 
 def run_command(
-    input: str, output: str, *, sign_key: str | None = None, mode: Mode | None = None
+    input: str,
+    output: str,
+    *,
+    sign_key: str | None = None,
+    mode: Mode | None = None,
+    select: Callable[[AdmittedRun], AdmittedRun] | None = None,
 ) -> int:
     """The ``run`` verb: admit, create the fresh output, lock it, supervise, publish; the exit
-    code."""
+    code. ``select`` narrows the admitted run to some of its rows (``actors/run/selection.py``)."""
     with interrupts.held():
         try:
             admitted = admit_run(input, output)
+            if select is not None:
+                admitted = select(admitted)
             if sign_key is not None:
                 check_sign_key(sign_key)
             make_fresh_dir(admitted.output, guarded_trees(admitted.prepared))

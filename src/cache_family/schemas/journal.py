@@ -40,6 +40,7 @@ from typing import ClassVar, Final, TypeAlias, get_args
 import msgspec
 
 from cache_family.errors import Refusal
+from cache_family.schemas.host_identity import HostIdentity
 from cache_family.schemas.measurement import (
     CacheExpectation,
     ClientCalibration,
@@ -131,6 +132,25 @@ class RunStarted(_Record, tag="run_started", frozen=True, kw_only=True):
     # refuse while the run is still going. None in journals written before they were recorded.
     runner_pid: int | None = None
     runner_create_time: float | None = None
+
+
+class RowsSelected(_Record, tag="rows_selected", frozen=True, kw_only=True):
+    """The run runs only some rows of its prepared input (``run --rows`` or ``--shard``);
+    journaled right after ``run_started``, only then, so a whole run's journal is unchanged.
+
+    It binds the prepared input's bytes and the row set: ``run_started.planned_rows`` holds the
+    selected rows and ``unselected_rows`` the rest of the plan, so a campaign merging shards
+    knows the whole plan from any one of them. Keys are ``states/selection.row_key``'s."""
+
+    durable: ClassVar[bool] = True
+    prepared_sha256: str
+    how: str  # rows | shard
+    row_keys: tuple[str, ...]
+    shard_index: int | None = None
+    shard_count: int | None = None
+    unselected_rows: tuple[PlannedRowBrief, ...] = ()
+    # The machine that ran the selected rows (the campaign's merge names it for each row).
+    host: HostIdentity | None = None
 
 
 class Cancellation(_Record, tag="cancellation", frozen=True, kw_only=True):
@@ -533,6 +553,7 @@ Record: TypeAlias = (
     | CorrectnessVerdict
     | CliAdmission
     | ClientCalibrated
+    | RowsSelected
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.

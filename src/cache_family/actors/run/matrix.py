@@ -81,6 +81,7 @@ from cache_family.schemas.journal import (
     DeadlineExpired,
     InterruptFinishFailed,
     PlannedRowBrief,
+    RowsSelected,
     RunFilesBound,
     RunResumed,
     RunStarted,
@@ -96,6 +97,7 @@ from cache_family.schemas.matrix import (
 from cache_family.schemas.prepared import (
     PREPARED_INPUT_MAX_BYTES,
     PreparedInput,
+    PreparedRow,
     decode_document,
 )
 from cache_family.states.fold import JournalIndex
@@ -122,6 +124,8 @@ class AdmittedRun:
     request_sha256: str
     output: str
     prompts: PromptSelector
+    # Journaled after run_started when the run runs only some rows (--rows, --shard).
+    selection: RowsSelected | None = None
 
 
 def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = None) -> AdmittedRun:
@@ -376,6 +380,8 @@ async def _run_and_publish(
     results: dict[int, RowResult] = {}
     if resumption is None:
         await writer.append(_run_started(admitted))
+        if admitted.selection is not None:
+            await writer.append(admitted.selection)
     else:
         await writer.append(resumption.record)
         await trio.to_thread.run_sync(_move_aside, ctx.run_dir, resumption.moves)
@@ -496,30 +502,32 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
         cell_seconds=prepared.cell_seconds,
         request_timeout_ms=prepared.request_timeout_ms,
         operator_threads=threads,
-        planned_rows=tuple(
-            PlannedRowBrief(
-                index=row.index,
-                case=row.key,
-                prefix_tokens=row.prefix_tokens,
-                use_case=row.use_case,
-                model_status=row.model_observation.status,
-                output_relative=row.output_relative,
-                synthetic=row.synthetic,
-                family=row.family,
-                model_id=row.model_id,
-                payload=row.payload,
-                stage_load_mode=row.load_mode,
-                use_case_label=row.use_case_label,
-                resident_kv_bytes_per_token=row.kv_bytes_per_token,
-                use_case_source=_use_case_source(prepared, row.use_case),
-            )
-            for row in prepared.rows
-        ),
+        planned_rows=tuple(planned_brief(prepared, row) for row in prepared.rows),
         catalog_path=catalog.path,
         catalog_synthetic=catalog.synthetic,
         catalog_packaged=catalog.packaged,
         runner_pid=os.getpid(),
         runner_create_time=psutil.Process().create_time(),
+    )
+
+
+def planned_brief(prepared: PreparedInput, row: PreparedRow) -> PlannedRowBrief:
+    """One row of the plan as ``run_started`` (or ``rows_selected``) names it."""
+    return PlannedRowBrief(
+        index=row.index,
+        case=row.key,
+        prefix_tokens=row.prefix_tokens,
+        use_case=row.use_case,
+        model_status=row.model_observation.status,
+        output_relative=row.output_relative,
+        synthetic=row.synthetic,
+        family=row.family,
+        model_id=row.model_id,
+        payload=row.payload,
+        stage_load_mode=row.load_mode,
+        use_case_label=row.use_case_label,
+        resident_kv_bytes_per_token=row.kv_bytes_per_token,
+        use_case_source=_use_case_source(prepared, row.use_case),
     )
 
 

@@ -26,6 +26,7 @@ superseded ones included.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Final
@@ -46,6 +47,7 @@ from cache_family.schemas.journal import (
     JournalSealed,
     ReceiptPublished,
     RowOpened,
+    RowsSelected,
     RunResumed,
     RunStarted,
     read_journal,
@@ -186,6 +188,15 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
     started = lines[0].record
     assert isinstance(started, RunStarted)
     admitted = _admit_input(root, started)
+    selected = next(
+        (line.record for line in lines[1:2] if isinstance(line.record, RowsSelected)), None
+    )
+    if selected is not None:  # a run of some rows (--rows, --shard) resumes those rows only
+        planned = {brief.index for brief in started.planned_rows}
+        rows = [row for row in admitted.prepared.rows if row.index in planned]
+        admitted = dataclasses.replace(
+            admitted, prepared=admitted.prepared.model_copy(update={"rows": rows})
+        )
     kept, to_verify = _completed_rows(root, lines, admitted.prepared)
 
     async def verify() -> set[int]:
