@@ -39,9 +39,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from cache_family.actors.journal.rows_file import cell_rows
 from cache_family.actors.journal.writer import JournalWriter
 from cache_family.actors.run import cell as cell_actor
-from cache_family.actors.run.cell import CellActor, CellPlan, pin_targets
-from cache_family.actors.run.context import Budgets, HostSettings, RunContext, RunStop
-from cache_family.actors.run.prompts import PromptChoice
+from cache_family.actors.run.cell import CellActor
+from cache_family.actors.run.context import HostSettings, RunContext, RunStop
+from cache_family.schemas.arms import NATIVE_CONCURRENT, NATIVE_SERIAL
 from cache_family.schemas.journal import (
     Cancellation,
     ChildSpawned,
@@ -57,8 +57,10 @@ from cache_family.schemas.journal import (
 )
 from cache_family.schemas.prepared import HostProfile
 from cache_family.schemas.receipts import ReceiptStatus, decode_cell_receipt, encode_receipt
+from cache_family.states.budgets import Budgets
 from cache_family.states.cell import CELL_TABLE, CellEvent, CellState, Step
 from cache_family.states.fold import CellFold, fold_cell
+from cache_family.states.plans import CellPlan, PromptChoice, pin_targets
 from cache_family.states.receipts import may_follow
 from fake_hosts.fake_custody import FakeHostScript, fake_opener, hasher
 from fake_hosts.fake_llama_http import Reply
@@ -100,7 +102,7 @@ def host_profile(root: str) -> HostProfile:
 
 
 def cell_plan(root: str, index: int, kind: str, profile: HostProfile | None) -> CellPlan:
-    arm = "native-serial" if kind == "serial" else "native-concurrent"
+    arm = NATIVE_SERIAL if kind == "serial" else NATIVE_CONCURRENT
     rungs = (
         (RungPlan(concurrency=1, requests=3),)
         if kind == "serial"
@@ -110,12 +112,11 @@ def cell_plan(root: str, index: int, kind: str, profile: HostProfile | None) -> 
         )
     )
     return CellPlan(
-        cell_id=f"cell-{index:04d}/{arm}",
-        cell_dir=f"cell-{index:04d}/{arm}",
+        cell_id=f"cell-{index:04d}/{arm.name}",
+        cell_dir=f"cell-{index:04d}/{arm.name}",
         row_index=index,
         row_key=f"tiny-p8-{index}",
         arm=arm,
-        kind="serial" if kind == "serial" else "concurrent",
         rungs=rungs,
         output_tokens=4,
         lanes=2,

@@ -18,6 +18,7 @@ import pytest
 import transitions
 
 from cache_family.actors.run import cell as cell_actor
+from cache_family.actors.run.engine import check_handlers
 from cache_family.errors import Refused
 from cache_family.states import cell as cell_module
 from cache_family.states.cell import (
@@ -168,11 +169,11 @@ def test_the_actor_refuses_an_action_without_its_effect_handler() -> None:
     rows[(C.LADDER, V.FAULT)] = Step(C.CLEANUP, (CellAction.END_HOST, Extra.RESTART_HOST))
     broken = replace(CELL_TABLE, rows=MappingProxyType(rows))
     with pytest.raises(ValueError, match="restart-host"):
-        cell_actor.check_handlers(broken)
+        check_handlers("cell actor", broken, cell_actor._WORK, cell_actor._EFFECTS)
     work = {k: v for k, v in cell_actor._WORK.items() if k != C.WARMUP}
     with pytest.raises(ValueError, match="warmup"):
-        cell_actor.check_handlers(CELL_TABLE, work)
-    cell_actor.check_handlers()
+        check_handlers("cell actor", CELL_TABLE, work, cell_actor._EFFECTS)
+    check_handlers("cell actor", CELL_TABLE, cell_actor._WORK, cell_actor._EFFECTS)
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:

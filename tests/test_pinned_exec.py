@@ -16,11 +16,12 @@ from pathlib import Path
 import trio
 
 from cache_family.actors.run import custody
-from cache_family.actors.run.context import PinResult, PinTarget, hash_pins
+from cache_family.actors.run.context import PinResult, hash_pins
 from cache_family.actors.run.custody import host_environment
 from cache_family.actors.run.private_exec import make_private_copy
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.journal import ChildSpawned, PinObserved
+from cache_family.states.plans import PinTarget
 from cache_family.system.pins import Budget, pin_tree
 from fake_hosts.fake_custody import FakeHostScript
 from test_run_budgets import cell, fake_server_launcher, make_prepared, records, run

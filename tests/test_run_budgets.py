@@ -33,7 +33,7 @@ from cache_family.actors.journal.writer import JournalWriter
 from cache_family.actors.prepare.admission import admit
 from cache_family.actors.prepare.worker import observe
 from cache_family.actors.run import custody
-from cache_family.actors.run.context import Budgets, HostSettings, PinTarget, RunStop, hash_pins
+from cache_family.actors.run.context import HostSettings, RunStop, hash_pins
 from cache_family.actors.run.matrix import (
     RUN_INPUT_MAX_BYTES,
     MatrixOutcome,
@@ -91,9 +91,11 @@ from cache_family.schemas.receipts import (
     decode_cell_receipt,
     decode_row_receipt,
 )
+from cache_family.states.budgets import Budgets
 from cache_family.states.fold import JournalIndex
 from cache_family.states.handoff import RUNTIME_SLICE_TOPOLOGIES
 from cache_family.states.matrix import fold_matrix
+from cache_family.states.plans import PinTarget
 from cache_family.system.pins import Budget, pin_tree
 from fake_hosts.fake_correctness_tool import FAKE_PROMPT
 from fake_hosts.fake_custody import FakeHostScript, fake_child_runner, fake_opener, hasher

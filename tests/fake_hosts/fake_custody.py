@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from cache_family.actors.run import custody
-from cache_family.actors.run.context import HostHandle, Observe, PinResult, PinTarget
+from cache_family.actors.run.context import HostHandle, Observe, PinResult
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
     HostCleaned,
@@ -27,6 +27,7 @@ from cache_family.schemas.measurement import (
     HostReady,
     HostSpawned,
 )
+from cache_family.states.plans import PinTarget
 from cache_family.system.child import ChildCommand, ChildEnded, ChildRunner, OnSpawn
 from cache_family.system.http import LoopbackHttp
 from fake_hosts.fake_correctness_tool import write_report

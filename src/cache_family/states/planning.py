@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cache_family.errors import Refusal, Refused, json_path
+from cache_family.schemas.arms import NATIVE_PROFILE, NEW_PROFILE, OLD_PROFILE, HostProfileName
 from cache_family.schemas.catalog import Catalog, Preset
 from cache_family.schemas.corpus import Corpus, UseCase
 from cache_family.schemas.operator import OperatorInput, PlanInput
@@ -63,7 +64,7 @@ from cache_family.schemas.prepared import (
 )
 
 USE_CASES_ALL = "all"
-HostKind = Literal["native-baseline", "skippy-old", "skippy-new"]
+HostKind = HostProfileName
 CTX_HEADROOM = 128  # tokens kept free after an overridden prefix
 CONCURRENT_BASELINE_OUTPUT_TOKENS = 128
 U32_MAX = 2**32 - 1
@@ -581,7 +582,7 @@ def build_profiles(rows: Sequence[PreparedRow], inputs: ProfileInputs) -> dict[s
             ),
             native=(
                 _host(
-                    "native-baseline",
+                    NATIVE_PROFILE,
                     native_tool,
                     operator.native_source_commit,
                     row,
@@ -594,7 +595,7 @@ def build_profiles(rows: Sequence[PreparedRow], inputs: ProfileInputs) -> dict[s
             ),
             old=(
                 _host(
-                    "skippy-old",
+                    OLD_PROFILE,
                     inputs.old_server,
                     operator.old_source_commit,
                     row,
@@ -607,7 +608,7 @@ def build_profiles(rows: Sequence[PreparedRow], inputs: ProfileInputs) -> dict[s
             ),
             new=(
                 _host(
-                    "skippy-new",
+                    NEW_PROFILE,
                     inputs.new_server,
                     operator.new_source_commit,
                     row,

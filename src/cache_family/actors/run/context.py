@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Final, Literal, Protocol
+from typing import Literal, Protocol
 
 import trio
 
@@ -28,7 +28,9 @@ from cache_family.schemas.measurement import (
     HostReady,
     HostSpawned,
 )
+from cache_family.states.budgets import Budgets
 from cache_family.states.cell import OnStep
+from cache_family.states.plans import PinTarget
 from cache_family.system.child import ChildRunner, run_child
 from cache_family.system.http import LoopbackHttp
 from cache_family.system.pins import (
@@ -42,49 +44,7 @@ from cache_family.system.pins import (
     pin_tree,
 )
 
-ARM_SERIAL: Final = "native-serial"
-ARM_CONCURRENT: Final = "native-concurrent"
-# Directory of each native arm's cell inside its row directory (run layout).
-ARM_OLD: Final = "skippy-old"
-ARM_NEW: Final = "skippy-new"
-ARM_DIRS: Final = {
-    ARM_SERIAL: "native-serial",
-    ARM_CONCURRENT: "sweep-native-concurrent",
-    ARM_OLD: "sweep-skippy-old",
-    ARM_NEW: "sweep-skippy-new",
-}
-
-# The cell's own work (hashing, startup, requests) ends this long before the cell deadline, so
-# that a request cut by the budget is still recorded by the load actor itself (with its elapsed
-# time) and the cell reaches cleanup on its own rather than by cancellation.
-MEASUREMENT_RESERVE_SECONDS: Final = 2.0
-
 StopKind = Literal["cancelled", "execution", "cell"]
-
-
-@dataclass(frozen=True, slots=True)
-class Budgets:
-    """The run's three budgets; each derived deadline is never later than its parent's."""
-
-    run_deadline: float  # trio time
-    cell_seconds: float
-    request_timeout_ms: int
-
-    def cell_deadline(self, now: float) -> float:
-        return min(self.run_deadline, now + self.cell_seconds)
-
-    @staticmethod
-    def work_deadline(cell_deadline: float, now: float) -> float:
-        """When the cell's measured work must end: the reserve before its deadline."""
-        return max(cell_deadline - MEASUREMENT_RESERVE_SECONDS, now)
-
-    @staticmethod
-    def request_deadline(cell_deadline: float, started: float, request_timeout_ms: int) -> float:
-        return min(cell_deadline, started + request_timeout_ms / 1000)
-
-    @staticmethod
-    def startup_seconds(cell_deadline: float, now: float, profile_startup: float) -> float:
-        return max(min(profile_startup, cell_deadline - now), 0.001)
 
 
 @dataclass(slots=True)
@@ -148,16 +108,6 @@ def real_host_opener(
     config: custody.HostConfig, observe: Observe
 ) -> AbstractAsyncContextManager[HostHandle]:
     return custody.host_custody(config, observe)
-
-
-@dataclass(frozen=True, slots=True)
-class PinTarget:
-    """One pinned thing a cell re-hashes before launch and after its ladder."""
-
-    name: str
-    path: str
-    expected_sha256: str
-    kind: Literal["file", "tree"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,16 +369,6 @@ class RunContext:
                 self.on_transition(cell_id, dest.value)
 
         return on_step
-
-
-def thread_setting(environment: Mapping[str, str]) -> str | None:
-    """OMP_NUM_THREADS when it is a positive whole number, else None.
-
-    A thread count is a setting, not a secret: it is given to llama-server as ``-t`` and to
-    the correctness oracle's llama.cpp contexts.
-    """
-    value = environment.get("OMP_NUM_THREADS")
-    return value if value and value.isdigit() and int(value) > 0 else None
 
 
 def is_cancellation(exc: BaseException) -> bool:

@@ -57,16 +57,10 @@ from cache_family.actors.journal.writer import (
     journal_path,
     publish_receipt,
 )
-from cache_family.actors.run.context import (
-    Budgets,
-    HostSettings,
-    RunContext,
-    RunStop,
-    thread_setting,
-)
+from cache_family.actors.run.context import HostSettings, RunContext, RunStop
 from cache_family.actors.run.prompts import PromptSelector
 from cache_family.actors.run.report_files import publish_report_files
-from cache_family.actors.run.row import RowActor, RowResult
+from cache_family.actors.run.row import RowActor
 from cache_family.actors.run.self_calibration import calibrate_client
 from cache_family.console.progress import (
     Mode,
@@ -100,8 +94,11 @@ from cache_family.schemas.prepared import (
     PreparedInput,
     decode_document,
 )
+from cache_family.schemas.row_result import RowResult
+from cache_family.states.budgets import Budgets
 from cache_family.states.fold import JournalIndex
 from cache_family.states.matrix import fold_matrix
+from cache_family.states.plans import thread_setting
 from cache_family.system import interrupts
 from cache_family.system.publish import fsync_dir, overlapping_trees, publish_fresh
 
