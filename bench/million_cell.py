@@ -114,7 +114,7 @@ def run_part(run_dir: str, requests: int, base_url: str | None) -> None:
     """One rung of the cell, journaled, then its receipt published; prints seconds and
     peak RSS after the rung and after publishing, and the file sizes."""
     if base_url is None:
-        host_kinds.LoadRun = _AfterTheNetwork  # type: ignore[misc]
+        host_kinds.LoadRun = _AfterTheNetwork  # type: ignore[attr-defined]
     plan = CellPlan(
         cell_id=CELL,
         cell_dir=CELL_DIR,
@@ -156,10 +156,10 @@ def run_part(run_dir: str, requests: int, base_url: str | None) -> None:
                     cell_id=plan.cell_id,
                     row_index=plan.row_index,
                     row_key=plan.row_key,
-                    arm=plan.arm,
-                    cohort="native",
+                    arm=plan.arm.name,
+                    cohort=plan.arm.cohort,
                     cell_dir=plan.cell_dir,
-                    measurement_kind=plan.kind,
+                    measurement_kind=plan.arm.kind.value,
                     rungs=plan.rungs,
                     ttft_slo_ms=plan.ttft_slo_ms,
                     tpot_slo_ms=plan.tpot_slo_ms,

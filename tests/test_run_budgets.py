@@ -9,6 +9,7 @@ test checks what the journal and the published receipts say, never internal flag
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -212,7 +213,6 @@ async def run(
     *,
     pins: Any = None,
     host_opener: Any = None,
-    host_port: int = 0,
     progress_stream: io.StringIO | None = None,
     child_runner: Any = None,
     progress: RunProgress | None = None,
@@ -222,8 +222,9 @@ async def run(
     hosts = HostSettings(
         host_opener=host_opener or fake_opener(script),
         pin_hasher=pins or hasher(),
+        # A fake hasher answers by call, not by bytes: it must see every verification.
+        row_pins=None,
         child_runner=child_runner or fake_child_runner(),
-        host_port=host_port,
     )
     progress = progress or RunProgress(
         progress_stream or io.StringIO(),
@@ -798,8 +799,10 @@ async def test_a_busy_port_refuses_before_anything_is_launched(
             make_prepared(tmp_path / "p"),
             out,
             FakeHostScript(),
-            host_opener=lambda config, observe: custody.host_custody(config, observe),
-            host_port=port,
+            # The seam pins the port that custody reserves to the one held busy here.
+            host_opener=lambda config, observe: custody.host_custody(
+                dataclasses.replace(config, port=port), observe
+            ),
         )
     finally:
         blocker.close()
@@ -860,7 +863,10 @@ async def test_a_failed_interrupt_finish_downgrades_the_matrix(
 
 async def supervise_fake(admitted: Any, script: FakeHostScript) -> MatrixOutcome:
     hosts = HostSettings(
-        host_opener=fake_opener(script), pin_hasher=hasher(), child_runner=fake_child_runner()
+        host_opener=fake_opener(script),
+        pin_hasher=hasher(),
+        row_pins=None,
+        child_runner=fake_child_runner(),
     )
     return await supervise(admitted, hosts, RunProgress(io.StringIO(), len(admitted.prepared.rows)))
 

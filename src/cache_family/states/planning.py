@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.arms import NATIVE_PROFILE, NEW_PROFILE, OLD_PROFILE, HostProfileName

@@ -253,34 +253,35 @@ class RowPins:
             self._release(key)
 
 
+RowPinsFactory = Callable[[PinHasher], RowPins]
+
+
+def held_row_pins(hasher: PinHasher) -> RowPins:
+    """A row's pins held by identity between their first and last full hash."""
+    return RowPins(hasher)
+
+
 @dataclass(slots=True)
 class HostSettings:
-    """How every cell of a run opens, pins and ends its host. ``host_opener``, ``pin_hasher``
-    and ``child_runner`` are seams: fault-injection tests give fake hosts, hashers and tool
-    children there."""
+    """How every cell of a run opens, pins and ends its host. ``host_opener``, ``pin_hasher``,
+    ``row_pins`` and ``child_runner`` are seams: fault-injection tests give fake hosts,
+    hashers, row pins and tool children there."""
 
     host_opener: HostOpener = real_host_opener
     pin_hasher: PinHasher = hash_pins
-    # Whether a row checks its pinned files' identities between its first and last hash
-    # (``RowPins``). None: only with the real ``hash_pins``; a fake hasher answers by call,
-    # not by bytes, so it sees every verification.
-    row_pin_identity: bool | None = None
-    # ``RowPins``' racy window (tests of freshly written files give 0).
-    pin_racy_seconds: float = RACY_SECONDS
+    # How a row verifies its pins between its first and last full hash (``RowPins``). None:
+    # every verification hashes, which a fake hasher that answers by call (not by bytes)
+    # needs to see each one.
+    row_pins: RowPinsFactory | None = held_row_pins
     # Runs a tool child (the correctness tool) under its deadline.
     child_runner: ChildRunner = run_child
-    # 0: an ephemeral port per host (tests pin one to provoke a busy port).
-    host_port: int = 0
     grace_seconds: float = 5.0
     kill_wait_seconds: float = 5.0
     cleanup_bound_seconds: float = 30.0
 
-    def row_pins(self) -> RowPins | None:
+    def pins_of_row(self) -> RowPins | None:
         """A fresh ``RowPins`` for one row, or None when identities are not checked."""
-        enabled = self.row_pin_identity
-        if enabled is None:
-            enabled = self.pin_hasher is hash_pins
-        return RowPins(self.pin_hasher, racy_seconds=self.pin_racy_seconds) if enabled else None
+        return self.row_pins(self.pin_hasher) if self.row_pins is not None else None
 
     def host_config(
         self,
@@ -297,7 +298,6 @@ class HostSettings:
             label=label,
             state_parent=cell_path,
             log_dir=os.path.join(cell_path, "logs"),
-            port=self.host_port,
             dialect=dialect,
             model_id=model_id,
             lane_count=lane_count,

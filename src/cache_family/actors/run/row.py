@@ -179,7 +179,7 @@ class RowActor:
         """One RowPins for the row's arms: each pinned file or tree is hashed in full when
         first verified and at the last cell's post-verify, and identity-checked in between.
         One RowExec: the private copies every host of the row runs from, made once."""
-        pins = self.ctx.hosts.row_pins()
+        pins = self.ctx.hosts.pins_of_row()
         copies = RowExec(os.path.join(self.ctx.run_dir, self.dir))
         try:
             yield dataclasses.replace(self.ctx, row_pins=pins, row_exec=copies)
