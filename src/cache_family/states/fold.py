@@ -103,6 +103,7 @@ from cache_family.states.calibration import (
 )
 from cache_family.states.cell import (
     CELL_TABLE,
+    CORRECTNESS_TABLE,
     ROW_TABLE,
     CellEvent,
     CellState,
@@ -251,7 +252,7 @@ class CellFold:
             if self.opened is None:
                 self.opened = record
         elif isinstance(record, Transition):
-            if record.machine == "cell":
+            if record.machine == CELL_TABLE.name:
                 self._transition(seq, record)
         elif isinstance(record, Fault):
             self._fault(seq, record.kind, record.detail)
@@ -709,7 +710,7 @@ class RowFold:
                 self.opened = record
             return
         if isinstance(record, Transition):
-            if record.machine == "row" and record.row_index == self.row_index:
+            if record.machine == ROW_TABLE.name and record.row_index == self.row_index:
                 self._transition(record)
             return
         if isinstance(record, ReceiptPublished):
@@ -1162,7 +1163,10 @@ def _decoded(lines: list[JournalLine | bytes]) -> list[JournalLine]:
 def _row_of(record: object) -> int | None:
     if isinstance(record, RowOpened | CorrectnessTopologyRan | CorrectnessVerdict):
         return record.row_index
-    if isinstance(record, Transition) and record.machine in ("row", "correctness"):
+    if isinstance(record, Transition) and record.machine in (
+        ROW_TABLE.name,
+        CORRECTNESS_TABLE.name,
+    ):
         return record.row_index
     if isinstance(record, ReceiptPublished) and record.scope == "row":
         return record.row_index

@@ -13,7 +13,7 @@ from typing import Final
 
 from cache_family.schemas.arms import (
     COHORT_OPENAI,
-    NATIVE_CONCURRENT,
+    HOST_ARMS,
     NATIVE_SERIAL,
     SKIPPY_NEW,
     SKIPPY_OLD,
@@ -127,7 +127,7 @@ def row_parity(
 def observation_order(
     observations: Sequence[ArmObservation], parity: Sequence[ParityVerdict]
 ) -> tuple[ObservationEntry, ...]:
-    """The serial baseline, then per rung native concurrent, skippy old, skippy new, parity."""
+    """The serial baseline, then per rung each concurrent arm in run order, then parity."""
     by_arm = {o.arm: o for o in observations}
     out: list[ObservationEntry] = []
     serial = by_arm.get(NATIVE_SERIAL.name)
@@ -145,7 +145,7 @@ def observation_order(
         | {p.concurrency for p in parity}
     )
     for concurrency in ladder:
-        for arm in (NATIVE_CONCURRENT.name, ARM_OLD, ARM_NEW):
+        for arm in (a.name for a in HOST_ARMS if not a.serial):
             observation = by_arm.get(arm)
             if observation is None:
                 continue

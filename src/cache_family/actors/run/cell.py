@@ -165,7 +165,7 @@ class CellActor:
         # The host session's one HTTP client: readiness, the prompt cut and every rung.
         self.http = LoopbackHttp()
         self.machine: CellMachine = LiveMachine(
-            CELL_TABLE, plan.cell_id, ctx.step_journal("cell", cell_id=plan.cell_id)
+            CELL_TABLE, plan.cell_id, ctx.step_journal(CELL_TABLE.name, cell_id=plan.cell_id)
         )
         # What differs between a llama-server and a stage server.
         self.host_kind = HOST_KINDS[plan.host_kind]

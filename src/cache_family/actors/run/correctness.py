@@ -80,7 +80,7 @@ class CorrectnessActor:
         self.machine: CorrectnessMachine = LiveMachine(
             CORRECTNESS_TABLE,
             plan.subject,
-            ctx.step_journal("correctness", row_index=plan.row_index),
+            ctx.step_journal(CORRECTNESS_TABLE.name, row_index=plan.row_index),
         )
         self.deadline = math.inf
         self.next_topology = 0

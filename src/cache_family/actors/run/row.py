@@ -75,7 +75,7 @@ class RowActor:
         self.ctx = ctx
         self.prompts = prompts
         self.machine: RowMachine = LiveMachine(
-            ROW_TABLE, f"row-{row.index}", ctx.step_journal("row", row_index=row.index)
+            ROW_TABLE, f"row-{row.index}", ctx.step_journal(ROW_TABLE.name, row_index=row.index)
         )
         self.dir = row_dir_name(row.index)
         self.cells: list[CellActor] = []
