@@ -58,6 +58,25 @@ for _event in (V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED):
     for _state in (C.LAUNCH, C.WARMUP, C.LADDER, C.POST_VERIFY, C.CLEANUP):
         EXPECTED_CELL[(_state, _event)] = C.CLEANUP
 
+# The actions and the fsync column of every cell step that has either, written out by hand
+# (every other step has no action and fsyncs at the step).
+A = CellAction
+EXPECTED_CELL_ACTIONS: dict[tuple[CellState, CellEvent], tuple[tuple[CellAction, ...], bool]] = {
+    (C.PIN_VERIFY, V.PINS_VERIFIED): ((A.SPAWN_HOST, A.AWAIT_READINESS), True),
+    (C.NOT_LAUNCHED, V.NOTHING_LAUNCHED): ((A.PUBLISH_RECEIPT,), False),
+    (C.LAUNCH, V.HOST_READY): ((A.CUT_PROMPT, A.JOURNAL_WARMUP_RULE, A.SEND_WARMUP), False),
+    (C.WARMUP, V.WARMUP_DONE): ((A.RUN_RUNGS,), True),
+    (C.POST_VERIFY, V.PINS_VERIFIED): ((A.END_HOST,), True),
+    (C.POST_VERIFY, V.PINS_MISMATCH): ((A.END_HOST,), True),
+    (C.CLEANUP, V.CLEANUP_DONE): ((A.PUBLISH_RECEIPT,), False),
+    (C.FINALIZE, V.CANCELLED): ((), False),
+    (C.FINALIZE, V.DEADLINE_EXPIRED): ((), False),
+    (C.FINALIZE, V.RECEIPT_PUBLISHED): ((), False),
+}
+for _event in (V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED):
+    for _state in (C.LAUNCH, C.WARMUP, C.LADDER, C.POST_VERIFY):
+        EXPECTED_CELL_ACTIONS[(_state, _event)] = ((A.END_HOST,), True)
+
 R, RE = RowState, RowEvent
 EXPECTED_ROW: dict[tuple[RowState, RowEvent], RowState] = {
     (R.CORRECTNESS, RE.CORRECTNESS_PASSED): R.SERIAL,
@@ -133,6 +152,14 @@ def test_every_row_pair(state: RowState, event: RowEvent) -> None:
 def test_table_has_exactly_the_expected_pairs() -> None:
     assert {k: v.to for k, v in CELL_TABLE.rows.items()} == EXPECTED_CELL
     assert {k: v.to for k, v in ROW_TABLE.rows.items()} == EXPECTED_ROW
+
+
+def test_every_cell_step_has_exactly_the_expected_actions_and_fsync() -> None:
+    """The actions column and the fsync column, pair by pair (``tests/test_engine.py`` checks
+    the driver performs them as written)."""
+    actual = {pair: (step.actions, step.fsync) for pair, step in CELL_TABLE.rows.items()}
+    expected = {pair: EXPECTED_CELL_ACTIONS.get(pair, ((), True)) for pair in EXPECTED_CELL}
+    assert actual == expected
 
 
 def test_the_live_machine_is_a_transitions_machine() -> None:
