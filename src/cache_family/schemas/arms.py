@@ -59,45 +59,23 @@ class Arm:
         return self.kind == MeasurementKind.SERIAL
 
 
-CORRECTNESS: Final = Arm(
-    "correctness", "correctness", COHORT_NONE, MeasurementKind.CORRECTNESS, None, None, "check"
-)
-NATIVE_SERIAL: Final = Arm(
-    "native-serial",
-    "native-serial",
-    COHORT_NATIVE,
-    MeasurementKind.SERIAL,
-    HostKind.NATIVE,
-    NATIVE_PROFILE,
-    "serial",
-)
-NATIVE_CONCURRENT: Final = Arm(
-    "native-concurrent",
-    "sweep-native-concurrent",
-    COHORT_NATIVE,
-    MeasurementKind.CONCURRENT,
-    HostKind.NATIVE,
-    NATIVE_PROFILE,
-    "native",
-)
-SKIPPY_OLD: Final = Arm(
-    "skippy-old",
-    "sweep-skippy-old",
-    COHORT_OPENAI,
-    MeasurementKind.CONCURRENT,
-    HostKind.STAGE,
-    OLD_PROFILE,
-    "old",
-)
-SKIPPY_NEW: Final = Arm(
-    "skippy-new",
-    "sweep-skippy-new",
-    COHORT_OPENAI,
-    MeasurementKind.CONCURRENT,
-    HostKind.STAGE,
-    NEW_PROFILE,
-    "new",
-)
+_SERIAL, _CONCURRENT = MeasurementKind.SERIAL, MeasurementKind.CONCURRENT
+_NATIVE, _STAGE = HostKind.NATIVE, HostKind.STAGE
+
+# fmt: off
+#                        name                 directory                  cohort
+#                        kind                            host     profile          label
+CORRECTNESS: Final = Arm("correctness",       "correctness",             COHORT_NONE,
+                         MeasurementKind.CORRECTNESS,    None,    None,            "check")
+NATIVE_SERIAL: Final = Arm("native-serial",   "native-serial",           COHORT_NATIVE,
+                           _SERIAL,                      _NATIVE, NATIVE_PROFILE,  "serial")
+NATIVE_CONCURRENT: Final = Arm("native-concurrent", "sweep-native-concurrent", COHORT_NATIVE,
+                               _CONCURRENT,              _NATIVE, NATIVE_PROFILE,  "native")
+SKIPPY_OLD: Final = Arm("skippy-old",         "sweep-skippy-old",        COHORT_OPENAI,
+                        _CONCURRENT,                     _STAGE,  OLD_PROFILE,     "old")
+SKIPPY_NEW: Final = Arm("skippy-new",         "sweep-skippy-new",        COHORT_OPENAI,
+                        _CONCURRENT,                     _STAGE,  NEW_PROFILE,     "new")
+# fmt: on
 
 # The host arms in the order a row runs them (and its observations list them).
 HOST_ARMS: Final = (NATIVE_SERIAL, NATIVE_CONCURRENT, SKIPPY_OLD, SKIPPY_NEW)

@@ -467,7 +467,7 @@ class CellActor:
             copy.native_build if copy is not None and copy.native_build else profile.native_build,
             state_dir,
         )
-        env.update(self.host_kind.environment())
+        env.update(self.host_kind.environment)
         return env
 
     async def _custody(

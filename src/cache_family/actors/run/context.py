@@ -1,5 +1,6 @@
-"""What the matrix, row and cell actors of one run share: budgets, the stop, host settings,
-pin targets and hashing, and the journal hook every live machine steps through."""
+"""What the matrix, row and cell actors of one run share: the stop, host settings and their
+seams, pin hashing (``RowPins``), and the journal hook every live machine steps through.
+Budgets, pin targets and plans are pure: ``states/budgets.py`` and ``states/plans.py``."""
 
 from __future__ import annotations
 
