@@ -652,8 +652,8 @@ async def test_a_host_gone_before_the_next_rung_is_an_exit_not_a_changed_identit
 async def test_a_cells_transition_is_on_disk_before_its_host_is_started_or_ended(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """Transitions into warmup, finalize and done share the next fsync (cell.py
-    ``_SYNCED_LATER``); the ones a process start or end follows never wait for one."""
+    """Transitions into warmup, finalize and done share the next fsync (the cell table's
+    ``fsync`` column); the ones a process start or end follows never wait for one."""
     script = FakeHostScript()
     out = tmp_path / "out"
     inner = fake_opener(script)
