@@ -63,7 +63,6 @@ from cache_family.schemas.prepared import (
 )
 
 USE_CASES_ALL = "all"
-HostKind = HostProfileName
 CTX_HEADROOM = 128  # tokens kept free after an overridden prefix
 CONCURRENT_BASELINE_OUTPUT_TOKENS = 128
 U32_MAX = 2**32 - 1
@@ -488,7 +487,7 @@ def artifact_profile(row: PreparedRow, tools: ToolPins) -> ArtifactProfile | Non
 
 
 def _host(
-    kind: HostKind,
+    kind: HostProfileName,
     binary: FilePinRecord,
     commit: str,
     row: PreparedRow,
