@@ -18,11 +18,12 @@ from fake_hosts.fake_custody import FakeHostScript
 from run_harness import cell, fake_server_launcher, make_prepared, records, run
 
 from cache_family.actors.run import custody
-from cache_family.actors.run.context import PinResult, PinTarget, hash_pins
+from cache_family.actors.run.context import PinResult, hash_pins
 from cache_family.actors.run.custody import host_environment
 from cache_family.actors.run.private_exec import make_private_copy
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.journal import ChildSpawned, PinObserved
+from cache_family.states.plans import PinTarget
 from cache_family.system.pins import Budget, pin_tree
 
 NATIVE_CELLS = ("native-serial", "sweep-native-concurrent")

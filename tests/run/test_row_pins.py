@@ -318,8 +318,8 @@ async def run_row(
         host_opener=opener,
         pin_hasher=counting,
         child_runner=child_runner,
-        row_pin_identity=True,
-        pin_racy_seconds=0,
+        # Seam: the files under test were just written, so no racy window is waited out.
+        row_pins=lambda hasher: RowPins(hasher, racy_seconds=0),
     )
     with pytest.MonkeyPatch.context() as patch:
         if after_correctness is not None:

@@ -9,6 +9,7 @@ test checks what the journal and the published receipts say, never internal flag
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -49,7 +50,7 @@ from run_harness import (  # noqa: F401
 from cache_family.actors.audit.replay import replay
 from cache_family.actors.journal.writer import JournalWriter
 from cache_family.actors.run import custody
-from cache_family.actors.run.context import Budgets, HostSettings, PinTarget, RunStop, hash_pins
+from cache_family.actors.run.context import HostSettings, RunStop, hash_pins
 from cache_family.actors.run.matrix import (
     RUN_INPUT_MAX_BYTES,
     MatrixOutcome,
@@ -102,9 +103,11 @@ from cache_family.schemas.receipts import (
     SYNTHETIC_EVIDENCE_CLASS,
     decode_row_receipt,
 )
+from cache_family.states.budgets import Budgets
 from cache_family.states.fold import JournalIndex
 from cache_family.states.handoff import RUNTIME_SLICE_TOPOLOGIES
 from cache_family.states.matrix import fold_matrix
+from cache_family.states.plans import PinTarget
 from cache_family.system.pins import Budget, pin_tree
 
 # --- a prepared input with one present row (qwen3_dense, first in catalog order) ---------
@@ -509,8 +512,8 @@ async def test_a_host_gone_before_the_next_rung_is_an_exit_not_a_changed_identit
 async def test_a_cells_transition_is_on_disk_before_its_host_is_started_or_ended(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """Transitions into warmup, finalize and done share the next fsync (cell.py
-    ``_SYNCED_LATER``); the ones a process start or end follows never wait for one."""
+    """Transitions into warmup, finalize and done share the next fsync (the cell table's
+    ``fsync`` column); the ones a process start or end follows never wait for one."""
     script = FakeHostScript()
     out = tmp_path / "out"
     inner = fake_opener(script)
@@ -656,8 +659,10 @@ async def test_a_busy_port_refuses_before_anything_is_launched(
             make_prepared(tmp_path / "p"),
             out,
             FakeHostScript(),
-            host_opener=lambda config, observe: custody.host_custody(config, observe),
-            host_port=port,
+            # The seam pins the port that custody reserves to the one held busy here.
+            host_opener=lambda config, observe: custody.host_custody(
+                dataclasses.replace(config, port=port), observe
+            ),
         )
     finally:
         blocker.close()
@@ -718,7 +723,10 @@ async def test_a_failed_interrupt_finish_downgrades_the_matrix(
 
 async def supervise_fake(admitted: Any, script: FakeHostScript) -> MatrixOutcome:
     hosts = HostSettings(
-        host_opener=fake_opener(script), pin_hasher=hasher(), child_runner=fake_child_runner()
+        host_opener=fake_opener(script),
+        pin_hasher=hasher(),
+        row_pins=None,
+        child_runner=fake_child_runner(),
     )
     return await supervise(admitted, hosts, RunProgress(io.StringIO(), len(admitted.prepared.rows)))
 

@@ -17,9 +17,11 @@ from fake_hosts.fake_custody import hasher
 from cache_family.actors.journal.writer import JournalWriter
 from cache_family.actors.run import stage_host
 from cache_family.actors.run.cell import CellActor
-from cache_family.actors.run.context import Budgets, HostSettings, RunContext, RunStop
+from cache_family.actors.run.context import HostSettings, RunContext, RunStop
 from cache_family.actors.run.private_exec import PrivateCopy
+from cache_family.schemas.arms import SKIPPY_NEW
 from cache_family.schemas.journal import CliAdmission, read_journal
+from cache_family.states.budgets import Budgets
 
 
 async def test_a_stage_servers_help_is_read_once_per_run_for_each_pinned_binary(
@@ -61,7 +63,7 @@ async def test_a_stage_servers_help_is_read_once_per_run_for_each_pinned_binary(
         cells = []
         for index, chosen in enumerate((profile, other, profile, other)):
             plan = dataclasses.replace(
-                cell_plan(run_dir, index, "concurrent", chosen), host_kind="stage"
+                cell_plan(run_dir, index, "concurrent", chosen), arm=SKIPPY_NEW
             )
             actor = CellActor(plan, ctx)
             actor._exec = PrivateCopy(root="", binary=chosen.binary, native_build=None)

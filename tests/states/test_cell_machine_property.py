@@ -42,8 +42,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from cache_family.actors.journal.rows_file import cell_rows
 from cache_family.actors.journal.writer import JournalWriter
 from cache_family.actors.run import cell as cell_actor
-from cache_family.actors.run.cell import CellActor, CellPlan
-from cache_family.actors.run.context import Budgets, HostSettings, RunContext, RunStop
+from cache_family.actors.run.cell import CellActor
+from cache_family.actors.run.context import HostSettings, RunContext, RunStop
 from cache_family.schemas.journal import (
     Cancellation,
     ChildSpawned,
@@ -58,8 +58,10 @@ from cache_family.schemas.journal import (
 )
 from cache_family.schemas.prepared import HostProfile
 from cache_family.schemas.receipts import ReceiptStatus, decode_cell_receipt, encode_receipt
+from cache_family.states.budgets import Budgets
 from cache_family.states.cell import CELL_TABLE, CellEvent, CellState, Step
 from cache_family.states.fold import CellFold, fold_cell
+from cache_family.states.plans import CellPlan
 from cache_family.states.receipts import may_follow
 
 C = CellState

@@ -18,6 +18,7 @@ import pytest
 import transitions
 
 from cache_family.actors.run import cell as cell_actor
+from cache_family.actors.run.engine import check_handlers
 from cache_family.errors import Refused
 from cache_family.states import cell as cell_module
 from cache_family.states.cell import (
@@ -56,6 +57,25 @@ for _event in (V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED):
     EXPECTED_CELL[(C.PIN_VERIFY, _event)] = C.NOT_LAUNCHED
     for _state in (C.LAUNCH, C.WARMUP, C.LADDER, C.POST_VERIFY, C.CLEANUP):
         EXPECTED_CELL[(_state, _event)] = C.CLEANUP
+
+# The actions and the fsync column of every cell step that has either, written out by hand
+# (every other step has no action and fsyncs at the step).
+A = CellAction
+EXPECTED_CELL_ACTIONS: dict[tuple[CellState, CellEvent], tuple[tuple[CellAction, ...], bool]] = {
+    (C.PIN_VERIFY, V.PINS_VERIFIED): ((A.SPAWN_HOST, A.AWAIT_READINESS), True),
+    (C.NOT_LAUNCHED, V.NOTHING_LAUNCHED): ((A.PUBLISH_RECEIPT,), False),
+    (C.LAUNCH, V.HOST_READY): ((A.CUT_PROMPT, A.JOURNAL_WARMUP_RULE, A.SEND_WARMUP), False),
+    (C.WARMUP, V.WARMUP_DONE): ((A.RUN_RUNGS,), True),
+    (C.POST_VERIFY, V.PINS_VERIFIED): ((A.END_HOST,), True),
+    (C.POST_VERIFY, V.PINS_MISMATCH): ((A.END_HOST,), True),
+    (C.CLEANUP, V.CLEANUP_DONE): ((A.PUBLISH_RECEIPT,), False),
+    (C.FINALIZE, V.CANCELLED): ((), False),
+    (C.FINALIZE, V.DEADLINE_EXPIRED): ((), False),
+    (C.FINALIZE, V.RECEIPT_PUBLISHED): ((), False),
+}
+for _event in (V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED):
+    for _state in (C.LAUNCH, C.WARMUP, C.LADDER, C.POST_VERIFY):
+        EXPECTED_CELL_ACTIONS[(_state, _event)] = ((A.END_HOST,), True)
 
 R, RE = RowState, RowEvent
 EXPECTED_ROW: dict[tuple[RowState, RowEvent], RowState] = {
@@ -134,6 +154,14 @@ def test_table_has_exactly_the_expected_pairs() -> None:
     assert {k: v.to for k, v in ROW_TABLE.rows.items()} == EXPECTED_ROW
 
 
+def test_every_cell_step_has_exactly_the_expected_actions_and_fsync() -> None:
+    """The actions column and the fsync column, pair by pair (``tests/test_engine.py`` checks
+    the driver performs them as written)."""
+    actual = {pair: (step.actions, step.fsync) for pair, step in CELL_TABLE.rows.items()}
+    expected = {pair: EXPECTED_CELL_ACTIONS.get(pair, ((), True)) for pair in EXPECTED_CELL}
+    assert actual == expected
+
+
 def test_the_live_machine_is_a_transitions_machine() -> None:
     """The running state is held by ``transitions``: changing its model moves the machine."""
     machine = LiveMachine(CELL_TABLE, "c")
@@ -168,11 +196,11 @@ def test_the_actor_refuses_an_action_without_its_effect_handler() -> None:
     rows[(C.LADDER, V.FAULT)] = Step(C.CLEANUP, (CellAction.END_HOST, Extra.RESTART_HOST))
     broken = replace(CELL_TABLE, rows=MappingProxyType(rows))
     with pytest.raises(ValueError, match="restart-host"):
-        cell_actor.check_handlers(broken)
+        check_handlers("cell actor", broken, cell_actor._WORK, cell_actor._EFFECTS)
     work = {k: v for k, v in cell_actor._WORK.items() if k != C.WARMUP}
     with pytest.raises(ValueError, match="warmup"):
-        cell_actor.check_handlers(CELL_TABLE, work)
-    cell_actor.check_handlers()
+        check_handlers("cell actor", CELL_TABLE, work, cell_actor._EFFECTS)
+    check_handlers("cell actor", CELL_TABLE, cell_actor._WORK, cell_actor._EFFECTS)
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:

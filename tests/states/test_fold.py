@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -46,7 +47,8 @@ from cache_family.schemas.receipts import (
     decode_row_receipt,
     encode_receipt,
 )
-from cache_family.states.cell import CellEvent, CellState, RowEvent
+from cache_family.states import fold as fold_module
+from cache_family.states.cell import CELL_TABLE, CellEvent, CellState, RowEvent, StatePolicy
 from cache_family.states.fold import (
     CellFold,
     JournalIndex,
@@ -1116,3 +1118,24 @@ def test_rows_past_the_inline_limit_move_to_the_rows_file_whole(
     )
     assert moved == msgspec.structs.replace(inline, measurement=stripped)
     assert fold_cell(lines, script.cell_id) == moved
+
+
+def test_what_a_fault_lowers_to_is_the_tables_on_fault_column(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fold reads the state's ``on_fault`` column, not a list of its own: a table saying a
+    fault in launch leaves the cell incomplete folds a launch fault that way, and a table
+    saying no state is finished folds every receipt as ended too early."""
+    script = CellScript().open()
+    script.launch()
+    script.fault("readiness_failed", "exit status 1")
+    script.cleanup()
+    assert fold(script).status == "failed"
+    policies = dict(CELL_TABLE.policies)
+    policies[CellState.LAUNCH] = StatePolicy(on_fault="incomplete")
+    monkeypatch.setattr(fold_module, "CELL_TABLE", replace(CELL_TABLE, policies=policies))
+    assert fold(script).status == "incomplete"
+    unfinished = {s: replace(CELL_TABLE.policy(s), finished=False) for s in CELL_TABLE.states}
+    monkeypatch.setattr(fold_module, "CELL_TABLE", replace(CELL_TABLE, policies=unfinished))
+    kinds = [f.kind for f in fold(serial_cell().happy()).faults]
+    assert "journal_ended_before_finalize" in kinds

@@ -16,8 +16,7 @@ import msgspec
 
 from cache_family.actors.journal.rows_file import RowFileWriter
 from cache_family.actors.run.cell import pin_records
-from cache_family.actors.run.context import PinResult, PinTarget
-from cache_family.actors.run.row import row_dir_name, row_opened_record
+from cache_family.actors.run.context import PinResult
 from cache_family.schemas.journal import (
     ArmPlan,
     Cancellation,
@@ -49,6 +48,7 @@ from cache_family.states.cell import (
     LiveMachine,
     RowEvent,
 )
+from cache_family.states.plans import PinTarget, row_dir_name, row_opened_record
 from cache_family.states.tally import tally_cell
 
 PIN_A = "a" * 64

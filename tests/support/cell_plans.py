@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cache_family.actors.run.cell import CellPlan, pin_targets
-from cache_family.actors.run.prompts import PromptChoice
+from cache_family.schemas.arms import NATIVE_CONCURRENT, NATIVE_SERIAL
 from cache_family.schemas.journal import (
     RungPlan,
 )
 from cache_family.schemas.prepared import HostProfile
+from cache_family.states.plans import CellPlan, PromptChoice, pin_targets
 
 
 def host_profile(root: str) -> HostProfile:
@@ -44,7 +44,7 @@ def host_profile(root: str) -> HostProfile:
 
 
 def cell_plan(root: str, index: int, kind: str, profile: HostProfile | None) -> CellPlan:
-    arm = "native-serial" if kind == "serial" else "native-concurrent"
+    arm = NATIVE_SERIAL if kind == "serial" else NATIVE_CONCURRENT
     rungs = (
         (RungPlan(concurrency=1, requests=3),)
         if kind == "serial"
@@ -54,12 +54,11 @@ def cell_plan(root: str, index: int, kind: str, profile: HostProfile | None) -> 
         )
     )
     return CellPlan(
-        cell_id=f"cell-{index:04d}/{arm}",
-        cell_dir=f"cell-{index:04d}/{arm}",
+        cell_id=f"cell-{index:04d}/{arm.name}",
+        cell_dir=f"cell-{index:04d}/{arm.name}",
         row_index=index,
         row_key=f"tiny-p8-{index}",
         arm=arm,
-        kind="serial" if kind == "serial" else "concurrent",
         rungs=rungs,
         output_tokens=4,
         lanes=2,

@@ -161,7 +161,6 @@ async def run(
     *,
     pins: Any = None,
     host_opener: Any = None,
-    host_port: int = 0,
     progress_stream: io.StringIO | None = None,
     child_runner: Any = None,
     progress: RunProgress | None = None,
@@ -171,8 +170,9 @@ async def run(
     hosts = HostSettings(
         host_opener=host_opener or fake_opener(script),
         pin_hasher=pins or hasher(),
+        # A fake hasher answers by call, not by bytes: it must see every verification.
+        row_pins=None,
         child_runner=child_runner or fake_child_runner(),
-        host_port=host_port,
     )
     progress = progress or RunProgress(
         progress_stream or io.StringIO(),

@@ -29,7 +29,6 @@ from typing import Any, Final, NoReturn
 
 import numpy as np
 
-from cache_family.actors.run.context import thread_setting
 from cache_family.errors import Refusal, Refused
 from cache_family.oracles import llama_bindings, native_build, package_builder
 from cache_family.states.handoff import (
@@ -41,6 +40,7 @@ from cache_family.states.handoff import (
     Payload,
     topology_of,
 )
+from cache_family.states.plans import thread_setting
 from cache_family.system.hashing import sha256_file
 from cache_family.system.publish import publish_fresh
 

@@ -35,6 +35,7 @@ from cache_family.errors import Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.oracles import native_build
 from cache_family.oracles.native_parts import Parts, ensure_parts
+from cache_family.schemas.arms import HOST_ARMS
 from cache_family.schemas.corpus import default_corpus_path
 from cache_family.schemas.examples import example_operator, example_plan
 
@@ -291,7 +292,7 @@ def run_demo(
     return 0
 
 
-_ARM_LABELS = {"native-concurrent": "native", "skippy-old": "old", "skippy-new": "new"}
+_ARM_LABELS = {arm.name: arm.label for arm in HOST_ARMS if not arm.serial}
 
 
 def _arm_figures(row: dict[str, Any]) -> str:

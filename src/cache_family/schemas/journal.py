@@ -40,6 +40,7 @@ from typing import ClassVar, Final, TypeAlias, get_args
 import msgspec
 
 from cache_family.errors import Refusal
+from cache_family.schemas import arms
 from cache_family.schemas.host_identity import HostIdentity
 from cache_family.schemas.measurement import (
     CacheExpectation,
@@ -206,8 +207,8 @@ class RowOpened(_Record, tag="row_opened", frozen=True, kw_only=True):
 
 # ``CellOpened.cohort``: llama-server's own /completion, or a stage server's OpenAI chat (whose
 # rungs keep per-request digests for parity).
-COHORT_NATIVE: Final = "native"
-COHORT_OPENAI: Final = "openai"
+COHORT_NATIVE: Final = arms.COHORT_NATIVE
+COHORT_OPENAI: Final = arms.COHORT_OPENAI
 
 
 class CellOpened(_Record, tag="cell_opened", frozen=True, kw_only=True):

@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from cache_family.errors import Refusal, Refused, json_path
+from cache_family.schemas.arms import HostProfileName
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import payload_refusal
 from cache_family.schemas.json_shape import containers
@@ -404,7 +405,7 @@ class CorrectnessProfile(_Strict):
 
 class HostProfile(_Strict):
     schema_version: Literal[1]
-    host: Literal["native-baseline", "skippy-old", "skippy-new"]
+    host: HostProfileName
     binary: str
     binary_sha256: Sha256
     source_commit: str

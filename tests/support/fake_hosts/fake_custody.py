@@ -19,7 +19,7 @@ from fake_hosts.fake_correctness_tool import write_report
 from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
 
 from cache_family.actors.run import custody
-from cache_family.actors.run.context import HostHandle, Observe, PinResult, PinTarget
+from cache_family.actors.run.context import HostHandle, Observe, PinResult
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
     HostCleaned,
@@ -29,6 +29,7 @@ from cache_family.schemas.measurement import (
     HostReady,
     HostSpawned,
 )
+from cache_family.states.plans import PinTarget
 from cache_family.system.child import ChildCommand, ChildEnded, ChildRunner, OnSpawn
 from cache_family.system.http import LoopbackHttp
 

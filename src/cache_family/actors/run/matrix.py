@@ -58,16 +58,10 @@ from cache_family.actors.journal.writer import (
     journal_path,
     publish_receipt,
 )
-from cache_family.actors.run.context import (
-    Budgets,
-    HostSettings,
-    RunContext,
-    RunStop,
-    thread_setting,
-)
+from cache_family.actors.run.context import HostSettings, RunContext, RunStop
 from cache_family.actors.run.prompts import PromptSelector
 from cache_family.actors.run.report_files import publish_report_files
-from cache_family.actors.run.row import RowActor, RowResult
+from cache_family.actors.run.row import RowActor
 from cache_family.actors.run.run_progress import (
     RunProgressSink,
     SilentRunProgress,
@@ -100,8 +94,11 @@ from cache_family.schemas.prepared import (
     PreparedRow,
     decode_document,
 )
+from cache_family.schemas.row_result import RowResult
+from cache_family.states.budgets import Budgets
 from cache_family.states.fold import JournalIndex
 from cache_family.states.matrix import fold_matrix
+from cache_family.states.plans import thread_setting
 from cache_family.system import interrupts
 from cache_family.system.publish import (
     fsync_dir,

@@ -36,8 +36,7 @@ import trio
 
 from cache_family.actors.audit.replay import ReplayReport, reap_children, refuse_while_runner_lives
 from cache_family.actors.journal.writer import JOURNAL_READ_LIMIT, journal_path
-from cache_family.actors.run.cell import pin_targets
-from cache_family.actors.run.context import PinTarget, hash_pins
+from cache_family.actors.run.context import hash_pins
 from cache_family.actors.run.matrix import AdmittedRun, Resumption
 from cache_family.actors.run.prompts import PromptSelector
 from cache_family.errors import Refused
@@ -57,6 +56,7 @@ from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
 from cache_family.schemas.production import PRODUCTION_JSON, PRODUCTION_MD
 from cache_family.states.fold import JournalIndex, fold_row
+from cache_family.states.plans import PinTarget, pin_targets
 
 SUPERSEDED_DIR: Final = "superseded"
 # Hashing every kept row's pins again is bounded like a cell's pin check.

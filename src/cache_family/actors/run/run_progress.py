@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final, Protocol
 
 if TYPE_CHECKING:
-    from cache_family.actors.run.context import Budgets
-    from cache_family.actors.run.row import RowResult
     from cache_family.schemas.journal import Record
     from cache_family.schemas.prepared import PreparedRow
+    from cache_family.schemas.row_result import RowResult
+    from cache_family.states.budgets import Budgets
 
 SYNTHETIC_MARK: Final = " (synthetic)"
 
