@@ -17,9 +17,9 @@ demo *ARGS: native-parts
 
 # --- checks -----------------------------------------------------------------
 
-# Run the whole test suite (builds or reuses the cached llama-server and model zoo first).
+# Lint, then run the whole test suite (builds or reuses the cached llama-server and model zoo first).
 [group('checks')]
-test *ARGS: native-parts browser
+test *ARGS: lint native-parts browser
     {{venv}}/python -m pytest {{ARGS}}
 
 # Run the suite without building first: native tests use cached parts, or skip (with a reason) when absent.
@@ -43,20 +43,21 @@ test-stress *ARGS: native-parts browser
 # The long fuzz: 2,500 mutated documents of each kind (operator, prepared input, corpus, report), 10,000 in all.
 [group('checks')]
 fuzz-long *ARGS:
-    CACHE_FAMILY_SKIP_NATIVE=1 {{venv}}/python -m pytest -m long -s -q -p no:cacheprovider tests/test_fuzz_long.py {{ARGS}}
+    CACHE_FAMILY_SKIP_NATIVE=1 {{venv}}/python -m pytest -m long -s -q -p no:cacheprovider tests/project/test_fuzz_long.py {{ARGS}}
 
-# Regenerate docs/fault-matrix.md from the fault table in tests/test_fault_matrix.py.
+# Regenerate docs/fault-matrix.md from the fault table in tests/project/test_fault_matrix.py.
 [group('docs')]
 fault-matrix-doc:
-    {{venv}}/python tests/test_fault_matrix.py > docs/fault-matrix.md.tmp
+    PYTHONPATH=tests/support {{venv}}/python tests/project/test_fault_matrix.py > docs/fault-matrix.md.tmp
     mv docs/fault-matrix.md.tmp docs/fault-matrix.md
 
-# Lint: ruff over src and tests, mypy --strict over src.
+# Lint: ruff (check and format) over src, tests and bench, mypy --strict over src, the layer contracts.
 [group('checks')]
 lint:
     {{venv}}/ruff check src tests bench
-    {{venv}}/ruff format --check src
+    {{venv}}/ruff format --check src tests bench
     {{venv}}/mypy --strict src/
+    {{venv}}/lint-imports --no-cache
 
 # Format the code in place.
 [group('checks')]

@@ -39,15 +39,17 @@ from _results import emit_figures, load_average, record
 
 from cache_family.actors.audit.replay import replay
 from cache_family.actors.journal.writer import JournalWriter, journal_path, publish_cell_receipt
-from cache_family.actors.run import cell as cell_actor
-from cache_family.actors.run.cell import CellActor, CellPlan
-from cache_family.actors.run.context import Budgets, RunContext, RunStop
+from cache_family.actors.run import hosts as host_kinds
+from cache_family.actors.run.cell import CellActor
+from cache_family.actors.run.context import RunContext, RunStop
 from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, _Exchange
-from cache_family.actors.run.prompts import PromptChoice
+from cache_family.schemas.arms import NATIVE_CONCURRENT
 from cache_family.schemas.journal import CellOpened, RungPlan
 from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.receipts import decode_cell_receipt
+from cache_family.states.budgets import Budgets
 from cache_family.states.cache_reuse import cache_expectation
+from cache_family.states.plans import CellPlan, PromptChoice
 from cache_family.system.http import LoopbackHttp
 
 CELL = "cell-0000/native-concurrent"
@@ -112,14 +114,13 @@ def run_part(run_dir: str, requests: int, base_url: str | None) -> None:
     """One rung of the cell, journaled, then its receipt published; prints seconds and
     peak RSS after the rung and after publishing, and the file sizes."""
     if base_url is None:
-        cell_actor.LoadRun = _AfterTheNetwork  # type: ignore[misc]
+        host_kinds.LoadRun = _AfterTheNetwork  # type: ignore[attr-defined]
     plan = CellPlan(
         cell_id=CELL,
         cell_dir=CELL_DIR,
         row_index=0,
         row_key="bench-p40",
-        arm="native-concurrent",
-        kind="concurrent",
+        arm=NATIVE_CONCURRENT,
         rungs=(RungPlan(concurrency=CONCURRENCY, requests=requests),),
         output_tokens=1,
         lanes=CONCURRENCY,
@@ -155,10 +156,10 @@ def run_part(run_dir: str, requests: int, base_url: str | None) -> None:
                     cell_id=plan.cell_id,
                     row_index=plan.row_index,
                     row_key=plan.row_key,
-                    arm=plan.arm,
-                    cohort="native",
+                    arm=plan.arm.name,
+                    cohort=plan.arm.cohort,
                     cell_dir=plan.cell_dir,
-                    measurement_kind=plan.kind,
+                    measurement_kind=plan.arm.kind.value,
                     rungs=plan.rungs,
                     ttft_slo_ms=plan.ttft_slo_ms,
                     tpot_slo_ms=plan.tpot_slo_ms,

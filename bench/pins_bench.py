@@ -27,7 +27,8 @@ from pathlib import Path
 
 import trio
 
-from cache_family.actors.run.context import PinResult, PinTarget, RowPins, hash_pins
+from cache_family.actors.run.context import PinResult, RowPins, hash_pins
+from cache_family.states.plans import PinTarget
 
 GIB = 1024**3
 RESULTS = Path(__file__).with_name("RESULTS.md")

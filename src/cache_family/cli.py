@@ -8,7 +8,9 @@ Exit codes: 0 success, 1 a run or comparison that finished with a negative verdi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +21,7 @@ from cache_family.console.refusals import print_refusals, print_refusals_json
 from cache_family.errors import Refusal, Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.schemas.text import UnsafeCharacter, unsafe_character
+from cache_family.system import interrupts
 
 if TYPE_CHECKING:
     from cache_family.console.progress import Mode
@@ -110,6 +113,8 @@ def _path_refusal(where: str, value: str, *, is_file: bool) -> Refusal | None:
     something that can only be a directory.
     """
     shown = ascii(value)
+    if not value:  # "" would be read as the current directory
+        return Refusal("cli.path.empty", where, "the path is empty", "give a path")
     kind = unsafe_character(value)
     if kind is not None:
         code, what, hint = _UNSAFE_PATH[kind]
@@ -192,6 +197,7 @@ def _cmd_zoo_build(args: argparse.Namespace) -> int:
 # Plan overrides of prepare-full / prepare-use-cases; preparation refuses repeats.
 _PREPARE_OVERRIDES = (
     ("--use-case-corpus", "ABS"),
+    ("--workloads", "ABS"),
     ("--prefix-tokens", "N"),
     ("--runtime-lane-count", "N"),
     ("--llama-parallel", "N"),
@@ -201,7 +207,7 @@ _PREPARE_OVERRIDES = (
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from cache_family.actors.prepare.parent import prepare_command
+    from cache_family.console.preparation import prepare_command
 
     overrides = [
         item
@@ -213,29 +219,50 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare_worker(args: argparse.Namespace) -> int:
-    from cache_family.actors.prepare.worker import worker_command
+    from cache_family.console.preparation import worker_command
 
     return worker_command(args.input, args.output)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from cache_family.system.interrupts import hold_until_exit
-
     # Before the run's first side effect, and until the process exits: no SIGINT/SIGTERM
     # reaches Python's defaults (143, a KeyboardInterrupt); each ends in 130 with a matrix.
-    hold_until_exit()
+    interrupts.hold_until_exit()
     parser: _Parser = args.parser
     if args.resume is not None:
         if args.input is not None or args.output is not None:
             parser.refuse("--resume", "--resume continues a run: give no --input or --output")
-        from cache_family.actors.run.resume import resume_command
+        if args.rows is not None or args.shard is not None or args.dry_run:
+            parser.refuse("--resume", "a resumed run keeps the rows it was started with")
+        from cache_family.console.commands import resume_command
 
         return resume_command(args.resume, sign_key=args.sign_key, mode=_progress_mode(args))
+    if args.dry_run:
+        if args.input is None:
+            parser.refuse("--dry-run", "--dry-run lists the rows of --input PREPARED_JSON")
+        from cache_family.actors.run.selection import dry_run_keys
+
+        try:
+            keys = dry_run_keys(args.input, args.rows, args.shard, os.environ)
+        except Refused as refused:
+            _print_refusals(refused)
+            _say_refused(args, refused)
+            return ExitCode.REFUSED
+        for key in keys:
+            print(key)
+        return ExitCode.OK
     if args.input is None or args.output is None:
         parser.refuse("--input", "give --input and --output (or --resume RUN_DIR)")
-    from cache_family.actors.run.matrix import run_command
+    from cache_family.console.commands import run_command
 
-    return run_command(args.input, args.output, sign_key=args.sign_key, mode=_progress_mode(args))
+    select = None
+    if args.rows is not None or args.shard is not None:
+        from cache_family.actors.run.selection import selector
+
+        select = selector(args.rows, args.shard, os.environ)
+    return run_command(
+        args.input, args.output, sign_key=args.sign_key, mode=_progress_mode(args), select=select
+    )
 
 
 def _progress_mode(args: argparse.Namespace) -> Mode:
@@ -261,12 +288,66 @@ def _add_progress_options(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from cache_family.actors.campaign.merge import merge_campaign
+
+    try:
+        outcome = merge_campaign(args.output, args.shard_dirs, placement_file=args.placement)
+    except Refused as refused:
+        _print_refusals(refused)
+        _say_refused(args, refused)
+        return ExitCode.REFUSED
+    print(f"{outcome.status}: {outcome.matrix_path}")
+    print(f"campaign journal head: {outcome.head}")
+    return ExitCode.COMPLETED if outcome.status == "completed" else ExitCode.NOT_COMPLETED
+
+
+def _cmd_campaign(args: argparse.Namespace) -> int:
+    from cache_family.actors.campaign.ray_driver import campaign_main
+
+    parser: _Parser = args.parser
+    if args.hosts < 1 or args.hosts > 64:
+        parser.refuse("--hosts", "--hosts is a whole number from 1 to 64")
+    if args.resume is not None:
+        if args.input is not None or args.output is not None or args.placement is not None:
+            parser.refuse("--resume", "--resume continues a campaign: give no --input, "
+                          "--output or --placement")  # fmt: skip
+    elif args.input is None or args.output is None:
+        parser.refuse("--input", "give --input and --output (or --resume CAMPAIGN)")
+    try:
+        code, _ = campaign_main(
+            args.input,
+            str(args.resume or args.output),
+            args.ray,
+            args.placement,
+            args.hosts,
+            resume=args.resume is not None,
+        )
+    except Refused as refused:
+        _print_refusals(refused)
+        _say_refused(args, refused)
+        return ExitCode.REFUSED
+    return code
+
+
+def _replay_campaign(campaign_dir: str) -> int:
+    from cache_family.actors.campaign.audit import replay_campaign
+
+    report = replay_campaign(campaign_dir)
+    for line in report.lines:
+        print(line)
+    return report.exit_code
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from cache_family.actors.audit.head_signature import HEAD_PATTERN
-    from cache_family.actors.audit.replay import HeadCheck, replay_command
+    from cache_family.actors.audit.replay import HeadCheck
+    from cache_family.console.commands import replay_command
     from cache_family.console.refusals import say_failed
 
     parser: _Parser = args.parser
+    if (Path(args.run_dir) / "campaign-journal.jsonl").is_file():
+        return _replay_campaign(args.run_dir)
     if args.expect_head is not None and not HEAD_PATTERN.fullmatch(args.expect_head):
         parser.refuse("--expect-head", "give the 64 lowercase hex digits the run printed")
     if (args.allowed_signers is None) != (args.signer_identity is None):
@@ -304,7 +385,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    import os
 
     from cache_family.report import build_report
     from cache_family.schemas.refusal_codes import report_hint
@@ -366,8 +446,6 @@ def _add_report_command(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 def _publish_report_file(target: str, data: bytes) -> None:
     """Replace ``target`` atomically, creating its parents; a failure is a typed refusal."""
-    import os
-
     from cache_family.schemas.refusal_codes import report_hint
     from cache_family.system.publish import replace_atomically
 
@@ -384,6 +462,7 @@ def _publish_report_file(target: str, data: bytes) -> None:
 
 
 def _cmd_report_run(args: argparse.Namespace) -> int:
+    from cache_family.actors.audit.run_files import REPORT_MANIFEST_NAME, report_manifest
     from cache_family.report.run import read_run
     from cache_family.report.run_report import render_run_report
 
@@ -396,6 +475,8 @@ def _cmd_report_run(args: argparse.Namespace) -> int:
     # Plots first and report.md last: a reader who sees the new Markdown finds its plots.
     for name in sorted(files, key=lambda n: (n.count("/") == 0, n.endswith(".md"), n)):
         _publish_report_file(str(root / name), files[name])
+    # Then the SHA-256 of each: replay of the run directory finds one missing or extra.
+    _publish_report_file(str(root / REPORT_MANIFEST_NAME), report_manifest(files))
     for name in ("report.md", "report.html"):
         print(f"Wrote {Path(output) / name}")
     return ExitCode.OK
@@ -584,6 +665,26 @@ def build_parser() -> argparse.ArgumentParser:
             help="sign the journal's head with this OpenSSH key (ssh-keygen -Y sign) into "
             "RUN_DIR/journal.head.sig",
         )
+        rows = run.add_mutually_exclusive_group()
+        rows.add_argument(
+            "--rows",
+            action=_Once,
+            metavar="KEY[,KEY...]",
+            help="run only these rows of the prepared input (a key is CASE/USE_CASE/PREFIX; "
+            "--dry-run lists them)",
+        )
+        rows.add_argument(
+            "--shard",
+            action=_Once,
+            metavar="I/N",
+            help="run shard I of N (rendezvous hashing of the row keys); auto/N reads "
+            "SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX",
+        )
+        run.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="print the keys of the rows the run would run, one a line, and exit",
+        )
         _add_progress_options(run)
         run.set_defaults(func=_cmd_run, parser=run)
 
@@ -617,6 +718,69 @@ def build_parser() -> argparse.ArgumentParser:
             help="the identity (principal) in --allowed-signers the head must be signed by",
         )
         replay.set_defaults(func=_cmd_replay, parser=replay)
+
+    if _available("cache_family.actors.campaign.merge"):
+        merge = sub.add_parser(
+            "merge", help="merge the run directories of a campaign's shards into one campaign"
+        )
+        merge.add_argument(
+            "--output", required=True, type=_dir_path("--output"), metavar="ABS_CAMPAIGN_DIR"
+        )
+        merge.add_argument(
+            "--placement",
+            action=_Once,
+            type=_file_path("--placement"),
+            metavar="PLACEMENT_JSON",
+            help="the placement file the shards were placed by (pinned in the campaign journal)",
+        )
+        merge.add_argument(
+            "shard_dirs", nargs="+", metavar="SHARD_DIR", type=_dir_path("SHARD_DIR")
+        )
+        merge.set_defaults(func=_cmd_merge, parser=merge)
+
+    if _available("cache_family.actors.campaign.ray_driver"):
+        campaign = sub.add_parser(
+            "campaign", help="run every row of a prepared input as a Ray task on labelled hosts"
+        )
+        campaign.add_argument(
+            "--input", action=_Once, type=_file_path("--input"), metavar="PREPARED_JSON"
+        )
+        campaign.add_argument(
+            "--resume",
+            action=_Once,
+            type=_dir_path("--resume"),
+            metavar="CAMPAIGN",
+            help="run again only the rows of CAMPAIGN without a finished run, then merge",
+        )
+        campaign.add_argument(
+            "--output",
+            action=_Once,
+            type=_dir_path("--output"),
+            metavar="ABS_FRESH_DIR",
+            help="the campaign directory; every node must see it (a shared file system)",
+        )
+        campaign.add_argument(
+            "--ray",
+            required=True,
+            metavar="ADDRESS|local",
+            help="a Ray cluster's address, or local: a cluster of --hosts labelled nodes on "
+            "this machine, on loopback only (needs root for its network namespace)",
+        )
+        campaign.add_argument(
+            "--placement",
+            action=_Once,
+            type=_file_path("--placement"),
+            metavar="PLACEMENT_JSON",
+            help="which hosts (Ray labels, GPUs, CPUs) may run which rows",
+        )
+        campaign.add_argument(
+            "--hosts",
+            type=int,
+            default=1,
+            metavar="N",
+            help="with --ray local: the number of nodes, labelled cf.host=host-0..host-N-1",
+        )
+        campaign.set_defaults(func=_cmd_campaign, parser=campaign)
 
     _add_report_command(sub)
     _add_report_run_command(sub)
@@ -689,6 +853,39 @@ def _never_fail_on_encoding() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line. Called as the program (``argv`` None) by a command that holds the
+    process's signal latch (``run``), it never returns: see :func:`_exit_holding_signals`."""
+    try:
+        code = _command(argv)
+    except SystemExit as stop:  # a usage refusal after the latch was put up
+        latch = interrupts.process_latch() if argv is None else None
+        if latch is None or not isinstance(stop.code, int):
+            raise
+        _exit_holding_signals(latch, stop.code)
+    latch = interrupts.process_latch() if argv is None else None
+    if latch is not None:
+        _exit_holding_signals(latch, code)
+    return code
+
+
+def _exit_holding_signals(latch: interrupts.Latch, code: int) -> NoReturn:
+    """End a ``run`` process once its last line is printed, with the latch still in place.
+
+    Python's finalization would put SIGINT/SIGTERM's default actions back while it tears the
+    interpreter down, so a signal in those milliseconds ended the process as -15 or -2. Here
+    the signals are blocked, any that came after the command's own last look make the exit
+    code 130, and the process ends at once (``os._exit``, after flushing what it printed)."""
+    late = interrupts.signals_at_exit(latch)
+    for name in late:
+        print(f"{name} after the run's last line: the run had finished", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        # A closed pipe: what could not be written is lost either way.
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(ExitCode.INTERRUPTED if late else code)
+
+
+def _command(argv: Sequence[str] | None) -> int:
     _never_fail_on_encoding()
     args_in = normalize_argv(sys.argv[1:] if argv is None else argv)
     worker = args_in[:1] == [_WORKER_COMMAND] and _available("cache_family.actors.prepare.worker")
@@ -696,7 +893,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(args_in[1:] if worker else args_in)
     except Refused as refused:  # a path argument refused by its own rule
-        _print_refusals(refused)
+        # Refused while parsing, so args is not there to ask: `validate --json` promises
+        # its verdict as a JSON document on stdout whatever refused it.
+        _print_refusals(refused, as_json=args_in[:1] == ["validate"] and "--json" in args_in)
         return ExitCode.REFUSED
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:

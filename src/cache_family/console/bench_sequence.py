@@ -10,20 +10,20 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TextIO
 
+import cache_family
 from cache_family.console.refusals import say_failed
 from cache_family.errors import Refusal, Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.schemas.corpus import default_corpus_path
+from cache_family.system import interrupts
 
 RUNNER_ENV = "MESH_LLM_AUTOMATION_BIN"
 OPERATOR_ENV = "SKIPPY_CACHE_OPERATOR_INPUT"
@@ -115,7 +115,8 @@ def _refuse(code: str, where: str, message: str, hint: str, evidence: str) -> Be
 
 def repo_root() -> Path:
     """The source checkout this package runs from (its justfile holds the build recipe)."""
-    return Path(__file__).resolve().parents[2]
+    # src/cache_family/__init__.py -> the checkout holding src/
+    return Path(cache_family.__file__).resolve().parents[2]
 
 
 def default_runner() -> tuple[str, ...]:
@@ -326,12 +327,14 @@ class _Signals:
 
     def __init__(self) -> None:
         self.child: subprocess.Popen[bytes] | None = None
-        self.received: int | None = None
-        self._previous: dict[int, object] = {}
+        # The one latch (system/interrupts.py); each signal is forwarded as it arrives.
+        self._latch = interrupts.Latch(on_signal=lambda signum: self.forward())
+        self._installed = self._latch.installed()
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signum
-        self.forward()
+    @property
+    def received(self) -> int | None:
+        """The last signal received, if any."""
+        return self._latch.last_signum
 
     def forward(self) -> None:
         """Send the signal received (if any) to the running step (if any)."""
@@ -340,13 +343,11 @@ class _Signals:
             child.send_signal(self.received)
 
     def __enter__(self) -> _Signals:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
+        self._installed.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)  # type: ignore[arg-type]
+        self._installed.__exit__(None, None, None)
 
 
 def _exit_code(returncode: int) -> int:

@@ -14,27 +14,33 @@ import json
 import sys
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Final, Literal, TextIO
 
+from cache_family.actors.run.run_progress import synthetic_mark
+from cache_family.schemas.arms import CORRECTNESS
 from cache_family.schemas.journal import (
     CellOpened,
     Record,
     RungCompleted,
     Transition,
 )
+from cache_family.states.cell import CELL_TABLE, CORRECTNESS_TABLE, CorrectnessState
+from cache_family.system.hashing_progress import NullProgress, ProgressSink
 
 if TYPE_CHECKING:
     from rich.progress import Progress as RichBar
     from rich.progress import Task, TaskID
 
-    from cache_family.actors.run.context import Budgets
-    from cache_family.actors.run.row import RowResult
     from cache_family.schemas.prepared import PreparedRow
+    from cache_family.schemas.row_result import RowResult
+    from cache_family.states.budgets import Budgets
 
 Mode = Literal["rich", "plain", "quiet", "json"]
 
-SYNTHETIC_MARK = " (synthetic)"
-CORRECTNESS_ARM = "correctness"
+# The cell states whose work climbs the measured rungs (the table's ``measuring`` column).
+_MEASURING: Final = frozenset(
+    state.value for state in CELL_TABLE.states if CELL_TABLE.policy(state).measuring
+)
 # The state a cell or the correctness arm ends in.
 _DONE = "done"
 
@@ -53,11 +59,6 @@ def choose_mode(stream: TextIO, *, quiet: bool = False, json_events: bool = Fals
     return "rich" if is_terminal(stream) else "plain"
 
 
-def synthetic_mark(synthetic: bool) -> str:
-    """ " (synthetic)" after a line about a synthetic row or run, else nothing."""
-    return SYNTHETIC_MARK if synthetic else ""
-
-
 class EventLines:
     """JSON lines, one event each, flushed at once; safe to call from several threads."""
 
@@ -73,29 +74,6 @@ class EventLines:
 
 
 # --- hashing: bytes ---------------------------------------------------------------------------
-
-
-class ProgressSink(Protocol):
-    """Receives byte counts from hashing threads; implementations must be thread-safe."""
-
-    def begin(self, files: int, total_bytes: int) -> None: ...
-
-    def advance(self, nbytes: int) -> None: ...
-
-    def end(self) -> None: ...
-
-
-class NullProgress:
-    """Progress that shows nothing (stderr is not a terminal, or a test)."""
-
-    def begin(self, files: int, total_bytes: int) -> None:
-        del files, total_bytes
-
-    def advance(self, nbytes: int) -> None:
-        del nbytes
-
-    def end(self) -> None:
-        pass
 
 
 class BytesBar:
@@ -188,7 +166,7 @@ class ArmProgress:
     def rung(self) -> int:
         """The rung being run (1-based) while the ladder climbs, else the rungs done; for
         correctness, the topology being run (then the number run)."""
-        if self.state == "ladder" and self.rungs_done < self.rungs:
+        if self.state in _MEASURING and self.rungs_done < self.rungs:
             return self.rungs_done + 1
         return self.rungs_done
 
@@ -203,7 +181,7 @@ class ArmProgress:
     def rung_text(self) -> str:
         if self.rungs:
             return f"rung {self.rung}/{self.rungs}"
-        return f"topology {self.rung}" if self.arm == CORRECTNESS_ARM else "rung -"
+        return f"topology {self.rung}" if self.arm == CORRECTNESS.name else "rung -"
 
     def line(self) -> str:
         # Indented under the row's own "row k/n" line that follows when the row ends.
@@ -269,19 +247,21 @@ class RunProgress:
             arm.rungs = len(record.rungs)
             arm.state = "opened"
             self._cells[record.cell_id] = arm
-        elif isinstance(record, Transition) and record.machine == "cell" and record.cell_id:
+        elif (
+            isinstance(record, Transition) and record.machine == CELL_TABLE.name and record.cell_id
+        ):
             arm = self._cells.get(record.cell_id)
             if arm is not None:
                 arm.state = record.to_state
-        elif isinstance(record, Transition) and record.machine == CORRECTNESS_ARM:
+        elif isinstance(record, Transition) and record.machine == CORRECTNESS_TABLE.name:
             if record.row_index is None:
                 return
             arm = self._correctness.get(record.row_index)
             if arm is None:
-                arm = self._open(record.row_index, CORRECTNESS_ARM, at)
+                arm = self._open(record.row_index, CORRECTNESS.name, at)
                 self._correctness[record.row_index] = arm
             arm.state = record.to_state
-            if record.to_state == "topology":
+            if record.to_state == CorrectnessState.TOPOLOGY:
                 arm.rungs_done += 1
         elif isinstance(record, RungCompleted):
             arm = self._cells.get(record.cell_id)

@@ -35,6 +35,7 @@ from cache_family.errors import Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.oracles import native_build
 from cache_family.oracles.native_parts import Parts, ensure_parts
+from cache_family.schemas.arms import HOST_ARMS
 from cache_family.schemas.corpus import default_corpus_path
 from cache_family.schemas.examples import example_operator, example_plan
 
@@ -185,6 +186,45 @@ def demo_steps(output: str) -> tuple[tuple[bench_sequence.Step, ...], tuple[str,
     return tuple(steps), tuple(wrote)
 
 
+def campaign_steps(
+    output: str, hosts: int
+) -> tuple[tuple[bench_sequence.Step, ...], tuple[str, ...]]:
+    """``--hosts N``: the full-GGUF rows again as a campaign on a local Ray cluster of N
+    labelled nodes (loopback only), merged, then the campaign's replay."""
+    runner = bench_sequence.default_runner()
+    prepared = os.path.join(output, "full-input", bench_sequence.PREPARED_JSON)
+    campaign = os.path.join(output, "campaign")
+    steps = (
+        bench_sequence.Step(
+            f"campaign on {hosts} local hosts",
+            (
+                *runner,
+                "campaign",
+                "--input",
+                prepared,
+                "--output",
+                campaign,
+                "--ray",
+                "local",
+                "--hosts",
+                str(hosts),
+            ),
+            campaign,
+            "read the campaign report and each row's log under rows/, fix the cause, then "
+            "rerun the demo into a fresh directory",
+            needs=(prepared,),
+            needs_next="the full-GGUF preparation above did not write its input",
+        ),
+        bench_sequence.Step(
+            "replay campaign",
+            (*runner, "replay", campaign),
+            os.path.join(campaign, "campaign-journal.jsonl"),
+            f"the lines above name what differs; `cache-family replay {campaign}` reruns it",
+        ),
+    )
+    return steps, (f"Wrote campaign report: {os.path.join(campaign, 'campaign-report.md')}",)
+
+
 def _say(progress: TextIO, text: str) -> None:
     print(f"demo: {text}", file=progress, flush=True)
 
@@ -202,6 +242,7 @@ def run_demo(
     quiet: bool = False,
     stdout: TextIO | None = None,
     environ: Mapping[str, str] | None = None,
+    hosts: int | None = None,
 ) -> int:
     """Build or reuse the parts, write the operator input, run the sequence; the exit code."""
     plan = plan or PLANS[DEFAULT_PLAN]
@@ -237,6 +278,9 @@ def run_demo(
         say_failed(progress, "demo", refused.refusal.line(), refused.evidence, refused.refusal.hint)
         return ExitCode.PRECONDITION
     extra, wrote = demo_steps(bench.output)
+    if hosts is not None:
+        more, more_wrote = campaign_steps(bench.output, hosts)
+        extra, wrote = extra + more, wrote + more_wrote
     bench = dataclasses.replace(bench, steps=bench.steps + extra, wrote=bench.wrote + wrote)
     code = bench_sequence.run_bench(bench, env, stdout, progress, quiet=quiet)
     if code != 0:
@@ -248,7 +292,7 @@ def run_demo(
     return 0
 
 
-_ARM_LABELS = {"native-concurrent": "native", "skippy-old": "old", "skippy-new": "new"}
+_ARM_LABELS = {arm.name: arm.label for arm in HOST_ARMS if not arm.serial}
 
 
 def _arm_figures(row: dict[str, Any]) -> str:
@@ -337,6 +381,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quiet", action="store_true", help="no progress; failures and the closing lines only"
     )
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        choices=range(1, 9),
+        metavar="N",
+        help="also run the full-GGUF rows as a campaign on a local Ray cluster of N labelled "
+        "nodes (loopback only; needs root), merge it and replay it",
+    )
     parser.set_defaults(plan=DEFAULT_PLAN)
     return parser
 
@@ -356,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             "give a fresh directory, or none for out/demo-<time>",
         )
         return 2
-    return run_demo(out, sys.stderr, plan=PLANS[args.plan], quiet=args.quiet)
+    return run_demo(out, sys.stderr, plan=PLANS[args.plan], quiet=args.quiet, hosts=args.hosts)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from typing import Any, TextIO
 
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import read_bounded
+from cache_family.system.hashing import sha256_file
 from cache_family.system.pins import tree_digest
 from cache_family.system.publish import replace_atomically, replace_with_symlink
 
@@ -101,14 +102,6 @@ def cache_key(pin: SourcePin, options: dict[str, str]) -> str:
         sort_keys=True,
     ).encode()
     return hashlib.sha256(material).hexdigest()[:24]
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _tool_env() -> dict[str, str]:

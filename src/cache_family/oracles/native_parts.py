@@ -44,6 +44,7 @@ import trio
 
 from cache_family.errors import Refused
 from cache_family.oracles import llama_bindings, native_build
+from cache_family.system.hashing import sha256_file
 from cache_family.system.process_group import stop_group
 
 DEFAULT_SEED = 0
@@ -110,7 +111,7 @@ def producer_matches(tools: Path) -> bool:
     }
     if present_links != links:
         return False
-    return all(native_build.sha256_file(tools / rel) == digest for rel, digest in files.items())
+    return all(sha256_file(tools / rel) == digest for rel, digest in files.items())
 
 
 @contextlib.contextmanager

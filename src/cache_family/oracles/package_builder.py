@@ -31,7 +31,6 @@ from typing import Any, Final
 import gguf
 
 from cache_family.errors import Refusal, Refused
-from cache_family.oracles.native_build import sha256_file
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.gguf_header import GgufHeader, read_gguf_header
 from cache_family.schemas.layer_package import (
@@ -50,6 +49,7 @@ from cache_family.schemas.layer_package import (
     encode_manifest,
     stage_parts,
 )
+from cache_family.system.hashing import sha256_file
 
 PROGRAM: Final = "skippy-package-builder"
 EXIT_REFUSED: Final = 1

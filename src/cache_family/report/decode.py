@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -68,13 +69,27 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
-class Reader:
-    """Reads one file's values and collects its refusals (``file`` names it in each)."""
+class _NotANumber(ValueError):
+    """NaN, Infinity or -Infinity where a document must hold only JSON numbers."""
 
-    def __init__(self, file: str, *, what: str, sink: Refusals) -> None:
+
+def _no_constant(name: str) -> object:
+    raise _NotANumber(name)
+
+
+class Reader:
+    """Reads one file's values and collects its refusals (``file`` names it in each).
+
+    ``finite`` refuses NaN, Infinity and -Infinity anywhere in the file (they are not JSON,
+    and no receipt the run writes holds one); without it they are read as floats, so a
+    producer's row refuses them at the timing that holds one, with its path.
+    """
+
+    def __init__(self, file: str, *, what: str, sink: Refusals, finite: bool = False) -> None:
         self.file = file
         self.what = what
         self.sink = sink
+        self.finite = finite
 
     def refuse(self, code: str, where: Where, message: str) -> None:
         self.sink.add(Refusal(code, json_path(where), f"{self.file}: {message}", report_hint(code)))
@@ -91,8 +106,10 @@ class Reader:
 
     def parse(self, data: bytes) -> tuple[bool, Any]:
         """``(True, value)`` of UTF-8 JSON bytes, or ``(False, None)`` after a refusal."""
+        constant = _no_constant if self.finite else None
         try:
-            return True, json.loads(data.decode("utf-8"), object_pairs_hook=_object)
+            text = data.decode("utf-8")
+            return True, json.loads(text, object_pairs_hook=_object, parse_constant=constant)
         except UnicodeDecodeError as exc:
             self.refuse("report.json", [], f"{self.what} is not UTF-8 (byte {exc.start})")
         except json.JSONDecodeError as exc:
@@ -103,6 +120,17 @@ class Reader:
             )
         except RecursionError:
             self.refuse("report.json", [], f"{self.what} nests too deeply")
+        except _NotANumber as exc:
+            self.refuse("report.json", [], f"{self.what} holds {exc}, which is not a JSON number")
+        except ValueError:
+            # The one other ValueError of the parser: an integer literal longer than the
+            # interpreter converts (CPython's guard against quadratic int parsing).
+            self.refuse(
+                "report.json",
+                [],
+                f"{self.what} holds an integer literal of more than "
+                f"{sys.get_int_max_str_digits()} digits",
+            )
         return False, None
 
     def member(self, obj: dict[str, Any], name: str, where: Where) -> tuple[bool, Any]:

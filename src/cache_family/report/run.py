@@ -3,8 +3,9 @@
 Only published receipts are read, never the journal: ``cache-family-matrix.json``, each row's
 ``row.json`` it names, each arm's ``cell.json`` the row names, and, when present, the run's
 ``production-cache-bench.json``. Every read is bounded; a path a receipt names must stay
-inside the run directory. A receipt that is absent is shown as absent (a killed run's
-directory still reports); one that is present must decode as its schema.
+inside the run directory. Receipts are published bottom-up (cells, then their row, then the
+matrix at the end), so every receipt another names exists: one that is missing was removed
+and is refused, like one that does not decode as its schema or holds NaN or Infinity.
 
 Beyond the schemas in ``schemas/receipts.py`` one optional member per rung of a ``cell.json``
 is read, tolerantly: ``measurement.rungs[i].cache_verdict``, an object whose members
@@ -136,12 +137,16 @@ def _convert(reader: Reader, value: Any, kind: type[_T], what: str) -> _T | None
         return None
 
 
-def _load(root: str, relative: str, what: str, refusals: Refusals) -> tuple[Reader, Any] | None:
-    """The JSON of ``root/relative``; None when absent (shown so) or after a refusal."""
+def _load(
+    root: str, relative: str, what: str, refusals: Refusals, named_by: Reader, where: Where
+) -> tuple[Reader, Any] | None:
+    """The JSON of ``root/relative``, which ``named_by`` names at ``where``; None after a
+    refusal (a missing receipt is one)."""
     path = os.path.join(root, relative)
     if not os.path.lexists(path):
+        named_by.refuse("report.receipt", where, f"{what} {relative} is missing")
         return None
-    reader = Reader(path, what=what, sink=refusals)
+    reader = Reader(path, what=what, sink=refusals, finite=True)
     ok, document = reader.load(MAX_RECEIPT_BYTES)
     if not ok:
         return None
@@ -157,10 +162,11 @@ def _arm(
     cell_path: str | None = None
     cell: CellReceipt | None = None
     if obs.cell_dir is not None:
-        inside = _inside(row_reader, obs.cell_dir, ["observations", index, "cell_dir"])
+        where: Where = ["observations", index, "cell_dir"]
+        inside = _inside(row_reader, obs.cell_dir, where)
         if inside is not None:
             cell_path = f"{inside}/{CELL_FILENAME}"
-            loaded = _load(root, cell_path, "cell receipt", refusals)
+            loaded = _load(root, cell_path, "cell receipt", refusals, row_reader, where)
             if loaded is not None:
                 reader, document = loaded
                 cell = _convert(reader, document, CellReceipt, "cell receipt")
@@ -232,10 +238,11 @@ def _row(root: str, matrix_reader: Reader, i: int, entry: MatrixRow, sink: Refus
     evidence = entry.result.evidence
     if evidence is None:
         return RowView(entry=entry, row_path=None, receipt=None)
-    row_path = _inside(matrix_reader, evidence, ["rows", i, "result", "evidence"])
+    where: Where = ["rows", i, "result", "evidence"]
+    row_path = _inside(matrix_reader, evidence, where)
     if row_path is None:
         return RowView(entry=entry, row_path=None, receipt=None)
-    loaded = _load(root, row_path, "row receipt", sink)
+    loaded = _load(root, row_path, "row receipt", sink, matrix_reader, where)
     if loaded is None:
         return RowView(entry=entry, row_path=row_path, receipt=None)
     reader, document = loaded
@@ -272,7 +279,9 @@ def read_run(
     root = str(Path(run_dir).absolute())
     output = root if output_dir is None else str(Path(output_dir).absolute())
     refusals = Refusals()
-    matrix_reader = Reader(os.path.join(root, MATRIX_FILENAME), what="run matrix", sink=refusals)
+    matrix_reader = Reader(
+        os.path.join(root, MATRIX_FILENAME), what="run matrix", sink=refusals, finite=True
+    )
     ok, document = matrix_reader.load(MAX_RECEIPT_BYTES)
     matrix: MatrixReceipt | None = None
     if ok and isinstance(document, dict) and "rows" not in document and "reason" in document:

@@ -27,6 +27,7 @@ from cache_family.report.stats import (
     bootstrap_median_difference,
 )
 from cache_family.report.svg import Panel, Series, line_panels
+from cache_family.schemas.arms import NATIVE_CONCURRENT, SKIPPY_NEW, SKIPPY_OLD
 from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.schemas.measurement import RungSummary
 from cache_family.schemas.receipts import CacheVerdict
@@ -35,12 +36,12 @@ MARKDOWN_NAME: Final = "report.md"
 HTML_NAME: Final = "report.html"
 PLOTS_DIR: Final = "plots"
 JOURNAL_NAME: Final = "journal.jsonl"
-OLD_ARM: Final = "skippy-old"
-NEW_ARM: Final = "skippy-new"
+OLD_ARM: Final = SKIPPY_OLD.name
+NEW_ARM: Final = SKIPPY_NEW.name
 SYNTHETIC_BANNER: Final = "synthetic: plumbing evidence, not a performance claim"
 PAIRED_NOT_RUN: Final = "paired serving not run"
 ARM_COLORS: Final = {
-    "native-concurrent": "#1f77b4",
+    NATIVE_CONCURRENT.name: "#1f77b4",
     OLD_ARM: "#d62728",
     NEW_ARM: "#2ca02c",
 }

@@ -38,7 +38,10 @@ def read_sources(path: str, refusals: Refusals) -> tuple[SourceEntry, ...]:
         return ()
     present, entries = reader.member(document, "use_cases", [])
     if not present:
-        entries = []
+        # Unlike a row's members, this one has no default: `{}` is not a corpus (an empty
+        # corpus lists no use cases: `"use_cases": []`).
+        reader.refuse("report.missing_field", ["use_cases"], "the corpus has no use_cases")
+        return ()
     if not isinstance(entries, list):
         reader.wrong(["use_cases"], "an array", entries)
         return ()

@@ -232,18 +232,34 @@ HostDialect = Literal["llama-server", "current", "legacy"]
 CaptureStream = Literal["stdout", "stderr"]
 
 
-class HostCleanup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ProcessOutcome(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one child we started in a process group of its own ended: the words every kind
+    of child shares. A host's custody (``HostCleanup``), a supervised tool child or help probe
+    (``system.child.ChildEnded``) and the preparation worker (``WorkerOutcome``) extend it.
+
+    Its fields are the first fields of ``HostCleanup``, in that order: a Struct encodes its
+    fields in declaration order (inherited first), and the journal's ``cleanup_outcome``
+    bytes must not change."""
+
+    # None: it never started.
+    pid: int | None
+    # It ended without SIGKILL (on its own or within the SIGTERM grace).
+    graceful: bool = False
+    # SIGKILL was sent to its process group.
+    forced: bool = False
+    # The leader's exit status (negative: the signal that ended it); None: not observed.
+    exit_code: int | None = None
+    # Processes still alive when the stopper gave up: a custody failure.
+    surviving_descendants: tuple[int, ...] = ()
+
+
+class HostCleanup(ProcessOutcome, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How the end of one host session went: custody fills it, the journal's
     ``cleanup_outcome`` carries it and ``cell.json`` shows it. ``problems()`` is the verdict."""
 
-    pid: int | None
-    # The host ended without SIGKILL (on its own or within the SIGTERM grace).
+    # Required here (the base defaults them for children that never started).
     graceful: bool
-    # SIGKILL was sent to the process group.
     forced: bool
-    exit_code: int | None = None
-    # Descendants still alive when cleanup gave up: a custody failure.
-    surviving_descendants: tuple[int, ...] = ()
     port_free: bool = False
     state_dir_removed: bool = False
     elapsed_ms: float | None = None

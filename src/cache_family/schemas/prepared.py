@@ -25,12 +25,15 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     computed_field,
+    model_serializer,
     model_validator,
 )
 
 from cache_family.errors import Refusal, Refused, json_path
+from cache_family.schemas.arms import HostProfileName
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import payload_refusal
 from cache_family.schemas.json_shape import containers
@@ -40,6 +43,7 @@ from cache_family.schemas.operator import (
     PlanInput,
     environment_refusals,
 )
+from cache_family.schemas.workload import WorkloadsPin
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -93,6 +97,14 @@ CorpusSource = Literal["override", "environment", "operator-plan", "checked-in"]
 
 class _Strict(BaseModel):
     model_config = _STRICT
+
+
+def _without_absent_workloads(workloads: WorkloadsPin | None, data: Any) -> Any:
+    """A document without a workload file encodes without the member, byte for byte as
+    before the member existed."""
+    if workloads is None and isinstance(data, dict):
+        data.pop("workloads", None)
+    return data
 
 
 # --- pins --------------------------------------------------------------------------------------
@@ -393,7 +405,7 @@ class CorrectnessProfile(_Strict):
 
 class HostProfile(_Strict):
     schema_version: Literal[1]
-    host: Literal["native-baseline", "skippy-old", "skippy-new"]
+    host: HostProfileName
     binary: str
     binary_sha256: Sha256
     source_commit: str
@@ -472,6 +484,13 @@ class PreparedInput(_Strict):
     use_cases: list[UseCaseRecord] = Field(default_factory=list)
     # prepare-full only: the --use-case-corpus it was given and did not use.
     unused_corpus: UnusedCorpus | None = None
+    # The workload file given with --workloads, pinned; absent (not null) without one, so a
+    # preparation without workloads writes the same bytes as before the field existed.
+    workloads: WorkloadsPin | None = None
+
+    @model_serializer(mode="wrap")
+    def _absent_workloads_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_absent_workloads(self.workloads, handler(self))
 
     @model_validator(mode="before")
     @classmethod
@@ -604,6 +623,12 @@ class PreparationRequest(_Strict):
     worker_deadline_monotonic_ns: Annotated[int, Field(ge=0)] | None = None
     # prepare-full: the --use-case-corpus it accepts and records as unused (never read).
     unused_corpus: str | None = None
+    # --workloads, pinned by the parent; left out of the bytes when absent (as in the input).
+    workloads: WorkloadsPin | None = None
+
+    @model_serializer(mode="wrap")
+    def _absent_workloads_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_absent_workloads(self.workloads, handler(self))
 
 
 class RefusalRecord(_Strict):

@@ -49,6 +49,17 @@ OPERATOR_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
         "no list or map of the operator input needs more than 128 entries",
     ),
     RefusalCode(
+        "operator.json.too_many_values",
+        "the arrays and objects hold more than 4096 values in all (nothing further is checked)",
+        "a valid operator input holds a few hundred values; remove the bulk",
+    ),
+    RefusalCode(
+        "operator.more_refusals",
+        "more refusals of one code under one top-level member than are listed (the first 8 "
+        "are; at most 100 in all), with how many more",
+        "fix the listed refusals: the unlisted ones are of the same kind",
+    ),
+    RefusalCode(
         "operator.json.duplicate_key",
         "an object names the same member twice",
         "give each member once per object",
@@ -273,7 +284,8 @@ REPORT_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
     ),
     RefusalCode(
         "report.json",
-        "an input or the corpus is not UTF-8 JSON (or nests too deeply)",
+        "an input, the corpus or a run receipt is not UTF-8 JSON (or nests too deeply, or "
+        "holds an integer literal of more than 4300 digits; a receipt also NaN or Infinity)",
         "pass the production-cache-bench.json (or corpus) file itself, unedited",
     ),
     RefusalCode(
@@ -281,6 +293,11 @@ REPORT_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
         "a value has the wrong JSON type: null for a text or object member, a float where an "
         "integer is expected (`128.0`), a string where a number is, a file that is not an array",
         "fix the producer of the file; members may be left out, but not given the wrong type",
+    ),
+    RefusalCode(
+        "report.missing_field",
+        "the corpus has no `use_cases` member (`[]` is an empty corpus, `{}` is not a corpus)",
+        "pass the use-case corpus itself: an object with a use_cases array",
     ),
     RefusalCode(
         "report.duplicate_field",
@@ -349,7 +366,8 @@ REPORT_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
     ),
     RefusalCode(
         "report.receipt",
-        "a run receipt does not decode as its schema, or names a path outside the run directory",
+        "a run receipt does not decode as its schema, names a path outside the run directory, "
+        "or names a receipt that is missing",
         "report the run directory the run wrote, unedited; replay it to find the edit",
     ),
 )

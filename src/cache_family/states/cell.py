@@ -2,22 +2,27 @@
 (one row's correctness arm), each as one table.
 
 Read ``CELL_TABLE`` top to bottom: it is the whole lifecycle of a cell. Each row says: in this
-state, on this event, go to that state and perform these actions. A (state, event) pair that is
-not in the table is refused with ``cell.transition.refused`` (``row.transition.refused`` for
-rows); nothing else is ever inferred. Faults, cancellation and deadline expiry lead from every
-working state to ``cleanup`` (to ``not-launched`` before a host exists), and from there only
-``finalize`` follows: failure is sticky by construction (checked when this module is imported).
+state, on this event, go to that state, perform these actions, and fsync the journal at the step
+or later. ``policies`` gives each state's columns (``StatePolicy``): reachable after a fault
+(and so shielded), the time bound of its actions, what a fault in it lowers a receipt to, and
+whether a receipt folded there is whole. A (state, event) pair that is not in the table is
+refused with ``cell.transition.refused`` (``row.transition.refused`` for rows); nothing else is
+ever inferred. Faults, cancellation and deadline expiry lead from every working state to
+``cleanup`` (to ``not-launched`` before a host exists), and from there only ``finalize``
+follows: failure is sticky by construction (checked when this module is imported).
 
 The warmup state does the warmup: its actions cut the benchmark prompt with the host's own
 tokenizer, journal the warmup rule and send the excluded warmup request (the serial rung's
 request 0; a concurrent cell excludes none), so ``ladder`` sends only measured requests.
 
-The running state of a cell or row is a :class:`LiveMachine`: a ``transitions.Machine`` built
-from the table, whose ``on_step`` callback (given by the actor) journals every step.
+The actors run every table through one driver (``actors/run/engine.py``); the running state of a
+machine is a :class:`LiveMachine`, a ``transitions.Machine`` built from the table, whose
+``on_step`` callback (given by the actor) journals every step.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -27,6 +32,7 @@ from typing import Any, Final, Generic, TypeVar
 from transitions import Machine, MachineError
 
 from cache_family.errors import Refused
+from cache_family.schemas.receipts import ReceiptStatus
 
 
 class CellState(StrEnum):
@@ -92,37 +98,72 @@ class RowAction(StrEnum):
     SKIP_BASELINES = "skip-baselines"
     RUN_SERIAL_CELL = "run-serial-cell"
     RUN_NEXT_CELL = "run-next-concurrent-cell"
-    FOLD_ROW = "fold-row"
-    PUBLISH_ROW = "publish-row"
+    PUBLISH_ROW = "fold-and-publish-row-receipt"
 
 
-S = TypeVar("S", bound=StrEnum)
-E = TypeVar("E", bound=StrEnum)
-A = TypeVar("A", bound=StrEnum)
+StateT = TypeVar("StateT", bound=StrEnum)
+EventT = TypeVar("EventT", bound=StrEnum)
+ActionT = TypeVar("ActionT", bound=StrEnum)
+
+# A step whose ``fsync`` is this shares the fsync of the durable point that follows it.
+SYNCED_LATER: Final = False
 
 
 @dataclass(frozen=True, slots=True)
-class Step(Generic[S, A]):
-    """Where an event leads and what the actor must do on the way."""
+class Step(Generic[StateT, ActionT]):
+    """Where an event leads and what the actor must do on the way. ``fsync``: the step's
+    transition record is made durable before the actions run (else it shares the next
+    durable point's fsync, with nothing outside the journal done in between)."""
 
-    to: S
-    actions: tuple[A, ...] = ()
+    to: StateT
+    actions: tuple[ActionT, ...] = ()
+    fsync: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class StatePolicy:
+    """What holds for every step into a state, and what a fault in it means: the columns the
+    driver (``actors/run/engine.py``) and the folds (``states/fold.py``) read."""
+
+    # Reachable after a fault (failure is sticky); the actions of steps into it run shielded
+    # from cancellation.
+    after_fault: bool = False
+    # How long the actions of a step into it may take (a wedged disk cannot hang a run).
+    bound_seconds: float = math.inf
+    # The receipt level a fault recorded in this state lowers the receipt to.
+    on_fault: ReceiptStatus = "incomplete"
+    # A receipt folded in this state is whole; a journal ending elsewhere ended too early.
+    finished: bool = False
+    # The state's work climbs the measured rungs (the progress display counts them).
+    measuring: bool = False
+
+
+# A state the table gives no policy has the defaults.
+_DEFAULT_POLICY: Final = StatePolicy()
 
 
 @dataclass(frozen=True)
-class MachineTable(Generic[S, E, A]):
+class MachineTable(Generic[StateT, EventT, ActionT]):
     name: str
-    states: tuple[S, ...]
-    events: tuple[E, ...]
-    initial: S
-    final: S
+    states: tuple[StateT, ...]
+    events: tuple[EventT, ...]
+    initial: StateT
+    final: StateT
     # Events that record something going wrong; after one, the machine is "faulted".
-    fault_events: frozenset[E]
-    rows: Mapping[tuple[S, E], Step[S, A]]
-    # States a faulted machine may still be in or enter.
-    after_fault: frozenset[S] = field(default_factory=frozenset)
+    fault_events: frozenset[EventT]
+    rows: Mapping[tuple[StateT, EventT], Step[StateT, ActionT]]
+    # Each state's policy columns.
+    policies: Mapping[StateT, StatePolicy] = field(default_factory=dict)
 
-    def step(self, state: S, event: E) -> Step[S, A]:
+    def policy(self, state: StateT) -> StatePolicy:
+        return self.policies.get(state, _DEFAULT_POLICY)
+
+    @property
+    def after_fault(self) -> frozenset[StateT]:
+        """States a faulted machine may still be in or enter."""
+        return frozenset(state for state in self.states if self.policy(state).after_fault)
+
+    def step(self, state: StateT, event: EventT) -> Step[StateT, ActionT]:
         try:
             return self.rows[(state, event)]
         except KeyError:
@@ -134,17 +175,39 @@ class MachineTable(Generic[S, E, A]):
                 f"allowed in {state.value!r}: {allowed}",
             ) from None
 
-    def allowed_events(self, state: S) -> tuple[E, ...]:
+    def allowed_events(self, state: StateT) -> tuple[EventT, ...]:
         return tuple(e for e in self.events if (state, e) in self.rows)
 
+    def actions(self) -> frozenset[ActionT]:
+        """Every action some step of the table performs."""
+        return frozenset(action for step in self.rows.values() for action in step.actions)
+
     def render_markdown(self) -> str:
-        """A Markdown table and a Mermaid state diagram, both generated from the rows."""
+        """A Markdown table of the steps, one of the state policies and a Mermaid state
+        diagram, all generated from the table."""
         grouped = self._grouped()
-        lines = ["| state | events | next state | actions |", "|---|---|---|---|"]
+        lines = [
+            "| state | events | next state | actions | fsync |",
+            "|---|---|---|---|---|",
+        ]
         for state, events, step in grouped:
             actions = ", ".join(a.value for a in step.actions) or "-"
             names = ", ".join(e.value for e in events)
-            lines.append(f"| {state.value} | {names} | {step.to.value} | {actions} |")
+            fsync = "at the step" if step.fsync else "later"
+            lines.append(f"| {state.value} | {names} | {step.to.value} | {actions} | {fsync} |")
+        lines += [
+            "",
+            "| state | after a fault (shielded) | time bound | a fault lowers to | finished |",
+            "|---|---|---|---|---|",
+        ]
+        for state in self.states:
+            policy = self.policy(state)
+            bound = "-" if math.isinf(policy.bound_seconds) else f"{policy.bound_seconds:g} s"
+            yes = {True: "yes", False: "-"}
+            lines.append(
+                f"| {state.value} | {yes[policy.after_fault]} | {bound} | {policy.on_fault} "
+                f"| {yes[policy.finished]} |"
+            )
         lines += ["", "```mermaid", "stateDiagram-v2", f"    [*] --> {_mermaid(self.initial)}"]
         for state, events, step in grouped:
             names = ", ".join(e.value for e in events)
@@ -152,9 +215,9 @@ class MachineTable(Generic[S, E, A]):
         lines += [f"    {_mermaid(self.final)} --> [*]", "```"]
         return "\n".join(lines) + "\n"
 
-    def _grouped(self) -> list[tuple[S, list[E], Step[S, A]]]:
+    def _grouped(self) -> list[tuple[StateT, list[EventT], Step[StateT, ActionT]]]:
         """Consecutive rows with the same state and step, merged (as the source lists them)."""
-        out: list[tuple[S, list[E], Step[S, A]]] = []
+        out: list[tuple[StateT, list[EventT], Step[StateT, ActionT]]] = []
         for (state, event), step in self.rows.items():
             if out and out[-1][0] == state and out[-1][2] == step:
                 out[-1][1].append(event)
@@ -167,95 +230,139 @@ def _mermaid(state: StrEnum) -> str:
     return state.value.replace("-", "_")
 
 
+TableRow = (
+    tuple[StateT, Iterable[EventT], StateT, tuple[ActionT, ...]]
+    | tuple[StateT, Iterable[EventT], StateT, tuple[ActionT, ...], bool]
+)
+
+
 def _table(
-    rows: Iterable[tuple[S, Iterable[E], S, tuple[A, ...]]],
-) -> Mapping[tuple[S, E], Step[S, A]]:
-    out: dict[tuple[S, E], Step[S, A]] = {}
-    for state, events, to, actions in rows:
+    rows: Iterable[TableRow[StateT, EventT, ActionT]],
+) -> Mapping[tuple[StateT, EventT], Step[StateT, ActionT]]:
+    """The steps of ``rows``: (state, events, next state, actions[, fsync])."""
+    out: dict[tuple[StateT, EventT], Step[StateT, ActionT]] = {}
+    for state, events, to, actions, *fsync in rows:
         for event in events:
             if (state, event) in out:
                 raise ValueError(f"duplicate table row for ({state.value}, {event.value})")
-            out[(state, event)] = Step(to, actions)
+            out[(state, event)] = Step(to, actions, *fsync)
     return MappingProxyType(out)
 
 
-C, V, X = CellState, CellEvent, CellAction
-_STOP = (V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED)
-_CLEANUP = (X.END_HOST,)
-_FINALIZE = (X.PUBLISH_RECEIPT,)
+# Finalize (fold + publish) is shielded; this bounds it so a wedged disk cannot hang a run.
+FINALIZE_BOUND_SECONDS: Final = 30.0
+
+Cell, CellOn, CellDo = CellState, CellEvent, CellAction
+_STOP = (CellOn.FAULT, CellOn.CANCELLED, CellOn.DEADLINE_EXPIRED)
+_CLEANUP = (CellDo.END_HOST,)
+_FINALIZE = (CellDo.PUBLISH_RECEIPT,)
 
 # fmt: off
 CELL_TABLE: Final = MachineTable[CellState, CellEvent, CellAction](
     name="cell",
     states=tuple(CellState),
     events=tuple(CellEvent),
-    initial=C.PIN_VERIFY,
-    final=C.DONE,
-    fault_events=frozenset((V.PINS_MISMATCH, *_STOP)),
-    after_fault=frozenset((C.NOT_LAUNCHED, C.CLEANUP, C.FINALIZE, C.DONE)),
+    initial=Cell.PIN_VERIFY,
+    final=Cell.DONE,
+    fault_events=frozenset((CellOn.PINS_MISMATCH, *_STOP)),
     rows=_table([
-        # state            events                  next state       actions
+        # state              events                        next state         actions
         # pin-verify's work re-hashes the pins and reserves the port.
-        (C.PIN_VERIFY,   [V.PINS_VERIFIED],        C.LAUNCH,        (X.SPAWN_HOST,
-                                                                     X.AWAIT_READINESS)),
+        (Cell.PIN_VERIFY,   [CellOn.PINS_VERIFIED],        Cell.LAUNCH,       (CellDo.SPAWN_HOST,
+                                                                               CellDo.AWAIT_READINESS)),
         # Nothing was launched, so nothing is ended and no cleanup is recorded.
-        (C.PIN_VERIFY,   [V.PINS_MISMATCH, *_STOP], C.NOT_LAUNCHED, ()),
-        (C.NOT_LAUNCHED, [V.NOTHING_LAUNCHED],     C.FINALIZE,      _FINALIZE),
-        (C.LAUNCH,       [V.HOST_READY],           C.WARMUP,        (X.CUT_PROMPT,
-                                                                     X.JOURNAL_WARMUP_RULE,
-                                                                     X.SEND_WARMUP)),
-        (C.LAUNCH,       _STOP,                    C.CLEANUP,       _CLEANUP),
-        (C.WARMUP,       [V.WARMUP_DONE],          C.LADDER,        (X.RUN_RUNGS,)),
-        (C.WARMUP,       _STOP,                    C.CLEANUP,       _CLEANUP),
+        (Cell.PIN_VERIFY,   [CellOn.PINS_MISMATCH, *_STOP], Cell.NOT_LAUNCHED, ()),
+        # Publication folds through the journal's fsync before it writes any file.
+        (Cell.NOT_LAUNCHED, [CellOn.NOTHING_LAUNCHED],     Cell.FINALIZE,     _FINALIZE,
+                                                                              SYNCED_LATER),
+        # Warmup's actions only journal and talk HTTP to the cell's own host, and every way out
+        # of warmup fsyncs (the ladder's step, or cleanup's before it signals the host).
+        (Cell.LAUNCH,       [CellOn.HOST_READY],           Cell.WARMUP,       (CellDo.CUT_PROMPT,
+                                                                               CellDo.JOURNAL_WARMUP_RULE,
+                                                                               CellDo.SEND_WARMUP),
+                                                                              SYNCED_LATER),
+        (Cell.LAUNCH,       _STOP,                         Cell.CLEANUP,      _CLEANUP),
+        (Cell.WARMUP,       [CellOn.WARMUP_DONE],          Cell.LADDER,       (CellDo.RUN_RUNGS,)),
+        (Cell.WARMUP,       _STOP,                         Cell.CLEANUP,      _CLEANUP),
         # post-verify's work re-hashes the same pins.
-        (C.LADDER,       [V.LADDER_DONE],          C.POST_VERIFY,   ()),
-        (C.LADDER,       _STOP,                    C.CLEANUP,       _CLEANUP),
+        (Cell.LADDER,       [CellOn.LADDER_DONE],          Cell.POST_VERIFY,  ()),
+        (Cell.LADDER,       _STOP,                         Cell.CLEANUP,      _CLEANUP),
         # Drift after the run keeps the measurements; the fold refuses parity.
-        (C.POST_VERIFY,  [V.PINS_VERIFIED,
-                          V.PINS_MISMATCH],        C.CLEANUP,       _CLEANUP),
-        (C.POST_VERIFY,  _STOP,                    C.CLEANUP,       _CLEANUP),
+        (Cell.POST_VERIFY,  [CellOn.PINS_VERIFIED,
+                             CellOn.PINS_MISMATCH],        Cell.CLEANUP,      _CLEANUP),
+        (Cell.POST_VERIFY,  _STOP,                         Cell.CLEANUP,      _CLEANUP),
         # Cleanup is shielded: late stops are recorded, cleanup carries on.
-        (C.CLEANUP,      _STOP,                    C.CLEANUP,       ()),
-        (C.CLEANUP,      [V.CLEANUP_DONE],         C.FINALIZE,      _FINALIZE),
+        (Cell.CLEANUP,      _STOP,                         Cell.CLEANUP,      ()),
+        (Cell.CLEANUP,      [CellOn.CLEANUP_DONE],         Cell.FINALIZE,     _FINALIZE,
+                                                                              SYNCED_LATER),
         # A stop before publication still downgrades the receipt being folded.
-        (C.FINALIZE,     [V.CANCELLED,
-                          V.DEADLINE_EXPIRED],     C.FINALIZE,      ()),
-        (C.FINALIZE,     [V.RECEIPT_PUBLISHED],    C.DONE,          ()),
+        (Cell.FINALIZE,     [CellOn.CANCELLED,
+                             CellOn.DEADLINE_EXPIRED],     Cell.FINALIZE,     (), SYNCED_LATER),
+        # The next cell's ``cell_opened`` or the row's receipt follows, both durable.
+        (Cell.FINALIZE,     [CellOn.RECEIPT_PUBLISHED],    Cell.DONE,         (), SYNCED_LATER),
     ]),
+    policies={
+        # A fault before the host is ready measured nothing: the cell failed.
+        Cell.PIN_VERIFY: StatePolicy(on_fault="failed"),
+        Cell.NOT_LAUNCHED: StatePolicy(after_fault=True, on_fault="failed"),
+        Cell.LAUNCH: StatePolicy(on_fault="failed"),
+        Cell.LADDER: StatePolicy(measuring=True),
+        Cell.CLEANUP: StatePolicy(after_fault=True),
+        Cell.FINALIZE: StatePolicy(
+            after_fault=True, bound_seconds=FINALIZE_BOUND_SECONDS, finished=True
+        ),
+        Cell.DONE: StatePolicy(after_fault=True, finished=True),
+    },
 )
 # fmt: on
 
-R, RE, RA = RowState, RowEvent, RowAction
-_ROW_STOP = (RE.CANCELLED, RE.DEADLINE_EXPIRED)
-_ROW_FINALIZE = (RA.FOLD_ROW, RA.PUBLISH_ROW)
+Row, RowOn, RowDo = RowState, RowEvent, RowAction
+_ROW_STOP = (RowOn.CANCELLED, RowOn.DEADLINE_EXPIRED)
+_ROW_FINALIZE = (RowDo.PUBLISH_ROW,)
 
 # fmt: off
 ROW_TABLE: Final = MachineTable[RowState, RowEvent, RowAction](
     name="row",
     states=tuple(RowState),
     events=tuple(RowEvent),
-    initial=R.CORRECTNESS,
-    final=R.DONE,
+    initial=Row.CORRECTNESS,
+    final=Row.DONE,
     fault_events=frozenset(_ROW_STOP),
-    after_fault=frozenset((R.FINALIZE, R.DONE)),
     rows=_table([
         # state            events                          next state      actions
-        # The row's correctness arm runs in this state (its own machine, below).
-        (R.CORRECTNESS,  [RE.CORRECTNESS_PASSED],          R.SERIAL,       (RA.RUN_SERIAL_CELL,)),
-        (R.CORRECTNESS,  [RE.CORRECTNESS_NOT_PASSED],      R.FINALIZE,     (RA.SKIP_BASELINES,
-                                                                            *_ROW_FINALIZE)),
-        (R.CORRECTNESS,  [RE.MODEL_MISSING],               R.FINALIZE,     _ROW_FINALIZE),
-        (R.CORRECTNESS,  _ROW_STOP,                        R.FINALIZE,     _ROW_FINALIZE),
-        (R.SERIAL,       [RE.ARM_FINISHED,
-                          RE.ARM_SKIPPED],                 R.CONCURRENT,   (RA.RUN_NEXT_CELL,)),
-        (R.SERIAL,       _ROW_STOP,                        R.FINALIZE,     _ROW_FINALIZE),
-        (R.CONCURRENT,   [RE.ARM_FINISHED,
-                          RE.ARM_SKIPPED],                 R.CONCURRENT,   (RA.RUN_NEXT_CELL,)),
-        (R.CONCURRENT,   [RE.ARMS_EXHAUSTED],              R.FINALIZE,     _ROW_FINALIZE),
-        (R.CONCURRENT,   _ROW_STOP,                        R.FINALIZE,     _ROW_FINALIZE),
-        (R.FINALIZE,     _ROW_STOP,                        R.FINALIZE,     ()),
-        (R.FINALIZE,     [RE.RECEIPT_PUBLISHED],           R.DONE,         ()),
+        # The row's correctness arm runs in this state's work (its own machine, below). A
+        # step between the row's arms shares the fsync of what follows it (the next cell's
+        # durable ``cell_opened``, or the row receipt's fold).
+        (Row.CORRECTNESS, [RowOn.CORRECTNESS_PASSED],     Row.SERIAL,     (RowDo.RUN_SERIAL_CELL,),
+                                                                          SYNCED_LATER),
+        (Row.CORRECTNESS, [RowOn.CORRECTNESS_NOT_PASSED], Row.FINALIZE,   (RowDo.SKIP_BASELINES,
+                                                                           *_ROW_FINALIZE),
+                                                                          SYNCED_LATER),
+        # A row whose model is missing has no directory and no receipt of its own: it rests
+        # in finalize (the matrix folds it from ``row_opened``).
+        (Row.CORRECTNESS, [RowOn.MODEL_MISSING],          Row.FINALIZE,   ()),
+        (Row.CORRECTNESS, _ROW_STOP,                      Row.FINALIZE,   _ROW_FINALIZE),
+        (Row.SERIAL,      [RowOn.ARM_FINISHED,
+                           RowOn.ARM_SKIPPED],            Row.CONCURRENT, (RowDo.RUN_NEXT_CELL,),
+                                                                          SYNCED_LATER),
+        (Row.SERIAL,      _ROW_STOP,                      Row.FINALIZE,   _ROW_FINALIZE),
+        (Row.CONCURRENT,  [RowOn.ARM_FINISHED,
+                           RowOn.ARM_SKIPPED],            Row.CONCURRENT, (RowDo.RUN_NEXT_CELL,),
+                                                                          SYNCED_LATER),
+        (Row.CONCURRENT,  [RowOn.ARMS_EXHAUSTED],         Row.FINALIZE,   _ROW_FINALIZE,
+                                                                          SYNCED_LATER),
+        (Row.CONCURRENT,  _ROW_STOP,                      Row.FINALIZE,   _ROW_FINALIZE),
+        (Row.FINALIZE,    _ROW_STOP,                      Row.FINALIZE,   ()),
+        (Row.FINALIZE,    [RowOn.RECEIPT_PUBLISHED],      Row.DONE,       ()),
     ]),
+    policies={
+        Row.FINALIZE: StatePolicy(
+            after_fault=True, bound_seconds=FINALIZE_BOUND_SECONDS, finished=True
+        ),
+        Row.DONE: StatePolicy(
+            after_fault=True, bound_seconds=FINALIZE_BOUND_SECONDS, finished=True
+        ),
+    },
 )
 # fmt: on
 
@@ -286,48 +393,60 @@ class CorrectnessAction(StrEnum):
     JOURNAL_VERDICT = "journal-stage-verdict"
 
 
-K, KE, KA = CorrectnessState, CorrectnessEvent, CorrectnessAction
-_K_STOP = (KE.CANCELLED, KE.DEADLINE_EXPIRED)
-_K_VERDICT = (KA.JOURNAL_VERDICT,)
+Check, CheckOn, CheckDo = CorrectnessState, CorrectnessEvent, CorrectnessAction
+_CHECK_STOP = (CheckOn.CANCELLED, CheckOn.DEADLINE_EXPIRED)
+_VERDICT = (CheckDo.JOURNAL_VERDICT,)
 
 # fmt: off
 CORRECTNESS_TABLE: Final = MachineTable[CorrectnessState, CorrectnessEvent, CorrectnessAction](
     name="correctness",
     states=tuple(CorrectnessState),
     events=tuple(CorrectnessEvent),
-    initial=K.ADMIT,
-    final=K.DONE,
-    fault_events=frozenset((KE.NOT_RUNNABLE, *_K_STOP)),
-    after_fault=frozenset((K.FINALIZE, K.DONE)),
+    initial=Check.ADMIT,
+    final=Check.DONE,
+    fault_events=frozenset((CheckOn.NOT_RUNNABLE, *_CHECK_STOP)),
     rows=_table([
-        # state       events                     next state    actions
+        # state           events                          next state       actions
         # admit's work checks the profile against the row and plans the topologies.
-        (K.ADMIT,     [KE.ADMITTED],             K.TOPOLOGY,   (KA.RUN_TOPOLOGY,)),
-        (K.ADMIT,     [KE.NOT_RUNNABLE, *_K_STOP], K.FINALIZE, _K_VERDICT),
+        (Check.ADMIT,     [CheckOn.ADMITTED],             Check.TOPOLOGY,  (CheckDo.RUN_TOPOLOGY,)),
+        (Check.ADMIT,     [CheckOn.NOT_RUNNABLE,
+                           *_CHECK_STOP],                 Check.FINALIZE,  _VERDICT),
         # Every planned topology runs, also after one failed: each keeps its evidence.
-        (K.TOPOLOGY,  [KE.TOPOLOGY_ENDED],       K.TOPOLOGY,   (KA.RUN_TOPOLOGY,)),
-        (K.TOPOLOGY,  [KE.TOPOLOGIES_EXHAUSTED], K.GATE,       ()),
-        (K.TOPOLOGY,  _K_STOP,                   K.FINALIZE,   _K_VERDICT),
+        (Check.TOPOLOGY,  [CheckOn.TOPOLOGY_ENDED],       Check.TOPOLOGY,  (CheckDo.RUN_TOPOLOGY,)),
+        (Check.TOPOLOGY,  [CheckOn.TOPOLOGIES_EXHAUSTED], Check.GATE,      ()),
+        (Check.TOPOLOGY,  _CHECK_STOP,                    Check.FINALIZE,  _VERDICT),
         # gate's work: every topology passed with one identical non-empty prompt text.
-        (K.GATE,      [KE.ACCEPTED, KE.REJECTED], K.FINALIZE,  _K_VERDICT),
-        (K.GATE,      _K_STOP,                   K.FINALIZE,   _K_VERDICT),
-        (K.FINALIZE,  _K_STOP,                   K.FINALIZE,   ()),
-        (K.FINALIZE,  [KE.VERDICT_JOURNALED],    K.DONE,       ()),
+        (Check.GATE,      [CheckOn.ACCEPTED,
+                           CheckOn.REJECTED],             Check.FINALIZE,  _VERDICT),
+        (Check.GATE,      _CHECK_STOP,                    Check.FINALIZE,  _VERDICT),
+        (Check.FINALIZE,  _CHECK_STOP,                    Check.FINALIZE,  ()),
+        (Check.FINALIZE,  [CheckOn.VERDICT_JOURNALED],    Check.DONE,      ()),
     ]),
+    policies={
+        Check.FINALIZE: StatePolicy(
+            after_fault=True, bound_seconds=FINALIZE_BOUND_SECONDS, finished=True
+        ),
+        Check.DONE: StatePolicy(
+            after_fault=True, bound_seconds=FINALIZE_BOUND_SECONDS, finished=True
+        ),
+    },
 )
 # fmt: on
 
 
-OnStep = Callable[[S, E, S], None]
+OnStep = Callable[[StateT, EventT, StateT], None]
 
 
-class LiveMachine(Generic[S, E, A]):
+class LiveMachine(Generic[StateT, EventT, ActionT]):
     """The running state of one cell or row: a ``transitions.Machine`` built from ``table``
     (synchronous, no auto transitions, invalid triggers refused). After every step it calls
     ``on_step(source, event, dest)``; the actors journal the step there."""
 
     def __init__(
-        self, table: MachineTable[S, E, A], subject: str, on_step: OnStep[S, E] | None = None
+        self,
+        table: MachineTable[StateT, EventT, ActionT],
+        subject: str,
+        on_step: OnStep[StateT, EventT] | None = None,
     ) -> None:
         self.table = table
         self.subject = subject
@@ -351,10 +470,10 @@ class LiveMachine(Generic[S, E, A]):
         )
 
     @property
-    def state(self) -> S:
+    def state(self) -> StateT:
         return self._states(self._model.state)
 
-    def fire(self, event: E) -> Step[S, A]:
+    def fire(self, event: EventT) -> Step[StateT, ActionT]:
         """Take ``event`` through the live machine; raise ``<name>.transition.refused`` where
         the table has no step for it. Returns the table's step (its actions are the actor's)."""
         source = self.state
@@ -365,7 +484,7 @@ class LiveMachine(Generic[S, E, A]):
             raise
         return self.table.rows[(source, event)]
 
-    def can_fire(self, event: E) -> bool:
+    def can_fire(self, event: EventT) -> bool:
         return event.value in self._machine.get_triggers(self._model.state)
 
     @property

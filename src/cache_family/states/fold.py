@@ -103,6 +103,7 @@ from cache_family.states.calibration import (
 )
 from cache_family.states.cell import (
     CELL_TABLE,
+    CORRECTNESS_TABLE,
     ROW_TABLE,
     CellEvent,
     CellState,
@@ -114,9 +115,6 @@ from cache_family.states.parity import ARM_NEW, ARM_OLD, observation_order, row_
 from cache_family.states.projection import planned_row, project_row
 from cache_family.states.receipts import meet, meet_all, terminal_downgrade
 
-_BEFORE_READY: Final = frozenset((CellState.PIN_VERIFY, CellState.NOT_LAUNCHED, CellState.LAUNCH))
-_FINISHED_CELL: Final = frozenset((CellState.FINALIZE, CellState.DONE))
-_FINISHED_ROW: Final = frozenset((RowState.FINALIZE, RowState.DONE))
 _TERMINAL_EVENTS: Final[dict[str, TerminalRefusal]] = {
     CellEvent.CANCELLED.value: "cancelled",
     CellEvent.DEADLINE_EXPIRED.value: "deadline_expired",
@@ -214,7 +212,7 @@ class CellFold:
 
     def _fault(self, seq: int | None, kind: str, detail: str = "") -> None:
         self._note_fault(seq, kind, detail)
-        self._lower("failed" if self.state in _BEFORE_READY else "incomplete")
+        self._lower(CELL_TABLE.policy(self.state).on_fault)
 
     def _refuse_parity(self) -> None:
         """Late failures keep the observations but refuse parity."""
@@ -254,7 +252,7 @@ class CellFold:
             if self.opened is None:
                 self.opened = record
         elif isinstance(record, Transition):
-            if record.machine == "cell":
+            if record.machine == CELL_TABLE.name:
                 self._transition(seq, record)
         elif isinstance(record, Fault):
             self._fault(seq, record.kind, record.detail)
@@ -291,14 +289,15 @@ class CellFold:
             self._fault(seq, "journal_transition_invalid", step)
             return
         from_state, event, to_state = step
+        on_fault = CELL_TABLE.policy(from_state).on_fault
         if event == CellEvent.PINS_MISMATCH:
             if from_state == CellState.POST_VERIFY:
                 self.drifted = True
                 self._refuse_parity()
             else:
-                self._lower("failed")
+                self._lower(on_fault)
         elif event == CellEvent.FAULT:
-            self._lower("failed" if from_state in _BEFORE_READY else "incomplete")
+            self._lower(on_fault)
         elif event.value in _TERMINAL_EVENTS:
             self._terminal(_TERMINAL_EVENTS[event.value])
         if to_state != self.state:
@@ -376,7 +375,7 @@ class CellFold:
             faults.append(FaultEntry(seq=None, kind=kind, state=self.state.value, detail=detail))
             status = meet(status, "incomplete")
 
-        if self.state not in _FINISHED_CELL:
+        if not CELL_TABLE.policy(self.state).finished:
             inferred("journal_ended_before_finalize", f"last state {self.state.value}")
         elif status == "completed":
             if self.ready is None:
@@ -711,7 +710,7 @@ class RowFold:
                 self.opened = record
             return
         if isinstance(record, Transition):
-            if record.machine == "row" and record.row_index == self.row_index:
+            if record.machine == ROW_TABLE.name and record.row_index == self.row_index:
                 self._transition(record)
             return
         if isinstance(record, ReceiptPublished):
@@ -811,7 +810,7 @@ class RowFold:
             status = meet_all(planned_statuses)
             if self.terminal_refusal is not None:
                 status = terminal_downgrade(status)
-            if self.state not in _FINISHED_ROW or self.invalid_transitions:
+            if not ROW_TABLE.policy(self.state).finished or self.invalid_transitions:
                 status = meet(status, "incomplete")
                 reason = (
                     "journal_transition_invalid"
@@ -1164,7 +1163,10 @@ def _decoded(lines: list[JournalLine | bytes]) -> list[JournalLine]:
 def _row_of(record: object) -> int | None:
     if isinstance(record, RowOpened | CorrectnessTopologyRan | CorrectnessVerdict):
         return record.row_index
-    if isinstance(record, Transition) and record.machine in ("row", "correctness"):
+    if isinstance(record, Transition) and record.machine in (
+        ROW_TABLE.name,
+        CORRECTNESS_TABLE.name,
+    ):
         return record.row_index
     if isinstance(record, ReceiptPublished) and record.scope == "row":
         return record.row_index

@@ -11,7 +11,13 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from cache_family.schemas.journal import COHORT_OPENAI
+from cache_family.schemas.arms import (
+    COHORT_OPENAI,
+    HOST_ARMS,
+    NATIVE_SERIAL,
+    SKIPPY_NEW,
+    SKIPPY_OLD,
+)
 from cache_family.schemas.receipts import (
     PARITY_UNAVAILABLE,
     ArmObservation,
@@ -21,8 +27,8 @@ from cache_family.schemas.receipts import (
     RungReceipt,
 )
 
-ARM_OLD: Final = "skippy-old"
-ARM_NEW: Final = "skippy-new"
+ARM_OLD: Final = SKIPPY_OLD.name
+ARM_NEW: Final = SKIPPY_NEW.name
 COHORT_PARITY: Final = "old-new-parity"
 MAX_REQUESTS: Final = 4096
 _DIGEST: Final = re.compile(r"[0-9a-f]{64}")
@@ -121,22 +127,25 @@ def row_parity(
 def observation_order(
     observations: Sequence[ArmObservation], parity: Sequence[ParityVerdict]
 ) -> tuple[ObservationEntry, ...]:
-    """The serial baseline, then per rung native concurrent, skippy old, skippy new, parity."""
+    """The serial baseline, then per rung each concurrent arm in run order, then parity."""
     by_arm = {o.arm: o for o in observations}
     out: list[ObservationEntry] = []
-    serial = by_arm.get("native-serial")
+    serial = by_arm.get(NATIVE_SERIAL.name)
     if serial is not None:
         out.append(
             ObservationEntry(
-                cohort="native-serial", concurrency=1, status=serial.status, cell_id=serial.cell_id
+                cohort=NATIVE_SERIAL.name,
+                concurrency=1,
+                status=serial.status,
+                cell_id=serial.cell_id,
             )
         )
     ladder = sorted(
-        {r.concurrency for o in observations if o.arm != "native-serial" for r in o.rungs}
+        {r.concurrency for o in observations if o.arm != NATIVE_SERIAL.name for r in o.rungs}
         | {p.concurrency for p in parity}
     )
     for concurrency in ladder:
-        for arm in ("native-concurrent", ARM_OLD, ARM_NEW):
+        for arm in (a.name for a in HOST_ARMS if not a.serial):
             observation = by_arm.get(arm)
             if observation is None:
                 continue

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from cache_family.errors import Refusal, Refused, json_path
+from cache_family.schemas.arms import NATIVE_PROFILE, NEW_PROFILE, OLD_PROFILE, HostProfileName
 from cache_family.schemas.catalog import Catalog, Preset
 from cache_family.schemas.corpus import Corpus, UseCase
 from cache_family.schemas.operator import OperatorInput, PlanInput
@@ -63,7 +63,6 @@ from cache_family.schemas.prepared import (
 )
 
 USE_CASES_ALL = "all"
-HostKind = Literal["native-baseline", "skippy-old", "skippy-new"]
 CTX_HEADROOM = 128  # tokens kept free after an overridden prefix
 CONCURRENT_BASELINE_OUTPUT_TOKENS = 128
 U32_MAX = 2**32 - 1
@@ -488,7 +487,7 @@ def artifact_profile(row: PreparedRow, tools: ToolPins) -> ArtifactProfile | Non
 
 
 def _host(
-    kind: HostKind,
+    kind: HostProfileName,
     binary: FilePinRecord,
     commit: str,
     row: PreparedRow,
@@ -581,7 +580,7 @@ def build_profiles(rows: Sequence[PreparedRow], inputs: ProfileInputs) -> dict[s
             ),
             native=(
                 _host(
-                    "native-baseline",
+                    NATIVE_PROFILE,
                     native_tool,
                     operator.native_source_commit,
                     row,
@@ -594,7 +593,7 @@ def build_profiles(rows: Sequence[PreparedRow], inputs: ProfileInputs) -> dict[s
             ),
             old=(
                 _host(
-                    "skippy-old",
+                    OLD_PROFILE,
                     inputs.old_server,
                     operator.old_source_commit,
                     row,
@@ -607,7 +606,7 @@ def build_profiles(rows: Sequence[PreparedRow], inputs: ProfileInputs) -> dict[s
             ),
             new=(
                 _host(
-                    "skippy-new",
+                    NEW_PROFILE,
                     inputs.new_server,
                     operator.new_source_commit,
                     row,

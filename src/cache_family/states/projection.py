@@ -13,6 +13,7 @@ token) comes from the row's brief in ``run_started``; the measurements from the 
 
 from __future__ import annotations
 
+from cache_family.schemas.arms import NATIVE_SERIAL
 from cache_family.schemas.journal import PlannedRowBrief, RunStarted
 from cache_family.schemas.production import (
     NOTES_COMPLETED,
@@ -22,7 +23,7 @@ from cache_family.schemas.production import (
 )
 from cache_family.schemas.receipts import RowReceipt, evidence_class
 
-SERIAL_ARM = "native-serial"
+SERIAL_ARM = NATIVE_SERIAL.name
 UNMEASURED: dict[str, Figure] = {"status": "unmeasured"}
 
 

@@ -1,10 +1,10 @@
 """A supervised tool child: its own process group, an explicit environment, a deadline.
 
-The correctness tool runs this way, one child per topology. The child's output goes straight
-to its two log files; at its deadline, or when the caller is cancelled, its whole group is
-ended by ``process_group.stop_group`` (SIGTERM, grace, SIGKILL, reap; shielded), then every
-process still carrying the child's environment tag (a daemon that left the group) is killed,
-and a cancellation is re-raised once they are gone.
+The correctness tool runs this way, one child per topology, and so does each help probe of a
+stage server. The child's output goes straight to its two log files; at its deadline, or when
+the caller is cancelled, its whole group is ended by ``process_group.stop_group`` (SIGTERM,
+grace, SIGKILL, reap; shielded), then every process still carrying the child's environment tag
+(a daemon that left the group) is killed, and a cancellation is re-raised once they are gone.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Final
 import psutil
 import trio
 
+from cache_family.schemas.measurement import ProcessOutcome
 from cache_family.system.process_group import PROCESS_TAG_NAME, end_tagged, stop_group
 
 # The reference child runner's stop: 12 s graceful, then 1 s after SIGKILL.
@@ -40,26 +41,34 @@ class ChildCommand:
     process_tag: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class ChildEnded:
-    """How a supervised child ended. ``pid`` None: it never started (``spawn_error`` says why)."""
+class ChildEnded(ProcessOutcome, frozen=True, kw_only=True):
+    """How a supervised child ended (``ProcessOutcome``'s words). ``pid`` None: it never
+    started (``spawn_error`` says why)."""
 
-    pid: int | None
-    create_time: float | None
-    exit_code: int | None
-    elapsed_seconds: float
+    create_time: float | None = None
+    elapsed_seconds: float = 0.0
     timed_out: bool = False
-    forced: bool = False
     spawn_error: str | None = None
-    # Processes found only by the child's tag after its group was stopped, and those of them
-    # still alive after SIGKILL.
+    # Processes found only by the child's tag after its group was stopped (they left the
+    # group); ``surviving_descendants``: those of them, or of the group, alive after SIGKILL.
     tagged_escapees: tuple[int, ...] = ()
-    surviving: tuple[int, ...] = ()
+    # Members of its process group still ran after the child had exited by itself (a process
+    # it started in the background) and were ended with the group.
+    outlived_by_group: bool = False
+
+    @property
+    def left_processes(self) -> bool:
+        """It left something running behind it: in its group, outside it, or past SIGKILL."""
+        return self.outlived_by_group or bool(self.tagged_escapees or self.surviving_descendants)
 
     @property
     def clean(self) -> bool:
-        escaped = bool(self.tagged_escapees or self.surviving)
-        return self.exit_code == 0 and not self.timed_out and not self.forced and not escaped
+        return (
+            self.exit_code == 0
+            and not self.timed_out
+            and not self.forced
+            and not self.left_processes
+        )
 
 
 OnSpawn = Callable[[int, float], Awaitable[None]]
@@ -74,12 +83,12 @@ async def run_child(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
     try:
         out = os.open(command.stdout_path, flags, 0o600)
     except OSError as exc:
-        return ChildEnded(None, None, None, 0.0, spawn_error=f"stdout log: {exc.strerror}")
+        return ChildEnded(pid=None, spawn_error=f"stdout log: {exc.strerror}")
     try:
         err = os.open(command.stderr_path, flags, 0o600)
     except OSError as exc:
         os.close(out)
-        return ChildEnded(None, None, None, 0.0, spawn_error=f"stderr log: {exc.strerror}")
+        return ChildEnded(pid=None, spawn_error=f"stderr log: {exc.strerror}")
     env = dict(command.env)
     if command.process_tag:
         env[PROCESS_TAG_NAME] = command.process_tag
@@ -95,10 +104,8 @@ async def run_child(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
         )
     except OSError as exc:
         return ChildEnded(
-            None,
-            None,
-            None,
-            trio.current_time() - started,
+            pid=None,
+            elapsed_seconds=trio.current_time() - started,
             spawn_error=f"cannot start {_first(command.argv)}: {exc.strerror or exc}",
         )
     finally:
@@ -108,7 +115,7 @@ async def run_child(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
         create_time = psutil.Process(process.pid).create_time()
     except psutil.NoSuchProcess:
         create_time = 0.0
-    timed_out = forced = False
+    timed_out = forced = outlived = False
     tagged: list[int] = []
     surviving: list[int] = []
     try:
@@ -118,21 +125,26 @@ async def run_child(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
             await process.wait()
         timed_out = scope.cancelled_caught
     finally:
+        exited = process.returncode is not None and not timed_out
         stopped = await stop_group(
             process, grace=command.grace_seconds, kill_wait=command.kill_wait_seconds
         )
         forced = stopped.forced
+        # The child had exited by itself, yet the stopper still found its group running.
+        outlived = exited and stopped.signalled
         if command.process_tag:
             tagged, surviving = await end_tagged(command.process_tag)
     return ChildEnded(
         pid=process.pid,
-        create_time=create_time,
+        graceful=not forced,
+        forced=forced,
         exit_code=process.returncode,
+        surviving_descendants=tuple(surviving),
+        create_time=create_time,
         elapsed_seconds=trio.current_time() - started,
         timed_out=timed_out,
-        forced=forced,
         tagged_escapees=tuple(tagged),
-        surviving=tuple(surviving),
+        outlived_by_group=outlived,
     )
 
 

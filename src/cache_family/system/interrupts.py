@@ -1,42 +1,59 @@
-"""SIGINT/SIGTERM for the whole life of a ``run`` process: never Python's defaults.
+"""The one SIGINT/SIGTERM latch: never Python's defaults where a command owns the signals.
 
-``cache-family run`` installs the process's latch before its first side effect and never takes
-it down, so no signal can end the process by SIGTERM's default action (143 / -15) or as a
-``KeyboardInterrupt`` (-2) at any moment:
+A :class:`Latch` remembers every SIGINT/SIGTERM that reaches it (by name, in arrival order)
+and may react at once (``on_signal``: preparation cancels its budget, the bench wrapper
+forwards the signal to its running step). It is put up for a block (:meth:`Latch.installed`)
+or, for ``cache-family run``, for the whole life of the process (:func:`hold_until_exit`):
 
   * before the supervisor's receiver opens (admission, creating the run directory, starting
     trio), the latch remembers the signal; the supervisor takes it as the run's cancellation
     once its receiver is open and ``run_started`` is journaled;
-  * while the receiver is open, trio's handler displaces the latch and the supervisor's
-    watcher sees every signal; when it closes, trio puts the latch back and re-delivers any
-    signal it had not handed out, which the latch then records;
-  * after the matrix is published, the latch only counts: the exit code becomes 130.
-
-(Preparation's ``InterruptLatch`` is its own: it cancels the preparation budget and is put
-back once preparation ends.)
+  * while a trio receiver is open, trio's handler displaces the latch and its watcher sees
+    every signal; when it closes, trio puts the latch back and re-delivers any signal it had
+    not handed out, which the latch then records;
+  * after the matrix is published, the latch only counts: the exit code becomes 130;
+  * at exit (:func:`signals_at_exit`), SIGINT/SIGTERM are blocked, the last ones are taken,
+    and the process ends with ``os._exit``: Python's finalization would otherwise put the
+    default actions back (a signal then would end the process as -15 or -2, not 130).
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Final
 
 SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
 
 
-class RunInterrupts:
-    """Every SIGINT/SIGTERM that reached the latch, by name, in arrival order."""
+class Latch:
+    """Every SIGINT/SIGTERM that reached the latch, by name, in arrival order; ``on_signal``
+    is called with each signal's number as it arrives (from the handler: keep it short)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_signal: Callable[[int], None] | None = None) -> None:
         self.received: list[str] = []
+        self.on_signal = on_signal
         self._taken = 0
+
+    def fire(self, signum: int) -> None:
+        """Record ``signum`` as received (also how a trio watcher hands one over)."""
+        self.received.append(signal.Signals(signum).name)
+        if self.on_signal is not None:
+            self.on_signal(signum)
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         del frame
-        self.received.append(signal.Signals(signum).name)
+        self.fire(signum)
+
+    @property
+    def first_signum(self) -> int | None:
+        return signal.Signals[self.received[0]].value if self.received else None
+
+    @property
+    def last_signum(self) -> int | None:
+        return signal.Signals[self.received[-1]].value if self.received else None
 
     def take(self) -> list[str]:
         """The signals received since the last ``take``."""
@@ -44,37 +61,69 @@ class RunInterrupts:
         self._taken = len(self.received)
         return new
 
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Latch]:
+        """The latch handles SIGINT/SIGTERM for the block; the previous handlers come back."""
+        previous = {signum: signal.signal(signum, self._handler) for signum in SIGNALS}
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
 
 # The latch in place now: the process's (never removed), or one ``held`` put up for a block.
-_CURRENT: RunInterrupts | None = None
+_CURRENT: Latch | None = None
+# The process's latch, once the command line installed it for the life of the process.
+_PROCESS: Latch | None = None
 
 
-def hold_until_exit() -> RunInterrupts:
+def hold_until_exit() -> Latch:
     """Install the process's latch (once; it is never removed) and return it. Only the
     command line calls this: the process is then the run's alone."""
-    global _CURRENT
-    if _CURRENT is None:
-        latch = RunInterrupts()
+    global _CURRENT, _PROCESS
+    if _PROCESS is None:
+        latch = Latch()
         for signum in SIGNALS:
             signal.signal(signum, latch._handler)
-        _CURRENT = latch
-    return _CURRENT
+        _CURRENT = _PROCESS = latch
+    return _PROCESS
+
+
+def process_latch() -> Latch | None:
+    """The latch :func:`hold_until_exit` installed, or None when no command holds one."""
+    return _PROCESS
 
 
 @contextlib.contextmanager
-def held() -> Iterator[RunInterrupts]:
+def held() -> Iterator[Latch]:
     """The latch in place (the process's, when the command line installed it); otherwise (a
     run inside someone else's process, such as a test) one installed for the block only."""
     global _CURRENT
     if _CURRENT is not None:
         yield _CURRENT
         return
-    latch = RunInterrupts()
-    previous = {signum: signal.signal(signum, latch._handler) for signum in SIGNALS}
-    _CURRENT = latch
-    try:
-        yield latch
-    finally:
-        _CURRENT = None
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    latch = Latch()
+    with latch.installed():
+        _CURRENT = latch
+        try:
+            yield latch
+        finally:
+            _CURRENT = None
+
+
+def _handlers_ran() -> None:
+    """A Python call: a handler whose C part already ran is run here at the latest."""
+
+
+def signals_at_exit(latch: Latch) -> list[str]:
+    """Block SIGINT/SIGTERM for the rest of the process and return the signals the latch has
+    not handed out yet, with any that arrived since and waits blocked. Called just before the
+    process ends with ``os._exit``: after this, no signal can end it by a default action, and
+    one that arrives later is never delivered (the process is already exiting)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    _handlers_ran()
+    late = latch.take()
+    for signum in sorted(signal.sigpending() & set(SIGNALS)):
+        late.append(signal.Signals(signum).name)
+    return late

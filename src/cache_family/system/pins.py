@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cache_family.console.progress import NullProgress, ProgressSink
 from cache_family.errors import Refusal, Refused
 from cache_family.schemas.bounded import open_regular_file
+from cache_family.system.hashing import sha256_stream
+from cache_family.system.hashing_progress import NullProgress, ProgressSink
 
-CHUNK_BYTES = 1024 * 1024
 TREE_MAX_DEPTH = 32
 TREE_MAX_ENTRIES = 10_000
 
@@ -158,28 +158,23 @@ def hash_file(
     """
     sink = progress or NullProgress()
     budget.check(json_path)
-    digest = hashlib.sha256()
-    size = 0
-    buffer = bytearray(CHUNK_BYTES)
-    view = memoryview(buffer)
+
+    def before_chunk() -> None:
+        if stop is not None and stop.is_set():
+            raise Refused.one(
+                "pin.aborted",
+                json_path,
+                f"hashing {path} stopped because another pin was refused",
+                "fix the other refusal and run again",
+            )
+        budget.check(json_path)
+
     with open_regular_file(path, subject=path, json_path=json_path) as (fd, _):
         try:
             with os.fdopen(fd, "rb", buffering=0, closefd=False) as stream:
-                while True:
-                    if stop is not None and stop.is_set():
-                        raise Refused.one(
-                            "pin.aborted",
-                            json_path,
-                            f"hashing {path} stopped because another pin was refused",
-                            "fix the other refusal and run again",
-                        )
-                    budget.check(json_path)
-                    count = stream.readinto(buffer)
-                    if not count:
-                        break
-                    digest.update(view[:count])
-                    size += count
-                    sink.advance(count)
+                sha256, size = sha256_stream(
+                    stream, before_chunk=before_chunk, after_chunk=sink.advance
+                )
         except OSError as exc:
             raise Refused.one(
                 "file.unreadable",
@@ -188,7 +183,7 @@ def hash_file(
                 "check the file and the disk",
             ) from None
     budget.check(json_path)
-    return FilePin(path=path, sha256=digest.hexdigest(), size=size)
+    return FilePin(path=path, sha256=sha256, size=size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import os
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Final
 
 from cache_family.errors import Refused
 
@@ -153,6 +154,40 @@ def overlapping_trees(output: str, trees: Iterable[tuple[str, str]]) -> list[tup
         canonical = os.path.realpath(tree)
         if path_inside(output, canonical) or path_inside(canonical, output):
             found.append((where, canonical))
+    return found
+
+
+# A directory is at most this many levels below the root (PATH_MAX / 2): a walk up from a
+# descriptor that has not reached the root by then is cut short.
+ANCESTORS_MAX: Final = 2048
+
+
+def trees_holding(directory_fd: int, trees: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (where, tree) of every tree that is the directory open at ``directory_fd`` or one of
+    its ancestors, judged by identity (device and inode), not by path: walking up through
+    ``..`` from the descriptor, a link flipped in any path cannot hide the overlap. A tree that
+    cannot be stat'ed holds nothing. OSError when the walk cannot read an ancestor."""
+    identities: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    for where, tree in trees:
+        try:
+            info = os.stat(tree)
+        except OSError:
+            continue
+        identities.setdefault((info.st_dev, info.st_ino), []).append((where, tree))
+    found: list[tuple[str, str]] = []
+    current = os.dup(directory_fd)
+    try:
+        for _ in range(ANCESTORS_MAX):
+            info = os.fstat(current)
+            found.extend(identities.get((info.st_dev, info.st_ino), ()))
+            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=current)
+            above = os.fstat(parent)
+            os.close(current)
+            current = parent
+            if (above.st_dev, above.st_ino) == (info.st_dev, info.st_ino):
+                break  # the root is its own parent
+    finally:
+        os.close(current)
     return found
 
 

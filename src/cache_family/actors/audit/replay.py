@@ -26,12 +26,18 @@
    its ``superseded/attempt-N/`` path. When ``cache-family report-run`` wrote its files into
    the run directory, they are regenerated from the receipts and compared too.
 5. ``--reap`` ends every journaled child that is still alive with the same pid AND create time
-   (and that process's descendants): SIGTERM, a bounded grace, then SIGKILL. A pid now used by a
-   different process is left alone. Every live process of this user whose environment
-   carries the run's tag (``CACHE_FAMILY_CELL=<run tag>/...``, read from the journaled hosts'
-   environments) is ended too: a daemon that double-forked or called setsid. While the run's
-   own runner (journaled in ``run_started``) is alive, ``--reap`` is refused
-   (``replay.reap.run_alive``, exit 2) and nothing is touched.
+   AND that still carries the run's environment tag (``CACHE_FAMILY_CELL=<run tag>/...``, the
+   run part read from the journaled hosts' environments), with that process's descendants:
+   SIGTERM, a bounded grace, then SIGKILL. A journaled pid that does not carry the tag (reused,
+   forged into the journal, or from a journal older than the tags) is left alone, and so are
+   its descendants. Every other live process of this user carrying the run's tag is ended too:
+   a daemon that double-forked or called setsid. The reaper never acts on a journal that does
+   not verify: a broken chain (a torn last line aside), a broken seal or a head other than
+   ``--expect-head`` (or an unverified signature) is refused (``replay.reap.unverified``) and
+   nothing is signalled. While the run's own runner (journaled in ``run_started``) is alive,
+   ``--reap`` is refused (``replay.reap.run_alive``, exit 2) and nothing is touched; while
+   another process writes into the run directory (``run``, ``run --resume``, another reap hold
+   ``RUN_DIR/run.lock``), it is refused (``run.locked``, exit 2, naming that process's pid).
 
 6. The run must have finished: a journal without the matrix's ``receipt_published`` record, or
    with a cell or row (one with a directory) opened but never published, is a run that was
@@ -46,34 +52,42 @@ written by a newer version).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, TextIO
+from typing import Final
 
 import msgspec
 import psutil
 
 from cache_family.actors.audit.head_signature import head_line, verify_head
+from cache_family.actors.audit.run_files import (
+    REPORT_MANIFEST_NAME,
+    check_run_files,
+    report_entries,
+    report_manifest,
+)
 from cache_family.actors.journal.rows_file import cell_rows
 from cache_family.actors.journal.writer import JOURNAL_READ_LIMIT
 from cache_family.errors import Refusal, Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.report.run import read_run
-from cache_family.report.run_report import MARKDOWN_NAME, render_run_report
-from cache_family.schemas.bounded import MIB, read_bounded
+from cache_family.report.run_report import render_run_report
+from cache_family.schemas.bounded import MIB, BoundedBytes, read_bounded
 from cache_family.schemas.journal import (
     JOURNAL_FILENAME,
     CellOpened,
     ChildSpawned,
     JournalLine,
+    JournalRead,
     JournalSealed,
     ReceiptPublished,
     RowOpened,
+    RunFilesBound,
     RungCompleted,
     RungRows,
     RunResumed,
@@ -82,9 +96,11 @@ from cache_family.schemas.journal import (
     seal_problems,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
+from cache_family.schemas.request_rows import REQUESTS_FILENAME
 from cache_family.states.fold import JournalIndex, refold, refold_cell
 from cache_family.states.tally import tally_cell
 from cache_family.system.process_group import PROCESS_TAG_NAME, tagged_processes
+from cache_family.system.run_lock import run_lock
 
 RECEIPT_READ_LIMIT: Final = 64 * MIB
 RECEIPT_NAMES: Final = frozenset(("cell.json", "row.json"))
@@ -129,16 +145,6 @@ class HeadCheck:
     signer_identity: str | None = None
 
 
-def replay_command(
-    run_dir: str, *, reap: bool, reap_grace_s: float = 5.0, head: HeadCheck | None = None
-) -> int:
-    report = replay(run_dir, reap=reap, reap_grace_s=reap_grace_s, head=head)
-    out: TextIO = sys.stdout
-    for line in report.lines:
-        print(line, file=out)
-    return report.exit_code
-
-
 def _load_refolders() -> None:
     for module in REFOLD_MODULES:
         importlib.import_module(module)
@@ -175,7 +181,21 @@ def replay(
             ],
         )
         return report
+    # One writer at a time: no run or resume may write into the directory while it is reaped.
+    with run_lock(root, what="replay --reap") if reap else contextlib.nullcontext():
+        return _verify(report, root, raw, read, reap=reap, reap_grace_s=reap_grace_s, head=head)
 
+
+def _verify(
+    report: ReplayReport,
+    root: str,
+    raw: BoundedBytes,
+    read: JournalRead,
+    *,
+    reap: bool,
+    reap_grace_s: float,
+    head: HeadCheck | None,
+) -> ReplayReport:
     if read.chain_break is not None:
         report.differs = True
         report.first_bad_seq = read.chain_break.seq
@@ -195,14 +215,21 @@ def replay(
         report.say(f"journal: sealed at seq {read.last_seq}, head sha256 {read.line_sha256s[-1]}")
         # In the very words of the run's last line (the verdict stays replay's own).
         report.say(head_line(read.line_sha256s[-1]))
+    head_holds = True
     if head is not None:
-        _check_head(report, root, read.line_sha256s, head)
+        head_holds = _check_head(report, root, read.line_sha256s, head)
     journaled = _compare_published(report, root, read.lines)
     _account_for_files(report, root, journaled, read.last_seq)
+    _check_run_files(report, root, read.lines, journaled)
     _compare_run_report(report, root)
     report.unfinished = _unfinished(read.lines)
     if reap:
-        reap_children(report, read.lines, reap_grace_s)
+        unverified = _reap_unverified(read, bool(problems), head_holds)
+        if unverified is None:
+            reap_children(report, read.lines, reap_grace_s)
+        else:
+            report.differs = True
+            report.say(f"reap: refused: {unverified.line()}")
     if report.unfinished is not None:
         report.say(f"replay: run did not finish: {report.unfinished}")
     verdict: dict[int, str] = {
@@ -219,7 +246,29 @@ def replay(
     return report
 
 
-def _check_head(report: ReplayReport, root: str, shas: Sequence[str], check: HeadCheck) -> None:
+def _reap_unverified(read: JournalRead, seal_broken: bool, head_holds: bool) -> Refusal | None:
+    """Why the journal may not steer the reaper, or None. An edited chain, a broken seal or a
+    head other than the one the auditor holds may name any process as a child; only a torn
+    last line (a runner killed mid-write) leaves the trusted prefix usable."""
+    why: list[str] = []
+    if read.chain_break is not None and read.chain_break.code != "journal.line.torn":
+        why.append(f"its hash chain breaks at seq {read.chain_break.seq}")
+    if seal_broken:
+        why.append("its seal is broken")
+    if not head_holds:
+        why.append("its head is not the expected one (or its signature does not verify)")
+    if not why:
+        return None
+    return Refusal(
+        "replay.reap.unverified",
+        "$.journal",
+        f"the journal does not verify ({'; '.join(why)}): no process is ended on its word",
+        "reap only a run directory whose journal replays with an intact chain (and the head "
+        "the run printed); end a process you know to be the run's by hand",
+    )
+
+
+def _check_head(report: ReplayReport, root: str, shas: Sequence[str], check: HeadCheck) -> bool:
     """Compare the trusted journal's head with what the auditor holds apart from the run
     directory; a journal rewritten and re-folded end to end is caught only here."""
     head = shas[-1] if shas else None
@@ -245,6 +294,7 @@ def _check_head(report: ReplayReport, root: str, shas: Sequence[str], check: Hea
     for refusal in refusals:
         report.differs = True
         report.say(f"journal: refused: {refusal.line()}")
+    return not refusals
 
 
 def _head_mismatch(expected: str, head: str | None, shas: Sequence[str]) -> Refusal:
@@ -265,10 +315,61 @@ def _head_mismatch(expected: str, head: str | None, shas: Sequence[str]) -> Refu
     )
 
 
+def _check_run_files(
+    report: ReplayReport, root: str, lines: Sequence[JournalLine], receipts: set[str]
+) -> None:
+    """The run directory against the last ``run_files`` record: an edited, missing or extra
+    file differs. Receipts (journaled or planted) are left to the receipt checks above, which
+    say more. A journal without the record (written before files were bound) is said to be
+    so; a segment resumed after it has not bound its files yet (the run is unfinished)."""
+    last: RunFilesBound | None = None
+    resumed_after = False
+    for line in lines:
+        if isinstance(line.record, RunFilesBound):
+            last, resumed_after = line.record, False
+        elif isinstance(line.record, RunResumed):
+            resumed_after = True
+    if last is None:
+        report.say(
+            "run files: the journal binds no file list (a run from before run_files records): "
+            "only its receipts and rows files are checked"
+        )
+        return
+    if resumed_after:
+        report.say("run files: not checked: the resumed segment has not bound its files yet")
+        return
+    problems = [
+        problem
+        for problem in check_run_files(root, last.files)
+        if not _checked_as_receipt(problem.path, problem.code, receipts)
+    ]
+    for problem in problems:
+        report.differs = True
+        report.mismatched.append(problem.path)
+        report.say(f"DIFFERS {problem.path}: {problem.code}: {problem.detail}")
+    if not problems:
+        report.say(f"run files: {len(last.files)} bound, every one as bound and no other")
+
+
+def _checked_as_receipt(path: str, code: str, receipts: set[str]) -> bool:
+    """A receipt (journaled or planted) and a journaled cell's rows file (re-read against its
+    ``rung_rows`` digests) are reported by the receipt checks, which say more."""
+    if os.path.basename(path) in RECEIPT_NAMES or os.path.normpath(path) in receipts:
+        return True
+    cell_receipt = os.path.normpath(os.path.join(os.path.dirname(path), "cell.json"))
+    return (
+        os.path.basename(path) == REQUESTS_FILENAME
+        and code != "replay.file.unbound"
+        and cell_receipt in receipts
+    )
+
+
 def _compare_run_report(report: ReplayReport, root: str) -> None:
-    """When ``cache-family report-run`` wrote its files into the run directory, regenerate
-    them from the receipts (its defaults) and compare byte for byte."""
-    if not os.path.lexists(os.path.join(root, MARKDOWN_NAME)):
+    """When ``cache-family report-run`` wrote its files into the run directory (any one of
+    them, or its manifest), regenerate them from the receipts (its defaults) and compare
+    byte for byte: a missing one or an extra plot differs too."""
+    present = report_entries(root)
+    if not present:
         return
     try:
         files = render_run_report(read_run(root))
@@ -276,6 +377,22 @@ def _compare_run_report(report: ReplayReport, root: str) -> None:
         report.differs = True
         report.say(f"DIFFERS run report: cannot be regenerated: {refused}")
         return
+    files = {**files, REPORT_MANIFEST_NAME: report_manifest(files)}
+    for relative in present:
+        if relative not in files:
+            report.differs = True
+            report.mismatched.append(relative)
+            report.say(
+                f"DIFFERS {relative} (run report): replay.report.unlisted: report-run "
+                "writes no such file"
+            )
+    if REPORT_MANIFEST_NAME not in present:
+        # A report written before report manifests: its files are still all expected.
+        del files[REPORT_MANIFEST_NAME]
+        report.say(
+            f"run report: no {REPORT_MANIFEST_NAME} (written before report manifests): its "
+            "files are compared, a missing one included"
+        )
     for relative, expected in files.items():
         try:
             on_disk = read_bounded(
@@ -560,12 +677,17 @@ def _alive_as(pid: int, create_time: float) -> bool:
 
 
 def reap_children(report: ReplayReport, lines: Sequence[JournalLine], grace_s: float) -> list[int]:
-    """End every journaled child still alive as itself (and its descendants); the pids
-    signalled. Call only once ``refuse_while_runner_lives`` passed."""
+    """End every journaled child still alive as itself (and its descendants), and every
+    process carrying the run's environment tag; the pids signalled. Only a process that still
+    carries this run's tag (``CACHE_FAMILY_CELL``, whose run part a journaled host's
+    environment names) is ever ended: a journaled pid without it (a forged record, a reused
+    pid, a journal from before hosts were tagged) is left alone, and so are its descendants.
+    Call only once ``refuse_while_runner_lives`` passed and the journal verified."""
     spawned = [line.record for line in lines if isinstance(line.record, ChildSpawned)]
     if not spawned:
         report.say("reap: the journal records no child process")
         return []
+    tagged = tagged_processes(_run_tag_matcher(spawned))
     targets: dict[int, psutil.Process] = {}
     for child in spawned:
         label = f"pid {child.pid} ({child.role}, cell {child.cell_id or '-'})"
@@ -584,13 +706,19 @@ def reap_children(report: ReplayReport, lines: Sequence[JournalLine], grace_s: f
                 f"says {child.create_time}); left alone"
             )
             continue
+        if tagged.get(child.pid) != create_time:
+            report.say(
+                f"reap: {label} does not carry this run's {PROCESS_TAG_NAME} tag in its "
+                "environment: not this run's process; it and its descendants are left alone"
+            )
+            continue
         targets[process.pid] = process
         try:
             for descendant in process.children(recursive=True):
                 targets.setdefault(descendant.pid, descendant)
         except psutil.NoSuchProcess:
             pass
-    for pid, created in tagged_processes(_run_tag_matcher(spawned)).items():
+    for pid, created in tagged.items():
         try:
             process = psutil.Process(pid)
         except psutil.Error:
@@ -618,7 +746,8 @@ def reap_children(report: ReplayReport, lines: Sequence[JournalLine], grace_s: f
 
 def _run_tag_matcher(spawned: Sequence[ChildSpawned]) -> Callable[[str], bool]:
     """Whether a process tag belongs to this run: its run part (before the first "/") is that
-    of a journaled host's tag. Journals from before hosts were tagged match nothing."""
+    of a journaled host's tag. Journals from before hosts were tagged match nothing (and so
+    reap nothing)."""
     runs: set[str] = set()
     for child in spawned:
         tag = (child.effective_environment or {}).get(PROCESS_TAG_NAME, "")

@@ -21,6 +21,7 @@ from cache_family.schemas.catalog import packaged_catalog as _packaged_catalog
 from cache_family.schemas.corpus import LoadedCorpus, default_corpus_path, load_corpus
 from cache_family.schemas.operator import OperatorInput, PlanInput, validate_operator_object
 from cache_family.schemas.prepared import CorpusSource, Mode, loads_strict_json
+from cache_family.schemas.workload import WorkloadsPin, read_workload_file
 from cache_family.states.planning import check_selection
 from cache_family.system.publish import overlapping_trees
 
@@ -38,6 +39,7 @@ OVERRIDE_FIELDS: Final[Mapping[str, str]] = {
     "--cache-hit-repeats": "cache_hit_repeats",
 }
 CORPUS_FLAG: Final = "--use-case-corpus"
+WORKLOADS_FLAG: Final = "--workloads"
 U32_MAX: Final = 2**32 - 1
 
 
@@ -48,13 +50,14 @@ U32_MAX: Final = 2**32 - 1
 class Overrides:
     plan_fields: Mapping[str, int]
     corpus: str | None
+    workloads: str | None = None
 
 
 def parse_overrides(arguments: Sequence[str]) -> Overrides:
     """``--name VALUE`` (or ``--name=VALUE``) pairs; each name once; unknown names refused."""
     refusals: list[Refusal] = []
     values: dict[str, int] = {}
-    corpus: str | None = None
+    paths: dict[str, str] = {}
     seen: set[str] = set()
     items = list(arguments)
     if items[:1] == ["--"]:
@@ -67,12 +70,13 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
     while position < len(items):
         token = items[position]
         name, has_inline, inline = token.partition("=")
-        if not token.startswith("--") or name not in (*OVERRIDE_FIELDS, CORPUS_FLAG):
+        known = (*OVERRIDE_FIELDS, CORPUS_FLAG, WORKLOADS_FLAG)
+        if not token.startswith("--") or name not in known:
             refuse(
                 "preparation.override.unknown",
                 f"unknown argument {token!r}",
-                "overrides are --use-case-corpus ABS, --prefix-tokens, --runtime-lane-count, "
-                "--llama-parallel, --llama-repeats, --cache-hit-repeats N",
+                "overrides are --use-case-corpus ABS, --workloads ABS, --prefix-tokens, "
+                "--runtime-lane-count, --llama-parallel, --llama-repeats, --cache-hit-repeats N",
             )
             position += 1
             # an unknown --flag's value is part of the same mistake, not a second one
@@ -101,14 +105,14 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
                 "preparation.override.missing_value", f"{name} has no value", f"write {name} VALUE"
             )
             continue
-        if name == CORPUS_FLAG:
+        if name in (CORPUS_FLAG, WORKLOADS_FLAG):
             if not Path(value).is_absolute():
                 refuse(
                     "preparation.override.not_absolute",
                     f"{name} {value!r} is not an absolute path",
                     "give an absolute path",
                 )
-            corpus = value
+            paths[name] = value
             continue
         if not value.isascii() or not value.isdigit() or not 0 < int(value) <= U32_MAX:
             refuse(
@@ -120,7 +124,9 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
         values[OVERRIDE_FIELDS[name]] = int(value)
     if refusals:
         raise Refused(tuple(refusals))
-    return Overrides(plan_fields=values, corpus=corpus)
+    return Overrides(
+        plan_fields=values, corpus=paths.get(CORPUS_FLAG), workloads=paths.get(WORKLOADS_FLAG)
+    )
 
 
 # --- admission ---------------------------------------------------------------------------------
@@ -140,6 +146,8 @@ class Admission:
     # prepare-full's --use-case-corpus: accepted (the reference wrapper passes it to both
     # modes) and recorded as unused in the prepared input.
     unused_corpus: str | None = None
+    # --workloads: the workload file, read and pinned here (the run never reads it again).
+    workloads: WorkloadsPin | None = None
 
 
 def strict_json(data: bytes, what: str) -> Any:
@@ -301,6 +309,12 @@ def admit(
         check_selection(operator.plan, catalog.catalog, corpus.corpus if corpus else None)
     except Refused as refused:
         refusals.extend(refused.refusals)
+    workloads: WorkloadsPin | None = None
+    if parsed.workloads is not None:
+        try:
+            workloads = read_workload_file(parsed.workloads)
+        except Refused as refused:
+            refusals.extend(refused.refusals)
     try:
         canonical_output = _check_output(output, operator)
     except Refused as refused:
@@ -316,4 +330,5 @@ def admit(
         output=canonical_output,
         budget_seconds=float(operator.preparation_seconds),
         unused_corpus=parsed.corpus if mode == "full" else None,
+        workloads=workloads,
     )

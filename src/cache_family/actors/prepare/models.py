@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from cache_family.console.progress import ProgressSink
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import NOT_BUILT_NOTE_PREFIX, Preset
@@ -36,6 +35,7 @@ from cache_family.schemas.gguf_header import (
 )
 from cache_family.schemas.layer_package import MANIFEST_NAME, decode_manifest
 from cache_family.schemas.prepared import ModelObservation, PreparedRow, ShardPin
+from cache_family.system.hashing_progress import ProgressSink
 from cache_family.system.pins import (
     Budget,
     FilePin,

@@ -15,29 +15,26 @@ reference wrapper passes to both modes) as ``unused_corpus`` without reading it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import FrameType
-from typing import Final, TextIO
+from typing import Final
 
 import trio
 
 from cache_family.actors.prepare.admission import Admission, admit
 from cache_family.actors.prepare.supervisor import (
     GRACE_SECONDS,
-    WorkerEvents,
+    EventSink,
     WorkerOutcome,
     supervise_worker,
     worker_environment,
 )
-from cache_family.console.refusals import print_refusals, say_failed
 from cache_family.errors import Refusal, Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
@@ -53,6 +50,7 @@ from cache_family.schemas.prepared import (
     encode_document,
     refuse_oversized_input,
 )
+from cache_family.system.interrupts import Latch
 from cache_family.system.pins import Budget
 from cache_family.system.publish import Published, publish_fresh, revoke
 
@@ -71,32 +69,15 @@ WORKER_MARGIN_SECONDS: Final = 5.0
 # --- signals -----------------------------------------------------------------------------------
 
 
-class InterruptLatch:
-    """SIGINT/SIGTERM outside trio's receiver: remember the signal and cancel the budget."""
+def preparation_latch(budget: Budget) -> Latch:
+    """The one latch (``system/interrupts.py``), outside trio's receiver: it remembers the
+    signal and cancels the preparation budget at once."""
 
-    def __init__(self, budget: Budget) -> None:
-        self.budget = budget
-        self.signum: int | None = None
+    def cancel(signum: int) -> None:
+        del signum
+        budget.cancel()
 
-    def fire(self, signum: int) -> None:
-        if self.signum is None:
-            self.signum = signum
-        self.budget.cancel()
-
-    def _handler(self, signum: int, frame: FrameType | None) -> None:
-        del frame
-        self.fire(signum)
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[InterruptLatch]:
-        previous = {
-            sig: signal.signal(sig, self._handler) for sig in (signal.SIGINT, signal.SIGTERM)
-        }
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    return Latch(on_signal=cancel)
 
 
 # --- the parent --------------------------------------------------------------------------------
@@ -108,12 +89,14 @@ class ParentReport:
     refusals: list[Refusal] = field(default_factory=list)
     published: Published | None = None
     revoked: bool = False
+    # The prepared input revoked (a late cancellation or deadline), for the console to name.
+    revoked_path: str | None = None
     worker: WorkerOutcome | None = None
 
 
-def _late_refusal(budget: Budget, latch: InterruptLatch) -> tuple[int, Refusal] | None:
-    if latch.signum is not None or budget.cancelled:
-        name = signal.Signals(latch.signum).name if latch.signum else "a signal"
+def _late_refusal(budget: Budget, latch: Latch) -> tuple[int, Refusal] | None:
+    if latch.received or budget.cancelled:
+        name = latch.received[0] if latch.received else "a signal"
         return ExitCode.INTERRUPTED, Refusal(
             "preparation.interrupted",
             "$",
@@ -139,7 +122,7 @@ def _worker_refusal(outcome: WorkerOutcome, output: str) -> tuple[int, Refusal] 
             "preparation was interrupted while the worker ran",
             f"observations are kept; {logs}",
         )
-    if outcome.deadline_expired or outcome.returncode == ExitCode.WORKER_DEADLINE:
+    if outcome.deadline_expired or outcome.exit_code == ExitCode.WORKER_DEADLINE:
         return ExitCode.REFUSED_DURING_WORK, Refusal(
             "preparation.deadline_expired",
             "$.preparation_seconds",
@@ -148,11 +131,11 @@ def _worker_refusal(outcome: WorkerOutcome, output: str) -> tuple[int, Refusal] 
         )
     if not outcome.clean:
         how = (
-            f"exited with status {outcome.returncode}"
-            if outcome.returncode is not None and outcome.returncode >= 0
-            else f"was ended by signal {-(outcome.returncode or 0)}"
+            f"exited with status {outcome.exit_code}"
+            if outcome.exit_code is not None and outcome.exit_code >= 0
+            else f"was ended by signal {-(outcome.exit_code or 0)}"
         )
-        if outcome.killed:
+        if outcome.forced:
             how += " after SIGKILL"
         if outcome.stdout_truncated:
             how += "; its stdout exceeded the capture limit"
@@ -239,10 +222,11 @@ async def _parent(
     admission: Admission,
     request_sha256: str,
     budget: Budget,
-    latch: InterruptLatch,
+    latch: Latch,
     *,
     environ: Mapping[str, str],
-    stderr: TextIO,
+    events: EventSink | None,
+    on_start: Callable[[int], None] | None,
     grace_seconds: float,
     after_publish: Callable[[Budget], None] | None,
 ) -> ParentReport:
@@ -258,9 +242,8 @@ async def _parent(
                     cancel.set()
 
             nursery.start_soon(watch_signals)
-            if latch.signum is not None:
+            if latch.received:
                 cancel.set()
-            events = WorkerEvents(stderr)
             argv = [
                 sys.executable,
                 "-m",
@@ -281,9 +264,7 @@ async def _parent(
                 cancel=cancel,
                 grace_seconds=grace_seconds,
                 events=events,
-                on_start=lambda pid: print(
-                    f"preparation: worker pid {pid} started", file=stderr, flush=True
-                ),
+                on_start=on_start,
             )
             report.worker = outcome
             refused = _worker_refusal(outcome, output)
@@ -309,7 +290,7 @@ async def _publish(
     output: str,
     prepared: PreparedInput,
     budget: Budget,
-    latch: InterruptLatch,
+    latch: Latch,
     report: ParentReport,
     after_publish: Callable[[Budget], None] | None,
 ) -> ParentReport:
@@ -332,7 +313,7 @@ async def _publish(
     return revoke_if_late(report, budget, latch)
 
 
-def revoke_if_late(report: ParentReport, budget: Budget, latch: InterruptLatch) -> ParentReport:
+def revoke_if_late(report: ParentReport, budget: Budget, latch: Latch) -> ParentReport:
     """After the write: a cancellation or an expired deadline revokes our own file only."""
     late = _late_refusal(budget, latch)
     if late is None or report.published is None:
@@ -340,55 +321,50 @@ def revoke_if_late(report: ParentReport, budget: Budget, latch: InterruptLatch) 
     report.exit_code, refusal = late
     report.refusals.append(refusal)
     report.revoked = revoke(report.published)
+    report.revoked_path = report.published.path
     report.published = None
     return report
 
 
-def run_prepare(
+def prepare(
     command: str,
     input_path: str,
     output: str,
     overrides: Sequence[str],
     *,
     environ: Mapping[str, str] | None = None,
-    stdout: TextIO | None = None,
-    stderr: TextIO | None = None,
+    events: EventSink | None = None,
+    on_start: Callable[[int], None] | None = None,
     grace_seconds: float = GRACE_SECONDS,
     budget_seconds: float | None = None,
     after_publish: Callable[[Budget], None] | None = None,
-) -> int:
-    """The parent command. ``budget_seconds`` and ``after_publish`` are test-only hooks
-    (a budget below the schema's 30 s minimum; a callback right after the fresh write that
-    may cancel or expire the budget); the CLI never passes them."""
+) -> ParentReport:
+    """The parent's work, printing nothing: what it published or refused. ``events`` gets the
+    worker's event lines and ``on_start`` its pid (the console shows both). ``budget_seconds``
+    and ``after_publish`` are test-only hooks (a budget below the schema's 30 s minimum; a
+    callback right after the fresh write that may cancel or expire the budget); the CLI never
+    passes them."""
     env = os.environ if environ is None else environ
-    out = sys.stdout if stdout is None else stdout
-    err = sys.stderr if stderr is None else stderr
     try:
         admission = admit(command, input_path, output, overrides, environ=env)
     except Refused as refused:
-        print_refusals(refused.refusals, err)
-        return ExitCode.REFUSED
+        return ParentReport(exit_code=ExitCode.REFUSED, refusals=list(refused.refusals))
     budget = Budget.seconds(admission.budget_seconds if budget_seconds is None else budget_seconds)
-    latch = InterruptLatch(budget)
+    latch = preparation_latch(budget)
     with latch.installed():
         try:
             os.mkdir(admission.output, 0o755)
         except OSError as exc:
             exists = isinstance(exc, FileExistsError)
-            print_refusals(
-                [
-                    Refusal(
-                        "preparation.output_exists" if exists else "preparation.output_unwritable",
-                        "$.output",
-                        f"output {admission.output} appeared before it could be created"
-                        if exists
-                        else f"output {admission.output} cannot be created: {exc.strerror}",
-                        "choose a fresh output path in a writable directory",
-                    )
-                ],
-                err,
+            refusal = Refusal(
+                "preparation.output_exists" if exists else "preparation.output_unwritable",
+                "$.output",
+                f"output {admission.output} appeared before it could be created"
+                if exists
+                else f"output {admission.output} cannot be created: {exc.strerror}",
+                "choose a fresh output path in a writable directory",
             )
-            return ExitCode.REFUSED
+            return ParentReport(exit_code=ExitCode.REFUSED, refusals=[refusal])
         try:
             request_bytes = encode_document(
                 PreparationRequest(
@@ -399,6 +375,7 @@ def run_prepare(
                     worker_budget_ms=(worker_ms := _worker_budget_ms(budget.remaining())),
                     worker_deadline_monotonic_ns=time.monotonic_ns() + worker_ms * 1_000_000,
                     unused_corpus=admission.unused_corpus,
+                    workloads=admission.workloads,
                 )
             )
             publish_fresh(os.path.join(admission.output, REQUEST_NAME), request_bytes)
@@ -410,7 +387,8 @@ def run_prepare(
                     budget,
                     latch,
                     environ=env,
-                    stderr=err,
+                    events=events,
+                    on_start=on_start,
                     grace_seconds=grace_seconds,
                     after_publish=after_publish,
                 )
@@ -430,56 +408,12 @@ def run_prepare(
         # trio redelivered any signal it had not handed out to the latch when its receiver
         # closed: check once more with our own handlers still in place.
         report = revoke_if_late(report, budget, latch)
-    if report.refusals:
-        print_refusals(report.refusals, err)
-        if report.revoked:
-            print(f"preparation: revoked {os.path.join(admission.output, INPUT_NAME)}", file=err)
-        return report.exit_code
-    assert report.published is not None
-    print(f"Wrote {report.published.path}", file=out, flush=True)
-    return ExitCode.OK
+    return report
 
 
 def _worker_budget_ms(remaining: float) -> int:
     margin = min(WORKER_MARGIN_SECONDS, remaining / 4)
     return max(1, min(3_600_000, int((remaining - margin) * 1000)))
-
-
-def prepare_command(command: str, input: str, output: str, overrides: list[str]) -> int:
-    """``cache-family prepare-full|prepare-use-cases --input ABS --output ABS [overrides]``."""
-    code = run_prepare(command, input, output, overrides)
-    say_prepare_failed(sys.stderr, command, input, output, code)
-    return code
-
-
-def say_prepare_failed(stream: TextIO, command: str, input: str, output: str, code: int) -> None:
-    """The closing lines of a preparation that did not publish: what, evidence, next."""
-    again = f"then run `cache-family {command}` again into a fresh --output"
-    if code == ExitCode.REFUSED:
-        say_failed(
-            stream,
-            command,
-            "refused before any work (the refusals above)",
-            f"{input}; nothing was written under {output}",
-            f"fix what each refusal names (`cache-family validate --input {input}` lists the "
-            f"operator input's), {again}",
-        )
-    elif code == ExitCode.REFUSED_DURING_WORK:
-        say_failed(
-            stream,
-            command,
-            "refused while observing (the refusals above)",
-            f"{output}: request.json, observations.json (complete: false) and the worker logs",
-            f"fix what each refusal names, {again}",
-        )
-    elif code == ExitCode.INTERRUPTED:
-        say_failed(
-            stream,
-            command,
-            "interrupted by a signal",
-            f"{output} (whatever was observed; no prepared input was left)",
-            f"when ready, {again}",
-        )
 
 
 # --- the worker --------------------------------------------------------------------------------

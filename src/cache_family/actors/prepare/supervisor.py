@@ -8,17 +8,16 @@ in a capped log and read as JSON-lines events (phases, hashing progress) for the
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Final, Literal, Protocol, TextIO
+from typing import IO, Final, Literal, Protocol
 
 import trio
 
-from cache_family.console.progress import BytesBar, is_terminal
 from cache_family.schemas.bounded import MIB
+from cache_family.schemas.measurement import ProcessOutcome
 from cache_family.system.process_group import stop_group
 
 GRACE_SECONDS: Final = 12.0
@@ -28,23 +27,21 @@ STDOUT_LOG_MAX_BYTES: Final = 16 * MIB
 EVENT_LINE_MAX_BYTES: Final = 64 * 1024
 
 
-@dataclass(slots=True)
-class WorkerOutcome:
-    returncode: int | None = None
+class WorkerOutcome(ProcessOutcome, frozen=True, kw_only=True):
+    """How the worker ended (``ProcessOutcome``'s words)."""
+
     exited_in_time: bool = False
     cancelled: bool = False
     deadline_expired: bool = False
     terminated: bool = False  # SIGTERM sent
-    killed: bool = False  # SIGKILL needed
     stdout_truncated: bool = False
-    pid: int | None = None
 
     @property
     def clean(self) -> bool:
         return (
-            self.returncode == 0
+            self.exit_code == 0
             and self.exited_in_time
-            and not (self.cancelled or self.deadline_expired or self.killed)
+            and not (self.cancelled or self.deadline_expired or self.forced)
             and not self.stdout_truncated
         )
 
@@ -57,42 +54,11 @@ class EventSink(Protocol):
     def close(self) -> None: ...
 
 
-class WorkerEvents:
-    """Renders the worker's JSON-lines events: phase lines always, a bar on a terminal."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.bar = BytesBar(stream, "hashing") if is_terminal(stream) else None
-        self.phases: list[str] = []
-
-    def handle(self, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return
-        if not isinstance(event, dict):
-            return
-        kind = event.get("event")
-        if kind == "phase" and isinstance(event.get("text"), str):
-            self.phases.append(event["text"])
-            if self.bar is not None:
-                self.bar.end()
-            print(f"preparation: {event['text']}", file=self.stream, flush=True)
-        elif kind == "progress" and self.bar is not None:
-            done, total = event.get("done"), event.get("total")
-            if isinstance(done, int) and isinstance(total, int):
-                self.bar.set_completed(done, total, f"hashing {event.get('files', '?')} file(s)")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.end()
-
-
 async def _pump_stdout(
     stream: trio.abc.ReceiveStream,
     log: IO[bytes],
     events: EventSink | None,
-    outcome: WorkerOutcome,
+    seen: _Seen,
 ) -> None:
     written = 0
     pending = b""
@@ -102,7 +68,7 @@ async def _pump_stdout(
             break
         room = STDOUT_LOG_MAX_BYTES - written
         if len(chunk) > room:
-            outcome.stdout_truncated = True
+            seen.stdout_truncated = True
         if room > 0:
             log.write(chunk[:room])
             log.flush()
@@ -116,10 +82,19 @@ async def _pump_stdout(
                 events.handle(line)
 
 
-async def _stop_process(process: trio.Process, outcome: WorkerOutcome, grace: float) -> None:
+@dataclass(slots=True)
+class _Seen:
+    """What supervision has seen so far; the frozen ``WorkerOutcome`` is made from it."""
+
+    stdout_truncated: bool = False
+    terminated: bool = False
+    forced: bool = False
+
+
+async def _stop_process(process: trio.Process, seen: _Seen, grace: float) -> None:
     stopped = await stop_group(process, grace=grace, kill_wait=KILL_WAIT_SECONDS)
-    outcome.terminated |= stopped.signalled
-    outcome.killed |= stopped.forced
+    seen.terminated |= stopped.signalled
+    seen.forced |= stopped.forced
 
 
 async def _first_of(
@@ -159,10 +134,9 @@ async def supervise_worker(
     on_start: Callable[[int], None] | None = None,
 ) -> WorkerOutcome:
     """Run the worker until it exits, ``cancel`` is set or ``deadline`` (trio time) passes."""
-    outcome = WorkerOutcome()
     if cancel.is_set():
-        outcome.cancelled = True
-        return outcome
+        return WorkerOutcome(pid=None, cancelled=True)
+    seen = _Seen()
     with open(stdout_log, "xb") as out_log, open(stderr_log, "xb") as err_log:
         process = await trio.lowlevel.open_process(
             list(argv),
@@ -173,28 +147,34 @@ async def supervise_worker(
             cwd=cwd,
             start_new_session=True,
         )
-        outcome.pid = process.pid
         if on_start is not None:
             on_start(process.pid)
         assert process.stdout is not None
+        first: Literal["exited", "cancelled", "deadline"] | None = None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_pump_stdout, process.stdout, out_log, events, outcome)
+                nursery.start_soon(_pump_stdout, process.stdout, out_log, events, seen)
                 first = await _first_of(process, cancel, deadline)
-                outcome.exited_in_time = first == "exited"
-                outcome.cancelled = first == "cancelled"
-                outcome.deadline_expired = first == "deadline"
-                await _stop_process(process, outcome, grace_seconds)
+                await _stop_process(process, seen, grace_seconds)
                 # The pump ends at EOF; a pipe held open by a stray grandchild is not waited on.
                 nursery.cancel_scope.deadline = trio.current_time() + DRAIN_SECONDS
         finally:
-            await _stop_process(process, outcome, grace_seconds)
+            await _stop_process(process, seen, grace_seconds)
             with trio.CancelScope(shield=True):
                 await process.stdout.aclose()
-        outcome.returncode = process.returncode
     if events is not None:
         events.close()
-    return outcome
+    return WorkerOutcome(
+        pid=process.pid,
+        graceful=not seen.forced,
+        forced=seen.forced,
+        exit_code=process.returncode,
+        exited_in_time=first == "exited",
+        cancelled=first == "cancelled",
+        deadline_expired=first == "deadline",
+        terminated=seen.terminated,
+        stdout_truncated=seen.stdout_truncated,
+    )
 
 
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Final, TextIO
+from typing import IO, Final
 
 import msgspec
 import trio
@@ -26,7 +26,6 @@ from cache_family.actors.prepare.models import (
     missing_observation,
     pin_files,
 )
-from cache_family.console.refusals import print_refusals
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
@@ -366,6 +365,7 @@ def _plan(run: _Observing) -> PreparedInput:
             if run.request.unused_corpus is not None
             else None
         ),
+        workloads=run.request.workloads,
     )
     run.phase("checking the prepared input's size")
     refuse_oversized_input(encode_document(prepared), PREPARED_INPUT_MAX_BYTES)
@@ -476,8 +476,19 @@ def _publish_refused(
     return None
 
 
-async def _worker(input_path: str, output_path: str, stderr: TextIO) -> int:
+@dataclass(frozen=True, slots=True)
+class WorkerResult:
+    """How the worker ended: its exit code and the refusals to print (none on success)."""
+
+    exit_code: int
+    refusals: tuple[Refusal, ...] = ()
+
+
+async def observe_request(input_path: str, output_path: str) -> WorkerResult:
+    """The worker's work: read the request, observe, publish ``observations.json`` (complete
+    or refused); prints nothing (``console/preparation.py`` does)."""
     budget = Budget(float("inf"))
+    refusals: list[Refusal] = []
     record = WorkerRecord()
     request_sha256: str | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -520,16 +531,10 @@ async def _worker(input_path: str, output_path: str, stderr: TextIO) -> int:
                     failed = _publish_refused(output_path, request_sha256, refusals, record)
                     if failed is not None:
                         refusals.append(failed)
-                print_refusals(refusals, stderr)
                 code = ExitCode.REFUSED_DURING_WORK
                 if budget.cancelled:
                     code = ExitCode.INTERRUPTED
                 elif "budget.deadline_expired" in refused.codes:
                     code = ExitCode.WORKER_DEADLINE
             nursery.cancel_scope.cancel()
-    return code
-
-
-def worker_command(input: str, output: str) -> int:
-    """Hidden ``cache-family prepare-worker --input REQUEST --output OBSERVATIONS``."""
-    return trio.run(_worker, input, output, sys.stderr)
+    return WorkerResult(exit_code=code, refusals=tuple(refusals))

@@ -1,12 +1,13 @@
-"""The cell (host) actor: one host session of one native arm, driven by ``CELL_TABLE``.
+"""The cell (host) actor: one host session of one host arm, driven by ``CELL_TABLE``.
 
-The actor is one loop: perform the current state's work (``_WORK``: a coroutine that returns
-the next event), fire that event through the live machine (which journals the step), then run
-the step's actions, each through its one effect handler (``_EFFECTS``). A failure becomes the
-``fault`` event, cancellation or deadline expiry ``cancelled`` / ``deadline-expired``; from
-there the table leads through cleanup to finalize, which run shielded and bounded, so a
-cancelled or expired cell still ends its host and still publishes ``cell.json``. Every
-observation is journaled as it happens; ``cell.json`` is folded from the journal alone.
+The one driver (``actors/run/engine.py``) runs the table: each state's work (``_WORK``) returns
+the next event, the live machine takes it (journaling the step), then each action of the step
+runs through its one effect handler (``_EFFECTS``). A failure becomes the ``fault`` event,
+cancellation or deadline expiry ``cancelled`` / ``deadline-expired``; from there the table leads
+through cleanup to finalize, which run shielded and bounded, so a cancelled or expired cell
+still ends its host and still publishes ``cell.json``. What differs between a llama-server and
+a stage server is the arm's host-kind strategy (``actors/run/hosts.py``). Every observation is
+journaled as it happens; ``cell.json`` is folded from the journal alone.
 
 Budgets only shrink: the cell's deadline is ``min(run deadline, now + cell_seconds)``; each
 request's is ``min(cell deadline, its start + request_timeout_ms)`` (the load actor applies
@@ -17,13 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
 import msgspec
 import trio
@@ -31,28 +30,13 @@ import trio
 from cache_family.actors.journal.rows_file import RowFileWriter
 from cache_family.actors.journal.writer import publish_cell_receipt
 from cache_family.actors.run import custody, stage_host
-from cache_family.actors.run.context import (
-    ARM_DIRS,
-    Budgets,
-    HostHandle,
-    PinResult,
-    PinTarget,
-    RunContext,
-    is_cancellation,
-    thread_setting,
-)
-from cache_family.actors.run.load import (
-    BenchmarkPrompt,
-    LoadRun,
-    OpenAIChatRun,
-    PromptCuts,
-)
+from cache_family.actors.run.context import HostHandle, PinResult, RunContext, is_cancellation
+from cache_family.actors.run.engine import Handlers, drive
+from cache_family.actors.run.hosts import HOST_KINDS
+from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, PromptCuts
 from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
-from cache_family.actors.run.prompts import SOURCE_CORRECTNESS, PromptChoice
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
-    COHORT_NATIVE,
-    COHORT_OPENAI,
     Cancellation,
     CellOpened,
     ChildSpawned,
@@ -82,9 +66,9 @@ from cache_family.schemas.measurement import (
     LoadRequest,
     RequestRow,
 )
-from cache_family.schemas.prepared import HostProfile
 from cache_family.schemas.receipts import CellReceipt
 from cache_family.schemas.request_rows import REQUESTS_FILENAME, RequestRowLine
+from cache_family.states.budgets import Budgets
 from cache_family.states.cache_reuse import cache_expectation
 from cache_family.states.cell import (
     CELL_TABLE,
@@ -93,99 +77,24 @@ from cache_family.states.cell import (
     CellMachine,
     CellState,
     LiveMachine,
-    MachineTable,
+)
+from cache_family.states.plans import (
+    SOURCE_CORRECTNESS,
+    CellPlan,
+    PinTarget,
+    argv_sha256,
+    thread_setting,
 )
 from cache_family.system.http import LoopbackHttp
+from cache_family.system.pin_watch import PinWatch, WatchedPin
+from cache_family.system.process_group import PROCESS_TAG_NAME
 from cache_family.system.publish import publish_fresh
 
-# Finalize (fold + publish) is shielded; this bounds it so a wedged disk cannot hang a run.
-FINALIZE_BOUND_SECONDS: Final = 30.0
 
-
-# --- the plan of one cell ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CellPlan:
-    cell_id: str  # e.g. cell-0003/native-serial
-    cell_dir: str  # relative to the run dir, e.g. cell-0003/sweep-native-concurrent
-    row_index: int
-    row_key: str
-    arm: str
-    kind: Literal["serial", "concurrent"]
-    rungs: tuple[RungPlan, ...]
-    output_tokens: int
-    lanes: int
-    # The host's --ctx-size: the row's context times the lanes (one row context per slot).
-    ctx_size: int
-    n_gpu_layers: int
-    prefix_tokens: int
-    ttft_slo_ms: float | None
-    tpot_slo_ms: float | None
-    # None: the prepared input has no native profile for the case (the cell is refused).
-    profile: HostProfile | None
-    prompt: PromptChoice
-    pins: tuple[PinTarget, ...]
-    # A reason this cell must not launch although planned (pins disagree with the plan).
-    refusal: str | None = None
-    # The row's preset is from a synthetic catalog (journaled so the cell's receipt says so).
-    synthetic: bool = False
-    # The model's GGUF ``general.architecture``: which cache reuse rule judges its rungs.
-    architecture: str | None = None
-    # Tokens of the correctness arm's accepted prompt (its tool's count: K + 1).
-    prompt_tokens: int | None = None
-    # native: llama-server, /completion; stage: a Skippy stage server, OpenAI chat.
-    host_kind: Literal["native", "stage"] = "native"
-    model_id: str = ""
-    # The row's last cell: its post-verify hashes every pinned file in full (the row's
-    # ``RowPins`` otherwise checks only identities between its first and last hash).
-    last_of_row: bool = False
-
-
-def pin_targets(profile: HostProfile) -> tuple[PinTarget, ...]:
-    """Server binary, native build tree, model (every shard of a split one), toolkit trees."""
-    targets = [
-        PinTarget("binary", profile.binary, profile.binary_sha256, "file"),
-        PinTarget("native_build", profile.native_build, profile.native_build_sha256, "tree"),
-        PinTarget("model", profile.model, profile.model_sha256, "file"),
-    ]
-    if profile.artifact is not None:
-        for shard in profile.artifact.shard_pins:
-            targets.append(
-                PinTarget(f"shard:{shard.name}", shard.logical_path, shard.sha256, "file")
-            )
-    for name, toolkit in sorted(profile.toolkit_directories.items()):
-        targets.append(PinTarget(f"toolkit:{name}", toolkit.path, toolkit.sha256, "tree"))
-    return tuple(targets)
-
-
-def llama_server_argv(plan: CellPlan, profile: HostProfile, port: int) -> list[str]:
-    """The host's exact command line (tools/server flags of the vendored llama.cpp)."""
-    argv = [
-        profile.binary,
-        "--model",
-        profile.model,
-        "--ctx-size",
-        str(plan.ctx_size),
-        "--n-gpu-layers",
-        str(plan.n_gpu_layers),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--parallel",
-        str(plan.lanes),
-        "--no-webui",
-    ]
-    # The operator's OMP_NUM_THREADS, also given to llama-server as ``-t``.
-    threads = thread_setting(profile.environment)
-    if threads is not None:
-        argv += ["-t", threads]
-    return argv
-
-
-def argv_sha256(argv: Sequence[str]) -> str:
-    return hashlib.sha256(json.dumps(list(argv), separators=(",", ":")).encode()).hexdigest()
+def watch_pins(targets: Sequence[PinTarget]) -> PinWatch:
+    """Watch ``targets`` from before their first hash to after their last: a change in
+    between, even one undone before the last hash, is drift (blocking: call in a thread)."""
+    return PinWatch(WatchedPin(t.name, t.path, t.kind == "tree") for t in targets)
 
 
 def fault_kind(refused: Refused) -> str:
@@ -264,8 +173,10 @@ class CellActor:
         # The host session's one HTTP client: readiness, the prompt cut and every rung.
         self.http = LoopbackHttp()
         self.machine: CellMachine = LiveMachine(
-            CELL_TABLE, plan.cell_id, ctx.step_journal("cell", cell_id=plan.cell_id)
+            CELL_TABLE, plan.cell_id, ctx.step_journal(CELL_TABLE.name, cell_id=plan.cell_id)
         )
+        # What differs between a llama-server and a stage server.
+        self.host_kind = HOST_KINDS[plan.host_kind]
         self.deadline = math.inf
         self.work_deadline = math.inf
         self.host: HostHandle | None = None
@@ -292,6 +203,8 @@ class CellActor:
         self._exec: PrivateCopy | None = None
         self._exec_owned = False
         self._exec_problem = ""
+        # The launch pins, watched from before pin-verify's hash to after post-verify's.
+        self._watch: PinWatch | None = None
 
     def __repr__(self) -> str:
         elapsed = "-"
@@ -323,10 +236,10 @@ class CellActor:
                     cell_id=plan.cell_id,
                     row_index=plan.row_index,
                     row_key=plan.row_key,
-                    arm=plan.arm,
-                    cohort=COHORT_OPENAI if plan.host_kind == "stage" else COHORT_NATIVE,
+                    arm=plan.arm.name,
+                    cohort=plan.arm.cohort,
                     cell_dir=plan.cell_dir,
-                    measurement_kind=plan.kind,
+                    measurement_kind=plan.arm.kind.value,
                     rungs=plan.rungs,
                     ttft_slo_ms=plan.ttft_slo_ms,
                     tpot_slo_ms=plan.tpot_slo_ms,
@@ -350,6 +263,8 @@ class CellActor:
                 finally:
                     self._release_host.set()  # custody never outlives the loop
         finally:
+            if self._watch is not None:
+                self._watch.close()
             if self._exec is not None and self._exec_owned:
                 custody.remove_tree(self._exec.root)  # the host has ended with custody
         if escaped is not None:
@@ -357,35 +272,20 @@ class CellActor:
         return self.receipt
 
     async def _loop(self) -> None:
-        event: CellEvent | None = None
-        stopped: BaseException | None = None  # re-raised once the cell is finalized
-        while not self.machine.finished:
-            try:
-                event = event or await self._work(shield=stopped is not None)
-                step = self.machine.fire(event)
-                event = None
-                # Cleanup and finalize, and everything after a stop, are shielded and bounded.
-                shielded = stopped is not None or step.to in CELL_TABLE.after_fault
-                with trio.CancelScope(shield=shielded):
-                    with trio.move_on_after(_BOUNDS.get(step.to, math.inf)) as bounded:
-                        if step.to not in _SYNCED_LATER:
-                            await self.ctx.writer.sync()
-                        for action in step.actions:
-                            await _EFFECTS[action](self)
-                if bounded.cancelled_caught:
-                    break  # a wedged disk or journal: give up on this cell, not on the run
-            except (Refused, _Fault) as failure:
-                event = await self._failed(failure)
-            except BaseException as exc:
-                stopped = stopped or exc
-                event = await self._stopped(exc)
-        if stopped is not None:
-            raise stopped
+        await drive(
+            self,
+            self.machine,
+            _HANDLERS,
+            sync=self.ctx.writer.sync,
+            interrupted=self._interrupted,
+        )
 
-    async def _work(self, *, shield: bool) -> CellEvent:
-        with trio.CancelScope(shield=shield):
-            return await _WORK[self.machine.state](self)
-        raise AssertionError("a scope that is never cancelled always returns above")
+    async def _interrupted(self, exc: BaseException, stopping: bool) -> tuple[CellEvent, bool]:
+        """A refusal or a fault of the cell is the ``fault`` event; anything else stops the
+        cell (re-raised once it is finalized)."""
+        if isinstance(exc, Refused | _Fault):
+            return await self._failed(exc), False
+        return await self._stopped(exc), True
 
     async def _failed(self, failure: Refused | _Fault) -> CellEvent:
         """Journal a failure (unless custody's observer already did) as the ``fault`` event."""
@@ -480,6 +380,7 @@ class CellActor:
             # The pins (hashed by path then) say what is wrong; if they still match, the
             # cell is refused below: a host never runs from a path its pins did not hash.
             self._exec_problem = f"{exc.filename or profile.binary}: {exc.strerror or exc}"
+        self._watch = await trio.to_thread.run_sync(watch_pins, self._launch_pins())
         if not await self._verify_pins("before", self._launch_pins()):
             await self._journal(
                 Fault(cell_id=plan.cell_id, kind="pin_mismatch", detail="pins differ before launch")
@@ -491,12 +392,12 @@ class CellActor:
                 f"cannot make the private copy the host runs from: {self._exec_problem}",
             )
         assert self._nursery is not None
-        if plan.host_kind == "stage":
+        if self.host_kind.reads_cli:
             self.cli = await self._admit_cli()
         config = self.ctx.hosts.host_config(
-            ARM_DIRS[plan.arm],
+            plan.arm.directory,
             self.cell_path,
-            dialect=self.cli.dialect if self.cli is not None else "llama-server",
+            dialect=self.host_kind.dialect(self.cli),
             model_id=plan.model_id,
             lane_count=plan.lanes,
             process_tag=self.ctx.cell_process_tag(plan.cell_id),
@@ -506,12 +407,14 @@ class CellActor:
         return CellEvent.PINS_VERIFIED
 
     async def _admit_cli(self) -> stage_host.CliAdmitted:
-        """Read the stage server's dialect from its help (the binary verified around each
-        probe), journal it, and write ``cli-admission.json`` and ``stage.json``. The help is
-        read once per run for each pinned binary (``RunContext.cli_admissions``)."""
-        plan, profile = self.plan, self.plan.profile
-        assert profile is not None
-        binary = next(t for t in plan.pins if t.name == "binary")
+        """Read the stage server's dialect from the help of the private copy the host will run
+        (its pin verified around each probe; each probe a child in custody under this cell's
+        tag), journal it, and write ``cli-admission.json`` and ``stage.json``. The help is read
+        once per run for each pinned binary (``RunContext.cli_admissions``); when the probes
+        left processes running, every cell that relies on them is faulted."""
+        plan, profile, copy = self.plan, self.plan.profile, self._exec
+        assert profile is not None and copy is not None  # pin-verify made the private copy
+        binary = next(t for t in self._launch_pins() if t.name == "binary")
         key = (profile.binary, profile.binary_sha256)
         admitted = self.ctx.cli_admissions.get(key)
         if admitted is None:
@@ -522,9 +425,22 @@ class CellActor:
                 return result.matches
 
             probe_dir = custody.make_private_dir(self.cell_path, "cli-probe")
+            tag = self.ctx.cell_process_tag(plan.cell_id)
             try:
                 env = self._host_env(probe_dir)
-                admitted = await stage_host.admit_cli(profile.binary, env, probe_dir, same_bytes)
+
+                async def journal_probe(argv: tuple[str, ...], pid: int, created: float) -> None:
+                    await self._journal_probe(argv, {**env, PROCESS_TAG_NAME: tag}, pid, created)
+
+                probes = stage_host.ProbeCustody(
+                    runner=self.ctx.hosts.child_runner,
+                    process_tag=tag,
+                    probe_dir=probe_dir,
+                    on_spawn=journal_probe,
+                )
+                admitted = await stage_host.admit_cli(
+                    copy.binary, env, probes, same_bytes, pinned=profile.binary
+                )
             finally:
                 custody.remove_tree(probe_dir)
             self.ctx.cli_admissions[key] = admitted
@@ -553,7 +469,32 @@ class CellActor:
         }
         for name, data in documents.items():
             await trio.to_thread.run_sync(publish_fresh, os.path.join(self.cell_path, name), data)
+        if admitted.left_behind:
+            raise _Fault(
+                "help_probe_unclean",
+                f"the stage server's help probes left processes running (ended now): "
+                f"{admitted.left_behind}",
+            )
         return admitted
+
+    async def _journal_probe(
+        self, argv: tuple[str, ...], env: Mapping[str, str], pid: int, create_time: float
+    ) -> None:
+        """A help probe's child, journaled as it starts (``replay --reap`` finds it)."""
+        await self._journal(
+            ChildSpawned(
+                cell_id=self.plan.cell_id,
+                role="help_probe",
+                pid=pid,
+                create_time=create_time,
+                pgid=pid,
+                argv_sha256=argv_sha256(argv),
+                executable=argv[0],
+                host_argv=argv,
+                host_env_names=tuple(sorted(env)),
+                effective_environment=custody.recorded_environment(env),
+            )
+        )
 
     def _launch_pins(self) -> tuple[PinTarget, ...]:
         """The pins checked before launch: the binary and native build as their private
@@ -579,8 +520,7 @@ class CellActor:
             copy.native_build if copy is not None and copy.native_build else profile.native_build,
             state_dir,
         )
-        if self.plan.host_kind == "stage":
-            env.update(stage_host.STAGE_ENVIRONMENT)
+        env.update(self.host_kind.environment)
         return env
 
     async def _custody(
@@ -604,7 +544,17 @@ class CellActor:
 
     async def _post_verify(self) -> CellEvent:
         ok = await self._verify_pins("after")
-        return CellEvent.PINS_VERIFIED if ok else CellEvent.PINS_MISMATCH
+        changed = self._watch.changes() if self._watch is not None else []
+        if changed:
+            await self._journal(
+                Fault(
+                    cell_id=self.plan.cell_id,
+                    kind="pin_drift",
+                    detail=f"pinned paths changed during the cell (seen as they changed, "
+                    f"whatever the hashes say now): {', '.join(changed)}",
+                )
+            )
+        return CellEvent.PINS_VERIFIED if ok and not changed else CellEvent.PINS_MISMATCH
 
     async def _verify_pins(self, phase: str, targets: Sequence[PinTarget] | None = None) -> bool:
         remaining = self.work_deadline - trio.current_time()
@@ -628,14 +578,9 @@ class CellActor:
         env = self._host_env(host.state_dir)
         assert self._exec is not None  # pin-verify refused a cell without its private copy
         # The private copy whose bytes pin-verify hashed, never the pinned path itself.
-        binary = self._exec.binary
-        if self.cli is not None:
-            config = os.path.join(self.cell_path, stage_host.STAGE_CONFIG_NAME)
-            self._argv = stage_host.stage_server_argv(
-                binary, self.cli, config, host.port, self.plan.lanes
-            )
-        else:
-            self._argv = [binary, *llama_server_argv(self.plan, profile, host.port)[1:]]
+        self._argv = self.host_kind.argv(
+            self.plan, self._exec.binary, host.port, self.cli, self.cell_path
+        )
         await host.launch(self._argv, env)
 
     async def _await_readiness(self) -> None:
@@ -664,7 +609,7 @@ class CellActor:
     async def _journal_warmup_rule(self) -> None:
         plan, choice, prompt = self.plan, self.plan.prompt, self.prompt
         assert prompt is not None
-        serial = plan.kind == "serial"
+        serial = plan.serial
         await self._journal(
             WarmupExclusion(
                 cell_id=plan.cell_id,
@@ -687,7 +632,7 @@ class CellActor:
 
     async def _send_warmup(self) -> None:
         """The serial cell's request 0 (excluded); a concurrent cell excludes none."""
-        if self.plan.kind != "serial":
+        if not self.plan.serial:
             return
         rows = self._segment(0, keep=True)
         warm = LoadRun(
@@ -774,7 +719,7 @@ class CellActor:
     # -- load runs -------------------------------------------------------------------------
 
     def _request(self, rung: RungPlan) -> LoadRequest:
-        plan, serial = self.plan, self.plan.kind == "serial"
+        plan, serial = self.plan, self.plan.serial
         assert self.prompt is not None
         return LoadRequest(
             base_url=self._live_host().base_url,
@@ -790,25 +735,15 @@ class CellActor:
         )
 
     def _load(self, request: LoadRequest, sent: Sequence[RequestRow], rows: _Segment) -> LoadRun:
-        """llama-server's /completion, or a stage server's OpenAI chat (its model id)."""
-        expectation = cache_expectation(self.plan.architecture, self.plan.lanes)
-        if self.plan.host_kind == "stage":
-            return OpenAIChatRun(
-                request,
-                self.plan.model_id,
-                deadline=self.work_deadline,
-                sent=sent,
-                client=self.http,
-                rows=rows,
-                expectation=expectation,
-            )
-        return LoadRun(
+        """The host kind's load client (llama-server's /completion, a stage server's chat)."""
+        return self.host_kind.load_run(
+            self.plan,
             request,
             deadline=self.work_deadline,
             sent=sent,
             client=self.http,
             rows=rows,
-            expectation=expectation,
+            expectation=cache_expectation(self.plan.architecture, self.plan.lanes),
         )
 
     async def _rung(self, index: int, rung: RungPlan) -> LoadOutcome:
@@ -912,7 +847,7 @@ class CellActor:
                 Ready(
                     cell_id=cell_id,
                     url=(self.host.base_url if self.host is not None else "")
-                    + ("/v1/models" if self.plan.host_kind == "stage" else "/health"),
+                    + self.host_kind.readiness_path,
                     attempts=event.health_attempts,
                     elapsed_ms=event.after_seconds * 1000,
                 )
@@ -930,7 +865,8 @@ class CellActor:
         elif isinstance(event, HostCleaned):
             # The whole outcome: the fold judges it, so replay downgrades exactly as live did.
             # Custody has ended everything and removed the state dir before this: the record
-            # shares the fsync of the receipt's fold (``_SYNCED_LATER``), the next durable point.
+            # shares the fsync of the receipt's fold (the table's ``fsync`` column says "later" for
+            # the step into finalize), the next durable point.
             await self.ctx.writer.append(
                 CleanupOutcome(cell_id=cell_id, cleanup=event.outcome), durable=False
             )
@@ -969,32 +905,5 @@ _EFFECTS: Final[Mapping[CellAction, Callable[[CellActor], Awaitable[None]]]] = {
     CellAction.PUBLISH_RECEIPT: CellActor._publish_receipt,
 }
 
-# Every transition is fsynced (architecture: journal). One into these states shares the fsync
-# of the durable point that follows it with nothing outside the journal done in between: the
-# steps into warmup (its actions only journal and talk HTTP to the cell's own host, and every
-# way out of warmup syncs: the ladder's step, or cleanup's before it signals the host),
-# finalize (publication folds through ``writer.sync()`` before it writes any file) and done
-# (the next cell's ``cell_opened`` or the row's receipt follows the cell, both durable).
-# Steps that start or end a process, or that precede long work (the ladder, post-verify's
-# hashing), still fsync before their actions.
-_SYNCED_LATER: Final = frozenset((CellState.WARMUP, CellState.FINALIZE, CellState.DONE))
-
-# How long the actions of a step into these states may take (they run shielded).
-_BOUNDS: Final[Mapping[CellState, float]] = {CellState.FINALIZE: FINALIZE_BOUND_SECONDS}
-
-
-def check_handlers(
-    table: MachineTable[CellState, CellEvent, CellAction] = CELL_TABLE,
-    work: Mapping[CellState, object] = _WORK,
-    effects: Mapping[CellAction, object] = _EFFECTS,
-) -> None:
-    """Every state has its work and every action of ``table`` its one effect handler."""
-    missing = {state.value for state in table.states if state != table.final} - {
-        state.value for state in work
-    }
-    missing |= {a.value for step in table.rows.values() for a in step.actions if a not in effects}
-    if missing:
-        raise ValueError(f"cell actor: no work or effect handler for {sorted(missing)}")
-
-
-check_handlers()
+# Checked here, at import: every state has its work, every action its one handler.
+_HANDLERS: Final = Handlers("cell actor", CELL_TABLE, _WORK, _EFFECTS)

@@ -1,5 +1,6 @@
-"""What the matrix, row and cell actors of one run share: budgets, the stop, host settings,
-pin targets and hashing, and the journal hook every live machine steps through."""
+"""What the matrix, row and cell actors of one run share: the stop, host settings and their
+seams, pin hashing (``RowPins``), and the journal hook every live machine steps through.
+Budgets, pin targets and plans are pure: ``states/budgets.py`` and ``states/plans.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Final, Literal, Protocol
+from typing import Literal, Protocol
 
 import trio
 
@@ -28,7 +29,9 @@ from cache_family.schemas.measurement import (
     HostReady,
     HostSpawned,
 )
+from cache_family.states.budgets import Budgets
 from cache_family.states.cell import OnStep
+from cache_family.states.plans import PinTarget
 from cache_family.system.child import ChildRunner, run_child
 from cache_family.system.http import LoopbackHttp
 from cache_family.system.pins import (
@@ -42,49 +45,7 @@ from cache_family.system.pins import (
     pin_tree,
 )
 
-ARM_SERIAL: Final = "native-serial"
-ARM_CONCURRENT: Final = "native-concurrent"
-# Directory of each native arm's cell inside its row directory (run layout).
-ARM_OLD: Final = "skippy-old"
-ARM_NEW: Final = "skippy-new"
-ARM_DIRS: Final = {
-    ARM_SERIAL: "native-serial",
-    ARM_CONCURRENT: "sweep-native-concurrent",
-    ARM_OLD: "sweep-skippy-old",
-    ARM_NEW: "sweep-skippy-new",
-}
-
-# The cell's own work (hashing, startup, requests) ends this long before the cell deadline, so
-# that a request cut by the budget is still recorded by the load actor itself (with its elapsed
-# time) and the cell reaches cleanup on its own rather than by cancellation.
-MEASUREMENT_RESERVE_SECONDS: Final = 2.0
-
 StopKind = Literal["cancelled", "execution", "cell"]
-
-
-@dataclass(frozen=True, slots=True)
-class Budgets:
-    """The run's three budgets; each derived deadline is never later than its parent's."""
-
-    run_deadline: float  # trio time
-    cell_seconds: float
-    request_timeout_ms: int
-
-    def cell_deadline(self, now: float) -> float:
-        return min(self.run_deadline, now + self.cell_seconds)
-
-    @staticmethod
-    def work_deadline(cell_deadline: float, now: float) -> float:
-        """When the cell's measured work must end: the reserve before its deadline."""
-        return max(cell_deadline - MEASUREMENT_RESERVE_SECONDS, now)
-
-    @staticmethod
-    def request_deadline(cell_deadline: float, started: float, request_timeout_ms: int) -> float:
-        return min(cell_deadline, started + request_timeout_ms / 1000)
-
-    @staticmethod
-    def startup_seconds(cell_deadline: float, now: float, profile_startup: float) -> float:
-        return max(min(profile_startup, cell_deadline - now), 0.001)
 
 
 @dataclass(slots=True)
@@ -148,16 +109,6 @@ def real_host_opener(
     config: custody.HostConfig, observe: Observe
 ) -> AbstractAsyncContextManager[HostHandle]:
     return custody.host_custody(config, observe)
-
-
-@dataclass(frozen=True, slots=True)
-class PinTarget:
-    """One pinned thing a cell re-hashes before launch and after its ladder."""
-
-    name: str
-    path: str
-    expected_sha256: str
-    kind: Literal["file", "tree"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,34 +254,35 @@ class RowPins:
             self._release(key)
 
 
+RowPinsFactory = Callable[[PinHasher], RowPins]
+
+
+def held_row_pins(hasher: PinHasher) -> RowPins:
+    """A row's pins held by identity between their first and last full hash."""
+    return RowPins(hasher)
+
+
 @dataclass(slots=True)
 class HostSettings:
-    """How every cell of a run opens, pins and ends its host. ``host_opener``, ``pin_hasher``
-    and ``child_runner`` are seams: fault-injection tests give fake hosts, hashers and tool
-    children there."""
+    """How every cell of a run opens, pins and ends its host. ``host_opener``, ``pin_hasher``,
+    ``row_pins`` and ``child_runner`` are seams: fault-injection tests give fake hosts,
+    hashers, row pins and tool children there."""
 
     host_opener: HostOpener = real_host_opener
     pin_hasher: PinHasher = hash_pins
-    # Whether a row checks its pinned files' identities between its first and last hash
-    # (``RowPins``). None: only with the real ``hash_pins``; a fake hasher answers by call,
-    # not by bytes, so it sees every verification.
-    row_pin_identity: bool | None = None
-    # ``RowPins``' racy window (tests of freshly written files give 0).
-    pin_racy_seconds: float = RACY_SECONDS
+    # How a row verifies its pins between its first and last full hash (``RowPins``). None:
+    # every verification hashes, which a fake hasher that answers by call (not by bytes)
+    # needs to see each one.
+    row_pins: RowPinsFactory | None = held_row_pins
     # Runs a tool child (the correctness tool) under its deadline.
     child_runner: ChildRunner = run_child
-    # 0: an ephemeral port per host (tests pin one to provoke a busy port).
-    host_port: int = 0
     grace_seconds: float = 5.0
     kill_wait_seconds: float = 5.0
     cleanup_bound_seconds: float = 30.0
 
-    def row_pins(self) -> RowPins | None:
+    def pins_of_row(self) -> RowPins | None:
         """A fresh ``RowPins`` for one row, or None when identities are not checked."""
-        enabled = self.row_pin_identity
-        if enabled is None:
-            enabled = self.pin_hasher is hash_pins
-        return RowPins(self.pin_hasher, racy_seconds=self.pin_racy_seconds) if enabled else None
+        return self.row_pins(self.pin_hasher) if self.row_pins is not None else None
 
     def host_config(
         self,
@@ -347,7 +299,6 @@ class HostSettings:
             label=label,
             state_parent=cell_path,
             log_dir=os.path.join(cell_path, "logs"),
-            port=self.host_port,
             dialect=dialect,
             model_id=model_id,
             lane_count=lane_count,
@@ -419,16 +370,6 @@ class RunContext:
                 self.on_transition(cell_id, dest.value)
 
         return on_step
-
-
-def thread_setting(environment: Mapping[str, str]) -> str | None:
-    """OMP_NUM_THREADS when it is a positive whole number, else None.
-
-    A thread count is a setting, not a secret: it is given to llama-server as ``-t`` and to
-    the correctness oracle's llama.cpp contexts.
-    """
-    value = environment.get("OMP_NUM_THREADS")
-    return value if value and value.isdigit() and int(value) > 0 else None
 
 
 def is_cancellation(exc: BaseException) -> bool:

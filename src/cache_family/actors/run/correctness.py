@@ -1,11 +1,12 @@
 """The correctness arm of one row, driven by ``CORRECTNESS_TABLE``.
 
-Like the cell actor, one loop: the current state's work returns the next event, the live
-machine takes it (journaling the step), and each action of the step runs through its one
-effect handler. ``run-topology`` runs the correctness tool for one planned topology as a
-supervised child (``system/child.py``) in ``cell-NNNN/correctness/topology-NN/`` and judges
-its report with the gate; ``journal-verdict`` records the stage. The accepted prompt text is
-kept in memory for the row's later requests; only its SHA-256 is journaled.
+Run by the same driver as the cell (``actors/run/engine.py``): the current state's work
+returns the next event, the live machine takes it (journaling the step), and each action of the
+step runs through its one effect handler. ``run-topology`` runs the correctness tool for one
+planned topology as a supervised child (``system/child.py``) in
+``cell-NNNN/correctness/topology-NN/`` and judges its report with the gate; ``journal-verdict``
+records the stage. The accepted prompt text is kept in memory for the row's later requests;
+only its SHA-256 is journaled.
 """
 
 from __future__ import annotations
@@ -16,19 +17,14 @@ import math
 import os
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Final
 
 import trio
 
 from cache_family.actors.run import custody
-from cache_family.actors.run.cell import argv_sha256
-from cache_family.actors.run.context import (
-    MEASUREMENT_RESERVE_SECONDS,
-    PinTarget,
-    RunContext,
-    is_cancellation,
-)
+from cache_family.actors.run.cell import watch_pins
+from cache_family.actors.run.context import RunContext, is_cancellation
+from cache_family.actors.run.engine import Handlers, drive
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.journal import (
@@ -38,6 +34,7 @@ from cache_family.schemas.journal import (
     PinDrift,
     PinObserved,
 )
+from cache_family.states.budgets import MEASUREMENT_RESERVE_SECONDS
 from cache_family.states.cell import (
     CORRECTNESS_TABLE,
     CorrectnessAction,
@@ -51,7 +48,6 @@ from cache_family.states.correctness import (
     REPORT_NAME,
     STAGE_FAILED,
     STAGE_NOT_RUN,
-    CorrectnessSpec,
     StageVerdict,
     TopologyVerdict,
     correctness_argv,
@@ -60,30 +56,13 @@ from cache_family.states.correctness import (
     judge_topology,
     redacted_argv,
 )
+from cache_family.states.plans import CorrectnessPlan, argv_sha256
 from cache_family.system.child import ChildCommand, ChildEnded
+from cache_family.system.pin_watch import PinWatch
 from cache_family.system.process_group import PROCESS_TAG_NAME
 from cache_family.system.publish import publish_fresh
 
-ARM_CORRECTNESS: Final = "correctness"
 REPORT_MAX_BYTES: Final = 16 * MIB
-FINALIZE_BOUND_SECONDS: Final = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class CorrectnessPlan:
-    row_index: int
-    arm_dir: str  # relative to the run dir: cell-NNNN/correctness
-    spec: CorrectnessSpec
-    operator_env: Mapping[str, str]
-    toolkits: Mapping[str, str]
-    native_build: str
-    pins: tuple[PinTarget, ...]
-    # Why the arm cannot run at all (no profile, profile disagrees with the plan).
-    refusal: str | None = None
-
-    @property
-    def subject(self) -> str:
-        return f"{self.arm_dir}"
 
 
 def free_loopback_port() -> int:
@@ -103,13 +82,15 @@ class CorrectnessActor:
         self.machine: CorrectnessMachine = LiveMachine(
             CORRECTNESS_TABLE,
             plan.subject,
-            ctx.step_journal("correctness", row_index=plan.row_index),
+            ctx.step_journal(CORRECTNESS_TABLE.name, row_index=plan.row_index),
         )
         self.deadline = math.inf
         self.next_topology = 0
         self.ran: list[tuple[str, TopologyVerdict]] = []
         self.verdict = StageVerdict(STAGE_NOT_RUN, "correctness_never_started")
         self.arm_path = os.path.join(ctx.run_dir, plan.arm_dir)
+        # The arm's pins, watched from before their hash to the gate.
+        self._watch: PinWatch | None = None
 
     def __repr__(self) -> str:
         return (
@@ -118,39 +99,34 @@ class CorrectnessActor:
         )
 
     async def run(self) -> StageVerdict:
+        try:
+            return await self._run()
+        finally:
+            if self._watch is not None:
+                self._watch.close()
+
+    async def _run(self) -> StageVerdict:
         self.deadline = self.ctx.budgets.cell_deadline(trio.current_time())
-        event: CorrectnessEvent | None = None
-        stopped: BaseException | None = None
-        while not self.machine.finished:
-            try:
-                event = event or await self._work(shield=stopped is not None)
-                step = self.machine.fire(event)
-                event = None
-                shielded = stopped is not None or step.to in CORRECTNESS_TABLE.after_fault
-                with trio.CancelScope(shield=shielded):
-                    with trio.move_on_after(
-                        FINALIZE_BOUND_SECONDS if shielded else math.inf
-                    ) as bounded:
-                        await self.ctx.writer.sync()
-                        for action in step.actions:
-                            await _EFFECTS[action](self)
-                if bounded.cancelled_caught:
-                    break
-            except BaseException as exc:
-                if not is_cancellation(exc) or stopped is not None:
-                    raise
-                stopped = exc
-                event = self._stop_event()
-                if not self.machine.can_fire(event):
-                    raise
-        if stopped is not None:
-            raise stopped
+        await drive(
+            self,
+            self.machine,
+            _HANDLERS,
+            sync=self.ctx.writer.sync,
+            interrupted=self._interrupted,
+        )
         return self.verdict
 
-    async def _work(self, *, shield: bool) -> CorrectnessEvent:
-        with trio.CancelScope(shield=shield):
-            return await _WORK[self.machine.state](self)
-        raise AssertionError("a scope that is never cancelled always returns above")
+    async def _interrupted(
+        self, exc: BaseException, stopping: bool
+    ) -> tuple[CorrectnessEvent, bool]:
+        """Cancellation or the deadline: the arm's stop event (once); anything else
+        propagates (the tool's own failures are verdicts, never exceptions)."""
+        if not is_cancellation(exc) or stopping:
+            raise exc
+        event = self._stop_event()
+        if not self.machine.can_fire(event):
+            raise exc
+        return event, True
 
     def _stop_event(self) -> CorrectnessEvent:
         kind = self.ctx.stop.classify(self.ctx.stop.run_deadline, trio.current_time())
@@ -167,6 +143,7 @@ class CorrectnessActor:
             self.verdict = StageVerdict(STAGE_NOT_RUN, plan.refusal)
             return CorrectnessEvent.NOT_RUNNABLE
         os.makedirs(self.arm_path, exist_ok=True)
+        self._watch = await trio.to_thread.run_sync(watch_pins, plan.pins)
         remaining = self.deadline - MEASUREMENT_RESERVE_SECONDS - trio.current_time()
         results = await self.ctx.verify_pins(plan.pins, remaining)
         drifted = []
@@ -208,6 +185,12 @@ class CorrectnessActor:
 
     async def _gate(self) -> CorrectnessEvent:
         self.verdict = judge_stage(self.plan.spec.topologies, self.ran)
+        changed = self._watch.changes() if self._watch is not None else []
+        if changed:
+            self.verdict = StageVerdict(
+                STAGE_FAILED,
+                f"pin_drift: {', '.join(changed)} changed while the correctness tool ran",
+            )
         if self.verdict.status == "completed":
             return CorrectnessEvent.ACCEPTED
         return CorrectnessEvent.REJECTED
@@ -353,8 +336,8 @@ def _process_problem(ended: ChildEnded) -> str | None:
         return "the tool ran past the correctness budget and was stopped"
     if ended.forced:
         return f"the tool's group had to be killed (exit {ended.exit_code})"
-    if ended.tagged_escapees or ended.surviving:
-        left = sorted({*ended.tagged_escapees, *ended.surviving})
+    if ended.tagged_escapees or ended.surviving_descendants:
+        left = sorted({*ended.tagged_escapees, *ended.surviving_descendants})
         return f"the tool left processes outside its group (found by its environment tag): {left}"
     if ended.exit_code != 0:
         return f"the tool exited {ended.exit_code}"
@@ -418,13 +401,5 @@ _EFFECTS: Final[Mapping[CorrectnessAction, Callable[[CorrectnessActor], Awaitabl
 }
 
 
-def check_handlers() -> None:
-    """Every state has its work and every action of the table its one effect handler."""
-    table = CORRECTNESS_TABLE
-    missing = {s.value for s in table.states if s != table.final and s not in _WORK}
-    missing |= {a.value for step in table.rows.values() for a in step.actions if a not in _EFFECTS}
-    if missing:
-        raise ValueError(f"correctness actor: no work or effect handler for {sorted(missing)}")
-
-
-check_handlers()
+# Checked here, at import: every state has its work, every action its one handler.
+_HANDLERS: Final = Handlers("correctness actor", CORRECTNESS_TABLE, _WORK, _EFFECTS)

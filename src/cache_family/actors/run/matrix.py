@@ -35,11 +35,12 @@ the progress lines and the final line say "(synthetic)".
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import secrets
 import signal
 import stat
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,40 +51,32 @@ import psutil
 import trio
 
 from cache_family import __version__
-from cache_family.actors.audit.head_signature import check_sign_key, head_line, sign_head
+from cache_family.actors.audit.run_files import bind_run_files
 from cache_family.actors.journal.writer import (
     JOURNAL_READ_LIMIT,
     JournalWriter,
     journal_path,
     publish_receipt,
 )
-from cache_family.actors.run.context import (
-    Budgets,
-    HostSettings,
-    RunContext,
-    RunStop,
-    thread_setting,
-)
+from cache_family.actors.run.context import HostSettings, RunContext, RunStop
 from cache_family.actors.run.prompts import PromptSelector
 from cache_family.actors.run.report_files import publish_report_files
-from cache_family.actors.run.row import RowActor, RowResult
-from cache_family.actors.run.self_calibration import calibrate_client
-from cache_family.console.progress import (
-    Mode,
-    RunProgress,
-    choose_mode,
-    run_progress_for,
+from cache_family.actors.run.row import RowActor
+from cache_family.actors.run.run_progress import (
+    RunProgressSink,
+    SilentRunProgress,
     synthetic_mark,
 )
-from cache_family.console.refusals import say_failed
+from cache_family.actors.run.self_calibration import calibrate_client
 from cache_family.errors import Refusal, Refused
-from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
     Cancellation,
     DeadlineExpired,
     InterruptFinishFailed,
     PlannedRowBrief,
+    RowsSelected,
+    RunFilesBound,
     RunResumed,
     RunStarted,
     UseCaseSourceBrief,
@@ -98,18 +91,24 @@ from cache_family.schemas.matrix import (
 from cache_family.schemas.prepared import (
     PREPARED_INPUT_MAX_BYTES,
     PreparedInput,
+    PreparedRow,
     decode_document,
 )
+from cache_family.schemas.row_result import RowResult
+from cache_family.states.budgets import Budgets
 from cache_family.states.fold import JournalIndex
 from cache_family.states.matrix import fold_matrix
+from cache_family.states.plans import thread_setting
 from cache_family.system import interrupts
-from cache_family.system.publish import fsync_dir, overlapping_trees, publish_fresh
+from cache_family.system.publish import (
+    fsync_dir,
+    overlapping_trees,
+    publish_fresh,
+    trees_holding,
+)
 
 # The run reads whatever preparation may publish, and no more.
 RUN_INPUT_MAX_BYTES: Final = PREPARED_INPUT_MAX_BYTES
-
-
-_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
 
 
 # --- admission ----------------------------------------------------------------------------------
@@ -122,6 +121,8 @@ class AdmittedRun:
     request_sha256: str
     output: str
     prompts: PromptSelector
+    # Journaled after run_started when the run runs only some rows (--rows, --shard).
+    selection: RowsSelected | None = None
 
 
 def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = None) -> AdmittedRun:
@@ -175,11 +176,9 @@ def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = N
     )
 
 
-def _output_overlaps(output: str, prepared: PreparedInput) -> list[Refusal]:
-    """An output inside the native build or the model cache (or holding one) changes pinned
-    bytes: every row would fail its own pin check. Refused as preparation refuses it."""
-    canonical = os.path.join(os.path.realpath(os.path.dirname(output)), os.path.basename(output))
-    guarded = [
+def guarded_trees(prepared: PreparedInput) -> list[tuple[str, str]]:
+    """(where, path) of every tree a run reads pinned bytes from: its output stays outside."""
+    return [
         ("$.native_build.path", prepared.native_build.path),
         ("$.cache_root", prepared.cache_root),
         *(
@@ -187,15 +186,39 @@ def _output_overlaps(output: str, prepared: PreparedInput) -> list[Refusal]:
             for name, toolkit in prepared.toolkit_directories.items()
         ),
     ]
-    return [
-        Refusal(
-            "run.output_not_disjoint",
-            "$.output",
-            f"output {canonical} overlaps {tree} (the prepared input's {where[2:]})",
-            "write the run outside the native build, the model cache and the toolkit trees",
-        )
-        for where, tree in overlapping_trees(canonical, guarded)
-    ]
+
+
+def _output_overlaps(output: str, prepared: PreparedInput) -> list[Refusal]:
+    """An output inside the native build or the model cache (or holding one) changes pinned
+    bytes: every row would fail its own pin check. Refused as preparation refuses it (by path
+    here; ``make_fresh_dir`` checks again by the identity of the parent it creates under)."""
+    try:
+        parent = os.path.realpath(os.path.dirname(output))
+        canonical = os.path.join(parent, os.path.basename(output))
+        overlaps = overlapping_trees(canonical, guarded_trees(prepared))
+    except OSError as exc:  # a link flipped while it was resolved
+        return [_parent_changed(output, exc)]
+    return [_not_disjoint(canonical, tree, where) for where, tree in overlaps]
+
+
+def _not_disjoint(output: str, tree: str, where: str) -> Refusal:
+    return Refusal(
+        "run.output_not_disjoint",
+        "$.output",
+        f"output {output} overlaps {tree} (the prepared input's {where[2:]})",
+        "write the run outside the native build, the model cache and the toolkit trees",
+    )
+
+
+def _parent_changed(output: str, exc: OSError) -> Refusal:
+    return Refusal(
+        "run.output_parent",
+        "$.output",
+        f"the parent of {output} is not a real directory, or changed while the run directory "
+        f"was made ({exc.strerror or exc})",
+        "give an output whose parent is a real directory (not a symlink) that nothing else "
+        "changes while the run starts",
+    )
 
 
 def _output_exists(output: str) -> Refusal:
@@ -266,9 +289,9 @@ class Resumption:
 async def supervise(
     admitted: AdmittedRun,
     hosts: HostSettings | None = None,
-    progress: RunProgress | None = None,
+    progress: RunProgressSink | None = None,
     resumption: Resumption | None = None,
-    early: interrupts.RunInterrupts | None = None,
+    early: interrupts.Latch | None = None,
 ) -> MatrixOutcome:
     """Run every row in order under the run's budgets and signals; publish the matrix.
 
@@ -279,9 +302,7 @@ async def supervise(
     signals that arrived before the receiver opened: the first is the run's cancellation."""
     prepared = admitted.prepared
     run_dir = admitted.output
-    progress = progress or RunProgress(
-        sys.stderr, len(prepared.rows), synthetic=prepared.catalog.synthetic
-    )
+    progress = progress or SilentRunProgress()
     # The display reads what the run journals: rows, cells, transitions, rungs.
     writer = JournalWriter(
         journal_path(run_dir), resume=resumption is not None, on_record=progress.record
@@ -301,9 +322,11 @@ async def supervise(
     seen = _Signals()
     receipt: MatrixReceipt | FailedMatrix | None = None
     head: str | None = None
-    originals: dict[int, SignalHandler] = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+    originals: dict[int, SignalHandler] = {
+        signum: signal.getsignal(signum) for signum in interrupts.SIGNALS
+    }
     try:
-        with trio.open_signal_receiver(*_SIGNALS) as signals:
+        with trio.open_signal_receiver(*interrupts.SIGNALS) as signals:
             async with trio.open_nursery() as writer_nursery:
                 await writer_nursery.start(writer.run)
                 try:
@@ -321,7 +344,7 @@ async def supervise(
                     with trio.CancelScope(shield=True):
                         await writer.aclose()
         # The receiver is closed: the displaced handlers are back.
-        restored = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+        restored = {signum: signal.getsignal(signum) for signum in interrupts.SIGNALS}
         if restored != originals:
             progress.note("interrupt finish: SIGINT/SIGTERM handlers were not restored")
     except Exception as exc:
@@ -343,7 +366,7 @@ async def supervise(
 async def _run_and_publish(
     admitted: AdmittedRun,
     ctx: RunContext,
-    progress: RunProgress,
+    progress: RunProgressSink,
     rows_scope: trio.CancelScope,
     watchers: trio.Nursery,
     seen: _Signals,
@@ -354,6 +377,8 @@ async def _run_and_publish(
     results: dict[int, RowResult] = {}
     if resumption is None:
         await writer.append(_run_started(admitted))
+        if admitted.selection is not None:
+            await writer.append(admitted.selection)
     else:
         await writer.append(resumption.record)
         await trio.to_thread.run_sync(_move_aside, ctx.run_dir, resumption.moves)
@@ -389,16 +414,20 @@ async def _run_and_publish(
 
 
 async def finish_run(writer: JournalWriter, run_dir: str) -> MatrixReceipt:
-    """How every run (and resumed run) ends: the report files, the matrix, then the seal;
+    """How every run (and resumed run) ends: the report files, the list of every file in
+    the run directory (``run_files``), the matrix, then the seal;
     afterwards nothing can be appended and ``writer.head_sha256`` is the journal's head."""
     await publish_report_files(writer, run_dir)
+    # Every file the run wrote, bound before the matrix (which its own publication binds).
+    files = await trio.to_thread.run_sync(bind_run_files, run_dir)
+    await writer.append(RunFilesBound(files=files))
     receipt = await publish_matrix_receipt(writer, run_dir)
     await writer.seal(matrix_status=receipt.status, terminal_refusal=receipt.terminal_refusal)
     return receipt
 
 
 async def _publish_failed(
-    admitted: AdmittedRun, detail: str, progress: RunProgress
+    admitted: AdmittedRun, detail: str, progress: RunProgressSink
 ) -> FailedMatrix:
     """The matrix of a run whose own pipeline failed (the reference's failed receipt)."""
     receipt = FailedMatrix(detail=detail[:2000], request_sha256=admitted.request_sha256)
@@ -470,30 +499,32 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
         cell_seconds=prepared.cell_seconds,
         request_timeout_ms=prepared.request_timeout_ms,
         operator_threads=threads,
-        planned_rows=tuple(
-            PlannedRowBrief(
-                index=row.index,
-                case=row.key,
-                prefix_tokens=row.prefix_tokens,
-                use_case=row.use_case,
-                model_status=row.model_observation.status,
-                output_relative=row.output_relative,
-                synthetic=row.synthetic,
-                family=row.family,
-                model_id=row.model_id,
-                payload=row.payload,
-                stage_load_mode=row.load_mode,
-                use_case_label=row.use_case_label,
-                resident_kv_bytes_per_token=row.kv_bytes_per_token,
-                use_case_source=_use_case_source(prepared, row.use_case),
-            )
-            for row in prepared.rows
-        ),
+        planned_rows=tuple(planned_brief(prepared, row) for row in prepared.rows),
         catalog_path=catalog.path,
         catalog_synthetic=catalog.synthetic,
         catalog_packaged=catalog.packaged,
         runner_pid=os.getpid(),
         runner_create_time=psutil.Process().create_time(),
+    )
+
+
+def planned_brief(prepared: PreparedInput, row: PreparedRow) -> PlannedRowBrief:
+    """One row of the plan as ``run_started`` (or ``rows_selected``) names it."""
+    return PlannedRowBrief(
+        index=row.index,
+        case=row.key,
+        prefix_tokens=row.prefix_tokens,
+        use_case=row.use_case,
+        model_status=row.model_observation.status,
+        output_relative=row.output_relative,
+        synthetic=row.synthetic,
+        family=row.family,
+        model_id=row.model_id,
+        payload=row.payload,
+        stage_load_mode=row.load_mode,
+        use_case_label=row.use_case_label,
+        resident_kv_bytes_per_token=row.kv_bytes_per_token,
+        use_case_source=_use_case_source(prepared, row.use_case),
     )
 
 
@@ -507,7 +538,7 @@ def _use_case_source(prepared: PreparedInput, key: str | None) -> UseCaseSourceB
     )
 
 
-async def _calibrate(ctx: RunContext, progress: RunProgress) -> None:
+async def _calibrate(ctx: RunContext, progress: RunProgressSink) -> None:
     """Before the first ladder: the client's own overhead on this machine, journaled (the
     matrix receipt reports it, and every rung's receipt is judged against it)."""
     calibrated = await calibrate_client()
@@ -518,7 +549,7 @@ async def _calibrate(ctx: RunContext, progress: RunProgress) -> None:
 
 
 async def _rows(
-    admitted: AdmittedRun, ctx: RunContext, progress: RunProgress, results: dict[int, RowResult]
+    admitted: AdmittedRun, ctx: RunContext, progress: RunProgressSink, results: dict[int, RowResult]
 ) -> None:
     for row in admitted.prepared.rows:
         if row.index in results:
@@ -538,9 +569,9 @@ async def _watch_signals(
     signals: Any,
     ctx: RunContext,
     rows_scope: trio.CancelScope,
-    progress: RunProgress,
+    progress: RunProgressSink,
     seen: _Signals,
-    early: interrupts.RunInterrupts | None = None,
+    early: interrupts.Latch | None = None,
 ) -> None:
     async for name in _signal_names(signals, early):
         seen.received += 1
@@ -563,7 +594,7 @@ async def _watch_signals(
             progress.note(f"{name} again: shortening the hosts' SIGTERM grace")
 
 
-async def _signal_names(signals: Any, early: interrupts.RunInterrupts | None) -> AsyncIterator[str]:
+async def _signal_names(signals: Any, early: interrupts.Latch | None) -> AsyncIterator[str]:
     """The signals held from before the receiver opened, then the receiver's. The watcher
     starts once run_started (or run_resumed) is stamped, so an early one is journaled after
     it, as the run's first cancellation."""
@@ -576,7 +607,7 @@ async def _signal_names(signals: Any, early: interrupts.RunInterrupts | None) ->
 async def _watch_deadline(
     ctx: RunContext,
     rows_scope: trio.CancelScope,
-    progress: RunProgress,
+    progress: RunProgressSink,
     deadline_scope: trio.CancelScope,
 ) -> None:
     with deadline_scope:
@@ -590,139 +621,7 @@ async def _watch_deadline(
             progress.note("execution deadline reached: stopping the run")
 
 
-# --- the command ----------------------------------------------------------------------------------
-
-
-def run_command(
-    input: str, output: str, *, sign_key: str | None = None, mode: Mode | None = None
-) -> int:
-    """The ``run`` verb: admit, create the fresh output, supervise, publish; the exit code."""
-    with interrupts.held():
-        try:
-            admitted = admit_run(input, output)
-            if sign_key is not None:
-                check_sign_key(sign_key)
-            _make_fresh_dir(admitted.output)
-        except Refused as refused:
-            for refusal in refused.refusals:
-                print(f"refused: {refusal.line()}", file=sys.stderr)
-            say_failed(
-                sys.stderr,
-                "run",
-                f"the run was refused ({len(refused.refusals)} refusal(s) above)",
-                f"{input}; nothing was written under {output}",
-                "fix what each refusal names (its hint), then run again",
-            )
-            return ExitCode.REFUSED
-        return supervise_command(admitted, sign_key=sign_key, mode=mode)
-
-
-def supervise_command(
-    admitted: AdmittedRun,
-    resumption: Resumption | None = None,
-    *,
-    sign_key: str | None = None,
-    mode: Mode | None = None,
-) -> int:
-    """Supervise an admitted run (fresh, or resumed) and print its last lines; the exit code.
-
-    ``mode`` is how progress is shown (default: rich on a terminal, else plain lines). With
-    ``sign_key`` the sealed head is signed (``journal.head.sig``) before it is printed. Any
-    SIGINT/SIGTERM, whenever it came, makes it 130; none ends the process."""
-    with interrupts.held() as latch:
-        code = _supervise_and_print(admitted, resumption, latch, sign_key=sign_key, mode=mode)
-        late = latch.take()
-    for name in late:
-        print(f"{name} after the matrix was published: the run had finished", file=sys.stderr)
-    return ExitCode.INTERRUPTED if late else code
-
-
-def _supervise_and_print(
-    admitted: AdmittedRun,
-    resumption: Resumption | None,
-    latch: interrupts.RunInterrupts,
-    *,
-    sign_key: str | None,
-    mode: Mode | None,
-) -> int:
-    synthetic = admitted.prepared.catalog.synthetic
-    progress = run_progress_for(
-        mode or choose_mode(sys.stderr),
-        sys.stderr,
-        len(admitted.prepared.rows),
-        synthetic=synthetic,
-    )
-    run_dir = admitted.output
-    matrix = os.path.join(run_dir, MATRIX_FILENAME)
-    try:
-        outcome = trio.run(supervise, admitted, None, progress, resumption, latch)
-    except BaseException as exc:
-        if not is_interrupt(exc):
-            raise
-        # Only a caller that put Python's SIGINT handler back over the run's latch gets here:
-        # a matrix receipt is on disk either way.
-        if not os.path.lexists(matrix):
-            failed = FailedMatrix(
-                detail="interrupted before the run began", request_sha256=admitted.request_sha256
-            )
-            try:
-                publish_fresh(matrix, encode_matrix(failed))
-            except OSError as exc:
-                print(f"interrupted: {unwritten_matrix(admitted, exc.strerror)}", file=sys.stderr)
-                _say_interrupted(run_dir, run_dir)
-                progress.finished("interrupted", None, None, ExitCode.INTERRUPTED)
-                return ExitCode.INTERRUPTED
-        print(f"interrupted: {matrix}", file=sys.stderr)
-        _say_interrupted(matrix, run_dir)
-        progress.finished("interrupted", matrix, None, ExitCode.INTERRUPTED)
-        return ExitCode.INTERRUPTED
-    written = os.path.isfile(matrix)
-    signed = True
-    if written and outcome.journal_head is not None:
-        signed = _sign(admitted.output, sign_key, outcome.journal_head)
-    if outcome.interrupted:
-        code = ExitCode.INTERRUPTED
-    elif not signed:  # the head's signature was asked for and is missing: not a clean run
-        code = ExitCode.NOT_COMPLETED
-    else:
-        code = ExitCode.COMPLETED if outcome.status == "completed" else ExitCode.NOT_COMPLETED
-    if progress.result_lines:
-        if written:
-            print(final_line(admitted, outcome))
-            if outcome.journal_head is not None:
-                print(head_line(outcome.journal_head), flush=True)
-        else:  # a full disk, say: the failure was reported above; name no missing file
-            print(f"{outcome.status}: {unwritten_matrix(admitted, None)}", flush=True)
-    if code == ExitCode.INTERRUPTED:
-        _say_interrupted(matrix if written else run_dir, run_dir)
-    elif code != ExitCode.COMPLETED:
-        say_failed(
-            sys.stderr,
-            "run",
-            f"the matrix is {outcome.status}{_why(outcome.receipt)}",
-            (matrix if written else run_dir) + "; each row's row.json and logs are beside it",
-            f"read each row's status and reason there (`cache-family report-run {run_dir}` "
-            f"renders them; `cache-family replay {run_dir}` verifies the receipts), fix the "
-            "cause, then run again into a fresh --output",
-        )
-    progress.finished(outcome.status, matrix if written else None, outcome.journal_head, code)
-    return code
-
-
-def _why(receipt: MatrixReceipt | FailedMatrix) -> str:
-    if isinstance(receipt, FailedMatrix):
-        return f" ({receipt.detail})"
-    return f" ({receipt.terminal_refusal})" if receipt.terminal_refusal else ""
-
-
-def _say_interrupted(evidence: str, run_dir: str) -> None:
-    say_failed(
-        sys.stderr,
-        "run",
-        "interrupted by a signal; the hosts were cleaned up",
-        evidence,
-        f"`cache-family run --resume {run_dir}` continues the run (completed rows are kept)",
-    )
+# --- what the command says about it (console/commands.py prints) ----------------------
 
 
 def is_interrupt(exc: BaseException) -> bool:
@@ -738,21 +637,6 @@ def final_line(admitted: AdmittedRun, outcome: MatrixOutcome) -> str:
     catalog was synthetic."""
     matrix = os.path.join(admitted.output, MATRIX_FILENAME)
     return f"{outcome.status}: {matrix}{synthetic_mark(admitted.prepared.catalog.synthetic)}"
-
-
-def _sign(run_dir: str, sign_key: str | None, head: str) -> bool:
-    """Sign the head when asked; False (said on stderr) when the signature was not written.
-    The receipts stand either way: only the head's signature is missing."""
-    if sign_key is None:
-        return True
-    try:
-        path = sign_head(run_dir, sign_key, head)
-    except Refused as refused:
-        for refusal in refused.refusals:
-            print(f"refused: {refusal.line()}", file=sys.stderr)
-        return False
-    print(f"journal head signed: {path}", file=sys.stderr)
-    return True
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -772,15 +656,47 @@ def unwritten_matrix(admitted: AdmittedRun, reason: str | None) -> str:
     )
 
 
-def _make_fresh_dir(path: str) -> None:
+def make_fresh_dir(path: str, guarded: Sequence[tuple[str, str]] = ()) -> None:
+    """Create the run directory ``path`` (absolute, normalized), fresh.
+
+    Its parent is opened once as a directory descriptor without following a link; that
+    directory's identity, not its path, is checked against the ``guarded`` trees, the run
+    directory is made under the descriptor, and the path is then checked to name what was
+    made (a parent flipped to a symlink meanwhile is refused, and what was made removed).
+    Every OSError is a typed refusal."""
+    parent, name = os.path.split(path)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        os.mkdir(path, 0o755)
-    except FileExistsError:
-        raise Refused((_output_exists(path),)) from None
+        parent_fd = os.open(parent, flags)
     except OSError as exc:
-        raise Refused.one(
-            "run.output_unwritable",
-            "$.output",
-            f"cannot create {path}: {exc.strerror}",
-            "check the parent directory's permissions",
-        ) from None
+        raise Refused((_parent_changed(path, exc),)) from None
+    try:
+        try:
+            inside = trees_holding(parent_fd, guarded)
+        except OSError as exc:
+            raise Refused((_parent_changed(path, exc),)) from None
+        if inside:
+            raise Refused(tuple(_not_disjoint(path, tree, where) for where, tree in inside))
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        except FileExistsError:
+            raise Refused((_output_exists(path),)) from None
+        except OSError as exc:
+            raise Refused.one(
+                "run.output_unwritable",
+                "$.output",
+                f"cannot create {path}: {exc.strerror}",
+                "check the parent directory's permissions",
+            ) from None
+        try:
+            made = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+            named = os.stat(path)
+            problem = None if os.path.samestat(made, named) else OSError(errno.EXDEV, "moved")
+        except OSError as exc:
+            problem = exc
+        if problem is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=parent_fd)
+            raise Refused((_parent_changed(path, problem),)) from None
+    finally:
+        os.close(parent_fd)

@@ -19,8 +19,8 @@ a write to a copy or a replaced copy between two cells is still found:
 What is still read by path after the check: libraries the loader finds outside the build
 (toolkit trees, the system's, an absolute RUNPATH of a binary outside the build); the model
 and its shards (mmapped by the host: a model flipped and flipped back during the ladder is
-outside what pins can see); toolkit trees; and a stage server's help probes, which run the
-original binary between two checks of its pin (once per run per pinned binary).
+outside what pins can see, but watched during the cell: ``pin_watch``); and toolkit trees.
+A stage server's help probes run the private copy too, between two checks of its pin.
 """
 
 from __future__ import annotations

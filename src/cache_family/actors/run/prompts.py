@@ -8,6 +8,7 @@ one, as preparation copied it from the pinned corpus into the prepared input.
 ``choose`` is the corpus-derived source of a prompt cut by a host's tokenizer to the row's
 prefix plus one suffix token (``actors/run/load.py``): a use-case row's prompt, else the FIRST
 entry of the packaged corpus. Loading a corpus is bounded and checked against its pin once.
+(``PromptChoice`` and ``accepted_prompt`` are plain data in ``states/plans.py``.)
 """
 
 from __future__ import annotations
@@ -17,34 +18,7 @@ from dataclasses import dataclass, field
 from cache_family.errors import Refused
 from cache_family.schemas.corpus import LoadedCorpus, default_corpus_path, load_corpus
 from cache_family.schemas.prepared import CorpusUsed, PreparedInput, PreparedRow, UseCaseRecord
-
-# Journaled as the prompt's origin, so a reader knows why this text was used.
-SOURCE_USE_CASE = "use-case"
-SOURCE_FIXED_CORPUS_ENTRY = "fixed-corpus-entry"
-SOURCE_CORRECTNESS = "correctness-benchmark-prompt"
-
-
-@dataclass(frozen=True, slots=True)
-class PromptChoice:
-    """The source text of one row's benchmark prompt and where it came from."""
-
-    text: str
-    source: str  # correctness-benchmark-prompt | use-case | fixed-corpus-entry
-    corpus_path: str
-    corpus_sha256: str
-    entry_key: str
-
-    @property
-    def label(self) -> str:
-        """The origin in one line, e.g. ``fixed-corpus-entry tool_calling@/…/use-cases.json``."""
-        return f"{self.source} {self.entry_key}@{self.corpus_path}"
-
-
-def accepted_prompt(text: str, topology: str) -> PromptChoice:
-    """The correctness arm's accepted benchmark prompt, used as is (never cut again)."""
-    return PromptChoice(
-        text=text, source=SOURCE_CORRECTNESS, corpus_path="", corpus_sha256="", entry_key=topology
-    )
+from cache_family.states.plans import SOURCE_FIXED_CORPUS_ENTRY, SOURCE_USE_CASE, PromptChoice
 
 
 @dataclass(slots=True)

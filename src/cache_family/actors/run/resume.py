@@ -1,15 +1,19 @@
 """``cache-family run --resume RUN_DIR``: continue a run whose runner died or was stopped.
 
 Admission (refusals exit 2, nothing is touched):
-  * the journal's trusted lines hold a ``run_started``; an edited or reordered journal is
-    refused, a torn last line (the runner died mid-write) is cut off and journaled;
+  * the command holds the run directory's lock (``system/run_lock.py``; ``run.locked``
+    naming the holder's pid otherwise), taken before the journal is read;
+  * the journal's trusted lines hold a ``run_started``; an edited or reordered journal, or
+    one whose seals do not hold, is refused; a torn last line (the runner died mid-write) is
+    cut off and journaled;
   * a journal sealed without a terminal refusal is a finished run and is refused; one sealed
     after a cancellation, a deadline expiry or a failed interrupt-finish may be resumed;
   * the runner of the journal (``run_started``, or the latest ``run_resumed``) is dead
     (``replay.reap.run_alive`` otherwise, as for ``replay --reap``);
   * the prepared input named in ``run_started`` still has the bytes the run was admitted with.
 
-Then the journaled children still alive are reaped (replay's reap), and every planned row is
+Then the journaled children still alive are reaped (replay's reap: only processes carrying
+the run's environment tag), and every planned row is
 kept or re-run. A row is kept when its model was missing (nothing to run) or when its last
 ``row.json`` publication folds to ``completed``, every receipt it published is on disk with
 the journaled bytes, and the pins of its case's host profiles (server binaries, build tree,
@@ -22,43 +26,37 @@ superseded ones included.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import sys
 from pathlib import Path
 from typing import Final
 
 import psutil
 import trio
 
-from cache_family.actors.audit.head_signature import check_sign_key
 from cache_family.actors.audit.replay import ReplayReport, reap_children, refuse_while_runner_lives
 from cache_family.actors.journal.writer import JOURNAL_READ_LIMIT, journal_path
-from cache_family.actors.run.cell import pin_targets
-from cache_family.actors.run.context import PinTarget, hash_pins
-from cache_family.actors.run.matrix import (
-    AdmittedRun,
-    Resumption,
-    supervise_command,
-)
+from cache_family.actors.run.context import hash_pins
+from cache_family.actors.run.matrix import AdmittedRun, Resumption
 from cache_family.actors.run.prompts import PromptSelector
-from cache_family.console.progress import Mode
-from cache_family.console.refusals import say_failed
 from cache_family.errors import Refused
-from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
     JournalLine,
     JournalSealed,
     ReceiptPublished,
     RowOpened,
+    RowsSelected,
     RunResumed,
     RunStarted,
     read_journal,
+    seal_problems,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
 from cache_family.schemas.production import PRODUCTION_JSON, PRODUCTION_MD
 from cache_family.states.fold import JournalIndex, fold_row
+from cache_family.states.plans import PinTarget, pin_targets
 
 SUPERSEDED_DIR: Final = "superseded"
 # Hashing every kept row's pins again is bounded like a cell's pin check.
@@ -83,6 +81,10 @@ def _read(run_dir: str) -> tuple[tuple[JournalLine, ...], int]:
         if read.chain_break.code != "journal.line.torn":
             raise Refused((read.chain_break.refusal(),))
         torn = len(raw.data) - (raw.data.rfind(b"\n") + 1)
+    # A journal whose seals do not hold may not steer the reaper or the rows kept.
+    problems = seal_problems(raw.data, read)
+    if problems:
+        raise Refused(tuple(problems))
     if not read.lines or not isinstance(read.lines[0].record, RunStarted):
         raise _refused(
             "run.resume.not_a_run",
@@ -186,6 +188,15 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
     started = lines[0].record
     assert isinstance(started, RunStarted)
     admitted = _admit_input(root, started)
+    selected = next(
+        (line.record for line in lines[1:2] if isinstance(line.record, RowsSelected)), None
+    )
+    if selected is not None:  # a run of some rows (--rows, --shard) resumes those rows only
+        planned = {brief.index for brief in started.planned_rows}
+        rows = [row for row in admitted.prepared.rows if row.index in planned]
+        admitted = dataclasses.replace(
+            admitted, prepared=admitted.prepared.model_copy(update={"rows": rows})
+        )
     kept, to_verify = _completed_rows(root, lines, admitted.prepared)
 
     async def verify() -> set[int]:
@@ -225,26 +236,3 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
     )
     notes.say(f"resume: keeping rows {sorted(kept)}, re-running rows {[r.index for r in rerun]}")
     return admitted, resumption, notes.lines
-
-
-def resume_command(run_dir: str, *, sign_key: str | None = None, mode: Mode | None = None) -> int:
-    """The ``run --resume`` verb; exit codes as ``run``'s (``mode``: how progress shows)."""
-    try:
-        if sign_key is not None:
-            check_sign_key(sign_key)
-        admitted, resumption, notes = plan_resumption(run_dir)
-    except Refused as refused:
-        for refusal in refused.refusals:
-            print(f"refused: {refusal.line()}", file=sys.stderr)
-        say_failed(
-            sys.stderr,
-            "run --resume",
-            f"the run cannot be resumed ({len(refused.refusals)} refusal(s) above)",
-            f"{run_dir}; nothing in it was changed",
-            f"fix what each refusal names, or check it with `cache-family replay {run_dir}`; "
-            "a run that cannot be resumed is rerun into a fresh --output",
-        )
-        return ExitCode.REFUSED
-    for note in notes:
-        print(note, file=sys.stderr)
-    return supervise_command(admitted, resumption, sign_key=sign_key, mode=mode)

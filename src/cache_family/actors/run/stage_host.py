@@ -2,15 +2,22 @@
 
 The dialect is read from the binary's own help (reference ``skippy_cli_admission``): ``<bin>
 serve --help`` exiting 0 is the current dialect, else ``<bin> serve-openai --help`` exiting 0
-the legacy one, else the binary is refused. Each probe is capped at 5 s; the binary's pin is
-re-checked around the probes, so the dialect is the pinned bytes' (the cell actor reads it
-once per run for each pinned binary).
+the legacy one, else the binary is refused. The cell actor reads it once per run for each
+pinned binary, from the row's private copy (``private_exec``) whose pin is re-checked around
+every probe, so the dialect is the pinned bytes' and never those of whatever the operator's
+path names at that moment.
+
+A probe is a child in custody like a host: its own process group, the cell's environment tag,
+journaled before it runs, capped at 5 s, its group ended and every process still carrying the
+tag swept once it ends. What it left running (a ``sleep &`` in the group, a daemon that left
+it, anything SIGKILL did not end) is ended and reported (``CliAdmitted.left_behind``): the
+cell actor then faults every cell that relies on that admission.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -20,8 +27,12 @@ import trio
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import HostDialect
 from cache_family.schemas.stage_server import CURRENT_COMMAND, LEGACY_COMMAND
+from cache_family.system.child import ChildCommand, ChildEnded, ChildRunner, OnSpawn
 
 PROBE_SECONDS: Final = 5.0
+# A help probe has nothing to save: a short grace before SIGKILL.
+PROBE_GRACE_SECONDS: Final = 1.0
+PROBE_KILL_WAIT_SECONDS: Final = 1.0
 PROBE_OUTPUT_LIMIT: Final = 1024 * 1024
 STAGE_CONFIG_NAME: Final = "stage.json"
 CLI_ADMISSION_NAME: Final = "cli-admission.json"
@@ -37,6 +48,25 @@ class Probe:
     command: str
     exit_code: int | None  # None: it did not end within its cap
     utf8: bool
+    # How the probe's process ended (None: a probe not run as a supervised child, in tests).
+    ended: ChildEnded | None = None
+
+    @property
+    def left_behind(self) -> str:
+        """What the probe left running or could not end gracefully ("" when nothing)."""
+        ended = self.ended
+        if ended is None:
+            return ""
+        found = []
+        if ended.outlived_by_group:
+            found.append("its process group still ran after it exited")
+        if ended.tagged_escapees:
+            found.append(f"processes left its group: {list(ended.tagged_escapees)}")
+        if ended.surviving_descendants:
+            found.append(f"processes survived SIGKILL: {list(ended.surviving_descendants)}")
+        if ended.forced:
+            found.append("its group needed SIGKILL")
+        return f"`{self.command} --help`: {'; '.join(found)}" if found else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +78,12 @@ class CliAdmitted:
     def command(self) -> str:
         return CURRENT_COMMAND if self.dialect == "current" else LEGACY_COMMAND
 
+    @property
+    def left_behind(self) -> str:
+        """What the probes left running ("" when nothing): the cells that rely on this
+        admission are not to be trusted (they are faulted)."""
+        return "; ".join(found for probe in self.probes if (found := probe.left_behind))
+
 
 def _refused(binary: str, why: str) -> Refused:
     return Refused.one(
@@ -58,47 +94,85 @@ def _refused(binary: str, why: str) -> Refused:
     )
 
 
-async def _probe(binary: str, command: str, env: Mapping[str, str], cwd: str) -> Probe:
-    exit_code: int | None = None
-    utf8 = True
-    with trio.move_on_after(PROBE_SECONDS):
-        done = await trio.run_process(
-            [binary, command, "--help"],
-            stdin=subprocess.DEVNULL,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=dict(env),
-            cwd=cwd,
-        )
-        exit_code = done.returncode
-        for stream in (done.stdout, done.stderr):
-            try:
-                stream[:PROBE_OUTPUT_LIMIT].decode("utf-8")
-            except UnicodeDecodeError:
-                utf8 = False
-    return Probe(command, exit_code, utf8)
+@dataclass(frozen=True, slots=True)
+class ProbeCustody:
+    """How the probes run: ``runner`` (``system.child.run_child``) under the cell's
+    ``process_tag``, each child journaled by ``on_spawn(argv, pid, create_time)`` before it
+    runs, with its logs and working directory in the private ``probe_dir``."""
+
+    runner: ChildRunner
+    process_tag: str
+    probe_dir: str
+    on_spawn: Callable[[tuple[str, ...], int, float], Awaitable[None]]
+
+
+async def _probe(
+    binary: str, command: str, env: Mapping[str, str], custody: ProbeCustody, shown_as: str
+) -> Probe:
+    argv = (binary, command, "--help")
+    logs = [os.path.join(custody.probe_dir, f"{command}.{name}.log") for name in ("out", "err")]
+
+    async def spawned(pid: int, create_time: float) -> None:
+        await custody.on_spawn(argv, pid, create_time)
+
+    on_spawn: OnSpawn = spawned
+    ended = await custody.runner(
+        ChildCommand(
+            argv=argv,
+            env=env,
+            cwd=custody.probe_dir,
+            stdout_path=logs[0],
+            stderr_path=logs[1],
+            deadline=trio.current_time() + PROBE_SECONDS,
+            grace_seconds=PROBE_GRACE_SECONDS,
+            kill_wait_seconds=PROBE_KILL_WAIT_SECONDS,
+            process_tag=custody.process_tag,
+        ),
+        on_spawn,
+    )
+    if ended.spawn_error is not None:
+        raise _refused(shown_as, ended.spawn_error)
+    utf8 = all(_utf8(path) for path in logs)
+    exit_code = None if ended.timed_out else ended.exit_code
+    return Probe(command, exit_code, utf8, ended)
+
+
+def _utf8(path: str) -> bool:
+    try:
+        with open(path, "rb") as log:
+            log.read(PROBE_OUTPUT_LIMIT).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    except OSError:
+        return True  # the probe removed its own log: nothing left to judge
+    return True
 
 
 async def admit_cli(
     binary: str,
     env: Mapping[str, str],
-    cwd: str,
+    custody: ProbeCustody,
     same_bytes: Callable[[], Awaitable[bool]],
+    *,
+    pinned: str = "",
 ) -> CliAdmitted:
-    """The dialect of ``binary``, or ``stage.cli_refused``."""
+    """The dialect of ``binary`` (the private copy whose pin ``same_bytes`` checks), or
+    ``stage.cli_refused`` naming ``pinned`` (the operator's path); the probes run in
+    ``custody``."""
+    shown_as = pinned or binary
     probes: list[Probe] = []
     for command, dialect in ((CURRENT_COMMAND, "current"), (LEGACY_COMMAND, "legacy")):
         if not await same_bytes():
-            raise _refused(binary, "its bytes differ from the pinned stage server")
-        probe = await _probe(binary, command, env, cwd)
+            raise _refused(shown_as, "its bytes differ from the pinned stage server")
+        probe = await _probe(binary, command, env, custody, shown_as)
         probes.append(probe)
         if not await same_bytes():
-            raise _refused(binary, "its bytes changed while its help was read")
+            raise _refused(shown_as, "its bytes changed while its help was read")
         if probe.exit_code == 0 and probe.utf8:
             return CliAdmitted(dialect, tuple(probes))  # type: ignore[arg-type]
     shown = ", ".join(f"`{p.command} --help` exit {p.exit_code}" for p in probes)
-    raise _refused(binary, f"neither dialect answers ({shown})")
+    left = "; ".join(found for p in probes if (found := p.left_behind))
+    raise _refused(shown_as, f"neither dialect answers ({shown})" + (f"; {left}" if left else ""))
 
 
 def cli_admission_document(binary: str, binary_sha256: str, admitted: CliAdmitted) -> bytes:

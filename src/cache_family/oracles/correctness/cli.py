@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from cache_family.errors import Refusal, Refused
-from cache_family.oracles import llama_bindings, native_build
+from cache_family.oracles import llama_bindings
 from cache_family.oracles.correctness.report import (
     HIT_LOGITS_TOLERANCE,
     _finite,
@@ -43,6 +43,7 @@ from cache_family.states.handoff import (
     PROMPT_TEXT_MAX_BYTES,
     topology_of,
 )
+from cache_family.system.hashing import sha256_file
 
 COMMAND: Final = "state-handoff"
 MAX_REPEATS: Final = 10_000
@@ -380,7 +381,7 @@ def state_handoff(args: HandoffArgs) -> dict[str, Any]:
                 model_path, layer_count = _join_package(args.model, Path(scratch))
                 seen.package = {
                     "root": str(args.model.resolve()),
-                    "manifest_sha256": native_build.sha256_file(args.model / PACKAGE_MANIFEST),
+                    "manifest_sha256": sha256_file(args.model / PACKAGE_MANIFEST),
                     "layer_count": layer_count,
                     "loaded_as": "parts joined into one temporary GGUF",
                 }

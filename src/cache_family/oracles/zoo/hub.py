@@ -16,7 +16,6 @@ refusal (``zoo.cache_root_not_ours``), a failed write another (``zoo.write_faile
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import stat
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from cache_family.errors import Refusal, Refused
+from cache_family.system.hashing import sha256_file
 from cache_family.system.publish import replace_atomically, replace_with_symlink
 
 _REPO_DIR = re.compile(r"^models--[^/]+--[^/]+$")
@@ -61,14 +61,6 @@ class HubFile:
     blob_path: str  # relative to the cache root
     sha256: str
     size: int
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def place_in_snapshot(target: SnapshotPath, staging: Path, file: Path) -> PurePosixPath:

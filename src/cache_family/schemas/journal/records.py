@@ -10,6 +10,8 @@ from typing import ClassVar, Final, TypeAlias, get_args
 
 import msgspec
 
+from cache_family.schemas import arms
+from cache_family.schemas.host_identity import HostIdentity
 from cache_family.schemas.measurement import (
     CacheExpectation,
     ClientCalibration,
@@ -110,6 +112,25 @@ class RunStarted(_Record, tag="run_started", frozen=True, kw_only=True):
     runner_create_time: float | None = None
 
 
+class RowsSelected(_Record, tag="rows_selected", frozen=True, kw_only=True):
+    """The run runs only some rows of its prepared input (``run --rows`` or ``--shard``);
+    journaled right after ``run_started``, only then, so a whole run's journal is unchanged.
+
+    It binds the prepared input's bytes and the row set: ``run_started.planned_rows`` holds the
+    selected rows and ``unselected_rows`` the rest of the plan, so a campaign merging shards
+    knows the whole plan from any one of them. Keys are ``states/selection.row_key``'s."""
+
+    durable: ClassVar[bool] = True
+    prepared_sha256: str
+    how: str  # rows | shard
+    row_keys: tuple[str, ...]
+    shard_index: int | None = None
+    shard_count: int | None = None
+    unselected_rows: tuple[PlannedRowBrief, ...] = ()
+    # The machine that ran the selected rows (the campaign's merge names it for each row).
+    host: HostIdentity | None = None
+
+
 class Cancellation(_Record, tag="cancellation", frozen=True, kw_only=True):
     """Cancellation seen (SIGINT/SIGTERM). ``cell_id`` None: the whole run."""
 
@@ -163,8 +184,8 @@ class RowOpened(_Record, tag="row_opened", frozen=True, kw_only=True):
 
 # ``CellOpened.cohort``: llama-server's own /completion, or a stage server's OpenAI chat (whose
 # rungs keep per-request digests for parity).
-COHORT_NATIVE: Final = "native"
-COHORT_OPENAI: Final = "openai"
+COHORT_NATIVE: Final = arms.COHORT_NATIVE
+COHORT_OPENAI: Final = arms.COHORT_OPENAI
 
 
 class CellOpened(_Record, tag="cell_opened", frozen=True, kw_only=True):
@@ -390,6 +411,24 @@ class ReportFailed(_Record, tag="report_failed", frozen=True, kw_only=True):
     detail: str = ""
 
 
+class BoundFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One file of the run directory as it stood when the run bound its files."""
+
+    path: str  # relative to the run directory
+    sha256: str
+    size: int
+
+
+class RunFilesBound(_Record, tag="run_files", frozen=True, kw_only=True):
+    """Every file the run wrote into its directory, by SHA-256, journaled just before the
+    matrix's publication (the matrix is bound by its own ``receipt_published``). Replay finds
+    an edited, missing or extra file against the last of these (``actors/audit/run_files.py``).
+    Journals from before this record bind no file list."""
+
+    durable: ClassVar[bool] = True
+    files: tuple[BoundFile, ...] = ()
+
+
 class JournalSealed(_Record, tag="journal_sealed", frozen=True, kw_only=True):
     """The last line of a finished journal (segment), anchoring every byte before it.
 
@@ -486,11 +525,13 @@ Record: TypeAlias = (
     | ReceiptPublished
     | RunResumed
     | ReportFailed
+    | RunFilesBound
     | JournalSealed
     | CorrectnessTopologyRan
     | CorrectnessVerdict
     | CliAdmission
     | ClientCalibrated
+    | RowsSelected
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.

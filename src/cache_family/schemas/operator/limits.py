@@ -17,6 +17,9 @@ DOCUMENT_MAX_BYTES: Final = 1024 * 1024
 # any honest mistake while keeping every document's validation work bounded.
 JSON_MAX_DEPTH: Final = 32
 JSON_MAX_ENTRIES: Final = 1024
+# A valid document holds a few hundred values; past this many, checking each one (a refusal
+# per bad value, 130,000 from one 1 MiB input) is work the verdict does not need.
+JSON_MAX_VALUES: Final = 4096
 PATH_MAX_BYTES: Final = 4096
 U32_MAX: Final = 2**32 - 1
 I32_MAX: Final = 2**31 - 1

@@ -18,7 +18,7 @@ from typing import Any, Final, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from cache_family.errors import Refusal, Refused, json_path
+from cache_family.errors import Refusal, RefusalCap, Refused, json_path
 from cache_family.schemas.json_shape import containers
 from cache_family.schemas.operator.cross_checks import (
     _operator_cross_entry,
@@ -29,6 +29,7 @@ from cache_family.schemas.operator.limits import (
     DOCUMENT_MAX_BYTES,
     JSON_MAX_DEPTH,
     JSON_MAX_ENTRIES,
+    JSON_MAX_VALUES,
     Loc,
 )
 from cache_family.schemas.operator.models import _PASS_TWO_DONE, OperatorInput, PlanInput
@@ -116,9 +117,21 @@ def _order(loc: Loc) -> tuple[int, int]:
     return top, inner
 
 
+def _capped() -> RefusalCap:
+    return RefusalCap("operator.more_refusals", default_hint("operator.more_refusals"))
+
+
+def _group(loc: Loc) -> str:
+    """Refusals are capped per code under each top-level member (the document's own: "$")."""
+    return json_path(loc[:1]) if len(loc) > 1 else "$"
+
+
 def _ordered(found: Sequence[tuple[Loc, Refusal]]) -> tuple[Refusal, ...]:
-    unique = dict.fromkeys(sorted(found, key=lambda item: _order(item[0])))
-    return tuple(r for _, r in unique)
+    """In document order, at most a few of each code under each top-level member."""
+    cap = _capped()
+    for loc, refusal in dict.fromkeys(sorted(found, key=lambda item: _order(item[0]))):
+        cap.add(refusal, _group(loc))
+    return cap.refusals()
 
 
 def _pass_one(
@@ -153,14 +166,18 @@ def _bounded_shape(root: object, base: Loc) -> tuple[object, list[tuple[Loc, Ref
     Every later step (surrogate cleaning, pydantic, the cross-entry rules, one refusal per
     bad entry) is linear in what it is given; without this a 1 MiB array of bad entries
     produced half a million refusals, and a few hundred nested arrays a RecursionError.
-    Too deep refuses the document outright; an over-long container is refused and only
-    its first JSON_MAX_ENTRIES entries are checked further.
+    Too deep refuses the document outright, and so do more than JSON_MAX_VALUES values in
+    all (many containers of bad entries: pydantic alone took 230 MB to list their errors);
+    an over-long container is refused and only its first JSON_MAX_ENTRIES entries are
+    checked further.
     """
     found: list[tuple[Loc, Refusal]] = []
+    values = 0
     for node, loc, depth in _containers(root, base):
         if depth > JSON_MAX_DEPTH:
             message = f"the document nests deeper than {JSON_MAX_DEPTH} levels here"
             raise Refused((_refusal("operator.json.too_deep", loc, message)[1],))
+        values += min(len(node), JSON_MAX_ENTRIES)
         if len(node) > JSON_MAX_ENTRIES:
             what = "array" if isinstance(node, list) else "object"
             found.append(
@@ -171,6 +188,12 @@ def _bounded_shape(root: object, base: Loc) -> tuple[object, list[tuple[Loc, Ref
                     f"only the first {JSON_MAX_ENTRIES} were checked",
                 )
             )
+    if values > JSON_MAX_VALUES:
+        message = (
+            f"the document's arrays and objects hold more than {JSON_MAX_VALUES} values "
+            f"({values} counted); none was checked further"
+        )
+        raise Refused((_refusal("operator.json.too_many_values", base, message)[1],))
     return (_truncated(root) if found else root), found
 
 
@@ -283,17 +306,15 @@ def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _repeated_members(root: object) -> list[Refusal]:
-    out = [
-        _refusal(
-            "operator.json.duplicate_key",
-            (*loc, name),
-            f"member {name!r} appears more than once",
-        )[1]
-        for node, loc, _ in _containers(root, ())
-        for name in getattr(node, "repeated", ())
-    ]
-    return sorted(out, key=lambda r: r.path)
+def _repeated_members(root: object) -> tuple[Refusal, ...]:
+    cap = _capped()
+    for node, loc, _ in _containers(root, ()):
+        for name in getattr(node, "repeated", ()):
+            at = (*loc, name)
+            message = f"member {name!r} appears more than once"
+            cap.add(_refusal("operator.json.duplicate_key", at, message)[1], _group(at))
+    listed = sorted(cap.listed, key=lambda r: r.path)
+    return (*listed, *cap.refusals()[len(listed) :])
 
 
 def validate_operator_document(data: bytes) -> OperatorInput:

@@ -1,0 +1,1 @@
+"""The campaign room: rows of one prepared input run on several hosts, merged into one."""

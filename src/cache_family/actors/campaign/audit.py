@@ -1,0 +1,133 @@
+"""``cache-family replay CAMPAIGN``: re-verify every shard and reproduce the merged files.
+
+The campaign journal's chain and seal are checked; every shard it names is replayed again
+(``actors/audit/replay.py``) and must still end in the journal head the campaign recorded;
+then the merged files are folded again from the campaign journal and the shards' receipts
+(``merge.fold_campaign``) and compared byte for byte with the files on disk and with the
+SHA-256 the journal recorded for each.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from cache_family.actors.campaign.merge import (
+    ShardRead,
+    fold_campaign,
+    read_shard,
+    resolve_dir,
+    sha256_of,
+)
+from cache_family.errors import Refused
+from cache_family.exit_codes import ExitCode
+from cache_family.schemas.bounded import read_bounded
+from cache_family.schemas.campaign import (
+    CAMPAIGN_JOURNAL,
+    CampaignOpened,
+    CampaignReceipt,
+    CampaignSealed,
+    RowUnmeasured,
+    ShardMerged,
+    read_campaign,
+)
+
+_CAMPAIGN_READ_LIMIT = 256 * 1024 * 1024
+
+
+@dataclass
+class CampaignReplay:
+    lines: list[str] = field(default_factory=list)
+    differs: bool = False
+    unreadable: bool = False
+
+    def say(self, text: str) -> None:
+        self.lines.append(text)
+
+    def differ(self, text: str) -> None:
+        self.differs = True
+        self.say(text)
+
+    @property
+    def exit_code(self) -> int:
+        if self.unreadable:
+            return ExitCode.UNREADABLE
+        return ExitCode.DIFFERS if self.differs else ExitCode.IDENTICAL
+
+
+def is_campaign(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, CAMPAIGN_JOURNAL))
+
+
+def replay_campaign(campaign_dir: str) -> CampaignReplay:
+    report = CampaignReplay()
+    root = os.path.abspath(campaign_dir)
+    try:
+        raw = read_bounded(
+            os.path.join(root, CAMPAIGN_JOURNAL), _CAMPAIGN_READ_LIMIT, what="campaign journal"
+        )
+    except Refused as refused:
+        report.unreadable = True
+        for refusal in refused.refusals:
+            report.say(f"refused: {refusal.line()}")
+        return report
+    read = read_campaign(raw.data)
+    if read.problem is not None:
+        report.differ(f"campaign journal: refused: {read.problem.line()}")
+    records = [line.record for line in read.lines]
+    opened = records[0] if records and isinstance(records[0], CampaignOpened) else None
+    sealed = records[-1] if records and isinstance(records[-1], CampaignSealed) else None
+    if opened is None or sealed is None:
+        report.differ("campaign journal: it does not start with campaign_opened and end sealed")
+        return _verdict(report)
+    if sealed.head_sha256 != read.line_sha256s[-2]:
+        report.differ("campaign journal: the seal names another head than the line before it")
+    report.say(
+        f"campaign journal: {len(records)} lines, hash chain intact, head sha256 "
+        f"{read.line_sha256s[-1]}"
+    )
+    merged: list[tuple[ShardMerged, ShardRead]] = []
+    for record in records:
+        if not isinstance(record, ShardMerged):
+            continue
+        shard_root = resolve_dir(root, record.shard_dir)
+        try:
+            shard = read_shard(shard_root)
+        except Refused as refused:
+            for refusal in refused.refusals:
+                report.differ(f"shard {record.shard_dir}: refused: {refusal.line()}")
+            continue
+        if shard.head != record.journal_head:
+            report.differ(
+                f"shard {record.shard_dir}: journal head {shard.head}, the campaign recorded "
+                f"{record.journal_head}"
+            )
+            continue
+        report.say(f"shard {record.shard_dir}: identical, head {shard.head}")
+        merged.append((record, shard))
+    if report.differs:
+        return _verdict(report)
+    unmeasured = [r for r in records if isinstance(r, RowUnmeasured)]
+    # The merged files were folded before their own receipt lines were written.
+    through = sum(not isinstance(r, CampaignReceipt | CampaignSealed) for r in records)
+    folded = fold_campaign(opened, merged, unmeasured, through_seq=through)
+    recorded = {r.path: r.sha256 for r in records if isinstance(r, CampaignReceipt)}
+    for name, data in folded.files.items():
+        path = os.path.join(root, name)
+        try:
+            with open(path, "rb") as handle:
+                on_disk = handle.read()
+        except OSError as exc:
+            report.differ(f"{name}: unreadable ({exc.strerror})")
+            continue
+        if on_disk != data or recorded.get(name) != sha256_of(data):
+            report.differ(f"{name}: DIFFERS from the campaign's fold")
+        else:
+            report.say(f"{name}: identical")
+    return _verdict(report)
+
+
+def _verdict(report: CampaignReplay) -> CampaignReplay:
+    verdict = {0: "identical", 1: "DIFFERS", 2: "UNREADABLE"}[report.exit_code]
+    report.say(f"replay: campaign {verdict}")
+    return report

@@ -1,0 +1,414 @@
+"""The open-loop sender: requests go out on a drawn schedule whether or not earlier ones ended.
+
+    sender = OpenLoopSender(schedule, completion_exchange(...), target_rate_per_s=50.0,
+                            watch=SaturationWatch(rule), events=journal_events)
+    outcome = await sender.run()
+
+Each scheduled send starts its own task at its time; the task stamps the send (its lateness
+against the schedule, the requests in flight at that moment) and asks the over-saturation
+rule (``states/workloads.py``) whether the queue still drains. When it does not, the sender
+stops: nothing more is sent, requests in flight are cut, and the stop and its reason go to
+the ``events`` sink (the run journals them). Every scheduled index ends with exactly one row,
+as in a closed-loop rung: completed, failed, incomplete (cut) or not-launched.
+
+Time is trio's (``trio.current_time``), so tests run the sender on trio's autojump clock; a
+request itself is one injected ``exchange`` coroutine (``completion_exchange`` sends a
+streamed ``/completion`` through ``LoadRun``, the closed loop's own request code).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from itertools import pairwise
+from typing import Literal
+
+import msgspec
+import trio
+
+from cache_family.actors.run.load import LoadRun
+from cache_family.schemas.measurement import LoadRequest, RequestRow
+from cache_family.schemas.workload import OpenLoop
+from cache_family.states.workloads import (
+    ArrivalPattern,
+    GoodnessOfFit,
+    Lateness,
+    Saturation,
+    SaturationCode,
+    SaturationWatch,
+    achieved_rate,
+    arrival_schedule,
+    goodness_of_fit,
+    lateness,
+    sweep_rates,
+)
+from cache_family.system.http import LoopbackHttp
+
+Exchange = Callable[[int], Awaitable[RequestRow]]
+#: How long before a send the sender stops sleeping and watches the time (see ``_until``):
+#: off by default, since on a shared host the spin's CPU costs more than the millisecond.
+DEFAULT_SPIN_S = 0.0
+StopReason = SaturationCode | Literal["load.deadline"]
+
+
+class SendStamp(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One send as it happened: seconds from the run's start (scheduled and actual) and the
+    requests in flight once it was sent (itself included)."""
+
+    index: int
+    scheduled_s: float
+    sent_s: float
+    in_flight: int
+
+
+class OpenLoopEvent(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """What the sender reports as it goes (the run journals these)."""
+
+    kind: Literal["started", "stopped", "finished"]
+    scheduled: int
+    launched: int
+    target_rate_per_s: float
+    stop_reason: StopReason | None = None
+    saturation: Saturation | None = None
+
+
+class OpenLoopOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """One open-loop rate, measured."""
+
+    target_rate_per_s: float
+    pattern: ArrivalPattern
+    scheduled: int
+    launched: int
+    sends: tuple[SendStamp, ...]
+    # The complete roster, one row per scheduled index, by index.
+    rows: tuple[RequestRow, ...]
+    # Sends per second between the first send and the last one.
+    achieved_rate_per_s: float | None
+    lateness: Lateness | None
+    fit: GoodnessOfFit | None
+    # Completed requests per second, from the first send to the last completed answer.
+    completed_per_s: float | None
+    stop_reason: StopReason | None = None
+    saturation: Saturation | None = None
+
+    @property
+    def rate_error(self) -> float | None:
+        """Achieved rate relative to the target (0.01: one percent too fast)."""
+        if self.achieved_rate_per_s is None:
+            return None
+        return self.achieved_rate_per_s / self.target_rate_per_s - 1.0
+
+
+class OpenLoopSender:
+    """Sends ``schedule`` (offsets in seconds, ascending, from the run's start)."""
+
+    def __init__(
+        self,
+        schedule: Sequence[float],
+        exchange: Exchange,
+        *,
+        target_rate_per_s: float,
+        pattern: ArrivalPattern,
+        burstiness: float | None = None,
+        watch: SaturationWatch | None = None,
+        deadline: float | None = None,
+        events: Callable[[OpenLoopEvent], None] | None = None,
+        spin_s: float = DEFAULT_SPIN_S,
+    ) -> None:
+        if any(b < a for a, b in pairwise(schedule)):
+            raise ValueError("the schedule must be ascending")
+        self.schedule = tuple(schedule)
+        self.exchange = exchange
+        self.target_rate_per_s = target_rate_per_s
+        self.pattern: ArrivalPattern = pattern
+        self.burstiness = burstiness
+        self.watch = watch
+        self.deadline = math.inf if deadline is None else deadline
+        self._events = events
+        self.spin_s = spin_s
+        self._start = 0.0
+        self._launched = 0
+        self._in_flight = 0
+        self._stamps: list[SendStamp] = []
+        self._rows: dict[int, RequestRow] = {}
+        self._last_completed: float | None = None
+        self._stop_reason: StopReason | None = None
+        self._saturation: Saturation | None = None
+        self._scope: trio.CancelScope | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<OpenLoopSender rate={self.target_rate_per_s:g}/s launched={self._launched}"
+            f"/{len(self.schedule)} in_flight={self._in_flight} stop={self._stop_reason}>"
+        )
+
+    def _emit(self, kind: Literal["started", "stopped", "finished"]) -> None:
+        if self._events is not None:
+            self._events(
+                OpenLoopEvent(
+                    kind=kind,
+                    scheduled=len(self.schedule),
+                    launched=self._launched,
+                    target_rate_per_s=self.target_rate_per_s,
+                    stop_reason=self._stop_reason,
+                    saturation=self._saturation,
+                )
+            )
+
+    async def run(self) -> OpenLoopOutcome:
+        self._start = trio.current_time()
+        self._emit("started")
+        with trio.CancelScope(deadline=self.deadline) as scope:
+            self._scope = scope
+            async with trio.open_nursery() as nursery:
+                for index, offset in enumerate(self.schedule):
+                    at = self._start + offset
+                    if at >= self.deadline:
+                        break
+                    await self._until(at)
+                    self._launched = index + 1
+                    nursery.start_soon(self._one, index, offset)
+        if scope.cancelled_caught and self._stop_reason is None:
+            self._stop_reason = "load.deadline"
+        elif self._launched < len(self.schedule) and self._stop_reason is None:
+            self._stop_reason = "load.deadline"  # the next send lay past the deadline
+        if self._stop_reason is not None:
+            self._emit("stopped")
+        outcome = self.outcome()
+        self._emit("finished")
+        return outcome
+
+    async def _until(self, at: float) -> None:
+        """Sleep until ``at``: the event loop's poll wakes on whole milliseconds (epoll rounds
+        its timeout up), so the last ``spin_s`` before a send are spent in checkpoints, which
+        still run every other task (the answers being read) while the time is watched. The
+        spin needs a clock that moves by itself (not an autojump clock: it never goes idle)."""
+        if self.spin_s <= 0:
+            await trio.sleep_until(at)
+            return
+        await trio.sleep_until(at - self.spin_s)
+        while trio.current_time() < at:
+            await trio.lowlevel.checkpoint()
+
+    async def _one(self, index: int, offset: float) -> None:
+        sent = trio.current_time()
+        self._in_flight += 1
+        self._stamps.append(
+            SendStamp(
+                index=index,
+                scheduled_s=offset,
+                sent_s=sent - self._start,
+                in_flight=self._in_flight,
+            )
+        )
+        try:
+            if self.watch is not None and self._saturation is None:
+                found = self.watch.observe(self._in_flight, sent - (self._start + offset))
+                if found is not None:
+                    self._stop(found)
+                    return
+            row = await self.exchange(index)
+            self._rows[index] = row
+            if self.watch is not None:
+                self.watch.answered()
+            if row.status == "completed":
+                self._last_completed = trio.current_time()
+        finally:
+            self._in_flight -= 1
+
+    def _stop(self, saturation: Saturation) -> None:
+        """Over-saturated: send nothing more and cut what is in flight."""
+        self._saturation = saturation
+        self._stop_reason = saturation.code
+        assert self._scope is not None
+        self._scope.cancel()
+
+    def outcome(self) -> OpenLoopOutcome:
+        rows: list[RequestRow] = []
+        reason = self._stop_reason or "stopped"
+        for index in range(len(self.schedule)):
+            row = self._rows.get(index)
+            if row is None:
+                row = (
+                    RequestRow(
+                        request_id=index,
+                        status="incomplete",
+                        error=f"still in flight when the sender stopped ({reason})",
+                    )
+                    if index < self._launched
+                    else RequestRow(request_id=index, status="not-launched")
+                )
+            rows.append(row)
+        stamps = sorted(self._stamps, key=lambda s: s.index)
+        sent = [s.sent_s for s in stamps]
+        completed = sum(1 for row in rows if row.status == "completed")
+        completed_per_s = None
+        if completed and self._last_completed is not None and stamps:
+            span = self._last_completed - self._start - stamps[0].sent_s
+            completed_per_s = completed / span if span > 0 else None
+        return OpenLoopOutcome(
+            target_rate_per_s=self.target_rate_per_s,
+            pattern=self.pattern,
+            scheduled=len(self.schedule),
+            launched=self._launched,
+            sends=tuple(stamps),
+            rows=tuple(rows),
+            achieved_rate_per_s=achieved_rate(sent),
+            lateness=lateness([s.scheduled_s for s in stamps], sent),
+            fit=goodness_of_fit(self.pattern, self.target_rate_per_s, sent, self.burstiness),
+            completed_per_s=completed_per_s,
+            stop_reason=self._stop_reason,
+            saturation=self._saturation,
+        )
+
+
+def completion_exchange(
+    base_url: str,
+    prompt: Callable[[int], str] | str,
+    *,
+    output_tokens: int,
+    request_timeout_ms: int,
+    client: LoopbackHttp | None = None,
+    ignore_eos: bool = False,
+) -> Exchange:
+    """One streamed llama.cpp ``/completion`` per send, through ``LoadRun`` (the closed
+    loop's request code: its protocol checks, its timeout, its row)."""
+    http = client or LoopbackHttp()
+
+    async def exchange(index: int) -> RequestRow:
+        request = LoadRequest(
+            base_url=base_url,
+            prompt=prompt(index) if callable(prompt) else prompt,
+            requests=1,
+            concurrency=1,
+            output_tokens=output_tokens,
+            stream=True,
+            request_timeout_ms=request_timeout_ms,
+            ignore_eos=ignore_eos,
+        )
+        outcome = await LoadRun(request, client=http, stop_on_failure=False).run()
+        return msgspec.structs.replace(outcome.rows[0], request_id=index)
+
+    return exchange
+
+
+# --- a workload's rates: explicit, or GuideLLM's sweep -------------------------------------------
+
+
+StageKind = Literal["synchronous", "throughput", "rate"]
+
+
+class RateStage(msgspec.Struct, frozen=True, kw_only=True):
+    """One stage of an open-loop workload: a closed-loop measurement of the rate the server
+    sustains (one at a time, or as many as allowed at once), or one open-loop target rate,
+    or a rate not run because a lower one already over-saturated the server."""
+
+    kind: StageKind
+    target_rate_per_s: float | None = None
+    # Closed-loop stages: completed requests per second over the stage.
+    measured_rate_per_s: float | None = None
+    completed: int = 0
+    outcome: OpenLoopOutcome | None = None
+    skipped_because: str | None = None
+
+
+async def closed_loop_rate(
+    exchange: Exchange,
+    *,
+    concurrency: int,
+    requests: int | None = None,
+    duration_s: float | None = None,
+) -> tuple[float | None, int]:
+    """Completed requests per second (and how many) of a closed loop: ``concurrency``
+    requests in flight, each followed at once by the next, until ``requests`` were sent or
+    ``duration_s`` passed."""
+    if (requests is None) == (duration_s is None):
+        raise ValueError("give requests or duration_s")
+    start = trio.current_time()
+    end = math.inf if duration_s is None else start + duration_s
+    next_index = 0
+    completed = 0
+    last_end = start
+
+    async def worker() -> None:
+        nonlocal next_index, completed, last_end
+        while trio.current_time() < end and (requests is None or next_index < requests):
+            index = next_index
+            next_index += 1
+            row = await exchange(index)
+            if row.status == "completed":
+                completed += 1
+                last_end = trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    span = last_end - start
+    return (completed / span if completed and span > 0 else None), completed
+
+
+async def run_rates(
+    spec: OpenLoop,
+    exchange: Exchange,
+    *,
+    events: Callable[[OpenLoopEvent], None] | None = None,
+    deadline: float | None = None,
+) -> tuple[RateStage, ...]:
+    """Every rate of an open-loop workload, lowest first. A sweep first measures the rate
+    one request at a time and the rate as fast as possible, then runs ``points`` rates
+    evenly between. The first rate that over-saturates the server ends the workload: the
+    rates above it are recorded as skipped, with the reason. Rate ``i`` draws its schedule
+    from ``seed + i``."""
+    stages: list[RateStage] = []
+    rates: Sequence[float]
+    if spec.rates_per_s is not None:
+        rates = spec.rates_per_s
+    else:
+        assert spec.sweep is not None
+        synchronous, done = await closed_loop_rate(
+            exchange, concurrency=1, requests=spec.requests, duration_s=spec.duration_s
+        )
+        stages.append(
+            RateStage(kind="synchronous", measured_rate_per_s=synchronous, completed=done)
+        )
+        throughput, done = await closed_loop_rate(
+            exchange,
+            concurrency=spec.sweep.throughput_concurrency,
+            requests=spec.requests,
+            duration_s=spec.duration_s,
+        )
+        stages.append(RateStage(kind="throughput", measured_rate_per_s=throughput, completed=done))
+        rates = (
+            sweep_rates(synchronous, throughput, spec.sweep.points)
+            if synchronous is not None and throughput is not None
+            else ()
+        )
+    saturated: str | None = None
+    for offset, rate in enumerate(rates):
+        if saturated is not None:
+            stages.append(RateStage(kind="rate", target_rate_per_s=rate, skipped_because=saturated))
+            continue
+        schedule = arrival_schedule(
+            spec.pattern,
+            rate,
+            seed=spec.seed + offset,
+            requests=spec.requests,
+            duration_s=spec.duration_s,
+            burstiness=spec.burstiness,
+        )
+        outcome = await OpenLoopSender(
+            schedule,
+            exchange,
+            target_rate_per_s=rate,
+            pattern=spec.pattern,
+            burstiness=spec.burstiness,
+            watch=SaturationWatch(spec.over_saturation),
+            deadline=deadline,
+            events=events,
+        ).run()
+        stages.append(RateStage(kind="rate", target_rate_per_s=rate, outcome=outcome))
+        if outcome.saturation is not None:
+            saturated = f"{outcome.saturation.code} at {rate:g}/s"
+        elif outcome.stop_reason == "load.deadline":
+            saturated = "load.deadline"
+    return tuple(stages)

@@ -1,0 +1,132 @@
+"""``run --rows KEY,…`` / ``--shard I/N`` / ``--dry-run``: a run of some rows of a prepared input.
+
+The admitted run keeps the prepared input's pins, budgets and bytes (``request_sha256``); only
+its rows are narrowed, and the ``rows_selected`` record that binds the choice is journaled
+right after ``run_started`` (``states/selection.py`` says what a row key is and how a shard is
+chosen). Every row still verifies its own pins on the host that runs it, so a host with other
+bytes refuses the row instead of mixing builds in one campaign.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import socket
+from collections.abc import Callable, Mapping
+
+from cache_family.actors.run.matrix import AdmittedRun, planned_brief
+from cache_family.schemas.bounded import read_bounded
+from cache_family.schemas.host_identity import HostIdentity
+from cache_family.schemas.journal import RowsSelected
+from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
+from cache_family.states.selection import (
+    Selection,
+    parse_shard,
+    plan_keys,
+    row_key,
+    select_rows,
+    split_row_list,
+)
+
+
+def prepared_keys(prepared: PreparedInput) -> dict[str, int]:
+    """Every row key of the prepared input -> its plan index."""
+    return plan_keys(
+        [(r.index, row_key(r.key, r.use_case, r.prefix_tokens)) for r in prepared.rows]
+    )
+
+
+def choose(
+    prepared: PreparedInput,
+    rows: str | None,
+    shard: str | None,
+    environ: Mapping[str, str],
+) -> Selection:
+    """The selection named by ``--rows`` or ``--shard`` (never both: the parser sees to it)."""
+    keys = prepared_keys(prepared)
+    if shard is not None:
+        return select_rows(keys, shard=parse_shard(shard, environ))
+    return select_rows(keys, rows=split_row_list(rows or ""))
+
+
+# What a scheduler that starts the run (the campaign's Ray task) says about its node.
+NODE_ID_ENV = "CACHE_FAMILY_NODE_ID"
+NODE_LABELS_ENV = "CACHE_FAMILY_NODE_LABELS"  # k=v,k=v
+_NVIDIA_GPUS = "/proc/driver/nvidia/gpus/*/information"
+
+
+def observe_host(environ: Mapping[str, str], gpu_info: str = _NVIDIA_GPUS) -> HostIdentity:
+    """This machine as a campaign names it: hostname, the scheduler's node id and labels,
+    the GPUs its NVIDIA driver lists (read from ``/proc``, no tool is run), the CPU count."""
+    labels: dict[str, str] = {}
+    for item in environ.get(NODE_LABELS_ENV, "").split(","):
+        name, sep, value = item.partition("=")
+        if sep and name.strip():
+            labels[name.strip()] = value.strip()
+    gpus: list[str] = []
+    for path in sorted(glob.glob(gpu_info)):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as info:
+                text = info.read(65536)
+        except OSError:
+            continue
+        model = next(
+            (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Model:")), ""
+        )
+        gpus.append(model or "GPU (model not given)")
+    return HostIdentity(
+        hostname=socket.gethostname(),
+        node_id=environ.get(NODE_ID_ENV) or None,
+        labels=labels,
+        gpus=tuple(gpus),
+        cpu_count=os.cpu_count(),
+    )
+
+
+def narrow(
+    admitted: AdmittedRun, selection: Selection, host: HostIdentity | None = None
+) -> AdmittedRun:
+    """The admitted run restricted to the selected rows, carrying the record that binds them."""
+    prepared = admitted.prepared
+    keys = prepared_keys(prepared)
+    chosen = {keys[key] for key in selection.row_keys}
+    kept = [row for row in prepared.rows if row.index in chosen]
+    left = [row for row in prepared.rows if row.index not in chosen]
+    record = RowsSelected(
+        prepared_sha256=admitted.request_sha256,
+        how=selection.how,
+        row_keys=selection.row_keys,
+        shard_index=selection.shard.index if selection.shard else None,
+        shard_count=selection.shard.count if selection.shard else None,
+        unselected_rows=tuple(planned_brief(prepared, row) for row in left),
+        host=host,
+    )
+    return dataclasses.replace(
+        admitted, prepared=prepared.model_copy(update={"rows": kept}), selection=record
+    )
+
+
+def selector(
+    rows: str | None, shard: str | None, environ: Mapping[str, str]
+) -> Callable[[AdmittedRun], AdmittedRun]:
+    """What ``run_command`` applies to the admitted run before creating its output."""
+
+    def apply(admitted: AdmittedRun) -> AdmittedRun:
+        selection = choose(admitted.prepared, rows, shard, environ)
+        return narrow(admitted, selection, observe_host(environ))
+
+    return apply
+
+
+def dry_run_keys(
+    input_path: str, rows: str | None, shard: str | None, environ: Mapping[str, str]
+) -> tuple[str, ...]:
+    """``run --input PREPARED --dry-run [--rows …|--shard …]``: the keys of the rows the run
+    would run, in plan order (every row without a selection). Raises ``Refused``."""
+    raw = read_bounded(input_path, PREPARED_INPUT_MAX_BYTES, what="prepared input")
+    prepared = decode_document(raw.data, PreparedInput, what="prepared input")
+    if rows is None and shard is None:
+        keys = prepared_keys(prepared)
+        return tuple(sorted(keys, key=keys.__getitem__))
+    return choose(prepared, rows, shard, environ).row_keys

@@ -1,0 +1,202 @@
+"""The campaign journal: ``campaign-journal.jsonl``, one hash-chained line per record.
+
+A campaign merges the run directories of its shards (``cache-family merge``, or the Ray
+driver's rows). Its journal has the run journal's line layout and chain (``seq``, ``mono_ns``,
+``wall_ns``, ``prev`` = SHA-256 of the previous line's bytes, genesis 64 zeros; see
+``schemas/journal.py``), with its own records:
+
+* ``campaign_opened``: the prepared input's SHA-256, the whole plan (from the shards' own
+  journals) and the placement file's pin, if any;
+* ``shard_merged``: one per shard: its directory, the head of its sealed journal, its rows,
+  the host that ran it (``rows_selected.host``) and the placement it asked for;
+* ``row_unmeasured``: a planned row no shard measured, and why (``host.lost``, cancelled, no
+  shard ran it);
+* ``campaign_receipt``: each merged file's name and SHA-256;
+* ``campaign_sealed``: the last line, naming the head before it.
+
+Records are frozen tagged Structs that forbid unknown fields; they evolve as the run's do
+(new fields get defaults and go last; a new record is a new tag).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import ClassVar, Final, TypeAlias
+
+import msgspec
+
+from cache_family.errors import Refusal
+from cache_family.schemas.host_identity import HostIdentity
+from cache_family.schemas.journal import GENESIS_PREV, PlannedRowBrief
+
+CAMPAIGN_JOURNAL: Final = "campaign-journal.jsonl"
+CAMPAIGN_REPORT: Final = "campaign-report.md"
+
+
+class _CampaignRecord(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True
+):
+    durable: ClassVar[bool] = True
+
+
+class CampaignOpened(_CampaignRecord, tag="campaign_opened", frozen=True, kw_only=True):
+    campaign_id: str
+    prepared_sha256: str
+    catalog_sha256: str
+    tool_version: str = ""
+    # Every row of the prepared input, in plan order (run_started + rows_selected of a shard).
+    plan: tuple[PlannedRowBrief, ...] = ()
+    plan_keys: tuple[str, ...] = ()
+    catalog_synthetic: bool = False
+    # The placement file the campaign was driven with (its bytes' SHA-256), if any.
+    placement_path: str | None = None
+    placement_sha256: str | None = None
+
+
+class ShardMerged(_CampaignRecord, tag="shard_merged", frozen=True, kw_only=True):
+    shard_dir: str  # absolute
+    run_id: str
+    journal_head: str  # SHA-256 of the shard journal's seal line
+    row_keys: tuple[str, ...]
+    row_indices: tuple[int, ...]
+    matrix_status: str
+    terminal_refusal: str | None = None
+    how: str = "all"  # all | rows | shard
+    shard_index: int | None = None
+    shard_count: int | None = None
+    host: HostIdentity | None = None
+    # The placement's requirement for these rows, as its rule was written (None: anywhere).
+    placement: str | None = None
+
+
+class RowUnmeasured(_CampaignRecord, tag="row_unmeasured", frozen=True, kw_only=True):
+    row_index: int
+    row_key: str
+    reason: str  # host.lost | cancelled | not_in_any_shard | row.failed | ...
+    detail: str = ""
+    host: HostIdentity | None = None
+
+
+class CampaignReceipt(_CampaignRecord, tag="campaign_receipt", frozen=True, kw_only=True):
+    path: str  # relative to the campaign directory
+    sha256: str
+
+
+class CampaignSealed(_CampaignRecord, tag="campaign_sealed", frozen=True, kw_only=True):
+    through_seq: int
+    head_sha256: str
+    matrix_status: str
+
+
+CampaignRecord: TypeAlias = (
+    CampaignOpened | ShardMerged | RowUnmeasured | CampaignReceipt | CampaignSealed
+)
+
+
+class CampaignLine(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    seq: int
+    mono_ns: int
+    wall_ns: int
+    prev: str
+    record: CampaignRecord
+
+
+_ENCODER: Final = msgspec.json.Encoder(order="deterministic")
+_DECODER: Final = msgspec.json.Decoder(CampaignLine)
+
+
+class CampaignChain:
+    """Stamps ``seq`` and ``prev`` as the run journal's chain does; returns each line's bytes."""
+
+    def __init__(self) -> None:
+        self.next_seq = 1
+        self.prev = GENESIS_PREV
+
+    def encode(self, record: CampaignRecord, *, mono_ns: int, wall_ns: int) -> bytes:
+        line = CampaignLine(
+            seq=self.next_seq, mono_ns=mono_ns, wall_ns=wall_ns, prev=self.prev, record=record
+        )
+        data = _ENCODER.encode(line)
+        self.prev = hashlib.sha256(data).hexdigest()
+        self.next_seq += 1
+        return data + b"\n"
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignRead:
+    lines: tuple[CampaignLine, ...]
+    line_sha256s: tuple[str, ...]
+    problem: Refusal | None
+
+
+def read_campaign(data: bytes) -> CampaignRead:
+    """Verify the chain and decode every line; the first problem stops the reading."""
+    lines: list[CampaignLine] = []
+    shas: list[str] = []
+    prev = GENESIS_PREV
+    raw_lines = data.split(b"\n")
+    torn = raw_lines.pop() != b""
+    for number, raw in enumerate(raw_lines, start=1):
+        where = f"$.campaign_journal[{number - 1}]"
+        try:
+            line = _DECODER.decode(raw)
+        except msgspec.DecodeError as exc:
+            return CampaignRead(
+                tuple(lines),
+                tuple(shas),
+                Refusal(
+                    "campaign.journal.undecodable",
+                    where,
+                    f"line {number} is not a campaign journal line ({exc})",
+                    "the campaign journal was edited or corrupted; merge the shards again",
+                ),
+            )
+        if line.seq != number or line.prev != prev:
+            return CampaignRead(
+                tuple(lines),
+                tuple(shas),
+                Refusal(
+                    "campaign.journal.chain_broken",
+                    where,
+                    f"line {number} does not follow the line before it (seq or prev differs)",
+                    "the campaign journal was edited; merge the shards again",
+                ),
+            )
+        prev = hashlib.sha256(raw).hexdigest()
+        lines.append(line)
+        shas.append(prev)
+    if torn:
+        return CampaignRead(
+            tuple(lines),
+            tuple(shas),
+            Refusal(
+                "campaign.journal.torn",
+                "$.campaign_journal",
+                "the last line has no newline terminator",
+                "the merge stopped mid-write; merge the shards again",
+            ),
+        )
+    return CampaignRead(tuple(lines), tuple(shas), None)
+
+
+CAMPAIGN_REQUEST: Final = "campaign-request.json"
+
+
+class CampaignRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What ``cache-family campaign`` was started with, written before its first row, so
+    ``campaign --resume`` continues the same campaign (same input bytes, same placement)."""
+
+    schema_version: int = 1
+    input_path: str
+    input_sha256: str
+    placement_path: str | None = None
+    placement_sha256: str | None = None
+
+
+def encode_request(request: CampaignRequest) -> bytes:
+    return msgspec.json.format(_ENCODER.encode(request), indent=2) + b"\n"
+
+
+def decode_request(data: bytes) -> CampaignRequest:
+    return msgspec.json.decode(data, type=CampaignRequest)

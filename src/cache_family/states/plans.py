@@ -1,0 +1,444 @@
+"""What a row, its cells and its correctness arm will do, decided from the prepared input alone
+(no I/O): the arm list, each cell's plan with its pins, the correctness plan, and the host's
+exact command line. The actors in ``actors/run/`` perform these plans."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from cache_family.schemas.arms import (
+    CORRECTNESS,
+    HOST_ARMS,
+    PAIRED_ARMS,
+    SKIPPY_OLD,
+    Arm,
+    HostKind,
+)
+from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan
+from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
+from cache_family.states.correctness import CorrectnessSpec
+from cache_family.states.handoff import PACKAGE_LAYER_COUNT
+
+CORRECTNESS_NOT_STARTED: Final = "correctness_not_started"
+
+# Journaled as the prompt's origin, so a reader knows why this text was used.
+SOURCE_USE_CASE: Final = "use-case"
+SOURCE_FIXED_CORPUS_ENTRY: Final = "fixed-corpus-entry"
+SOURCE_CORRECTNESS: Final = "correctness-benchmark-prompt"
+
+# How the plan's skip reasons read in a row's arm list.
+_UNPLANNED: Final[dict[str, tuple[str, str]]] = {
+    "layer-package-not-full-GGUF": (
+        "unavailable",
+        "package-only model: no full GGUF, so no monolithic baseline",
+    ),
+    "skipped-by-request": ("skipped", "skip_llama_server is set in the plan"),
+    "missing-model": ("skipped", "missing-model"),
+    "paired-servers-omitted": ("skipped", "paired-servers-omitted"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PromptChoice:
+    """The source text of one row's benchmark prompt and where it came from."""
+
+    text: str
+    source: str  # correctness-benchmark-prompt | use-case | fixed-corpus-entry
+    corpus_path: str
+    corpus_sha256: str
+    entry_key: str
+
+    @property
+    def label(self) -> str:
+        """The origin in one line, e.g. ``fixed-corpus-entry tool_calling@/…/use-cases.json``."""
+        return f"{self.source} {self.entry_key}@{self.corpus_path}"
+
+
+def accepted_prompt(text: str, topology: str) -> PromptChoice:
+    """The correctness arm's accepted benchmark prompt, used as is (never cut again)."""
+    return PromptChoice(
+        text=text, source=SOURCE_CORRECTNESS, corpus_path="", corpus_sha256="", entry_key=topology
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PinTarget:
+    """One pinned thing a cell re-hashes before launch and after its ladder."""
+
+    name: str
+    path: str
+    expected_sha256: str
+    kind: Literal["file", "tree"]
+
+
+def thread_setting(environment: Mapping[str, str]) -> str | None:
+    """OMP_NUM_THREADS when it is a positive whole number, else None.
+
+    A thread count is a setting, not a secret: it is given to llama-server as ``-t`` and to
+    the correctness oracle's llama.cpp contexts.
+    """
+    value = environment.get("OMP_NUM_THREADS")
+    return value if value and value.isdigit() and int(value) > 0 else None
+
+
+def argv_sha256(argv: Sequence[str]) -> str:
+    return hashlib.sha256(json.dumps(list(argv), separators=(",", ":")).encode()).hexdigest()
+
+
+# --- the plan of one cell ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CellPlan:
+    cell_id: str  # e.g. cell-0003/native-serial
+    cell_dir: str  # relative to the run dir, e.g. cell-0003/sweep-native-concurrent
+    row_index: int
+    row_key: str
+    # Its name, directory, cohort, measurement kind and host kind.
+    arm: Arm
+    rungs: tuple[RungPlan, ...]
+    output_tokens: int
+    lanes: int
+    # The host's --ctx-size: the row's context times the lanes (one row context per slot).
+    ctx_size: int
+    n_gpu_layers: int
+    prefix_tokens: int
+    ttft_slo_ms: float | None
+    tpot_slo_ms: float | None
+    # None: the prepared input has no host profile for the case (the cell is refused).
+    profile: HostProfile | None
+    prompt: PromptChoice
+    pins: tuple[PinTarget, ...]
+    # A reason this cell must not launch although planned (pins disagree with the plan).
+    refusal: str | None = None
+    # The row's preset is from a synthetic catalog (journaled so the cell's receipt says so).
+    synthetic: bool = False
+    # The model's GGUF ``general.architecture``: which cache reuse rule judges its rungs.
+    architecture: str | None = None
+    # Tokens of the correctness arm's accepted prompt (its tool's count: K + 1).
+    prompt_tokens: int | None = None
+    model_id: str = ""
+    # The row's last cell: its post-verify hashes every pinned file in full (the row's
+    # ``RowPins`` otherwise checks only identities between its first and last hash).
+    last_of_row: bool = False
+
+    @property
+    def serial(self) -> bool:
+        return self.arm.serial
+
+    @property
+    def host_kind(self) -> HostKind:
+        assert self.arm.host_kind is not None  # a cell plan is only made for a host arm
+        return self.arm.host_kind
+
+
+def pin_targets(profile: HostProfile) -> tuple[PinTarget, ...]:
+    """Server binary, native build tree, model (every shard of a split one), toolkit trees."""
+    targets = [
+        PinTarget("binary", profile.binary, profile.binary_sha256, "file"),
+        PinTarget("native_build", profile.native_build, profile.native_build_sha256, "tree"),
+        PinTarget("model", profile.model, profile.model_sha256, "file"),
+    ]
+    if profile.artifact is not None:
+        for shard in profile.artifact.shard_pins:
+            targets.append(
+                PinTarget(f"shard:{shard.name}", shard.logical_path, shard.sha256, "file")
+            )
+    for name, toolkit in sorted(profile.toolkit_directories.items()):
+        targets.append(PinTarget(f"toolkit:{name}", toolkit.path, toolkit.sha256, "tree"))
+    return tuple(targets)
+
+
+def llama_server_argv(plan: CellPlan, binary: str, port: int) -> list[str]:
+    """The native host's exact command line (tools/server flags of the vendored llama.cpp)."""
+    profile = plan.profile
+    assert profile is not None  # pin-verify refuses a cell without one
+    argv = [
+        binary,
+        "--model",
+        profile.model,
+        "--ctx-size",
+        str(plan.ctx_size),
+        "--n-gpu-layers",
+        str(plan.n_gpu_layers),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--parallel",
+        str(plan.lanes),
+        "--no-webui",
+    ]
+    # The operator's OMP_NUM_THREADS, also given to llama-server as ``-t``.
+    threads = thread_setting(profile.environment)
+    if threads is not None:
+        argv += ["-t", threads]
+    return argv
+
+
+# --- the plan of one row ----------------------------------------------------------------------
+
+
+def row_dir_name(index: int) -> str:
+    return f"cell-{index:04d}"
+
+
+def _arm_plan(arm: Arm, planned: bool, skip_reason: SkipReason | None) -> ArmPlan:
+    if planned:
+        return ArmPlan(arm=arm.name)
+    status, reason = _UNPLANNED.get(skip_reason or "", ("skipped", skip_reason or "not planned"))
+    return ArmPlan(arm=arm.name, status=status, reason=reason)
+
+
+def arm_plans(row: PreparedRow) -> tuple[ArmPlan, ...]:
+    """The row's host arms in run order: the two native baselines always (planned, or skipped
+    with the plan's reason), the paired arms only when paired serving is planned."""
+    tasks = row.tasks
+    serial, concurrent = tasks.serial_baseline, tasks.concurrent_baseline
+    arms = [
+        _arm_plan(HOST_ARMS[0], serial.planned, serial.skip_reason),
+        _arm_plan(HOST_ARMS[1], concurrent.planned, concurrent.skip_reason),
+    ]
+    if tasks.paired_serving.planned:
+        # Planned only when both old and new servers are bound (the plan's rule).
+        arms += [ArmPlan(arm=arm.name) for arm in PAIRED_ARMS]
+    return tuple(arms)
+
+
+def row_opened_record(
+    *,
+    row_index: int,
+    row_key: str,
+    case_key: str,
+    prefix_tokens: int,
+    use_case: str | None,
+    row_dir: str,
+    present: bool,
+    arms: tuple[ArmPlan, ...],
+    synthetic: bool,
+) -> RowOpened:
+    """``row_opened`` as every row journals it: its correctness arm not run yet (its own
+    records replace this once it ran), or never, because the model is missing."""
+    return RowOpened(
+        row_index=row_index,
+        row_key=row_key,
+        case_key=case_key,
+        prefix_tokens=prefix_tokens,
+        use_case=use_case,
+        row_dir=row_dir,
+        model_status="present" if present else "missing-model",
+        arms=arms,
+        correctness_status="not-run",
+        correctness_reason=CORRECTNESS_NOT_STARTED if present else "missing-model",
+        synthetic=synthetic,
+    )
+
+
+def host_profile(
+    prepared: PreparedInput, row: PreparedRow, arm: Arm
+) -> tuple[HostProfile | None, str | None]:
+    """The case's host profile for ``arm`` and, if it disagrees with the plan, why."""
+    profiles = prepared.profile(row.key)
+    observed = row.model_observation.sha256
+    if arm.host_kind == HostKind.STAGE:
+        profile = None
+        if profiles is not None:
+            profile = profiles.old if arm == SKIPPY_OLD else profiles.new
+        if profile is None:
+            return None, f"the prepared input has no {arm.name} host profile for this case"
+        if profile.model_sha256 != observed:
+            return profile, (
+                f"{arm.name} profile pins model {profile.model_sha256}, the row {observed}"
+            )
+        return profile, None
+    if profiles is None or profiles.native is None:
+        return None, "the prepared input has no native host profile for this case"
+    native = profiles.native
+    if native.model_sha256 != observed:
+        return native, (
+            f"native profile pins model {native.model_sha256}, the row observed {observed}"
+        )
+    server = prepared.tools.native_server
+    if server is not None and native.binary_sha256 != server.sha256:
+        return native, (
+            f"native profile pins server {native.binary_sha256}, preparation pinned {server.sha256}"
+        )
+    return native, None
+
+
+def exec_pairs(
+    prepared: PreparedInput, row: PreparedRow, arms: Sequence[ArmPlan]
+) -> list[tuple[str, str | None]]:
+    """(binary, native build) of each planned host arm that has a usable profile."""
+    pairs: list[tuple[str, str | None]] = []
+    for plan in arms:
+        if plan.status != "planned":
+            continue
+        profile, refusal = host_profile(prepared, row, _host_arm(plan.arm))
+        if profile is not None and refusal is None:
+            pairs.append((profile.binary, profile.native_build))
+    return pairs
+
+
+def _host_arm(name: str) -> Arm:
+    return next(arm for arm in HOST_ARMS if arm.name == name)
+
+
+def cell_plan(
+    prepared: PreparedInput,
+    row: PreparedRow,
+    arm: Arm,
+    prompt: PromptChoice,
+    prompt_tokens: int | None,
+) -> CellPlan:
+    """One host session of ``arm``: its rungs, sizes and pins. A stage server holds one
+    retained host across the whole ordered ladder and is sent OpenAI chat requests."""
+    row_dir = row_dir_name(row.index)
+    profile, refusal = host_profile(prepared, row, arm)
+    tasks = row.tasks
+    if arm.host_kind == HostKind.STAGE:
+        paired = tasks.paired_serving
+        rungs = tuple(
+            RungPlan(concurrency=r.concurrency, requests=r.requests) for r in paired.rungs
+        )
+        output_tokens, lanes, ctx_size = (
+            paired.output_tokens,
+            paired.runtime_lanes,
+            paired.shared_ctx_size,
+        )
+        ttft, tpot = float(paired.ttft_slo_ms), float(paired.tpot_slo_ms)
+        model_id = profile.model_id if profile is not None else row.model_id
+    else:
+        concurrent = tasks.concurrent_baseline
+        if arm.serial:
+            serial = tasks.serial_baseline
+            rungs = (RungPlan(concurrency=1, requests=serial.runs),)
+            output_tokens = serial.output_tokens
+        else:
+            rungs = tuple(
+                RungPlan(concurrency=r.concurrency, requests=r.requests) for r in concurrent.rungs
+            )
+            output_tokens = concurrent.output_tokens
+        lanes = concurrent.parallel
+        # llama-server splits --ctx-size across its --parallel slots (no unified KV when
+        # the slot count is explicit), so every slot gets the row's context this way.
+        ctx_size = row.ctx * concurrent.parallel
+        ttft, tpot = float(prepared.plan.ttft_slo_ms), float(prepared.plan.tpot_slo_ms)
+        model_id = ""
+    return CellPlan(
+        cell_id=f"{row_dir}/{arm.name}",
+        cell_dir=f"{row_dir}/{arm.directory}",
+        row_index=row.index,
+        row_key=row.output_relative,
+        arm=arm,
+        rungs=rungs,
+        output_tokens=output_tokens,
+        lanes=lanes,
+        ctx_size=ctx_size,
+        n_gpu_layers=row.n_gpu_layers,
+        prefix_tokens=row.prefix_tokens,
+        ttft_slo_ms=ttft,
+        tpot_slo_ms=tpot,
+        profile=profile,
+        prompt=prompt,
+        pins=pin_targets(profile) if profile is not None else (),
+        refusal=refusal,
+        synthetic=row.synthetic,
+        architecture=row.model_observation.architecture,
+        prompt_tokens=prompt_tokens,
+        model_id=model_id,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CorrectnessPlan:
+    row_index: int
+    arm_dir: str  # relative to the run dir: cell-NNNN/correctness
+    spec: CorrectnessSpec
+    operator_env: Mapping[str, str]
+    toolkits: Mapping[str, str]
+    native_build: str
+    pins: tuple[PinTarget, ...]
+    # Why the arm cannot run at all (no profile, profile disagrees with the plan).
+    refusal: str | None = None
+
+    @property
+    def subject(self) -> str:
+        return f"{self.arm_dir}"
+
+
+def correctness_plan(
+    prepared: PreparedInput, row: PreparedRow, prompt: str | None
+) -> CorrectnessPlan:
+    """The correctness arm of a row: the case's profile, the row's own sizes. ``prompt``: the
+    row's use-case prompt, handed to the tool (None: the tool's own)."""
+    profiles = prepared.profile(row.key)
+    task = row.tasks.correctness
+    refusal: str | None = None
+    if profiles is None:
+        refusal = "correctness_profile_missing: the prepared input has no profile for the case"
+    profile = profiles.correctness if profiles is not None else None
+    if profile is not None:
+        if profile.case_key != row.key:
+            refusal = f"correctness_profile_mismatch: profile is for {profile.case_key}"
+        elif profile.model_sha256 != row.model_observation.sha256:
+            refusal = "correctness_profile_mismatch: the profile pins another model"
+        elif profile.correctness_sha256 != prepared.tools.correctness.sha256:
+            refusal = "correctness_profile_mismatch: the profile pins another tool"
+    spec = CorrectnessSpec(
+        tool=profile.correctness if profile else prepared.tools.correctness.path,
+        model=profile.model if profile else "",
+        model_id=row.model_id,
+        stage_server=profile.stage_server if profile else prepared.tools.stage_server.path,
+        layer_end=row.layer_end,
+        ctx_size=row.ctx,
+        n_gpu_layers=row.n_gpu_layers,
+        activation_width=row.activation_width,
+        load_mode=row.load_mode,
+        payload=row.payload,
+        prefix_tokens=row.prefix_tokens,
+        repeats=row.cache_hit_repeats,
+        lanes=profile.runtime_lane_count if profile else 1,
+        borrow_resident_hits=profile.borrow_resident_hits if profile else False,
+        cache_decoded_result_hits=profile.cache_decoded_result_hits if profile else False,
+        prompt=prompt,
+        topologies=tuple(task.topologies),
+        # The synthetic zoo's package has its own layer count; a real one is DeepSeek3's.
+        package_layer_count=row.layer_end if row.synthetic else PACKAGE_LAYER_COUNT,
+    )
+    pins: tuple[PinTarget, ...] = ()
+    if profile is not None:
+        pins = (
+            PinTarget("correctness", profile.correctness, profile.correctness_sha256, "file"),
+            PinTarget("stage_server", profile.stage_server, profile.stage_server_sha256, "file"),
+            # The pinned file: a layer package is pinned by its manifest.
+            PinTarget(
+                "model",
+                row.model_observation.pinned_file or profile.model,
+                profile.model_sha256,
+                "file",
+            ),
+            *(
+                PinTarget(f"shard:{shard.name}", shard.logical_path, shard.sha256, "file")
+                for shard in (profile.artifact.shard_pins if profile.artifact else ())
+            ),
+            PinTarget("native_build", profile.native_build, profile.native_build_sha256, "tree"),
+            *(
+                PinTarget(f"toolkit:{name}", pin.path, pin.sha256, "tree")
+                for name, pin in sorted(profile.toolkit_directories.items())
+            ),
+        )
+    return CorrectnessPlan(
+        row_index=row.index,
+        arm_dir=f"{row_dir_name(row.index)}/{CORRECTNESS.directory}",
+        spec=spec,
+        operator_env=dict(profile.settings) if profile else {},
+        toolkits={n: p.path for n, p in profile.toolkit_directories.items()} if profile else {},
+        native_build=profile.native_build if profile else prepared.native_build.path,
+        pins=pins,
+        refusal=refusal,
+    )

@@ -1,0 +1,71 @@
+"""One writer per run directory: an exclusive ``flock`` on ``RUN_DIR/run.lock``.
+
+``run``, ``run --resume`` and ``replay --reap`` hold it while they may write into the run
+directory or end its processes. The kernel releases a ``flock`` when its holder's descriptor
+closes, so a holder killed with SIGKILL leaves no stale lock; the file itself stays (removing
+it would race a second taker). The descriptor is close-on-exec: hosts never inherit it. The
+holder writes its pid into the file, so a refused second taker can name it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from collections.abc import Iterator
+from typing import Final
+
+from cache_family.errors import Refused
+
+LOCK_NAME: Final = "run.lock"
+_PID_READ_MAX: Final = 64
+
+
+def lock_path(run_dir: str) -> str:
+    return os.path.join(run_dir, LOCK_NAME)
+
+
+def _holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, _PID_READ_MAX, 0).decode("ascii", errors="replace").strip()
+    except OSError:
+        return "an unknown pid"
+    return f"pid {text}" if text.isdigit() else "a pid not yet written"
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str, *, what: str) -> Iterator[None]:
+    """Hold the run directory's lock for the block; ``Refused`` (``run.locked``) naming the
+    holder's pid when another process holds it, ``run.lock_unavailable`` when the lock file
+    cannot be opened. ``what`` names the taker in the refusal."""
+    path = lock_path(run_dir)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise Refused.one(
+            "run.lock_unavailable",
+            "$.run_dir",
+            f"cannot open {path}: {exc.strerror or exc}",
+            "check that the run directory exists and is writable (a symlinked lock file is "
+            "refused)",
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            raise Refused.one(
+                "run.locked",
+                "$.run_dir",
+                f"{run_dir} is in use by {_holder(fd)} (it holds {LOCK_NAME}); {what} waits "
+                "for no one",
+                "a run directory has one writer at a time: let that process finish (or stop "
+                "it with Ctrl-C / SIGTERM), then try again",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)

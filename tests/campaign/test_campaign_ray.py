@@ -1,0 +1,255 @@
+"""``cache-family campaign --ray local``: a real local Ray cluster of labelled nodes, on loopback.
+
+Few and bounded (the CI machine has 2 cores): each test starts one cluster of two one-CPU nodes
+in the driver's loopback-only network namespace (root only), with rows of the FAKE llama-server
+of ``test_run_budgets.make_prepared`` (one qwen3_dense row that launches hosts, the rest cheap
+missing-model rows). Signals are sent at moments the FAKE host reports through a FIFO.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+from run_harness import make_prepared
+from signal_harness import Fifo, behave, wait_exit
+
+from cache_family.schemas.campaign import CAMPAIGN_JOURNAL, ShardMerged, read_campaign
+from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="--ray local needs root for its namespace"),
+]
+
+CLI = Path(sys.executable).parent / "cache-family"
+LOOPBACK = {"127.0.0.1", "0.0.0.0", "::1", "::", "::ffff:127.0.0.1"}
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    # Short: Ray's unix sockets must fit in 107 bytes (the driver links to its session dir,
+    # but the campaign's rows and logs read better under a short root too).
+    path = Path(tempfile.mkdtemp(prefix="cfr-"))
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def prepared_pair(root: Path) -> Path:
+    return make_prepared(root / "p", prefix_sweep=[16, 32], cases=["qwen3_dense", "llama"])
+
+
+def placement(root: Path) -> Path:
+    path = root / "placement.json"
+    path.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "rules": [
+                    {"preset": "qwen3_dense", "labels": {"cf.host": "host-1"}},
+                    {"family": "Llama", "labels": {"cf.host": "host-0"}},
+                ],
+            }
+        )
+    )
+    return path
+
+
+def campaign_argv(prepared: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        str(CLI), "campaign", "--input", str(prepared), "--output", str(out),
+        "--ray", "local", "--hosts", "2", *extra,
+    ]  # fmt: skip
+
+
+def processes_naming(path: Path) -> list[int]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(path) in part for part in process.info["cmdline"] or ()):
+                found.append(process.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def shard_records(out: Path) -> list[ShardMerged]:
+    read = read_campaign((out / CAMPAIGN_JOURNAL).read_bytes())
+    assert read.problem is None
+    return [line.record for line in read.lines if isinstance(line.record, ShardMerged)]
+
+
+def test_rows_land_on_their_labelled_nodes_on_loopback_and_the_campaign_replays(
+    short_tmp: Path,
+) -> None:
+    prepared = prepared_pair(short_tmp)
+    out = short_tmp / "c"
+    done = subprocess.run(
+        campaign_argv(prepared, out, "--placement", str(placement(short_tmp))),
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"completed: {out / MATRIX_FILENAME}" in done.stdout
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert [row.result.status for row in matrix.rows] == [
+        "completed", "missing-model", "completed", "missing-model",
+    ]  # fmt: skip
+    # Each row ran on the node its placement names, once (one run directory per row).
+    for record in shard_records(out):
+        (key,) = record.row_keys
+        want = "host-1" if key.startswith("qwen3_dense/") else "host-0"
+        assert record.host is not None and record.host.labels == {"cf.host": want}, key
+        assert record.host.node_id
+    assert sorted(p.name for p in (out / "rows").iterdir() if p.is_dir()) == [
+        "row-0000", "row-0001", "row-0002", "row-0003",
+    ]  # fmt: skip
+    # The cluster's namespace had only loopback, and no connection in it left 127.0.0.1.
+    evidence = json.loads((out / "local-cluster.json").read_text())
+    assert evidence["interfaces"] == ["lo"]
+    assert evidence["tcp"] and all(set(pair) <= LOOPBACK for pair in evidence["tcp"])
+    # Ray's session directories are the campaign's; nothing of the cluster is left running.
+    assert any(p.name.startswith("session_") for p in (out / "ray").iterdir())
+    assert processes_naming(out) == []
+    replayed = subprocess.run(
+        [str(CLI), "replay", str(out)], capture_output=True, text=True, check=False
+    )
+    assert replayed.returncode == 0, replayed.stdout
+    assert "replay: campaign identical" in replayed.stdout
+
+
+async def test_sigterm_mid_ladder_cancels_every_row_leaves_no_process_and_resume_finishes(
+    short_tmp: Path,
+) -> None:
+    prepared = prepared_pair(short_tmp)
+    fifo = Fifo(short_tmp / "notify")
+    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path))
+    out = short_tmp / "c"
+    with open(short_tmp / "driver.log", "wb") as log:
+        driver = await trio.lowlevel.open_process(
+            campaign_argv(prepared, out),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+    try:
+        event, host_pid = (await fifo.next_line()).split()
+        assert event == "stream"  # a qwen3_dense row's ladder is in its host
+        driver.send_signal(signal.SIGTERM)
+        code = await wait_exit(driver)
+    finally:
+        fifo.close()
+        if driver.returncode is None:
+            driver.kill()
+    assert code == 130, (short_tmp / "driver.log").read_text()[-4000:]
+    assert not psutil.pid_exists(int(host_pid)) or psutil.Process(int(host_pid)).status() == (
+        psutil.STATUS_ZOMBIE
+    )
+    assert processes_naming(out) == []
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.status == "incomplete"
+    statuses = {row.index: row.result for row in matrix.rows}
+    # The row in its ladder sealed as cancelled; no qwen3_dense row completed.
+    assert statuses[0].status == "incomplete" or statuses[2].status == "incomplete"
+    assert all(statuses[i].status != "completed" for i in (0, 2))
+
+    # --resume runs only the rows without a finished run; the finished ones are kept as they are.
+    kept = {
+        name: (out / "rows" / name / "journal.jsonl").read_bytes()
+        for name in ("row-0001", "row-0003")
+        if (out / "rows" / name / "journal.jsonl").is_file()
+    }
+    behave(prepared)  # the FAKE host answers at once now
+    resumed = subprocess.run(
+        [str(CLI), "campaign", "--resume", str(out), "--ray", "local", "--hosts", "2"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-4000:]
+    assert f"{len(kept)} row(s) kept" in resumed.stdout
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.status == "completed"
+    for name, journal in kept.items():
+        assert (out / "rows" / name / "journal.jsonl").read_bytes() == journal
+    assert (out / "superseded" / "1" / CAMPAIGN_JOURNAL).is_file()
+    assert processes_naming(out) == []
+    assert subprocess.run([str(CLI), "replay", str(out)], check=False).returncode == 0
+
+
+def node_of(host_pid: int) -> tuple[psutil.Process, psutil.Process]:
+    """The Ray worker running the host's row and that node's raylet (ancestors of the host:
+    host <- the row's run <- the task's worker <- the raylet)."""
+    ancestors = psutil.Process(host_pid).parents()
+    worker = next(
+        p for p in ancestors if "_on_node" in " ".join(p.cmdline()) or "ray::" in p.name()
+    )
+    raylet = next(p for p in ancestors if "raylet" in p.name())
+    return worker, raylet
+
+
+async def test_a_node_lost_mid_row_makes_the_row_host_lost_never_run_twice(
+    short_tmp: Path,
+) -> None:
+    prepared = make_prepared(short_tmp / "p", prefix_sweep=[16], cases=["qwen3_dense", "llama"])
+    rules = short_tmp / "placement.json"
+    rules.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "rules": [
+                    {"row": "qwen3_dense/none/16", "labels": {"cf.host": "host-1"}},
+                    {"row": "llama/none/16", "labels": {"cf.host": "host-0"}},
+                ],
+            }
+        )
+    )
+    fifo = Fifo(short_tmp / "notify")
+    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path))
+    out = short_tmp / "c"
+    with open(short_tmp / "driver.log", "wb") as log:
+        driver = await trio.lowlevel.open_process(
+            campaign_argv(prepared, out, "--placement", str(rules)),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+    try:
+        event, host_pid = (await fifo.next_line()).split()
+        assert event == "stream"
+        worker, raylet = node_of(int(host_pid))
+        # The node goes away as a lost host does: its raylet and the row's worker die at once.
+        raylet.kill()
+        worker.kill()
+        code = await wait_exit(driver)
+    finally:
+        fifo.close()
+        if driver.returncode is None:
+            driver.kill()
+    assert code == 1, (short_tmp / "driver.log").read_text()[-4000:]
+    matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
+    assert matrix.status == "incomplete"
+    lost = next(row for row in matrix.rows if row.case == "qwen3_dense")
+    assert (lost.result.status, lost.result.reason) == ("incomplete", "host.lost")
+    # Never run twice: one directory for the row, and it is not one of the merged shards.
+    assert [p.name for p in (out / "rows").iterdir() if p.is_dir()].count("row-0000") == 1
+    assert all("qwen3_dense/none/16" not in r.row_keys for r in shard_records(out))
+    # The row's orphaned run (and its host) were ended with the campaign.
+    assert processes_naming(out) == []
+    assert subprocess.run([str(CLI), "replay", str(out)], check=False).returncode == 0

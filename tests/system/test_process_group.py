@@ -1,0 +1,199 @@
+"""The one process-group stopper against real child processes (FAKE host under tests/fake_hosts/).
+
+Real processes need real time: every wait here is bounded by ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import trio
+
+from cache_family.oracles.stage_server import child_environment
+from cache_family.system.child import ChildCommand, run_child
+from cache_family.system.process_group import live_members, stop_group
+
+CHILD_POLL_SECONDS = 0.01
+IGNORES_SIGTERM = str(
+    Path(__file__).resolve().parents[1] / "support" / "fake_hosts" / "fake_host_ignores_sigterm.py"
+)
+SLEEPER = "import signal\nwhile True: signal.pause()\n"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def ignoring_group(tmp_path: Path) -> tuple[trio.Process, list[int]]:
+    """A leader and its grandchild, both ignoring SIGTERM, in a session of their own."""
+    pids = tmp_path / "pids.json"
+    process = await trio.lowlevel.open_process(
+        [sys.executable, IGNORES_SIGTERM, str(free_port()), str(pids)],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    with trio.fail_after(30):
+        while not pids.exists():
+            await trio.sleep(CHILD_POLL_SECONDS)
+    return process, list(json.loads(pids.read_text()))
+
+
+async def test_a_group_ignoring_sigterm_is_killed_with_its_grandchild(tmp_path: Path) -> None:
+    process, (leader, grandchild) = await ignoring_group(tmp_path)
+    with trio.fail_after(30):
+        stopped = await stop_group(process, grace=0.3, kill_wait=10)
+    assert stopped.signalled and stopped.forced
+    assert stopped.returncode == -signal.SIGKILL
+    assert live_members(leader) == []
+    assert not running(grandchild)
+
+
+async def test_a_popen_leader_is_stopped_the_same_way(tmp_path: Path) -> None:
+    pids = tmp_path / "pids.json"
+    process = subprocess.Popen(
+        [sys.executable, IGNORES_SIGTERM, str(free_port()), str(pids)],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    with trio.fail_after(30):
+        while not pids.exists():
+            await trio.sleep(CHILD_POLL_SECONDS)
+    grandchild = json.loads(pids.read_text())[1]
+    with trio.fail_after(30):
+        stopped = await stop_group(process, grace=0.3, kill_wait=10)
+    assert stopped.forced and process.returncode == -signal.SIGKILL
+    assert not running(grandchild)
+
+
+async def test_hurry_ends_the_grace_at_once(tmp_path: Path) -> None:
+    process, (_, grandchild) = await ignoring_group(tmp_path)
+    hurry = trio.Event()
+    hurry.set()
+    with trio.fail_after(30):  # far below the grace: only the hurry can end it in time
+        stopped = await stop_group(process, grace=600, kill_wait=10, hurry=hurry)
+    assert stopped.forced and not running(grandchild)
+
+
+async def test_stopping_is_shielded_from_cancellation(tmp_path: Path) -> None:
+    process, (_, grandchild) = await ignoring_group(tmp_path)
+    with trio.fail_after(30), trio.CancelScope() as scope:
+        scope.cancel()
+        stopped = await stop_group(process, grace=0.3, kill_wait=10)
+    assert stopped.forced and stopped.returncode == -signal.SIGKILL
+    assert not running(grandchild)
+
+
+async def test_an_obedient_leader_ends_within_the_grace() -> None:
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-c", SLEEPER], start_new_session=True
+    )
+    with trio.fail_after(30):
+        stopped = await stop_group(process, grace=600, kill_wait=10)
+    assert stopped.signalled and not stopped.forced
+    assert stopped.returncode == -signal.SIGTERM
+
+
+async def test_an_ended_group_is_not_signalled() -> None:
+    process = await trio.lowlevel.open_process([sys.executable, "-c", ""], start_new_session=True)
+    with trio.fail_after(30):
+        await process.wait()
+        stopped = await stop_group(process, grace=600, kill_wait=10)
+    assert not stopped.signalled and not stopped.forced and stopped.returncode == 0
+
+
+# A tool child that leaves a daemon behind: setsid and a double fork (FAULT INJECTION), the
+# daemon ignoring SIGTERM; the tool itself exits 0 at once.
+DAEMONIZING_TOOL = """
+import os, signal, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        path = sys.argv[1]
+        with open(path + ".tmp", "w") as handle:
+            handle.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)
+        while True:
+            signal.pause()
+    os._exit(0)
+os.wait()
+while not os.path.exists(sys.argv[1]):
+    pass
+"""
+
+
+async def test_a_tool_child_that_left_a_daemon_is_not_clean_and_the_daemon_is_ended(
+    tmp_path: Path,
+) -> None:
+    daemon_file = tmp_path / "daemon"
+    command = ChildCommand(
+        argv=(sys.executable, "-c", DAEMONIZING_TOOL, str(daemon_file)),
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=str(tmp_path),
+        stdout_path=str(tmp_path / "out.log"),
+        stderr_path=str(tmp_path / "err.log"),
+        deadline=trio.current_time() + 60,
+        process_tag="cf-test/cell-0000/correctness",
+    )
+
+    async def spawned(pid: int, create_time: float) -> None:
+        del pid, create_time
+
+    with trio.fail_after(60):
+        ended = await run_child(command, spawned)
+    daemon = int(daemon_file.read_text())
+    assert ended.exit_code == 0 and not ended.forced
+    assert ended.tagged_escapees == (daemon,) and ended.surviving_descendants == ()
+    assert not ended.clean
+    assert not running(daemon)
+
+
+async def test_a_child_that_exits_leaving_a_background_process_in_its_group_is_not_clean(
+    tmp_path: Path,
+) -> None:
+    """``sleep 1000 &`` stays in the child's group: the group outlives the child, is ended
+    with it, and the outcome says so (no tag needed to find it)."""
+    pid_file = tmp_path / "background.pid"
+    command = ChildCommand(
+        argv=("/bin/sh", "-c", f'sleep 1000 & echo $! > "{pid_file}"; exit 0'),
+        env={"PATH": "/usr/bin:/bin"},
+        cwd=str(tmp_path),
+        stdout_path=str(tmp_path / "out.log"),
+        stderr_path=str(tmp_path / "err.log"),
+        deadline=trio.current_time() + 60,
+        grace_seconds=5.0,
+    )
+
+    async def spawned(pid: int, create_time: float) -> None:
+        del pid, create_time
+
+    with trio.fail_after(60):
+        ended = await run_child(command, spawned)
+    background = int(pid_file.read_text())
+    assert ended.exit_code == 0 and not ended.timed_out
+    assert ended.outlived_by_group and ended.left_processes and not ended.clean
+    assert not running(background)
+
+
+def test_the_stage_server_oracle_passes_the_cell_tag_to_its_backend() -> None:
+    """The oracle stage server starts llama-server in a session of its own with a filtered
+    environment: the backend must keep the cell's tag, or a backend that outlives a killed
+    stage server is out of custody's reach."""
+    env = child_environment({"PATH": "/bin", "CACHE_FAMILY_CELL": "cf-x/cell-0000/new", "K": "v"})
+    assert env == {"PATH": "/bin", "CACHE_FAMILY_CELL": "cf-x/cell-0000/new"}
