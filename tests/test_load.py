@@ -155,6 +155,66 @@ async def test_goodput_uses_both_objectives(autojump_clock: trio.testing.MockClo
     assert summary.goodput_requests_per_sec == pytest.approx(2 / outcome.makespan_seconds)
 
 
+async def test_first_token_time_comes_from_the_first_event_with_a_token_even_without_text(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Tokens that render no text still stream (``tokens``, empty content): the first one
+    is the first token, not the end of the response."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda *_: Reply("empty_content_tokens")))
+        outcome = await run_load(load_request(server, requests=2, concurrency=1))
+        nursery.cancel_scope.cancel()
+    assert outcome.status == "completed"
+    for row in outcome.rows:
+        assert row.ttft_unobserved is None
+        assert row.ttft_ms == pytest.approx(100, abs=0.5)
+        assert row.elapsed_ms == pytest.approx(170, abs=0.5)
+        assert row.tpot_ms == pytest.approx(10, abs=0.1)
+    assert outcome.facts is not None and outcome.facts.first_content_with_final_ids == ()
+
+
+async def test_a_stream_with_nothing_before_its_final_event_has_no_first_token_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """llama-server holding every token back until the final event: TTFT and TPOT are None
+    with a typed reason, never the elapsed time; the percentiles and goodput leave them out."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda *_: Reply("final_only")))
+        request = load_request(server, requests=3, concurrency=1, ttft_slo_ms=500.0)
+        outcome = await run_load(request)
+        nursery.cancel_scope.cancel()
+    assert outcome.status == "completed"
+    for row in outcome.rows:
+        assert row.status == "completed" and row.tokens_predicted == 8
+        assert row.elapsed_ms == pytest.approx(170, abs=0.5)
+        assert row.ttft_ms is None and row.tpot_ms is None
+        assert row.ttft_unobserved == "first_token_with_final"
+    summary = outcome.rung_summary
+    assert summary is not None and summary.complete
+    assert summary.ttft_unobserved_requests == 3
+    assert summary.ttft_p50_ms is None and summary.tpot_p50_ms is None
+    assert summary.goodput_requests_per_sec is None
+    assert summary.latency_p50_ms == pytest.approx(170, abs=0.5)
+    assert outcome.facts is not None and outcome.facts.first_content_with_final_ids == (0, 1, 2)
+
+
+async def test_a_stream_with_text_times_its_first_content_event(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp())
+        outcome = await run_load(load_request(server, requests=2, concurrency=1))
+        nursery.cancel_scope.cancel()
+    for row in outcome.rows:
+        assert row.ttft_unobserved is None
+        assert row.ttft_ms == pytest.approx(100, abs=0.5)
+        assert row.ttft_ms is not None and row.elapsed_ms is not None
+        assert row.ttft_ms < row.elapsed_ms
+        assert row.first_chunk_sha256 == hashlib.sha256(b"t0 ").hexdigest()
+    assert outcome.rung_summary is not None
+    assert outcome.rung_summary.ttft_unobserved_requests == 0
+
+
 MALFORMED = {
     "http_500": "HTTP 500",
     "malformed_json": "not valid JSON",

@@ -36,6 +36,10 @@ BEHAVIOURS = (
     "oversized_body",
     "data_after_final",
     "not_json_object",
+    # llama-server with tokens that render no text: every token event has empty content.
+    "empty_content_tokens",
+    # ... or holds them all back (an incomplete character): nothing before the final event.
+    "final_only",
 )
 
 
@@ -130,12 +134,12 @@ class FakeLlamaHttp:
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
         )
         await trio.sleep(reply.first_token_delay)
-        for token in range(n_predict):
+        for token in range(0 if reply.behaviour == "final_only" else n_predict):
             if token:
                 await trio.sleep(reply.token_delay)
             event: dict[str, Any] = {
                 "index": 0,
-                "content": f"t{token} ",
+                "content": "" if reply.behaviour == "empty_content_tokens" else f"t{token} ",
                 "tokens": [token],
                 "stop": False,
                 "id_slot": -1,
@@ -156,6 +160,8 @@ class FakeLlamaHttp:
             await stream.send_all(line)
         if reply.behaviour == "no_final":
             return
+        if reply.behaviour == "final_only":
+            await trio.sleep(reply.token_delay * (n_predict - 1))
         await stream.send_all(b"data: " + _encode_final(_final(reply, n_predict), reply) + b"\n\n")
         if reply.behaviour == "data_after_final":
             await stream.send_all(b'data: {"content": "late", "stop": false}\n\n')

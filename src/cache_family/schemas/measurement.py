@@ -21,6 +21,12 @@ not-launched: never sent (the run stopped first)."""
 
 StopType = Literal["limit", "word", "eos"]
 
+TtftUnobserved = Literal["first_token_with_final"]
+"""Why a completed streamed request has no first-token time: ``first_token_with_final``, the
+stream carried no generated token before its final event (llama-server holds back tokens
+that render no text), so the first token's arrival cannot be told from the response's end."""
+FIRST_TOKEN_WITH_FINAL: TtftUnobserved = "first_token_with_final"
+
 
 class ServerTimings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The server's own ``timings`` object from a llama-server ``/completion`` answer."""
@@ -39,7 +45,8 @@ class RequestRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     status: RequestStatus
     excluded_warmup: bool = False
     elapsed_ms: float | None = None
-    # Time to the first content event; None for non-streamed (serial) requests.
+    # Time to the first event carrying a generated token; None for non-streamed (serial)
+    # requests and when ``ttft_unobserved`` says why it could not be observed.
     ttft_ms: float | None = None
     # (elapsed - ttft) / max(tokens_predicted - 1, 1); None without a ttft.
     tpot_ms: float | None = None
@@ -58,6 +65,9 @@ class RequestRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     cached_tokens: int | None = None
     # The server slot that answered (native ``id_slot``); a slot's first request is cold.
     slot_id: int | None = None
+    # Why a completed streamed request has no ``ttft_ms``/``tpot_ms`` (never the elapsed
+    # time instead); None when they were observed or the request was not streamed.
+    ttft_unobserved: TtftUnobserved | None = None
 
 
 class RungSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,6 +95,9 @@ class RungSummary(msgspec.Struct, frozen=True, kw_only=True):
     failed_or_unlaunched_requests: int = 0
     # True only when every planned request completed.
     complete: bool = False
+    # Measured requests whose first token arrived only with the final event: they have no
+    # TTFT or TPOT, so the percentiles above leave them out (all of them: None).
+    ttft_unobserved_requests: int = 0
 
 
 class SerialSummary(msgspec.Struct, frozen=True, kw_only=True):
