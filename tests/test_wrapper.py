@@ -116,6 +116,8 @@ def expected_runner_argvs(
          "--input", f"{out}/full-gguf/production-cache-bench.json",
          "--input", f"{out}/use-cases/production-cache-bench.json",
          "--use-case-corpus", corpus, "--output", f"{out}/readme-tables.md"],
+        ["report-run", f"{out}/full-gguf"],
+        ["report-run", f"{out}/use-cases"],
     ]  # fmt: skip
 
 
@@ -137,7 +139,7 @@ def assert_failure_block(stderr: str) -> None:
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_runs_the_five_steps_in_order_with_the_reference_argv(
+def test_runs_the_steps_in_order_with_the_reference_argv_and_reports_each_run(
     entry: str, fakes: Fakes, operator: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
@@ -147,11 +149,22 @@ def test_runs_the_five_steps_in_order_with_the_reference_argv(
     assert fakes.argvs() == expected_runner_argvs(str(out), operator, corpus, defaults(corpus))
     assert result.stdout.splitlines() == [
         f"Wrote {out}/readme-tables.md",  # the report step's own line
+        # report-run's own lines, one run after the other
+        f"Wrote {out}/full-gguf/report.md",
+        f"Wrote {out}/full-gguf/report.html",
+        f"Wrote {out}/use-cases/report.md",
+        f"Wrote {out}/use-cases/report.html",
         f"Wrote raw full-GGUF results: {out}/full-gguf/production-cache-bench.json",
         f"Wrote raw use-case results: {out}/use-cases/production-cache-bench.json",
         f"Wrote README tables: {out}/readme-tables.md",
+        f"Wrote run report: {out}/full-gguf/report.html",
+        f"Wrote run report: {out}/use-cases/report.html",
     ]
     assert (out / "readme-tables.md").read_text() == "scripted tables\n"
+    for run in ("full-gguf", "use-cases"):
+        assert "<svg" in (out / run / "report.html").read_text()
+        assert (out / run / "report.md").is_file()
+        assert list((out / run / "plots").glob("*.svg"))
     log = (out / "bench-steps.log").read_text()
     assert [m for m in re.findall(r" (\S+(?: \S+)?): exit (\d+)", log)] == [
         ("prepare-full", "0"),
@@ -159,6 +172,8 @@ def test_runs_the_five_steps_in_order_with_the_reference_argv(
         ("prepare-use-cases", "0"),
         ("run use-cases", "0"),
         ("report", "0"),
+        ("report-run full-gguf", "0"),
+        ("report-run use-cases", "0"),
     ]
 
 
@@ -188,7 +203,7 @@ def test_overrides_and_corpus_reach_both_preparations_and_the_report(
 
 
 @pytest.mark.parametrize(
-    ("entry", "failing"), [("script", 2), *[("python", n) for n in range(1, 6)]]
+    ("entry", "failing"), [("script", 2), *[("python", n) for n in range(1, 8)]]
 )
 def test_a_failing_step_stops_the_sequence_with_its_exit_code(
     entry: str, failing: int, fakes: Fakes, operator: str, tmp_path: Path
@@ -317,7 +332,7 @@ def test_builds_the_tools_first_unless_skipped(
     result = bench(entry, env, str(out))
     assert result.returncode == 0, result.stderr
     calls = fakes.calls()
-    assert [call["role"] for call in calls] == ["just"] + ["runner"] * 5
+    assert [call["role"] for call in calls] == ["just"] + ["runner"] * 7
     assert calls[0]["argv"] == [
         "--justfile",
         str(ROOT / "justfile"),
@@ -347,7 +362,11 @@ def test_run_id_names_the_default_output_directory(entry: str, fakes: Fakes, ope
     try:
         result = bench(entry, base_env(fakes, operator, SKIPPY_CACHE_RUN_ID=run_id))
         assert result.returncode == 0, result.stderr
-        assert result.stdout.splitlines()[-1] == f"Wrote README tables: {out}/readme-tables.md"
+        assert result.stdout.splitlines()[-3:] == [
+            f"Wrote README tables: {out}/readme-tables.md",
+            f"Wrote run report: {out}/full-gguf/report.html",
+            f"Wrote run report: {out}/use-cases/report.html",
+        ]
         assert (out / "readme-tables.md").is_file()
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -505,4 +524,8 @@ def test_quiet_reaches_both_runs_and_leaves_out_the_step_lines(
     ]
     assert all(argv.count("--quiet") == 0 for argv in fakes.argvs() if argv not in runs)
     assert "bench: step" not in result.stderr
-    assert result.stdout.splitlines()[-1] == f"Wrote README tables: {out}/readme-tables.md"
+    assert result.stdout.splitlines()[-3:] == [
+        f"Wrote README tables: {out}/readme-tables.md",
+        f"Wrote run report: {out}/full-gguf/report.html",
+        f"Wrote run report: {out}/use-cases/report.html",
+    ]

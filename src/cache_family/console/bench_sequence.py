@@ -1,4 +1,5 @@
-"""`cache-family bench`: both matrices and their combined README tables, one step at a time.
+"""`cache-family bench`: both matrices, their combined README tables and each run's report
+(``report-run``: report.md, report.html, plots), one step at a time.
 
 This module is the one definition of the wrapper's sequence and environment contract;
 ``scripts/skippy-cache-family-bench.sh`` only sets up ``.venv`` and execs this command.
@@ -47,6 +48,8 @@ STEP_LOG = "bench-steps.log"
 PRODUCTION_JSON = "production-cache-bench.json"
 PREPARED_JSON = "cache-family-input.json"
 TABLES = "readme-tables.md"
+#: Each run's report (``report-run``: report.md, report.html and plots/ in the run directory).
+RUN_REPORT = "report.html"
 
 #: A wrapper precondition that fails (bad variable, missing tool): the reference's exit 1.
 #: A run that exited 0 without the file the report needs: refused during work, output kept.
@@ -115,7 +118,7 @@ def _refuse(code: str, where: str, message: str, hint: str, evidence: str) -> Be
 
 def repo_root() -> Path:
     """The source checkout this package runs from (its justfile holds the build recipe)."""
-    return Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[3]
 
 
 def default_runner() -> tuple[str, ...]:
@@ -304,6 +307,19 @@ def plan_bench(
             "`cache-family report-run RUN_DIR` reports each run from its receipts",
         )
     )
+    reports: list[str] = []
+    for run_dir in ("full-gguf", "use-cases"):
+        run_out = os.path.join(output, run_dir)
+        steps.append(
+            Step(
+                f"report-run {run_dir}",
+                (*runner, "report-run", run_out),
+                run_out,
+                "fix what the refusal above names, then rerun only this step: "
+                + shlex.join((*runner, "report-run", run_out)),
+            )
+        )
+        reports.append(f"Wrote run report: {os.path.join(run_out, RUN_REPORT)}")
     return BenchPlan(
         output=output,
         run_id=run_id,
@@ -313,6 +329,7 @@ def plan_bench(
             f"Wrote raw full-GGUF results: {full_json}",
             f"Wrote raw use-case results: {usecase_json}",
             f"Wrote README tables: {tables}",
+            *reports,
         ),
     )
 

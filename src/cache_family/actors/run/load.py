@@ -141,6 +141,14 @@ class _Exchange:
     ended: float | None = None
     content: list[str] = field(default_factory=list)
     first_chunk: str | None = None
+    # Which read of the body brought the first token and the end (``read_sse_lines``): a
+    # first token read together with the end arrived with it.
+    ttft_read: int | None = None
+    ended_read: int | None = None
+
+    def first_token_seen(self) -> bool:
+        """A first token arrived before the end, in an earlier read of the body."""
+        return self.ttft is not None and self.ttft_read != self.ended_read
 
 
 class RowSink(Protocol):
@@ -350,7 +358,7 @@ class LoadRun:
     ) -> dict[str, Any]:
         final: dict[str, Any] | None = None
 
-        def take(line: bytes, arrived: float) -> None:
+        def take(line: bytes, arrived: Arrival) -> None:
             nonlocal final
             event = _sse_event(line)
             if event is None:
@@ -359,7 +367,7 @@ class LoadRun:
                 raise ProtocolError("data after the final event")
             if event.get("stop") is True:
                 final = event
-                exchange.ended = arrived
+                exchange.ended, exchange.ended_read = arrived
                 _take_content(event, exchange, arrived, final=True)
             elif event.get("stop") is False:
                 _take_content(event, exchange, arrived, final=False)
@@ -385,9 +393,10 @@ class LoadRun:
         ttft_ms: float | None = None
         tpot_ms: float | None = None
         unobserved: TtftUnobserved | None = None
-        if self.request.stream and exchange.ttft is None:
-            # No event before the final one carried a token: the first token's arrival is
-            # the response's end, which says nothing about first-token time.
+        if self.request.stream and not exchange.first_token_seen():
+            # No event before the final one carried a token, or it was read together with
+            # the final one: the first token's arrival is the response's end, which says
+            # nothing about first-token time.
             unobserved = FIRST_TOKEN_WITH_FINAL
         elif self.request.stream:
             assert exchange.ttft is not None
@@ -559,7 +568,7 @@ def _finite(mapping: Mapping[str, Any], name: str, *, key: str | None = None) ->
 
 
 def _take_content(
-    event: Mapping[str, Any], exchange: _Exchange, arrived: float, *, final: bool
+    event: Mapping[str, Any], exchange: _Exchange, arrived: Arrival, *, final: bool
 ) -> None:
     """One ``/completion`` event's text; the first event before the final one that carries a
     generated token (``tokens``, ``tokens_predicted`` or text: llama-server streams a token
@@ -578,23 +587,32 @@ def _take_content(
         or (isinstance(predicted, int) and not isinstance(predicted, bool) and predicted > 0)
     )
     if not final and generated and exchange.ttft is None:
-        exchange.ttft = arrived
+        exchange.ttft, exchange.ttft_read = arrived
         exchange.first_chunk = content
     if content or tokens:
         exchange.content.append(content)
 
 
+class Arrival(NamedTuple):
+    """When a line arrived: the clock at the read that completed it, and that read's number
+    (lines of one read arrived together, whatever the clock says)."""
+
+    at: float
+    read: int
+
+
 async def read_sse_lines(
-    response: Response, clock: Clock, take: Callable[[bytes, float], None]
+    response: Response, clock: Clock, take: Callable[[bytes, Arrival], None]
 ) -> bytes:
     """The one server-sent-events line reader of both dialects: gives ``take`` every complete
-    line (``\r\n`` or ``\n``) with the arrival time of the chunk that completed it, taken
-    before the line is parsed; refuses a body over ``BODY_LIMIT`` or a line over
-    ``SSE_LINE_LIMIT``; returns what followed the last newline (the caller judges it)."""
-    received = 0
+    line (CR LF or LF) with the arrival of the read that completed it, stamped before the
+    line is parsed; refuses a body over ``BODY_LIMIT`` or a line over ``SSE_LINE_LIMIT``;
+    returns what followed the last newline (the caller judges it)."""
+    received = reads = 0
     pending = bytearray()
     async for chunk in response.chunks():
-        arrived = clock()
+        arrived = Arrival(clock(), reads)
+        reads += 1
         received += len(chunk)
         if received > BODY_LIMIT:
             raise ProtocolError(f"stream exceeded {BODY_LIMIT} bytes")
@@ -874,7 +892,7 @@ class _ChatStream:
     usage: dict[str, Any] | None = None
     done: bool = False
 
-    def take(self, event: Mapping[str, Any], exchange: _Exchange, arrived: float) -> None:
+    def take(self, event: Mapping[str, Any], exchange: _Exchange, arrived: Arrival) -> None:
         usage = event.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
@@ -891,7 +909,7 @@ class _ChatStream:
                 self.first_delta = dict(delta)
                 # A first token that comes with the finish reason came with the end.
                 if not isinstance(choice.get("finish_reason"), str):
-                    exchange.ttft = arrived
+                    exchange.ttft, exchange.ttft_read = arrived
             content = delta.get("content")
             if isinstance(content, str):
                 self.content.append(content)
@@ -954,10 +972,10 @@ class OpenAIChatRun(LoadRun):
     ) -> _ChatStream:
         stream = _ChatStream()
 
-        def take(line: bytes, arrived: float) -> None:
+        def take(line: bytes, arrived: Arrival) -> None:
             if line.strip() == b"data: [DONE]":
                 stream.done = True
-                exchange.ended = arrived
+                exchange.ended, exchange.ended_read = arrived
                 return
             event = _sse_event(line)
             if event is None:
@@ -995,7 +1013,8 @@ class OpenAIChatRun(LoadRun):
         elapsed_ms = (exchange.ended - exchange.started) * 1000
         ttft_ms: float | None = None
         tpot_ms: float | None = None
-        if exchange.ttft is not None:
+        if exchange.first_token_seen():
+            assert exchange.ttft is not None
             ttft_ms = (exchange.ttft - exchange.started) * 1000
             tpot_ms = (elapsed_ms - ttft_ms) / max(completion - 1, 1)
         reasoning = "".join(stream.reasoning) if stream.reasoning is not None else None
