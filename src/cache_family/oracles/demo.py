@@ -4,8 +4,8 @@ It builds or reuses ``llama-server`` and the tiny model zoo, installs them with 
 workload oracles as ``skippy-workload-oracles-build`` lays them out (``OUT/tools``), writes an
 operator input naming those tools exactly as it would name real Skippy tools (old and new
 stage servers bound), then runs ``cache-family bench``'s own step list
-(:mod:`cache_family.console.bench_sequence`: prepare-full, run, prepare-use-cases, run, report,
-``report-run`` of both runs), followed by ``replay`` of both runs. Which families and use cases run is
+(:mod:`cache_family.console.bench_sequence`: prepare-full, run, prepare-use-cases, run,
+report, ``report-run`` of both runs), followed by ``replay`` of both runs. Which families and use cases run is
 chosen only through the operator input (``plan.cases``) and the wrapper's corpus variable
 (a subset of the checked-in corpus); see :data:`PLANS`.
 
