@@ -1,15 +1,15 @@
 """SCRIPTED FAKE automation runner (and `just`) for the wrapper's fault-injection tests.
 
-Never a real preparation, run or report: it records its argv and the names of its
-environment into ``calls.jsonl`` beside itself and writes the files each step would write
-(the prepared input, ``production-cache-bench.json``, the tables, a run's report files), so
-the wrapper's order, arguments and exit-code propagation can be checked in seconds.
-``script.json`` beside it injects faults: ``{"fail_call": N, "exit": CODE}`` makes the N-th call (1-based, counting
-every call of every copy in the directory) exit CODE without writing, and
-``{"no_production": true}`` makes runs exit 0 without ``production-cache-bench.json``
-(``{"no_prepared": true}``: preparations without ``cache-family-input.json``),
-and ``{"hang_call": N}`` makes the N-th call print ``scripted fake: waiting`` on stdout and
-wait for a signal (SIGTERM's default action ends it).
+Never a real preparation, run or report: it records its argv and the names of its environment
+into ``calls.jsonl`` beside itself and writes the files each step would write (the prepared
+input, ``production-cache-bench.json``, the tables, a run's report files), so the wrapper's
+order, arguments and exit-code propagation can be checked in seconds. ``script.json`` beside it
+injects faults: ``{"fail_call": N, "exit": CODE}`` makes the N-th call (1-based, counting every
+call of every copy in the directory) exit CODE without writing, and ``{"no_production": true}``
+makes runs exit 0 without ``production-cache-bench.json`` (``{"no_prepared": true}``:
+preparations without ``cache-family-input.json``), and ``{"hang_call": N}`` makes the N-th call
+print ``scripted fake: waiting`` on stdout and wait for a signal (SIGTERM's default action ends
+it).
 Tests copy it into a temporary directory as an executable named for the role it plays.
 """
 
