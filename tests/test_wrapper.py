@@ -202,6 +202,18 @@ def test_overrides_and_corpus_reach_both_preparations_and_the_report(
     assert fakes.argvs() == expected_runner_argvs(str(out), operator, corpus, common)
 
 
+def test_native_output_tokens_reach_both_preparations_only_when_set(
+    fakes: Fakes, operator: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    env = base_env(fakes, operator, NATIVE_OUTPUT_TOKENS="16")
+    result = bench("python", env, str(out))
+    assert result.returncode == 0, result.stderr
+    corpus = default_corpus_path()
+    common = [*defaults(corpus), "--native-output-tokens", "16"]
+    assert fakes.argvs() == expected_runner_argvs(str(out), operator, corpus, common)
+
+
 @pytest.mark.parametrize(
     ("entry", "failing"), [("script", 2), *[("python", n) for n in range(1, 8)]]
 )
@@ -376,7 +388,7 @@ def test_without_run_id_the_output_directory_is_timestamped(fakes: Fakes, operat
     result = bench("python", base_env(fakes, operator))
     last = result.stdout.splitlines()[-1] if result.stdout else ""
     match = re.fullmatch(
-        r"Wrote README tables: (/tmp/skippy-cache-family-bench-\d{8}-\d{6})/readme-tables\.md",
+        r"Wrote run report: (/tmp/skippy-cache-family-bench-\d{8}-\d{6})/use-cases/report\.html",
         last,
     )
     try:
@@ -426,7 +438,7 @@ def test_the_default_runner_is_this_interpreters_cache_family(operator: str) -> 
         "/tmp/x", {"SKIPPY_CACHE_OPERATOR_INPUT": operator, "SKIPPY_CACHE_SKIP_BUILD": "1"}
     )
     assert default_runner() == (sys.executable, "-m", "cache_family.cli")
-    assert [step.argv[:3] for step in plan.steps] == [default_runner()] * 5
+    assert [step.argv[:3] for step in plan.steps] == [default_runner()] * 7
 
 
 def test_a_real_preparation_refusal_stops_at_step_one(tmp_path: Path) -> None:
@@ -444,7 +456,7 @@ def test_a_real_preparation_refusal_stops_at_step_one(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "refused: " in result.stderr  # preparation's own refusal lines
     assert_failure_block(result.stderr)
-    assert "step 1 of 5 (prepare-full) exited with code 2" in result.stderr
+    assert "step 1 of 7 (prepare-full) exited with code 2" in result.stderr
     assert f"cache-family validate --input {operator}" in result.stderr
     assert not (out / "full-gguf").exists()
 

@@ -42,6 +42,10 @@ PLAN_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("CACHE_HIT_REPEATS", "--cache-hit-repeats", "3"),
 )
 
+#: Passed to both preparations only when set (not a reference variable): the native ladder's
+#: output tokens per request (``--native-output-tokens``), e.g. the stage arms' length.
+NATIVE_OUTPUT_ENV = "NATIVE_OUTPUT_TOKENS"
+
 DEFAULT_OUTPUT_PREFIX = "/tmp/skippy-cache-family-bench-"  # noqa: S108 - the reference's path
 RUN_ID_FORMAT = "%Y%m%d-%H%M%S"
 STEP_LOG = "bench-steps.log"
@@ -228,6 +232,8 @@ def plan_bench(
     common: list[str] = ["--use-case-corpus", corpus]
     for name, flag, default in PLAN_OVERRIDES:
         common += [flag, environ.get(name) or default]
+    if environ.get(NATIVE_OUTPUT_ENV):
+        common += ["--native-output-tokens", environ[NATIVE_OUTPUT_ENV]]
     run_flags = ("--quiet",) if quiet else ()
     steps: list[Step] = []
     if environ.get(SKIP_BUILD_ENV, "0") != "1":

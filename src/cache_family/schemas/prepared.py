@@ -25,8 +25,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     computed_field,
+    model_serializer,
     model_validator,
 )
 
@@ -472,6 +474,17 @@ class PreparedInput(_Strict):
     use_cases: list[UseCaseRecord] = Field(default_factory=list)
     # prepare-full only: the --use-case-corpus it was given and did not use.
     unused_corpus: UnusedCorpus | None = None
+    # --native-output-tokens, when given: every row's native concurrent ladder asks for this
+    # many output tokens per request instead of the reference's 128. Absent when not given,
+    # so a prepared input without the override keeps its bytes.
+    native_output_tokens: Annotated[int, Field(ge=1, le=2**32 - 1)] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_extensions(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("native_output_tokens") is None:
+            data.pop("native_output_tokens", None)
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -604,6 +617,8 @@ class PreparationRequest(_Strict):
     worker_deadline_monotonic_ns: Annotated[int, Field(ge=0)] | None = None
     # prepare-full: the --use-case-corpus it accepts and records as unused (never read).
     unused_corpus: str | None = None
+    # --native-output-tokens: the native ladder's output tokens per request (None: 128).
+    native_output_tokens: Annotated[int, Field(ge=1, le=2**32 - 1)] | None = None
 
 
 class RefusalRecord(_Strict):

@@ -38,6 +38,11 @@ OVERRIDE_FIELDS: Final[Mapping[str, str]] = {
     "--cache-hit-repeats": "cache_hit_repeats",
 }
 CORPUS_FLAG: Final = "--use-case-corpus"
+#: Not a plan field (the operator input stays the reference's): the native concurrent ladder's
+#: output tokens per request, instead of the reference's fixed 128, recorded in the prepared
+#: input. Set to ``plan.concurrent_output_tokens``, the native curves compare the same work
+#: as the stage arms'.
+NATIVE_OUTPUT_FLAG: Final = "--native-output-tokens"
 U32_MAX: Final = 2**32 - 1
 
 
@@ -48,6 +53,7 @@ U32_MAX: Final = 2**32 - 1
 class Overrides:
     plan_fields: Mapping[str, int]
     corpus: str | None
+    native_output_tokens: int | None = None
 
 
 def parse_overrides(arguments: Sequence[str]) -> Overrides:
@@ -55,6 +61,7 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
     refusals: list[Refusal] = []
     values: dict[str, int] = {}
     corpus: str | None = None
+    native: int | None = None
     seen: set[str] = set()
     items = list(arguments)
     if items[:1] == ["--"]:
@@ -67,12 +74,17 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
     while position < len(items):
         token = items[position]
         name, has_inline, inline = token.partition("=")
-        if not token.startswith("--") or name not in (*OVERRIDE_FIELDS, CORPUS_FLAG):
+        if not token.startswith("--") or name not in (
+            *OVERRIDE_FIELDS,
+            CORPUS_FLAG,
+            NATIVE_OUTPUT_FLAG,
+        ):
             refuse(
                 "preparation.override.unknown",
                 f"unknown argument {token!r}",
                 "overrides are --use-case-corpus ABS, --prefix-tokens, --runtime-lane-count, "
-                "--llama-parallel, --llama-repeats, --cache-hit-repeats N",
+                "--llama-parallel, --llama-repeats, --cache-hit-repeats, "
+                "--native-output-tokens N",
             )
             position += 1
             # an unknown --flag's value is part of the same mistake, not a second one
@@ -117,10 +129,13 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
                 "give a positive whole number",
             )
             continue
+        if name == NATIVE_OUTPUT_FLAG:
+            native = int(value)
+            continue
         values[OVERRIDE_FIELDS[name]] = int(value)
     if refusals:
         raise Refused(tuple(refusals))
-    return Overrides(plan_fields=values, corpus=corpus)
+    return Overrides(plan_fields=values, corpus=corpus, native_output_tokens=native)
 
 
 # --- admission ---------------------------------------------------------------------------------
@@ -140,6 +155,8 @@ class Admission:
     # prepare-full's --use-case-corpus: accepted (the reference wrapper passes it to both
     # modes) and recorded as unused in the prepared input.
     unused_corpus: str | None = None
+    # --native-output-tokens: the native ladder's output tokens per request (None: 128).
+    native_output_tokens: int | None = None
 
 
 def strict_json(data: bytes, what: str) -> Any:
@@ -316,4 +333,5 @@ def admit(
         output=canonical_output,
         budget_seconds=float(operator.preparation_seconds),
         unused_corpus=parsed.corpus if mode == "full" else None,
+        native_output_tokens=parsed.native_output_tokens,
     )

@@ -399,6 +399,7 @@ def run_prepare(
                     worker_budget_ms=(worker_ms := _worker_budget_ms(budget.remaining())),
                     worker_deadline_monotonic_ns=time.monotonic_ns() + worker_ms * 1_000_000,
                     unused_corpus=admission.unused_corpus,
+                    native_output_tokens=admission.native_output_tokens,
                 )
             )
             publish_fresh(os.path.join(admission.output, REQUEST_NAME), request_bytes)
