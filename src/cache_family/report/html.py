@@ -122,7 +122,7 @@ def markdown_to_html(markdown: str, title: str, svgs: Mapping[str, str]) -> str:
         heading = re.match(r"^(#{1,6}) (.*)$", line)
         image = _IMAGE.match(line)
         summary = _SUMMARY.match(line)
-        if not line.strip():
+        if not line.strip() or line.startswith("<!--"):
             flush()
         elif heading:
             flush()

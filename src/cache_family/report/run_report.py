@@ -42,6 +42,9 @@ from cache_family.schemas.production import Figure, ProducerRow
 from cache_family.schemas.receipts import CacheVerdict
 
 MARKDOWN_NAME: Final = "report.md"
+#: The first line of ``report.md``: which layout wrote it. Replay regenerates and compares the
+#: files of a report of this layout only (a run reported by an earlier layout says so instead).
+FORMAT_LINE: Final = "<!-- cache-family run report, format 2 -->"
 HTML_NAME: Final = "report.html"
 PLOTS_DIR: Final = "plots"
 JOURNAL_NAME: Final = "journal.jsonl"
@@ -700,13 +703,18 @@ def _receipts_table(receipts: RunReceipts) -> list[str]:
     return lines
 
 
+def written_in_this_format(markdown: bytes) -> bool:
+    """Whether a ``report.md`` was written in the layout :func:`render_run_report` writes."""
+    return markdown.split(b"\n", 1)[0] == FORMAT_LINE.encode()
+
+
 def render_run_report(receipts: RunReceipts) -> dict[str, bytes]:
     """The report files (relative path -> bytes): ``report.md``, ``report.html`` and one
     ``plots/row-NNNN-<row>.svg`` per row with a concurrent arm. Raises ``Refused`` only when
     the reference tables refuse (a metadata-derived size that overflows 64 bits)."""
     matrix = receipts.matrix
     run_id = next((v.receipt.run_id for v in receipts.rows if v.receipt is not None), None)
-    lines = ["# Cache-family run report", ""]
+    lines = [FORMAT_LINE, "# Cache-family run report", ""]
     if _synthetic(receipts):
         lines += [f"> {SYNTHETIC_BANNER}", ""]
     lines += [
