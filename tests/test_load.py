@@ -13,6 +13,7 @@ import trio.testing
 from cache_family.actors.run.load import (
     CacheAccounting,
     LoadRun,
+    OpenAIChatRun,
     PromptCuts,
     ProtocolError,
     build_benchmark_prompt,
@@ -198,6 +199,23 @@ async def test_a_stream_with_nothing_before_its_final_event_has_no_first_token_t
     assert outcome.facts is not None and outcome.facts.first_content_with_final_ids == (0, 1, 2)
 
 
+async def test_a_first_token_read_together_with_the_final_event_is_not_observable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Token events that reach the client in the same read as the final event (a burst)
+    arrived with it: no first-token time, whatever text they carry."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda *_: Reply("one_write")))
+        outcome = await run_load(load_request(server, requests=2, concurrency=1))
+        nursery.cancel_scope.cancel()
+    assert outcome.status == "completed"
+    for row in outcome.rows:
+        assert row.ttft_ms is None and row.tpot_ms is None
+        assert row.ttft_unobserved == "first_token_with_final"
+        content = "".join(f"t{i} " for i in range(8))
+        assert row.content_sha256 == hashlib.sha256(content.encode()).hexdigest()
+
+
 async def test_a_stream_with_text_times_its_first_content_event(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -213,6 +231,32 @@ async def test_a_stream_with_text_times_its_first_content_event(
         assert row.first_chunk_sha256 == hashlib.sha256(b"t0 ").hexdigest()
     assert outcome.rung_summary is not None
     assert outcome.rung_summary.ttft_unobserved_requests == 0
+
+
+@pytest.mark.parametrize(("behaviour", "observed"), [("ok", True), ("final_only", False)])
+async def test_chat_first_token_time_is_the_first_generating_delta_before_the_finish(
+    behaviour: str, observed: bool, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The chat API: the first delta with content is the first token; content that only
+    comes in the finish chunk came with the end (TTFT and TPOT null, typed reason)."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda *_: Reply(behaviour)))
+        request = load_request(server, requests=2, concurrency=1)
+        outcome = await OpenAIChatRun(request, "fake-model").run()
+        nursery.cancel_scope.cancel()
+    assert outcome.status == "completed"
+    for row in outcome.rows:
+        assert row.elapsed_ms == pytest.approx(170, abs=0.5)
+        content = "".join(f"t{i} " for i in range(8))
+        assert row.content_sha256 is not None and row.tokens_predicted == 8
+        if observed:
+            assert row.ttft_ms == pytest.approx(100, abs=0.5)
+            assert row.tpot_ms == pytest.approx(10, abs=0.1)
+            assert row.ttft_unobserved is None
+        else:
+            assert row.ttft_ms is None and row.tpot_ms is None
+            assert row.ttft_unobserved == "first_token_with_final"
+        assert len(content) == 24
 
 
 MALFORMED = {
