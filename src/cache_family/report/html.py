@@ -23,7 +23,7 @@ _SAFE_HREF: Final = re.compile(r"^(?:[A-Za-z0-9._~%-]+/)*[A-Za-z0-9._~%-]*(?:#[A
 
 STYLE: Final = """
 body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 78rem;
-  padding: 0 1rem; color: #1b1b1b; line-height: 1.4; overflow-wrap: anywhere; }
+  padding: 0 1rem; color: #1b1b1b; line-height: 1.4; overflow-wrap: break-word; }
 details { margin: 0.4rem 0 1rem; } summary { cursor: pointer; color: #1f4e8c; }
 h1 { font-size: 1.6rem; } h2 { font-size: 1.3rem; margin-top: 2rem; }
 h3 { font-size: 1.1rem; margin-top: 1.5rem; }
