@@ -96,7 +96,12 @@ def serial_rung(elapsed: Sequence[float], server: Sequence[tuple[float, float]])
         for i, (e, (p, d)) in enumerate(zip(elapsed, server, strict=True))
     )
     return RungReceipt(
-        rung_index=0, concurrency=1, requested_requests=len(rows), status="completed", rows=rows
+        rung_index=0,
+        concurrency=1,
+        requested_requests=len(rows),
+        status="completed",
+        output_tokens=16,
+        rows=rows,
     )
 
 

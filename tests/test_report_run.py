@@ -466,9 +466,10 @@ def test_the_report_opens_with_a_summary_linking_rows_and_cells_that_did_not_com
     line = next(line for line in markdown.splitlines() if line.startswith("| [fam0-p32]"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[0] == "[fam0-p32](#fam0-p32)"
-    assert cells[2].startswith("TTFT c=1: -50.0 ms [") and cells[2].endswith("new faster")
-    assert cells[3].startswith("TTFT c=1: -50.0 ms [")
-    assert cells[4] == (
+    assert cells[1] == "16, 16, 16"
+    assert cells[3].startswith("TTFT c=1: -50.0 ms [") and cells[3].endswith("new faster")
+    assert cells[4].startswith("TTFT c=1: -50.0 ms [")
+    assert cells[5] == (
         "[skippy-old: incomplete (cleanup_unclean)](cell-0000/sweep-skippy-old/cell.json)"
     )
     html = files["report.html"].decode()
@@ -517,10 +518,12 @@ def test_the_reference_win_stands_beside_the_same_request_timed_inside_the_serve
         producers={0: producer},
     )
     markdown = render(run)["report.md"].decode()
-    line = next(line for line in markdown.splitlines() if line.startswith("| fam0-p32 | pass |"))
+    line = next(
+        line for line in markdown.splitlines() if line.startswith("| fam0-p32 | 16 | pass |")
+    )
     # hit 0.4 ms; warm median 2.4 ms (6.00x, the reference's win); inside the server the
     # warm requests took 0.6, 0.8 and 1.0 ms (median 0.8: 2.00x); 1.6 ms were HTTP and client.
-    assert line == "| fam0-p32 | pass | 0.4 | 2.4 | 6.00x | 0.8 | 2.00x | 1.6 |"
+    assert line == "| fam0-p32 | 16 | pass | 0.4 | 2.4 | 6.00x | 0.8 | 2.00x | 1.6 |"
     assert "Skippy win against the server's time" in markdown
 
 

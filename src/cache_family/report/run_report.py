@@ -529,8 +529,9 @@ def _summary(receipts: RunReceipts, curves: set[int]) -> list[str]:
         "both ran (negative: the new server is faster); the row's correctness; and every",
         "planned arm that did not complete, linked to its cell receipt.",
         "",
-        "| Row | Correctness | New vs old | New vs native | Not completed |",
-        "| --- | --- | --- | --- | --- |",
+        "| Row | Output tok/req (new, old, native) | Correctness | New vs old | New vs native "
+        "| Not completed |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for view in receipts.rows:
         by_arm = {arm.arm: arm for arm in view.arms}
@@ -539,10 +540,15 @@ def _summary(receipts: RunReceipts, curves: set[int]) -> list[str]:
         if view.entry.index in curves:
             name = f"[{name}](#{anchor(_row_name(view))})"
         correctness = view.receipt.correctness.status if view.receipt is not None else "n/a"
+        tokens = ", ".join(
+            "n/a" if by_arm.get(arm) is None else _arm_tokens(by_arm[arm])
+            for arm in (NEW_ARM, OLD_ARM, NATIVE_ARM)
+        )
         lines.append(
             _table_row(
                 [
                     name,
+                    tokens,
                     cell(correctness),
                     cell(_versus(by_arm.get(OLD_ARM), new)),
                     cell(_versus(by_arm.get(NATIVE_ARM), new)),
@@ -605,6 +611,7 @@ def _warm_win(receipts: RunReceipts) -> list[str]:
             _table_row(
                 [
                     _title(view),
+                    _arm_tokens(serial),
                     cell(row.skippy.status or "missing"),
                     format_ms(hit),
                     format_ms(None if base is None else base.value),
@@ -626,10 +633,11 @@ def _warm_win(receipts: RunReceipts) -> list[str]:
         "inside the server (`timings.prompt_ms + predicted_ms`, median of the serial rows) and",
         "the win against that: the rest of the end-to-end time is HTTP and client.",
         "",
-        "| Row | Correctness | Skippy hit median ms | llama-server warm median ms (client) "
-        "| Skippy win (reference) | Same requests inside the server ms "
-        "| Skippy win against the server's time | HTTP and client ms |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| Row | Output tok/req | Correctness | Skippy hit median ms "
+        "| llama-server warm median ms (client) | Skippy win (reference) "
+        "| Same requests inside the server ms | Skippy win against the server's time "
+        "| HTTP and client ms |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         *table,
         "",
     ]
