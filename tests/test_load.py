@@ -6,6 +6,7 @@ import hashlib
 import math
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -25,6 +26,7 @@ from cache_family.actors.run.load import (
 )
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import LoadRequest, RequestRow, ServerTimings
+from cache_family.states.metrics import rung_summary
 from cache_family.system.http import LoopbackHttp
 from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
 
@@ -167,7 +169,7 @@ async def test_first_token_time_comes_from_the_first_event_with_a_token_even_wit
         nursery.cancel_scope.cancel()
     assert outcome.status == "completed"
     for row in outcome.rows:
-        assert row.ttft_unobserved is None
+        assert row.ttft_unobserved is msgspec.UNSET
         assert row.ttft_ms == pytest.approx(100, abs=0.5)
         assert row.elapsed_ms == pytest.approx(170, abs=0.5)
         assert row.tpot_ms == pytest.approx(10, abs=0.1)
@@ -224,13 +226,13 @@ async def test_a_stream_with_text_times_its_first_content_event(
         outcome = await run_load(load_request(server, requests=2, concurrency=1))
         nursery.cancel_scope.cancel()
     for row in outcome.rows:
-        assert row.ttft_unobserved is None
+        assert row.ttft_unobserved is msgspec.UNSET
         assert row.ttft_ms == pytest.approx(100, abs=0.5)
         assert row.ttft_ms is not None and row.elapsed_ms is not None
         assert row.ttft_ms < row.elapsed_ms
         assert row.first_chunk_sha256 == hashlib.sha256(b"t0 ").hexdigest()
     assert outcome.rung_summary is not None
-    assert outcome.rung_summary.ttft_unobserved_requests == 0
+    assert outcome.rung_summary.ttft_unobserved_requests is msgspec.UNSET
 
 
 @pytest.mark.parametrize(("behaviour", "observed"), [("ok", True), ("final_only", False)])
@@ -252,7 +254,7 @@ async def test_chat_first_token_time_is_the_first_generating_delta_before_the_fi
         if observed:
             assert row.ttft_ms == pytest.approx(100, abs=0.5)
             assert row.tpot_ms == pytest.approx(10, abs=0.1)
-            assert row.ttft_unobserved is None
+            assert row.ttft_unobserved is msgspec.UNSET
         else:
             assert row.ttft_ms is None and row.tpot_ms is None
             assert row.ttft_unobserved == "first_token_with_final"
@@ -603,3 +605,21 @@ async def test_a_row_cuts_its_prompt_once_for_every_arm(
     assert server.connections == 8
     assert (first.token_count, longer.token_count) == (11, 13)
     assert http.requests == 8
+
+
+def test_rows_and_summaries_without_an_unobserved_first_token_encode_as_before() -> None:
+    """The new members are written only when something was not observable, so the rows,
+    summaries and receipts of every other request (and of older runs, re-folded by replay)
+    keep their bytes; an older row decodes without them."""
+    row = RequestRow(request_id=0, status="completed", elapsed_ms=5.0, ttft_ms=1.0)
+    assert b"ttft_unobserved" not in msgspec.json.encode(row)
+    old_line = b'{"request_id":0,"status":"completed","ttft_ms":5.0,"elapsed_ms":5.0}'
+    older = msgspec.json.decode(old_line, type=RequestRow)
+    assert older.ttft_unobserved is msgspec.UNSET
+    summary = rung_summary([older], concurrency=1, requested_requests=1, makespan_seconds=1.0)
+    assert b"ttft_unobserved" not in msgspec.json.encode(summary)
+    assert summary.ttft_p50_ms == 5.0  # an older run's stand-in re-tallies as it was
+    unobserved = RequestRow(
+        request_id=0, status="completed", elapsed_ms=5.0, ttft_unobserved="first_token_with_final"
+    )
+    assert b'"ttft_unobserved":"first_token_with_final"' in msgspec.json.encode(unobserved)

@@ -121,17 +121,15 @@ def _series_name(arm: ArmView) -> str:
 def _unobserved(summary: RungSummary | None) -> bool:
     """Every measured request of the rung lacks a first-token time (it only came with the
     final event): TTFT and TPOT are not observable, never the elapsed time."""
-    return (
-        summary is not None and summary.ttft_unobserved_requests > 0 and summary.ttft_p50_ms is None
-    )
+    return summary is not None and summary.ttft_unobserved_count > 0 and summary.ttft_p50_ms is None
 
 
 def _ttft_cell(summary: RungSummary | None, value: float | None) -> str:
     if _unobserved(summary):
         return NOT_OBSERVABLE
     text = format_ms(value)
-    if summary is not None and summary.ttft_unobserved_requests and value is not None:
-        text += f" ({summary.ttft_unobserved_requests} not observable)"
+    if summary is not None and summary.ttft_unobserved_count and value is not None:
+        text += f" ({summary.ttft_unobserved_count} not observable)"
     return text
 
 

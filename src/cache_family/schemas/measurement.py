@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 RequestStatus = Literal["completed", "failed", "incomplete", "not-launched"]
 """completed: a valid final answer; failed: the server or protocol said no (malformed reply,
@@ -66,8 +67,10 @@ class RequestRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # The server slot that answered (native ``id_slot``); a slot's first request is cold.
     slot_id: int | None = None
     # Why a completed streamed request has no ``ttft_ms``/``tpot_ms`` (never the elapsed
-    # time instead); None when they were observed or the request was not streamed.
-    ttft_unobserved: TtftUnobserved | None = None
+    # time instead). Unset (and not written) when they were observed or the request was not
+    # streamed, so a row without it encodes as rows did before the field: older runs re-fold
+    # and replay to the same bytes.
+    ttft_unobserved: TtftUnobserved | UnsetType = UNSET
 
 
 class RungSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,8 +99,15 @@ class RungSummary(msgspec.Struct, frozen=True, kw_only=True):
     # True only when every planned request completed.
     complete: bool = False
     # Measured requests whose first token arrived only with the final event: they have no
-    # TTFT or TPOT, so the percentiles above leave them out (all of them: None).
-    ttft_unobserved_requests: int = 0
+    # TTFT or TPOT, so the percentiles above leave them out (all of them: None). Unset (not
+    # written) when there is none, so such a summary encodes as summaries did before.
+    ttft_unobserved_requests: int | UnsetType = UNSET
+
+    @property
+    def ttft_unobserved_count(self) -> int:
+        """``ttft_unobserved_requests``, 0 when unset."""
+        count = self.ttft_unobserved_requests
+        return 0 if isinstance(count, UnsetType) else count
 
 
 class SerialSummary(msgspec.Struct, frozen=True, kw_only=True):

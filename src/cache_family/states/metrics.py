@@ -17,6 +17,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, MutableSequence, Sequence
 from typing import Final
 
+from msgspec import UNSET
+
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.measurement import RequestRow, RungSummary, SerialSummary
 
@@ -197,7 +199,7 @@ class RungAccumulator:
             return
         self._good += 1
         self._tokens += row.tokens_predicted or 0
-        self._unobserved += row.ttft_unobserved is not None
+        self._unobserved += row.ttft_unobserved is not UNSET
         if (self._slos[0] is not None or self._slos[1] is not None) and _meets(row, *self._slos):
             self._meeting += 1
         ttfts, tpots, latencies = self._times
@@ -280,7 +282,7 @@ class RungAccumulator:
             latency_p99_ms=latency[2],
             failed_or_unlaunched_requests=self._not_completed,
             complete=self._good > 0 and self._not_completed == 0,
-            ttft_unobserved_requests=self._unobserved,
+            ttft_unobserved_requests=self._unobserved or UNSET,
         )
         _refuse_non_finite_summary(
             [

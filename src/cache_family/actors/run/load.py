@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, NamedTuple, Protocol
 
 import trio
+from msgspec import UNSET, UnsetType
 
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
@@ -392,7 +393,7 @@ class LoadRun:
         elapsed_ms = (exchange.ended - exchange.started) * 1000
         ttft_ms: float | None = None
         tpot_ms: float | None = None
-        unobserved: TtftUnobserved | None = None
+        unobserved: TtftUnobserved | UnsetType = UNSET
         if self.request.stream and not exchange.first_token_seen():
             # No event before the final one carried a token, or it was read together with
             # the final one: the first token's arrival is the response's end, which says
@@ -1034,5 +1035,5 @@ class OpenAIChatRun(LoadRun):
             first_chunk_sha256=openai_first_generated_sha256(stream.first_delta),
             prompt_tokens=cache.prompt_tokens,
             cached_tokens=cache.cached_tokens,
-            ttft_unobserved=None if ttft_ms is not None else FIRST_TOKEN_WITH_FINAL,
+            ttft_unobserved=UNSET if ttft_ms is not None else FIRST_TOKEN_WITH_FINAL,
         )
