@@ -203,6 +203,7 @@ _PREPARE_OVERRIDES = (
     ("--llama-parallel", "N"),
     ("--llama-repeats", "N"),
     ("--cache-hit-repeats", "N"),
+    ("--native-output-tokens", "N"),
 )
 
 

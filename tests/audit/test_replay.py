@@ -66,6 +66,25 @@ def test_untouched_run_replays_identically(
     ]
 
 
+def test_the_run_report_is_compared_in_its_layout_and_an_earlier_one_is_named(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["report-run", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert replay_command(str(run_dir), reap=False) == 0
+    out = capsys.readouterr().out
+    assert "identical report.md (run report)" in out
+    assert "identical report.html (run report)" in out
+    # A report written by an earlier layout (no format line) is named, not compared: the
+    # receipts it was made from are what replay verifies.
+    markdown = run_dir / "report.md"
+    markdown.write_bytes(markdown.read_bytes().split(b"\n", 1)[1])
+    assert replay_command(str(run_dir), reap=False) == 0
+    out = capsys.readouterr().out
+    assert "report.md was written in an earlier layout, not compared" in out
+    assert "(run report)" not in out
+
+
 def test_cli_is_wired(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["replay", str(run_dir)]) == 0
     assert "replay: identical" in capsys.readouterr().out

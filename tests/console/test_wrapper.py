@@ -118,6 +118,8 @@ def expected_runner_argvs(
          "--input", f"{out}/full-gguf/production-cache-bench.json",
          "--input", f"{out}/use-cases/production-cache-bench.json",
          "--use-case-corpus", corpus, "--output", f"{out}/readme-tables.md"],
+        ["report-run", f"{out}/full-gguf"],
+        ["report-run", f"{out}/use-cases"],
     ]  # fmt: skip
 
 
@@ -139,7 +141,7 @@ def assert_failure_block(stderr: str) -> None:
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_runs_the_five_steps_in_order_with_the_reference_argv(
+def test_runs_the_steps_in_order_with_the_reference_argv_and_reports_each_run(
     entry: str, fakes: Fakes, operator: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
@@ -149,11 +151,22 @@ def test_runs_the_five_steps_in_order_with_the_reference_argv(
     assert fakes.argvs() == expected_runner_argvs(str(out), operator, corpus, defaults(corpus))
     assert result.stdout.splitlines() == [
         f"Wrote {out}/readme-tables.md",  # the report step's own line
+        # report-run's own lines, one run after the other
+        f"Wrote {out}/full-gguf/report.md",
+        f"Wrote {out}/full-gguf/report.html",
+        f"Wrote {out}/use-cases/report.md",
+        f"Wrote {out}/use-cases/report.html",
         f"Wrote raw full-GGUF results: {out}/full-gguf/production-cache-bench.json",
         f"Wrote raw use-case results: {out}/use-cases/production-cache-bench.json",
         f"Wrote README tables: {out}/readme-tables.md",
+        f"Wrote run report: {out}/full-gguf/report.html",
+        f"Wrote run report: {out}/use-cases/report.html",
     ]
     assert (out / "readme-tables.md").read_text() == "scripted tables\n"
+    for run in ("full-gguf", "use-cases"):
+        assert "<svg" in (out / run / "report.html").read_text()
+        assert (out / run / "report.md").is_file()
+        assert list((out / run / "plots").glob("*.svg"))
     log = (out / "bench-steps.log").read_text()
     assert [m for m in re.findall(r" (\S+(?: \S+)?): exit (\d+)", log)] == [
         ("prepare-full", "0"),
@@ -161,6 +174,8 @@ def test_runs_the_five_steps_in_order_with_the_reference_argv(
         ("prepare-use-cases", "0"),
         ("run use-cases", "0"),
         ("report", "0"),
+        ("report-run full-gguf", "0"),
+        ("report-run use-cases", "0"),
     ]
 
 
@@ -189,8 +204,20 @@ def test_overrides_and_corpus_reach_both_preparations_and_the_report(
     assert fakes.argvs() == expected_runner_argvs(str(out), operator, corpus, common)
 
 
+def test_native_output_tokens_reach_both_preparations_only_when_set(
+    fakes: Fakes, operator: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    env = base_env(fakes, operator, NATIVE_OUTPUT_TOKENS="16")
+    result = bench("python", env, str(out))
+    assert result.returncode == 0, result.stderr
+    corpus = default_corpus_path()
+    common = [*defaults(corpus), "--native-output-tokens", "16"]
+    assert fakes.argvs() == expected_runner_argvs(str(out), operator, corpus, common)
+
+
 @pytest.mark.parametrize(
-    ("entry", "failing"), [("script", 2), *[("python", n) for n in range(1, 6)]]
+    ("entry", "failing"), [("script", 2), *[("python", n) for n in range(1, 8)]]
 )
 def test_a_failing_step_stops_the_sequence_with_its_exit_code(
     entry: str, failing: int, fakes: Fakes, operator: str, tmp_path: Path
@@ -319,7 +346,7 @@ def test_builds_the_tools_first_unless_skipped(
     result = bench(entry, env, str(out))
     assert result.returncode == 0, result.stderr
     calls = fakes.calls()
-    assert [call["role"] for call in calls] == ["just"] + ["runner"] * 5
+    assert [call["role"] for call in calls] == ["just"] + ["runner"] * 7
     assert calls[0]["argv"] == [
         "--justfile",
         str(ROOT / "justfile"),
@@ -349,7 +376,11 @@ def test_run_id_names_the_default_output_directory(entry: str, fakes: Fakes, ope
     try:
         result = bench(entry, base_env(fakes, operator, SKIPPY_CACHE_RUN_ID=run_id))
         assert result.returncode == 0, result.stderr
-        assert result.stdout.splitlines()[-1] == f"Wrote README tables: {out}/readme-tables.md"
+        assert result.stdout.splitlines()[-3:] == [
+            f"Wrote README tables: {out}/readme-tables.md",
+            f"Wrote run report: {out}/full-gguf/report.html",
+            f"Wrote run report: {out}/use-cases/report.html",
+        ]
         assert (out / "readme-tables.md").is_file()
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -359,7 +390,7 @@ def test_without_run_id_the_output_directory_is_timestamped(fakes: Fakes, operat
     result = bench("python", base_env(fakes, operator))
     last = result.stdout.splitlines()[-1] if result.stdout else ""
     match = re.fullmatch(
-        r"Wrote README tables: (/tmp/skippy-cache-family-bench-\d{8}-\d{6})/readme-tables\.md",
+        r"Wrote run report: (/tmp/skippy-cache-family-bench-\d{8}-\d{6})/use-cases/report\.html",
         last,
     )
     try:
@@ -409,7 +440,7 @@ def test_the_default_runner_is_this_interpreters_cache_family(operator: str) -> 
         "/tmp/x", {"SKIPPY_CACHE_OPERATOR_INPUT": operator, "SKIPPY_CACHE_SKIP_BUILD": "1"}
     )
     assert default_runner() == (sys.executable, "-m", "cache_family.cli")
-    assert [step.argv[:3] for step in plan.steps] == [default_runner()] * 5
+    assert [step.argv[:3] for step in plan.steps] == [default_runner()] * 7
 
 
 def test_a_real_preparation_refusal_stops_at_step_one(tmp_path: Path) -> None:
@@ -427,7 +458,7 @@ def test_a_real_preparation_refusal_stops_at_step_one(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "refused: " in result.stderr  # preparation's own refusal lines
     assert_failure_block(result.stderr)
-    assert "step 1 of 5 (prepare-full) exited with code 2" in result.stderr
+    assert "step 1 of 7 (prepare-full) exited with code 2" in result.stderr
     assert f"cache-family validate --input {operator}" in result.stderr
     assert not (out / "full-gguf").exists()
 
@@ -507,4 +538,8 @@ def test_quiet_reaches_both_runs_and_leaves_out_the_step_lines(
     ]
     assert all(argv.count("--quiet") == 0 for argv in fakes.argvs() if argv not in runs)
     assert "bench: step" not in result.stderr
-    assert result.stdout.splitlines()[-1] == f"Wrote README tables: {out}/readme-tables.md"
+    assert result.stdout.splitlines()[-3:] == [
+        f"Wrote README tables: {out}/readme-tables.md",
+        f"Wrote run report: {out}/full-gguf/report.html",
+        f"Wrote run report: {out}/use-cases/report.html",
+    ]

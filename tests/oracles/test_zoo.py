@@ -15,6 +15,8 @@ from pathlib import Path, PurePosixPath
 
 import gguf
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cache_family.errors import Refused
 from cache_family.oracles.native_parts import zoo_key
@@ -37,7 +39,13 @@ from cache_family.oracles.zoo.base import (
 )
 from cache_family.oracles.zoo.hub import SnapshotPath, place_in_snapshot, publish_snapshot
 from cache_family.oracles.zoo.layers import GATE_DOWN_UP, Tensors
-from cache_family.oracles.zoo.vocab import EOS_TOKEN, byte_to_printable, vocabulary
+from cache_family.oracles.zoo.vocab import (
+    EOS_TOKEN,
+    TOKEN_BYTES,
+    byte_to_printable,
+    rendered_bytes,
+    vocabulary,
+)
 from cache_family.oracles.zoo.zoo_catalog import NOT_BUILT_PREFIX
 from cache_family.schemas.catalog import load_catalog, packaged_catalog
 
@@ -170,14 +178,87 @@ def test_the_vocabulary_is_a_real_byte_level_bpe() -> None:
     tokens, merges, types = vocabulary()
     printable = byte_to_printable()
     assert len(set(printable)) == 256
-    assert tokens[:256] == printable
+    assert tokens[: len(TOKEN_BYTES)] == tuple(printable[b] for b in TOKEN_BYTES)
     assert all(not ch.isspace() for ch in printable)
     assert len(tokens) == len(types) == len(set(tokens))
     for merge in merges:
         left, right = merge.split(" ")
         assert left in tokens and right in tokens and left + right in tokens
-    assert tokens.count(EOS_TOKEN) == 1
-    assert 850 <= len(tokens) <= 1000
+    assert tokens.count(EOS_TOKEN) == 1 and tokens[-1] == EOS_TOKEN
+    assert 750 <= len(tokens) <= 1000
+
+
+def _held_back_from(text: bytes) -> int:
+    """llama-server's ``validate_utf8``: where an unfinished multi-byte character starts at
+    the end of the text generated so far (the server streams nothing past it), else the
+    length."""
+    for back in range(1, min(4, len(text)) + 1):
+        byte = text[-back]
+        for lead_mask, lead, size in ((0xE0, 0xC0, 2), (0xF0, 0xE0, 3), (0xF8, 0xF0, 4)):
+            if byte & lead_mask == lead and back < size:
+                return len(text) - back
+    return len(text)
+
+
+def _visible(piece: bytes) -> bool:
+    text = piece.decode("utf-8")
+    return bool(text) and all(ch.isprintable() or ch in "\t\n\r" for ch in text)
+
+
+def _model_vocabularies(zoo: ZooResult) -> dict[str, tuple[list[str], list[int], int]]:
+    """Each built family's (tokens, token types, end-of-sequence id) as its GGUF holds them."""
+    out: dict[str, tuple[list[str], list[int], int]] = {}
+    for preset in packaged_catalog().catalog.presets:
+        entry = zoo.entries[preset.key]
+        if entry.status != "built":
+            continue
+        for hub_file in entry.files:
+            if not hub_file.snapshot_path.endswith(".gguf"):
+                continue
+            reader = gguf.GGUFReader(zoo.cache_root / hub_file.snapshot_path)
+            if reader.get_field("tokenizer.ggml.tokens") is None:
+                continue  # a layer package's part without the tokenizer
+            tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens")]  # type: ignore[attr-defined]
+            types = [int(t) for t in _field(reader, "tokenizer.ggml.token_type")]  # type: ignore[attr-defined]
+            eos = int(str(_field(reader, "tokenizer.ggml.eos_token_id")))
+            out[f"{preset.key}:{hub_file.snapshot_path}"] = (tokens, types, eos)
+    return out
+
+
+def test_every_token_a_zoo_model_can_generate_renders_visible_text(zoo: ZooResult) -> None:
+    """Every family's vocabulary, read from its GGUF: each ordinary token renders visible,
+    whole-character text on its own; the only other token is end-of-sequence (banned by
+    ``ignore_eos``, and the end of the answer otherwise). So llama-server streams every
+    generated token as an event with text, and first-token times can be observed."""
+    vocabularies = _model_vocabularies(zoo)
+    families = {key.split(":")[0] for key in vocabularies}
+    assert families == set(zoo.built), "a built family's vocabulary was not read"
+    for key, (tokens, types, eos) in vocabularies.items():
+        for token_id, (token, kind) in enumerate(zip(tokens, types, strict=True)):
+            if token_id == eos:
+                assert kind == gguf.TokenType.CONTROL and token == EOS_TOKEN, key
+                continue
+            assert kind == gguf.TokenType.NORMAL, (key, token_id, token)
+            piece = rendered_bytes(token)
+            assert _held_back_from(piece) == len(piece), (key, token_id, piece)
+            assert _visible(piece), (key, token_id, piece)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(vocabulary()[0]) - 1), max_size=64))
+def test_no_sequence_of_zoo_tokens_is_ever_held_back_by_the_server(ids: list[int]) -> None:
+    """Whatever a zoo model generates, after each token the text so far ends on a whole
+    character and grew by visible text: the server sends every token as it comes."""
+    tokens, _, _ = vocabulary()
+    eos = tokens.index(EOS_TOKEN)
+    text = b""
+    for token_id in ids:
+        if token_id == eos:
+            continue
+        piece = rendered_bytes(tokens[token_id])
+        text += piece
+        assert _visible(piece)
+        assert _held_back_from(text) == len(text)
 
 
 def test_the_vocabulary_is_in_every_dense_model(zoo: ZooResult) -> None:

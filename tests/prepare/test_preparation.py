@@ -1412,6 +1412,33 @@ def test_overrides_on_the_command_line(
     assert [(r.prefix_tokens, r.tasks.serial_baseline.runs) for r in rows] == [(64, 2)]
 
 
+def test_the_native_ladder_can_ask_for_the_stage_arms_output_length(
+    box: Toolbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--native-output-tokens is a preparation override, not a plan field (the operator
+    input stays the reference's): recorded in the prepared input, applied to every row's
+    native ladder; without it the prepared input has no such member and the reference's 128."""
+    op = write_operator(box, tmp_path / "operator.json", cases=["llama"])
+    plain, same = tmp_path / "plain", tmp_path / "same"
+    assert main(guide_spelling(op, plain)) == 0, capsys.readouterr().err
+    assert main(guide_spelling(op, same, "--native-output-tokens", "16")) == 0
+    capsys.readouterr()
+    reference = load_prepared_input(str(plain / INPUT_NAME))
+    assert reference.native_output_tokens is None
+    assert "native_output_tokens" not in json.loads((plain / INPUT_NAME).read_text())
+    assert [r.tasks.concurrent_baseline.output_tokens for r in reference.rows] == [128]
+    chosen = load_prepared_input(str(same / INPUT_NAME))
+    assert chosen.native_output_tokens == 16
+    assert [r.tasks.concurrent_baseline.output_tokens for r in chosen.rows] == [16]
+    assert [r.tasks.paired_serving.output_tokens for r in chosen.rows] == [
+        chosen.plan.concurrent_output_tokens
+    ]
+    assert parse_overrides(["--native-output-tokens", "16"]).native_output_tokens == 16
+    with pytest.raises(Refused) as caught:
+        parse_overrides(["--native-output-tokens", "0"])
+    assert caught.value.codes == ["preparation.override.bad_value"]
+
+
 def test_the_worker_command_is_hidden() -> None:
     assert "prepare-worker" not in build_parser().format_help()
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from report_run_builder import rung, write_run
+from browser_check import WIDTHS, assert_reads_at
+from report_run_builder import rung, serial_rung, write_run
 
 from cache_family.cli import main
 from cache_family.errors import Refused
@@ -19,6 +20,9 @@ from cache_family.report.run import read_run
 from cache_family.report.run_report import PAIRED_NOT_RUN, SYNTHETIC_BANNER, render_run_report
 from cache_family.report.stats import bootstrap_median_difference, median
 from cache_family.schemas.matrix import FailedMatrix, encode_matrix
+from cache_family.schemas.measurement import RequestRow, RungSummary
+from cache_family.schemas.production import ProducerRow
+from cache_family.schemas.receipts import RungReceipt
 
 PRODUCERS = Path(__file__).resolve().parents[1] / "support" / "golden" / "report" / "producers"
 
@@ -120,19 +124,24 @@ def test_plots_exist_are_linked_and_carry_the_run_numbers(tmp_path: Path) -> Non
     assert svg.startswith("<svg ") and svg.endswith("</svg>\n")
     titles = re.findall(r"<title>([^<]*)</title>", svg)
     # TTFT p50 of rung 0 is 30.0 (sorted [10, 20, 30, 40][2]); p99 of rung 1 is 35.0.
-    assert "native-concurrent p50 at concurrency 1: 30.0 ms" in titles
-    assert "native-concurrent p99 at concurrency 2: 35.0 ms" in titles
-    assert "native-concurrent at concurrency 2: 20.12 requests/s" in titles  # throughput
-    assert "native-concurrent at concurrency 1: 9.25 requests/s" in titles  # goodput
+    # Every curve names its output tokens per request.
+    assert "native-concurrent, 16 output tok/req, p50 at concurrency 1: 30.0 ms" in titles
+    assert "native-concurrent, 16 output tok/req, p99 at concurrency 2: 35.0 ms" in titles
+    throughput = "native-concurrent, 16 output tok/req at concurrency 2: 20.12 requests/s"
+    assert throughput in titles
+    goodput = "native-concurrent, 16 output tok/req at concurrency 1: 9.25 requests/s"
+    assert goodput in titles
+    tokens = "native-concurrent, 16 output tok/req at concurrency 1: 100.00 tokens/s"
+    assert tokens in titles
     second = files["plots/row-0001-fam1-p32.svg"].decode()
-    assert "native-concurrent p99 at concurrency 4: 46.0 ms" in second
+    assert "native-concurrent, 16 output tok/req, p99 at concurrency 4: 46.0 ms" in second
     # The same figures are in the Markdown table and inline in the HTML page.
     assert (
-        "| native-concurrent | 1 | completed | 4/4 | 30.0 | 40.0 | 1.0 | 1.5 | 10.12 | 9.25 | 3/4 |"
-        in markdown
+        "| native-concurrent | 16 | 1 | completed | 4/4 | 30.0 | 40.0 | 1.0 | 1.5 | 10.12 | 100.00 "
+        "| 9.25 | 3/4 |" in markdown
     )
     assert html.count("<svg ") == 2
-    assert "native-concurrent p99 at concurrency 4: 46.0 ms" in html
+    assert "native-concurrent, 16 output tok/req, p99 at concurrency 4: 46.0 ms" in html
 
 
 def test_rendering_is_deterministic(tmp_path: Path) -> None:
@@ -165,20 +174,20 @@ def test_old_versus_new_shows_the_effect_and_its_interval(tmp_path: Path) -> Non
     files = render(paired(tmp_path))
     markdown = files["report.md"].decode()
     lines = [line for line in markdown.splitlines() if line.startswith("| fam0-p32 | ")]
-    ttft_c1 = next(line for line in lines if line.startswith("| fam0-p32 | 1 | TTFT |"))
+    ttft_c1 = next(line for line in lines if line.startswith("| fam0-p32 | 16 | 1 | TTFT |"))
     cells = [c.strip() for c in ttft_c1.strip("|").split("|")]
-    assert cells[3:7] == ["12", "12", "116.5", "66.5"]
-    assert cells[7] == "-50.0"
-    low, high = (float(x) for x in cells[8].strip("[]").split(","))
+    assert cells[4:8] == ["12", "12", "116.5", "66.5"]
+    assert cells[8] == "-50.0"
+    low, high = (float(x) for x in cells[9].strip("[]").split(","))
     assert low <= -50.0 <= high < 0
-    assert cells[10] == "new faster"
-    same = next(line for line in lines if line.startswith("| fam0-p32 | 2 | TTFT |"))
+    assert cells[11] == "new faster"
+    same = next(line for line in lines if line.startswith("| fam0-p32 | 16 | 2 | TTFT |"))
     assert same.endswith("| no clear difference |")
     assert "seed 20261201" in markdown and "2000 resamples" in markdown
     # All three concurrent arms are plotted, whatever their names.
     svg = files["plots/row-0000-fam0-p32.svg"].decode()
     for arm in ("native-concurrent", "skippy-old", "skippy-new"):
-        assert f"{arm} p50 at concurrency 1" in svg
+        assert f"{arm}, 16 output tok/req, p50 at concurrency 1" in svg
 
 
 def test_cache_verdict_columns_appear_only_when_receipts_carry_them(tmp_path: Path) -> None:
@@ -187,7 +196,7 @@ def test_cache_verdict_columns_appear_only_when_receipts_carry_them(tmp_path: Pa
     run = paired(tmp_path / "with", verdicts=True)
     markdown = render(run)["report.md"].decode()
     assert "Expected hits | Observed hits | Cache verdict |" in markdown
-    assert "| skippy-new | 1 | completed | 12/12 |" in markdown
+    assert "| skippy-new | 16 | 1 | completed | 12/12 |" in markdown
     new_rows = [line for line in markdown.splitlines() if line.startswith("| skippy-new | ")]
     assert new_rows[0].endswith("| 11 | 11 | ok (exact prefix) |")
     assert new_rows[1].endswith("| 11 | 7 | **short** |")
@@ -349,7 +358,8 @@ def test_reference_tables_come_from_the_runs_production_rows(tmp_path: Path) -> 
     assert "### Package-Only Giant Models" in markdown
     assert "[production-cache-bench.json](production-cache-bench.json)" in markdown
     html = files["report.html"].decode()
-    assert "<h3>Full-GGUF llama-server vs Skippy</h3>" in html
+    heading = '<h3 id="full-gguf-llama-server-vs-skippy">Full-GGUF llama-server vs Skippy</h3>'
+    assert heading in html
 
 
 def test_the_command_writes_into_the_run_dir_or_elsewhere_with_relative_links(
@@ -395,7 +405,7 @@ def test_any_arm_with_ladder_summaries_is_plotted_whatever_its_kind(tmp_path: Pa
     document["measurement"]["kind"] = "paired"
     path.write_text(json.dumps(document))
     svg = render(run)["plots/row-0000-fam0-p32.svg"].decode()
-    assert "skippy-new p50 at concurrency 2" in svg
+    assert "skippy-new, 16 output tok/req, p50 at concurrency 2" in svg
 
 
 def test_a_failed_pipeline_matrix_is_refused_with_its_reason(tmp_path: Path) -> None:
@@ -416,7 +426,209 @@ def test_a_rung_without_a_summary_renders_as_not_available(tmp_path: Path) -> No
     run = write_run(tmp_path / "run", [{"native-concurrent": [failed]}])
     files = render(run)
     markdown = files["report.md"].decode()
-    row = "| native-concurrent | 1 | failed | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |"
+    row = (
+        "| native-concurrent | n/a | 1 | failed | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a "
+        "| n/a |"
+    )
     assert row in markdown
     svg = files["plots/row-0000-fam0-p32.svg"].decode()
     assert "<circle" not in svg and "<polyline" not in svg
+
+
+# --- what a reader sees first: not-observable figures, the summary, the like-for-like win ----
+
+
+def unobserved_rung(index: int, concurrency: int, elapsed: list[float]) -> RungReceipt:
+    """A rung whose every first token came only with the final event: no TTFT, no TPOT."""
+    rows = tuple(
+        RequestRow(
+            request_id=i,
+            status="completed",
+            elapsed_ms=e,
+            tokens_predicted=128,
+            ttft_unobserved="first_token_with_final",
+        )
+        for i, e in enumerate(elapsed)
+    )
+    summary = RungSummary(
+        concurrency=concurrency,
+        requested_requests=len(rows),
+        measured_requests=len(rows),
+        makespan_seconds=1.0,
+        throughput_requests_per_sec=5.0,
+        output_tokens_per_sec=640.0,
+        goodput_requests_per_sec=None,
+        observed_completion_tokens=128 * len(rows),
+        latency_p50_ms=sorted(elapsed)[len(elapsed) // 2],
+        complete=True,
+        ttft_unobserved_requests=len(rows),
+    )
+    return RungReceipt(
+        rung_index=index,
+        concurrency=concurrency,
+        requested_requests=len(rows),
+        status="completed",
+        output_tokens=128,
+        rows=rows,
+        rung_summary=summary,
+    )
+
+
+def test_first_token_times_that_were_not_observable_are_said_so_and_not_plotted(
+    tmp_path: Path,
+) -> None:
+    new = [50.0 + 3 * i for i in range(12)]
+    run = write_run(
+        tmp_path / "run",
+        [
+            {
+                "native-concurrent": [unobserved_rung(0, 1, [57.0 + i for i in range(12)])],
+                "skippy-new": [rung(0, 1, new, output_tokens=16)],
+            }
+        ],
+    )
+    files = render(run)
+    markdown = files["report.md"].decode()
+    assert (
+        "| native-concurrent | 128 | 1 | completed | 12/12 | not observable | not observable "
+        "| not observable | not observable | 5.00 | 640.00 | n/a |" in markdown
+    )
+    svg = files["plots/row-0000-fam0-p32.svg"].decode()
+    assert "not observable: native-concurrent" in svg
+    # No TTFT or TPOT point of the native arm; its throughput and tokens/s are drawn.
+    assert "native-concurrent, 128 output tok/req, p50 at" not in svg
+    assert "native-concurrent, 128 output tok/req at concurrency 1: 5.00 requests/s" in svg
+    assert "skippy-new, 16 output tok/req, p50 at concurrency 1" in svg
+    # The summary does not compare the new arm's latency with different work.
+    summary = next(line for line in markdown.splitlines() if line.startswith("| [fam0-p32]"))
+    assert "TTFT not observable; latency compares different work: 128/16 output tok/req" in (
+        summary
+    )
+
+
+def test_the_report_opens_with_a_summary_linking_rows_and_cells_that_did_not_complete(
+    tmp_path: Path,
+) -> None:
+    old = [100.0 + 3 * i for i in range(12)]
+    new = [50.0 + 3 * i for i in range(12)]
+    arms = {
+        "native-concurrent": [rung(0, 1, old)],
+        "skippy-old": [rung(0, 1, old)],
+        "skippy-new": [rung(0, 1, new)],
+    }
+    run = write_run(
+        tmp_path / "run",
+        [arms],
+        statuses={(0, "skippy-old"): ("incomplete", "cleanup_unclean")},
+    )
+    files = render(run)
+    markdown = files["report.md"].decode()
+    headings = [line for line in markdown.splitlines() if line.startswith("## ")]
+    assert headings[0] == "## Summary"
+    line = next(line for line in markdown.splitlines() if line.startswith("| [fam0-p32]"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[0] == "[fam0-p32](#fam0-p32)"
+    assert cells[1] == "16, 16, 16"
+    assert cells[3].startswith("TTFT c=1: -50.0 ms [") and cells[3].endswith("new faster")
+    assert cells[4].startswith("TTFT c=1: -50.0 ms [")
+    assert cells[5] == (
+        "[skippy-old: incomplete (cleanup_unclean)](cell-0000/sweep-skippy-old/cell.json)"
+    )
+    html = files["report.html"].decode()
+    assert '<h3 id="fam0-p32">fam0-p32</h3>' in html
+    assert '<a href="#fam0-p32">fam0-p32</a>' in html
+    assert html.index('id="summary"') < html.index('id="concurrency-curves"')
+
+
+def test_long_per_rung_tables_start_folded(tmp_path: Path) -> None:
+    many = {"native-concurrent": [rung(i, 2**i, [10.0, 20.0]) for i in range(8)]}
+    files = render(write_run(tmp_path / "run", [many]))
+    html = files["report.html"].decode()
+    assert html.count("<details>") == 1
+    folded = html[html.index("<details>") : html.index("</details>")]
+    assert "<summary>Per-rung figures of fam0-p32</summary>" in folded
+    assert folded.count("<tr>") == 9  # the header and eight rungs
+    short = render(native_only(tmp_path / "short"))["report.html"].decode()
+    assert "<details>" not in short
+
+
+def test_the_reference_win_stands_beside_the_same_request_timed_inside_the_server(
+    tmp_path: Path,
+) -> None:
+    producer = ProducerRow(
+        family="Fam",
+        model_id="fam/model",
+        payload="resident-kv",
+        stage_load_mode="runtime-slice",
+        use_case=None,
+        use_case_label=None,
+        prefix_tokens=32,
+        benchmark_prompt_token_count=33,
+        notes="",
+        case={},
+        skippy={
+            "status": "pass",
+            "cache_hit_import_ms": (0.1, 0.1, 0.1),
+            "cache_hit_decode_ms": (0.3, 0.3, 0.3),
+        },
+        llama_server={"status": "ok", "warm_median_ms": 2.4},
+    )
+    serial = serial_rung([9.0, 2.0, 2.4, 2.8], [(5.0, 3.0), (0.2, 0.4), (0.3, 0.5), (0.4, 0.6)])
+    run = write_run(
+        tmp_path / "run",
+        [{"native-serial": [serial], "native-concurrent": [rung(0, 1, [1.0, 2.0])]}],
+        producers={0: producer},
+    )
+    markdown = render(run)["report.md"].decode()
+    line = next(
+        line for line in markdown.splitlines() if line.startswith("| fam0-p32 | 16 | pass |")
+    )
+    # hit 0.4 ms; warm median 2.4 ms (6.00x, the reference's win); inside the server the
+    # warm requests took 0.6, 0.8 and 1.0 ms (median 0.8: 2.00x); 1.6 ms were HTTP and client.
+    assert line == "| fam0-p32 | 16 | pass | 0.4 | 2.4 | 6.00x | 0.8 | 2.00x | 1.6 |"
+    assert "Skippy win against the server's time" in markdown
+
+
+def test_repeated_notes_of_the_reference_tables_are_footnotes(tmp_path: Path) -> None:
+    run = native_only(tmp_path)
+    shutil.copyfile(
+        PRODUCERS / "production-cache-bench-a.json", run / "production-cache-bench.json"
+    )
+    markdown = render(run, corpus=str(PRODUCERS / "corpus.json"))["report.md"].decode()
+    section = markdown[markdown.index("## Reference tables") :]
+    section = section[: section.index("\n## ", 1)]
+    notes = [line for line in section.splitlines() if re.match(r"^- \[\d+\] ", line)]
+    assert notes, section
+    texts = [line.split("] ", 1)[1] for line in notes]
+    assert len(texts) == len(set(texts))
+    for text in texts:  # each note said once, under the tables, never in a cell
+        assert section.count(text) == 1
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_page_reads_in_chromium_without_overflow_or_console_errors(
+    width: int, tmp_path: Path
+) -> None:
+    """At a desktop width and a phone's, nothing sticks out of the page (wide tables scroll
+    inside themselves, plots shrink) and the console stays empty."""
+    old = [100.0 + 3 * i for i in range(12)]
+    new = [50.0 + 3 * i for i in range(12)]
+    arms = {
+        "native-concurrent": [
+            unobserved_rung(i, 2**i, [57.0 + i for i in range(12)]) for i in range(3)
+        ],
+        "skippy-old": [rung(i, 2**i, old) for i in range(4)],
+        "skippy-new": [rung(i, 2**i, new) for i in range(4)],
+    }
+    run = write_run(
+        tmp_path / "run",
+        [arms, arms],
+        statuses={(1, "skippy-old"): ("incomplete", "a_rather_long_reason_" * 6)},
+    )
+    shutil.copyfile(
+        PRODUCERS / "production-cache-bench-a.json", run / "production-cache-bench.json"
+    )
+    assert main(["report-run", str(run), "--use-case-corpus", str(PRODUCERS / "corpus.json")]) == 0
+    opened = assert_reads_at(run / "report.html", width)
+    assert "<details>" in opened.dom and 'id="summary"' in opened.dom
+    assert opened.dom.count("<svg ") == 2

@@ -6,6 +6,7 @@ import hashlib
 import math
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -14,6 +15,7 @@ from fake_hosts.fake_llama_http import FakeLlamaHttp, Reply
 from cache_family.actors.run.load import (
     CacheAccounting,
     LoadRun,
+    OpenAIChatRun,
     PromptCuts,
     ProtocolError,
     build_benchmark_prompt,
@@ -25,6 +27,7 @@ from cache_family.actors.run.load import (
 )
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import LoadRequest, RequestRow, ServerTimings
+from cache_family.states.metrics import rung_summary
 from cache_family.system.http import LoopbackHttp
 
 PROMPT = "the quick brown fox"
@@ -153,6 +156,109 @@ async def test_goodput_uses_both_objectives(autojump_clock: trio.testing.MockClo
     assert summary is not None
     assert outcome.makespan_seconds is not None
     assert summary.goodput_requests_per_sec == pytest.approx(2 / outcome.makespan_seconds)
+
+
+async def test_first_token_time_comes_from_the_first_event_with_a_token_even_without_text(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Tokens that render no text still stream (``tokens``, empty content): the first one
+    is the first token, not the end of the response."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda *_: Reply("empty_content_tokens")))
+        outcome = await run_load(load_request(server, requests=2, concurrency=1))
+        nursery.cancel_scope.cancel()
+    assert outcome.status == "completed"
+    for row in outcome.rows:
+        assert row.ttft_unobserved is msgspec.UNSET
+        assert row.ttft_ms == pytest.approx(100, abs=0.5)
+        assert row.elapsed_ms == pytest.approx(170, abs=0.5)
+        assert row.tpot_ms == pytest.approx(10, abs=0.1)
+    assert outcome.facts is not None and outcome.facts.first_content_with_final_ids == ()
+
+
+async def test_a_stream_with_nothing_before_its_final_event_has_no_first_token_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """llama-server holding every token back until the final event: TTFT and TPOT are None
+    with a typed reason, never the elapsed time; the percentiles and goodput leave them out."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda *_: Reply("final_only")))
+        request = load_request(server, requests=3, concurrency=1, ttft_slo_ms=500.0)
+        outcome = await run_load(request)
+        nursery.cancel_scope.cancel()
+    assert outcome.status == "completed"
+    for row in outcome.rows:
+        assert row.status == "completed" and row.tokens_predicted == 8
+        assert row.elapsed_ms == pytest.approx(170, abs=0.5)
+        assert row.ttft_ms is None and row.tpot_ms is None
+        assert row.ttft_unobserved == "first_token_with_final"
+    summary = outcome.rung_summary
+    assert summary is not None and summary.complete
+    assert summary.ttft_unobserved_requests == 3
+    assert summary.ttft_p50_ms is None and summary.tpot_p50_ms is None
+    assert summary.goodput_requests_per_sec is None
+    assert summary.latency_p50_ms == pytest.approx(170, abs=0.5)
+    assert outcome.facts is not None and outcome.facts.first_content_with_final_ids == (0, 1, 2)
+
+
+async def test_a_first_token_read_together_with_the_final_event_is_not_observable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Token events that reach the client in the same read as the final event (a burst)
+    arrived with it: no first-token time, whatever text they carry."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda *_: Reply("one_write")))
+        outcome = await run_load(load_request(server, requests=2, concurrency=1))
+        nursery.cancel_scope.cancel()
+    assert outcome.status == "completed"
+    for row in outcome.rows:
+        assert row.ttft_ms is None and row.tpot_ms is None
+        assert row.ttft_unobserved == "first_token_with_final"
+        content = "".join(f"t{i} " for i in range(8))
+        assert row.content_sha256 == hashlib.sha256(content.encode()).hexdigest()
+
+
+async def test_a_stream_with_text_times_its_first_content_event(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp())
+        outcome = await run_load(load_request(server, requests=2, concurrency=1))
+        nursery.cancel_scope.cancel()
+    for row in outcome.rows:
+        assert row.ttft_unobserved is msgspec.UNSET
+        assert row.ttft_ms == pytest.approx(100, abs=0.5)
+        assert row.ttft_ms is not None and row.elapsed_ms is not None
+        assert row.ttft_ms < row.elapsed_ms
+        assert row.first_chunk_sha256 == hashlib.sha256(b"t0 ").hexdigest()
+    assert outcome.rung_summary is not None
+    assert outcome.rung_summary.ttft_unobserved_requests is msgspec.UNSET
+
+
+@pytest.mark.parametrize(("behaviour", "observed"), [("ok", True), ("final_only", False)])
+async def test_chat_first_token_time_is_the_first_generating_delta_before_the_finish(
+    behaviour: str, observed: bool, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The chat API: the first delta with content is the first token; content that only
+    comes in the finish chunk came with the end (TTFT and TPOT null, typed reason)."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda *_: Reply(behaviour)))
+        request = load_request(server, requests=2, concurrency=1)
+        outcome = await OpenAIChatRun(request, "fake-model").run()
+        nursery.cancel_scope.cancel()
+    assert outcome.status == "completed"
+    for row in outcome.rows:
+        assert row.elapsed_ms == pytest.approx(170, abs=0.5)
+        content = "".join(f"t{i} " for i in range(8))
+        assert row.content_sha256 is not None and row.tokens_predicted == 8
+        if observed:
+            assert row.ttft_ms == pytest.approx(100, abs=0.5)
+            assert row.tpot_ms == pytest.approx(10, abs=0.1)
+            assert row.ttft_unobserved is msgspec.UNSET
+        else:
+            assert row.ttft_ms is None and row.tpot_ms is None
+            assert row.ttft_unobserved == "first_token_with_final"
+        assert len(content) == 24
 
 
 MALFORMED = {
@@ -499,3 +605,21 @@ async def test_a_row_cuts_its_prompt_once_for_every_arm(
     assert server.connections == 8
     assert (first.token_count, longer.token_count) == (11, 13)
     assert http.requests == 8
+
+
+def test_rows_and_summaries_without_an_unobserved_first_token_encode_as_before() -> None:
+    """The new members are written only when something was not observable, so the rows,
+    summaries and receipts of every other request (and of older runs, re-folded by replay)
+    keep their bytes; an older row decodes without them."""
+    row = RequestRow(request_id=0, status="completed", elapsed_ms=5.0, ttft_ms=1.0)
+    assert b"ttft_unobserved" not in msgspec.json.encode(row)
+    old_line = b'{"request_id":0,"status":"completed","ttft_ms":5.0,"elapsed_ms":5.0}'
+    older = msgspec.json.decode(old_line, type=RequestRow)
+    assert older.ttft_unobserved is msgspec.UNSET
+    summary = rung_summary([older], concurrency=1, requested_requests=1, makespan_seconds=1.0)
+    assert b"ttft_unobserved" not in msgspec.json.encode(summary)
+    assert summary.ttft_p50_ms == 5.0  # an older run's stand-in re-tallies as it was
+    unobserved = RequestRow(
+        request_id=0, status="completed", elapsed_ms=5.0, ttft_unobserved="first_token_with_final"
+    )
+    assert b'"ttft_unobserved":"first_token_with_final"' in msgspec.json.encode(unobserved)

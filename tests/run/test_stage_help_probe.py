@@ -32,6 +32,7 @@ from cache_family.actors.run.context import (
     RunStop,
 )
 from cache_family.actors.run.private_exec import make_private_copy
+from cache_family.schemas.arms import SKIPPY_NEW
 from cache_family.schemas.journal import ChildSpawned, CliAdmission, Fault, read_journal
 from cache_family.system.process_group import PROCESS_TAG_NAME, tagged_processes
 
@@ -90,7 +91,7 @@ def test_a_help_probe_that_starts_a_daemon_leaves_nothing_and_the_cell_is_faulte
     profile = host_profile(str(tmp_path))
     daemon_stage_binary(Path(profile.binary), pid_file)
     plan = dataclasses.replace(
-        cell_plan(str(tmp_path / "run"), 0, "concurrent", profile), host_kind="stage"
+        cell_plan(str(tmp_path / "run"), 0, "concurrent", profile), arm=SKIPPY_NEW
     )
 
     async def main() -> tuple[Any, str]:
@@ -150,7 +151,7 @@ def test_a_swap_of_the_operators_binary_around_the_probe_is_never_what_answers(
         return [PinResult(t, t.expected_sha256) for t in targets]
 
     plan = dataclasses.replace(
-        cell_plan(str(tmp_path / "run"), 0, "concurrent", profile), host_kind="stage"
+        cell_plan(str(tmp_path / "run"), 0, "concurrent", profile), arm=SKIPPY_NEW
     )
 
     async def main() -> str:

@@ -22,6 +22,7 @@ from cache_family.schemas.matrix import (
     encode_matrix,
 )
 from cache_family.schemas.measurement import RequestRow, RungSummary, ServerTimings
+from cache_family.schemas.production import ProducerRow
 from cache_family.schemas.receipts import (
     ArmObservation,
     CellReceipt,
@@ -80,6 +81,30 @@ def rung(index: int, concurrency: int, ttfts: Sequence[float], **extra: Any) -> 
     )
 
 
+def serial_rung(elapsed: Sequence[float], server: Sequence[tuple[float, float]]) -> RungReceipt:
+    """A serial baseline's rung: request 0 excluded, each warm request's client time and the
+    server's own (``timings.prompt_ms``, ``predicted_ms``)."""
+    rows = tuple(
+        RequestRow(
+            request_id=i,
+            status="completed",
+            excluded_warmup=i == 0,
+            elapsed_ms=e,
+            tokens_predicted=16,
+            timings=ServerTimings(prompt_ms=p, predicted_ms=d, cache_n=32),
+        )
+        for i, (e, (p, d)) in enumerate(zip(elapsed, server, strict=True))
+    )
+    return RungReceipt(
+        rung_index=0,
+        concurrency=1,
+        requested_requests=len(rows),
+        status="completed",
+        output_tokens=16,
+        rows=rows,
+    )
+
+
 def cell(row: int, arm: str, rungs: Sequence[RungReceipt], *, synthetic: bool) -> CellReceipt:
     return CellReceipt(
         run_id=RUN_ID,
@@ -103,7 +128,11 @@ def cell(row: int, arm: str, rungs: Sequence[RungReceipt], *, synthetic: bool) -
         after_identity=(),
         pins_drifted=False,
         cleanup=None,
-        measurement=Measurement(kind="concurrent", complete=True, rungs=tuple(rungs)),
+        measurement=Measurement(
+            kind="serial" if arm == "native-serial" else "concurrent",
+            complete=True,
+            rungs=tuple(rungs),
+        ),
         journal_through_seq=1,
         synthetic=synthetic,
     )
@@ -115,7 +144,12 @@ def write_run(
     *,
     synthetic: bool = True,
     verdicts: dict[tuple[int, str, int], Any] | None = None,
+    producers: dict[int, ProducerRow] | None = None,
+    statuses: dict[tuple[int, str], tuple[str, str]] | None = None,
 ) -> Path:
+    """``producers``: a row's production entry (``row.json``'s ``producer_report_row``);
+    ``statuses``: (row, arm) -> (observation status, reason) for an arm that did not
+    complete."""
     """A run directory with one row per mapping (arm name -> its rungs)."""
     root.mkdir(parents=True)
     entries = []
@@ -134,11 +168,13 @@ def write_run(
                     document["measurement"]["rungs"][k]["cache_verdict"] = value
                 data = json.dumps(document, indent=2).encode() + b"\n"
             (cell_dir / "cell.json").write_bytes(data)
+            status, reason = (statuses or {}).get((index, arm), ("completed", None))
             observations.append(
                 ArmObservation(
                     arm=arm,
                     planned="planned",
-                    status="completed",
+                    status=status,  # type: ignore[arg-type]
+                    reason=reason,
                     cell_id=receipt.cell_id,
                     cell_dir=receipt.cell_dir,
                     rungs=tuple(
@@ -171,6 +207,7 @@ def write_run(
             observations=tuple(observations),
             journal_through_seq=2,
             synthetic=synthetic,
+            producer_report_row=(producers or {}).get(index),
         )
         row_dir.mkdir(exist_ok=True)
         (row_dir / "row.json").write_bytes(encode_receipt(row))

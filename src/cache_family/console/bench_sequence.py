@@ -1,4 +1,5 @@
-"""`cache-family bench`: both matrices and their combined README tables, one step at a time.
+"""`cache-family bench`: both matrices, their combined README tables and each run's report
+(``report-run``: report.md, report.html, plots), one step at a time.
 
 This module is the one definition of the wrapper's sequence and environment contract;
 ``scripts/skippy-cache-family-bench.sh`` only sets up ``.venv`` and execs this command.
@@ -41,12 +42,18 @@ PLAN_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("CACHE_HIT_REPEATS", "--cache-hit-repeats", "3"),
 )
 
+#: Passed to both preparations only when set (not a reference variable): the native ladder's
+#: output tokens per request (``--native-output-tokens``), e.g. the stage arms' length.
+NATIVE_OUTPUT_ENV = "NATIVE_OUTPUT_TOKENS"
+
 DEFAULT_OUTPUT_PREFIX = "/tmp/skippy-cache-family-bench-"  # noqa: S108 - the reference's path
 RUN_ID_FORMAT = "%Y%m%d-%H%M%S"
 STEP_LOG = "bench-steps.log"
 PRODUCTION_JSON = "production-cache-bench.json"
 PREPARED_JSON = "cache-family-input.json"
 TABLES = "readme-tables.md"
+#: Each run's report (``report-run``: report.md, report.html and plots/ in the run directory).
+RUN_REPORT = "report.html"
 
 #: A wrapper precondition that fails (bad variable, missing tool): the reference's exit 1.
 #: A run that exited 0 without the file the report needs: refused during work, output kept.
@@ -226,6 +233,8 @@ def plan_bench(
     common: list[str] = ["--use-case-corpus", corpus]
     for name, flag, default in PLAN_OVERRIDES:
         common += [flag, environ.get(name) or default]
+    if environ.get(NATIVE_OUTPUT_ENV):
+        common += ["--native-output-tokens", environ[NATIVE_OUTPUT_ENV]]
     run_flags = ("--quiet",) if quiet else ()
     steps: list[Step] = []
     if environ.get(SKIP_BUILD_ENV, "0") != "1":
@@ -305,6 +314,19 @@ def plan_bench(
             "`cache-family report-run RUN_DIR` reports each run from its receipts",
         )
     )
+    reports: list[str] = []
+    for run_dir in ("full-gguf", "use-cases"):
+        run_out = os.path.join(output, run_dir)
+        steps.append(
+            Step(
+                f"report-run {run_dir}",
+                (*runner, "report-run", run_out),
+                run_out,
+                "fix what the refusal above names, then rerun only this step: "
+                + shlex.join((*runner, "report-run", run_out)),
+            )
+        )
+        reports.append(f"Wrote run report: {os.path.join(run_out, RUN_REPORT)}")
     return BenchPlan(
         output=output,
         run_id=run_id,
@@ -314,6 +336,7 @@ def plan_bench(
             f"Wrote raw full-GGUF results: {full_json}",
             f"Wrote raw use-case results: {usecase_json}",
             f"Wrote README tables: {tables}",
+            *reports,
         ),
     )
 

@@ -2,12 +2,12 @@
 
 It builds or reuses ``llama-server`` and the tiny model zoo, installs them with the reference
 workload oracles as ``skippy-workload-oracles-build`` lays them out (``OUT/tools``), writes an
-operator input naming those tools exactly as it would name real Skippy tools (old and new
-stage servers bound), then runs ``cache-family bench``'s own step list
-(:mod:`cache_family.console.bench_sequence`: prepare-full, run, prepare-use-cases, run, report),
-followed by ``report-run`` and ``replay`` of both runs. Which families and use cases run is
-chosen only through the operator input (``plan.cases``) and the wrapper's corpus variable
-(a subset of the checked-in corpus); see :data:`PLANS`.
+operator input naming those tools exactly as it would name real Skippy tools (old and new stage
+servers bound), then runs ``cache-family bench``'s own step list
+(:mod:`cache_family.console.bench_sequence`: prepare-full, run, prepare-use-cases, run, report,
+``report-run`` of both runs), followed by ``replay`` of both runs. Which families and use cases
+run is chosen only through the operator input (``plan.cases``) and the wrapper's corpus
+variable (a subset of the checked-in corpus); see :data:`PLANS`.
 
 Old and new stage servers are the same oracle build with one serving option apart: the old
 arm (``skippy-prefix-reuse-off``) never reuses a cached prompt prefix, the new one (``skippy``)
@@ -157,22 +157,13 @@ def bench_environment(
 
 
 def demo_steps(output: str) -> tuple[tuple[bench_sequence.Step, ...], tuple[str, ...]]:
-    """What the demo runs after the wrapper's sequence: each run's report files, then the
-    replay of each run (which also regenerates those report files and compares them)."""
+    """What the demo runs after the wrapper's sequence (which ends with each run's report
+    files): the replay of each run, which also regenerates those report files and compares
+    them."""
     runner = bench_sequence.default_runner()
     steps: list[bench_sequence.Step] = []
     wrote: list[str] = []
     runs = [os.path.join(output, name) for name in ("full-gguf", "use-cases")]
-    for run in runs:
-        steps.append(
-            bench_sequence.Step(
-                f"report-run {os.path.basename(run)}",
-                (*runner, "report-run", run),
-                run,
-                f"fix what the refusal above names, then rerun `cache-family report-run {run}`",
-            )
-        )
-        wrote.append(f"Wrote run report: {os.path.join(run, 'report.html')}")
     for run in runs:
         steps.append(
             bench_sequence.Step(

@@ -17,12 +17,14 @@ _CODE_SPAN: Final = re.compile(r"`([^`]*)`")
 _BOLD: Final = re.compile(r"\*\*(.+?)\*\*")
 _LINK: Final = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 _IMAGE: Final = re.compile(r"^!\[([^\]]*)\]\(([^)\s]+)\)$")
+_SUMMARY: Final = re.compile(r"^<summary>(.*)</summary>$")
 #: Only relative, percent-encoded links (the run's files, anchors) become links: no scheme.
 _SAFE_HREF: Final = re.compile(r"^(?:[A-Za-z0-9._~%-]+/)*[A-Za-z0-9._~%-]*(?:#[A-Za-z0-9_-]+)?$")
 
 STYLE: Final = """
 body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 78rem;
-  padding: 0 1rem; color: #1b1b1b; line-height: 1.4; }
+  padding: 0 1rem; color: #1b1b1b; line-height: 1.4; overflow-wrap: break-word; }
+details { margin: 0.4rem 0 1rem; } summary { cursor: pointer; color: #1f4e8c; }
 h1 { font-size: 1.6rem; } h2 { font-size: 1.3rem; margin-top: 2rem; }
 h3 { font-size: 1.1rem; margin-top: 1.5rem; }
 table { border-collapse: collapse; margin: 0.6rem 0 1rem; font-size: 0.85rem;
@@ -93,13 +95,22 @@ def _table(lines: list[str]) -> str:
     return "\n".join(out)
 
 
+def anchor(text: str) -> str:
+    """The id a heading of ``text`` gets (as GitHub spells it: lower case, spaces to ``-``,
+    other punctuation dropped), so ``[...](#id)`` links work in the page and the Markdown."""
+    kept = re.sub(r"[^\w\- ]", "", text.strip().lower(), flags=re.ASCII)
+    return kept.replace(" ", "-")
+
+
 def markdown_to_html(markdown: str, title: str, svgs: Mapping[str, str]) -> str:
     """A whole HTML page for ``markdown``; an image line whose target is a key of ``svgs``
-    is replaced by that SVG, inline."""
+    is replaced by that SVG, inline. Headings get ids (:func:`anchor`); the lines
+    ``<details>``, ``<summary>TEXT</summary>`` and ``</details>`` fold what is between them."""
     body: list[str] = []
     lines = markdown.split("\n")
     i = 0
     paragraph: list[str] = []
+    ids: set[str] = set()
 
     def flush() -> None:
         if paragraph:
@@ -110,12 +121,23 @@ def markdown_to_html(markdown: str, title: str, svgs: Mapping[str, str]) -> str:
         line = lines[i]
         heading = re.match(r"^(#{1,6}) (.*)$", line)
         image = _IMAGE.match(line)
-        if not line.strip():
+        summary = _SUMMARY.match(line)
+        if not line.strip() or line.startswith("<!--"):
             flush()
         elif heading:
             flush()
             level = len(heading.group(1))
-            body.append(f"<h{level}>{inline(heading.group(2))}</h{level}>")
+            ident = anchor(heading.group(2)) or "section"
+            while ident in ids:
+                ident += "-1"
+            ids.add(ident)
+            body.append(f'<h{level} id="{ident}">{inline(heading.group(2))}</h{level}>')
+        elif line in ("<details>", "</details>"):
+            flush()
+            body.append(line)
+        elif summary:
+            flush()
+            body.append(f"<summary>{inline(summary.group(1))}</summary>")
         elif line.startswith("|"):
             flush()
             block = []

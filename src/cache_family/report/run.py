@@ -189,11 +189,21 @@ def _cache_n(row: RequestRow) -> float | None:
     )
 
 
-#: The per-request values the run report compares (TTFT, latency) or counts (``cache_n``).
+def _server_ms(row: RequestRow) -> float | None:
+    """The request as the server timed it: ``timings.prompt_ms + predicted_ms``."""
+    timings = row.timings
+    if timings is None or timings.prompt_ms is None or timings.predicted_ms is None:
+        return None
+    return timings.prompt_ms + timings.predicted_ms
+
+
+#: The per-request values the run report compares (TTFT, latency), counts (``cache_n``) or
+#: sets beside the client's time (``server``: the same request timed inside the server).
 ROW_VALUES: Final[tuple[tuple[str, Callable[[RequestRow], float | None]], ...]] = (
     ("TTFT", lambda r: r.ttft_ms),
     ("latency", lambda r: r.elapsed_ms),
     ("cache_n", _cache_n),
+    ("server", _server_ms),
 )
 
 

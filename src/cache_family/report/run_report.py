@@ -15,8 +15,16 @@ from typing import Final
 from urllib.parse import quote
 
 from cache_family.report.decode import Refusals
-from cache_family.report.html import markdown_to_html
-from cache_family.report.render import cell, format_ms, render_report
+from cache_family.report.html import anchor, markdown_to_html
+from cache_family.report.render import (
+    baseline,
+    cell,
+    format_ms,
+    hit_ms,
+    render_report,
+    speedup,
+)
+from cache_family.report.rows import BaselineFigures, ReportRow, SkippyFigures
 from cache_family.report.run import ArmView, RowView, RunReceipts, measured_values
 from cache_family.report.stats import (
     BOOTSTRAP_RESAMPLES,
@@ -25,14 +33,19 @@ from cache_family.report.stats import (
     MIN_SAMPLES,
     MedianDifference,
     bootstrap_median_difference,
+    median,
 )
 from cache_family.report.svg import Panel, Series, line_panels
 from cache_family.schemas.arms import NATIVE_CONCURRENT, SKIPPY_NEW, SKIPPY_OLD
 from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.schemas.measurement import RungSummary
+from cache_family.schemas.production import Figure, ProducerRow
 from cache_family.schemas.receipts import CacheVerdict
 
 MARKDOWN_NAME: Final = "report.md"
+#: The first line of ``report.md``: which layout wrote it. Replay regenerates and compares the
+#: files of a report of this layout only (a run reported by an earlier layout says so instead).
+FORMAT_LINE: Final = "<!-- cache-family run report, format 2 -->"
 HTML_NAME: Final = "report.html"
 PLOTS_DIR: Final = "plots"
 JOURNAL_NAME: Final = "journal.jsonl"
@@ -40,6 +53,11 @@ OLD_ARM: Final = SKIPPY_OLD.name
 NEW_ARM: Final = SKIPPY_NEW.name
 SYNTHETIC_BANNER: Final = "synthetic: plumbing evidence, not a performance claim"
 PAIRED_NOT_RUN: Final = "paired serving not run"
+NOT_OBSERVABLE: Final = "not observable"
+#: How output tokens per request are named in every legend and table.
+TOKENS_UNIT: Final = "output tok/req"
+#: A per-rung table with more lines than this starts folded in the page (``<details>``).
+FOLD_ABOVE_LINES: Final = 8
 ARM_COLORS: Final = {
     NATIVE_CONCURRENT.name: "#1f77b4",
     OLD_ARM: "#d62728",
@@ -56,6 +74,8 @@ class _Rung:
     #: ``measured_values`` of the rung's requests (inline rows, or streamed from the rows file).
     values: Mapping[str, Sequence[float]]
     verdict: CacheVerdict | None
+    #: Output tokens each request asked for (the rung's load request), when the cell says.
+    output_tokens: int | None = None
 
 
 def _rungs(arm: ArmView) -> list[_Rung]:
@@ -70,10 +90,48 @@ def _rungs(arm: ArmView) -> list[_Rung]:
                 if arm.file_values is not None
                 else measured_values(r.rows),
                 arm.verdicts.get(r.rung_index),
+                r.output_tokens,
             )
             for r in arm.rungs
         ]
     return [_Rung(b.concurrency, b.status, b.rung_summary, {}, None) for b in arm.observation.rungs]
+
+
+def _rung_tokens(rung: _Rung) -> int | None:
+    """Output tokens per request: as asked, else as observed when every request gave the
+    same count (a rung from an observation only)."""
+    if rung.output_tokens is not None:
+        return rung.output_tokens
+    s = rung.summary
+    if s is None or s.measured_requests <= 0:
+        return None
+    per, rest = divmod(s.observed_completion_tokens, s.measured_requests)
+    return per if rest == 0 else None
+
+
+def _arm_tokens(arm: ArmView) -> str:
+    """The arm's output tokens per request as a label: one number, or each one it used."""
+    counts = sorted({t for t in (_rung_tokens(r) for r in _rungs(arm)) if t is not None})
+    return "/".join(str(c) for c in counts) if counts else "n/a"
+
+
+def _series_name(arm: ArmView) -> str:
+    return f"{arm.arm}, {_arm_tokens(arm)} {TOKENS_UNIT}"
+
+
+def _unobserved(summary: RungSummary | None) -> bool:
+    """Every measured request of the rung lacks a first-token time (it only came with the
+    final event): TTFT and TPOT are not observable, never the elapsed time."""
+    return summary is not None and summary.ttft_unobserved_count > 0 and summary.ttft_p50_ms is None
+
+
+def _ttft_cell(summary: RungSummary | None, value: float | None) -> str:
+    if _unobserved(summary):
+        return NOT_OBSERVABLE
+    text = format_ms(value)
+    if summary is not None and summary.ttft_unobserved_count and value is not None:
+        text += f" ({summary.ttft_unobserved_count} not observable)"
+    return text
 
 
 def _rate(value: float | None) -> str:
@@ -158,30 +216,36 @@ def _plot(view: RowView, arms: Sequence[ArmView]) -> str:
         out: list[Series] = []
         for k, arm in enumerate(arms):
             color = _color(arm.arm, k)
-            out.append(Series(f"{arm.arm} p50", color, False, values(arm, low)))
-            out.append(Series(f"{arm.arm} p99", color, True, values(arm, high)))
+            name = _series_name(arm)
+            out.append(Series(f"{name}, p50", color, False, values(arm, low)))
+            out.append(Series(f"{name}, p99", color, True, values(arm, high)))
         return tuple(out)
 
     def plain(pick: Callable[[RungSummary], float | None]) -> tuple[Series, ...]:
         return tuple(
-            Series(arm.arm, _color(arm.arm, k), False, values(arm, pick))
+            Series(_series_name(arm), _color(arm.arm, k), False, values(arm, pick))
             for k, arm in enumerate(arms)
         )
 
+    hidden = [arm.arm for arm in arms if any(_unobserved(r.summary) for r in _rungs(arm))]
+    note = f"{NOT_OBSERVABLE}: {', '.join(hidden)}" if hidden else ""
     panels = (
         Panel(
             "TTFT p50 and p99",
             "ms",
             percentiles(lambda s: s.ttft_p50_ms, lambda s: s.ttft_p99_ms),
             format_ms,
+            note,
         ),
         Panel(
             "TPOT p50 and p99",
             "ms",
             percentiles(lambda s: s.tpot_p50_ms, lambda s: s.tpot_p99_ms),
             format_ms,
+            note,
         ),
         Panel("Throughput", "requests/s", plain(lambda s: s.throughput_requests_per_sec), _rate),
+        Panel("Output tokens", "tokens/s", plain(lambda s: s.output_tokens_per_sec), _rate),
         Panel("Goodput", "requests/s", plain(lambda s: s.goodput_requests_per_sec), _rate),
     )
     return line_panels(f"Concurrency curves: {_row_name(view)}", labels, panels)
@@ -206,10 +270,13 @@ def _verdict_text(verdict: CacheVerdict | None) -> tuple[str, ...]:
 
 def _curve_table(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
     head = (
-        "| Arm | Concurrency | Status | Measured/requested | TTFT p50 ms | TTFT p99 ms "
-        "| TPOT p50 ms | TPOT p99 ms | Throughput req/s | Goodput req/s | Served from cache |"
+        "| Arm | Output tok/req | Concurrency | Status | Measured/requested | TTFT p50 ms "
+        "| TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | Throughput req/s | Output tok/s "
+        "| Goodput req/s | Served from cache |"
     )
-    align = "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    align = (
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )
     if with_verdicts:
         head += " Expected hits | Observed hits | Cache verdict |"
         align += " ---: | ---: | --- |"
@@ -219,16 +286,20 @@ def _curve_table(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
             s = rung.summary
             cached = rung.values.get("cache_n", ())
             served = f"{sum(1 for c in cached if c > 0)}/{len(cached)}" if cached else "n/a"
+            tokens = _rung_tokens(rung)
+            unobserved = _unobserved(s)
             fields = [
                 cell(arm.arm),
+                "n/a" if tokens is None else str(tokens),
                 str(rung.concurrency),
                 cell(rung.status),
                 "n/a" if s is None else f"{s.measured_requests}/{s.requested_requests}",
-                format_ms(None if s is None else s.ttft_p50_ms),
-                format_ms(None if s is None else s.ttft_p99_ms),
-                format_ms(None if s is None else s.tpot_p50_ms),
-                format_ms(None if s is None else s.tpot_p99_ms),
+                _ttft_cell(s, None if s is None else s.ttft_p50_ms),
+                _ttft_cell(s, None if s is None else s.ttft_p99_ms),
+                NOT_OBSERVABLE if unobserved else format_ms(None if s is None else s.tpot_p50_ms),
+                NOT_OBSERVABLE if unobserved else format_ms(None if s is None else s.tpot_p99_ms),
                 _rate(None if s is None else s.throughput_requests_per_sec),
+                _rate(None if s is None else s.output_tokens_per_sec),
                 _rate(None if s is None else s.goodput_requests_per_sec),
                 served,
             ]
@@ -238,15 +309,27 @@ def _curve_table(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
     return lines
 
 
+def _folded(summary: str, lines: list[str]) -> list[str]:
+    """``lines`` (a table) inside ``<details>`` when long: the page opens short, the figures
+    stay one click away (and plain in the Markdown)."""
+    if len(lines) <= FOLD_ABOVE_LINES:
+        return lines
+    return ["<details>", f"<summary>{summary}</summary>", "", *lines, "", "</details>"]
+
+
 def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
     with_verdicts = any(arm.verdicts for view in receipts.rows for arm in view.arms)
     lines = [
         "## Concurrency curves",
         "",
-        "Per row and concurrent arm, from each rung's summary in its `cell.json`: TTFT and",
-        "TPOT at p50 and p99 (ms), throughput and goodput (requests/s; goodput counts requests",
-        "meeting both the TTFT and the TPOT objective), and how many measured requests the",
-        "server answered partly from its prompt cache (`cache_n` > 0).",
+        "Per row and concurrent arm, from each rung's summary in its `cell.json`: the output",
+        "tokens each request asked for (arms that generate different lengths do different",
+        "work per request: compare them per token), TTFT and TPOT at p50 and p99 (ms),",
+        "throughput and goodput (requests/s; goodput counts requests meeting both the TTFT and",
+        "the TPOT objective), output tokens/s, and how many measured requests the server",
+        "answered partly from its prompt cache (`cache_n` > 0). TTFT is the first event that",
+        "carries a generated token; when that only came with the final event it is",
+        f'"{NOT_OBSERVABLE}" (and so is TPOT), never the whole response.',
     ]
     if with_verdicts:
         lines.append(
@@ -271,7 +354,7 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
             # Brackets would end the image's alt text early.
             f"![Concurrency curves of {_title(view).replace('[', '(').replace(']', ')')}]({name})",
             "",
-            *_curve_table(arms, with_verdicts),
+            *_folded(f"Per-rung figures of {_title(view)}", _curve_table(arms, with_verdicts)),
         ]
     if without:
         lines += ["", "Rows without a concurrent arm:", "", *without]
@@ -301,6 +384,10 @@ def _effect_cells(effect: MedianDifference | None) -> list[str]:
     ]
 
 
+def _effect(before: _Rung, rung: _Rung, metric: str) -> MedianDifference | None:
+    return bootstrap_median_difference(before.values.get(metric, ()), rung.values.get(metric, ()))
+
+
 def _comparison_rows(view: RowView, old: ArmView, new: ArmView) -> list[str]:
     """One line per rung both arms ran (matched by concurrency) and metric."""
     old_by_c = {r.concurrency: r for r in _rungs(old)}
@@ -309,12 +396,21 @@ def _comparison_rows(view: RowView, old: ArmView, new: ArmView) -> list[str]:
         before = old_by_c.get(rung.concurrency)
         if before is None:
             continue
+        tokens = {_rung_tokens(before), _rung_tokens(rung)}
+        shown = "/".join("n/a" if t is None else str(t) for t in sorted(tokens, key=str))
         for metric in METRICS:
             old_values, new_values = before.values.get(metric, ()), rung.values.get(metric, ())
-            effect = bootstrap_median_difference(old_values, new_values)
-            head = [_title(view), str(rung.concurrency), metric]
+            effect = _effect(before, rung, metric)
+            head = [_title(view), shown, str(rung.concurrency), metric]
             counts = [str(len(old_values)), str(len(new_values))]
-            lines.append(_table_row([*head, *counts, *_effect_cells(effect)]))
+            cells = _effect_cells(effect)
+            if (
+                effect is None
+                and metric == "TTFT"
+                and (_unobserved(before.summary) or _unobserved(rung.summary))
+            ):
+                cells[-1] = NOT_OBSERVABLE
+            lines.append(_table_row([*head, *counts, *cells]))
     return lines
 
 
@@ -346,16 +442,231 @@ def _comparison(receipts: RunReceipts) -> list[str]:
         table += _comparison_rows(view, old, new)
     if table:
         lines += [
-            "| Row | Concurrency | Metric | n old | n new | Old median ms | New median ms "
-            f"| New - old ms | {CONFIDENCE:.0%} CI ms | Relative | Verdict |",
-            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
-            *table,
+            *_folded(
+                "Per-rung effects",
+                [
+                    f"| Row | Output tok/req | Concurrency | Metric | n old | n new "
+                    "| Old median ms | New median ms "
+                    f"| New - old ms | {CONFIDENCE:.0%} CI ms | Relative | Verdict |",
+                    "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: "
+                    "| --- |",
+                    *table,
+                ],
+            ),
         ]
         if missing:
             lines += ["", *missing]
     else:
         lines.append(f"No row has both `{OLD_ARM}` and `{NEW_ARM}` cells: {PAIRED_NOT_RUN}.")
     return lines
+
+
+NATIVE_ARM: Final = "native-concurrent"
+
+
+def _first_shared(a: ArmView, b: ArmView) -> tuple[_Rung, _Rung] | None:
+    """The two arms' rungs at the lowest concurrency both ran."""
+    by_c = {r.concurrency: r for r in _rungs(a)}
+    for rung in sorted(_rungs(b), key=lambda r: r.concurrency):
+        if rung.concurrency in by_c:
+            return by_c[rung.concurrency], rung
+    return None
+
+
+def _effect_text(effect: MedianDifference) -> str:
+    return f"{effect.difference:+.1f} ms [{effect.low:+.1f}, {effect.high:+.1f}], {effect.verdict}"
+
+
+def _versus(base: ArmView | None, new: ArmView | None) -> str:
+    """new against ``base`` at their lowest shared concurrency: TTFT when both observed it,
+    else end-to-end latency when both asked for the same output tokens."""
+    if base is None or new is None or base.cell is None or new.cell is None:
+        return "n/a (not both run)"
+    pair = _first_shared(base, new)
+    if pair is None:
+        return "n/a (no shared concurrency)"
+    before, after = pair
+    where = f"c={after.concurrency}"
+    effect = _effect(before, after, "TTFT")
+    if effect is not None:
+        return f"TTFT {where}: {_effect_text(effect)}"
+    why = (
+        f"TTFT {NOT_OBSERVABLE}"
+        if _unobserved(before.summary) or _unobserved(after.summary)
+        else "TTFT n/a"
+    )
+    tokens = (_rung_tokens(before), _rung_tokens(after))
+    if tokens[0] != tokens[1]:
+        shown = "/".join("n/a" if t is None else str(t) for t in tokens)
+        return f"n/a ({why}; latency compares different work: {shown} {TOKENS_UNIT})"
+    effect = _effect(before, after, "latency")
+    if effect is None:
+        return f"n/a ({why}; fewer than {MIN_SAMPLES} requests)"
+    return f"latency {where}: {_effect_text(effect)} ({why})"
+
+
+def _downgraded(view: RowView, href: str) -> str:
+    """Planned arms that did not complete, each linked to its cell receipt."""
+    out = []
+    for arm in view.arms:
+        if arm.observation.planned != "planned" or arm.observation.status == "completed":
+            continue
+        text = f"{arm.arm}: {arm.observation.status}"
+        if arm.observation.reason:
+            text += f" ({arm.observation.reason})"
+        out.append(_link(href, text, arm.cell_path) if arm.cell is not None else cell(text))
+    return "; ".join(out) if out else "none"
+
+
+def _summary(receipts: RunReceipts, curves: set[int]) -> list[str]:
+    lines = [
+        "## Summary",
+        "",
+        f"Per row: `{NEW_ARM}` against `{OLD_ARM}` and against `{NATIVE_ARM}`, the effect",
+        "median(new) - median(old) per request with its "
+        f"{CONFIDENCE:.0%} bootstrap interval at the lowest concurrency",
+        "both ran (negative: the new server is faster); the row's correctness; and every",
+        "planned arm that did not complete, linked to its cell receipt.",
+        "",
+        "| Row | Output tok/req (new, old, native) | Correctness | New vs old | New vs native "
+        "| Not completed |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for view in receipts.rows:
+        by_arm = {arm.arm: arm for arm in view.arms}
+        new = by_arm.get(NEW_ARM)
+        name = _title(view)
+        if view.entry.index in curves:
+            name = f"[{name}](#{anchor(_row_name(view))})"
+        correctness = view.receipt.correctness.status if view.receipt is not None else "n/a"
+        tokens = ", ".join(
+            "n/a" if by_arm.get(arm) is None else _arm_tokens(by_arm[arm])
+            for arm in (NEW_ARM, OLD_ARM, NATIVE_ARM)
+        )
+        lines.append(
+            _table_row(
+                [
+                    name,
+                    tokens,
+                    cell(correctness),
+                    cell(_versus(by_arm.get(OLD_ARM), new)),
+                    cell(_versus(by_arm.get(NATIVE_ARM), new)),
+                    _downgraded(view, receipts.run_href),
+                ]
+            )
+        )
+    return lines
+
+
+def _figure(value: Figure) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _series(value: Figure) -> tuple[float | None, ...] | None:
+    return tuple(float(v) for v in value) if isinstance(value, tuple) else None
+
+
+def _warm_row(producer: ProducerRow) -> ReportRow:
+    """The row's production entry as the reference tables read it."""
+    skippy, llama = producer.skippy, producer.llama_server
+    status = skippy.get("status")
+    llama_status = llama.get("status")
+    return ReportRow(
+        file="row.json",
+        index=0,
+        skippy=SkippyFigures(
+            status=status if isinstance(status, str) else None,
+            cache_hit_import_ms=_series(skippy.get("cache_hit_import_ms")),
+            cache_hit_decode_ms=_series(skippy.get("cache_hit_decode_ms")),
+            cache_hit_total_ms=_figure(skippy.get("cache_hit_total_ms")),
+        ),
+        llama_server=BaselineFigures(
+            status=llama_status if isinstance(llama_status, str) else None,
+            warm_median_ms=_figure(llama.get("warm_median_ms")),
+            warm_mean_ms=_figure(llama.get("warm_mean_ms")),
+        ),
+    )
+
+
+def _warm_win(receipts: RunReceipts) -> list[str]:
+    """The reference's win beside the same warm request timed inside the server."""
+    table: list[str] = []
+    for view in receipts.rows:
+        producer = view.receipt.producer_report_row if view.receipt is not None else None
+        serial = next((a for a in view.arms if not a.concurrent and a.cell is not None), None)
+        if producer is None or serial is None:
+            continue
+        row = _warm_row(producer)
+        hit = hit_ms(row)
+        base = baseline(row, package=False)
+        inside = [v for r in _rungs(serial) for v in r.values.get("server", ())]
+        server = median(inside) if inside else None
+        reference = speedup(row, package=False)
+        own: float | None = None
+        if reference is not None and server is not None and hit is not None:
+            own = server / hit
+        client = None if base is None or server is None else base.value - server
+        table.append(
+            _table_row(
+                [
+                    _title(view),
+                    _arm_tokens(serial),
+                    cell(row.skippy.status or "missing"),
+                    format_ms(hit),
+                    format_ms(None if base is None else base.value),
+                    "n/a" if reference is None else f"{reference:.2f}x",
+                    format_ms(server),
+                    "n/a" if own is None else f"{own:.2f}x",
+                    format_ms(client),
+                ]
+            )
+        )
+    if not table:
+        return []
+    return [
+        "## Warm request: the reference's win and the server's own time",
+        "",
+        '"Skippy win" is the reference\'s: the llama-server warm request timed end to end by',
+        "the client over HTTP (the serial baseline's warm median) divided by the correctness",
+        "tool's in-process cache hit (import + decode). Beside it, the same warm requests timed",
+        "inside the server (`timings.prompt_ms + predicted_ms`, median of the serial rows) and",
+        "the win against that: the rest of the end-to-end time is HTTP and client.",
+        "",
+        "| Row | Output tok/req | Correctness | Skippy hit median ms "
+        "| llama-server warm median ms (client) | Skippy win (reference) "
+        "| Same requests inside the server ms | Skippy win against the server's time "
+        "| HTTP and client ms |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *table,
+        "",
+    ]
+
+
+def _footnoted(tables: str) -> list[str]:
+    """The reference tables with each distinct note (the parts of a Notes cell split at
+    "; ") said once, as a numbered footnote under them, and its number in the cells."""
+    notes: dict[str, int] = {}
+    out: list[str] = []
+    in_notes_table = False
+    for line in tables.split("\n"):
+        if not line.startswith("|"):
+            in_notes_table = False
+            out.append(line)
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not in_notes_table:
+            in_notes_table = cells[-1] == "Notes"
+            out.append(line)
+            continue
+        if set(cells[-1]) <= {"-", ":"}:
+            out.append(line)
+            continue
+        parts = [part.strip() for part in cells[-1].split("; ") if part.strip()]
+        marks = [f"[{notes.setdefault(part, len(notes) + 1)}]" for part in parts]
+        out.append(_table_row([*cells[:-1], " ".join(marks)]))
+    if notes:
+        out += ["", "Notes:", ""] + [f"- [{n}] {text}" for text, n in notes.items()]
+    return out
 
 
 def _receipts_table(receipts: RunReceipts) -> list[str]:
@@ -399,13 +710,18 @@ def _receipts_table(receipts: RunReceipts) -> list[str]:
     return lines
 
 
+def written_in_this_format(markdown: bytes) -> bool:
+    """Whether a ``report.md`` was written in the layout :func:`render_run_report` writes."""
+    return markdown.split(b"\n", 1)[0] == FORMAT_LINE.encode()
+
+
 def render_run_report(receipts: RunReceipts) -> dict[str, bytes]:
     """The report files (relative path -> bytes): ``report.md``, ``report.html`` and one
     ``plots/row-NNNN-<row>.svg`` per row with a concurrent arm. Raises ``Refused`` only when
     the reference tables refuse (a metadata-derived size that overflows 64 bits)."""
     matrix = receipts.matrix
     run_id = next((v.receipt.run_id for v in receipts.rows if v.receipt is not None), None)
-    lines = ["# Cache-family run report", ""]
+    lines = [FORMAT_LINE, "# Cache-family run report", ""]
     if _synthetic(receipts):
         lines += [f"> {SYNTHETIC_BANNER}", ""]
     lines += [
@@ -415,14 +731,18 @@ def render_run_report(receipts: RunReceipts) -> dict[str, bytes]:
         f"Scope: {cell(matrix.scope)}.",
         "",
     ]
+    svgs: dict[str, str] = {}
+    curves = _curves(receipts, svgs)
+    plotted = {v.entry.index for v in receipts.rows if any(a.concurrent for a in v.arms)}
+    lines += [*_summary(receipts, plotted), ""]
     reference = receipts.reference
     if reference is not None:
         refusals = Refusals()
         tables = render_report(reference.rows, reference.sources, reference.corpus_shown, refusals)
         refusals.raise_any()
-        lines += ["## Reference tables", "", tables.rstrip("\n"), ""]
-    svgs: dict[str, str] = {}
-    lines += _curves(receipts, svgs)
+        lines += ["## Reference tables", "", *_footnoted(tables.rstrip("\n")), ""]
+    lines += _warm_win(receipts)
+    lines += curves
     lines += [""]
     lines += _comparison(receipts)
     lines += [""]

@@ -40,6 +40,8 @@ class Panel:
     series: tuple[Series, ...]
     #: How a value is printed in its tooltip.
     fmt: Callable[[float], str]
+    #: A line inside the plot (what it cannot show, e.g. figures that were not observable).
+    note: str = ""
 
 
 def _n(value: float) -> str:
@@ -82,6 +84,11 @@ def _panel(panel: Panel, xs: Sequence[str], left: float, top: float) -> list[str
         f'<rect x="{_n(x0)}" y="{_n(y0)}" width="{_n(plot_w)}" height="{_n(plot_h)}" '
         'fill="none" stroke="#999"/>',
     ]
+    if panel.note:
+        out.append(
+            f'<text x="{_n(x0 + 6)}" y="{_n(y0 + 14)}" font-size="10" fill="#9a3412" '
+            f"{FONT}>{escape(panel.note)}</text>"
+        )
     ticks = round(axis_top / step)
     for k in range(ticks + 1):
         value = step * k

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 RequestStatus = Literal["completed", "failed", "incomplete", "not-launched"]
 """completed: a valid final answer; failed: the server or protocol said no (malformed reply,
@@ -20,6 +21,12 @@ HTTP error, connection refused); incomplete: cut by a timeout or cancellation wh
 not-launched: never sent (the run stopped first)."""
 
 StopType = Literal["limit", "word", "eos"]
+
+TtftUnobserved = Literal["first_token_with_final"]
+"""Why a completed streamed request has no first-token time: ``first_token_with_final``, the
+stream carried no generated token before its final event (llama-server holds back tokens
+that render no text), so the first token's arrival cannot be told from the response's end."""
+FIRST_TOKEN_WITH_FINAL: TtftUnobserved = "first_token_with_final"  # noqa: S105 - a reason
 
 
 class ServerTimings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -39,7 +46,8 @@ class RequestRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     status: RequestStatus
     excluded_warmup: bool = False
     elapsed_ms: float | None = None
-    # Time to the first content event; None for non-streamed (serial) requests.
+    # Time to the first event carrying a generated token; None for non-streamed (serial)
+    # requests and when ``ttft_unobserved`` says why it could not be observed.
     ttft_ms: float | None = None
     # (elapsed - ttft) / max(tokens_predicted - 1, 1); None without a ttft.
     tpot_ms: float | None = None
@@ -58,6 +66,11 @@ class RequestRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     cached_tokens: int | None = None
     # The server slot that answered (native ``id_slot``); a slot's first request is cold.
     slot_id: int | None = None
+    # Why a completed streamed request has no ``ttft_ms``/``tpot_ms`` (never the elapsed
+    # time instead). Unset (and not written) when they were observed or the request was not
+    # streamed, so a row without it encodes as rows did before the field: older runs re-fold
+    # and replay to the same bytes.
+    ttft_unobserved: TtftUnobserved | UnsetType = UNSET
 
 
 class RungSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,6 +98,16 @@ class RungSummary(msgspec.Struct, frozen=True, kw_only=True):
     failed_or_unlaunched_requests: int = 0
     # True only when every planned request completed.
     complete: bool = False
+    # Measured requests whose first token arrived only with the final event: they have no
+    # TTFT or TPOT, so the percentiles above leave them out (all of them: None). Unset (not
+    # written) when there is none, so such a summary encodes as summaries did before.
+    ttft_unobserved_requests: int | UnsetType = UNSET
+
+    @property
+    def ttft_unobserved_count(self) -> int:
+        """``ttft_unobserved_requests``, 0 when unset."""
+        count = self.ttft_unobserved_requests
+        return 0 if isinstance(count, UnsetType) else count
 
 
 class SerialSummary(msgspec.Struct, frozen=True, kw_only=True):

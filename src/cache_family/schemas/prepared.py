@@ -99,11 +99,13 @@ class _Strict(BaseModel):
     model_config = _STRICT
 
 
-def _without_absent_workloads(workloads: WorkloadsPin | None, data: Any) -> Any:
-    """A document without a workload file encodes without the member, byte for byte as
-    before the member existed."""
-    if workloads is None and isinstance(data, dict):
-        data.pop("workloads", None)
+def _without_absent_extensions(document: Any, data: Any) -> Any:
+    """A document without a workload file or a native output override encodes without those
+    members, byte for byte as before they existed."""
+    if isinstance(data, dict):
+        for member in ("workloads", "native_output_tokens"):
+            if getattr(document, member, None) is None:
+                data.pop(member, None)
     return data
 
 
@@ -487,10 +489,14 @@ class PreparedInput(_Strict):
     # The workload file given with --workloads, pinned; absent (not null) without one, so a
     # preparation without workloads writes the same bytes as before the field existed.
     workloads: WorkloadsPin | None = None
+    # --native-output-tokens, when given: every row's native concurrent ladder asks for this
+    # many output tokens per request instead of the reference's 128. Absent when not given,
+    # so a prepared input without the override keeps its bytes.
+    native_output_tokens: Annotated[int, Field(ge=1, le=2**32 - 1)] | None = None
 
     @model_serializer(mode="wrap")
-    def _absent_workloads_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _without_absent_workloads(self.workloads, handler(self))
+    def _absent_extensions_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_absent_extensions(self, handler(self))
 
     @model_validator(mode="before")
     @classmethod
@@ -625,10 +631,12 @@ class PreparationRequest(_Strict):
     unused_corpus: str | None = None
     # --workloads, pinned by the parent; left out of the bytes when absent (as in the input).
     workloads: WorkloadsPin | None = None
+    # --native-output-tokens: the native ladder's output tokens per request (None: 128).
+    native_output_tokens: Annotated[int, Field(ge=1, le=2**32 - 1)] | None = None
 
     @model_serializer(mode="wrap")
-    def _absent_workloads_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _without_absent_workloads(self.workloads, handler(self))
+    def _absent_extensions_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_absent_extensions(self, handler(self))
 
 
 class RefusalRecord(_Strict):

@@ -134,8 +134,8 @@ class RungReceipt(msgspec.Struct, frozen=True, kw_only=True):
     # overhead or the latencies were not measured): a flagged rung measures the client too.
     client_overhead_ms: float | None = None
     near_client_overhead: bool | None = None
-    # Completed streamed requests whose first content arrived only with the final event: their
-    # TTFT is their latency, not a first token.
+    # Completed streamed requests whose first token arrived only with the final event: their
+    # TTFT is not observable (null; in runs recorded before ``ttft_unobserved``, their latency).
     first_content_with_final_ids: tuple[int, ...] = ()
 
 

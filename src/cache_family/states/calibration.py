@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from cache_family.schemas.measurement import (
+    FIRST_TOKEN_WITH_FINAL,
     ClientCalibration,
     RequestRow,
     RungSummary,
@@ -72,13 +73,19 @@ def rung_latencies(
 
 
 def first_content_with_final(rows: Sequence[RequestRow]) -> tuple[int, ...]:
-    """Completed streamed requests whose TTFT is their latency: the first content arrived
-    with (or as) the final event."""
+    """Completed streamed requests whose first token arrived with (or as) the final event:
+    the row says so (``ttft_unobserved``), or, in a run recorded before rows said so, its
+    TTFT is its latency."""
     return tuple(
         row.request_id
         for row in rows
         if row.status == "completed"
-        and row.ttft_ms is not None
-        and row.elapsed_ms is not None
-        and row.ttft_ms >= row.elapsed_ms
+        and (
+            row.ttft_unobserved == FIRST_TOKEN_WITH_FINAL
+            or (
+                row.ttft_ms is not None
+                and row.elapsed_ms is not None
+                and row.ttft_ms >= row.elapsed_ms
+            )
+        )
     )

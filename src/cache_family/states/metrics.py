@@ -17,6 +17,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, MutableSequence, Sequence
 from typing import Final
 
+from msgspec import UNSET
+
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.measurement import RequestRow, RungSummary, SerialSummary
 
@@ -177,6 +179,7 @@ class RungAccumulator:
             (array("d"), array("d"), array("d")) if compact else ([], [], [])
         )
         self._good = self._tokens = self._meeting = self._not_completed = 0
+        self._unobserved = 0
 
     def add(self, row: RequestRow, index: int | None = None) -> None:
         """Count one row; ``index`` is its place in the roster (refusal paths), by default
@@ -196,6 +199,7 @@ class RungAccumulator:
             return
         self._good += 1
         self._tokens += row.tokens_predicted or 0
+        self._unobserved += row.ttft_unobserved is not UNSET
         if (self._slos[0] is not None or self._slos[1] is not None) and _meets(row, *self._slos):
             self._meeting += 1
         ttfts, tpots, latencies = self._times
@@ -253,7 +257,9 @@ class RungAccumulator:
         if refusals:
             raise Refused(tuple(refusals))
         goodput: float | None = None
-        if self._slos[0] is not None or self._slos[1] is not None:
+        # A request without an observable TTFT can be judged by neither objective: no
+        # goodput then, rather than one that counts it as missing them.
+        if (self._slos[0] is not None or self._slos[1] is not None) and not self._unobserved:
             goodput = _rate(self._meeting, makespan_seconds)
         ttft, tpot, latency = (_percentiles(values) for values in self._times)
         summary = RungSummary(
@@ -276,6 +282,7 @@ class RungAccumulator:
             latency_p99_ms=latency[2],
             failed_or_unlaunched_requests=self._not_completed,
             complete=self._good > 0 and self._not_completed == 0,
+            ttft_unobserved_requests=self._unobserved or UNSET,
         )
         _refuse_non_finite_summary(
             [

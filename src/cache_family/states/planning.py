@@ -309,7 +309,12 @@ def ladder(plan: PlanInput) -> list[Rung]:
 
 
 def _tasks(
-    plan: PlanInput, preset: Preset, ctx: int, present: bool, has_use_case: bool
+    plan: PlanInput,
+    preset: Preset,
+    ctx: int,
+    present: bool,
+    has_use_case: bool,
+    native_output_tokens: int | None = None,
 ) -> RowTasks:
     package = preset.baseline_policy == "package-only"
     missing: SkipReason | None = None if present else "missing-model"
@@ -349,7 +354,7 @@ def _tasks(
             planned=baseline_skip is None,
             skip_reason=baseline_skip,
             parallel=plan.llama_parallel,
-            output_tokens=CONCURRENT_BASELINE_OUTPUT_TOKENS,
+            output_tokens=native_output_tokens or CONCURRENT_BASELINE_OUTPUT_TOKENS,
             rungs=rungs,
         ),
         paired_serving=PairedServingTask(
@@ -370,8 +375,12 @@ def plan_rows(
     catalog: Catalog,
     corpus: Corpus | None,
     observations: Mapping[str, ModelObservation],
+    *,
+    native_output_tokens: int | None = None,
 ) -> list[PreparedRow]:
-    """Every planned row, in run order. ``observations`` holds one entry per selected key."""
+    """Every planned row, in run order. ``observations`` holds one entry per selected key;
+    ``native_output_tokens`` (preparation's ``--native-output-tokens``) replaces the native
+    concurrent ladder's reference output length."""
     check_selection(plan, catalog, corpus)
     presets = selected_presets(plan, catalog)
     absent = [p.key for p in presets if p.key not in observations]
@@ -437,7 +446,12 @@ def plan_rows(
                         output_relative=relative,
                         model_observation=observation,
                         tasks=_tasks(
-                            plan, preset, prefix.ctx, observation.present, use_case is not None
+                            plan,
+                            preset,
+                            prefix.ctx,
+                            observation.present,
+                            use_case is not None,
+                            native_output_tokens,
                         ),
                     )
                 )

@@ -1,15 +1,15 @@
 """SCRIPTED FAKE automation runner (and `just`) for the wrapper's fault-injection tests.
 
-Never a real preparation, run or report: it records its argv and the names of its
-environment into ``calls.jsonl`` beside itself and writes the files each step would write
-(the prepared input, ``production-cache-bench.json``, the tables), so the wrapper's order,
-arguments and exit-code propagation can be checked in seconds. ``script.json`` beside it
-injects faults: ``{"fail_call": N, "exit": CODE}`` makes the N-th call (1-based, counting
-every call of every copy in the directory) exit CODE without writing, and
-``{"no_production": true}`` makes runs exit 0 without ``production-cache-bench.json``
-(``{"no_prepared": true}``: preparations without ``cache-family-input.json``),
-and ``{"hang_call": N}`` makes the N-th call print ``scripted fake: waiting`` on stdout and
-wait for a signal (SIGTERM's default action ends it).
+Never a real preparation, run or report: it records its argv and the names of its environment
+into ``calls.jsonl`` beside itself and writes the files each step would write (the prepared
+input, ``production-cache-bench.json``, the tables, a run's report files), so the wrapper's
+order, arguments and exit-code propagation can be checked in seconds. ``script.json`` beside it
+injects faults: ``{"fail_call": N, "exit": CODE}`` makes the N-th call (1-based, counting every
+call of every copy in the directory) exit CODE without writing, and ``{"no_production": true}``
+makes runs exit 0 without ``production-cache-bench.json`` (``{"no_prepared": true}``:
+preparations without ``cache-family-input.json``), and ``{"hang_call": N}`` makes the N-th call
+print ``scripted fake: waiting`` on stdout and wait for a signal (SIGTERM's default action ends
+it).
 Tests copy it into a temporary directory as an executable named for the role it plays.
 """
 
@@ -45,6 +45,15 @@ def main() -> int:
         signal.pause()
     if role == "just":  # just --justfile J skippy-workload-oracles-build OUTPUT
         Path(argv[-1], "native", "bin").mkdir(parents=True, exist_ok=True)
+        return 0
+    if argv[0] == "report-run":  # report-run RUN_DIR: the run's report files
+        run = Path(argv[1])
+        (run / "plots").mkdir(parents=True, exist_ok=True)
+        (run / "plots" / "row-0000-scripted.svg").write_text("<svg></svg>\n")
+        (run / "report.md").write_text("# scripted report\n")
+        (run / "report.html").write_text("<!DOCTYPE html><svg></svg>\n")
+        print(f"Wrote {run / 'report.md'}")
+        print(f"Wrote {run / 'report.html'}")
         return 0
     assert argv[0] == "automation", argv
     output = _value(argv, "--output")[0]

@@ -36,6 +36,12 @@ BEHAVIOURS = (
     "oversized_body",
     "data_after_final",
     "not_json_object",
+    # llama-server with tokens that render no text: every token event has empty content.
+    "empty_content_tokens",
+    # ... or holds them all back (an incomplete character): nothing before the final event.
+    "final_only",
+    # ... or its events reach the client in one write with the final event (a burst).
+    "one_write",
 )
 
 
@@ -81,6 +87,10 @@ class FakeLlamaHttp:
             method, path, headers, body = await _read_request(stream)
             if (method, path) == ("POST", "/completion"):
                 await self._completion(stream, headers, json.loads(body))
+            elif (method, path) == ("POST", "/v1/chat/completions"):
+                chat = json.loads(body)
+                self.completions.append(chat)
+                await self._chat(stream, self.script(len(self.completions) - 1, chat), chat)
             elif (method, path) == ("POST", "/tokenize"):
                 text = json.loads(body)["content"]
                 await _send_json(stream, 200, {"tokens": [ord(c) for c in text]})
@@ -130,12 +140,13 @@ class FakeLlamaHttp:
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
         )
         await trio.sleep(reply.first_token_delay)
-        for token in range(n_predict):
+        held = b""
+        for token in range(0 if reply.behaviour == "final_only" else n_predict):
             if token:
                 await trio.sleep(reply.token_delay)
             event: dict[str, Any] = {
                 "index": 0,
-                "content": f"t{token} ",
+                "content": "" if reply.behaviour == "empty_content_tokens" else f"t{token} ",
                 "tokens": [token],
                 "stop": False,
                 "id_slot": -1,
@@ -153,12 +164,43 @@ class FakeLlamaHttp:
             if reply.behaviour == "oversized_body":
                 event["content"] = "y" * (60 * 1024)
                 line = b"data: " + json.dumps(event).encode() + b"\n\n"
-            await stream.send_all(line)
+            if reply.behaviour == "one_write":
+                held += line
+            else:
+                await stream.send_all(line)
         if reply.behaviour == "no_final":
             return
-        await stream.send_all(b"data: " + _encode_final(_final(reply, n_predict), reply) + b"\n\n")
+        if reply.behaviour == "final_only":
+            await trio.sleep(reply.token_delay * (n_predict - 1))
+        final = b"data: " + _encode_final(_final(reply, n_predict), reply) + b"\n\n"
+        await stream.send_all(held + final)
         if reply.behaviour == "data_after_final":
             await stream.send_all(b'data: {"content": "late", "stop": false}\n\n')
+
+    async def _chat(self, stream: trio.SocketStream, reply: Reply, body: dict[str, Any]) -> None:
+        """The OpenAI chat dialect, streamed: a delta per token, a finish chunk with usage,
+        ``[DONE]``; ``final_only`` puts every token's text in the finish chunk."""
+        tokens = int(body["max_tokens"])
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+        )
+        await trio.sleep(reply.first_token_delay)
+
+        def chunk(delta: dict[str, Any], finish: str | None, **extra: Any) -> bytes:
+            event = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+            return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+        text = ""
+        for token in range(tokens):
+            if token:
+                await trio.sleep(reply.token_delay)
+            if reply.behaviour == "final_only":
+                text += f"t{token} "
+            else:
+                await stream.send_all(chunk({"content": f"t{token} "}, None))
+        usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": tokens}
+        finish = chunk({"content": text} if text else {}, "length", usage=usage)
+        await stream.send_all(finish + b"data: [DONE]\n\n")
 
 
 def _final(reply: Reply, n_predict: int, content: str = "") -> dict[str, Any]:

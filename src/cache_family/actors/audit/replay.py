@@ -76,7 +76,11 @@ from cache_family.actors.journal.writer import JOURNAL_READ_LIMIT
 from cache_family.errors import Refusal, Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.report.run import read_run
-from cache_family.report.run_report import render_run_report
+from cache_family.report.run_report import (
+    MARKDOWN_NAME,
+    render_run_report,
+    written_in_this_format,
+)
 from cache_family.schemas.bounded import MIB, BoundedBytes, read_bounded
 from cache_family.schemas.journal import (
     JOURNAL_FILENAME,
@@ -370,6 +374,19 @@ def _compare_run_report(report: ReplayReport, root: str) -> None:
     byte for byte: a missing one or an extra plot differs too."""
     present = report_entries(root)
     if not present:
+        return
+    try:
+        written = read_bounded(
+            os.path.join(root, MARKDOWN_NAME), RECEIPT_READ_LIMIT, what="report file"
+        ).data
+    except Refused:
+        written = b""
+    if written and not written_in_this_format(written):
+        # An earlier report layout: nothing to compare it with (the receipts were compared).
+        report.say(
+            f"run report: {MARKDOWN_NAME} was written in an earlier layout, not compared "
+            f"(`cache-family report-run {root}` writes the current one)"
+        )
         return
     try:
         files = render_run_report(read_run(root))

@@ -40,6 +40,11 @@ OVERRIDE_FIELDS: Final[Mapping[str, str]] = {
 }
 CORPUS_FLAG: Final = "--use-case-corpus"
 WORKLOADS_FLAG: Final = "--workloads"
+#: Not a plan field (the operator input stays the reference's): the native concurrent ladder's
+#: output tokens per request, instead of the reference's fixed 128, recorded in the prepared
+#: input. Set to ``plan.concurrent_output_tokens``, the native curves compare the same work
+#: as the stage arms'.
+NATIVE_OUTPUT_FLAG: Final = "--native-output-tokens"
 U32_MAX: Final = 2**32 - 1
 
 
@@ -51,6 +56,7 @@ class Overrides:
     plan_fields: Mapping[str, int]
     corpus: str | None
     workloads: str | None = None
+    native_output_tokens: int | None = None
 
 
 def parse_overrides(arguments: Sequence[str]) -> Overrides:
@@ -58,6 +64,7 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
     refusals: list[Refusal] = []
     values: dict[str, int] = {}
     paths: dict[str, str] = {}
+    native: int | None = None
     seen: set[str] = set()
     items = list(arguments)
     if items[:1] == ["--"]:
@@ -70,13 +77,14 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
     while position < len(items):
         token = items[position]
         name, has_inline, inline = token.partition("=")
-        known = (*OVERRIDE_FIELDS, CORPUS_FLAG, WORKLOADS_FLAG)
+        known = (*OVERRIDE_FIELDS, CORPUS_FLAG, WORKLOADS_FLAG, NATIVE_OUTPUT_FLAG)
         if not token.startswith("--") or name not in known:
             refuse(
                 "preparation.override.unknown",
                 f"unknown argument {token!r}",
                 "overrides are --use-case-corpus ABS, --workloads ABS, --prefix-tokens, "
-                "--runtime-lane-count, --llama-parallel, --llama-repeats, --cache-hit-repeats N",
+                "--runtime-lane-count, --llama-parallel, --llama-repeats, --cache-hit-repeats, "
+                "--native-output-tokens N",
             )
             position += 1
             # an unknown --flag's value is part of the same mistake, not a second one
@@ -121,11 +129,17 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
                 "give a positive whole number",
             )
             continue
+        if name == NATIVE_OUTPUT_FLAG:
+            native = int(value)
+            continue
         values[OVERRIDE_FIELDS[name]] = int(value)
     if refusals:
         raise Refused(tuple(refusals))
     return Overrides(
-        plan_fields=values, corpus=paths.get(CORPUS_FLAG), workloads=paths.get(WORKLOADS_FLAG)
+        plan_fields=values,
+        corpus=paths.get(CORPUS_FLAG),
+        workloads=paths.get(WORKLOADS_FLAG),
+        native_output_tokens=native,
     )
 
 
@@ -148,6 +162,8 @@ class Admission:
     unused_corpus: str | None = None
     # --workloads: the workload file, read and pinned here (the run never reads it again).
     workloads: WorkloadsPin | None = None
+    # --native-output-tokens: the native ladder's output tokens per request (None: 128).
+    native_output_tokens: int | None = None
 
 
 def strict_json(data: bytes, what: str) -> Any:
@@ -331,4 +347,5 @@ def admit(
         budget_seconds=float(operator.preparation_seconds),
         unused_corpus=parsed.corpus if mode == "full" else None,
         workloads=workloads,
+        native_output_tokens=parsed.native_output_tokens,
     )

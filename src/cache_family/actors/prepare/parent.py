@@ -376,6 +376,7 @@ def prepare(
                     worker_deadline_monotonic_ns=time.monotonic_ns() + worker_ms * 1_000_000,
                     unused_corpus=admission.unused_corpus,
                     workloads=admission.workloads,
+                    native_output_tokens=admission.native_output_tokens,
                 )
             )
             publish_fresh(os.path.join(admission.output, REQUEST_NAME), request_bytes)

@@ -314,7 +314,13 @@ def _plan(run: _Observing) -> PreparedInput:
     assert record.native_build is not None and run.catalog is not None
     pinned_plan = _pinned_plan(operator.plan, record.tools, record.models)
     corpus = run.corpus.corpus if run.corpus is not None else None
-    rows = plan_rows(pinned_plan, run.catalog.catalog, corpus, record.models)
+    rows = plan_rows(
+        pinned_plan,
+        run.catalog.catalog,
+        corpus,
+        record.models,
+        native_output_tokens=run.request.native_output_tokens,
+    )
     run.gathered.refusals.extend(context_refusals(rows))
     run.gathered.raise_any()
     tools = ToolPins(
@@ -366,6 +372,7 @@ def _plan(run: _Observing) -> PreparedInput:
             else None
         ),
         workloads=run.request.workloads,
+        native_output_tokens=run.request.native_output_tokens,
     )
     run.phase("checking the prepared input's size")
     refuse_oversized_input(encode_document(prepared), PREPARED_INPUT_MAX_BYTES)

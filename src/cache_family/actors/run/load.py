@@ -21,8 +21,11 @@ fails its request, never the process. Facts about llama-server this relies on:
 
 Deadlines are trio times (``trio.current_time``); stamps come from an injected clock that must
 share that time base (the default is ``trio.current_time`` itself), so tests run timeouts on
-trio's autojump clock. TTFT is the arrival time of the chunk holding the first generating
-event, taken before that event is parsed.
+trio's autojump clock. TTFT is the arrival time of the chunk holding the first event that
+carries a generated token (``/completion``: ``tokens``, ``tokens_predicted`` or text; chat: a
+generating delta), taken before that event is parsed. When the first token only comes with
+the final event, TTFT and TPOT are None and the row says why (``ttft_unobserved``): the
+response's end is never passed off as its first token.
 """
 
 from __future__ import annotations
@@ -36,15 +39,18 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, NamedTuple, Protocol
 
 import trio
+from msgspec import UNSET, UnsetType
 
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
+    FIRST_TOKEN_WITH_FINAL,
     CacheExpectation,
     LoadOutcome,
     LoadRequest,
     LoadStatus,
     RequestRow,
     ServerTimings,
+    TtftUnobserved,
 )
 from cache_family.states.tally import MAKESPAN_MISSING, RungTally
 from cache_family.system.http import HttpError, LoopbackHttp, Response
@@ -136,6 +142,14 @@ class _Exchange:
     ended: float | None = None
     content: list[str] = field(default_factory=list)
     first_chunk: str | None = None
+    # Which read of the body brought the first token and the end (``read_sse_lines``): a
+    # first token read together with the end arrived with it.
+    ttft_read: int | None = None
+    ended_read: int | None = None
+
+    def first_token_seen(self) -> bool:
+        """A first token arrived before the end, in an earlier read of the body."""
+        return self.ttft is not None and self.ttft_read != self.ended_read
 
 
 class RowSink(Protocol):
@@ -344,41 +358,29 @@ class LoadRun:
         self, client: LoopbackHttp, url: str, body: dict[str, Any], exchange: _Exchange
     ) -> dict[str, Any]:
         final: dict[str, Any] | None = None
-        received = 0
-        pending = bytearray()
+
+        def take(line: bytes, arrived: Arrival) -> None:
+            nonlocal final
+            event = _sse_event(line)
+            if event is None:
+                return
+            if final is not None:
+                raise ProtocolError("data after the final event")
+            if event.get("stop") is True:
+                final = event
+                exchange.ended, exchange.ended_read = arrived
+                _take_content(event, exchange, arrived, final=True)
+            elif event.get("stop") is False:
+                _take_content(event, exchange, arrived, final=False)
+            else:
+                raise ProtocolError("event without a boolean stop field")
+
         async with client.request("POST", url, json_body=body) as response:
             if response.status_code != 200:
                 _require_ok(response, await _read_bounded(response))
-            async for chunk in response.chunks():
-                arrived = self.clock()
-                received += len(chunk)
-                if received > BODY_LIMIT:
-                    raise ProtocolError(f"stream exceeded {BODY_LIMIT} bytes")
-                pending += chunk
-                while (newline := pending.find(b"\n")) >= 0:
-                    line = bytes(pending[:newline]).rstrip(b"\r")
-                    del pending[: newline + 1]
-                    if len(line) > SSE_LINE_LIMIT:
-                        raise ProtocolError(f"stream line longer than {SSE_LINE_LIMIT} bytes")
-                    event = _sse_event(line)
-                    if event is None:
-                        continue
-                    if final is not None:
-                        raise ProtocolError("data after the final event")
-                    if event.get("stop") is True:
-                        final = event
-                        exchange.ended = arrived
-                        _take_content(event, exchange, arrived)
-                    elif event.get("stop") is False:
-                        _take_content(event, exchange, arrived)
-                    else:
-                        raise ProtocolError("event without a boolean stop field")
-                if len(pending) > SSE_LINE_LIMIT:
-                    raise ProtocolError(f"stream line longer than {SSE_LINE_LIMIT} bytes")
-        if pending.strip():
-            event = _sse_event(bytes(pending).rstrip(b"\r"))
-            if event is not None:
-                raise ProtocolError("stream ended inside an event")
+            tail = await read_sse_lines(response, self.clock, take)
+        if tail.strip() and _sse_event(tail) is not None:
+            raise ProtocolError("stream ended inside an event")
         if final is None:
             raise ProtocolError("stream ended without a final stop event")
         return final
@@ -391,10 +393,15 @@ class LoadRun:
         elapsed_ms = (exchange.ended - exchange.started) * 1000
         ttft_ms: float | None = None
         tpot_ms: float | None = None
-        if self.request.stream:
-            # A one-token answer may arrive only in its final event: that event is the first.
-            first = exchange.ttft if exchange.ttft is not None else exchange.ended
-            ttft_ms = (first - exchange.started) * 1000
+        unobserved: TtftUnobserved | UnsetType = UNSET
+        if self.request.stream and not exchange.first_token_seen():
+            # No event before the final one carried a token, or it was read together with
+            # the final one: the first token's arrival is the response's end, which says
+            # nothing about first-token time.
+            unobserved = FIRST_TOKEN_WITH_FINAL
+        elif self.request.stream:
+            assert exchange.ttft is not None
+            ttft_ms = (exchange.ttft - exchange.started) * 1000
             tpot_ms = (elapsed_ms - ttft_ms) / max(checked.tokens_predicted - 1, 1)
         content = "".join(exchange.content)
         cache = native_cache_accounting(final, checked.timings)
@@ -418,6 +425,7 @@ class LoadRun:
             prompt_tokens=cache.prompt_tokens,
             cached_tokens=cache.cached_tokens,
             slot_id=cache.slot_id,
+            ttft_unobserved=unobserved,
         )
 
     def _failed_row(
@@ -560,18 +568,65 @@ def _finite(mapping: Mapping[str, Any], name: str, *, key: str | None = None) ->
     return float(value)
 
 
-def _take_content(event: Mapping[str, Any], exchange: _Exchange, arrived: float) -> None:
+def _take_content(
+    event: Mapping[str, Any], exchange: _Exchange, arrived: Arrival, *, final: bool
+) -> None:
+    """One ``/completion`` event's text; the first event before the final one that carries a
+    generated token (``tokens``, ``tokens_predicted`` or text: llama-server streams a token
+    whose text is empty or an incomplete character with ``tokens`` and empty content) is the
+    first token. A token that only arrives with the final event leaves TTFT unobserved."""
     content = event.get("content", "")
     if not isinstance(content, str):
         raise ProtocolError("event content is not text")
     tokens = event.get("tokens", [])
     if not isinstance(tokens, list):
         raise ProtocolError("event tokens is not a list")
+    predicted = event.get("tokens_predicted")
+    generated = bool(
+        content
+        or tokens
+        or (isinstance(predicted, int) and not isinstance(predicted, bool) and predicted > 0)
+    )
+    if not final and generated and exchange.ttft is None:
+        exchange.ttft, exchange.ttft_read = arrived
+        exchange.first_chunk = content
     if content or tokens:
-        if exchange.ttft is None:
-            exchange.ttft = arrived
-            exchange.first_chunk = content
         exchange.content.append(content)
+
+
+class Arrival(NamedTuple):
+    """When a line arrived: the clock at the read that completed it, and that read's number
+    (lines of one read arrived together, whatever the clock says)."""
+
+    at: float
+    read: int
+
+
+async def read_sse_lines(
+    response: Response, clock: Clock, take: Callable[[bytes, Arrival], None]
+) -> bytes:
+    """The one server-sent-events line reader of both dialects: gives ``take`` every complete
+    line (CR LF or LF) with the arrival of the read that completed it, stamped before the
+    line is parsed; refuses a body over ``BODY_LIMIT`` or a line over ``SSE_LINE_LIMIT``;
+    returns what followed the last newline (the caller judges it)."""
+    received = reads = 0
+    pending = bytearray()
+    async for chunk in response.chunks():
+        arrived = Arrival(clock(), reads)
+        reads += 1
+        received += len(chunk)
+        if received > BODY_LIMIT:
+            raise ProtocolError(f"stream exceeded {BODY_LIMIT} bytes")
+        pending += chunk
+        while (newline := pending.find(b"\n")) >= 0:
+            line = bytes(pending[:newline]).rstrip(b"\r")
+            del pending[: newline + 1]
+            if len(line) > SSE_LINE_LIMIT:
+                raise ProtocolError(f"stream line longer than {SSE_LINE_LIMIT} bytes")
+            take(line, arrived)
+        if len(pending) > SSE_LINE_LIMIT:
+            raise ProtocolError(f"stream line longer than {SSE_LINE_LIMIT} bytes")
+    return bytes(pending).rstrip(b"\r")
 
 
 def _sse_event(line: bytes) -> dict[str, Any] | None:
@@ -838,7 +893,7 @@ class _ChatStream:
     usage: dict[str, Any] | None = None
     done: bool = False
 
-    def take(self, event: Mapping[str, Any], exchange: _Exchange, arrived: float) -> None:
+    def take(self, event: Mapping[str, Any], exchange: _Exchange, arrived: Arrival) -> None:
         usage = event.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
@@ -853,7 +908,9 @@ class _ChatStream:
                 raise ProtocolError("a delta is not an object")
             if _generates(delta) and self.first_delta is None:
                 self.first_delta = dict(delta)
-                exchange.ttft = arrived
+                # A first token that comes with the finish reason came with the end.
+                if not isinstance(choice.get("finish_reason"), str):
+                    exchange.ttft, exchange.ttft_read = arrived
             content = delta.get("content")
             if isinstance(content, str):
                 self.content.append(content)
@@ -915,35 +972,24 @@ class OpenAIChatRun(LoadRun):
         self, client: LoopbackHttp, url: str, body: dict[str, Any], exchange: _Exchange
     ) -> _ChatStream:
         stream = _ChatStream()
-        received = 0
-        pending = bytearray()
+
+        def take(line: bytes, arrived: Arrival) -> None:
+            if line.strip() == b"data: [DONE]":
+                stream.done = True
+                exchange.ended, exchange.ended_read = arrived
+                return
+            event = _sse_event(line)
+            if event is None:
+                return
+            if stream.done:
+                raise ProtocolError("data after [DONE]")
+            stream.take(event, exchange, arrived)
+
         headers = [("authorization", OPENAI_AUTHORIZATION)]
         async with client.request("POST", url, json_body=body, headers=headers) as response:
             if response.status_code != 200:
                 _require_ok(response, await _read_bounded(response))
-            async for chunk in response.chunks():
-                arrived = self.clock()
-                received += len(chunk)
-                if received > BODY_LIMIT:
-                    raise ProtocolError(f"stream exceeded {BODY_LIMIT} bytes")
-                pending += chunk
-                while (newline := pending.find(b"\n")) >= 0:
-                    line = bytes(pending[:newline]).rstrip(b"\r")
-                    del pending[: newline + 1]
-                    if len(line) > SSE_LINE_LIMIT:
-                        raise ProtocolError(f"stream line longer than {SSE_LINE_LIMIT} bytes")
-                    if line.strip() == b"data: [DONE]":
-                        stream.done = True
-                        exchange.ended = arrived
-                        continue
-                    event = _sse_event(line)
-                    if event is None:
-                        continue
-                    if stream.done:
-                        raise ProtocolError("data after [DONE]")
-                    stream.take(event, exchange, arrived)
-                if len(pending) > SSE_LINE_LIMIT:
-                    raise ProtocolError(f"stream line longer than {SSE_LINE_LIMIT} bytes")
+            await read_sse_lines(response, self.clock, take)
         if not stream.done:
             raise ProtocolError("stream ended without [DONE]")
         return stream
@@ -964,9 +1010,14 @@ class OpenAIChatRun(LoadRun):
             raise ProtocolError("no choice gave a finish_reason")
         if stream.first_delta is None:
             raise ProtocolError("no delta generated any content")
-        assert exchange.ended is not None and exchange.ttft is not None
+        assert exchange.ended is not None
         elapsed_ms = (exchange.ended - exchange.started) * 1000
-        ttft_ms = (exchange.ttft - exchange.started) * 1000
+        ttft_ms: float | None = None
+        tpot_ms: float | None = None
+        if exchange.first_token_seen():
+            assert exchange.ttft is not None
+            ttft_ms = (exchange.ttft - exchange.started) * 1000
+            tpot_ms = (elapsed_ms - ttft_ms) / max(completion - 1, 1)
         reasoning = "".join(stream.reasoning) if stream.reasoning is not None else None
         return RequestRow(
             request_id=request_id,
@@ -974,7 +1025,7 @@ class OpenAIChatRun(LoadRun):
             excluded_warmup=warmup,
             elapsed_ms=elapsed_ms,
             ttft_ms=ttft_ms,
-            tpot_ms=(elapsed_ms - ttft_ms) / max(completion - 1, 1),
+            tpot_ms=tpot_ms,
             tokens_predicted=completion,
             tokens_evaluated=cache.prompt_tokens,
             stop_type="limit" if stream.finish_reason == "length" else "eos",
@@ -984,4 +1035,5 @@ class OpenAIChatRun(LoadRun):
             first_chunk_sha256=openai_first_generated_sha256(stream.first_delta),
             prompt_tokens=cache.prompt_tokens,
             cached_tokens=cache.cached_tokens,
+            ttft_unobserved=UNSET if ttft_ms is not None else FIRST_TOKEN_WITH_FINAL,
         )

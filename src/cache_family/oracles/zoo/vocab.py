@@ -1,10 +1,19 @@
 """A real, small byte-level BPE vocabulary written into every zoo model.
 
 The vocabulary is the GPT-2 scheme llama.cpp implements for ``tokenizer.ggml.model = gpt2``:
-256 byte tokens spelled with the reversible byte-to-printable-character map, merges that join
-a space with a lowercase letter and every pair of lowercase letters, and a few control tokens.
-English text tokenizes at roughly 0.8 tokens per character, so prompt token counts are close
-to what the benchmark asks for, and any text (any byte) can be encoded.
+byte tokens spelled with the reversible byte-to-printable-character map, merges that join a
+space with a lowercase letter and every pair of lowercase letters, and the end-of-sequence
+token. English text tokenizes at roughly 0.8 tokens per character, so prompt token counts are
+close to what the benchmark asks for.
+
+Every token a zoo model can generate renders visible text on its own, as a real model's
+tokens mostly do: the byte tokens are printable ASCII and the three whitespace bytes (tab,
+newline, carriage return) only, with no lone byte of a multi-byte character and no control
+token but the end-of-sequence one, which ``ignore_eos`` bans and which otherwise ends the
+answer. llama-server streams a token as soon as the text so far is whole characters, so every
+generated token reaches the client as its own event with text: first-token times can be
+observed, and a chat answer always carries content. Text outside these bytes (the corpus is
+ASCII) is dropped by llama.cpp's tokenizer, byte by byte.
 """
 
 from __future__ import annotations
@@ -15,7 +24,9 @@ from functools import cache
 import gguf
 
 EOS_TOKEN = "<|endoftext|>"  # noqa: S105 - a vocabulary entry, not a secret
-CONTROL_TOKENS = (EOS_TOKEN, "<|padding|>", "<|im_start|>", "<|im_end|>")
+CONTROL_TOKENS = (EOS_TOKEN,)
+#: The bytes with a token of their own: printable ASCII and tab, newline, carriage return.
+TOKEN_BYTES: tuple[int, ...] = (0x09, 0x0A, 0x0D, *range(0x20, 0x7F))
 
 
 @cache
@@ -41,10 +52,11 @@ def byte_to_printable() -> tuple[str, ...]:
 
 @cache
 def vocabulary() -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
-    """(tokens, merges, token types), in id order; the same for every model and seed."""
+    """(tokens, merges, token types), in id order, the control token last; the same for
+    every model and seed."""
     printable = byte_to_printable()
-    tokens: list[str] = list(printable)
-    types: list[int] = [gguf.TokenType.NORMAL] * 256
+    tokens: list[str] = [printable[b] for b in TOKEN_BYTES]
+    types: list[int] = [gguf.TokenType.NORMAL] * len(tokens)
     merges: list[str] = []
     space = printable[ord(" ")]
     letters = string.ascii_lowercase
@@ -79,6 +91,12 @@ def add_byte_bpe_vocab(writer: gguf.GGUFWriter) -> int:
     writer.add_token_merges(list(merges))
     writer.add_bos_token_id(eos)
     writer.add_eos_token_id(eos)
-    writer.add_pad_token_id(tokens.index("<|padding|>"))
     writer.add_add_bos_token(False)
     return len(tokens)
+
+
+def rendered_bytes(token: str) -> bytes:
+    """What llama.cpp's ``token_to_piece`` gives for an ordinary token of this vocabulary:
+    each character mapped back to its byte (the inverse of :func:`byte_to_printable`)."""
+    back = {ch: b for b, ch in enumerate(byte_to_printable())}
+    return bytes(back[ch] for ch in token)

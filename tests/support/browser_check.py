@@ -1,0 +1,120 @@
+"""Opens a report page in headless Chromium (tests only): console messages, the DOM, and
+whether anything overflows the page at a given window width.
+
+The page itself runs no script (its content security policy forbids any), so the overflow
+probe runs in a copy of it: the policy line removed and a script appended that measures the
+laid-out page, shown in an iframe of the width asked, and writes what it found into the
+framing page's DOM, which ``--dump-dom`` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BROWSER = "chromium"
+#: The widths the report must read at: a desktop window and a phone.
+WIDTHS = (1400, 420)
+
+_PROBE = """<script>
+(function () {
+  var root = document.documentElement, width = root.clientWidth, out = [];
+  function clipped(el) {
+    for (var p = el.parentElement; p; p = p.parentElement) {
+      var o = getComputedStyle(p).overflowX;
+      if (o === "auto" || o === "scroll" || o === "hidden") return true;
+    }
+    return false;
+  }
+  var all = document.body.getElementsByTagName("*");
+  for (var i = 0; i < all.length; i++) {
+    var el = all[i], r = el.getBoundingClientRect();
+    if (r.width > 0 && r.right > width + 1 && !clipped(el)) {
+      out.push(el.tagName.toLowerCase() + ":" + Math.round(r.right));
+    }
+  }
+  parent.document.body.setAttribute("data-probe", JSON.stringify(
+    {scroll: root.scrollWidth, client: width, offenders: out.slice(0, 10)}));
+})();
+</script>"""
+#: Chromium's headless window is at least 500 CSS pixels wide, so the page is measured in an
+#: iframe exactly as wide as asked, inside a wider window.
+_FRAME = (
+    '<!DOCTYPE html><html><head><meta charset="utf-8"></head><body style="margin:0">'
+    '<iframe src="{src}" width="{width}" height="1500" style="border:0"></iframe></body></html>'
+)
+
+
+@dataclass(frozen=True)
+class Opened:
+    console: list[str]
+    dom: str
+    #: ``{scroll, client, offenders}`` measured in the laid-out page.
+    layout: dict[str, Any]
+
+
+def browser() -> str:
+    found = shutil.which(BROWSER)
+    if found is None:
+        pytest.skip(
+            "BROWSER TEST SKIPPED: Debian's `chromium` is not installed; `./bootstrap test` "
+            "installs it when run as root (apt-get install chromium)"
+        )
+    return found
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def open_page(page: Path, width: int, *, screenshot: Path | None = None) -> Opened:
+    """The page as Chromium shows it in a window ``width`` pixels wide."""
+    flags = [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr"]
+    flags += ["--v=0", f"--window-size={width},1600"]
+    console: list[str] = []
+    if screenshot is not None:
+        shot = _run([*flags, f"--screenshot={screenshot}", page.as_uri()])
+        console += [line for line in shot.stderr.splitlines() if ":CONSOLE" in line]
+    dom = _run([*flags, "--dump-dom", page.as_uri()])
+    console += [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    text = page.read_text()
+    lines = [line for line in text.splitlines() if "Content-Security-Policy" not in line]
+    probed = "\n".join(lines).replace("</body>", _PROBE + "\n</body>")
+    # Beside the page, so its relative links and plots resolve the same way.
+    target = page.parent / f"probe-{width}-{page.name}"
+    frame = page.parent / f"frame-{width}-{page.name}"
+    target.write_text(probed)
+    frame.write_text(_FRAME.format(src=target.name, width=width))
+    wide = [*flags[:-1], f"--window-size={max(width + 100, 600)},1600"]
+    try:
+        probe = _run(
+            [*wide, "--allow-file-access-from-files", "--virtual-time-budget=5000",
+             "--dump-dom", frame.as_uri()]
+        )  # fmt: skip
+    finally:
+        target.unlink()
+        frame.unlink()
+    console += [line for line in probe.stderr.splitlines() if ":CONSOLE" in line]
+    marker = 'data-probe="'
+    start = probe.stdout.index(marker) + len(marker)
+    raw = probe.stdout[start : probe.stdout.index('"', start)]
+    layout = json.loads(raw.replace("&quot;", '"').replace("&amp;", "&"))
+    return Opened(console=console, dom=dom.stdout, layout=layout)
+
+
+def assert_reads_at(page: Path, width: int) -> Opened:
+    """No console message, and nothing wider than the window outside a scrolling box."""
+    opened = open_page(page, width)
+    assert opened.console == [], opened.console
+    layout = opened.layout
+    assert layout["offenders"] == [], layout
+    assert layout["scroll"] <= layout["client"], layout
+    return opened
