@@ -18,7 +18,7 @@ import trio
 from cell_journal_builder import row_records, run_started
 from replay_harness import build_run, journal_lines, run_dir, write_lines  # noqa: F401
 
-from cache_family.actors.audit.replay import HeadCheck, replay
+from cache_family.actors.audit.replay import REFOLDERS, HeadCheck, replay
 from cache_family.actors.journal.rows_file import cell_rows
 from cache_family.actors.journal.writer import (
     JournalWriter,
@@ -41,7 +41,8 @@ from cache_family.schemas.journal import (
 from cache_family.schemas.matrix import MATRIX_FILENAME, MATRIX_SCOPE_SYNTHETIC, decode_matrix
 from cache_family.schemas.production import PRODUCTION_JSON, PRODUCTION_MD
 from cache_family.schemas.receipts import SYNTHETIC_EVIDENCE_CLASS, encode_receipt
-from cache_family.states.fold import REFOLDERS, JournalIndex, fold_cell, register_refolder
+from cache_family.states.fold import JournalIndex, fold_cell
+from cache_family.states.matrix import SCOPE_PRODUCTION_JSON, SCOPE_PRODUCTION_MD
 from cache_family.system.process_group import PROCESS_TAG_NAME
 
 
@@ -511,10 +512,10 @@ def test_reap_leaves_a_reused_pid_alone(tmp_path: Path) -> None:
     assert f"pid {gone.pid} (host, cell cell-0000/native-serial) is not running" in text
 
 
-def test_receipt_scopes_come_from_the_refolder_registry(
+def test_receipt_scopes_come_from_replays_one_refold_mapping(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scope = "scope-no-module-registers"
+    scope = "scope-without-a-refolder"
     receipt = b'{"receipt": "unregistered", "status": "completed"}\n'
     (tmp_path / "unregistered.json").write_bytes(receipt)
     published = ReceiptPublished(
@@ -542,10 +543,14 @@ def test_receipt_scopes_come_from_the_refolder_registry(
     assert registered.exit_code == 1
     assert registered.unfinished is not None and MATRIX_FILENAME in registered.unfinished
     assert seen == [2]
-    # Replay loaded states/matrix.py, which registered the matrix refolder once and for all.
-    assert "matrix" in REFOLDERS
-    with pytest.raises(ValueError, match="already registered"):
-        register_refolder("matrix", lambda index, record: b"")
+    # Every scope a run publishes is named in the one mapping; no import fills it.
+    assert set(REFOLDERS) - {scope} == {
+        "cell",
+        "row",
+        "matrix",
+        SCOPE_PRODUCTION_JSON,
+        SCOPE_PRODUCTION_MD,
+    }
 
 
 @pytest.mark.parametrize(

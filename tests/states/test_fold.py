@@ -47,7 +47,6 @@ from cache_family.schemas.receipts import (
     decode_row_receipt,
     encode_receipt,
 )
-from cache_family.states import fold as fold_module
 from cache_family.states.cell import CELL_TABLE, CellEvent, CellState, RowEvent, StatePolicy
 from cache_family.states.fold import (
     CellFold,
@@ -55,6 +54,7 @@ from cache_family.states.fold import (
     fold_cell,
     fold_row,
 )
+from cache_family.states.fold import cell as cell_fold_module
 from cache_family.states.matrix import fold_matrix
 from cache_family.states.receipts import (
     ALL_STATUSES,
@@ -1133,9 +1133,9 @@ def test_what_a_fault_lowers_to_is_the_tables_on_fault_column(
     assert fold(script).status == "failed"
     policies = dict(CELL_TABLE.policies)
     policies[CellState.LAUNCH] = StatePolicy(on_fault="incomplete")
-    monkeypatch.setattr(fold_module, "CELL_TABLE", replace(CELL_TABLE, policies=policies))
+    monkeypatch.setattr(cell_fold_module, "CELL_TABLE", replace(CELL_TABLE, policies=policies))
     assert fold(script).status == "incomplete"
     unfinished = {s: replace(CELL_TABLE.policy(s), finished=False) for s in CELL_TABLE.states}
-    monkeypatch.setattr(fold_module, "CELL_TABLE", replace(CELL_TABLE, policies=unfinished))
+    monkeypatch.setattr(cell_fold_module, "CELL_TABLE", replace(CELL_TABLE, policies=unfinished))
     kinds = [f.kind for f in fold(serial_cell().happy()).faults]
     assert "journal_ended_before_finalize" in kinds

@@ -1,6 +1,6 @@
 """Receipts: ``cell.json`` per host session and the native part of ``row.json``.
 
-Receipts are computed by the pure fold (``states/fold.py``) from the journal alone and encoded
+Receipts are computed by the pure fold (``states/fold/``) from the journal alone and encoded
 canonically by :func:`encode_receipt`: struct fields in definition order, mapping keys sorted,
 two-space indentation, one trailing newline. The same journal therefore always gives the same
 bytes, which is what ``cache-family replay`` checks.

@@ -13,7 +13,7 @@ reader verifies those digests while it streams the lines a chunk at a time.
 A cell of more than ``INLINE_ROWS_MAX`` requests names this file in ``cell.json`` with
 :class:`RowsFileDigest` (its line count and SHA-256, the last ``rung_rows`` record's); a
 smaller one also lists its rows inline, sorted by rung, then request id (the fold decides,
-``states/fold.py``), so a small receipt stays one self-contained file and reads as before,
+``states/fold/``), so a small receipt stays one self-contained file and reads as before,
 and a large one stays far below the receipt read cap (a 100k-request ``cell.json`` with its
 rows inline is about 80 MB).
 

@@ -123,7 +123,7 @@ class Step(Generic[StateT, ActionT]):
 @dataclass(frozen=True, slots=True)
 class StatePolicy:
     """What holds for every step into a state, and what a fault in it means: the columns the
-    driver (``actors/run/engine.py``) and the folds (``states/fold.py``) read."""
+    driver (``actors/run/engine.py``) and the folds (``states/fold/``) read."""
 
     # Reachable after a fault (failure is sticky); the actions of steps into it run shielded
     # from cancellation.

@@ -47,7 +47,6 @@ from cache_family.states.fold import (
     JournalIndex,
     fold_row,
     lines_through,
-    register_refolder,
     run_wide_terminal,
 )
 from cache_family.states.projection import project_row
@@ -241,13 +240,9 @@ def fold_production(index: JournalIndex, *, through_seq: int) -> tuple[ProducerR
     return tuple(rows)
 
 
-def _refold_production(index: JournalIndex, published: ReceiptPublished) -> bytes:
+def refold_production(index: JournalIndex, published: ReceiptPublished) -> bytes:
     return encode_production(fold_production(index, through_seq=published.through_seq))
 
 
-def _refold_matrix(index: JournalIndex, published: ReceiptPublished) -> bytes:
+def refold_matrix(index: JournalIndex, published: ReceiptPublished) -> bytes:
     return encode_matrix(fold_matrix(index, through_seq=published.through_seq))
-
-
-register_refolder("matrix", _refold_matrix)
-register_refolder(SCOPE_PRODUCTION_JSON, _refold_production)

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +64,7 @@ import msgspec
 import psutil
 
 from cache_family.actors.audit.head_signature import head_line, verify_head
+from cache_family.actors.audit.production import refold_production_md
 from cache_family.actors.audit.run_files import (
     REPORT_MANIFEST_NAME,
     check_run_files,
@@ -101,7 +101,13 @@ from cache_family.schemas.journal import (
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.schemas.request_rows import REQUESTS_FILENAME
-from cache_family.states.fold import JournalIndex, refold, refold_cell
+from cache_family.states.fold import JournalIndex, Refolder, refold, refold_cell, refold_row
+from cache_family.states.matrix import (
+    SCOPE_PRODUCTION_JSON,
+    SCOPE_PRODUCTION_MD,
+    refold_matrix,
+    refold_production,
+)
 from cache_family.states.tally import tally_cell
 from cache_family.system.process_group import PROCESS_TAG_NAME, tagged_processes
 from cache_family.system.run_lock import run_lock
@@ -109,10 +115,15 @@ from cache_family.system.run_lock import run_lock
 RECEIPT_READ_LIMIT: Final = 64 * MIB
 RECEIPT_NAMES: Final = frozenset(("cell.json", "row.json"))
 CREATE_TIME_TOLERANCE_S: Final = 0.01
-# Pure modules that register refolders for further receipt scopes (states.fold.REFOLDERS).
-# Every one is imported before replaying: a missing module is a broken install, never a
-# reason to leave a published receipt (the matrix) unchecked.
-REFOLD_MODULES: Final = ("cache_family.states.matrix", "cache_family.actors.run.report_files")
+# Every receipt scope a run publishes, and what refolds it; a scope missing here is one this
+# version cannot refold (``fold.scope.unsupported``), never a receipt left unchecked.
+REFOLDERS: Final[dict[str, Refolder]] = {
+    "cell": refold_cell,
+    "row": refold_row,
+    "matrix": refold_matrix,
+    SCOPE_PRODUCTION_JSON: refold_production,
+    SCOPE_PRODUCTION_MD: refold_production_md,
+}
 
 
 @dataclass
@@ -149,15 +160,9 @@ class HeadCheck:
     signer_identity: str | None = None
 
 
-def _load_refolders() -> None:
-    for module in REFOLD_MODULES:
-        importlib.import_module(module)
-
-
 def replay(
     run_dir: str, *, reap: bool = False, reap_grace_s: float = 5.0, head: HeadCheck | None = None
 ) -> ReplayReport:
-    _load_refolders()
     report = ReplayReport()
     root = str(Path(run_dir).absolute())
     journal_file = os.path.join(root, JOURNAL_FILENAME)
@@ -521,7 +526,7 @@ def _compare_published(report: ReplayReport, root: str, lines: tuple[JournalLine
                 # Its inline rows come from the rows file, as at publication.
                 expected = refold_cell(index, record, cell_rows(cell_dir))
             else:
-                expected = refold(index, record)
+                expected = refold(index, record, REFOLDERS)
         except Refused as refused:
             if refused.codes == ["fold.scope.unsupported"]:
                 _unreadable(report, refused.refusals)

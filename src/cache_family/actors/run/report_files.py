@@ -2,9 +2,9 @@
 
 Both are folded from the durable journal file (as the matrix is), published fresh and
 journaled as receipts (scopes ``production-json`` and ``production-md``), so ``cache-family
-replay`` regenerates them and compares byte for byte; importing this module registers the
-``.md``'s refolder. A file that cannot be written (over 16 MiB, a row the report refuses, a
-full disk) is journaled as ``report_failed`` and the matrix names the error.
+replay`` regenerates them (``actors/audit/production.py``) and compares byte for byte. A
+file that cannot be written (over 16 MiB, a row the report refuses, a full disk) is journaled
+as ``report_failed`` and the matrix names the error.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import trio
 
+from cache_family.actors.audit.production import production_json, production_md
 from cache_family.actors.journal.writer import (
     JOURNAL_READ_LIMIT,
     JournalWriter,
@@ -20,49 +21,21 @@ from cache_family.actors.journal.writer import (
     publish_receipt,
 )
 from cache_family.errors import Refused
-from cache_family.report.producer import render_producer_report
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.journal import (
-    PlannedRowBrief,
-    ReceiptPublished,
     ReportFailed,
-    RunStarted,
     read_journal,
 )
 from cache_family.schemas.production import (
     PRODUCTION_JSON,
     PRODUCTION_MAX_BYTES,
     PRODUCTION_MD,
-    encode_production,
 )
-from cache_family.states.fold import JournalIndex, register_refolder
+from cache_family.states.fold import JournalIndex
 from cache_family.states.matrix import (
     SCOPE_PRODUCTION_JSON,
     SCOPE_PRODUCTION_MD,
-    fold_production,
 )
-
-
-def _briefs(index: JournalIndex, through_seq: int) -> tuple[PlannedRowBrief, ...]:
-    for line in index.lines_for_cell(""):
-        if line.seq <= through_seq and isinstance(line.record, RunStarted):
-            return line.record.planned_rows
-    return ()
-
-
-def production_json(index: JournalIndex, through_seq: int) -> bytes:
-    return encode_production(fold_production(index, through_seq=through_seq))
-
-
-def production_md(index: JournalIndex, through_seq: int) -> bytes:
-    return render_producer_report(production_json(index, through_seq), _briefs(index, through_seq))
-
-
-def _refold_md(index: JournalIndex, published: ReceiptPublished) -> bytes:
-    return production_md(index, published.through_seq)
-
-
-register_refolder(SCOPE_PRODUCTION_MD, _refold_md)
 
 
 async def publish_report_files(writer: JournalWriter, run_dir: str) -> None:

@@ -20,7 +20,7 @@ the journaled bytes, and the pins of its case's host profiles (server binaries, 
 model and shards, toolkits) still hash to the prepared values. Every other row is re-run:
 its directory is moved to ``superseded/attempt-N/`` (with the interrupted segment's matrix
 and report files), and ``run_resumed`` starts a new segment of the same hash-chained journal
-(see ``states/fold.py``), so replay of the resumed run reproduces every receipt, the
+(see ``states/fold/``), so replay of the resumed run reproduces every receipt, the
 superseded ones included.
 """
 
