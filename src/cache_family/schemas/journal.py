@@ -48,6 +48,12 @@ from cache_family.schemas.measurement import (
     HostCleanup,
     RungFacts,
 )
+from cache_family.schemas.workload_records import (
+    OpenLoopStageMeasured,
+    OverlapPointMeasured,
+    SessionsMeasured,
+    WorkloadOpened,
+)
 
 JOURNAL_FILENAME: Final = "journal.jsonl"
 GENESIS_PREV: Final = "0" * 64
@@ -555,6 +561,10 @@ Record: TypeAlias = (
     | CliAdmission
     | ClientCalibrated
     | RowsSelected
+    | WorkloadOpened
+    | OverlapPointMeasured
+    | SessionsMeasured
+    | OpenLoopStageMeasured
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.

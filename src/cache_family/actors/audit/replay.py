@@ -103,12 +103,16 @@ from cache_family.system.process_group import PROCESS_TAG_NAME, tagged_processes
 from cache_family.system.run_lock import run_lock
 
 RECEIPT_READ_LIMIT: Final = 64 * MIB
-RECEIPT_NAMES: Final = frozenset(("cell.json", "row.json"))
+RECEIPT_NAMES: Final = frozenset(("cell.json", "row.json", "workload.json"))
 CREATE_TIME_TOLERANCE_S: Final = 0.01
 # Pure modules that register refolders for further receipt scopes (states.fold.REFOLDERS).
 # Every one is imported before replaying: a missing module is a broken install, never a
 # reason to leave a published receipt (the matrix) unchecked.
-REFOLD_MODULES: Final = ("cache_family.states.matrix", "cache_family.actors.run.report_files")
+REFOLD_MODULES: Final = (
+    "cache_family.states.matrix",
+    "cache_family.actors.run.report_files",
+    "cache_family.states.workload_fold",
+)
 
 
 @dataclass
