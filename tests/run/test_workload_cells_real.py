@@ -27,6 +27,7 @@ from cache_family.system.http import LoopbackHttp
 
 pytestmark = pytest.mark.native
 
+OVER_SATURATED = ("workload.arrivals.in_flight_growing", "workload.arrivals.sender_late")
 WORKLOADS = {
     "schema_version": 1,
     "prefix_overlap": {
@@ -47,11 +48,13 @@ WORKLOADS = {
     },
     "open_loop": {
         "pattern": "poisson",
-        "rates_per_s": [10, 1500],
-        "requests": 120,
+        "rates_per_s": [10, 3000],
+        "duration_s": 3,
         "output_tokens": 2,
         "seed": 5,
-        "over_saturation": {"window": 16, "min_in_flight": 8},
+        # On a shared 2-core host the client may fall behind before the queue is seen
+        # growing: either stop is an over-saturated rate.
+        "over_saturation": {"window": 16, "min_in_flight": 8, "max_lateness_ms": 200},
     },
 }
 
@@ -115,10 +118,23 @@ def test_a_run_with_a_workload_file_measures_each_workload_as_a_cell_and_replays
     arrivals = receipts["native-open-loop"]
     low, high_rate = arrivals.open_loop
     assert low.target_rate_per_s == 10 and low.stop_reason is None
-    assert low.completed == low.scheduled == 120
-    assert high_rate.stop_reason == "workload.arrivals.in_flight_growing", high_rate
-    assert high_rate.launched < 120
-    assert arrivals.over_saturated_at_per_s == 1500
+    assert low.completed == low.scheduled > 0
+    assert high_rate.stop_reason in OVER_SATURATED, high_rate
+    assert high_rate.launched < high_rate.scheduled
+    assert arrivals.over_saturated_at_per_s == 3000
+
+    # The report shows each workload (replay regenerates the report files and compares them).
+    reported = cli("report-run", str(out), cwd=tmp_path)
+    assert reported.returncode == 0, reported.stderr
+    markdown = (out / "report.md").read_text()
+    section = markdown[markdown.index("## Workloads") :]
+    assert "| 90 % | 89.84 % | 89.84 % | ± 0.78 pp | accepted |" in section
+    assert "eviction: none" in section
+    assert "Over-saturated at 3000/s" in section
+    for arm in WORKLOAD_ARMS:
+        slug = f"cell-0000_{arm.name}"
+        assert (out / "plots" / f"workload-{slug}.svg").is_file()
+        assert f"plots/workload-{slug}.svg" in (out / "report.html").read_text()
 
     replayed = cli("replay", str(out), cwd=tmp_path)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
