@@ -140,6 +140,12 @@ def test_a_run_with_a_workload_file_measures_each_workload_as_a_cell_and_replays
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     for arm in WORKLOAD_ARMS:
         assert f"cell-0000/{arm.directory}/workload.json" in replayed.stdout
+    # An edited verdict is caught: replay re-folds workload.json from the journal.
+    edited = out / "cell-0000" / WORKLOAD_ARMS[0].directory / "workload.json"
+    edited.write_text(edited.read_text().replace('"accepted": true', '"accepted": false', 1))
+    tampered = cli("replay", str(out), cwd=tmp_path)
+    assert tampered.returncode != 0
+    assert f"DIFFERS cell-0000/{WORKLOAD_ARMS[0].directory}/workload.json" in tampered.stdout
 
 
 def test_a_server_that_reuses_nothing_is_refused_at_every_non_zero_overlap_point(
