@@ -88,18 +88,20 @@ def test_the_demo_runs_the_wrapper_end_to_end_and_prints_where_the_reports_are(
     demo_standard: Path,
 ) -> None:
     stdout = (demo_standard / "demo-stdout.txt").read_text().splitlines()
-    assert stdout[-5:] == [
+    assert stdout[-6:] == [
         f"Wrote raw full-GGUF results: {demo_standard}/full-gguf/production-cache-bench.json",
         f"Wrote raw use-case results: {demo_standard}/use-cases/production-cache-bench.json",
         f"Wrote README tables: {demo_standard}/readme-tables.md",
         f"Wrote run report: {demo_standard}/full-gguf/report.html",
         f"Wrote run report: {demo_standard}/use-cases/report.html",
+        # The workload run (not in --quick): an overlap and an open-loop sweep.
+        f"Wrote run report: {demo_standard}/workloads/report.html",
     ]
     tables = (demo_standard / "readme-tables.md").read_text()
     for heading in ("Full-GGUF llama-server vs Skippy", "Use-Case Benchmark Matrix"):
         assert f"### {heading}" in tables
     assert "| Tool calling |" in tables  # the one use case of the plan
-    for run in ("full-gguf", "use-cases"):
+    for run in ("full-gguf", "use-cases", "workloads"):
         assert (demo_standard / run / "report.html").is_file()
         assert list((demo_standard / run / "plots").glob("*.svg"))
     # Every step exited 0, the replays last (after report-run, so they also regenerated and
@@ -110,7 +112,8 @@ def test_the_demo_runs_the_wrapper_end_to_end_and_prints_where_the_reports_are(
         for name in (
             "prepare-full", "run full-gguf", "prepare-use-cases", "run use-cases", "report",
             "report-run full-gguf", "report-run use-cases", "replay full-gguf",
-            "replay use-cases",
+            "replay use-cases", "prepare-full workloads", "run workloads",
+            "report-run workloads", "replay workloads",
         )
     ]  # fmt: skip
     assert "demo: done in " in (demo_standard / "demo-stderr.txt").read_text()

@@ -248,7 +248,7 @@ def test_policies_are_columns_of_the_tables_and_the_sticky_states_are_the_shield
         State.LAUNCH,
     }
     assert {s for s in cell.states if cell.policy(s).finished} == {State.FINALIZE, State.DONE}
-    assert {s for s in cell.states if cell.policy(s).measuring} == {State.LADDER}
+    assert {s for s in cell.states if cell.policy(s).measuring} == {State.LADDER, State.WORKLOAD}
     assert cell.after_fault == {State.NOT_LAUNCHED, State.CLEANUP, State.FINALIZE, State.DONE}
     # Steps sharing a later fsync: into warmup, finalize and done (the cell), between arms
     # and into finalize after the arms (the row); the correctness arm fsyncs every step.

@@ -45,7 +45,9 @@ EXPECTED_CELL: dict[tuple[CellState, CellEvent], CellState] = {
     (C.NOT_LAUNCHED, V.NOTHING_LAUNCHED): C.FINALIZE,
     (C.LAUNCH, V.HOST_READY): C.WARMUP,
     (C.WARMUP, V.WARMUP_DONE): C.LADDER,
+    (C.WARMUP, V.WORKLOAD_READY): C.WORKLOAD,
     (C.LADDER, V.LADDER_DONE): C.POST_VERIFY,
+    (C.WORKLOAD, V.WORKLOAD_DONE): C.POST_VERIFY,
     (C.POST_VERIFY, V.PINS_VERIFIED): C.CLEANUP,
     (C.POST_VERIFY, V.PINS_MISMATCH): C.CLEANUP,
     (C.CLEANUP, V.CLEANUP_DONE): C.FINALIZE,
@@ -55,7 +57,7 @@ EXPECTED_CELL: dict[tuple[CellState, CellEvent], CellState] = {
 }
 for _event in (V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED):
     EXPECTED_CELL[(C.PIN_VERIFY, _event)] = C.NOT_LAUNCHED
-    for _state in (C.LAUNCH, C.WARMUP, C.LADDER, C.POST_VERIFY, C.CLEANUP):
+    for _state in (C.LAUNCH, C.WARMUP, C.LADDER, C.WORKLOAD, C.POST_VERIFY, C.CLEANUP):
         EXPECTED_CELL[(_state, _event)] = C.CLEANUP
 
 # The actions and the fsync column of every cell step that has either, written out by hand
@@ -66,6 +68,7 @@ EXPECTED_CELL_ACTIONS: dict[tuple[CellState, CellEvent], tuple[tuple[CellAction,
     (C.NOT_LAUNCHED, V.NOTHING_LAUNCHED): ((A.PUBLISH_RECEIPT,), False),
     (C.LAUNCH, V.HOST_READY): ((A.CUT_PROMPT, A.JOURNAL_WARMUP_RULE, A.SEND_WARMUP), False),
     (C.WARMUP, V.WARMUP_DONE): ((A.RUN_RUNGS,), True),
+    (C.WARMUP, V.WORKLOAD_READY): ((A.RUN_WORKLOAD,), True),
     (C.POST_VERIFY, V.PINS_VERIFIED): ((A.END_HOST,), True),
     (C.POST_VERIFY, V.PINS_MISMATCH): ((A.END_HOST,), True),
     (C.CLEANUP, V.CLEANUP_DONE): ((A.PUBLISH_RECEIPT,), False),
@@ -74,7 +77,7 @@ EXPECTED_CELL_ACTIONS: dict[tuple[CellState, CellEvent], tuple[tuple[CellAction,
     (C.FINALIZE, V.RECEIPT_PUBLISHED): ((), False),
 }
 for _event in (V.FAULT, V.CANCELLED, V.DEADLINE_EXPIRED):
-    for _state in (C.LAUNCH, C.WARMUP, C.LADDER, C.POST_VERIFY):
+    for _state in (C.LAUNCH, C.WARMUP, C.LADDER, C.WORKLOAD, C.POST_VERIFY):
         EXPECTED_CELL_ACTIONS[(_state, _event)] = ((A.END_HOST,), True)
 
 R, RE = RowState, RowEvent
@@ -265,10 +268,31 @@ def test_happy_path_visits_every_working_state_with_the_intended_actions() -> No
         V.RECEIPT_PUBLISHED,
     ):
         actions += machine.fire(event).actions
-    assert visited == [s.value for s in CellState if s not in (C.PIN_VERIFY, C.NOT_LAUNCHED)]
+    skipped = (C.PIN_VERIFY, C.NOT_LAUNCHED, C.WORKLOAD)
+    assert visited == [s.value for s in CellState if s not in skipped]
     assert machine.finished and not machine.faulted
     assert actions[0] == CellAction.SPAWN_HOST
     assert actions[-2:] == [CellAction.END_HOST, CellAction.PUBLISH_RECEIPT]
+
+
+def test_a_workload_arm_runs_its_workload_in_place_of_the_ladder() -> None:
+    visited: list[str] = []
+    machine = LiveMachine(CELL_TABLE, "c", lambda _s, _e, dest: visited.append(dest.value))
+    actions: list[CellAction] = []
+    for event in (
+        V.PINS_VERIFIED,
+        V.HOST_READY,
+        V.WORKLOAD_READY,
+        V.WORKLOAD_DONE,
+        V.PINS_VERIFIED,
+        V.CLEANUP_DONE,
+        V.RECEIPT_PUBLISHED,
+    ):
+        actions += machine.fire(event).actions
+    skipped = (C.PIN_VERIFY, C.NOT_LAUNCHED, C.LADDER)
+    assert visited == [s.value for s in CellState if s not in skipped]
+    assert CellAction.RUN_WORKLOAD in actions and CellAction.RUN_RUNGS not in actions
+    assert CELL_TABLE.policy(C.WORKLOAD).measuring
 
 
 def test_a_pin_mismatch_before_launch_ends_and_cleans_nothing() -> None:

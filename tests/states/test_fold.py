@@ -90,7 +90,7 @@ def test_complete_concurrent_cell() -> None:
     receipt = fold(CellScript().happy())
     assert receipt.status == "completed" and receipt.accepted_for_parity
     assert receipt.terminal_refusal is None and receipt.faults == ()
-    skipped = (CellState.NOT_LAUNCHED, CellState.DONE)
+    skipped = (CellState.NOT_LAUNCHED, CellState.WORKLOAD, CellState.DONE)
     assert receipt.lifecycle == tuple(s.value for s in CellState if s not in skipped)
     assert receipt.final_state == "finalize"
     assert receipt.host is not None and receipt.host.pid == 4242

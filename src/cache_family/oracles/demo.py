@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 from cache_family.console import bench_sequence
 from cache_family.console.refusals import say_failed
@@ -47,6 +47,27 @@ OLD_SERVER = "skippy-prefix-reuse-off"
 
 OPERATOR_NAME = "operator.json"
 CORPUS_NAME = "use-case-corpus.json"
+# The workload run (issue 20): its own operator input, workload file and run directory.
+WORKLOAD_OPERATOR_NAME = "operator-workloads.json"
+WORKLOAD_FILE_NAME = "workloads.json"
+WORKLOAD_RUN = "workloads"
+#: One attention and one recurrent (hybrid) family of the zoo.
+WORKLOAD_CASES: Final = ("llama", "qwen3next")
+#: One overlap sweep (the default designed ratios; prompts long enough that the hybrid's
+#: checkpoint rule reuses part of them) and one open-loop sweep (GuideLLM's: one at a time,
+#: as fast as allowed, then rates between), small enough for the zoo on a shared host.
+DEMO_WORKLOADS: Final[dict[str, Any]] = {
+    "schema_version": 1,
+    "prefix_overlap": {"prompt_tokens": 1024, "groups": 1, "requests": 4, "seed": 20},
+    "open_loop": {
+        "pattern": "poisson",
+        "sweep": {"points": 2, "throughput_concurrency": 4},
+        "requests": 24,
+        "output_tokens": 4,
+        "seed": 20,
+        "over_saturation": {"window": 16, "min_in_flight": 8, "max_lateness_ms": 200},
+    },
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +198,56 @@ def demo_steps(output: str) -> tuple[tuple[bench_sequence.Step, ...], tuple[str,
     return tuple(steps), tuple(wrote)
 
 
+def runs_workloads(plan: DemoPlan) -> bool:
+    """Every plan but ``--quick`` adds the workload run."""
+    return plan.name != "quick"
+
+
+def workload_steps(
+    output: str, operator: str, workloads: str
+) -> tuple[tuple[bench_sequence.Step, ...], tuple[str, ...]]:
+    """The workload run: ``prepare-full`` with the workload file, ``run``, its report files
+    and its replay (not in ``--quick``)."""
+    runner = bench_sequence.default_runner()
+    prepared_dir = os.path.join(output, f"{WORKLOAD_RUN}-input")
+    prepared = os.path.join(prepared_dir, bench_sequence.PREPARED_JSON)
+    run = os.path.join(output, WORKLOAD_RUN)
+    again = "fix what the refusal above names, then rerun the demo into a fresh directory"
+    steps = (
+        bench_sequence.Step(
+            "prepare-full workloads",
+            (
+                *runner,
+                *("prepare-full", "--input", operator, "--output", prepared_dir),
+                *("--workloads", workloads),
+            ),
+            prepared_dir,
+            again,
+        ),
+        bench_sequence.Step(
+            "run workloads",
+            (*runner, "run", "--input", prepared, "--output", run),
+            run,
+            again,
+            needs=(prepared,),
+            needs_next="the workload preparation above did not write its input",
+        ),
+        bench_sequence.Step(
+            f"report-run {WORKLOAD_RUN}",
+            (*runner, "report-run", run),
+            run,
+            f"fix what the refusal above names, then rerun `cache-family report-run {run}`",
+        ),
+        bench_sequence.Step(
+            f"replay {WORKLOAD_RUN}",
+            (*runner, "replay", run),
+            os.path.join(run, "journal.jsonl"),
+            f"the lines above name what differs; `cache-family replay {run}` reruns it",
+        ),
+    )
+    return steps, (f"Wrote run report: {os.path.join(run, 'report.html')}",)
+
+
 def campaign_steps(
     output: str, hosts: int
 ) -> tuple[tuple[bench_sequence.Step, ...], tuple[str, ...]]:
@@ -269,6 +340,15 @@ def run_demo(
         say_failed(progress, "demo", refused.refusal.line(), refused.evidence, refused.refusal.hint)
         return ExitCode.PRECONDITION
     extra, wrote = demo_steps(bench.output)
+    if runs_workloads(plan):
+        workload_operator = out / WORKLOAD_OPERATOR_NAME
+        workload_operator.write_text(
+            json.dumps(operator_input(parts, tools, WORKLOAD_CASES), indent=2) + "\n"
+        )
+        workload_file = out / WORKLOAD_FILE_NAME
+        workload_file.write_text(json.dumps(DEMO_WORKLOADS, indent=2) + "\n")
+        more, more_wrote = workload_steps(bench.output, str(workload_operator), str(workload_file))
+        extra, wrote = extra + more, wrote + more_wrote
     if hosts is not None:
         more, more_wrote = campaign_steps(bench.output, hosts)
         extra, wrote = extra + more, wrote + more_wrote
@@ -276,8 +356,9 @@ def run_demo(
     code = bench_sequence.run_bench(bench, env, stdout, progress, quiet=quiet)
     if code != 0:
         return code
-    for run in ("full-gguf", "use-cases"):
+    for run in ("full-gguf", "use-cases", WORKLOAD_RUN):
         _summarize(out / run, progress)
+    _summarize_workloads(out / WORKLOAD_RUN, progress)
     minutes = (time.monotonic() - started) / 60
     _say(progress, f"done in {minutes:.1f} min ({_load()}); everything is under {out}")
     return 0
@@ -345,6 +426,27 @@ def _summarize(run_dir: Path, progress: TextIO) -> None:
         print(
             f"  {row.get('case', '?'):<14}{use_case} p{row.get('prefix_tokens', '?'):<5} "
             f"{result.get('status', '?'):<11} {figures}",
+            file=progress,
+        )
+
+
+def _summarize_workloads(run_dir: Path, progress: TextIO) -> None:
+    """Each workload cell's verdict, from its ``workload.json``."""
+    for path in sorted(run_dir.glob("cell-*/workload-*/workload.json")):
+        receipt = json.loads(path.read_text())
+        points = [
+            f"{p['hit_ratio_pct']}%->{p['achieved_ratio_pct'] or 0:.1f}%"
+            + ("" if p["accepted"] else "(refused)")
+            for p in receipt.get("overlap", [])
+        ]
+        rates = [
+            f"{s['target_rate_per_s']:.1f}/s->{s['achieved_rate_per_s'] or 0:.1f}/s"
+            + (f" stopped ({s['stop_reason']})" if s.get("stop_reason") else "")
+            for s in receipt.get("open_loop", [])
+            if s.get("stage") == "rate" and s.get("target_rate_per_s") is not None
+        ]
+        print(
+            f"  {receipt['cell_id']:<28} {receipt['status']:<10} {' '.join(points + rates)}",
             file=progress,
         )
 

@@ -29,6 +29,7 @@ from cache_family.errors import Refused
 from cache_family.report.decode import Reader, Refusals, Where
 from cache_family.report.rows import ReportRow, read_rows
 from cache_family.report.sources import SourceEntry, read_sources
+from cache_family.report.workloads import WorkloadView, read_workloads
 from cache_family.schemas.bounded import MIB
 from cache_family.schemas.corpus import default_corpus_path
 from cache_family.schemas.matrix import MATRIX_FILENAME, MatrixReceipt, MatrixRow
@@ -118,6 +119,8 @@ class RunReceipts:
     #: The run directory relative to the output directory ("" when they are the same).
     run_href: str
     reference: ReferenceInputs | None = None
+    # Each workload cell's ``workload.json`` (``report/workloads.py``).
+    workloads: tuple[WorkloadView, ...] = ()
 
 
 def _inside(reader: Reader, text: str, where: Where) -> str | None:
@@ -326,4 +329,7 @@ def read_run(
     refusals.raise_any()
     assert matrix is not None  # a missing matrix was refused above
     run_href = "" if output == root else _href(root, output)
-    return RunReceipts(matrix=matrix, rows=tuple(rows), run_href=run_href, reference=reference)
+    workloads = read_workloads(root, ((a.arm, a.cell_path) for r in rows for a in r.arms))
+    return RunReceipts(
+        matrix=matrix, rows=tuple(rows), run_href=run_href, reference=reference, workloads=workloads
+    )

@@ -36,6 +36,7 @@ from cache_family.report.stats import (
     median,
 )
 from cache_family.report.svg import Panel, Series, line_panels
+from cache_family.report.workloads import workload_sections
 from cache_family.schemas.arms import NATIVE_CONCURRENT, SKIPPY_NEW, SKIPPY_OLD
 from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.schemas.measurement import RungSummary
@@ -746,6 +747,7 @@ def render_run_report(receipts: RunReceipts) -> dict[str, bytes]:
     lines += [""]
     lines += _comparison(receipts)
     lines += [""]
+    lines += [*workload_sections(receipts.workloads, svgs), ""] if receipts.workloads else []
     lines += _receipts_table(receipts)
     markdown = "\n".join(lines) + "\n"
     page = markdown_to_html(

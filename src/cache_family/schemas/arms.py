@@ -31,6 +31,19 @@ class MeasurementKind(StrEnum):
     SERIAL = "serial"
     # Ascending concurrency rungs against one retained host.
     CONCURRENT = "concurrent"
+    # The workload file's cache traffic (``schemas/workload.py``), one retained host each:
+    # designed prefix-overlap points checked against the reuse the server reported,
+    PREFIX_OVERLAP = "prefix-overlap"
+    # multi-turn sessions (each turn's prompt is the session so far),
+    SESSIONS = "sessions"
+    # and open-loop arrivals at target rates (a sweep stops at over-saturation).
+    OPEN_LOOP = "open-loop"
+
+
+# The measurement kinds a workload file chooses (run only when the prepared input has one).
+WORKLOAD_KINDS: Final = frozenset(
+    (MeasurementKind.PREFIX_OVERLAP, MeasurementKind.SESSIONS, MeasurementKind.OPEN_LOOP)
+)
 
 
 class HostKind(StrEnum):
@@ -58,6 +71,11 @@ class Arm:
     def serial(self) -> bool:
         return self.kind == MeasurementKind.SERIAL
 
+    @property
+    def workload(self) -> bool:
+        """The arm measures a workload of the workload file (``workload.json`` beside it)."""
+        return self.kind in WORKLOAD_KINDS
+
 
 _SERIAL, _CONCURRENT = MeasurementKind.SERIAL, MeasurementKind.CONCURRENT
 _NATIVE, _STAGE = HostKind.NATIVE, HostKind.STAGE
@@ -75,13 +93,23 @@ SKIPPY_OLD: Final = Arm("skippy-old",         "sweep-skippy-old",        COHORT_
                         _CONCURRENT,                     _STAGE,  OLD_PROFILE,     "old")
 SKIPPY_NEW: Final = Arm("skippy-new",         "sweep-skippy-new",        COHORT_OPENAI,
                         _CONCURRENT,                     _STAGE,  NEW_PROFILE,     "new")
+NATIVE_OVERLAP: Final = Arm("native-overlap", "workload-native-overlap", COHORT_NATIVE,
+                            MeasurementKind.PREFIX_OVERLAP, _NATIVE, NATIVE_PROFILE, "overlap")
+NATIVE_SESSIONS: Final = Arm("native-sessions", "workload-native-sessions", COHORT_NATIVE,
+                             MeasurementKind.SESSIONS,   _NATIVE, NATIVE_PROFILE,  "sessions")
+NATIVE_OPEN_LOOP: Final = Arm("native-open-loop", "workload-native-open-loop", COHORT_NATIVE,
+                              MeasurementKind.OPEN_LOOP, _NATIVE, NATIVE_PROFILE,  "open-loop")
 # fmt: on
+
+# The workload arms in the order a row runs them, after its host arms (each only when the
+# prepared input has a workload file choosing it).
+WORKLOAD_ARMS: Final = (NATIVE_OVERLAP, NATIVE_SESSIONS, NATIVE_OPEN_LOOP)
 
 # The host arms in the order a row runs them (and its observations list them).
 HOST_ARMS: Final = (NATIVE_SERIAL, NATIVE_CONCURRENT, SKIPPY_OLD, SKIPPY_NEW)
 # The paired arms whose rungs are compared with each other (parity).
 PAIRED_ARMS: Final = (SKIPPY_OLD, SKIPPY_NEW)
-ARMS: Final = (CORRECTNESS, *HOST_ARMS)
+ARMS: Final = (CORRECTNESS, *HOST_ARMS, *WORKLOAD_ARMS)
 ARM_BY_NAME: Final = {arm.name: arm for arm in ARMS}
 
 

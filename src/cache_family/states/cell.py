@@ -41,6 +41,8 @@ class CellState(StrEnum):
     LAUNCH = "launch"
     WARMUP = "warmup"
     LADDER = "ladder"
+    # A workload arm's work in place of the ladder (``actors/run/workloads.py``).
+    WORKLOAD = "workload"
     POST_VERIFY = "post-verify"
     CLEANUP = "cleanup"
     FINALIZE = "finalize"
@@ -54,6 +56,9 @@ class CellEvent(StrEnum):
     HOST_READY = "host-ready"
     WARMUP_DONE = "warmup-done"
     LADDER_DONE = "ladder-done"
+    # Warmup done for a workload arm: its workload runs instead of the rungs.
+    WORKLOAD_READY = "workload-ready"
+    WORKLOAD_DONE = "workload-done"
     FAULT = "fault"
     CANCELLED = "cancelled"
     DEADLINE_EXPIRED = "deadline-expired"
@@ -68,6 +73,8 @@ class CellAction(StrEnum):
     JOURNAL_WARMUP_RULE = "journal-warmup-rule"
     SEND_WARMUP = "send-excluded-warmup"
     RUN_RUNGS = "run-rungs"
+    # The arm's measurement kind's workload (overlap points, sessions or open-loop rates).
+    RUN_WORKLOAD = "run-workload"
     # Custody: SIGTERM the group, grace, SIGKILL, reap, check descendants and port, remove dir.
     END_HOST = "end-host"
     PUBLISH_RECEIPT = "fold-and-publish-receipt"
@@ -256,6 +263,7 @@ Cell, CellOn, CellDo = CellState, CellEvent, CellAction
 _STOP = (CellOn.FAULT, CellOn.CANCELLED, CellOn.DEADLINE_EXPIRED)
 _CLEANUP = (CellDo.END_HOST,)
 _FINALIZE = (CellDo.PUBLISH_RECEIPT,)
+_WORKLOAD = (CellDo.RUN_WORKLOAD,)
 
 # fmt: off
 CELL_TABLE: Final = MachineTable[CellState, CellEvent, CellAction](
@@ -283,10 +291,14 @@ CELL_TABLE: Final = MachineTable[CellState, CellEvent, CellAction](
                                                                               SYNCED_LATER),
         (Cell.LAUNCH,       _STOP,                         Cell.CLEANUP,      _CLEANUP),
         (Cell.WARMUP,       [CellOn.WARMUP_DONE],          Cell.LADDER,       (CellDo.RUN_RUNGS,)),
+        # A workload arm (``schemas/arms.py``) runs its workload in place of the ladder.
+        (Cell.WARMUP,       [CellOn.WORKLOAD_READY],       Cell.WORKLOAD,     _WORKLOAD),
         (Cell.WARMUP,       _STOP,                         Cell.CLEANUP,      _CLEANUP),
         # post-verify's work re-hashes the same pins.
         (Cell.LADDER,       [CellOn.LADDER_DONE],          Cell.POST_VERIFY,  ()),
         (Cell.LADDER,       _STOP,                         Cell.CLEANUP,      _CLEANUP),
+        (Cell.WORKLOAD,     [CellOn.WORKLOAD_DONE],        Cell.POST_VERIFY,  ()),
+        (Cell.WORKLOAD,     _STOP,                         Cell.CLEANUP,      _CLEANUP),
         # Drift after the run keeps the measurements; the fold refuses parity.
         (Cell.POST_VERIFY,  [CellOn.PINS_VERIFIED,
                              CellOn.PINS_MISMATCH],        Cell.CLEANUP,      _CLEANUP),
@@ -307,6 +319,7 @@ CELL_TABLE: Final = MachineTable[CellState, CellEvent, CellAction](
         Cell.NOT_LAUNCHED: StatePolicy(after_fault=True, on_fault="failed"),
         Cell.LAUNCH: StatePolicy(on_fault="failed"),
         Cell.LADDER: StatePolicy(measuring=True),
+        Cell.WORKLOAD: StatePolicy(measuring=True),
         Cell.CLEANUP: StatePolicy(after_fault=True),
         Cell.FINALIZE: StatePolicy(
             after_fault=True, bound_seconds=FINALIZE_BOUND_SECONDS, finished=True

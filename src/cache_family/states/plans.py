@@ -15,11 +15,15 @@ from cache_family.schemas.arms import (
     HOST_ARMS,
     PAIRED_ARMS,
     SKIPPY_OLD,
+    WORKLOAD_ARMS,
     Arm,
     HostKind,
+    MeasurementKind,
+    arm_named,
 )
 from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan
 from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
+from cache_family.schemas.workload import WorkloadFile
 from cache_family.states.correctness import CorrectnessSpec
 from cache_family.states.handoff import PACKAGE_LAYER_COUNT
 
@@ -125,6 +129,13 @@ class CellPlan:
     # The row's last cell: its post-verify hashes every pinned file in full (the row's
     # ``RowPins`` otherwise checks only identities between its first and last hash).
     last_of_row: bool = False
+    # A workload arm's workload file (the prepared input's pin); None for every other arm.
+    workloads: WorkloadFile | None = None
+    # The host's ``--cache-ram`` (MiB): 0 for workloads that judge slot reuse, so no host-side
+    # prompt cache restores what the slots no longer hold. None: llama-server's default.
+    cache_ram_mib: int | None = None
+    # The SHA-256 of the workload file's bytes, as the prepared input pinned them.
+    workloads_sha256: str = ""
 
     @property
     def serial(self) -> bool:
@@ -177,6 +188,8 @@ def llama_server_argv(plan: CellPlan, binary: str, port: int) -> list[str]:
     threads = thread_setting(profile.environment)
     if threads is not None:
         argv += ["-t", threads]
+    if plan.cache_ram_mib is not None:
+        argv += ["--cache-ram", str(plan.cache_ram_mib)]
     return argv
 
 
@@ -207,6 +220,53 @@ def arm_plans(row: PreparedRow) -> tuple[ArmPlan, ...]:
         # Planned only when both old and new servers are bound (the plan's rule).
         arms += [ArmPlan(arm=arm.name) for arm in PAIRED_ARMS]
     return tuple(arms)
+
+
+def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPlan, ...]:
+    """The workload arms a row runs after its host arms: one per workload the prepared
+    input's workload file chooses (none without one), on the native host; skipped with the
+    native baseline's reason when that host is not planned for the row."""
+    pin = prepared.workloads
+    if pin is None:
+        return ()
+    chosen = {
+        MeasurementKind.PREFIX_OVERLAP: pin.workloads.prefix_overlap,
+        MeasurementKind.SESSIONS: pin.workloads.multi_turn,
+        MeasurementKind.OPEN_LOOP: pin.workloads.open_loop,
+    }
+    native = row.tasks.concurrent_baseline
+    return tuple(
+        _arm_plan(arm, native.planned, native.skip_reason)
+        for arm in WORKLOAD_ARMS
+        if chosen[arm.kind] is not None
+    )
+
+
+def _workload_sizes(
+    workloads: WorkloadFile, arm: Arm, row: PreparedRow
+) -> tuple[int, int, int, int | None]:
+    """(output tokens, slots, --ctx-size, --cache-ram) of a workload arm's host. Overlap: a
+    slot per prefix group; sessions: a slot per user (each request names its slot); both
+    without the host-side prompt cache. Open loop: the native baseline's host."""
+    margin = 8
+    if arm.kind == MeasurementKind.PREFIX_OVERLAP:
+        overlap = workloads.prefix_overlap
+        assert overlap is not None  # planned only when chosen
+        per_slot = overlap.prompt_tokens + overlap.output_tokens + margin
+        return overlap.output_tokens, overlap.groups, per_slot * overlap.groups, 0
+    if arm.kind == MeasurementKind.SESSIONS:
+        sessions = workloads.multi_turn
+        assert sessions is not None
+        longest = (
+            sessions.system_prompt_tokens
+            + sessions.user_context_tokens
+            + sessions.turns * (sessions.question_tokens + sessions.answer_tokens)
+        )
+        return sessions.answer_tokens, sessions.users, (longest + margin) * sessions.users, 0
+    arrivals = workloads.open_loop
+    assert arrivals is not None
+    lanes = row.tasks.concurrent_baseline.parallel
+    return arrivals.output_tokens, lanes, row.ctx * lanes, None
 
 
 def row_opened_record(
@@ -285,7 +345,7 @@ def exec_pairs(
 
 
 def _host_arm(name: str) -> Arm:
-    return next(arm for arm in HOST_ARMS if arm.name == name)
+    return arm_named(name)
 
 
 def cell_plan(
@@ -329,6 +389,12 @@ def cell_plan(
         ctx_size = row.ctx * concurrent.parallel
         ttft, tpot = float(prepared.plan.ttft_slo_ms), float(prepared.plan.tpot_slo_ms)
         model_id = ""
+    workloads = prepared.workloads.workloads if prepared.workloads is not None else None
+    cache_ram: int | None = None
+    if arm.workload:
+        assert workloads is not None  # a workload arm is planned only with a workload file
+        rungs = ()
+        output_tokens, lanes, ctx_size, cache_ram = _workload_sizes(workloads, arm, row)
     return CellPlan(
         cell_id=f"{row_dir}/{arm.name}",
         cell_dir=f"{row_dir}/{arm.directory}",
@@ -351,6 +417,11 @@ def cell_plan(
         architecture=row.model_observation.architecture,
         prompt_tokens=prompt_tokens,
         model_id=model_id,
+        workloads=workloads if arm.workload else None,
+        cache_ram_mib=cache_ram,
+        workloads_sha256=prepared.workloads.sha256
+        if arm.workload and prepared.workloads is not None
+        else "",
     )
 
 

@@ -109,11 +109,12 @@ from cache_family.states.matrix import (
     refold_production,
 )
 from cache_family.states.tally import tally_cell
+from cache_family.states.workload_fold import SCOPE_WORKLOAD, refold_workload
 from cache_family.system.process_group import PROCESS_TAG_NAME, tagged_processes
 from cache_family.system.run_lock import run_lock
 
 RECEIPT_READ_LIMIT: Final = 64 * MIB
-RECEIPT_NAMES: Final = frozenset(("cell.json", "row.json"))
+RECEIPT_NAMES: Final = frozenset(("cell.json", "row.json", "workload.json"))
 CREATE_TIME_TOLERANCE_S: Final = 0.01
 # Every receipt scope a run publishes, and what refolds it; a scope missing here is one this
 # version cannot refold (``fold.scope.unsupported``), never a receipt left unchecked.
@@ -123,6 +124,7 @@ REFOLDERS: Final[dict[str, Refolder]] = {
     "matrix": refold_matrix,
     SCOPE_PRODUCTION_JSON: refold_production,
     SCOPE_PRODUCTION_MD: refold_production_md,
+    SCOPE_WORKLOAD: refold_workload,
 }
 
 

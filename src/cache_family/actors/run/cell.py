@@ -28,13 +28,14 @@ import msgspec
 import trio
 
 from cache_family.actors.journal.rows_file import RowFileWriter
-from cache_family.actors.journal.writer import publish_cell_receipt
+from cache_family.actors.journal.writer import publish_cell_receipt, publish_receipt
 from cache_family.actors.run import custody, stage_host
 from cache_family.actors.run.context import HostHandle, PinResult, RunContext, is_cancellation
 from cache_family.actors.run.engine import Handlers, drive
 from cache_family.actors.run.hosts import HOST_KINDS
 from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, PromptCuts
 from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
+from cache_family.actors.run.workloads import WORKLOAD_RUNNERS, WorkloadHost
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
     Cancellation,
@@ -68,6 +69,7 @@ from cache_family.schemas.measurement import (
 )
 from cache_family.schemas.receipts import CellReceipt
 from cache_family.schemas.request_rows import REQUESTS_FILENAME, RequestRowLine
+from cache_family.schemas.workload_records import WORKLOAD_RECEIPT_NAME
 from cache_family.states.budgets import Budgets
 from cache_family.states.cache_reuse import cache_expectation
 from cache_family.states.cell import (
@@ -85,6 +87,7 @@ from cache_family.states.plans import (
     argv_sha256,
     thread_setting,
 )
+from cache_family.states.workload_fold import SCOPE_WORKLOAD, workload_bytes
 from cache_family.system.http import LoopbackHttp
 from cache_family.system.pin_watch import PinWatch, WatchedPin
 from cache_family.system.process_group import PROCESS_TAG_NAME
@@ -702,6 +705,31 @@ class CellActor:
             f"{outcome.stop_reason or 'no reason given'}",
         )
 
+    async def _warmed(self) -> CellEvent:
+        """Warmup done: a workload arm runs its workload, every other arm its rungs."""
+        done = CellEvent.WORKLOAD_READY if self.plan.arm.workload else CellEvent.WARMUP_DONE
+        return await self._after_work(done)
+
+    async def _run_workload(self) -> None:
+        """The arm's workload (``actors/run/workloads.py``), by its measurement kind."""
+        plan, prompt = self.plan, self.prompt
+        assert plan.workloads is not None and prompt is not None  # planned, cut in warmup
+        host = WorkloadHost(
+            cell_id=plan.cell_id,
+            base_url=self._live_host().base_url,
+            http=self.http,
+            journal=self._journal,
+            deadline=self.work_deadline,
+            request_timeout_ms=self.ctx.budgets.request_timeout_ms,
+            architecture=plan.architecture,
+            workloads=plan.workloads,
+            workloads_sha256=plan.workloads_sha256,
+            prompt_text=prompt.text,
+            ignore_eos=plan.synthetic,
+        )
+        if not await WORKLOAD_RUNNERS[plan.arm.kind](host):
+            self._out_of_time = True
+
     async def _end_host(self) -> None:
         """Leave custody: custody ends the host and journals its cleanup (via ``_observe``)."""
         self._release_host.set()
@@ -710,11 +738,29 @@ class CellActor:
     async def _publish_receipt(self) -> None:
         if self._rows_file is not None:
             self._rows_file.close()  # no load run follows finalize
+        if self.plan.arm.workload:
+            await self._publish_workload()
         relative = f"{self.plan.cell_dir}/cell.json"
         published = await publish_cell_receipt(
             self.ctx.writer, self.ctx.run_dir, self.plan.cell_id, relative
         )
         self.receipt = published.receipt
+
+    async def _publish_workload(self) -> None:
+        """``workload.json``: the workload's verdicts folded from the journal (scope
+        ``workload``, re-folded by replay), published before ``cell.json``."""
+        writer, cell_id = self.ctx.writer, self.plan.cell_id
+        through = await writer.sync()
+        data = workload_bytes(writer.index, cell_id, through)
+        await publish_receipt(
+            writer,
+            self.ctx.run_dir,
+            f"{self.plan.cell_dir}/{WORKLOAD_RECEIPT_NAME}",
+            data,
+            scope=SCOPE_WORKLOAD,
+            through=through,
+            cell_id=cell_id,
+        )
 
     # -- load runs -------------------------------------------------------------------------
 
@@ -886,8 +932,9 @@ _WORK: Final[Mapping[CellState, Callable[[CellActor], Awaitable[CellEvent]]]] = 
     CellState.PIN_VERIFY: CellActor._pin_verify,
     CellState.NOT_LAUNCHED: _done(CellEvent.NOTHING_LAUNCHED),
     CellState.LAUNCH: _done(CellEvent.HOST_READY),
-    CellState.WARMUP: _done(CellEvent.WARMUP_DONE),
+    CellState.WARMUP: CellActor._warmed,
     CellState.LADDER: _done(CellEvent.LADDER_DONE),
+    CellState.WORKLOAD: _done(CellEvent.WORKLOAD_DONE),
     CellState.POST_VERIFY: CellActor._post_verify,
     CellState.CLEANUP: _done(CellEvent.CLEANUP_DONE),
     CellState.FINALIZE: _done(CellEvent.RECEIPT_PUBLISHED),
@@ -901,6 +948,7 @@ _EFFECTS: Final[Mapping[CellAction, Callable[[CellActor], Awaitable[None]]]] = {
     CellAction.JOURNAL_WARMUP_RULE: CellActor._journal_warmup_rule,
     CellAction.SEND_WARMUP: CellActor._send_warmup,
     CellAction.RUN_RUNGS: CellActor._run_rungs,
+    CellAction.RUN_WORKLOAD: CellActor._run_workload,
     CellAction.END_HOST: CellActor._end_host,
     CellAction.PUBLISH_RECEIPT: CellActor._publish_receipt,
 }

@@ -57,6 +57,7 @@ from cache_family.states.plans import (
     exec_pairs,
     row_dir_name,
     row_opened_record,
+    workload_arm_plans,
 )
 
 
@@ -106,7 +107,9 @@ class RowActor:
         )
 
     def arm_plans(self) -> tuple[ArmPlan, ...]:
-        return arm_plans(self.row)
+        """The host arms, then the workload arms (none without a workload file, so such a
+        run journals exactly what it did before workloads existed)."""
+        return (*arm_plans(self.row), *workload_arm_plans(self.prepared, self.row))
 
     def _row_opened(self, arms: tuple[ArmPlan, ...], row_dir: str) -> RowOpened:
         row = self.row

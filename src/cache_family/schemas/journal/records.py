@@ -18,6 +18,12 @@ from cache_family.schemas.measurement import (
     HostCleanup,
     RungFacts,
 )
+from cache_family.schemas.workload_records import (
+    OpenLoopStageMeasured,
+    OverlapPointMeasured,
+    SessionsMeasured,
+    WorkloadOpened,
+)
 
 
 class _Record(
@@ -532,6 +538,10 @@ Record: TypeAlias = (
     | CliAdmission
     | ClientCalibrated
     | RowsSelected
+    | WorkloadOpened
+    | OverlapPointMeasured
+    | SessionsMeasured
+    | OpenLoopStageMeasured
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.

@@ -12,6 +12,7 @@ from typing import Final
 
 from cache_family.errors import Refused
 from cache_family.schemas import request_rows
+from cache_family.schemas.arms import WORKLOAD_KINDS
 from cache_family.schemas.journal import (
     CellOpened,
     ChildSpawned,
@@ -463,7 +464,7 @@ class CellFold:
                     first_content_with_final_ids=first_with_final if kind != "serial" else (),
                 )
             )
-        if not planned:
+        if not planned and kind not in WORKLOAD_KINDS:  # a workload's is in workload.json
             problems.append("no rung was planned")
         status = _measurement_status(
             planned=bool(planned),

@@ -1,0 +1,326 @@
+"""The work of a workload cell's ``workload`` state: one runner per measurement kind.
+
+* **Prefix overlap**: for each designed hit ratio, one priming request per prefix group, then
+  the measured requests in the seeded order, each naming its group's slot (the host has a
+  slot per group and no host-side prompt cache); prompts are token ids of the host's own
+  vocabulary (``n_vocab``), every group prefix and every request's own part starting with a
+  token no other prompt of the sweep starts with, so prompts share exactly what they were
+  designed to share and a point never reuses an earlier point's prompts.
+* **Sessions**: every (user, turn) in the seeded order, each user on a slot of its own; a turn's
+  prompt is the session so far (the server's own answer tokens included), then its question.
+* **Open loop**: the rates of the workload (explicit, or GuideLLM's sweep) sent on their drawn
+  schedules by the open-loop sender (``actors/run/open_loop.py``) with the row's prompt.
+
+Each runner journals what it sent and what the server reported (``schemas/workload_records``);
+verdicts are the fold's (``states/workload_fold.py``). The body leaves ``cache_prompt`` to the
+server's own setting, so a host started without prompt caching reuses nothing and every
+non-zero point is refused. A runner stops at ``deadline`` and says so (False).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import trio
+
+from cache_family.actors.run.open_loop import completion_exchange, run_rates
+from cache_family.schemas.arms import MeasurementKind
+from cache_family.schemas.journal import Record
+from cache_family.schemas.workload import WorkloadFile
+from cache_family.schemas.workload_records import (
+    OpenLoopStageMeasured,
+    OverlapPointMeasured,
+    SessionsMeasured,
+    WorkloadOpened,
+    WorkloadRequest,
+)
+from cache_family.states.cache_reuse import reuse_rule
+from cache_family.states.workloads import (
+    FreshStarts,
+    design_prefix,
+    overlap_order,
+    overlap_prompts,
+    session_plan,
+    session_tokens,
+)
+from cache_family.system.http import HttpError, LoopbackHttp
+
+#: An answer body this large is not a /completion reply of a few tokens.
+_BODY_LIMIT: Final = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadHost:
+    """What a runner needs of its cell: the host, the journal and the budgets."""
+
+    cell_id: str
+    base_url: str
+    http: LoopbackHttp
+    journal: Callable[[Record], Awaitable[object]]
+    deadline: float
+    request_timeout_ms: int
+    architecture: str | None
+    workloads: WorkloadFile
+    workloads_sha256: str
+    # The row's benchmark prompt text (the open-loop workload sends it).
+    prompt_text: str
+    ignore_eos: bool
+
+
+async def vocabulary_size(host: WorkloadHost) -> int:
+    """The ids prompts are drawn from: the host's ``n_vocab`` less its top sixty-fourth (at
+    least 4), where GGUF vocabularies keep their control tokens."""
+    async with host.http.request("GET", host.base_url.rstrip("/") + "/v1/models") as response:
+        data = json.loads(await response.read(_BODY_LIMIT))
+    n_vocab = int(data["data"][0]["meta"]["n_vocab"])
+    return n_vocab - max(4, n_vocab // 64)
+
+
+class _Answer:
+    def __init__(self, reply: Mapping[str, Any] | None, elapsed_ms: float, error: str | None):
+        self.reply = reply
+        self.elapsed_ms = elapsed_ms
+        self.error = error
+
+    def request(self, position: int, **plan: Any) -> WorkloadRequest:
+        reply = self.reply
+        if reply is None:
+            return WorkloadRequest(
+                position=position,
+                status="failed",
+                elapsed_ms=self.elapsed_ms,
+                error=self.error,
+                **plan,
+            )
+        timings = reply.get("timings") or {}
+        slot = reply.get("id_slot")
+        return WorkloadRequest(
+            position=position,
+            status="completed",
+            prompt_tokens=reply.get("tokens_evaluated"),
+            cached_tokens=timings.get("cache_n", 0),
+            prompt_ms=timings.get("prompt_ms"),
+            elapsed_ms=self.elapsed_ms,
+            slot_id=slot if isinstance(slot, int) and slot >= 0 else None,
+            **plan,
+        )
+
+    @property
+    def tokens(self) -> list[int]:
+        found = (self.reply or {}).get("tokens") or []
+        return [int(t) for t in found]
+
+
+async def _complete(
+    host: WorkloadHost, prompt: list[int], n_predict: int, slot: int, *, exact: bool
+) -> _Answer:
+    """One non-streamed ``/completion`` of token ids on ``slot`` (greedy; ``exact``: exactly
+    ``n_predict`` tokens, with the answer's token ids returned)."""
+    body: dict[str, Any] = {
+        "prompt": prompt,
+        "n_predict": n_predict,
+        "temperature": 0,
+        "top_k": 1,
+        "stream": False,
+        "id_slot": slot,
+    }
+    if exact or host.ignore_eos:
+        body["ignore_eos"] = True
+    if exact:
+        body["return_tokens"] = True
+    start = trio.current_time()
+    url = host.base_url.rstrip("/") + "/completion"
+    timeout = min(host.request_timeout_ms / 1000, max(0.0, host.deadline - start))
+    error: str | None = "request timed out"
+    reply: Mapping[str, Any] | None = None
+    with trio.move_on_after(timeout):
+        try:
+            async with host.http.request("POST", url, json_body=body) as response:
+                data = await response.read(_BODY_LIMIT)
+            if response.status_code != 200:
+                error = f"HTTP {response.status_code}: {data[:200]!r}"
+            else:
+                reply, error = json.loads(data), None
+        except (HttpError, OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    return _Answer(reply, (trio.current_time() - start) * 1000, error)
+
+
+async def _opened(host: WorkloadHost, kind: MeasurementKind, spec_json: str) -> int:
+    rule = reuse_rule(host.architecture)
+    vocabulary = await vocabulary_size(host)
+    await host.journal(
+        WorkloadOpened(
+            cell_id=host.cell_id,
+            kind=kind.value,
+            spec_json=spec_json,
+            workloads_sha256=host.workloads_sha256,
+            architecture=host.architecture,
+            rule=rule,
+            vocabulary_size=vocabulary,
+        )
+    )
+    return vocabulary
+
+
+async def run_overlap(host: WorkloadHost) -> bool:
+    spec = host.workloads.prefix_overlap
+    assert spec is not None  # planned only when chosen
+    vocabulary = await _opened(host, MeasurementKind.PREFIX_OVERLAP, spec.model_dump_json())
+    rule = reuse_rule(host.architecture)
+    if rule is None:
+        return True  # nothing can be designed: the receipt says unmeasured
+    starts = FreshStarts(vocabulary, spec.seed)
+    order = overlap_order(spec.groups, spec.requests, spec.seed)
+    for ratio in spec.hit_ratios_pct:
+        design = design_prefix(rule, spec.prompt_tokens, ratio)
+        prompts = overlap_prompts(
+            design, order, vocabulary_size=vocabulary, seed=spec.seed + ratio, starts=starts
+        )
+        sent: list[WorkloadRequest] = []
+        for planned, prompt in zip(order, prompts, strict=True):
+            if trio.current_time() >= host.deadline:
+                break
+            answer = await _complete(host, prompt, spec.output_tokens, planned.group, exact=False)
+            sent.append(
+                answer.request(
+                    planned.position,
+                    group=planned.group,
+                    turn=-1 if planned.priming else 0,
+                    priming=planned.priming,
+                )
+            )
+        await host.journal(
+            OverlapPointMeasured(
+                cell_id=host.cell_id,
+                hit_ratio_pct=ratio,
+                prompt_tokens=design.prompt_tokens,
+                rule=design.rule,
+                requested_prefix_tokens=design.requested_prefix_tokens,
+                shared_prefix_tokens=design.shared_prefix_tokens,
+                reusable_tokens=design.reusable_tokens,
+                groups=spec.groups,
+                seed=spec.seed + ratio,
+                requests=tuple(sent),
+            )
+        )
+        if len(sent) < len(order):
+            return False
+    return True
+
+
+async def run_sessions(host: WorkloadHost) -> bool:
+    spec = host.workloads.multi_turn
+    assert spec is not None
+    vocabulary = await _opened(host, MeasurementKind.SESSIONS, spec.model_dump_json())
+    tokens = session_tokens(
+        spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
+    )
+    plan = session_plan(spec, reuse_rule(host.architecture))
+    sessions: dict[int, list[int]] = {}
+    sent: list[WorkloadRequest] = []
+    finished = True
+    for item in plan:
+        if item.position and spec.think_time_ms:
+            await trio.sleep(spec.think_time_ms / 1000)
+        if trio.current_time() >= host.deadline:
+            finished = False
+            break
+        question = list(tokens.questions[item.user][item.turn])
+        if item.turn == 0:
+            prompt = tokens.first_prompt(item.user)
+        else:
+            prompt = [*sessions.get(item.user, ()), *question]
+        answer = await _complete(host, prompt, spec.answer_tokens, item.user, exact=True)
+        sessions[item.user] = [*prompt, *answer.tokens]
+        sent.append(
+            answer.request(
+                item.position,
+                group=item.user,
+                turn=item.turn,
+                expected_reused_tokens=item.expected_reused_tokens,
+            )
+        )
+    await host.journal(
+        SessionsMeasured(
+            cell_id=host.cell_id,
+            users=spec.users,
+            turns=spec.turns,
+            seed=spec.seed,
+            think_time_ms=spec.think_time_ms,
+            requests=tuple(sent),
+        )
+    )
+    return finished
+
+
+async def run_open_loop(host: WorkloadHost) -> bool:
+    spec = host.workloads.open_loop
+    assert spec is not None
+    await _opened(host, MeasurementKind.OPEN_LOOP, spec.model_dump_json())
+    exchange = completion_exchange(
+        host.base_url,
+        host.prompt_text,
+        output_tokens=spec.output_tokens,
+        request_timeout_ms=host.request_timeout_ms,
+        client=host.http,
+        ignore_eos=host.ignore_eos,
+    )
+    stages = await run_rates(spec, exchange, deadline=host.deadline)
+    rate_index = 0
+    finished = True
+    for stage in stages:
+        seed: int | None = None
+        if stage.kind == "rate":
+            seed, rate_index = spec.seed + rate_index, rate_index + 1
+        outcome = stage.outcome
+        record = OpenLoopStageMeasured(
+            cell_id=host.cell_id,
+            stage=stage.kind,
+            pattern=spec.pattern,
+            burstiness=spec.burstiness,
+            seed=seed,
+            target_rate_per_s=stage.target_rate_per_s,
+            measured_rate_per_s=stage.measured_rate_per_s,
+            completed=stage.completed,
+            skipped_because=stage.skipped_because,
+        )
+        if outcome is not None:
+            finished = finished and outcome.stop_reason != "load.deadline"
+            lateness, fit = outcome.lateness, outcome.fit
+            record = OpenLoopStageMeasured(
+                cell_id=host.cell_id,
+                stage=stage.kind,
+                pattern=spec.pattern,
+                burstiness=spec.burstiness,
+                seed=seed,
+                target_rate_per_s=stage.target_rate_per_s,
+                scheduled=outcome.scheduled,
+                launched=outcome.launched,
+                completed=sum(1 for row in outcome.rows if row.status == "completed"),
+                achieved_rate_per_s=outcome.achieved_rate_per_s,
+                lateness_p50_ms=lateness.p50_ms if lateness else None,
+                lateness_p99_ms=lateness.p99_ms if lateness else None,
+                lateness_max_ms=lateness.max_ms if lateness else None,
+                fit_statistic=fit.statistic if fit else None,
+                fit_value=fit.value if fit else None,
+                fit_p_value=fit.p_value if fit else None,
+                completed_per_s=outcome.completed_per_s,
+                stop_reason=outcome.stop_reason,
+                stop_detail=outcome.saturation.detail if outcome.saturation else None,
+            )
+        await host.journal(record)
+    return finished
+
+
+Runner = Callable[[WorkloadHost], Awaitable[bool]]
+
+# The one runner of each workload measurement kind (the cell's ``run-workload`` action).
+WORKLOAD_RUNNERS: Final[Mapping[MeasurementKind, Runner]] = {
+    MeasurementKind.PREFIX_OVERLAP: run_overlap,
+    MeasurementKind.SESSIONS: run_sessions,
+    MeasurementKind.OPEN_LOOP: run_open_loop,
+}

@@ -1,0 +1,278 @@
+"""The run report's workload sections, from each workload cell's ``workload.json``.
+
+Per workload cell: the overlap sweep's designed against achieved reuse with the accepted band
+and the server's prompt time by hit ratio; the sessions' expected against achieved reuse and
+prompt time by turn, with the eviction turn; the open-loop stages' achieved rate, lateness,
+goodness of fit and goodput against the offered rate, with the over-saturation stop. Each
+gets a deterministic SVG (``plots/workload-<cell>.svg``). Synthetic cells are labelled as
+plumbing evidence. Pure once the receipts are read (``read_workloads``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+
+from cache_family.errors import Refused
+from cache_family.report.render import cell, format_ms
+from cache_family.report.svg import Panel, Series, line_panels
+from cache_family.schemas.arms import WORKLOAD_ARMS
+from cache_family.schemas.bounded import MIB, read_bounded
+from cache_family.schemas.workload_records import (
+    WORKLOAD_RECEIPT_NAME,
+    OpenLoopStageMeasured,
+    OverlapPointReceipt,
+    SessionsReceipt,
+    WorkloadReceipt,
+    decode_workload_receipt,
+)
+
+WORKLOAD_ARM_NAMES: Final = frozenset(arm.name for arm in WORKLOAD_ARMS)
+_DESIGNED, _ACHIEVED, _TIME = "#1f77b4", "#d62728", "#2ca02c"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadView:
+    #: ``workload.json`` relative to the run directory.
+    path: str
+    receipt: WorkloadReceipt
+
+
+def read_workloads(root: str, cells: Iterable[tuple[str, str | None]]) -> tuple[WorkloadView, ...]:
+    """The ``workload.json`` beside each (arm, ``cell.json`` path) of a workload arm; a cell
+    that published none (it failed before its workload) has no section."""
+    views: list[WorkloadView] = []
+    for arm, cell_path in cells:
+        if arm not in WORKLOAD_ARM_NAMES or cell_path is None:
+            continue
+        relative = os.path.join(os.path.dirname(cell_path), WORKLOAD_RECEIPT_NAME)
+        path = os.path.join(root, relative)
+        if not os.path.lexists(path):
+            continue
+        data = read_bounded(path, 16 * MIB, what="workload receipt").data
+        try:
+            views.append(WorkloadView(relative, decode_workload_receipt(data)))
+        except msgspec.DecodeError as exc:
+            raise Refused.one(
+                "report.receipt",
+                f"$.{relative}",
+                f"{relative} is not a workload receipt: {exc}",
+                "report a run directory the run wrote (replay checks it)",
+            ) from None
+    return tuple(views)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} %"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _plot_name(receipt: WorkloadReceipt) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", receipt.cell_id).strip("_")
+    return f"plots/workload-{slug}.svg"
+
+
+def _overlap(points: Sequence[OverlapPointReceipt]) -> tuple[list[str], str]:
+    lines = [
+        "| hit ratio | designed | achieved | band | verdict | prompt tokens | shared prefix "
+        "| server prompt time p50 (ms) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        verdict = "accepted" if p.accepted else f"refused: `{cell(p.refusal or '')}`"
+        band = "-" if p.band_pp is None else f"± {p.band_pp:.2f} pp"
+        lines.append(
+            f"| {p.hit_ratio_pct} % | {_pct(p.designed_ratio_pct)} | "
+            f"{_pct(p.achieved_ratio_pct)} | {band} | {verdict} | {p.prompt_tokens} | "
+            f"{p.shared_prefix_tokens} | {format_ms(p.prompt_ms_p50)} |"
+        )
+    xs = tuple(f"{p.hit_ratio_pct} %" for p in points)
+    designed = tuple(p.designed_ratio_pct for p in points)
+    achieved = tuple(p.achieved_ratio_pct for p in points)
+    svg = line_panels(
+        "Prefix overlap: designed against achieved reuse",
+        xs,
+        (
+            Panel(
+                "Reuse",
+                "%",
+                (
+                    Series("designed", _DESIGNED, True, designed),
+                    Series("achieved", _ACHIEVED, False, achieved),
+                ),
+                _pct,
+            ),
+            Panel(
+                "Server prompt time p50",
+                "ms",
+                (Series("prompt", _TIME, False, tuple(p.prompt_ms_p50 for p in points)),),
+                format_ms,
+            ),
+        ),
+    )
+    return lines, svg
+
+
+def _sessions(sessions: SessionsReceipt) -> tuple[list[str], str]:
+    lines = [
+        f"{sessions.users} users × {sessions.turns} turns (seed {sessions.seed}); eviction: "
+        + (
+            f"reuse stops at turn {sessions.eviction_turn}"
+            if sessions.eviction_turn is not None
+            else "none (every turn reused the session so far)"
+        )
+        + f"; failed requests: {sessions.failed_requests}.",
+        "",
+        "| turn | requests | prompt tokens | expected reused | achieved reused "
+        "| server prompt time p50 (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in sessions.by_turn:
+        lines.append(
+            f"| {t.turn} | {t.requests} | {t.prompt_tokens} | {t.expected_reused_tokens} | "
+            f"{t.achieved_reused_tokens} | {format_ms(t.prompt_ms_p50)} |"
+        )
+    xs = tuple(str(t.turn) for t in sessions.by_turn)
+    svg = line_panels(
+        "Sessions: reuse and prompt time by turn",
+        xs,
+        (
+            Panel(
+                "Reused tokens",
+                "tokens",
+                (
+                    Series(
+                        "expected",
+                        _DESIGNED,
+                        True,
+                        tuple(float(t.expected_reused_tokens) for t in sessions.by_turn),
+                    ),
+                    Series(
+                        "achieved",
+                        _ACHIEVED,
+                        False,
+                        tuple(float(t.achieved_reused_tokens) for t in sessions.by_turn),
+                    ),
+                ),
+                lambda v: f"{v:.0f}",
+            ),
+            Panel(
+                "Server prompt time p50",
+                "ms",
+                (Series("prompt", _TIME, False, tuple(t.prompt_ms_p50 for t in sessions.by_turn)),),
+                format_ms,
+            ),
+        ),
+    )
+    return lines, svg
+
+
+def _open_loop(stages: Sequence[OpenLoopStageMeasured]) -> tuple[list[str], str | None]:
+    lines = [
+        "| stage | offered (/s) | achieved (/s) | goodput (/s) | sent | completed "
+        "| lateness p50 / p99 (ms) | fit | stop |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in stages:
+        fit = "-"
+        if s.fit_statistic is not None:
+            fit = f"{cell(s.fit_statistic)} {_num(s.fit_value, 3)}"
+            if s.fit_p_value is not None:
+                fit += f" (p {_num(s.fit_p_value, 3)})"
+        stop = s.skipped_because or s.stop_reason or "-"
+        if s.stop_detail:
+            stop = f"{stop}: {s.stop_detail}"
+        offered = s.target_rate_per_s if s.target_rate_per_s is not None else None
+        achieved = s.achieved_rate_per_s if s.stage == "rate" else s.measured_rate_per_s
+        lines.append(
+            f"| {cell(s.stage)} | {_num(offered)} | {_num(achieved)} | {_num(s.completed_per_s)} "
+            f"| {s.launched}/{s.scheduled} | {s.completed} | {_num(s.lateness_p50_ms, 3)} / "
+            f"{_num(s.lateness_p99_ms, 3)} | {fit} | {cell(stop)} |"
+        )
+    rates = [s for s in stages if s.stage == "rate" and s.target_rate_per_s is not None]
+    if not rates:
+        return lines, None
+    xs = tuple(f"{s.target_rate_per_s:g}" for s in rates)
+    sent_rates = tuple(s.achieved_rate_per_s for s in rates)
+    svg = line_panels(
+        "Open loop: achieved and goodput against offered rate",
+        xs,
+        (
+            Panel(
+                "Rate",
+                "requests/s",
+                (
+                    Series("offered", _DESIGNED, True, tuple(s.target_rate_per_s for s in rates)),
+                    Series("achieved", _ACHIEVED, False, sent_rates),
+                    Series("goodput", _TIME, False, tuple(s.completed_per_s for s in rates)),
+                ),
+                lambda v: f"{v:.2f}/s",
+            ),
+            Panel(
+                "Send lateness p99",
+                "ms",
+                (Series("p99", _ACHIEVED, False, tuple(s.lateness_p99_ms for s in rates)),),
+                format_ms,
+            ),
+        ),
+    )
+    return lines, svg
+
+
+def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> list[str]:
+    """The ``## Workloads`` section (nothing when the run measured no workload)."""
+    if not views:
+        return []
+    lines = [
+        "## Workloads",
+        "",
+        "Each workload of the run's workload file, measured on its own host (`workload.json`",
+        "beside the cell): reuse is the server's own count per request (`timings.cache_n` of",
+        "`tokens_evaluated`), judged against the design within max(0.5 pp, 100 × page / mean",
+        "prompt tokens); the 0 % point is the control and must reuse nothing.",
+    ]
+    for view in views:
+        receipt = view.receipt
+        label = " (synthetic: plumbing evidence)" if receipt.synthetic else ""
+        lines += [
+            "",
+            f"### {cell(receipt.cell_id)}: {cell(receipt.kind or 'unknown')}{label}",
+            "",
+            f"Status **{cell(receipt.status)}**; architecture {cell(receipt.architecture or '-')}"
+            f", reuse rule {cell(receipt.rule or '-')}; receipt `{cell(view.path)}`.",
+            "",
+        ]
+        table: list[str] = []
+        svg: str | None = None
+        if receipt.overlap:
+            table, svg = _overlap(receipt.overlap)
+        elif receipt.sessions is not None:
+            table, svg = _sessions(receipt.sessions)
+        elif receipt.open_loop:
+            table, svg = _open_loop(receipt.open_loop)
+            if receipt.over_saturated_at_per_s is not None:
+                table = [
+                    f"Over-saturated at {receipt.over_saturated_at_per_s:g}/s: the rates below "
+                    "it are the ones the server sustained.",
+                    "",
+                    *table,
+                ]
+        else:
+            table = ["Nothing was measured."]
+        if svg is not None:
+            name = _plot_name(receipt)
+            svgs[name] = svg
+            lines += [
+                f"![{cell(receipt.kind or 'workload')} of {cell(receipt.cell_id)}]({name})",
+                "",
+            ]
+        lines += table
+    return lines

@@ -1,0 +1,194 @@
+"""The journal records a workload cell writes, and the receipt folded from them
+(``workload.json`` beside the cell's ``cell.json``, folded by ``states/workload_fold.py``).
+
+The records carry what was sent and what the server reported for every request (its own
+prompt accounting: tokens evaluated and ``timings.cache_n``), never a verdict: the fold judges
+each point from these figures, so ``replay`` reproduces every verdict byte for byte. Records
+are frozen tagged Structs of the journal's union (``schemas/journal.py``), evolved only by
+adding fields with defaults.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Final
+
+import msgspec
+
+
+class _WorkloadRecord(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True
+):
+    # Measurements, not state changes: they share the next durable point's fsync.
+    durable: ClassVar[bool] = False
+
+
+class WorkloadRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One request of a workload as sent and answered (the server's own figures)."""
+
+    position: int
+    status: str  # completed | failed
+    # Overlap: the prefix group; sessions: the user.
+    group: int = 0
+    # Sessions: the turn index (0 first); overlap: -1 for a group's priming request.
+    turn: int = 0
+    priming: bool = False
+    # What the server reported: prompt tokens evaluated and how many it served from its cache.
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    # Sessions: the tokens the plan expects reused (the session's earlier tokens).
+    expected_reused_tokens: int | None = None
+    # The server's prompt processing time (``timings.prompt_ms``): the request's time to its
+    # first token, as the server measured it; and the client's whole exchange.
+    prompt_ms: float | None = None
+    elapsed_ms: float | None = None
+    slot_id: int | None = None
+    error: str | None = None
+
+
+class WorkloadOpened(_WorkloadRecord, tag="workload_opened", frozen=True, kw_only=True):
+    """A workload cell's plan: its kind, the section of the workload file it runs (JSON, as
+    pinned) and the facts its design was drawn from."""
+
+    cell_id: str
+    kind: str
+    spec_json: str
+    workloads_sha256: str = ""
+    architecture: str | None = None
+    # The family's reuse rule (``states/cache_reuse.py``); None: unknown, nothing designed.
+    rule: str | None = None
+    # The host's vocabulary size (its ``n_vocab``), whose ids the prompts are drawn from.
+    vocabulary_size: int | None = None
+
+
+class OverlapPointMeasured(_WorkloadRecord, tag="overlap_point", frozen=True, kw_only=True):
+    """One designed hit ratio of an overlap sweep, as designed and as sent."""
+
+    cell_id: str
+    hit_ratio_pct: int
+    prompt_tokens: int
+    rule: str
+    requested_prefix_tokens: int
+    shared_prefix_tokens: int
+    reusable_tokens: int
+    groups: int
+    seed: int
+    requests: tuple[WorkloadRequest, ...] = ()
+
+
+class SessionsMeasured(_WorkloadRecord, tag="sessions_measured", frozen=True, kw_only=True):
+    """Every turn of a multi-turn workload in the seeded order it was sent."""
+
+    cell_id: str
+    users: int
+    turns: int
+    seed: int
+    think_time_ms: float = 0.0
+    requests: tuple[WorkloadRequest, ...] = ()
+
+
+class OpenLoopStageMeasured(_WorkloadRecord, tag="open_loop_stage", frozen=True, kw_only=True):
+    """One stage of an open-loop workload: a closed-loop rate measurement of a sweep, one
+    target rate sent on its drawn schedule, or a rate skipped after over-saturation."""
+
+    cell_id: str
+    stage: str  # synchronous | throughput | rate
+    pattern: str
+    burstiness: float | None = None
+    # The seed the rate's schedule was drawn from (the workload's seed + the rate's index).
+    seed: int | None = None
+    target_rate_per_s: float | None = None
+    measured_rate_per_s: float | None = None
+    scheduled: int = 0
+    launched: int = 0
+    completed: int = 0
+    achieved_rate_per_s: float | None = None
+    lateness_p50_ms: float | None = None
+    lateness_p99_ms: float | None = None
+    lateness_max_ms: float | None = None
+    fit_statistic: str | None = None
+    fit_value: float | None = None
+    fit_p_value: float | None = None
+    completed_per_s: float | None = None
+    stop_reason: str | None = None
+    stop_detail: str | None = None
+    skipped_because: str | None = None
+
+
+# --- the receipt ---------------------------------------------------------------------------------
+
+
+class OverlapPointReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    hit_ratio_pct: int
+    prompt_tokens: int
+    shared_prefix_tokens: int
+    reusable_tokens: int
+    designed_ratio_pct: float
+    achieved_ratio_pct: float | None
+    band_pp: float | None
+    measured_requests: int
+    failed_requests: int
+    accepted: bool
+    refusal: str | None = None
+    # Median server prompt time of the measured requests (None: none completed).
+    prompt_ms_p50: float | None = None
+
+
+class TurnReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    turn: int
+    requests: int
+    prompt_tokens: int
+    expected_reused_tokens: int
+    achieved_reused_tokens: int
+    prompt_ms_p50: float | None = None
+
+
+class SessionsReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    users: int
+    turns: int
+    seed: int
+    by_turn: tuple[TurnReceipt, ...]
+    # The first turn whose reuse fell short of the session so far (the server evicted it).
+    eviction_turn: int | None
+    failed_requests: int
+
+
+class WorkloadReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    """``workload.json``: one workload cell's measurement, judged."""
+
+    cell_id: str
+    arm: str | None
+    kind: str | None
+    # accepted: every point within its band (or nothing to judge); refused: a point missed
+    # it (each point names its code and both figures); unmeasured: nothing was measured.
+    status: str
+    synthetic: bool
+    architecture: str | None = None
+    rule: str | None = None
+    spec_json: str | None = None
+    overlap: tuple[OverlapPointReceipt, ...] = ()
+    sessions: SessionsReceipt | None = None
+    open_loop: tuple[OpenLoopStageMeasured, ...] = ()
+    # The first open-loop rate the server could not sustain, with the rule that stopped it.
+    over_saturated_at_per_s: float | None = None
+    journal_through_seq: int = 0
+
+
+WORKLOAD_RECEIPT_NAME: Final = "workload.json"
+_ENCODER: Final = msgspec.json.Encoder(order="deterministic")
+
+
+def encode_workload_receipt(receipt: WorkloadReceipt) -> bytes:
+    """Canonical bytes: deterministic order, indent 2, trailing newline (as every receipt)."""
+    return msgspec.json.format(_ENCODER.encode(receipt), indent=2) + b"\n"
+
+
+def decode_workload_receipt(data: bytes) -> WorkloadReceipt:
+    return msgspec.json.decode(data, type=WorkloadReceipt)
+
+
+WORKLOAD_RECORDS: Final = (
+    WorkloadOpened,
+    OverlapPointMeasured,
+    SessionsMeasured,
+    OpenLoopStageMeasured,
+)

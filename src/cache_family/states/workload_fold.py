@@ -1,0 +1,190 @@
+"""The fold of one workload cell's journal lines into ``workload.json`` (scope ``workload``).
+
+Pure: the verdicts are computed here from what the records say the server reported, with the
+planning module's own rules (``states/workloads.py``): each overlap point against its band
+(the 0 % control must reuse nothing), each session turn against the session so far and the
+eviction turn, each open-loop rate as measured. Importing this module registers the refolder,
+so ``replay`` re-folds every published ``workload.json`` and compares the bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+from cache_family.schemas.journal import CellOpened, JournalLine, ReceiptPublished, RunStarted
+from cache_family.schemas.workload_records import (
+    OpenLoopStageMeasured,
+    OverlapPointMeasured,
+    OverlapPointReceipt,
+    SessionsMeasured,
+    SessionsReceipt,
+    TurnReceipt,
+    WorkloadOpened,
+    WorkloadReceipt,
+    WorkloadRequest,
+    encode_workload_receipt,
+)
+from cache_family.states.fold import JournalIndex, lines_through
+from cache_family.states.metrics import percentile
+from cache_family.states.workloads import (
+    PrefixDesign,
+    SessionTurn,
+    eviction_turn,
+    overlap_verdict,
+    reuse_by_turn,
+)
+
+SCOPE_WORKLOAD: Final = "workload"
+
+
+def _p50(values: Sequence[float]) -> float | None:
+    return percentile(values, 50) if values else None
+
+
+def _answered(request: WorkloadRequest) -> bool:
+    return (
+        request.status == "completed"
+        and request.prompt_tokens is not None
+        and request.cached_tokens is not None
+    )
+
+
+def overlap_point(record: OverlapPointMeasured) -> OverlapPointReceipt:
+    """A point judged from its measured (not priming) requests' server figures."""
+    design = PrefixDesign(
+        hit_ratio_pct=record.hit_ratio_pct,
+        prompt_tokens=record.prompt_tokens,
+        rule=record.rule,  # type: ignore[arg-type]  # journaled from a ReuseRule
+        requested_prefix_tokens=record.requested_prefix_tokens,
+        shared_prefix_tokens=record.shared_prefix_tokens,
+        reusable_tokens=record.reusable_tokens,
+    )
+    measured = [r for r in record.requests if not r.priming]
+    answered = [r for r in measured if _answered(r)]
+    verdict = overlap_verdict(
+        design, [(r.prompt_tokens or 0, r.cached_tokens or 0) for r in answered]
+    )
+    return OverlapPointReceipt(
+        hit_ratio_pct=record.hit_ratio_pct,
+        prompt_tokens=record.prompt_tokens,
+        shared_prefix_tokens=record.shared_prefix_tokens,
+        reusable_tokens=record.reusable_tokens,
+        designed_ratio_pct=verdict.designed_ratio_pct,
+        achieved_ratio_pct=verdict.achieved_ratio_pct,
+        band_pp=verdict.band_pp,
+        measured_requests=verdict.measured_requests,
+        failed_requests=len(measured) - len(answered),
+        accepted=verdict.accepted and len(answered) == len(measured),
+        refusal=verdict.refusal
+        or (None if len(answered) == len(measured) else "workload.overlap.nothing_measured"),
+        prompt_ms_p50=_p50([r.prompt_ms for r in answered if r.prompt_ms is not None]),
+    )
+
+
+def sessions_receipt(record: SessionsMeasured) -> SessionsReceipt:
+    plan = [
+        SessionTurn(
+            position=r.position,
+            user=r.group,
+            turn=r.turn,
+            prompt_tokens=r.prompt_tokens or 0,
+            expected_reused_tokens=r.expected_reused_tokens or 0,
+        )
+        for r in record.requests
+    ]
+    answered = {r.position: r for r in record.requests if _answered(r)}
+    turns = reuse_by_turn(
+        plan,
+        {p: (r.prompt_tokens or 0, r.cached_tokens or 0) for p, r in answered.items()},
+    )
+    prompt_ms: dict[int, list[float]] = {}
+    for request in answered.values():
+        if request.prompt_ms is not None:
+            prompt_ms.setdefault(request.turn, []).append(request.prompt_ms)
+    return SessionsReceipt(
+        users=record.users,
+        turns=record.turns,
+        seed=record.seed,
+        by_turn=tuple(
+            TurnReceipt(
+                turn=t.turn,
+                requests=t.requests,
+                prompt_tokens=t.prompt_tokens,
+                expected_reused_tokens=t.expected_reused_tokens,
+                achieved_reused_tokens=t.achieved_reused_tokens,
+                prompt_ms_p50=_p50(prompt_ms.get(t.turn, [])),
+            )
+            for t in turns
+        ),
+        eviction_turn=eviction_turn(turns),
+        failed_requests=len(record.requests) - len(answered),
+    )
+
+
+def fold_workload(
+    lines: Iterable[JournalLine], cell_id: str, *, through_seq: int | None = None
+) -> WorkloadReceipt:
+    """``workload.json`` of ``cell_id`` from the lines up to ``through_seq``."""
+    run: RunStarted | None = None
+    cell: CellOpened | None = None
+    opened: WorkloadOpened | None = None
+    points: list[OverlapPointReceipt] = []
+    sessions: SessionsReceipt | None = None
+    stages: list[OpenLoopStageMeasured] = []
+    last = 0
+    for line in lines_through(lines, through_seq):
+        last = max(last, line.seq)
+        record = line.record
+        if isinstance(record, RunStarted):
+            run = record
+        elif getattr(record, "cell_id", None) != cell_id:
+            continue
+        elif isinstance(record, CellOpened):
+            cell = record
+        elif isinstance(record, WorkloadOpened):
+            opened = record
+        elif isinstance(record, OverlapPointMeasured):
+            points.append(overlap_point(record))
+        elif isinstance(record, SessionsMeasured):
+            sessions = sessions_receipt(record)
+        elif isinstance(record, OpenLoopStageMeasured):
+            stages.append(record)
+    saturated = next(
+        (s.target_rate_per_s for s in stages if s.stop_reason and s.skipped_because is None),
+        None,
+    )
+    status = "unmeasured"
+    if points or sessions is not None or stages:
+        refused = any(not p.accepted for p in points)
+        if sessions is not None and sessions.failed_requests:
+            refused = True
+        status = "refused" if refused else "accepted"
+    synthetic = bool((cell is not None and cell.synthetic) or (run and run.catalog_synthetic))
+    return WorkloadReceipt(
+        cell_id=cell_id,
+        arm=cell.arm if cell is not None else None,
+        kind=opened.kind if opened is not None else None,
+        status=status,
+        synthetic=synthetic,
+        architecture=opened.architecture if opened is not None else None,
+        rule=opened.rule if opened is not None else None,
+        spec_json=opened.spec_json if opened is not None else None,
+        overlap=tuple(points),
+        sessions=sessions,
+        open_loop=tuple(stages),
+        over_saturated_at_per_s=saturated,
+        journal_through_seq=through_seq if through_seq is not None else last,
+    )
+
+
+def workload_bytes(index: JournalIndex, cell_id: str, through_seq: int) -> bytes:
+    return encode_workload_receipt(
+        fold_workload(index.lines_for_cell(cell_id), cell_id, through_seq=through_seq)
+    )
+
+
+def refold_workload(index: JournalIndex, published: ReceiptPublished) -> bytes:
+    """A workload cell's ``workload.json`` again, from the journal through its publication."""
+    assert published.cell_id is not None
+    return workload_bytes(index, published.cell_id, published.through_seq)

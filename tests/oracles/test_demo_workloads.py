@@ -1,0 +1,94 @@
+"""The demo's workload run (not in ``--quick``): the workload file it writes is valid, its
+steps prepare with it, run, report and replay; and, on the real parts, the run measures the
+overlap and the open-loop sweep on one attention and one recurrent family, every accepted
+point within its band, the report shows both sections, and replay is identical."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from real_run_harness import cli
+
+from cache_family.console import bench_sequence
+from cache_family.oracles.demo import (
+    DEFAULT_PLAN,
+    DEMO_WORKLOADS,
+    PLANS,
+    WORKLOAD_CASES,
+    operator_input,
+    runs_workloads,
+    workload_steps,
+)
+from cache_family.oracles.native_parts import Parts
+from cache_family.schemas.catalog import packaged_catalog
+from cache_family.schemas.workload import validate_workload_object
+from cache_family.schemas.workload_records import decode_workload_receipt
+
+
+def test_the_demo_workload_file_is_valid_and_names_an_attention_and_a_recurrent_family() -> None:
+    workloads = validate_workload_object(DEMO_WORKLOADS)
+    assert workloads.prefix_overlap is not None and workloads.open_loop is not None
+    assert workloads.open_loop.sweep is not None
+    keys = {preset.key for preset in packaged_catalog().catalog.presets}
+    assert set(WORKLOAD_CASES) <= keys and len(WORKLOAD_CASES) == 2
+
+
+def test_quick_skips_the_workload_run_and_the_default_plan_runs_it() -> None:
+    assert not runs_workloads(PLANS["quick"])
+    assert runs_workloads(PLANS[DEFAULT_PLAN]) and runs_workloads(PLANS["full"])
+
+
+def test_the_workload_steps_prepare_with_the_file_then_run_report_and_replay(
+    tmp_path: Path,
+) -> None:
+    steps, wrote = workload_steps(str(tmp_path), "/op.json", "/w.json")
+    runner = bench_sequence.default_runner()
+    prepared_dir = f"{tmp_path}/workloads-input"
+    assert [step.argv[len(runner) :] for step in steps] == [
+        ("prepare-full", "--input", "/op.json", "--output", prepared_dir, "--workloads", "/w.json"),
+        (
+            "run",
+            "--input",
+            f"{prepared_dir}/cache-family-input.json",
+            "--output",
+            f"{tmp_path}/workloads",
+        ),
+        ("report-run", f"{tmp_path}/workloads"),
+        ("replay", f"{tmp_path}/workloads"),
+    ]
+    assert wrote == (f"Wrote run report: {tmp_path}/workloads/report.html",)
+
+
+@pytest.mark.native
+def test_the_demo_workload_run_measures_both_families_and_replays(
+    native_parts: Parts, oracle_tools: Path, tmp_path: Path
+) -> None:
+    operator = tmp_path / "operator.json"
+    operator.write_text(json.dumps(operator_input(native_parts, oracle_tools, WORKLOAD_CASES)))
+    workloads = tmp_path / "workloads.json"
+    workloads.write_text(json.dumps(DEMO_WORKLOADS))
+    steps, _ = workload_steps(str(tmp_path), str(operator), str(workloads))
+    runner = bench_sequence.default_runner()
+    for step in steps:
+        done = cli(*step.argv[len(runner) :], cwd=tmp_path)
+        assert done.returncode == 0, (step.name, done.stdout[-3000:], done.stderr[-3000:])
+    run = tmp_path / "workloads"
+    receipts = [decode_workload_receipt(p.read_bytes()) for p in run.glob("cell-*/*/workload.json")]
+    by_family = {(r.architecture, r.kind): r for r in receipts}
+    assert set(by_family) == {
+        (family, kind) for family in WORKLOAD_CASES for kind in ("prefix-overlap", "open-loop")
+    }
+    for family in WORKLOAD_CASES:
+        overlap = by_family[(family, "prefix-overlap")]
+        assert [p.hit_ratio_pct for p in overlap.overlap] == [0, 30, 50, 70, 90]
+        assert all(p.accepted for p in overlap.overlap), overlap.overlap
+        sweep = by_family[(family, "open-loop")].open_loop
+        assert [s.stage for s in sweep[:2]] == ["synchronous", "throughput"]
+    # The recurrent family reuses what its checkpoint rule allows, not the attention figure.
+    hybrid = {p.hit_ratio_pct: p for p in by_family[("qwen3next", "prefix-overlap")].overlap}
+    assert hybrid[90].designed_ratio_pct < 90
+    markdown = (run / "report.md").read_text()
+    assert markdown.count("prefix-overlap (synthetic: plumbing evidence)") == 2
+    assert markdown.count("open-loop (synthetic: plumbing evidence)") == 2
