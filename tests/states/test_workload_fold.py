@@ -3,6 +3,7 @@ from the server's figures the records carry, so replay reproduces them from the 
 
 from __future__ import annotations
 
+from cache_family.actors.audit.replay import REFOLDERS
 from cache_family.schemas.journal import JournalLine, Record
 from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
@@ -13,7 +14,7 @@ from cache_family.schemas.workload_records import (
     decode_workload_receipt,
     encode_workload_receipt,
 )
-from cache_family.states.fold import REFOLDERS, JournalIndex, refold
+from cache_family.states.fold import JournalIndex, refold
 from cache_family.states.workload_fold import SCOPE_WORKLOAD, fold_workload
 
 CELL = "cell-0000/native-overlap"
@@ -151,4 +152,4 @@ def test_the_first_rate_that_stopped_is_the_over_saturation_and_replay_refolds_t
     published = ReceiptPublished(
         scope=SCOPE_WORKLOAD, cell_id=CELL, path="x/workload.json", sha256="", through_seq=3
     )
-    assert refold(JournalIndex(folded), published) == data
+    assert refold(JournalIndex(folded), published, REFOLDERS) == data
