@@ -1,9 +1,5 @@
 """`cache-family bench`: both matrices, their combined README tables and each run's report
 (``report-run``: report.md, report.html, plots), one step at a time.
-
-This module is the one definition of the wrapper's sequence and environment contract;
-``scripts/skippy-cache-family-bench.sh`` only sets up ``.venv`` and execs this command.
-The contract (variables, defaults, exit codes) is documented in the README, "The wrapper".
 """
 
 from __future__ import annotations

@@ -1,12 +1,4 @@
-"""What the operator sees while work runs: one progress concept, four renderings.
-
-The rendering is chosen once per command (:func:`choose_mode`): a live ``rich`` display when
-stderr is a terminal, plain lines when it is not, nothing with ``--quiet``, and JSON lines on
-stdout with ``--json-events``. A run's progress is read from its journal: every record the
-run appends passes through :meth:`RunProgress.record` (rows, cells with their planned rungs,
-state transitions, completed rungs), so the display never guesses from timers. Hashing
-progress (preparation's pins) counts bytes through a :class:`ProgressSink`.
-"""
+"""What the operator sees while work runs: one progress concept, four renderings."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""The demo is the mission: ``./bootstrap demo`` runs the wrapper's sequence on the real parts.
-
-It builds or reuses ``llama-server`` and the tiny model zoo, installs them with the reference
-workload oracles as ``skippy-workload-oracles-build`` lays them out (``OUT/tools``), writes an
-operator input naming those tools exactly as it would name real Skippy tools (old and new stage
-servers bound), then runs ``cache-family bench``'s own step list
-(:mod:`cache_family.console.bench_sequence`: prepare-full, run, prepare-use-cases, run, report,
-``report-run`` of both runs), followed by ``replay`` of both runs. Which families and use cases
-run is chosen only through the operator input (``plan.cases``) and the wrapper's corpus
-variable (a subset of the checked-in corpus); see :data:`PLANS`.
-
-Old and new stage servers are the same oracle build with one serving option apart: the old
-arm (``skippy-prefix-reuse-off``) never reuses a cached prompt prefix, the new one (``skippy``)
-does. All figures come from tiny random-weight models: the receipts and reports mark them
-synthetic.
-"""
+"""The demo is the mission: ``./bootstrap demo`` runs the wrapper's sequence on the real parts."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""What the oracle launchers run: check the package source pin, then run one oracle module.
-
-A launcher (``OUTPUT/cargo/debug/skippy`` and its siblings, written by ``native_build``) is a
-small shell script, and its bytes are what an operator input pins. The script names the
-interpreter, the oracle module and the tree pin of the ``cache_family`` source it was written
-against; this module refuses to run any other source (exit 126), so the script's pin also pins
-the code that answers: an edited or reinstalled package needs a fresh build of the tools.
-
-``python -I -m cache_family.oracles.launch SOURCE_SHA256 MODULE [ARG...]``
-"""
+"""What the oracle launchers run: check the package source pin, then run one oracle module."""
 
 from __future__ import annotations
 

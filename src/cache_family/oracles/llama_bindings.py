@@ -1,10 +1,5 @@
-"""The ``llama-cpp-python`` bindings on the project's own ``libllama``, installed without compiling.
-
-The bindings come from the same pinned sdist the native build compiles (``llama_cpp_source.json``),
-installed with ``CMAKE_ARGS=-DLLAMA_BUILD=OFF`` so pip builds no second copy of llama.cpp
-(about 10 s instead of 10 minutes), and they load the shared library of the native build
-through ``LLAMA_CPP_LIB_PATH``. Without a library the package fails at import, so nothing
-imports it before :func:`load` has set that variable: ``cache-family`` works without them.
+"""The ``llama-cpp-python`` bindings on the project's own ``libllama``, installed without
+compiling.
 """
 
 from __future__ import annotations

@@ -1,19 +1,4 @@
-"""Build a real ``llama-server`` from llama.cpp source obtained through a package registry.
-
-The source is the ``llama-cpp-python`` sdist, which vendors a complete llama.cpp. Its bytes
-are checked against the pin in ``llama_cpp_source.json`` before anything is unpacked. One
-CMake build with shared libraries produces both ``llama-server`` and ``libllama`` so the
-Python bindings can load the very same code (``LLAMA_CPP_LIB_PATH``) without a second
-compile. The result is cached under ``~/.cache/cache-family/llama.cpp/<key>/`` where the key
-covers the sdist pin and every build option; a present cache entry is reused, an absent one
-is rebuilt.
-
-``install(..., tools=True)`` (the ``skippy-workload-oracles-build`` recipe) also writes the
-operator guide's tool paths, ``OUTPUT/cargo/debug/{skippy,skippy-correctness,
-skippy-package-builder}`` (plus ``skippy-prefix-reuse-off``, the demo's old stage server): small
-launchers of this project's reference oracles, pinned in ``OUTPUT/producer.json`` together with
-the interpreter and the package source they run.
-"""
+"""Build a real ``llama-server`` from llama.cpp source obtained through a package registry."""
 
 from __future__ import annotations
 

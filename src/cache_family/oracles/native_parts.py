@@ -1,22 +1,4 @@
-"""The real parts the tests and benchmarks use: a built ``llama-server`` and the model zoo.
-
-``ensure_parts`` builds or reuses both and returns their paths:
-
-* the native build, installed by ``native_build.install`` into
-  ``<cache>/parts/tools/<build key>/`` (``native/bin/llama-server``, ``native/lib/``,
-  ``producer.json``); reused while every file still matches ``producer.json``;
-* the zoo, written by ``build_zoo`` into ``<cache>/zoo/<zoo key>/`` where the key hashes the
-  zoo's source files, the packaged catalog, the ``gguf`` library version and the seed, so a
-  change to any builder writes a fresh zoo.
-
-``<cache>`` is ``$CACHE_FAMILY_CACHE`` or ``~/.cache/cache-family``. Run
-``python -m cache_family.oracles.native_parts`` (``just native-parts``) to build both and print
-the paths.
-
-``serve`` runs one ``llama-server`` on one model for a test or a benchmark: loopback only, a
-free port, an explicit environment, readiness from the server's own "listening" line and
-``/health``, and a terminate-then-kill stop that always runs.
-"""
+"""The real parts the tests and benchmarks use: a built ``llama-server`` and the model zoo."""
 
 from __future__ import annotations
 

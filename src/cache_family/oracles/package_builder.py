@@ -1,17 +1,4 @@
-"""Reference oracle of ``skippy-package-builder``: source and package admission, package writing.
-
-``admit-source MODEL --pin NAME=SHA ... --minimum-context N`` admits a GGUF model (a single file
-or every shard of ``<prefix>-NNNNN-of-TTTTT.gguf``): shard order, byte pins and the header's
-dimensions. ``admit-package DIR --manifest-sha256 S --model-id ID --layer-start A --layer-end B
---minimum-context N`` admits a schema-1 layer package for one stage range, verifying every
-selected artifact's bytes. Both print one pretty JSON receipt on stdout and exit 0, or print
-the refusals on stderr and exit 1 (usage errors exit 2).
-
-``write-package MODEL --out-dir D --model-id ID`` cuts a local GGUF into a schema-1 layer package
-(``schemas/layer_package.py``): every artifact is a GGUF carrying the source's whole metadata,
-so each one is readable on its own, plus the tensors of its role. Tensors keep their names,
-types and bytes, so the artifacts of a package together hold exactly the source's tensors.
-"""
+"""Reference oracle of ``skippy-package-builder``: source and package admission, package writing."""
 
 from __future__ import annotations
 

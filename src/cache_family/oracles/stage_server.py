@@ -1,23 +1,4 @@
-"""Reference oracle of the Skippy stage server (``skippy serve`` / ``skippy serve-openai``).
-
-It reads the stage config the run writes (``schemas/stage_server.py``), runs the real
-``llama-server`` of the native build on the config's model as a supervised child (own process
-group, explicit environment, loopback, ``--parallel`` = the config's lanes, ``--ctx-size`` = its
-shared context), and serves the OpenAI chat API on ``--bind-addr`` by relaying
-``/v1/chat/completions`` (streaming and usage included) to it. The dialect's listening line is
-printed on stdout only after ``/v1/models`` has answered through the server's own address.
-SIGTERM or SIGINT stops the child's whole group and ends with exit 0; a child that dies on its
-own ends the server with exit 1.
-
-``--prefix-reuse off`` (before the command) is the "old" serving option of the demo: the child
-runs with ``--no-cache-prompt --cache-ram 0`` and every relayed request carries
-``cache_prompt: false``, so no request reuses an earlier prompt's KV. The option is printed on
-stderr at start and reported in ``/v1/models`` (``data[0].cache_family_oracle``).
-
-The ``llama-server`` binary is ``$LLAMA_STAGE_BUILD_DIR/bin/llama-server`` when the variable is
-set (the run exports the pinned native build there), else ``$CACHE_FAMILY_ORACLE_NATIVE/bin``
-as the tool launcher names it.
-"""
+"""Reference oracle of the Skippy stage server (``skippy serve`` / ``skippy serve-openai``)."""
 
 from __future__ import annotations
 

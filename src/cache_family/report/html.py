@@ -1,10 +1,4 @@
-"""``report.html``: the run report's Markdown as one self-contained page.
-
-The Markdown is the single source of the tables; this module turns the small subset the
-report writes (headings, pipe tables, paragraphs, ``- `` lists, a ``> `` banner, code spans,
-bold, links and plot images) into HTML, inlining each plot's SVG. No script, no external
-resource: a content security policy forbids any fetch, so the page opens offline.
-"""
+"""``report.html``: the run report's Markdown as one self-contained page."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""``production-cache-bench.md``: the in-run producer variant of the combined report.
-
-The run's own ``production-cache-bench.json`` bytes are read exactly as `cache-family report`
-reads the file, and rendered by the same renderer in its producer wording; the prompt-sources
-table lists the planned rows' use cases (first occurrence of each key), since a run has no
-corpus file of its own to name.
-"""
+"""``production-cache-bench.md``: the in-run producer variant of the combined report."""
 
 from __future__ import annotations
 

@@ -1,18 +1,4 @@
-"""A run directory's receipts as the run report reads them (`cache-family report-run`).
-
-Only published receipts are read, never the journal: ``cache-family-matrix.json``, each row's
-``row.json`` it names, each arm's ``cell.json`` the row names, and, when present, the run's
-``production-cache-bench.json``. Every read is bounded; a path a receipt names must stay
-inside the run directory. Receipts are published bottom-up (cells, then their row, then the
-matrix at the end), so every receipt another names exists: one that is missing was removed
-and is refused, like one that does not decode as its schema or holds NaN or Infinity.
-
-Beyond the schemas in ``schemas/receipts.py`` one optional member per rung of a ``cell.json``
-is read, tolerantly: ``measurement.rungs[i].cache_verdict``, an object whose members
-``expected_hits``, ``observed_hits``, ``expected_cached_tokens``,
-``observed_cached_tokens_min`` (integers), ``shortfall`` (boolean) and ``rule`` (text) are
-each optional; the report shows a verdict column only when some rung has one.
-"""
+"""A run directory's receipts as the run report reads them (`cache-family report-run`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The run report: ``report.md``, ``report.html`` and ``plots/*.svg`` from a run's receipts.
-
-``render_run_report`` is pure (receipts in, files out) and deterministic, so a replay can
-regenerate the files and compare them byte for byte. Arms are taken from the receipts, not
-from a fixed list: every concurrent arm a row observed gets curves, and the old-versus-new
-comparison pairs the arms named ``skippy-old`` and ``skippy-new`` when both have cells.
-"""
+"""The run report: ``report.md``, ``report.html`` and ``plots/*.svg`` from a run's receipts."""
 
 from __future__ import annotations
 

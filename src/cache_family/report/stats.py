@@ -1,13 +1,4 @@
-"""Old-versus-new effect sizes: the difference of medians with a bootstrap confidence interval.
-
-Percentile bootstrap over two independent samples (the old and the new arm serve separate
-requests): each resample draws, with replacement, as many values from each arm as it
-measured, and takes median(new) - median(old). The interval is the 2.5th and 97.5th
-percentiles of ``BOOTSTRAP_RESAMPLES`` such differences. The generator is seeded with
-``BOOTSTRAP_SEED`` for every comparison, and only ``random.Random.random`` is used (its
-sequence for an integer seed is guaranteed across Python versions), so the same samples
-always give the same interval, byte for byte in the report.
-"""
+"""Old-versus-new effect sizes: the difference of medians with a bootstrap confidence interval."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""The run report's workload sections, from each workload cell's ``workload.json``.
-
-Per workload cell: the overlap sweep's designed against achieved reuse with the accepted band
-and the server's prompt time by hit ratio; the sessions' expected against achieved reuse and
-prompt time by turn, with the eviction turn; the open-loop stages' achieved rate, lateness,
-goodness of fit and goodput against the offered rate, with the over-saturation stop. Each
-gets a deterministic SVG (``plots/workload-<cell>.svg``). Synthetic cells are labelled as
-plumbing evidence. Pure once the receipts are read (``read_workloads``).
-"""
+"""The run report's workload sections, from each workload cell's ``workload.json``."""
 
 from __future__ import annotations
 

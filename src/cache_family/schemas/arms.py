@@ -1,9 +1,6 @@
 """The arms of a row, defined once: each arm's name (as journaled and reported), the directory
 its cell lives in under ``cell-NNNN/``, the cohort its requests belong to, its measurement kind
 and the host kind that serves it (``actors/run/hosts.py`` holds each kind's strategy).
-
-The run, the folds, the report and the oracles all read arms from here: adding an arm is a new
-``Arm`` in ``HOST_ARMS`` (or a new host kind beside it), never a new spelling elsewhere.
 """
 
 from __future__ import annotations

@@ -1,22 +1,4 @@
-"""The campaign journal: ``campaign-journal.jsonl``, one hash-chained line per record.
-
-A campaign merges the run directories of its shards (``cache-family merge``, or the Ray
-driver's rows). Its journal has the run journal's line layout and chain (``seq``, ``mono_ns``,
-``wall_ns``, ``prev`` = SHA-256 of the previous line's bytes, genesis 64 zeros; see
-``schemas/journal.py``), with its own records:
-
-* ``campaign_opened``: the prepared input's SHA-256, the whole plan (from the shards' own
-  journals) and the placement file's pin, if any;
-* ``shard_merged``: one per shard: its directory, the head of its sealed journal, its rows,
-  the host that ran it (``rows_selected.host``) and the placement it asked for;
-* ``row_unmeasured``: a planned row no shard measured, and why (``host.lost``, cancelled, no
-  shard ran it);
-* ``campaign_receipt``: each merged file's name and SHA-256;
-* ``campaign_sealed``: the last line, naming the head before it.
-
-Records are frozen tagged Structs that forbid unknown fields; they evolve as the run's do
-(new fields get defaults and go last; a new record is a new tag).
-"""
+"""The campaign journal: ``campaign-journal.jsonl``, one hash-chained line per record."""
 
 from __future__ import annotations
 

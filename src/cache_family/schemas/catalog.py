@@ -1,13 +1,4 @@
-"""The preset catalog: which models a run may plan, with every shape as data.
-
-The packaged ``catalog.json`` holds the 14 reference presets. The tiny-model zoo writes a
-catalog in this same format with ``synthetic: true`` and its own (tiny) shapes, so nothing
-here derives a number from a key or a family name: every field is read from the document.
-
-Loading returns a :class:`LoadedCatalog` wrapper: the decoded :class:`Catalog`, the SHA-256
-of exactly the bytes that were parsed (the plan pins it as ``catalog_sha256``) and where the
-bytes came from. The Structs stay plain data so they can be re-encoded unchanged.
-"""
+"""The preset catalog: which models a run may plan, with every shape as data."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""The use-case corpus: one benchmark prompt per use case, in the reference corpus format.
-
-Format: ``{"version": 1, "use_cases": [{"key", "label", "prompt", "prefix_tokens",
-"source": {"dataset", "config", "split", "row_idx", "provenance"}}]}``. ``prefix_tokens``
-defaults to 128 and every ``source`` member is optional, so a corpus published in the
-reference format loads unchanged; ``provenance`` is our one addition and says where the
-prompt text really came from (ours are written for this project, imitating a public task).
-
-Loading reads the file with a bound, hashes exactly the bytes read (the plan pins the
-corpus by that SHA-256) and refuses with every problem found, never only the first.
-"""
+"""The use-case corpus: one benchmark prompt per use case, in the reference corpus format."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The README's operator input reference, rendered from the models themselves.
-
-Rows come from walking ``model_fields`` and the metadata on each annotation (the rule
-objects of ``schemas/operator/values.py``), so a changed bound, a new field or a new refusal code
-changes the generated text and the README test notices. Pure: no file I/O here; the
-``just readme-fields`` recipe writes the result between the README markers.
-"""
+"""The README's operator input reference, rendered from the models themselves."""
 
 from __future__ import annotations
 

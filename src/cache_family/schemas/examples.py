@@ -1,10 +1,4 @@
-"""A complete, valid operator input (reference §1) as a plain JSON object, every member given.
-
-It is the reference example with real hex where the reference shows placeholders, and without
-the paired old/new servers (both null). The demo writes one naming its own parts; tests start
-from one and change what they test. Callers pass their paths and whatever they mean
-differently: ``example_operator(example_plan(root, concurrency=[1, 2]), native_build=...)``.
-"""
+"""A complete, valid operator input (reference §1) as a plain JSON object, every member given."""
 
 from __future__ import annotations
 

@@ -1,24 +1,4 @@
-"""A GGUF file's header metadata, read with a byte bound and never touching tensor data.
-
-GGUF (versions 2 and 3, either byte order) starts with the magic ``GGUF``, a ``uint32``
-version, the ``uint64`` tensor count and the ``uint64`` count of metadata pairs; each pair is
-a length-prefixed key, a ``uint32`` value type and the value. Tensor descriptions and tensor
-data follow the metadata and are never read here.
-
-Scalars and strings of up to :data:`STRING_KEEP_BYTES` bytes are kept, and so are short string
-arrays (``general.tags``: at most :data:`LIST_KEEP_ITEMS` such strings); other arrays (the
-tokenizer's tens of thousands of tokens, merges and scores) and longer strings are stepped
-over, their element count remembered. Everything read counts against ``max_bytes``: a header
-that would need more, a file that ends inside its header, a value type that does not exist, a
-repeated key or a non-UTF-8 key is refused with a ``gguf.*`` code. A file that does not start
-with the magic is refused as ``gguf.not_gguf``.
-
-The header carries the model's own claims (``general.architecture``, ``<arch>.block_count``,
-``<arch>.context_length``); preparation compares them with the catalog preset the bytes are
-planned as. The tiny model zoo puts :data:`ZOO_SYNTHETIC_TAG` in ``general.tags`` of every
-GGUF it writes (a split model's first shard), so random-weight bytes are recognisable by
-themselves.
-"""
+"""A GGUF file's header metadata, read with a byte bound and never touching tensor data."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""The schema-1 layer package (``format: "layer-package"``) as its manifest describes it.
-
-A package is a directory holding ``model-package.json`` and the GGUF artifacts it lists:
-``shared/metadata.gguf`` (metadata and tokenizer, no tensors of a role), ``shared/embeddings.gguf``
-(the input boundary), ``shared/output.gguf`` (final norm and output head) and one
-``layers/layer-NNN.gguf`` per block. The manifest's pin is the SHA-256 of its raw bytes. A stage
-``[layer_start, layer_end)`` needs the metadata, the embeddings when it starts at layer 0, its
-layers, and the output when it ends at ``layer_count`` (``stage_parts``).
-
-``decode_manifest`` reads a manifest tolerantly (members it does not know are ignored, as the
-reference reader does) and refuses every rule of the reference reader it breaks, all at once.
-"""
+"""The schema-1 layer package (``format: "layer-package"``) as its manifest describes it."""
 
 from __future__ import annotations
 

@@ -1,30 +1,4 @@
-"""``cache-family-matrix.json``: the run's receipt, one entry per planned row.
-
-Shape (reference §5/§6, native arms only for now)::
-
-    {"schema_version": 1, "status": "completed|incomplete|failed|...", "scope": "...",
-     "request_sha256": "...", "catalog_sha256": "...", "planned_cells": N,
-     "rows": [{"index", "case", "prefix_tokens", "use_case",
-               "result": {"status", "evidence"} | {"status": "missing-model", "launched": false}
-                         | {"status", "reason"},
-               "synthetic": bool}],
-     "promotion": null, "terminal_refusal": null | "cancelled" | ...,
-     "journal_through_seq": N,
-     "catalog": {"path", "sha256", "synthetic", "packaged"},
-     "report_error": null | "why the report files were not written",
-     "report": "production-cache-bench.md" | null,
-     "report_input": "production-cache-bench.json" | null,
-     "client_calibration": null | {"requests", "overhead_p50_ms", ...},
-     "client_calibration_error": null | "why it was not measured"}
-
-A synthetic catalog (the tiny random-weight zoo) marks every row ``synthetic`` and adds the
-synthetic evidence class to ``scope``: such figures are never performance claims.
-
-Encoded like the other receipts: struct fields in definition order, two-space indent, one
-trailing newline. Every member of the receipt is written, null included (``schema_version``
-too); only a row's ``result`` leaves out the members its kind does not use. Evolution rule:
-new fields get defaults and go last.
-"""
+"""``cache-family-matrix.json``: the run's receipt, one entry per planned row."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""Measurement records: what one load run was asked, what each request did, and the summaries.
-
-These frozen Structs are embedded in journal records and receipts. Evolution rule: a new field
-gets a default and goes last; no field is retyped, renamed or reordered. Every field is keyword
-only so the defaults never constrain the order in which fields are written.
-
-Times are milliseconds unless the name says seconds. ``None`` means "not observed" (a request
-that never launched has no latency), never zero.
-"""
+"""Measurement records: what one load run was asked, what each request did, and the summaries."""
 
 from __future__ import annotations
 

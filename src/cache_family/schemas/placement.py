@@ -1,21 +1,4 @@
-"""The placement file: which hosts may run which rows of a campaign (``--placement FILE``).
-
-Strict JSON, versioned, pinned by its SHA-256 in the campaign journal::
-
-    {"schema_version": 1,
-     "rules": [
-       {"family": "deepseek3", "labels": {"cf.host": "big"}, "gpus": 2},
-       {"preset": "qwen3_dense", "labels": {"cf.host": "small"}, "cpus": 1},
-       {"row": "qwen3_dense/none/512", "labels": {"cf.host": "small", "zone": "a"}}
-     ]}
-
-Each rule names exactly one of ``row`` (a row key, ``CASE/USE_CASE/PREFIX``), ``preset`` (a
-catalog case key) or ``family``, and the host it asks for: Ray node ``labels`` (all must match),
-``gpus`` and ``cpus`` (the Ray resources the row's task holds; default 0 GPUs, 1 CPU). A row
-takes the rule of its row key, else of its preset, else of its family; a row no rule names
-may run anywhere. Unknown members, wrong types and two rules naming one target are refused.
-The operator input (schema version 1) is untouched by this file.
-"""
+"""The placement file: which hosts may run which rows of a campaign (``--placement FILE``)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Preparation documents: ``request.json``, ``observations.json`` and ``cache-family-input.json``.
-
-``cache-family-input.json`` (:class:`PreparedInput`) is everything a run needs and nothing it
-has to look up again: the post-override plan with observed server and model pins, the pins of
-every tool, the native build and toolkit trees, the planned rows in run order (with their
-model observation and tasks), and the profiles of every present catalog key. Missing models
-keep their row (never launched, no profile).
-
-All three are strict pydantic models (unknown members refused, no coercion, frozen). Field
-order is part of the format; new fields go last with defaults.
-
-Source commits are recorded as what the caller declared, never as proof that a binary was
-built from them; pins describe local bytes only, hence :data:`PREPARED_SCOPE`.
+"""Preparation documents: ``request.json``, ``observations.json`` and
+``cache-family-input.json``.
 """
 
 from __future__ import annotations

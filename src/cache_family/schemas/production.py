@@ -1,18 +1,4 @@
-"""``production-cache-bench.json``: one row per planned row, in the native producer's schema.
-
-The members are exactly the reference's native projection (family, model_id, payload,
-stage_load_mode, use_case, use_case_label, prefix_tokens, benchmark_prompt_token_count, notes,
-case, skippy, llama_server), so the combined report reads our rows as it reads the
-reference's. One addition: a row from a synthetic catalog also carries ``"synthetic": true``
-and the synthetic ``evidence_class``, which the report uses to label it plumbing evidence
-(the reference reader ignores unknown members); real rows carry neither.
-
-``skippy`` is ``{"status": "unmeasured"}`` unless the row's correctness arm completed, then
-exactly its six figures (missing ones null). ``llama_server`` is ``{"status": "ok",
-"warm_mean_ms", "warm_median_ms"}``, ``{"status", "reason"}`` or ``{"status": "unmeasured"}``.
-The prompt text is never part of a row. The file is an array encoded with two-space
-indentation and no trailing newline, at most ``PRODUCTION_MAX_BYTES``.
-"""
+"""``production-cache-bench.json``: one row per planned row, in the native producer's schema."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Receipts: ``cell.json`` per host session and the native part of ``row.json``.
-
-Receipts are computed by the pure fold (``states/fold/``) from the journal alone and encoded
-canonically by :func:`encode_receipt`: struct fields in definition order, mapping keys sorted,
-two-space indentation, one trailing newline. The same journal therefore always gives the same
-bytes, which is what ``cache-family replay`` checks.
-
-Evolution rule (as for journal records): new fields get defaults and go last; nothing is
-retyped or reordered; ``schema_version`` changes only when a meaning changes. Members were
-renamed once, to the reference's names (``pins_before``/``pins_after`` became
-``before_identity``/``after_identity``); receipts and journals of older runs are not read.
-"""
+"""Receipts: ``cell.json`` per host session and the native part of ``row.json``."""
 
 from __future__ import annotations
 

@@ -1,24 +1,4 @@
-"""A cell's per-request rows in their own streamed file, beside its ``cell.json``.
-
-Layout of ``requests.jsonl``: one JSON line per request, in the order the requests ended,
-rung after rung (a serial rung 0's warmup request first)::
-
-    {"rung_index":0,"concurrency":8,"row":{"request_id":0,"status":"completed",...}}\n
-
-The load actor writes it front to back as requests end (``actors/journal/rows_file.py``); at the
-end of each rung it is fsynced and a ``rung_rows`` journal record names the rung's lines and
-the SHA-256 of the file through them. The journal holds no row. It is never read whole: a
-reader verifies those digests while it streams the lines a chunk at a time.
-
-A cell of more than ``INLINE_ROWS_MAX`` requests names this file in ``cell.json`` with
-:class:`RowsFileDigest` (its line count and SHA-256, the last ``rung_rows`` record's); a
-smaller one also lists its rows inline, sorted by rung, then request id (the fold decides,
-``states/fold/``), so a small receipt stays one self-contained file and reads as before,
-and a large one stays far below the receipt read cap (a 100k-request ``cell.json`` with its
-rows inline is about 80 MB).
-
-Evolution rule as for the journal: a new field gets a default and goes last.
-"""
+"""A cell's per-request rows in their own streamed file, beside its ``cell.json``."""
 
 from __future__ import annotations
 

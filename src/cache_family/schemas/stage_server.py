@@ -1,13 +1,4 @@
-"""A stage server's config file (``stage.json``) and the listening lines of its two dialects.
-
-``listening_line`` is what a server prints; ``is_listening_line`` is the reference's test of a
-captured host line (a line over 16384 bytes never counts).
-
-The run writes ``stage.json`` for a Skippy host and starts ``<bin> serve --config stage.json
---bind-addr 127.0.0.1:P --generation-concurrency L`` (the Current dialect) or ``serve-openai``
-with the same flags (Legacy). Members this reader does not know are ignored: the reference
-writers differ (``execution_contract`` in one, ``filter_tensors_on_load`` in another).
-"""
+"""A stage server's config file (``stage.json``) and the listening lines of its two dialects."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""The workload file (schema_version 1): which cache traffic a run adds to its rows.
-
-A separate, versioned JSON document passed to preparation (``--workloads FILE``) and pinned by
-SHA-256 in the prepared input. It chooses up to three workloads: controlled prefix-overlap
-sweeps, multi-turn sessions and open-loop arrivals. An operator input without one prepares
-and runs exactly as before. Strict like the operator input: unknown members, wrong JSON types
-and values out of range are each refused with a stable ``workload.*`` code, a JSON path and a
-hint, every refusal of the document at once.
-"""
+"""The workload file (schema_version 1): which cache traffic a run adds to its rows."""
 
 from __future__ import annotations
 

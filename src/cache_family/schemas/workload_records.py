@@ -1,11 +1,5 @@
 """The journal records a workload cell writes, and the receipt folded from them
 (``workload.json`` beside the cell's ``cell.json``, folded by ``states/workload_fold.py``).
-
-The records carry what was sent and what the server reported for every request (its own
-prompt accounting: tokens evaluated and ``timings.cache_n``), never a verdict: the fold judges
-each point from these figures, so ``replay`` reproduces every verdict byte for byte. Records
-are frozen tagged Structs of the journal's union (``schemas/journal.py``), evolved only by
-adding fields with defaults.
 """
 
 from __future__ import annotations

@@ -1,19 +1,4 @@
-"""How much of a prompt llama-server should serve from its cache, and each rung's verdict.
-
-The reuse rule depends on the model's architecture (``../spec/llama-cpp-facts.md``):
-
-* ``exact-prefix`` (plain attention): the whole common prefix with the slot's previous prompt,
-  except that at least one prompt token is always evaluated.
-* ``checkpoint`` (recurrent and hybrid models): their state cannot be cut back, so the server
-  restores the last *context checkpoint* inside the common prefix. It checkpoints a prompt
-  of ``n`` tokens at ``n - 4 - n_ubatch`` and ``n - 4`` tokens.
-* ``checkpoint-swa`` (sliding-window attention): the same checkpoints, but restoring one lands
-  on the checkpoint's last position, which is evaluated again: one token fewer. A prompt
-  shorter than the window may be reused further; that is never a shortfall.
-
-A slot's first request of a cell is cold (expects 0); a host's RAM prompt cache may still
-serve it, which counts as a hit.
-"""
+"""How much of a prompt llama-server should serve from its cache, and each rung's verdict."""
 
 from __future__ import annotations
 

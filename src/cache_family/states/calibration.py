@@ -1,12 +1,4 @@
-"""How close a measurement came to the client's own overhead, and when TTFT is not a first token.
-
-Before the first ladder the run times its own client against the calibration server
-(``actors/run/self_calibration.py``): the client's end-to-end latency minus the server's own
-receipt-to-final-event time is what the client adds to every latency it reports. A rung whose
-latencies are within ``NEAR_OVERHEAD_FACTOR`` times that figure measures the client about as
-much as the host, so its receipt says so. A streamed request whose first content arrived only
-with its final event has a TTFT that is its latency, not a first token: its id is listed.
-"""
+"""How close a measurement came to the client's own overhead, and when TTFT is not a first token."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """The cell machine (one host session of one arm), the row machine and the correctness machine
-(one row's correctness arm), each as one table.
-
-Read ``CELL_TABLE`` top to bottom: it is the whole lifecycle of a cell. Each row says: in this
-state, on this event, go to that state, perform these actions, and fsync the journal at the step
-or later. ``policies`` gives each state's columns (``StatePolicy``): reachable after a fault
-(and so shielded), the time bound of its actions, what a fault in it lowers a receipt to, and
-whether a receipt folded there is whole. A (state, event) pair that is not in the table is
-refused with ``cell.transition.refused`` (``row.transition.refused`` for rows); nothing else is
-ever inferred. Faults, cancellation and deadline expiry lead from every working state to
-``cleanup`` (to ``not-launched`` before a host exists), and from there only ``finalize``
-follows: failure is sticky by construction (checked when this module is imported).
-
-The warmup state does the warmup: its actions cut the benchmark prompt with the host's own
-tokenizer, journal the warmup rule and send the excluded warmup request (the serial rung's
-request 0; a concurrent cell excludes none), so ``ladder`` sends only measured requests.
-
-The actors run every table through one driver (``actors/run/engine.py``); the running state of a
-machine is a :class:`LiveMachine`, a ``transitions.Machine`` built from the table, whose
-``on_step`` callback (given by the actor) journals every step.
+(one row's correctness arm), each as one table. The warmup state sends the excluded warmup
+request, so ``ladder`` sends only measured requests.
 """
 
 from __future__ import annotations

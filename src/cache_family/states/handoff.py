@@ -1,9 +1,5 @@
-"""The state-handoff correctness report: topology layer ranges and the gate that accepts a report.
-
-Pure functions over plain data. The correctness oracle uses :func:`topology_range` and
-:func:`topology_of` to honour its command line; the run calls :func:`handoff_report_refusals`
-on every ``state-handoff.json`` a correctness tool writes, and accepts the report only when
-the list is empty (spec ``correctness-report.md``, "The gate").
+"""The state-handoff correctness report: topology layer ranges and the gate that accepts
+a report.
 """
 
 from __future__ import annotations

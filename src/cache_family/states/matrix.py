@@ -1,23 +1,4 @@
-"""The matrix fold: journal lines in, ``cache-family-matrix.json`` out. Pure, live = replay.
-
-Every planned row is journaled with ``row_opened`` (rows the run never reached are opened and
-stopped at once, without a directory), so the journal alone names the whole plan. For each row:
-
-* model missing: ``{"status": "missing-model", "launched": false}``;
-* ``row.json`` published: its folded status and the path as evidence;
-* otherwise the row fold's status and reason (``not-launched`` / ``cancellation_or_deadline``
-  for a row that a cancellation or the deadline kept from starting).
-
-Each row is ``synthetic`` as its row receipt is (its ``row_opened``, one of its cells'
-``cell_opened`` or the run's catalog says so). The matrix names the catalog as ``run_started``
-recorded it and, for a synthetic catalog or any synthetic row, says in ``scope`` that those
-rows are synthetic evidence, never performance claims.
-
-The matrix is ``completed`` only if every measured row is; a run-wide cancellation, deadline
-expiry or failed interrupt-finish sets ``terminal_refusal`` and lowers it to ``incomplete``.
-Importing this module registers the ``matrix`` refolder, so ``cache-family replay`` re-folds
-the matrix like every other receipt.
-"""
+"""The matrix fold: journal lines in, ``cache-family-matrix.json`` out. Pure, live = replay."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""Client metrics: pure arithmetic over a roster of request rows.
-
-A roster is accepted only when it names every planned request id exactly once; timings must
-be finite and non-negative and the makespan positive. Anything else is refused with every
-reason at once (``Refused``), never silently summarised. A roster with failed or unlaunched
-requests is summarised with ``complete = False``: the numbers describe what did complete.
-
-Percentiles use the nearest-rank-below rule ``sorted[min(floor(n * p / 100), n - 1)]`` so that
-the same rows always give the same value, with no interpolation.
-"""
+"""Client metrics: pure arithmetic over a roster of request rows."""
 
 from __future__ import annotations
 

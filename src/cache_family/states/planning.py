@@ -1,32 +1,4 @@
-"""The planner: rows and profiles from a validated plan, a catalog, a corpus and observations.
-
-Pure: everything it knows arrives as data (the model observations were made by the
-preparation worker), so the same inputs always plan the same rows.
-
-Row order: for each prefix (``prefix_tokens``, else each ``prefix_sweep`` entry, else none),
-for each use case (none, the listed ones, or the corpus's in its order for ``["all"]``), for
-each selected catalog case in catalog order (the order of ``plan.cases`` is ignored).
-
-Effective prefix: the explicit one (override or sweep), else the use case's, else the
-catalog's; when it is not the catalog's, ``ctx = max(catalog ctx, prefix + 128)``. Every
-token count a host is given must fit a ``uint32``: a plan is refused before any byte is
-observed when a prefix plus its headroom, a row's ctx, ctx × serving lanes or ctx ×
-``llama_parallel`` (the native host's ``--ctx-size``) exceeds 2**32 - 1, or when a row's
-prefix plus the one token it generates does not fit its ctx. A
-package-only preset whose admission contract fixes ctx and prefix keeps them, says why in
-``prefix_note``, and is planned once per use case (at the first prefix), since every prefix
-would plan the same row.
-
-Tasks and when they are planned (else the first skip reason that applies):
-
-    correctness          model present                     | missing-model
-    serial_baseline      present, full GGUF, llama allowed | missing-model,
-    concurrent_baseline  (same as serial_baseline)         |   layer-package-not-full-GGUF,
-                                                           |   skipped-by-request
-    paired_serving       present, full GGUF, old+new set   | missing-model,
-                                                           |   layer-package-not-full-GGUF,
-                                                           |   paired-servers-omitted
-"""
+"""The planner: rows and profiles from a validated plan, a catalog, a corpus and observations."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""The native projection: a row's ``production-cache-bench.json`` entry from its receipt.
-
-Pure. The plan cell's identity (family, model, payload, load mode, use case, KV bytes per
-token) comes from the row's brief in ``run_started``; the measurements from the row receipt:
-
-* ``skippy``: the first topology's figures when the correctness arm ``completed`` (status
-  ``pass``), else ``{"status": "unmeasured"}``; the prompt text is never copied.
-* ``llama_server``: ``ok`` with the serial summary's warm mean and median when the
-  native-serial observation completed; its status and reason otherwise; ``unmeasured`` when
-  the row has no serial observation (a row never launched: missing model, never reached).
-* ``notes``: the completed wording only for a row whose receipt completed.
-"""
+"""The native projection: a row's ``production-cache-bench.json`` entry from its receipt."""
 
 from __future__ import annotations
 

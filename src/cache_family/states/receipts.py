@@ -1,28 +1,4 @@
-"""The receipt lattice: how statuses compare, combine and downgrade.
-
-Measured statuses form a chain, best first::
-
-    completed > incomplete > failed > refused
-
-``completed``  every planned step ran and custody was clean.
-``incomplete`` evidence was produced but something is missing or untrusted: a rung cut short, a
-               late custody/cleanup failure, pin drift after the run, or a terminal refusal
-               (cancellation, deadline expiry, failed interrupt-finish).
-``failed``     the work was attempted and produced no usable evidence (host never ready, pins
-               wrong before launch, port busy).
-``refused``    the tool declined to start the work (invalid profile or plan); the bottom, so
-               that combining a failure with a refusal is deterministic.
-
-Unmeasured statuses say why there is no evidence at all and are outside the chain:
-``missing-model`` (model absent, row kept without launch), ``not-launched`` (stopped by
-cancellation or deadline before launch), ``not-run`` (a planned step that never reported),
-``skipped`` (disabled by request), ``unavailable`` (not possible for this artifact, e.g. the
-package-only baseline), ``unmeasured`` (nothing planned to measure). A downgrade leaves them as
-they are: there is nothing to lower.
-
-The one rule: a receipt's status never rises after a downgrade. Folds keep a *ceiling* that only
-:func:`meet` ever changes.
-"""
+"""The receipt lattice: how statuses compare, combine and downgrade."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Which rows of a prepared input one run runs: ``--rows KEY,…`` or ``--shard I/N``. Pure.
-
-A row's key is ``CASE/USE_CASE/PREFIX``: the catalog case (preset) key, the use case key (or
-``none`` for a row without one) and the prefix length in tokens, e.g.
-``qwen3_dense/none/512``. It names the prepared row by what it measures, so it stays the same
-when rows are added to or removed from the plan (the row's index does not).
-
-A shard takes the rows whose key the rendezvous (highest random weight) hash gives to it: each
-row goes to the shard ``i`` of ``N`` with the largest SHA-256 of ``i``, ``N`` and the key. A row's
-shard depends only on its own key and ``N``, so adding rows to a plan never moves another row,
-and shards ``0..N-1`` together hold every row exactly once.
-"""
+"""Which rows of a prepared input one run runs: ``--rows KEY,…`` or ``--shard I/N``. Pure."""
 
 from __future__ import annotations
 

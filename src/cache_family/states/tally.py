@@ -1,11 +1,4 @@
-"""What a rung's receipt derives from its rows, tallied one row at a time (``RungFacts``).
-
-The load actor tallies every row as its request ends and journals the facts with
-``rung_completed``; the fold reads them from there, so no fold ever holds a rung's rows; replay
-streams the rows file through the same tally and compares. A tally keeps a few bytes per
-request (the roster check's byte, 8-byte times for exact nearest-rank percentiles), never a
-row.
-"""
+"""What a rung's receipt derives from its rows, tallied one row at a time (``RungFacts``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""The fold of one workload cell's journal lines into ``workload.json`` (scope ``workload``).
-
-Pure: the verdicts are computed here from what the records say the server reported, with the
-planning module's own rules (``states/workloads.py``): each overlap point against its band
-(the 0 % control must reuse nothing), each session turn against the session so far and the
-eviction turn, each open-loop rate as measured. Importing this module registers the refolder,
-so ``replay`` re-folds every published ``workload.json`` and compares the bytes.
-"""
+"""The fold of one workload cell's journal lines into ``workload.json`` (scope ``workload``)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,4 @@
-"""Pure planning and verdicts of the cache workloads the workload file chooses.
-
-* **Prefix overlap** (SGLang's generated-shared-prefix design): for a designed hit ratio of a
-  prompt of L tokens, the shared prefix is rounded down to what the family's reuse rule can
-  reuse (``states/cache_reuse.py``); G groups, N/G measured requests each, one priming request
-  per group first, then the measured ones in a seeded order. A point is accepted when the
-  reuse the server reported is within max(0.5 pp, 100 x page / mean prompt tokens) of the
-  designed ratio; the 0 % point is the control and must report no reuse at all.
-* **Multi-turn sessions**: each turn's prompt is the session so far; the expected reuse of a
-  turn is the session's earlier tokens (as the rule allows), and the first turn whose reuse
-  falls short is the eviction turn.
-* **Open-loop arrivals**: constant, Poisson or gamma (burstiness = the gamma shape, 1 is
-  Poisson) schedules from a seed, the Kolmogorov-Smirnov statistic of inter-arrival times
-  against the drawn distribution, lateness percentiles, and the over-saturation stop rule.
-
-No I/O, no clock, no trio: every function here is a function of its arguments.
-"""
+"""Pure planning and verdicts of the cache workloads the workload file chooses."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""A supervised tool child: its own process group, an explicit environment, a deadline.
-
-The correctness tool runs this way, one child per topology, and so does each help probe of a
-stage server. The child's output goes straight to its two log files; at its deadline, or when
-the caller is cancelled, its whole group is ended by ``process_group.stop_group`` (SIGTERM,
-grace, SIGKILL, reap; shielded), then every process still carrying the child's environment tag
-(a daemon that left the group) is killed, and a cancellation is re-raised once they are gone.
-"""
+"""A supervised tool child: its own process group, an explicit environment, a deadline."""
 
 from __future__ import annotations
 

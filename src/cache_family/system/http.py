@@ -1,17 +1,4 @@
-"""Plain HTTP/1.1 to a host on 127.0.0.1: h11 over trio streams, one connection per request.
-
-    http = LoopbackHttp()                       # one per host session; holds no sockets
-    async with http.request("POST", url, json_body=body) as response:
-        async for data in response.chunks():    # body bytes, one item per socket read
-            ...
-
-Everything the hosts speak is plain HTTP on loopback, so there is no TLS context, no proxy
-lookup and no connection pool. Every request opens its own connection and asks the server to
-close it: llama-server advertises keep-alive but closes the connection after every streamed
-response, so a reused connection fails intermittently (``llama-cpp-facts.md``), and a fresh
-loopback connection costs about a tenth of a millisecond. Transport and protocol failures all
-surface as ``HttpError``; deadlines are the caller's trio cancel scopes.
-"""
+"""Plain HTTP/1.1 to a host on 127.0.0.1: h11 over trio streams, one connection per request."""
 
 from __future__ import annotations
 

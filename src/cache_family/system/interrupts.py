@@ -1,21 +1,4 @@
-"""The one SIGINT/SIGTERM latch: never Python's defaults where a command owns the signals.
-
-A :class:`Latch` remembers every SIGINT/SIGTERM that reaches it (by name, in arrival order)
-and may react at once (``on_signal``: preparation cancels its budget, the bench wrapper
-forwards the signal to its running step). It is put up for a block (:meth:`Latch.installed`)
-or, for ``cache-family run``, for the whole life of the process (:func:`hold_until_exit`):
-
-  * before the supervisor's receiver opens (admission, creating the run directory, starting
-    trio), the latch remembers the signal; the supervisor takes it as the run's cancellation
-    once its receiver is open and ``run_started`` is journaled;
-  * while a trio receiver is open, trio's handler displaces the latch and its watcher sees
-    every signal; when it closes, trio puts the latch back and re-delivers any signal it had
-    not handed out, which the latch then records;
-  * after the matrix is published, the latch only counts: the exit code becomes 130;
-  * at exit (:func:`signals_at_exit`), SIGINT/SIGTERM are blocked, the last ones are taken,
-    and the process ends with ``os._exit``: Python's finalization would otherwise put the
-    default actions back (a signal then would end the process as -15 or -2, not 130).
-"""
+"""The one SIGINT/SIGTERM latch: never Python's defaults where a command owns the signals."""
 
 from __future__ import annotations
 

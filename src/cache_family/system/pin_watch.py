@@ -1,16 +1,4 @@
-"""Watching pinned files and trees between two hashes of them (inotify, Linux, via ctypes).
-
-A pin is hashed before a cell and after it; a byte flipped after the first hash and restored
-before the second is invisible to both. So from just before the first hash until just after
-the second the pinned paths are watched, and any write, attribute change, move or delete of
-a pinned file, of a directory of a pinned tree or of an entry in one, or of a link on the way
-to a pinned file, is a change the caller treats as drift.
-
-What it cannot see: a write through a shared ``mmap`` (inotify reports none), and a write to
-a file of a tree through a hard link that lies outside the tree. Where inotify is missing
-(not Linux) or a path cannot be watched (missing when the watch begins, the per-user watch
-limit), the path is listed in ``unwatched`` and only the two hashes judge it.
-"""
+"""Watching pinned files and trees between two hashes of them (inotify, Linux, via ctypes)."""
 
 from __future__ import annotations
 

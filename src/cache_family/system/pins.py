@@ -1,17 +1,4 @@
-"""Pins: SHA-256 of a file's bytes, or of a directory tree, hashed under a budget.
-
-Every hash runs in 1 MiB chunks and asks its :class:`Budget` before opening the file, between
-chunks and after the last one, so cancellation or an expired deadline stops hashing within one
-chunk. Several files are hashed at once in threads: ``hashlib`` releases the GIL while it
-digests a large buffer, so two threads over two files use two cores.
-
-Tree pin (reference "Tree pin"): every regular file under the root (a symlink to a file counts
-with its target's bytes under the link's own name; a symlinked directory is not descended),
-relative POSIX paths sorted bytewise, and for each file the 8-byte big-endian length of the
-path, the path and the raw 32-byte digest of its content, all fed into one SHA-256. A pinned
-tree must also be complete: depth at most 32, at most 10 000 entries, symlinks only to regular
-files inside the tree, no special files, at least one file.
-"""
+"""Pins: SHA-256 of a file's bytes, or of a directory tree, hashed under a budget."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""Ending a child's process group: SIGTERM, a bounded grace, SIGKILL, reap; shielded.
-
-The one stopper for every child this tool starts in a session of its own (hosts in custody,
-the preparation worker, the native-parts server). The grace covers every member of the
-group, not only its leader, because a leader's helpers may outlive it.
-
-A process that left the group (``setsid``, a double fork) is out of reach of group signals.
-Two further nets find it: descendants recorded by (pid, create time) while they were still in
-the tree, and the environment tag (``PROCESS_TAG_NAME``) every host carries, which
-``/proc/PID/environ`` still shows for any process that inherited it. That file holds the
-environment as it was at exec: a process that clears its environment and execs again, or
-that never inherited it, carries no tag and is not found this way.
-"""
+"""Ending a child's process group: SIGTERM, a bounded grace, SIGKILL, reap; shielded."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""Atomic publication of files this tool owns: fresh (no-clobber) or replacing.
-
-A file is written to a temporary name in the target's directory and fsynced, then linked into
-place with ``os.link`` (which refuses an existing target) or, where replacing is the point
-(caches, generated documents), moved over the target with ``os.replace``.
-The returned identity lets a late refusal revoke exactly the file we wrote. Device and inode
-alone are not enough: a file written at the same path after ours was unlinked may get the
-very same inode number back, so size and both timestamps are part of the identity.
-"""
+"""Atomic publication of files this tool owns: fresh (no-clobber) or replacing."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""One writer per run directory: an exclusive ``flock`` on ``RUN_DIR/run.lock``.
-
-``run``, ``run --resume`` and ``replay --reap`` hold it while they may write into the run
-directory or end its processes. The kernel releases a ``flock`` when its holder's descriptor
-closes, so a holder killed with SIGKILL leaves no stale lock; the file itself stays (removing
-it would race a second taker). The descriptor is close-on-exec: hosts never inherit it. The
-holder writes its pid into the file, so a refused second taker can name it.
-"""
+"""One writer per run directory: an exclusive ``flock`` on ``RUN_DIR/run.lock``."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""The journal's head, and its optional signature with an operator-held SSH key.
-
-The head is the SHA-256 of the journal's last line (the seal of a finished run). The run prints
-it as its very last line (:func:`head_line`); an auditor who notes it can later check any copy
-of the run directory with ``replay --expect-head SHA``. Anyone able to write the directory can
-rewrite the whole chain and re-fold every receipt into a clean replay: only a head kept apart
-from the directory, or a signature made with a key the writer does not hold, catches that.
-
-Signing is OpenSSH's own (``ssh-keygen -Y sign`` / ``-Y verify``, the SSHSIG format), never a
-home-made scheme. The signed message is the head line followed by a newline, exactly what the
-run printed, so ``printf 'journal head: sha256 %s\\n' SHA | ssh-keygen -Y verify ...`` checks it
-by hand too. The signature lies beside the journal as ``journal.head.sig``; the namespace is
-:data:`SIGNATURE_NAMESPACE`, so a signature made for anything else never verifies here.
-"""
+"""The journal's head, and its optional signature with an operator-held SSH key."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""Every file of a run directory, bound by SHA-256: what the run binds and what replay checks.
-
-Before the matrix is published the run journals ``run_files`` (``schemas/journal.py``): the
-path, SHA-256 and size of every regular file in its directory, so an evidence file that no
-receipt names (a host log, ``state-handoff.json``, ``stage.json``, a correctness tool's
-``process.json``) cannot be edited, removed or planted unseen. Never bound, because they are
-written after that record or are checked otherwise: the journal itself, the matrix (its
-``receipt_published`` binds it), the run directory's lock, the head's signature, and what
-``cache-family report-run`` writes into the run directory (its report files and their
-manifest ``report-files.json``, which replay regenerates from the receipts and compares).
-
-A journal from before ``run_files`` records binds no file list: replay says so and checks
-its receipts as before (old runs stay replayable).
-"""
+"""Every file of a run directory, bound by SHA-256: what the run binds and what replay checks."""
 
 from __future__ import annotations
 

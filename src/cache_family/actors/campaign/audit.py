@@ -1,11 +1,4 @@
-"""``cache-family replay CAMPAIGN``: re-verify every shard and reproduce the merged files.
-
-The campaign journal's chain and seal are checked; every shard it names is replayed again
-(``actors/audit/replay.py``) and must still end in the journal head the campaign recorded;
-then the merged files are folded again from the campaign journal and the shards' receipts
-(``merge.fold_campaign``) and compared byte for byte with the files on disk and with the
-SHA-256 the journal recorded for each.
-"""
+"""``cache-family replay CAMPAIGN``: re-verify every shard and reproduce the merged files."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""``campaign --ray local``: a Ray cluster of labelled nodes on this machine, on loopback only.
-
-Ray's services have no authentication, so a cluster the tool starts must not listen beyond
-loopback. Outside a network namespace Ray binds every interface and talks over the machine's
-own address even when told 127.0.0.1; inside a new network namespace whose only interface is
-loopback (``unshare(CLONE_NEWNET)``, then ``lo`` up; needs root), everything binds 127.0.0.1
-and no connection can leave it. The driver enters that namespace before Ray starts, so the
-cluster, its workers and every row (hosts included) live in it.
-
-Session directories go under the campaign's ``ray/``. Ray's unix sockets must fit in 107
-bytes, so the cluster is given a short private link (``/tmp/cf-ray-XXXXXXXX/r``) to that
-directory, removed again at shutdown; ``RAY_TMPDIR`` points there too, so nothing is written
-to the shared ``/tmp/ray``.
-"""
+"""``campaign --ray local``: a Ray cluster of labelled nodes on this machine, on loopback only."""
 
 from __future__ import annotations
 

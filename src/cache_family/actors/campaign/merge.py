@@ -1,22 +1,4 @@
-"""``cache-family merge --output CAMPAIGN SHARD_DIR…``: one campaign from the runs of its shards.
-
-Each shard is a sealed run directory of some rows of one prepared input (``run --rows`` or
-``--shard``; a whole run counts as the shard of every row). Merge replays every shard
-(``actors/audit/replay.py``) and refuses, with typed codes and before writing anything:
-
-* ``campaign.shard.unverified``: a shard whose replay is not identical (an edited journal or
-  receipt, or a run that never finished);
-* ``campaign.shard.other_input``: a shard of another prepared input than the first shard's;
-* ``campaign.shard.duplicate_row``: a row that two shards ran (or one directory given twice).
-
-It then writes, into the fresh CAMPAIGN directory, the hash-chained campaign journal
-(``schemas/campaign.py``: each shard's journal head, rows and host, the placement's pin, the
-rows no shard measured and why), one ``cache-family-matrix.json``, ``production-cache-bench.json``
-and ``.md`` for the whole plan (a row no shard measured is ``unmeasured``, with its reason), and
-``campaign-report.md``, which says which host ran each row. The merged files are a pure fold
-of the campaign journal and the shards' verified receipts (``fold_campaign``), so
-``cache-family replay CAMPAIGN`` reproduces them byte for byte.
-"""
+"""``cache-family merge --output CAMPAIGN SHARD_DIR…``: one campaign from the runs of its shards."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""``cache-family campaign --input PREPARED --output CAMPAIGN --ray ADDRESS|local``: rows on hosts.
-
-One Ray task per row (``max_retries=0``: a row is never silently run twice), placed by the
-placement file's labels and resources; each task runs ``cache-family run --rows KEY`` into
-``CAMPAIGN/rows/row-NNNN`` on its node (``row_task.py``), so the campaign's output must be a
-directory every node sees (a shared file system; on ``local`` it is). The row's own run
-verifies the prepared pins on that node, so a host with other bytes refuses its row.
-
-When every task has ended, the rows' run directories are merged (``merge.py``) into the
-campaign. A row whose node was lost is ``incomplete`` with ``host.lost`` (never rerun); one a
-cancellation kept from starting is ``incomplete`` with ``cancelled``. SIGINT or SIGTERM cancels
-every task (each ends its row's process group within the grace; a row that was running
-publishes its cancelled receipts), the rows that sealed are merged, and the exit code is 130.
-
-``--ray local`` first moves the driver into a loopback-only network namespace and starts a
-cluster of ``--hosts`` labelled nodes there (``local_cluster.py``); it is shut down, and any
-row process it left is ended, before the command returns.
+"""``cache-family campaign --input PREPARED --output CAMPAIGN --ray ADDRESS|local``: rows
+on hosts.
 """
 
 from __future__ import annotations

@@ -1,12 +1,4 @@
-"""``cache-family campaign --resume CAMPAIGN``: run again only the rows without a finished run.
-
-A row is kept when its run directory (``rows/row-NNNN``) is sealed, replays identical and ended
-without a run-wide refusal (no cancellation, deadline or interrupt failure): such a row is
-never run twice. Every other row (cancelled, on a lost host, never started) runs again; the
-directory of its earlier try and the campaign's earlier merged files move under
-``superseded/N/``, and the merge covers the kept rows and the new ones. The prepared input
-and the placement file must still have the bytes the campaign started with.
-"""
+"""``cache-family campaign --resume CAMPAIGN``: run again only the rows without a finished run."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""What one Ray task does on its node: run one row as ``cache-family run --rows KEY`` and wait.
-
-The row runs as a child process in its own session (so its process group is the row's: the
-run, its hosts and their helpers), and the task polls it instead of blocking in ``wait()``:
-Ray's cancellation reaches a task only when Python regains control, so polling is what makes
-a cancel seen within one poll. On cancellation (or any other exit of the task) the row's group
-gets SIGTERM, which the run turns into its own cancellation (hosts cleaned up, receipts
-downgraded, matrix published, exit 130), then SIGKILL after the grace.
-
-This module imports nothing of Ray: the driver wraps :func:`run_row` as a remote function, and
-Ray ships it to the node by reference (the node has the same ``cache_family`` installed).
-"""
+"""What one Ray task does on its node: run one row as ``cache-family run --rows KEY`` and wait."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Writing a cell's ``requests.jsonl`` (``schemas/request_rows.py``, which also streams it).
-
-The cell actor's load runs give the writer each row as its request ends; it buffers them and
-writes them in large chunks (one ``write`` per ``flush_bytes``), hashing every byte as it goes.
-At the end of each rung ``checkpoint`` fsyncs and gives the count and SHA-256 of every line so
-far, which the ``rung_rows`` record journals; ``cell_rows`` reads the file back for a fold.
-"""
+"""Writing a cell's ``requests.jsonl`` (``schemas/request_rows.py``, which also streams it)."""
 
 from __future__ import annotations
 

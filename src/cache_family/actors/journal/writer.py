@@ -1,25 +1,4 @@
-"""The journal writer: the one task that appends to ``journal.jsonl``, and receipt publication.
-
-Start it with ``await nursery.start(writer.run)`` in a nursery that outlives every actor that
-journals (the cell actors' cleanup records must still be written after they are cancelled),
-and end it with ``await writer.aclose()``.
-
-Callers never touch the file. ``append_nowait`` stamps the next ``seq`` with the monotonic and
-wall clocks and queues the record; because stamping and queueing happen without a checkpoint in
-between, seq order is exactly call order even with many tasks appending. The writer task takes
-whatever is queued as one batch and chains it. Observations (non-durable records) are only
-buffered: the buffer is written with the next state change (a record whose type is
-``durable``: transitions, faults, cancellations, cleanup outcomes, receipts, spawned children),
-a ``sync``, a ``wait_written``, the close, or once it holds ``flush_bytes``; a state change is
-written together with everything before it in one ``write`` and one fsync. ``await
-append(record)`` returns once a state change is on disk; other records return at once and
-become durable with the next state change or at close. A crash can lose buffered observations
-exactly as it could always lose unsynced ones: only state changes were ever promised.
-
-The queue is unbounded on purpose: records arrive at the pace of HTTP requests and process
-events, the writer drains them in batches, and a bounded queue would let a cancelled sender
-leave a hole in the seq numbers.
-"""
+"""The journal writer: the one task that appends to ``journal.jsonl``, and receipt publication."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Preparation admission: every check before the first write (exit 2 creates nothing).
-
-A bounded read of the operator input, the CLI overrides and the mode's use-case selection
-applied, full validation (schema, catalog pin, selection), and the output checked: it must
-not exist, its parent must, and its canonical path must be disjoint from the native build, the
-cache root and every toolkit directory.
-"""
+"""Preparation admission: every check before the first write (exit 2 creates nothing)."""
 
 from __future__ import annotations
 

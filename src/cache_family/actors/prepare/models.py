@@ -1,16 +1,4 @@
-"""Preparation's view of models and pinned files: layout, identity from the bytes, pins.
-
-:func:`examine_models` finds each selected model's files under the cache root without reading
-their bytes beyond a GGUF header or a package manifest, and compares what those claim
-(architecture, block count, split count, the zoo's synthetic tag) with the catalog preset.
-:func:`hash_models` then pins every present model's bytes and refuses bytes that changed since
-their identity was read; the artifact tool then admits a layer package (``admit-package``
-for its preset's stage, verifying the selected artifacts' bytes) and a split model
-(``admit-source`` on its first shard with every shard's pin: order, bytes, dimensions and
-context). :func:`context_refusals` refuses planned rows whose model states a shorter context
-than the row runs with. Every refusal is gathered (:class:`Gathered`) so one run reports
-them all.
-"""
+"""Preparation's view of models and pinned files: layout, identity from the bytes, pins."""
 
 from __future__ import annotations
 

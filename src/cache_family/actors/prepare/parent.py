@@ -1,17 +1,4 @@
-"""Native preparation: operator input in, ``cache-family-input.json`` out (README, "Using it").
-
-The parent (``prepare-full`` / ``prepare-use-cases``) admits the input before any write
-(:mod:`~cache_family.actors.prepare.admission`), creates the output directory and
-``request.json``, and runs ``prepare-worker`` in its own session under the preparation
-deadline (:mod:`~cache_family.actors.prepare.supervisor`). The worker pins tools, trees and
-models (:mod:`~cache_family.actors.prepare.models`), plans rows and profiles, and writes
-``observations.json`` bound to the SHA-256 of ``request.json``, with ``complete: false`` and
-every refusal when it refuses. The parent publishes the prepared input fresh and atomically
-only from a clean, timely, uncancelled worker, and on a late cancellation or deadline removes
-only the file it wrote.
-``prepare-full`` plans no use cases: it records a ``--use-case-corpus`` (which the
-reference wrapper passes to both modes) as ``unused_corpus`` without reading it.
-"""
+"""Native preparation: operator input in, ``cache-family-input.json`` out (README, "Using it")."""
 
 from __future__ import annotations
 

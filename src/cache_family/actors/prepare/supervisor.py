@@ -1,10 +1,4 @@
-"""Running the preparation worker: its own session, a deadline, cancellation, bounded capture.
-
-The worker runs as a child in its own process group with only the environment it is given.
-Whichever comes first of its exit, cancellation and the deadline ends the wait; a worker still
-running then gets SIGTERM, a grace period and SIGKILL, shielded and bounded. Its stdout is kept
-in a capped log and read as JSON-lines events (phases, hashing progress) for the display.
-"""
+"""Running the preparation worker: its own session, a deadline, cancellation, bounded capture."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""The calibration server: known TTFT and inter-token interval, and the exact times it kept them.
-
-It speaks just enough of two dialects for load generators: OpenAI ``POST /v1/chat/completions``
-(SSE ending in a usage chunk and ``[DONE]``, or one JSON object) and llama.cpp
-``POST /completion`` (``data:`` events ending in a ``stop: true`` event with ``timings``, or one
-JSON object). It binds 127.0.0.1 only. For every request it stamps its clock (``clock_ns``,
-``time.monotonic_ns`` unless injected) when the request's headers were complete and just
-before each event was written, so every client timestamp has a server truth:
-``GET /stamps`` answers every finished request's stamps, ``DELETE /stamps`` clears them.
-
-The llama.cpp final event's ``timings`` are these stamps, not the configuration: ``prompt_ms``
-is first content write minus receipt, ``predicted_ms`` final write minus first content write.
-A request's ``n_predict`` / ``max_tokens`` / ``max_completion_tokens`` sets its token count.
-The run starts it in-process to measure its own client (``actors/run/self_calibration.py``);
-``bench/calibration_server.py`` runs it as a process for the harness.
-"""
+"""The calibration server: known TTFT and inter-token interval, and the exact times it kept them."""
 
 from __future__ import annotations
 

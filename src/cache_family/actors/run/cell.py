@@ -1,18 +1,4 @@
-"""The cell (host) actor: one host session of one host arm, driven by ``CELL_TABLE``.
-
-The one driver (``actors/run/engine.py``) runs the table: each state's work (``_WORK``) returns
-the next event, the live machine takes it (journaling the step), then each action of the step
-runs through its one effect handler (``_EFFECTS``). A failure becomes the ``fault`` event,
-cancellation or deadline expiry ``cancelled`` / ``deadline-expired``; from there the table leads
-through cleanup to finalize, which run shielded and bounded, so a cancelled or expired cell
-still ends its host and still publishes ``cell.json``. What differs between a llama-server and
-a stage server is the arm's host-kind strategy (``actors/run/hosts.py``). Every observation is
-journaled as it happens; ``cell.json`` is folded from the journal alone.
-
-Budgets only shrink: the cell's deadline is ``min(run deadline, now + cell_seconds)``; each
-request's is ``min(cell deadline, its start + request_timeout_ms)`` (the load actor applies
-it); the host's startup budget is the profile's startup timeout cut to the cell deadline.
-"""
+"""The cell (host) actor: one host session of one host arm, driven by ``CELL_TABLE``."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""The correctness arm of one row, driven by ``CORRECTNESS_TABLE``.
-
-Run by the same driver as the cell (``actors/run/engine.py``): the current state's work
-returns the next event, the live machine takes it (journaling the step), and each action of the
-step runs through its one effect handler. ``run-topology`` runs the correctness tool for one
-planned topology as a supervised child (``system/child.py``) in
-``cell-NNNN/correctness/topology-NN/`` and judges its report with the gate; ``journal-verdict``
-records the stage. The accepted prompt text is kept in memory for the row's later requests;
-only its SHA-256 is journaled.
-"""
+"""The correctness arm of one row, driven by ``CORRECTNESS_TABLE``."""
 
 from __future__ import annotations
 

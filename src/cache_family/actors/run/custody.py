@@ -1,28 +1,4 @@
-"""Host custody: one server process, from port reservation to a verified-clean end.
-
-    async with host_custody(HostConfig(label=..., state_parent=..., log_dir=...), observe) as host:
-        env = host_environment(operator_env, toolkits, native_build, host.state_dir)
-        await host.launch([server, "--port", str(host.port), ...], env)
-        await host.wait_ready(startup_seconds)
-        ...                      # measure; host.still_same() at every rung
-        outcome = await host.cleanup()   # also run on exit, shielded; idempotent
-
-Order of custody (each step journaled through ``observe``):
-  reserve   bind 127.0.0.1:port (0 = ephemeral); busy => ``custody.port_busy``, nothing launched
-  state     a private 0700 state dir (HOME, TMPDIR, XDG dirs inside it)
-  launch    release the port, spawn in a new session (own process group) with exactly the
-            given environment, stdout/stderr pumped into bounded log files
-  ready     the dialect's exact listening line, then ``/health`` answering {"status":"ok"}
-            (a stage server: ``/v1/models`` listing the model id)
-  cleanup   SIGTERM the group, grace, SIGKILL the group, reap; kill escaped descendants by
-            (pid, create time) as sampled at readiness, each rung and before the stop; kill
-            every process still carrying the host's environment tag (``process_tag``: it
-            finds a daemon that double-forked or called setsid); confirm the port is free;
-            remove the state dir
-
-Cleanup is shielded from cancellation and bounded in time, as in trio's own subprocess
-helpers: a cancelled cell must still end its host.
-"""
+"""Host custody: one server process, from port reservation to a verified-clean end."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""The one driver of every table (cell, row, correctness arm).
-
-``drive`` is a loop: perform the current state's work (a coroutine that returns the next event),
-fire that event through the live machine (which journals the step), then perform the step's
-actions, each through its one effect handler. The table's columns say the rest: the step's
-``fsync`` whether the journal is made durable before the actions, the destination's policy
-whether the actions run shielded from cancellation and how long they may take. An exception
-becomes an event through the actor's ``interrupted`` hook (a fault, a cancellation, a deadline),
-and the table leads from there; a stop that ended the loop early is re-raised once the machine
-is finished.
-
-``Handlers`` holds one actor's work and effects and refuses, when built (at import), a table
-state without work or an action without its one handler.
-"""
+"""The one driver of every table (cell, row, correctness arm)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Host kinds: everything the cell actor does differently for a llama-server and a stage server.
-
-A ``HostKindStrategy`` gives a host kind's command line, the environment added to the host's,
-whether its dialect is read from its help before launch, the readiness URL journaled, and the
-load client its rungs use. The cell actor asks the strategy of its arm's host kind
-(``schemas/arms.py``) and has no branch of its own on the kind; a new host kind is a new
-strategy here, in ``HOST_KINDS``.
-"""
+"""Host kinds: everything the cell actor does differently for a llama-server and a stage server."""
 
 from __future__ import annotations
 

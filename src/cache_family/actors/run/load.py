@@ -1,32 +1,4 @@
-"""The load actor: serial baselines and closed-loop concurrency rungs against llama-server.
-
-    run = LoadRun(request, deadline=cell_deadline)
-    try:
-        outcome = await run.run()
-    finally:
-        roster = run.outcome(stop_reason="cancelled")   # always a full roster, even now
-
-Every planned request id gets exactly one row: completed, failed (the server or the protocol
-said no), incomplete (cut by its own timeout or the cell budget) or not-launched. A bad answer
-fails its request, never the process. Facts about llama-server this relies on:
-
-* ``POST /completion`` answers non-streamed requests with one JSON object and streamed requests
-  with ``data: {json}`` lines; the last event has ``stop: true`` and the server's ``timings``
-  (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``, ``cache_n``).
-* It closes the connection after every streamed response, so each request gets a fresh one
-  (``system/http.py``).
-* A tiny random model often samples end-of-sequence first: for a synthetic catalog
-  ``ignore_eos`` keeps the output length fixed (a real catalog gets the reference's body
-  exactly), and token counts come from the server, never from re-tokenizing text.
-
-Deadlines are trio times (``trio.current_time``); stamps come from an injected clock that must
-share that time base (the default is ``trio.current_time`` itself), so tests run timeouts on
-trio's autojump clock. TTFT is the arrival time of the chunk holding the first event that
-carries a generated token (``/completion``: ``tokens``, ``tokens_predicted`` or text; chat: a
-generating delta), taken before that event is parsed. When the first token only comes with
-the final event, TTFT and TPOT are None and the row says why (``ttft_unobserved``): the
-response's end is never passed off as its first token.
-"""
+"""The load actor: serial baselines and closed-loop concurrency rungs against llama-server."""
 
 from __future__ import annotations
 

@@ -1,37 +1,4 @@
-"""``cache-family run --input PREPARED --output FRESH``: the matrix supervisor.
-
-Admission (nothing is written unless all of it passes; refusals exit 2):
-  * ``--input`` and ``--output`` are absolute; the input is a regular file of at most
-    ``PREPARED_INPUT_MAX_BYTES`` (the most preparation ever publishes) that decodes as
-    ``cache-family-input.json``; the corpora its rows need still match their
-    pins; the output's parent is a real directory and the output does not exist yet.
-
-The run (one trio task tree):
-  * a journal writer (``actors/journal/writer.py``) that outlives every other task;
-  * a signal watcher: the first SIGINT/SIGTERM is journaled as a run-wide cancellation and
-    cancels the rows; a second one shortens the SIGTERM grace of every host in custody, but
-    cleanup always runs;
-  * a deadline watcher: at ``execution_seconds`` it journals the run-wide deadline expiry and
-    cancels the rows the same way (so every receipt folded afterwards sees it);
-  * the rows, strictly in plan order (``actors/run/row.py``), each publishing its ``row.json``.
-
-SIGINT/SIGTERM never meet Python's defaults in a ``run`` process (``system/interrupts.py``):
-from before the output directory is created until exit, a signal is either the run's
-cancellation (before the matrix is folded; one that arrived before the supervisor's receiver
-opened is taken as soon as it opens) or only counted (after), and any signal makes the exit
-code 130. Before the fold the interrupt-finish check
-confirms the displaced handlers can be put back (a failure is the reference's "interrupt-finish"
-refusal, journaled so the matrix carries it); they are restored once the journal is closed.
-``cache-family-matrix.json`` is always published: one entry per planned row, the status the
-row's receipt reached and where its evidence lies, or the failed receipt when the fold itself
-failed. Cancellation, deadline expiry and a failed interrupt-finish make the matrix
-``incomplete`` with a ``terminal_refusal``. Exit codes: 0 completed, 1 incomplete or failed, 2
-refused, 130 a signal arrived (one that lands after the fold began changes no receipt).
-
-Rows from a synthetic catalog (the tiny random-weight zoo) are plumbing evidence, never
-performance claims: the journal records the catalog, every receipt level labels them, and
-the progress lines and the final line say "(synthetic)".
-"""
+"""``cache-family run --input PREPARED --output FRESH``: the matrix supervisor."""
 
 from __future__ import annotations
 

@@ -1,20 +1,4 @@
-"""The open-loop sender: requests go out on a drawn schedule whether or not earlier ones ended.
-
-    sender = OpenLoopSender(schedule, completion_exchange(...), target_rate_per_s=50.0,
-                            watch=SaturationWatch(rule), events=journal_events)
-    outcome = await sender.run()
-
-Each scheduled send starts its own task at its time; the task stamps the send (its lateness
-against the schedule, the requests in flight at that moment) and asks the over-saturation
-rule (``states/workloads.py``) whether the queue still drains. When it does not, the sender
-stops: nothing more is sent, requests in flight are cut, and the stop and its reason go to
-the ``events`` sink (the run journals them). Every scheduled index ends with exactly one row,
-as in a closed-loop rung: completed, failed, incomplete (cut) or not-launched.
-
-Time is trio's (``trio.current_time``), so tests run the sender on trio's autojump clock; a
-request itself is one injected ``exchange`` coroutine (``completion_exchange`` sends a
-streamed ``/completion`` through ``LoadRun``, the closed loop's own request code).
-"""
+"""The open-loop sender: requests go out on a drawn schedule whether or not earlier ones ended."""
 
 from __future__ import annotations
 

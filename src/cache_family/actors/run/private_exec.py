@@ -1,27 +1,4 @@
-"""The bytes a host executes are the bytes its pins saw: it runs from a private copy.
-
-Pins are hashed by path, and a server exec'd by that path a moment later could be other bytes
-(a binary swapped after the hash and swapped back before the next one). So what the host
-loads is copied into a fresh 0700 directory, the pre-launch pin check verifies THE COPIES,
-and the host execs the copy. A row makes its copies once (``RowExec``, before its correctness
-arm) and every cell of the row runs from them: the first cell's check hashes the copies, the
-later ones check their identities through descriptors held across the row (``RowPins``), so
-a write to a copy or a replaced copy between two cells is still found:
-
-  * the native build tree (the install prefix: ``bin/``, ``lib/``): llama-server finds
-    libllama.so and the ggml libraries through ``LD_LIBRARY_PATH`` and its RUNPATH
-    (``$ORIGIN/../lib``), and both then name the copy's ``lib/``. Links inside the tree stay
-    links (relative ones resolve inside the copy; one that leaves the tree makes the copy's
-    tree pin differ, and the cell is refused);
-  * the server binary: its place in the copied tree when it lies inside the build (so
-    ``$ORIGIN`` is the copy's), else a copy of its own.
-
-What is still read by path after the check: libraries the loader finds outside the build
-(toolkit trees, the system's, an absolute RUNPATH of a binary outside the build); the model
-and its shards (mmapped by the host: a model flipped and flipped back during the ladder is
-outside what pins can see, but watched during the cell: ``pin_watch``); and toolkit trees.
-A stage server's help probes run the private copy too, between two checks of its pin.
-"""
+"""The bytes a host executes are the bytes its pins saw: it runs from a private copy."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Which text a row is measured with.
-
-Every later request of a row (serial, native concurrent, old, new) sends the benchmark prompt
-its correctness arm accepted (``accepted_prompt``); the text itself never reaches a receipt,
-only its SHA-256. The correctness tool is handed the row's use-case prompt, when the row has
-one, as preparation copied it from the pinned corpus into the prepared input.
-
-``choose`` is the corpus-derived source of a prompt cut by a host's tokenizer to the row's
-prefix plus one suffix token (``actors/run/load.py``): a use-case row's prompt, else the FIRST
-entry of the packaged corpus. Loading a corpus is bounded and checked against its pin once.
-(``PromptChoice`` and ``accepted_prompt`` are plain data in ``states/plans.py``.)
-"""
+"""Which text a row is measured with."""
 
 from __future__ import annotations
 

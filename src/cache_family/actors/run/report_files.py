@@ -1,11 +1,4 @@
-"""The run's report files: ``production-cache-bench.json`` and ``production-cache-bench.md``.
-
-Both are folded from the durable journal file (as the matrix is), published fresh and
-journaled as receipts (scopes ``production-json`` and ``production-md``), so ``cache-family
-replay`` regenerates them (``actors/audit/production.py``) and compares byte for byte. A
-file that cannot be written (over 16 MiB, a row the report refuses, a full disk) is journaled
-as ``report_failed`` and the matrix names the error.
-"""
+"""The run's report files: ``production-cache-bench.json`` and ``production-cache-bench.md``."""
 
 from __future__ import annotations
 

@@ -1,28 +1,4 @@
-"""``cache-family run --resume RUN_DIR``: continue a run whose runner died or was stopped.
-
-Admission (refusals exit 2, nothing is touched):
-  * the command holds the run directory's lock (``system/run_lock.py``; ``run.locked``
-    naming the holder's pid otherwise), taken before the journal is read;
-  * the journal's trusted lines hold a ``run_started``; an edited or reordered journal, or
-    one whose seals do not hold, is refused; a torn last line (the runner died mid-write) is
-    cut off and journaled;
-  * a journal sealed without a terminal refusal is a finished run and is refused; one sealed
-    after a cancellation, a deadline expiry or a failed interrupt-finish may be resumed;
-  * the runner of the journal (``run_started``, or the latest ``run_resumed``) is dead
-    (``replay.reap.run_alive`` otherwise, as for ``replay --reap``);
-  * the prepared input named in ``run_started`` still has the bytes the run was admitted with.
-
-Then the journaled children still alive are reaped (replay's reap: only processes carrying
-the run's environment tag), and every planned row is
-kept or re-run. A row is kept when its model was missing (nothing to run) or when its last
-``row.json`` publication folds to ``completed``, every receipt it published is on disk with
-the journaled bytes, and the pins of its case's host profiles (server binaries, build tree,
-model and shards, toolkits) still hash to the prepared values. Every other row is re-run:
-its directory is moved to ``superseded/attempt-N/`` (with the interrupted segment's matrix
-and report files), and ``run_resumed`` starts a new segment of the same hash-chained journal
-(see ``states/fold/``), so replay of the resumed run reproduces every receipt, the
-superseded ones included.
-"""
+"""``cache-family run --resume RUN_DIR``: continue a run whose runner died or was stopped."""
 
 from __future__ import annotations
 

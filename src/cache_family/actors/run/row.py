@@ -1,19 +1,4 @@
-"""The row actor: one planned row run through ``ROW_TABLE`` by the one driver, then ``row.json``.
-
-    correctness -> serial -> concurrent -> finalize
-
-* A row whose model is missing is journaled and kept, never launched: no directory, no cells.
-* Every present row runs its correctness arm first (``actors/run/correctness.py``, in
-  ``cell-NNNN/correctness``). Only when it passed do the host arms run, each request with the
-  prompt text it accepted; otherwise the row keeps the evidence, skips its baselines with the
-  reason and is never ``completed``. A row without a usable correctness profile is refused the
-  same way (there is no run without correctness: the prepared input always names the tool).
-* Each host arm (``schemas/arms.py``, in run order) runs as one cell (one host session) in its
-  arm's directory; an arm the plan did not schedule is journaled as skipped or unavailable
-  with its reason. What each arm does is planned in ``states/plans.py``.
-* ``row.json`` is folded from the journal and published even when the row was cancelled or
-  ran out of time (shielded and bounded), so nothing a row observed is ever lost.
-"""
+"""The row actor: one planned row run through ``ROW_TABLE`` by the one driver, then ``row.json``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""``run --rows KEY,…`` / ``--shard I/N`` / ``--dry-run``: a run of some rows of a prepared input.
-
-The admitted run keeps the prepared input's pins, budgets and bytes (``request_sha256``); only
-its rows are narrowed, and the ``rows_selected`` record that binds the choice is journaled
-right after ``run_started`` (``states/selection.py`` says what a row key is and how a shard is
-chosen). Every row still verifies its own pins on the host that runs it, so a host with other
-bytes refuses the row instead of mixing builds in one campaign.
+"""``run --rows KEY,…`` / ``--shard I/N`` / ``--dry-run``: a run of some rows of a
+prepared input.
 """
 
 from __future__ import annotations

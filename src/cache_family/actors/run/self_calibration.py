@@ -1,12 +1,4 @@
-"""The run's own client, timed against the calibration server before the first ladder.
-
-The server (``actors/run/calibration_server.py``) runs in this process on loopback and keeps a known
-pace; the product's load client (``LoadRun`` over ``LoopbackHttp``, exactly as a rung uses
-it) sends streamed ``/completion`` requests one at a time. The server's final event carries
-its own receipt-to-first-content and first-to-final times, so every request has an exact
-truth, and what the client adds on this machine is its latency minus that truth
-(``states/calibration.py``). Both sides stamp on trio's clock, the clock rungs stamp with.
-"""
+"""The run's own client, timed against the calibration server before the first ladder."""
 
 from __future__ import annotations
 

@@ -1,18 +1,4 @@
-"""A Skippy stage server as a cell's host: its dialect, its ``stage.json`` and its command line.
-
-The dialect is read from the binary's own help (reference ``skippy_cli_admission``): ``<bin>
-serve --help`` exiting 0 is the current dialect, else ``<bin> serve-openai --help`` exiting 0
-the legacy one, else the binary is refused. The cell actor reads it once per run for each
-pinned binary, from the row's private copy (``private_exec``) whose pin is re-checked around
-every probe, so the dialect is the pinned bytes' and never those of whatever the operator's
-path names at that moment.
-
-A probe is a child in custody like a host: its own process group, the cell's environment tag,
-journaled before it runs, capped at 5 s, its group ended and every process still carrying the
-tag swept once it ends. What it left running (a ``sleep &`` in the group, a daemon that left
-it, anything SIGKILL did not end) is ended and reported (``CliAdmitted.left_behind``): the
-cell actor then faults every cell that relies on that admission.
-"""
+"""A Skippy stage server as a cell's host: its dialect, its ``stage.json`` and its command line."""
 
 from __future__ import annotations
 

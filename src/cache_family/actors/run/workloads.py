@@ -1,21 +1,4 @@
-"""The work of a workload cell's ``workload`` state: one runner per measurement kind.
-
-* **Prefix overlap**: for each designed hit ratio, one priming request per prefix group, then
-  the measured requests in the seeded order, each naming its group's slot (the host has a
-  slot per group and no host-side prompt cache); prompts are token ids of the host's own
-  vocabulary (``n_vocab``), every group prefix and every request's own part starting with a
-  token no other prompt of the sweep starts with, so prompts share exactly what they were
-  designed to share and a point never reuses an earlier point's prompts.
-* **Sessions**: every (user, turn) in the seeded order, each user on a slot of its own; a turn's
-  prompt is the session so far (the server's own answer tokens included), then its question.
-* **Open loop**: the rates of the workload (explicit, or GuideLLM's sweep) sent on their drawn
-  schedules by the open-loop sender (``actors/run/open_loop.py``) with the row's prompt.
-
-Each runner journals what it sent and what the server reported (``schemas/workload_records``);
-verdicts are the fold's (``states/workload_fold.py``). The body leaves ``cache_prompt`` to the
-server's own setting, so a host started without prompt caching reuses nothing and every
-non-zero point is refused. A runner stops at ``deadline`` and says so (False).
-"""
+"""The work of a workload cell's ``workload`` state: one runner per measurement kind."""
 
 from __future__ import annotations
 

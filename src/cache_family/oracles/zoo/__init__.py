@@ -1,29 +1,4 @@
-"""The tiny real-model zoo: random-weight GGUF models for every catalog family.
-
-``build_zoo(cache_root, seed=..., progress=...)`` writes, for every packaged catalog preset,
-a tiny model of the family's llama.cpp architecture into a Hugging Face hub cache tree at the
-preset's ``snapshot_relative`` path, so the zoo's cache root is a drop-in ``plan.cache_root``.
-Next to the ``models--*`` directories it writes two files:
-
-``catalog.json``
-    the packaged catalog's format, ``synthetic: true``, with the tiny models' true shapes
-    (see ``zoo_catalog``); plan against it to get rows that match the files.
-``zoo-report.json``
-    ``{"schema_version": 1, "synthetic": true, "seed": N, "models": {KEY: {"status":
-    "built" | "unsupported", "reason": str | null, "architecture": str | null,
-    "files": [snapshot-relative path, ...], "sha256": {snapshot-relative path: hex}}}}``.
-    A preset a builder cannot make load is "unsupported" with the builder's reason and no
-    files: its row then observes a missing model, never a stand-in.
-
-The same seed gives byte-identical files, and every GGUF carries ``base.SYNTHETIC_TAG`` in
-``general.tags`` (a split model in its first shard, which holds the model's metadata).
-
-The zoo writes only into an empty or new cache root, or over a zoo it wrote earlier, and then
-replaces only what that zoo's report lists (``hub.Claim``): every conflict is found before
-anything is written and refused as ``zoo.cache_root_not_ours``; a root that is not a directory
-is ``zoo.cache_root_not_a_directory``, one that cannot be listed
-``zoo.cache_root_unreadable``, and a write that fails ``zoo.write_failed``.
-"""
+"""The tiny real-model zoo: random-weight GGUF models for every catalog family."""
 
 from __future__ import annotations
 

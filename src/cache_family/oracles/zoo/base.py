@@ -1,19 +1,4 @@
-"""The contract every zoo builder keeps, and the small helpers they share.
-
-A builder writes one tiny random-weight model (a GGUF file, a split set of shards, or a layer
-package directory) into a staging directory, under the file name(s) the catalog names, and
-says what it wrote. Weights are deterministic for a seed: the same seed gives the same bytes.
-A builder that cannot make its architecture load in the vendored llama.cpp raises
-``ZooUnsupported`` with a human reason instead of writing anything that pretends to be it.
-
-Where files go: the staging directory stands for the snapshot's directory. A single GGUF or
-split shards may be written flat (``staging/NAME.gguf``) or under the sub-directory the
-catalog's ``snapshot_relative`` names (``staging/UD-Q2_K_XL/NAME-00001-of-00003.gguf``); the
-hub writer puts flat files into that sub-directory. For a layer-package preset (its
-``snapshot_relative`` is the snapshot directory itself) every returned file keeps its path
-relative to the staging directory inside the snapshot (``staging/manifest.json`` becomes
-``snapshots/REV/manifest.json``). Every file becomes a blob plus a relative symlink.
-"""
+"""The contract every zoo builder keeps, and the small helpers they share."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""Tiny builders for the dense-attention catalog families.
-
-Each builder writes the tensors and metadata keys that the vendored llama.cpp's
-``src/models/<arch>.cpp`` asks for (names via ``gguf.TENSOR_NAMES``, shapes in ggml ``ne``
-order), with the family's distinguishing traits kept: Llama's tied embeddings, Qwen3's
-per-head Q/K norms, Gemma2's alternating sliding window with soft-capping, Gemma3's
-5-local-to-1-global pattern, OLMo's parameter-free layer norm, GLM4's fused gate/up and
-partial rotary embedding, Gemma4's per-layer head sizes, shared KV layers and per-layer
-embeddings (E4B) or mixture of experts next to a shared MLP (A4B).
-"""
+"""Tiny builders for the dense-attention catalog families."""
 
 from __future__ import annotations
 

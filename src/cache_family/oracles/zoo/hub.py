@@ -1,17 +1,4 @@
-"""Write models into a Hugging Face hub cache tree, the way huggingface_hub lays it out.
-
-``models--ORG--NAME/blobs/<sha256>`` holds the bytes, ``snapshots/<REV>/<path>`` is a
-relative symlink into ``blobs/`` (``../../blobs/<sha256>``, one more ``..`` per
-sub-directory), and ``refs/main`` names the revision. Split shards sit next to each other in
-one snapshot directory, so llama.cpp finds a split model's siblings from the first shard's
-path exactly as it would in a real download.
-
-The zoo never replaces what it did not write. A ``Claim`` lists the paths under a cache root
-that are the zoo's own (what an earlier zoo recorded in its report, and what this build has
-written); ``check_snapshot`` finds every conflict with it before anything is written and
-``publish_snapshot`` checks again just before each replacement. A conflict is a typed
-refusal (``zoo.cache_root_not_ours``), a failed write another (``zoo.write_failed``).
-"""
+"""Write models into a Hugging Face hub cache tree, the way huggingface_hub lays it out."""
 
 from __future__ import annotations
 

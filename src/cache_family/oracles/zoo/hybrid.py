@@ -1,19 +1,4 @@
-"""Tiny hybrid attention + recurrent models: Falcon-H1 and Qwen3-Next.
-
-* ``falcon-h1`` (``src/models/falcon-h1.cpp``): every block runs grouped-query attention and a
-  Mamba-2 mixer side by side on the same normed input, adds both, then a SwiGLU FFN. Its
-  ``ssm_a``, ``ssm_d`` and ``ffn_norm`` tensors carry no ``.weight`` suffix.
-* ``qwen3next`` (``src/models/qwen3next.cpp``): gated delta net (linear attention) blocks with
-  a gated full-attention block every ``full_attention_interval`` (4) layers, a post-attention
-  norm, and a mixture of experts with a sigmoid-gated shared expert in every block.
-
-Both keep a per-sequence recurrent state besides the attention KV cache, so llama-server
-reuses their prompts only at context checkpoints; the catalog records no per-token KV size
-for them (``kv_bytes_per_token`` is None), as it does for the real presets.
-
-The recurrent tensors llama.cpp feeds to its SSM kernels (conv weights and biases, A, D, dt
-bias, group norms) are f32, as converters write them; A is negative (a decay).
-"""
+"""Tiny hybrid attention + recurrent models: Falcon-H1 and Qwen3-Next."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""The tensors zoo builders share: embeddings, attention projections, norms, FFNs, experts.
-
-A builder lists its model's tensors on a ``Tensors`` in the order the file holds them and hands
-the list to ``write_gguf``. Every call draws its random values at once from the model's own
-generator, so the order of the calls fixes both the file order and which draws each tensor
-gets: moving a call changes the bytes a seed gives.
-
-Names are llama.cpp's. A block index ``il`` prefixes ``blk.{il}.``; ``suffix`` (``weight``
-unless said otherwise) follows, and ``suffix=None`` writes a name bare, as some converters do.
-Shapes are in ggml ``ne`` order, as ``src/models/*.cpp`` lists them.
-"""
+"""The tensors zoo builders share: embeddings, attention projections, norms, FFNs, experts."""
 
 from __future__ import annotations
 

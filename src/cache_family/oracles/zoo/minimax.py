@@ -1,16 +1,4 @@
-"""A tiny MiniMax-M2 model written as three real split shards.
-
-llama.cpp's ``minimax-m2`` architecture (``src/models/minimax-m2.cpp``): grouped-query
-attention with whole-width RMS norms on Q and K (``attn_q_norm`` spans every head), partial
-rotary embedding (``rope.dimension_count`` is half the head), and a mixture of experts in every
-layer routed by a sigmoid with a per-expert selection bias (``exp_probs_b``).
-
-The catalog's MiniMax M2.7 is a split GGUF: ``split.no``/``split.count``/
-``split.tensors.count`` in every shard, the model's metadata only in the first, and the shards
-named ``<stem>-0000N-of-00003.gguf`` so that llama.cpp, given the first shard, finds its
-siblings by name in the same directory. ``GGUFWriter`` writes exactly that when given a tensor
-limit per shard.
-"""
+"""A tiny MiniMax-M2 model written as three real split shards."""
 
 from __future__ import annotations
 

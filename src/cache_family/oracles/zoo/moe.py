@@ -1,25 +1,4 @@
-"""Tiny DeepSeek2-architecture models: multi-head latent attention (MLA) plus mixture of experts.
-
-Three catalog families share llama.cpp's ``deepseek2`` architecture (``src/models/deepseek2.cpp``):
-
-* DeepSeek-Coder-V2-Lite: the "lite" layout, a plain ``attn_q`` projection (no query LoRA),
-  softmax routing, two shared experts, YaRN rope scaling.
-* GLM-4.7-Flash: llama.cpp's converter maps ``Glm4MoeLiteForCausalLM`` onto ``deepseek2``
-  (``conversion/glm.py``), with a query LoRA, sigmoid routing plus a per-expert selection bias
-  (``exp_probs_b``), normalised and scaled expert weights.
-* DeepSeek-V3.2 as a *layer package*: a tiny whole model cut by the package builder oracle's
-  ``write-package`` into the public schema-1 layout (``model-package.json``,
-  ``shared/{metadata,embeddings,output}.gguf``, ``layers/layer-NNN.gguf``). It is package-only
-  (no monolithic baseline), so it is never served whole.
-
-The MLA layout is the one current converters write: ``key_length_mla``/``value_length_mla`` set,
-the KV decompression split into ``attn_k_b``/``attn_v_b``, a single KV head whose key is the
-compressed latent plus the rope part. llama.cpp then keeps a K-only cache of
-``kv_lora_rank + qk_rope`` elements per layer and token.
-
-Tiny models have 4-6 layers, so the loader's "lite" guess (27 or 26 layers) never fires and
-``attention.q_lora_rank`` must be written explicitly: 0 for the lite layout.
-"""
+"""Tiny DeepSeek2-architecture models: multi-head latent attention (MLA) plus mixture of experts."""
 
 from __future__ import annotations
 

@@ -1,20 +1,4 @@
-"""A real, small byte-level BPE vocabulary written into every zoo model.
-
-The vocabulary is the GPT-2 scheme llama.cpp implements for ``tokenizer.ggml.model = gpt2``:
-byte tokens spelled with the reversible byte-to-printable-character map, merges that join a
-space with a lowercase letter and every pair of lowercase letters, and the end-of-sequence
-token. English text tokenizes at roughly 0.8 tokens per character, so prompt token counts are
-close to what the benchmark asks for.
-
-Every token a zoo model can generate renders visible text on its own, as a real model's
-tokens mostly do: the byte tokens are printable ASCII and the three whitespace bytes (tab,
-newline, carriage return) only, with no lone byte of a multi-byte character and no control
-token but the end-of-sequence one, which ``ignore_eos`` bans and which otherwise ends the
-answer. llama-server streams a token as soon as the text so far is whole characters, so every
-generated token reaches the client as its own event with text: first-token times can be
-observed, and a chat answer always carries content. Text outside these bytes (the corpus is
-ASCII) is dropped by llama.cpp's tokenizer, byte by byte.
-"""
+"""A real, small byte-level BPE vocabulary written into every zoo model."""
 
 from __future__ import annotations
 

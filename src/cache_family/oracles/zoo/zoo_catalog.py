@@ -1,16 +1,4 @@
-"""The zoo's catalog: the packaged presets, re-shaped to the tiny models actually written.
-
-Every packaged preset keeps its key, family, payload, load mode, paths and policies, so a plan
-made against the zoo exercises the same 14 rows. What changes is what the tiny model really
-is: its layer count and width, the KV bytes one token occupies in it, the architecture that
-was written (with a note where it differs from the reference) and ``synthetic: true`` on the
-catalog and every preset. ``ctx`` stays the benchmark's run context (the reference's, capped
-at what the model declares); the model's own trained context, ``context_length`` in its GGUF,
-is usually larger, and ``architecture_note`` says both so nobody reads ``ctx`` as the model's.
-A preset whose model could not be built keeps its entry with the reason in
-``architecture_note``; its snapshot path stays absent, so a plan against the zoo
-observes a missing model there.
-"""
+"""The zoo's catalog: the packaged presets, re-shaped to the tiny models actually written."""
 
 from __future__ import annotations
 

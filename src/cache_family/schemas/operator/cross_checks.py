@@ -1,10 +1,4 @@
-"""The cross checks (pass 2): rules that relate entries to each other, over the raw document.
-
-Environment names, values and aliases, toolkit names, the plan's uniqueness and size limits,
-the ladder's order, corpus-iff-use-cases and catalog keys. Anything of the wrong type is
-skipped here because pass 1 refuses it. Environment values are never echoed in a refusal: only
-the name is shown.
-"""
+"""The cross checks (pass 2): rules that relate entries to each other, over the raw document."""
 
 from __future__ import annotations
 

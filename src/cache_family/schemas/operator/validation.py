@@ -1,10 +1,4 @@
-"""Validating a document: two passes over the same bytes, so one run names every problem.
-
-Pass 1 is pydantic (structure and each value on its own, no coercion); pass 2 is the cross
-checks, over the raw document. Both report :class:`Refusal` values; pydantic's errors become
-refusals in one place (``_translate``). The document's size, nesting and container lengths are
-bounded first, so every later step is linear in what it is given.
-"""
+"""Validating a document: two passes over the same bytes, so one run names every problem."""
 
 from __future__ import annotations
 
