@@ -228,16 +228,18 @@ class _Gemma4Plan:
 
 
 #: Gemma4's blocks add RMS-normed outputs to the residual, so with unit norm weights random
-#: attention and FFN outputs outweigh the token embedding and the next-token scores are a flat,
-#: near-tied spread (top two within 1e-3 nats): the few-ulp difference between computing a
-#: token's KV in a batch of one (a prefix-cache hit restored at a checkpoint) and in the whole
-#: prompt's batch then flips greedy picks, which no real model does. Quiet blocks (post norms
-#: scaled down) keep the context's influence small next to the current token's embedding.
+#: attention and FFN outputs outweigh the token embedding and the next-token scores are a flat
+#: spread whose top two are often within a few thousandths of a nat. A prefix-cache hit
+#: restores a checkpoint and recomputes the tokens after it in a smaller batch, which moves
+#: the scores by float rounding (about 1e-3 nats): enough to flip such a greedy pick, which no
+#: real model's confident answer does. Quiet blocks (post norms scaled down) keep the
+#: context's influence small next to the current token's embedding.
 GEMMA4_BLOCK_GAIN = 0.01
 
 
 def _quiet_norm(t: Tensors, name: str, n: int, il: int) -> None:
-    t.put(name, (norm_tensor(t.rng, n) * np.float32(GEMMA4_BLOCK_GAIN)).astype(F32), il)
+    weights = np.asarray(norm_tensor(t.rng, n), dtype=F32) * np.float32(GEMMA4_BLOCK_GAIN)
+    t.put(name, weights.astype(F32), il)
 
 
 def _decisive_output_head(t: Tensors) -> None:
