@@ -17,12 +17,14 @@ from cache_family.oracles.zoo.base import (
     add_trunk_hparams,
     attention_kv_bytes_per_token,
     model_rng,
+    ne_tensor,
+    norm_tensor,
     open_f16_writer,
     write_gguf,
     zoo_vocab_size,
 )
 from cache_family.oracles.zoo.layers import Tensors
-from cache_family.oracles.zoo.vocab import add_byte_bpe_vocab
+from cache_family.oracles.zoo.vocab import add_byte_bpe_vocab, eos_token_id
 
 RMS_EPS = 1e-6
 
@@ -216,6 +218,39 @@ class _Gemma4Plan:
     n_ff_expert: int
 
 
+#: Gemma4's blocks add RMS-normed outputs to the residual, so with unit norm weights random
+#: attention and FFN outputs outweigh the token embedding and the next-token scores are a flat
+#: spread whose top two are often within a few thousandths of a nat. A prefix-cache hit
+#: restores a checkpoint and recomputes the tokens after it in a smaller batch, which moves
+#: the scores by float rounding (about 1e-3 nats): enough to flip such a greedy pick, which no
+#: real model's confident answer does. Quiet blocks (post norms scaled down) keep the
+#: context's influence small next to the current token's embedding.
+GEMMA4_BLOCK_GAIN = 0.01
+
+
+def _quiet_norm(t: Tensors, name: str, n: int, il: int) -> None:
+    weights = np.asarray(norm_tensor(t.rng, n), dtype=F32) * np.float32(GEMMA4_BLOCK_GAIN)
+    t.put(name, weights.astype(F32), il)
+
+
+def _decisive_output_head(t: Tensors) -> None:
+    """An untied LM head whose row for token ``next[c]`` is token ``c``'s embedding.
+
+    With quiet blocks the last hidden state is close to the current token's embedding, whose
+    dot product with itself (about ``n_embd * 0.02**2``) beats every other row's by several
+    logits: greedy decoding follows a fixed random successor of each token by a clear margin,
+    as a real model's confident next token does. End-of-sequence is nobody's successor.
+    """
+    embedding = next(values for name, values in t.items if name == "token_embd.weight")
+    n_vocab = embedding.shape[0]
+    eos = eos_token_id()
+    ordinary = np.array([i for i in range(n_vocab) if i != eos])
+    successor = t.rng.permutation(ordinary)
+    head = ne_tensor(t.rng, (t.n_embd, n_vocab))
+    head[successor] = embedding[ordinary]
+    t.put("output", head)
+
+
 def _build_gemma4(staging: Path, seed: int, plan: _Gemma4Plan) -> BuiltModel:
     n_layer = len(plan.swa_pattern)
     path = staging / plan.file_name
@@ -244,6 +279,7 @@ def _build_gemma4(staging: Path, seed: int, plan: _Gemma4Plan) -> BuiltModel:
 
     t, n_embd = m.tensors, shape.n_embd
     t.token_embedding(shape.n_vocab)
+    _decisive_output_head(t)
     if plan.n_embd_per_layer:
         per_layer = plan.n_embd_per_layer
         t.weight("per_layer_token_embd", (per_layer * n_layer, shape.n_vocab))
@@ -265,10 +301,10 @@ def _build_gemma4(staging: Path, seed: int, plan: _Gemma4Plan) -> BuiltModel:
         t.norm("attn_q_norm", head_dim, il)
         if has_kv:
             t.norm("attn_k_norm", head_dim, il)
-        t.norm("post_attention_norm", n_embd, il)
+        _quiet_norm(t, "post_attention_norm", n_embd, il)
         t.norm("ffn_norm", n_embd, il)
         t.ffn(il, shape.n_ff)
-        t.norm("post_ffw_norm", n_embd, il)
+        _quiet_norm(t, "post_ffw_norm", n_embd, il)
         if plan.n_expert:
             t.router(il, plan.n_expert)
             t.norm("ffn_gate_inp", n_embd, il, suffix="scale")
@@ -280,7 +316,7 @@ def _build_gemma4(staging: Path, seed: int, plan: _Gemma4Plan) -> BuiltModel:
         if plan.n_embd_per_layer:
             t.weight("inp_gate", (n_embd, plan.n_embd_per_layer), il)
             t.weight("proj", (plan.n_embd_per_layer, n_embd), il)
-            t.norm("post_norm", n_embd, il)
+            _quiet_norm(t, "post_norm", n_embd, il)
     return m.finish(kv_bytes)
 
 
