@@ -16,17 +16,14 @@ writer, fold and publication, trio's autojump clock), then run cells; after ever
 from __future__ import annotations
 
 import functools
-import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-from unittest import mock
 
 import msgspec
 import pytest
@@ -38,6 +35,7 @@ from fake_hosts.fake_llama_http import Reply
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from run_harness import thread_aware_autojump
 
 from cache_family.actors.journal.rows_file import cell_rows
 from cache_family.actors.journal.writer import JournalWriter
@@ -68,29 +66,6 @@ C = CellState
 WORKING = (C.PIN_VERIFY, C.LAUNCH, C.WARMUP, C.LADDER, C.POST_VERIFY)
 FAULT_EVENTS = {e.value for e in CELL_TABLE.fault_events}
 CELL_SECONDS = 120.0
-
-
-@contextmanager
-def thread_aware_autojump() -> Iterator[trio.testing.MockClock]:
-    """trio's autojump clock, held still while a worker thread (journal, publication) runs,
-    so the clock never jumps to a deadline just because the run loop waits on a thread."""
-    clock = trio.testing.MockClock(autojump_threshold=0)
-    real_run_sync = trio.to_thread.run_sync
-    in_flight = 0
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal in_flight
-        in_flight += 1
-        clock.autojump_threshold = math.inf
-        try:
-            return await real_run_sync(*args, **kwargs)
-        finally:
-            in_flight -= 1
-            if in_flight == 0:
-                clock.autojump_threshold = 0
-
-    with mock.patch.object(trio.to_thread, "run_sync", counted):
-        yield clock
 
 
 def run_cells(

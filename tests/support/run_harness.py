@@ -9,9 +9,11 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import msgspec
 import pytest
@@ -65,8 +67,8 @@ SERIAL = "cell-0000/native-serial"
 CONCURRENT = "cell-0000/native-concurrent"
 
 
-@pytest.fixture
-def autojump_clock(monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
+@contextmanager
+def thread_aware_autojump() -> Iterator[trio.testing.MockClock]:
     """trio's autojump clock, held still while a worker thread runs.
 
     The journal writer and receipt publication use worker threads, which take real time; a
@@ -89,8 +91,15 @@ def autojump_clock(monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
             if in_flight == 0:
                 clock.autojump_threshold = 0
 
-    monkeypatch.setattr(trio.to_thread, "run_sync", counted_run_sync)
-    return clock
+    with mock.patch.object(trio.to_thread, "run_sync", counted_run_sync):
+        yield clock
+
+
+@pytest.fixture
+def autojump_clock() -> Iterator[trio.testing.MockClock]:
+    """The thread-aware autojump clock as the test's trio clock (pytest-trio's fixture name)."""
+    with thread_aware_autojump() as clock:
+        yield clock
 
 
 class _SilentEvents:
