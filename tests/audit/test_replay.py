@@ -43,6 +43,7 @@ from cache_family.schemas.production import PRODUCTION_JSON, PRODUCTION_MD
 from cache_family.schemas.receipts import SYNTHETIC_EVIDENCE_CLASS, encode_receipt
 from cache_family.states.fold import JournalIndex, fold_cell
 from cache_family.states.matrix import SCOPE_PRODUCTION_JSON, SCOPE_PRODUCTION_MD
+from cache_family.states.workload_fold import SCOPE_WORKLOAD
 from cache_family.system.process_group import PROCESS_TAG_NAME
 
 
@@ -550,6 +551,7 @@ def test_receipt_scopes_come_from_replays_one_refold_mapping(
         "matrix",
         SCOPE_PRODUCTION_JSON,
         SCOPE_PRODUCTION_MD,
+        SCOPE_WORKLOAD,
     }
 
 
