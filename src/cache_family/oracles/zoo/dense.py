@@ -17,14 +17,12 @@ from cache_family.oracles.zoo.base import (
     add_trunk_hparams,
     attention_kv_bytes_per_token,
     model_rng,
-    ne_tensor,
-    norm_tensor,
     open_f16_writer,
     write_gguf,
     zoo_vocab_size,
 )
 from cache_family.oracles.zoo.layers import Tensors
-from cache_family.oracles.zoo.vocab import add_byte_bpe_vocab, eos_token_id
+from cache_family.oracles.zoo.vocab import add_byte_bpe_vocab
 
 RMS_EPS = 1e-6
 
@@ -89,14 +87,21 @@ def _attention(m: _Model, il: int, *, qk_norm: bool = False) -> None:
         m.tensors.norm("attn_q_norm", head_dim, il)
 
 
-def _pre_norm_decoder(m: _Model, *, qk_norm: bool = False, post_norms: bool = False) -> None:
-    """Tied embeddings and Llama-style blocks: RMS norm before attention and before the FFN.
+def _pre_norm_decoder(
+    m: _Model, *, qk_norm: bool = False, post_norms: bool = False, tied_head: bool = False
+) -> None:
+    """Llama-style blocks: RMS norm before attention and before the FFN; quiet blocks and a
+    successor head (``Tensors.quiet``, ``Tensors.successor_head``).
 
     ``qk_norm``: RMS norms on every query and key head. ``post_norms``: Gemma's extra norms
-    after attention and after the FFN.
+    after attention and after the FFN (the ones made quiet). ``tied_head``: the family's
+    loader always reads the output head from the input embedding (Gemma2), so greedy decoding
+    repeats the current token, still by a clear margin.
     """
     t, e = m.tensors, m.shape.n_embd
     t.token_embedding(m.shape.n_vocab)
+    if not tied_head:
+        t.successor_head()
     t.norm("output_norm", e)
     for il in range(m.shape.n_layer):
         t.norm("attn_norm", e, il)
@@ -107,10 +112,15 @@ def _pre_norm_decoder(m: _Model, *, qk_norm: bool = False, post_norms: bool = Fa
         t.ffn(il, m.shape.n_ff)
         if post_norms:
             t.norm("post_ffw_norm", e, il)
+    if post_norms:
+        t.quiet("post_attention_norm", "post_ffw_norm")
+    else:
+        t.quiet("attn_output", "ffn_down")
 
 
 def build_llama(staging: Path, seed: int) -> BuiltModel:
-    """Llama 3.2: GQA, RMS norm, SwiGLU, tied input/output embeddings."""
+    """Llama 3.2: GQA, RMS norm, SwiGLU (the real model ties its output head to the input
+    embedding; llama.cpp also reads an untied one, which the zoo writes)."""
     path = staging / "llama-3.2-1b-instruct-q4_k_m.gguf"
     m = _Model.start(path, "llama", "llama", seed, _shape())
     m.writer.add_layer_norm_rms_eps(1e-5)
@@ -142,7 +152,7 @@ def build_gemma2(staging: Path, seed: int) -> BuiltModel:
     m.writer.add_sliding_window(4096)
     m.writer.add_attn_logit_softcapping(50.0)
     m.writer.add_final_logit_softcapping(30.0)
-    _pre_norm_decoder(m, post_norms=True)
+    _pre_norm_decoder(m, post_norms=True, tied_head=True)
     return m.finish()
 
 
@@ -168,12 +178,13 @@ def build_olmo(staging: Path, seed: int) -> BuiltModel:
     path = staging / "olmo-7b-instruct-hf-f16.gguf"
     m = _Model.start(path, "olmo", "olmo", seed, _shape(n_head_kv=DEFAULT_SHAPE_ARGS["n_head"]))
     m.writer.add_layer_norm_eps(1e-5)
-    t, e = m.tensors, m.shape.n_embd
+    t = m.tensors
     t.token_embedding(m.shape.n_vocab)
-    t.weight("output", (e, m.shape.n_vocab))
+    t.successor_head()
     for il in range(m.shape.n_layer):
         _attention(m, il)
         t.ffn(il, m.shape.n_ff)
+    t.quiet("attn_output", "ffn_down")
     return m.finish()
 
 
@@ -186,7 +197,7 @@ def build_glm4(staging: Path, seed: int) -> BuiltModel:
     m.writer.add_rope_freq_base(10000.0)
     t, shape, e = m.tensors, m.shape, m.shape.n_embd
     t.token_embedding(shape.n_vocab)
-    t.output_head(shape.n_vocab)
+    t.output_head()
     for il in range(shape.n_layer):
         t.norm("attn_norm", e, il)
         _attention(m, il)
@@ -198,6 +209,7 @@ def build_glm4(staging: Path, seed: int) -> BuiltModel:
         t.weight("ffn_up", (e, 2 * shape.n_ff), il)
         t.weight("ffn_down", (shape.n_ff, e), il)
         t.norm("post_ffw_norm", e, il)
+    t.quiet("post_attention_norm", "post_ffw_norm")
     return m.finish()
 
 
@@ -216,39 +228,6 @@ class _Gemma4Plan:
     n_expert: int
     n_expert_used: int
     n_ff_expert: int
-
-
-#: Gemma4's blocks add RMS-normed outputs to the residual, so with unit norm weights random
-#: attention and FFN outputs outweigh the token embedding and the next-token scores are a flat
-#: spread whose top two are often within a few thousandths of a nat. A prefix-cache hit
-#: restores a checkpoint and recomputes the tokens after it in a smaller batch, which moves
-#: the scores by float rounding (about 1e-3 nats): enough to flip such a greedy pick, which no
-#: real model's confident answer does. Quiet blocks (post norms scaled down) keep the
-#: context's influence small next to the current token's embedding.
-GEMMA4_BLOCK_GAIN = 0.01
-
-
-def _quiet_norm(t: Tensors, name: str, n: int, il: int) -> None:
-    weights = np.asarray(norm_tensor(t.rng, n), dtype=F32) * np.float32(GEMMA4_BLOCK_GAIN)
-    t.put(name, weights.astype(F32), il)
-
-
-def _decisive_output_head(t: Tensors) -> None:
-    """An untied LM head whose row for token ``next[c]`` is token ``c``'s embedding.
-
-    With quiet blocks the last hidden state is close to the current token's embedding, whose
-    dot product with itself (about ``n_embd * 0.02**2``) beats every other row's by several
-    logits: greedy decoding follows a fixed random successor of each token by a clear margin,
-    as a real model's confident next token does. End-of-sequence is nobody's successor.
-    """
-    embedding = next(values for name, values in t.items if name == "token_embd.weight")
-    n_vocab = embedding.shape[0]
-    eos = eos_token_id()
-    ordinary = np.array([i for i in range(n_vocab) if i != eos])
-    successor = t.rng.permutation(ordinary)
-    head = ne_tensor(t.rng, (t.n_embd, n_vocab))
-    head[successor] = embedding[ordinary]
-    t.put("output", head)
 
 
 def _build_gemma4(staging: Path, seed: int, plan: _Gemma4Plan) -> BuiltModel:
@@ -279,7 +258,7 @@ def _build_gemma4(staging: Path, seed: int, plan: _Gemma4Plan) -> BuiltModel:
 
     t, n_embd = m.tensors, shape.n_embd
     t.token_embedding(shape.n_vocab)
-    _decisive_output_head(t)
+    t.successor_head()
     if plan.n_embd_per_layer:
         per_layer = plan.n_embd_per_layer
         t.weight("per_layer_token_embd", (per_layer * n_layer, shape.n_vocab))
@@ -301,10 +280,10 @@ def _build_gemma4(staging: Path, seed: int, plan: _Gemma4Plan) -> BuiltModel:
         t.norm("attn_q_norm", head_dim, il)
         if has_kv:
             t.norm("attn_k_norm", head_dim, il)
-        _quiet_norm(t, "post_attention_norm", n_embd, il)
+        t.norm("post_attention_norm", n_embd, il)
         t.norm("ffn_norm", n_embd, il)
         t.ffn(il, shape.n_ff)
-        _quiet_norm(t, "post_ffw_norm", n_embd, il)
+        t.norm("post_ffw_norm", n_embd, il)
         if plan.n_expert:
             t.router(il, plan.n_expert)
             t.norm("ffn_gate_inp", n_embd, il, suffix="scale")
@@ -316,7 +295,8 @@ def _build_gemma4(staging: Path, seed: int, plan: _Gemma4Plan) -> BuiltModel:
         if plan.n_embd_per_layer:
             t.weight("inp_gate", (n_embd, plan.n_embd_per_layer), il)
             t.weight("proj", (plan.n_embd_per_layer, n_embd), il)
-            _quiet_norm(t, "post_norm", n_embd, il)
+            t.norm("post_norm", n_embd, il)
+    t.quiet("post_attention_norm", "post_ffw_norm", "post_norm")
     return m.finish(kv_bytes)
 
 

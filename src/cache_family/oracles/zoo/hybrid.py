@@ -85,7 +85,7 @@ def build_falcon_h1(staging_dir: Path, seed: int) -> BuiltModel:
     e, heads = spec.n_embd, spec.ssm_heads
     t = Tensors(model_rng(seed, FALCON_H1_FILE), e)
     t.token_embedding(shape.n_vocab)
-    t.output_head(shape.n_vocab)
+    t.output_head()
     for il in range(spec.n_layer):
         t.weight("ssm_in", (e, spec.ssm_projection), il)
         _ssm_conv(t, il, spec.ssm_conv, spec.ssm_conv_dim)
@@ -102,6 +102,7 @@ def build_falcon_h1(staging_dir: Path, seed: int) -> BuiltModel:
         t.norm("attn_norm", e, il)
         t.norm("ffn_norm", e, il, suffix=None)
         t.ffn(il, spec.n_ff, GATE_DOWN_UP)
+    t.quiet("ssm_out", "attn_output", "ffn_down")
     write_gguf(writer, t)
     return BuiltModel((path,), "falcon-h1", shape, None)
 
@@ -163,7 +164,7 @@ def build_qwen3next(staging_dir: Path, seed: int) -> BuiltModel:
     conv_dim = 2 * spec.key_dim + spec.value_dim
     t = Tensors(model_rng(seed, QWEN3NEXT_FILE), e)
     t.token_embedding(shape.n_vocab)
-    t.output_head(shape.n_vocab)
+    t.output_head()
     for il in range(spec.n_layer):
         t.norm("attn_norm", e, il)
         t.norm("post_attention_norm", e, il)
@@ -186,5 +187,6 @@ def build_qwen3next(staging_dir: Path, seed: int) -> BuiltModel:
         # The shared expert's sigmoid gate: one f32 weight per input feature.
         t.weight("ffn_gate_inp_shexp", (e,), il, dtype=F32)
         t.shared_expert(il, spec.n_ff_shexp, GATE_UP_DOWN)
+    t.quiet("ssm_out", "attn_output", "ffn_down_exps", "ffn_down_shexp")
     write_gguf(writer, t)
     return BuiltModel((path,), "qwen3next", shape, None)

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cache_family.oracles.zoo.base import F16, F32, ne_tensor, norm_tensor
+from cache_family.oracles.zoo.vocab import eos_token_id
 
 FfnPart = Literal["gate", "up", "down"]
 FfnOrder = tuple[FfnPart, FfnPart, FfnPart]
@@ -19,6 +20,15 @@ FfnOrder = tuple[FfnPart, FfnPart, FfnPart]
 GATE_UP_DOWN: FfnOrder = ("gate", "up", "down")
 GATE_DOWN_UP: FfnOrder = ("gate", "down", "up")
 DOWN_GATE_UP: FfnOrder = ("down", "gate", "up")
+
+#: How loudly a zoo block writes into the residual stream. With unit-scale random weights the
+#: blocks' outputs outweigh the token embedding and the next-token scores are a flat spread
+#: whose top two are often a few thousandths of a nat apart. A prefix-cache hit recomputes the
+#: tokens after the reused prefix in a smaller batch, which moves the scores by float rounding
+#: (about 1e-3 nats): enough to flip such a greedy pick, which no real model's confident
+#: answer does (the demo's parity failed so). Quiet blocks keep the context's influence small
+#: next to the current token's embedding, and the successor head turns that into a clear win.
+BLOCK_GAIN = 0.01
 
 
 @dataclass
@@ -69,10 +79,38 @@ class Tensors:
     def token_embedding(self, n_vocab: int) -> None:
         self.weight("token_embd", (self.n_embd, n_vocab))
 
-    def output_head(self, n_vocab: int) -> None:
-        """The final norm and an untied output projection."""
+    def output_head(self) -> None:
+        """The final norm and an untied successor head (``successor_head``)."""
         self.norm("output_norm", self.n_embd)
-        self.weight("output", (self.n_embd, n_vocab))
+        self.successor_head()
+
+    def successor_head(self) -> None:
+        """An untied LM head whose row for token ``next[c]`` is token ``c``'s embedding.
+
+        With quiet blocks (``quiet``) the last hidden state is close to the current token's
+        embedding, whose dot product with itself beats every other row's by several logits:
+        greedy decoding follows a fixed random successor of each token by a clear margin, as a
+        real model's confident next token does. End-of-sequence is nobody's successor.
+        """
+        embedding = next(values for name, values in self.items if name == "token_embd.weight")
+        n_vocab = embedding.shape[0]
+        eos = eos_token_id()
+        ordinary = np.array([i for i in range(n_vocab) if i != eos])
+        successor = self.rng.permutation(ordinary)
+        head = ne_tensor(self.rng, (self.n_embd, n_vocab))
+        head[successor] = embedding[ordinary]
+        self.put("output", head)
+
+    def quiet(self, *names: str) -> None:
+        """Scale every layer's ``names`` tensors by ``BLOCK_GAIN``: the tensors through which a
+        block writes into the residual stream (its output projections, or the post norms of a
+        family that norms those outputs, since a norm after a projection undoes its scale).
+        """
+        targets = {f".{name}.weight" for name in names}
+        for index, (name, values) in enumerate(self.items):
+            if name.startswith("blk.") and name[name.index(".", 4) :] in targets:
+                scaled = values.astype(F32) * np.float32(BLOCK_GAIN)
+                self.items[index] = (name, scaled.astype(values.dtype))
 
     def attention(
         self, il: int, n_q: int, n_kv: int, *, gated_query: bool = False, has_kv: bool = True

@@ -59,7 +59,8 @@ def _tensors(spec: MiniMaxSpec, t: Tensors, n_vocab: int) -> None:
         t.router(il, spec.n_expert)
         t.experts(il, spec.n_ff_exp, spec.n_expert, GATE_DOWN_UP)
         t.bias("exp_probs_b", spec.n_expert, il)
-    t.output_head(n_vocab)
+    t.output_head()
+    t.quiet("attn_output", "ffn_down_exps")
 
 
 def build_minimax_m27(staging_dir: Path, seed: int) -> BuiltModel:

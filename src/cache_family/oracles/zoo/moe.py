@@ -206,7 +206,8 @@ def _build_monolithic(staging_dir: Path, seed: int, spec: MlaMoeSpec, file_name:
     t.token_embedding(shape.n_vocab)
     for il in range(spec.n_layer):
         add_layer_tensors(t, spec, il)
-    t.output_head(shape.n_vocab)
+    t.output_head()
+    t.quiet("attn_output", "ffn_down", "ffn_down_exps", "ffn_down_shexp")
     write_gguf(deepseek2_writer(path, spec), t)
     return BuiltModel((path,), ARCH, shape, spec.kv_bytes_per_token)
 
