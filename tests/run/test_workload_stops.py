@@ -13,9 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
-from fake_hosts.fake_custody import FakeHostScript
+from fake_hosts.fake_custody import FakeHostScript, fake_child_runner, fake_opener, hasher
 from fake_hosts.fake_llama_http import Reply
 from run_harness import (  # noqa: F401
     autojump_clock,
@@ -24,9 +25,13 @@ from run_harness import (  # noqa: F401
     records,
     row,
     run,
+    thread_aware_autojump,
 )
 
 from cache_family.actors.audit.replay import replay
+from cache_family.actors.run import resume
+from cache_family.actors.run.context import HostSettings
+from cache_family.actors.run.matrix import supervise
 from cache_family.schemas.journal import Cancellation, Fault, JournalSealed
 from cache_family.schemas.prepared import encode_document, load_prepared_input
 from cache_family.schemas.workload import WorkloadsPin, validate_workload_object
@@ -250,3 +255,81 @@ async def test_every_users_turns_reuse_their_own_session(
         t.achieved_reused_tokens == t.expected_reused_tokens for t in receipt.sessions.by_turn
     )
     assert not records(out, WorkloadStopped)
+
+
+# --- resume ----------------------------------------------------------------------------------
+
+
+def fake_hosts(script: FakeHostScript) -> HostSettings:
+    return HostSettings(
+        host_opener=fake_opener(script),
+        pin_hasher=hasher(),
+        row_pins=None,
+        child_runner=fake_child_runner(),
+    )
+
+
+@pytest.mark.parametrize("where", ["in-workload", "before-workload"])
+def test_resume_of_a_run_stopped_in_or_before_its_workloads_measures_them_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The run is stopped mid overlap point (or in the concurrent cell's ladder, before any
+    workload), then resumed: the row runs again afresh, every workload completes with each
+    point's plan sent once (the interrupted attempt's requests are not counted), the stopped
+    attempt's receipts move to ``superseded/`` and replay finds every receipt identical."""
+    prepared = prepared_with(tmp_path / "p", prefix_overlap=OVERLAP, multi_turn=SESSIONS)
+    out = tmp_path / "out"
+
+    async def stopped_run() -> None:
+        arrived = trio.Event()
+        script = FakeHostScript()
+        if where == "in-workload":
+            script.reply = hang_at(PER_POINT + 3, arrived)
+        else:
+
+            def hang_in_the_ladder(_index: int, body: dict[str, Any]) -> Reply:
+                if script.launched[-1] == "sweep-native-concurrent" and body.get("stream"):
+                    arrived.set()
+                    return Reply(behaviour="hang")
+                return Reply(first_token_delay=0.01)
+
+            script.reply = hang_in_the_ladder
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(signal_when, arrived)
+            outcome = await run(prepared, out, script)
+        assert outcome.interrupted
+
+    with thread_aware_autojump() as clock:
+        trio.run(stopped_run, clock=clock)
+    stopped_points = len(records(out, OverlapPointMeasured))
+    assert stopped_points == (2 if where == "in-workload" else 0)
+    # In-process, the runner that wrote the journal is this very process, alive.
+    monkeypatch.setattr(resume, "refuse_while_runner_lives", lambda _lines: None)
+    admitted, resumption, _notes = resume.plan_resumption(str(out))
+    assert resumption.record.rerun_rows == (0,)
+    script = FakeHostScript()
+    with thread_aware_autojump() as clock:
+        outcome = trio.run(supervise, admitted, fake_hosts(script), None, resumption, clock=clock)
+    assert outcome.status == "completed" and not outcome.interrupted
+    overlap = workload(out, "native-overlap")
+    assert overlap.status == "accepted"
+    assert [p.hit_ratio_pct for p in overlap.overlap] == OVERLAP["hit_ratios_pct"]
+    assert all(p.accepted and p.measured_requests == OVERLAP["requests"] for p in overlap.overlap)
+    sessions = workload(out, "native-sessions")
+    assert sessions.status == "accepted" and sessions.sessions is not None
+    assert sum(t.requests for t in sessions.sessions.by_turn) == 2 * 3
+    # The new attempt journaled every point once more, after the stopped attempt's.
+    assert len(records(out, OverlapPointMeasured)) == stopped_points + 3
+    assert row(out).status == "completed"
+    superseded = out / resumption.record.superseded_dir
+    if where == "in-workload":
+        old = superseded / "cell-0000" / "workload-native-overlap" / "workload.json"
+        assert decode_workload_receipt(old.read_bytes()).status == "incomplete"
+    report = replay(str(out))
+    assert report.exit_code == 0, report.lines
+    assert "cell-0000/workload-native-overlap/workload.json" in report.identical
+    if where == "in-workload":
+        assert (
+            f"{resumption.record.superseded_dir}/cell-0000/workload-native-overlap/workload.json"
+            in report.identical
+        )
