@@ -27,19 +27,18 @@ from run_harness import (  # noqa: F401
     run,
     thread_aware_autojump,
 )
+from workload_harness import prepared_with, workload
 
 from cache_family.actors.audit.replay import replay
 from cache_family.actors.run import resume
 from cache_family.actors.run.context import HostSettings
 from cache_family.actors.run.matrix import supervise
 from cache_family.schemas.journal import Cancellation, Fault, JournalSealed
-from cache_family.schemas.prepared import encode_document, load_prepared_input
-from cache_family.schemas.workload import WorkloadsPin, validate_workload_object
+from cache_family.schemas.workload import validate_workload_object
 from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
     OverlapPointMeasured,
     SessionsMeasured,
-    WorkloadReceipt,
     WorkloadStopped,
     decode_workload_receipt,
 )
@@ -64,22 +63,6 @@ SESSIONS = {
 OPEN_LOOP = {"pattern": "constant", "rates_per_s": [5, 10], "requests": 6, "output_tokens": 2}
 # One priming request per group, then the measured ones: what one overlap point sends.
 PER_POINT = OVERLAP["groups"] + OVERLAP["requests"]  # type: ignore[operator]
-
-
-def prepared_with(root: Path, **workloads: object) -> Path:
-    """The FAKE run's prepared input, pinning a workload file that chooses ``workloads``."""
-    path = make_prepared(root)
-    prepared = load_prepared_input(str(path))
-    chosen = validate_workload_object({"schema_version": 1, **workloads})
-    pin = WorkloadsPin(path=str(root / "workloads.json"), sha256="a" * 64, workloads=chosen)
-    path.write_bytes(encode_document(prepared.model_copy(update={"workloads": pin})))
-    return path
-
-
-def workload(out: Path, arm: str) -> WorkloadReceipt:
-    return decode_workload_receipt(
-        (out / "cell-0000" / f"workload-{arm}" / "workload.json").read_bytes()
-    )
 
 
 def hang_at(
