@@ -33,7 +33,7 @@ from cache_family.actors.audit.replay import replay
 from cache_family.actors.run import resume
 from cache_family.actors.run.context import HostSettings
 from cache_family.actors.run.matrix import supervise
-from cache_family.schemas.journal import Cancellation, Fault, JournalSealed
+from cache_family.schemas.journal import Cancellation, DeadlineExpired, Fault, JournalSealed
 from cache_family.schemas.workload import validate_workload_object
 from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
@@ -208,6 +208,43 @@ async def test_a_host_gone_mid_point_is_a_fault_of_the_cell_with_the_point_kept(
     assert [f.kind for f in faults] == ["child_exited"]
     assert workload(out, "native-overlap").status == "incomplete"
     assert cell(out, "workload-native-overlap").status == "incomplete"
+    assert replay(str(out)).exit_code == 0
+
+
+async def test_the_cells_work_deadline_mid_point_keeps_the_points_so_far(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,  # noqa: F811
+) -> None:
+    """Each workload request takes 4 s and the cell has 60: the third point is cut by the
+    cell's work deadline, journaled as far as it went and named, as a ladder cut there."""
+
+    def slow_workload(_index: int, body: dict[str, Any]) -> Reply:
+        slow = isinstance(body.get("prompt"), list)
+        return Reply(first_token_delay=4.0 if slow else 0.01, token_delay=0.0)
+
+    script = FakeHostScript(reply=slow_workload)
+    out = tmp_path / "out"
+    prepared = prepared_with(
+        tmp_path / "p",
+        top={"cell_seconds": 60, "request_timeout_ms": 600_000},
+        prefix_overlap=OVERLAP,
+    )
+    outcome = await run(prepared, out, script)
+    assert not outcome.interrupted
+    points = records(out, OverlapPointMeasured)
+    assert [len(p.requests) for p in points[:2]] == [PER_POINT, PER_POINT]
+    [stopped] = records(out, WorkloadStopped)
+    assert (stopped.reason, stopped.point_index) == ("deadline", 2)
+    assert stopped.sent == len(points[2].requests) < PER_POINT
+    expired = [r for r in records(out, DeadlineExpired) if r.cell_id == stopped.cell_id]
+    assert len(expired) == 1
+    receipt = workload(out, "native-overlap")
+    assert receipt.status == "incomplete"
+    assert [p.refusal for p in receipt.overlap][2] == "workload.stopped"
+    overlap_cell = cell(out, "workload-native-overlap")
+    assert overlap_cell.status == "incomplete"
+    assert overlap_cell.terminal_refusal == "deadline_expired"
+    assert script.cleaned == script.launched
     assert replay(str(out)).exit_code == 0
 
 

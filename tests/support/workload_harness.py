@@ -16,11 +16,12 @@ def prepared_with(
     *,
     keys: tuple[str, ...] = ("qwen3_dense",),
     plan: dict[str, object] | None = None,
+    top: dict[str, object] | None = None,
     **workloads: object,
 ) -> Path:
     """The FAKE run's prepared input (``run_harness.make_prepared``), pinning a workload file
     that chooses ``workloads`` (the run never reads the file again: only the pin)."""
-    path = make_prepared(root, keys=keys, **(plan or {}))
+    path = make_prepared(root, keys=keys, top=top, **(plan or {}))
     prepared = load_prepared_input(str(path))
     chosen = validate_workload_object({"schema_version": 1, **workloads})
     pin = WorkloadsPin(path=str(root / "workloads.json"), sha256="a" * 64, workloads=chosen)
