@@ -320,8 +320,8 @@ async def run_open_loop(host: WorkloadHost) -> bool:
         seed: int | None = None
         if stage.kind == "rate":
             seed, rate_index = spec.seed + rate_index, rate_index + 1
-        journaled.append(stage)
         await host.journal(_stage_record(host, stage, seed))
+        journaled.append(stage)
 
     try:
         stages = await run_rates(spec, exchange, deadline=host.deadline, on_stage=journal_stage)
