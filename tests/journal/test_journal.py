@@ -694,6 +694,7 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
         "stop_detail",
         "skipped_because",
     ),
+    "workload_stopped": ("cell_id", "kind", "reason", "point_index", "sent", "detail"),
 }
 
 

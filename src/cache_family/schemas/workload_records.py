@@ -108,6 +108,25 @@ class OpenLoopStageMeasured(_WorkloadRecord, tag="open_loop_stage", frozen=True,
     skipped_because: str | None = None
 
 
+class WorkloadStopped(_WorkloadRecord, tag="workload_stopped", frozen=True, kw_only=True):
+    """A workload that ended before its plan did, journaled after the records of what it
+    measured (the stopped point's own record first, with the requests it did send, when it
+    had sent any): the fold lowers the receipt to ``incomplete`` and names the point."""
+
+    cell_id: str
+    kind: str
+    # cancelled: the cell was stopped (a signal or its hard deadline: the cell's own
+    # cancellation or deadline record says which); deadline: the cell's work deadline came
+    # first; host-exited: the host was gone when a request failed; fault: anything else.
+    reason: str
+    # The stopped point, in the order the workload journals its points: overlap, the index
+    # of its hit ratio; open loop, the index of its stage; sessions (one record), None.
+    point_index: int | None = None
+    # The requests of the stopped point that were sent (and journaled) before it stopped.
+    sent: int = 0
+    detail: str = ""
+
+
 # --- the receipt ---------------------------------------------------------------------------------
 
 
@@ -153,7 +172,9 @@ class WorkloadReceipt(msgspec.Struct, frozen=True, kw_only=True):
     arm: str | None
     kind: str | None
     # accepted: every point within its band (or nothing to judge); refused: a point missed
-    # it (each point names its code and both figures); unmeasured: nothing was measured.
+    # it (each point names its code and both figures); incomplete: the workload stopped
+    # before its plan (a cancellation, the deadline, the host gone: ``workload_stopped``);
+    # unmeasured: nothing was measured.
     status: str
     synthetic: bool
     architecture: str | None = None
@@ -185,4 +206,5 @@ WORKLOAD_RECORDS: Final = (
     OverlapPointMeasured,
     SessionsMeasured,
     OpenLoopStageMeasured,
+    WorkloadStopped,
 )

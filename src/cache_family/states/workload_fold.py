@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Final
 
+import msgspec
+
 from cache_family.schemas.journal import CellOpened, JournalLine, ReceiptPublished, RunStarted
 from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
@@ -16,6 +18,7 @@ from cache_family.schemas.workload_records import (
     WorkloadOpened,
     WorkloadReceipt,
     WorkloadRequest,
+    WorkloadStopped,
     encode_workload_receipt,
 )
 from cache_family.states.fold import JournalIndex, lines_through
@@ -29,6 +32,8 @@ from cache_family.states.workloads import (
 )
 
 SCOPE_WORKLOAD: Final = "workload"
+#: The refusal of an overlap point the workload stopped in (``states/workloads.py``).
+STOPPED: Final = "workload.stopped"
 
 
 def _p50(values: Sequence[float]) -> float | None:
@@ -125,6 +130,7 @@ def fold_workload(
     points: list[OverlapPointReceipt] = []
     sessions: SessionsReceipt | None = None
     stages: list[OpenLoopStageMeasured] = []
+    stopped: WorkloadStopped | None = None
     last = 0
     for line in lines_through(lines, through_seq):
         last = max(last, line.seq)
@@ -143,6 +149,13 @@ def fold_workload(
             sessions = sessions_receipt(record)
         elif isinstance(record, OpenLoopStageMeasured):
             stages.append(record)
+        elif isinstance(record, WorkloadStopped):
+            stopped = record
+    if stopped is not None and stopped.point_index is not None and points:
+        # The stopped point sent only part of its plan: it is named, not judged.
+        at = stopped.point_index
+        if 0 <= at < len(points):
+            points[at] = msgspec.structs.replace(points[at], accepted=False, refusal=STOPPED)
     saturated = next(
         (s.target_rate_per_s for s in stages if s.stop_reason and s.skipped_because is None),
         None,
@@ -153,6 +166,8 @@ def fold_workload(
         if sessions is not None and sessions.failed_requests:
             refused = True
         status = "refused" if refused else "accepted"
+    if stopped is not None:
+        status = "incomplete"
     synthetic = bool((cell is not None and cell.synthetic) or (run and run.catalog_synthetic))
     return WorkloadReceipt(
         cell_id=cell_id,

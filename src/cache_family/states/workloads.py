@@ -69,6 +69,12 @@ WORKLOAD_VERDICT_CODES: Final = _codes(
         "use fewer groups or requests per sweep",
     ),
     RefusalCode(
+        "workload.stopped",
+        "the workload stopped before this point's plan was sent (cancelled, out of time or "
+        "the host gone): what it sent is kept, the point is not judged",
+        "resume the run (`cache-family run --resume RUN_DIR`): its row runs again afresh",
+    ),
+    RefusalCode(
         "workload.arrivals.in_flight_growing",
         "over-saturated: requests in flight kept growing over the window",
         "the server cannot sustain this rate; lower rates are the sustained ones",

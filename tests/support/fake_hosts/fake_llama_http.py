@@ -70,6 +70,9 @@ class FakeLlamaHttp:
     headers: list[dict[str, str]] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    # Token-id prompts (the workloads'): what each slot holds, as llama-server keeps it.
+    slots: dict[int, list[int]] = field(default_factory=dict)
+    n_vocab: int = 4096
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -97,6 +100,9 @@ class FakeLlamaHttp:
             elif (method, path) == ("POST", "/detokenize"):
                 tokens = json.loads(body)["tokens"]
                 await _send_json(stream, 200, {"content": "".join(chr(t) for t in tokens)})
+            elif (method, path) == ("GET", "/v1/models"):
+                meta = {"n_vocab": self.n_vocab}
+                await _send_json(stream, 200, {"data": [{"id": "fake", "meta": meta}]})
             elif (method, path) == ("GET", "/health"):
                 await _send_json(stream, 200, {"status": "ok"})
             else:
@@ -128,12 +134,35 @@ class FakeLlamaHttp:
             else:
                 await trio.sleep(reply.first_token_delay)
                 final = _final(reply, n_predict, content="t" * n_predict)
+                if isinstance(body.get("prompt"), list):
+                    self._slot_reuse(final, body, n_predict)
                 if reply.behaviour == "not_json_object":
                     await _send_raw(stream, 200, b"[1, 2]")
                 else:
                     await _send_raw(stream, 200, _encode_final(final, reply))
         finally:
             self.in_flight -= 1
+
+    def _slot_reuse(self, final: dict[str, Any], body: dict[str, Any], n_predict: int) -> None:
+        """A token-id prompt as llama-server's slots serve it: the named slot (``id_slot``),
+        else the slot sharing the longest prefix with the prompt (else the first free one),
+        reuses the common prefix it holds (never the whole prompt); the slot then holds the
+        prompt and the answer less its last token (sampled, never evaluated)."""
+        prompt = [int(t) for t in body["prompt"]]
+        slot = int(body.get("id_slot", -1))
+        if slot < 0:
+            shared = {s: _common(held, prompt) for s, held in self.slots.items()}
+            best = max(shared, key=lambda s: (shared[s], -s), default=None)
+            slot = best if best is not None and shared[best] else len(self.slots)
+        cached = min(_common(self.slots.get(slot, []), prompt), len(prompt) - 1)
+        answer = [(sum(prompt) + i) % self.n_vocab for i in range(n_predict)]
+        self.slots[slot] = prompt + answer[:-1]
+        final["id_slot"] = slot
+        final["tokens_evaluated"] = len(prompt)
+        final["timings"]["cache_n"] = cached
+        final["timings"]["prompt_n"] = len(prompt) - cached
+        if body.get("return_tokens"):
+            final["tokens"] = answer
 
     async def _stream(self, stream: trio.SocketStream, reply: Reply, n_predict: int) -> None:
         await stream.send_all(
@@ -201,6 +230,16 @@ class FakeLlamaHttp:
         usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": tokens}
         finish = chunk({"content": text} if text else {}, "length", usage=usage)
         await stream.send_all(finish + b"data: [DONE]\n\n")
+
+
+def _common(held: list[int], prompt: list[int]) -> int:
+    """How many leading tokens two token lists share."""
+    count = 0
+    for a, b in zip(held, prompt, strict=False):
+        if a != b:
+            break
+        count += 1
+    return count
 
 
 def _final(reply: Reply, n_predict: int, content: str = "") -> dict[str, Any]:

@@ -19,6 +19,12 @@ from cache_family.actors.campaign.placement import brief_key, load_placement
 from cache_family.actors.journal.writer import JOURNAL_READ_LIMIT
 from cache_family.errors import Refusal, Refused
 from cache_family.report.producer import render_producer_report
+from cache_family.report.workloads import (
+    WORKLOAD_ARM_NAMES,
+    WorkloadView,
+    read_workloads,
+    workload_sections,
+)
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.campaign import (
     CAMPAIGN_JOURNAL,
@@ -56,7 +62,7 @@ from cache_family.schemas.production import (
     ProducerRow,
     encode_production,
 )
-from cache_family.schemas.receipts import ReceiptStatus
+from cache_family.schemas.receipts import ReceiptStatus, decode_row_receipt
 from cache_family.states.projection import project_row
 from cache_family.states.receipts import MEASURED_CHAIN, meet_all, terminal_downgrade
 from cache_family.system.publish import publish_fresh
@@ -81,6 +87,8 @@ class ShardRead:
     head: str
     matrix: MatrixReceipt
     production: tuple[ProducerRow, ...] | None
+    # The shard's workload cells' ``workload.json`` (paths relative to the shard).
+    workloads: tuple[WorkloadView, ...] = ()
 
     @property
     def plan(self) -> tuple[PlannedRowBrief, ...]:
@@ -142,7 +150,23 @@ def read_shard(root: str) -> ShardRead:
         head=read.line_sha256s[-1],
         matrix=matrix,
         production=production,
+        workloads=_shard_workloads(root, matrix),
     )
+
+
+def _shard_workloads(root: str, matrix: MatrixReceipt) -> tuple[WorkloadView, ...]:
+    """The ``workload.json`` of every workload arm the shard's row receipts observed (replay
+    has just found each of them identical to its fold)."""
+    cells: list[tuple[str, str]] = []
+    for entry in matrix.rows:
+        evidence = entry.result.evidence
+        if evidence is None:
+            continue
+        data = read_bounded(os.path.join(root, evidence), JOURNAL_READ_LIMIT, what="row").data
+        for observation in decode_row_receipt(data).observations:
+            if observation.arm in WORKLOAD_ARM_NAMES and observation.cell_dir is not None:
+                cells.append((observation.arm, f"{observation.cell_dir}/cell.json"))
+    return read_workloads(root, cells)
 
 
 # --- the fold (pure: the campaign journal's records and the shards' receipts in, files out) ---
@@ -229,12 +253,24 @@ def fold_campaign(
         client_calibration_error=CALIBRATION_PER_SHARD,
     )
     production_json = encode_production(tuple(production))
+    # Every shard's workload cells, under the campaign's report (paths from the campaign).
+    views = [
+        WorkloadView(os.path.join(record.shard_dir, view.path), view.receipt)
+        for record, shard in merged
+        for view in shard.workloads
+    ]
+    plots: dict[str, str] = {}
+    workloads = workload_sections(views, plots)
+    report = _host_table(opened, merged, unmeasured, matrix)
+    if workloads:
+        report += ("\n" + "\n".join(workloads) + "\n").encode("utf-8")
     return CampaignFiles(
         matrix=matrix,
         files={
             PRODUCTION_JSON: production_json,
             PRODUCTION_MD: render_producer_report(production_json, opened.plan),
-            CAMPAIGN_REPORT: _host_table(opened, merged, unmeasured, matrix),
+            CAMPAIGN_REPORT: report,
+            **{name: svg.encode("utf-8") for name, svg in sorted(plots.items())},
             MATRIX_FILENAME: encode_matrix(matrix),
         },
     )
@@ -446,6 +482,8 @@ def merge_campaign(
 
     os.makedirs(campaign, exist_ok=True)
     for name, data in folded.files.items():
+        # Workload plots go under plots/, as in a run's report.
+        os.makedirs(os.path.dirname(os.path.join(campaign, name)), exist_ok=True)
         publish_fresh(os.path.join(campaign, name), data)
     chain = CampaignChain()
     lines = [

@@ -21,7 +21,7 @@ from cache_family.actors.run.engine import Handlers, drive
 from cache_family.actors.run.hosts import HOST_KINDS
 from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, PromptCuts
 from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
-from cache_family.actors.run.workloads import WORKLOAD_RUNNERS, WorkloadHost
+from cache_family.actors.run.workloads import WORKLOAD_RUNNERS, WorkloadHost, WorkloadHostLost
 from cache_family.errors import Refused
 from cache_family.schemas.journal import (
     Cancellation,
@@ -700,9 +700,10 @@ class CellActor:
         """The arm's workload (``actors/run/workloads.py``), by its measurement kind."""
         plan, prompt = self.plan, self.prompt
         assert plan.workloads is not None and prompt is not None  # planned, cut in warmup
+        live = self._live_host()
         host = WorkloadHost(
             cell_id=plan.cell_id,
-            base_url=self._live_host().base_url,
+            base_url=live.base_url,
             http=self.http,
             journal=self._journal,
             deadline=self.work_deadline,
@@ -712,8 +713,15 @@ class CellActor:
             workloads_sha256=plan.workloads_sha256,
             prompt_text=prompt.text,
             ignore_eos=plan.synthetic,
+            host_alive=live.still_same,
         )
-        if not await WORKLOAD_RUNNERS[plan.arm.kind](host):
+        try:
+            finished = await WORKLOAD_RUNNERS[plan.arm.kind](host)
+        except WorkloadHostLost as lost:
+            # As a rung that failed with its host gone: a fault of the cell (the runner
+            # journaled the stopped point first).
+            raise _Fault("child_exited", f"during the workload: {lost}") from None
+        if not finished:
             self._out_of_time = True
 
     async def _end_host(self) -> None:

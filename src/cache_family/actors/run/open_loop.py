@@ -294,6 +294,8 @@ class RateStage(msgspec.Struct, frozen=True, kw_only=True):
     completed: int = 0
     outcome: OpenLoopOutcome | None = None
     skipped_because: str | None = None
+    # The rate was cut short by a stop from outside (its outcome: what was sent until then).
+    interrupted: bool = False
 
 
 async def closed_loop_rate(
@@ -337,13 +339,21 @@ async def run_rates(
     *,
     events: Callable[[OpenLoopEvent], None] | None = None,
     deadline: float | None = None,
+    on_stage: Callable[[RateStage], Awaitable[None]] | None = None,
 ) -> tuple[RateStage, ...]:
     """Every rate of an open-loop workload, lowest first. A sweep first measures the rate
     one request at a time and the rate as fast as possible, then runs ``points`` rates
     evenly between. The first rate that over-saturates the server ends the workload: the
     rates above it are recorded as skipped, with the reason. Rate ``i`` draws its schedule
-    from ``seed + i``."""
+    from ``seed + i``. ``on_stage`` hears each stage as it ends, a rate cut short by a stop
+    from outside too (``interrupted``, shielded, before the stop goes on)."""
     stages: list[RateStage] = []
+
+    async def ended(stage: RateStage) -> None:
+        stages.append(stage)
+        if on_stage is not None:
+            await on_stage(stage)
+
     rates: Sequence[float]
     if spec.rates_per_s is not None:
         rates = spec.rates_per_s
@@ -352,16 +362,14 @@ async def run_rates(
         synchronous, done = await closed_loop_rate(
             exchange, concurrency=1, requests=spec.requests, duration_s=spec.duration_s
         )
-        stages.append(
-            RateStage(kind="synchronous", measured_rate_per_s=synchronous, completed=done)
-        )
+        await ended(RateStage(kind="synchronous", measured_rate_per_s=synchronous, completed=done))
         throughput, done = await closed_loop_rate(
             exchange,
             concurrency=spec.sweep.throughput_concurrency,
             requests=spec.requests,
             duration_s=spec.duration_s,
         )
-        stages.append(RateStage(kind="throughput", measured_rate_per_s=throughput, completed=done))
+        await ended(RateStage(kind="throughput", measured_rate_per_s=throughput, completed=done))
         rates = (
             sweep_rates(synchronous, throughput, spec.sweep.points)
             if synchronous is not None and throughput is not None
@@ -370,7 +378,7 @@ async def run_rates(
     saturated: str | None = None
     for offset, rate in enumerate(rates):
         if saturated is not None:
-            stages.append(RateStage(kind="rate", target_rate_per_s=rate, skipped_because=saturated))
+            await ended(RateStage(kind="rate", target_rate_per_s=rate, skipped_because=saturated))
             continue
         schedule = arrival_schedule(
             spec.pattern,
@@ -380,7 +388,7 @@ async def run_rates(
             duration_s=spec.duration_s,
             burstiness=spec.burstiness,
         )
-        outcome = await OpenLoopSender(
+        sender = OpenLoopSender(
             schedule,
             exchange,
             target_rate_per_s=rate,
@@ -389,8 +397,21 @@ async def run_rates(
             watch=SaturationWatch(spec.over_saturation),
             deadline=deadline,
             events=events,
-        ).run()
-        stages.append(RateStage(kind="rate", target_rate_per_s=rate, outcome=outcome))
+        )
+        try:
+            outcome = await sender.run()
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await ended(
+                    RateStage(
+                        kind="rate",
+                        target_rate_per_s=rate,
+                        outcome=sender.outcome(),
+                        interrupted=True,
+                    )
+                )
+            raise
+        await ended(RateStage(kind="rate", target_rate_per_s=rate, outcome=outcome))
         if outcome.saturation is not None:
             saturated = f"{outcome.saturation.code} at {rate:g}/s"
         elif outcome.stop_reason == "load.deadline":

@@ -9,7 +9,8 @@ from typing import Any, Final
 
 import trio
 
-from cache_family.actors.run.open_loop import completion_exchange, run_rates
+from cache_family.actors.run.context import is_cancellation
+from cache_family.actors.run.open_loop import RateStage, completion_exchange, run_rates
 from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.journal import Record
 from cache_family.schemas.workload import WorkloadFile
@@ -19,6 +20,7 @@ from cache_family.schemas.workload_records import (
     SessionsMeasured,
     WorkloadOpened,
     WorkloadRequest,
+    WorkloadStopped,
 )
 from cache_family.states.cache_reuse import reuse_rule
 from cache_family.states.workloads import (
@@ -51,6 +53,36 @@ class WorkloadHost:
     # The row's benchmark prompt text (the open-loop workload sends it).
     prompt_text: str
     ignore_eos: bool
+    # Whether the host is still the one spawned (asked after a request failed: a host gone
+    # mid-point is a fault of the cell, not a refused point).
+    host_alive: Callable[[], bool] = lambda: True
+
+
+class WorkloadHostLost(Exception):
+    """The host was gone when a workload request failed (the stopped point is journaled)."""
+
+
+def _stop_reason(exc: BaseException) -> str:
+    if is_cancellation(exc):
+        return "cancelled"
+    return "host-exited" if isinstance(exc, WorkloadHostLost) else "fault"
+
+
+async def _stopped(
+    host: WorkloadHost, kind: MeasurementKind, reason: str, point: int | None, sent: int
+) -> None:
+    """Journal where the workload stopped (shielded: it runs as a cancellation unwinds)."""
+    with trio.CancelScope(shield=True):
+        await host.journal(
+            WorkloadStopped(
+                cell_id=host.cell_id, kind=kind.value, reason=reason, point_index=point, sent=sent
+            )
+        )
+
+
+def _check_host(host: WorkloadHost, answer: _Answer) -> None:
+    if answer.reply is None and not host.host_alive():
+        raise WorkloadHostLost(f"the host was gone when a request failed: {answer.error}")
 
 
 async def vocabulary_size(host: WorkloadHost) -> int:
@@ -152,45 +184,60 @@ async def _opened(host: WorkloadHost, kind: MeasurementKind, spec_json: str) -> 
 async def run_overlap(host: WorkloadHost) -> bool:
     spec = host.workloads.prefix_overlap
     assert spec is not None  # planned only when chosen
-    vocabulary = await _opened(host, MeasurementKind.PREFIX_OVERLAP, spec.model_dump_json())
+    kind = MeasurementKind.PREFIX_OVERLAP
+    vocabulary = await _opened(host, kind, spec.model_dump_json())
     rule = reuse_rule(host.architecture)
     if rule is None:
         return True  # nothing can be designed: the receipt says unmeasured
     starts = FreshStarts(vocabulary, spec.seed)
     order = overlap_order(spec.groups, spec.requests, spec.seed)
-    for ratio in spec.hit_ratios_pct:
+    for index, ratio in enumerate(spec.hit_ratios_pct):
         design = design_prefix(rule, spec.prompt_tokens, ratio)
         prompts = overlap_prompts(
             design, order, vocabulary_size=vocabulary, seed=spec.seed + ratio, starts=starts
         )
         sent: list[WorkloadRequest] = []
-        for planned, prompt in zip(order, prompts, strict=True):
-            if trio.current_time() >= host.deadline:
-                break
-            answer = await _complete(host, prompt, spec.output_tokens, planned.group, exact=False)
-            sent.append(
-                answer.request(
-                    planned.position,
-                    group=planned.group,
-                    turn=-1 if planned.priming else 0,
-                    priming=planned.priming,
+        stop: str | None = None
+        try:
+            for planned, prompt in zip(order, prompts, strict=True):
+                if trio.current_time() >= host.deadline:
+                    stop = "deadline"
+                    break
+                answer = await _complete(
+                    host, prompt, spec.output_tokens, planned.group, exact=False
                 )
-            )
-        await host.journal(
-            OverlapPointMeasured(
-                cell_id=host.cell_id,
-                hit_ratio_pct=ratio,
-                prompt_tokens=design.prompt_tokens,
-                rule=design.rule,
-                requested_prefix_tokens=design.requested_prefix_tokens,
-                shared_prefix_tokens=design.shared_prefix_tokens,
-                reusable_tokens=design.reusable_tokens,
-                groups=spec.groups,
-                seed=spec.seed + ratio,
-                requests=tuple(sent),
-            )
-        )
-        if len(sent) < len(order):
+                sent.append(
+                    answer.request(
+                        planned.position,
+                        group=planned.group,
+                        turn=-1 if planned.priming else 0,
+                        priming=planned.priming,
+                    )
+                )
+                _check_host(host, answer)
+        except BaseException as exc:
+            stop = _stop_reason(exc)
+            raise
+        finally:
+            # The point as far as it went, also when a stop unwinds through here.
+            with trio.CancelScope(shield=stop is not None):
+                await host.journal(
+                    OverlapPointMeasured(
+                        cell_id=host.cell_id,
+                        hit_ratio_pct=ratio,
+                        prompt_tokens=design.prompt_tokens,
+                        rule=design.rule,
+                        requested_prefix_tokens=design.requested_prefix_tokens,
+                        shared_prefix_tokens=design.shared_prefix_tokens,
+                        reusable_tokens=design.reusable_tokens,
+                        groups=spec.groups,
+                        seed=spec.seed + ratio,
+                        requests=tuple(sent),
+                    )
+                )
+                if stop is not None:
+                    await _stopped(host, kind, stop, index, len(sent))
+        if stop is not None:
             return False
     return True
 
@@ -198,52 +245,64 @@ async def run_overlap(host: WorkloadHost) -> bool:
 async def run_sessions(host: WorkloadHost) -> bool:
     spec = host.workloads.multi_turn
     assert spec is not None
-    vocabulary = await _opened(host, MeasurementKind.SESSIONS, spec.model_dump_json())
+    kind = MeasurementKind.SESSIONS
+    vocabulary = await _opened(host, kind, spec.model_dump_json())
     tokens = session_tokens(
         spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
     )
     plan = session_plan(spec, reuse_rule(host.architecture))
     sessions: dict[int, list[int]] = {}
     sent: list[WorkloadRequest] = []
-    finished = True
-    for item in plan:
-        if item.position and spec.think_time_ms:
-            await trio.sleep(spec.think_time_ms / 1000)
-        if trio.current_time() >= host.deadline:
-            finished = False
-            break
-        question = list(tokens.questions[item.user][item.turn])
-        if item.turn == 0:
-            prompt = tokens.first_prompt(item.user)
-        else:
-            prompt = [*sessions.get(item.user, ()), *question]
-        answer = await _complete(host, prompt, spec.answer_tokens, item.user, exact=True)
-        sessions[item.user] = [*prompt, *answer.tokens]
-        sent.append(
-            answer.request(
-                item.position,
-                group=item.user,
-                turn=item.turn,
-                expected_reused_tokens=item.expected_reused_tokens,
+    stop: str | None = None
+    try:
+        for item in plan:
+            if item.position and spec.think_time_ms:
+                await trio.sleep(spec.think_time_ms / 1000)
+            if trio.current_time() >= host.deadline:
+                stop = "deadline"
+                break
+            question = list(tokens.questions[item.user][item.turn])
+            if item.turn == 0:
+                prompt = tokens.first_prompt(item.user)
+            else:
+                prompt = [*sessions.get(item.user, ()), *question]
+            # Each user's turns on the user's own slot: a turn finds its session there.
+            answer = await _complete(host, prompt, spec.answer_tokens, item.user, exact=True)
+            sessions[item.user] = [*prompt, *answer.tokens]
+            sent.append(
+                answer.request(
+                    item.position,
+                    group=item.user,
+                    turn=item.turn,
+                    expected_reused_tokens=item.expected_reused_tokens,
+                )
             )
-        )
-    await host.journal(
-        SessionsMeasured(
-            cell_id=host.cell_id,
-            users=spec.users,
-            turns=spec.turns,
-            seed=spec.seed,
-            think_time_ms=spec.think_time_ms,
-            requests=tuple(sent),
-        )
-    )
-    return finished
+            _check_host(host, answer)
+    except BaseException as exc:
+        stop = _stop_reason(exc)
+        raise
+    finally:
+        with trio.CancelScope(shield=stop is not None):
+            await host.journal(
+                SessionsMeasured(
+                    cell_id=host.cell_id,
+                    users=spec.users,
+                    turns=spec.turns,
+                    seed=spec.seed,
+                    think_time_ms=spec.think_time_ms,
+                    requests=tuple(sent),
+                )
+            )
+            if stop is not None:
+                await _stopped(host, kind, stop, None, len(sent))
+    return stop is None
 
 
 async def run_open_loop(host: WorkloadHost) -> bool:
     spec = host.workloads.open_loop
     assert spec is not None
-    await _opened(host, MeasurementKind.OPEN_LOOP, spec.model_dump_json())
+    kind = MeasurementKind.OPEN_LOOP
+    await _opened(host, kind, spec.model_dump_json())
     exchange = completion_exchange(
         host.base_url,
         host.prompt_text,
@@ -252,15 +311,41 @@ async def run_open_loop(host: WorkloadHost) -> bool:
         client=host.http,
         ignore_eos=host.ignore_eos,
     )
-    stages = await run_rates(spec, exchange, deadline=host.deadline)
+    journaled: list[RateStage] = []
+    # A stage is journaled as it ends, so a stop keeps the stages before it.
     rate_index = 0
-    finished = True
-    for stage in stages:
+
+    async def journal_stage(stage: RateStage) -> None:
+        nonlocal rate_index
         seed: int | None = None
         if stage.kind == "rate":
             seed, rate_index = spec.seed + rate_index, rate_index + 1
-        outcome = stage.outcome
-        record = OpenLoopStageMeasured(
+        await host.journal(_stage_record(host, stage, seed))
+        journaled.append(stage)
+
+    try:
+        stages = await run_rates(spec, exchange, deadline=host.deadline, on_stage=journal_stage)
+    except BaseException as exc:
+        # The stopped stage: the rate cut short (journaled as far as it went), else the
+        # closed-loop stage that was running (nothing of it journaled).
+        cut = bool(journaled) and journaled[-1].interrupted
+        point = len(journaled) - 1 if cut else len(journaled)
+        outcome = journaled[-1].outcome if cut else None
+        await _stopped(host, kind, _stop_reason(exc), point, outcome.launched if outcome else 0)
+        raise
+    for index, stage in enumerate(stages):
+        if stage.outcome is not None and stage.outcome.stop_reason == "load.deadline":
+            await _stopped(host, kind, "deadline", index, stage.outcome.launched)
+            return False
+    return True
+
+
+def _stage_record(host: WorkloadHost, stage: RateStage, seed: int | None) -> OpenLoopStageMeasured:
+    spec = host.workloads.open_loop
+    assert spec is not None
+    outcome = stage.outcome
+    if outcome is None:
+        return OpenLoopStageMeasured(
             cell_id=host.cell_id,
             stage=stage.kind,
             pattern=spec.pattern,
@@ -271,32 +356,28 @@ async def run_open_loop(host: WorkloadHost) -> bool:
             completed=stage.completed,
             skipped_because=stage.skipped_because,
         )
-        if outcome is not None:
-            finished = finished and outcome.stop_reason != "load.deadline"
-            lateness, fit = outcome.lateness, outcome.fit
-            record = OpenLoopStageMeasured(
-                cell_id=host.cell_id,
-                stage=stage.kind,
-                pattern=spec.pattern,
-                burstiness=spec.burstiness,
-                seed=seed,
-                target_rate_per_s=stage.target_rate_per_s,
-                scheduled=outcome.scheduled,
-                launched=outcome.launched,
-                completed=sum(1 for row in outcome.rows if row.status == "completed"),
-                achieved_rate_per_s=outcome.achieved_rate_per_s,
-                lateness_p50_ms=lateness.p50_ms if lateness else None,
-                lateness_p99_ms=lateness.p99_ms if lateness else None,
-                lateness_max_ms=lateness.max_ms if lateness else None,
-                fit_statistic=fit.statistic if fit else None,
-                fit_value=fit.value if fit else None,
-                fit_p_value=fit.p_value if fit else None,
-                completed_per_s=outcome.completed_per_s,
-                stop_reason=outcome.stop_reason,
-                stop_detail=outcome.saturation.detail if outcome.saturation else None,
-            )
-        await host.journal(record)
-    return finished
+    lateness, fit = outcome.lateness, outcome.fit
+    return OpenLoopStageMeasured(
+        cell_id=host.cell_id,
+        stage=stage.kind,
+        pattern=spec.pattern,
+        burstiness=spec.burstiness,
+        seed=seed,
+        target_rate_per_s=stage.target_rate_per_s,
+        scheduled=outcome.scheduled,
+        launched=outcome.launched,
+        completed=sum(1 for row in outcome.rows if row.status == "completed"),
+        achieved_rate_per_s=outcome.achieved_rate_per_s,
+        lateness_p50_ms=lateness.p50_ms if lateness else None,
+        lateness_p99_ms=lateness.p99_ms if lateness else None,
+        lateness_max_ms=lateness.max_ms if lateness else None,
+        fit_statistic=fit.statistic if fit else None,
+        fit_value=fit.value if fit else None,
+        fit_p_value=fit.p_value if fit else None,
+        completed_per_s=outcome.completed_per_s,
+        stop_reason=outcome.stop_reason,
+        stop_detail=outcome.saturation.detail if outcome.saturation else None,
+    )
 
 
 Runner = Callable[[WorkloadHost], Awaitable[bool]]

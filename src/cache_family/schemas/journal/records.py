@@ -23,6 +23,7 @@ from cache_family.schemas.workload_records import (
     OverlapPointMeasured,
     SessionsMeasured,
     WorkloadOpened,
+    WorkloadStopped,
 )
 
 
@@ -542,6 +543,7 @@ Record: TypeAlias = (
     | OverlapPointMeasured
     | SessionsMeasured
     | OpenLoopStageMeasured
+    | WorkloadStopped
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.
