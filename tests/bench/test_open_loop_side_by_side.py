@@ -1,5 +1,5 @@
 """The open-loop bench's side-by-side figures (issue 20): lateness from the server's arrival
-stamps against a constant schedule, the achieved rate, CPU between two moments, the target
+stamps against the client's schedule, the achieved rate, CPU between two moments, the target
 verdicts, and the peers' commands and exports. Pure functions on made-up stamps: nothing is
 timed."""
 
@@ -21,14 +21,16 @@ MS = 1_000_000  # ns
 
 def test_arrivals_on_the_schedule_deviate_by_nothing_whatever_their_order() -> None:
     arrivals = [5_000 * MS + i * 20 * MS for i in range(10)]  # 50/s exactly
-    deviation = bench.schedule_deviation_ms(list(reversed(arrivals)), 50.0)
+    deviation = bench.schedule_deviation_ms(
+        list(reversed(arrivals)), bench.constant_schedule(10, 50.0)
+    )
     assert deviation == pytest.approx([0.0] * 10, abs=1e-9)
 
 
 def test_a_late_send_is_late_by_its_delay_against_the_first_arrival() -> None:
     arrivals = [i * 5 * MS for i in range(8)]  # 200/s
     arrivals[5] += 3 * MS
-    deviation = bench.schedule_deviation_ms(arrivals, 200.0)
+    deviation = bench.schedule_deviation_ms(arrivals, bench.constant_schedule(8, 200.0))
     assert deviation[5] == pytest.approx(3.0)
     assert [d for i, d in enumerate(deviation) if i != 5] == pytest.approx([0.0] * 7, abs=1e-9)
 
@@ -36,7 +38,7 @@ def test_a_late_send_is_late_by_its_delay_against_the_first_arrival() -> None:
 def test_a_late_first_send_makes_the_rest_early_until_anchored_at_the_earliest() -> None:
     arrivals = [i * 2 * MS for i in range(6)]  # 500/s
     arrivals[0] += 1_500_000  # the first arrived 1.5 ms late (its connection opened then)
-    deviation = bench.schedule_deviation_ms(arrivals, 500.0)
+    deviation = bench.schedule_deviation_ms(arrivals, bench.constant_schedule(6, 500.0))
     assert deviation[0] == 0.0
     assert deviation[1:] == pytest.approx([-1.5] * 5)
     anchored = bench.earliest_anchored(deviation)
@@ -47,13 +49,14 @@ def test_a_late_first_send_makes_the_rest_early_until_anchored_at_the_earliest()
 def test_a_slow_sender_drifts_later_send_by_send() -> None:
     # Every gap 1 % too long: the k-th arrival is k * 0.2 ms behind a 50/s schedule.
     arrivals = [round(i * 20.2 * MS) for i in range(5)]
-    deviation = bench.schedule_deviation_ms(arrivals, 50.0)
+    deviation = bench.schedule_deviation_ms(arrivals, bench.constant_schedule(5, 50.0))
     assert deviation == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8])
     assert bench.arrival_rate(arrivals) == pytest.approx(1000 / 20.2)
 
 
 def test_no_arrivals_give_no_figures() -> None:
-    assert bench.schedule_deviation_ms([], 50.0) == []
+    assert bench.schedule_deviation_ms([], [0.0, 0.02]) == []
+    assert bench.schedule_deviation_ms([1, 2], []) == []
     assert bench.earliest_anchored([]) == []
     assert bench.arrival_rate([]) is None
     assert bench.arrival_rate([7 * MS]) is None
@@ -112,9 +115,34 @@ def test_verdicts_say_met_and_not_met_against_1_ms_the_best_peer_and_the_rate() 
     ]
 
 
-def test_poisson_rows_get_no_verdict() -> None:
-    row = _row("ours", 50.0, 0.1, 50.0) | {"pattern": "poisson"}
-    assert bench.verdicts([row]) == {}
+def test_poisson_rows_are_judged_on_lateness_but_not_on_the_rate() -> None:
+    rows = [
+        _row("ours", 50.0, 0.1, 47.0) | {"pattern": "poisson"},
+        _row("guidellm", 50.0, 3.0, 52.0) | {"pattern": "poisson"},
+    ]
+    assert bench.verdicts(rows) == {
+        ("poisson", 50.0): ["p99 <= 1 ms: met (0.100 ms)", "p99 <= best peer's 3.000 ms: met"]
+    }
+
+
+def test_arrivals_against_an_uneven_schedule_and_one_that_arrived_short() -> None:
+    schedule = [10.0, 10.05, 10.06, 10.3]  # GuideLLM's targeted starts: epoch seconds
+    arrivals = [0, 50 * MS, 61 * MS]  # the third 1 ms late; the fourth never arrived
+    assert bench.schedule_deviation_ms(arrivals, schedule) == pytest.approx([0.0, 0.0, 1.0])
+
+
+def test_each_client_schedule_is_what_it_meant_to_keep() -> None:
+    def schedule(client: str, pattern: str, targeted: list[float] | None) -> object:
+        return bench.client_schedule(
+            client, pattern, 100.0, 3, seed=1, duration_s=0.5, targeted_s=targeted
+        )
+
+    assert schedule("aiperf", "constant", None) == pytest.approx([0.0, 0.01, 0.02])
+    ours = schedule("ours", "poisson", None)
+    assert ours == list(bench.arrival_schedule("poisson", 100.0, seed=1, duration_s=0.5))
+    assert schedule("guidellm", "poisson", [3.0, 1.0, 2.0]) == [1.0, 2.0, 3.0]
+    assert schedule("guidellm", "poisson", []) is None
+    assert schedule("aiperf", "poisson", None) is None
 
 
 def test_the_peers_commands_carry_the_rate_the_pattern_and_the_count(tmp_path: Path) -> None:
