@@ -115,3 +115,109 @@ def guidellm_rows(out: Path) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+# --- open-loop rates (issue 20): the same target rate and request count for each peer ---------
+
+
+def aiperf_rate_command(
+    venv: Path,
+    url: str,
+    rate: float,
+    pattern: str,
+    n: int,
+    tokens: int,
+    out: Path,
+    tokenizer: Path,
+    seed: int,
+) -> list[str]:
+    """AIPerf sending ``n`` requests at ``rate`` per second on its ``pattern`` schedule
+    (``constant`` or ``poisson``), pooled connections (its default), one worker."""
+    return [
+        str(venv / "bin" / "aiperf"),
+        "profile",
+        "--model", "calibration",
+        "--url", url,
+        "--endpoint-type", "chat",
+        "--streaming",
+        "--request-rate", f"{rate:g}",
+        "--arrival-pattern", pattern,
+        "--request-count", str(n),
+        "--random-seed", str(seed),
+        "--tokenizer", str(tokenizer),
+        "--prompt-input-tokens-mean", str(PROMPT_TOKENS),
+        "--prompt-input-tokens-stddev", "0",
+        "--prompt-output-tokens-mean", str(tokens),
+        "--prompt-output-tokens-stddev", "0",
+        "--use-server-token-count",
+        "--output-artifact-dir", str(out / "artifacts"),
+        "--ui-type", "none",
+        "--workers-max", "1",
+        "--no-server-metrics",
+        "--no-gpu-telemetry",
+    ]  # fmt: skip
+
+
+def aiperf_send_rows(out: Path) -> list[dict[str, Any]]:
+    """Per request: AIPerf's own stamps (epoch ns) of the credit's issue and the request's
+    start, and whether it failed. AIPerf exports no scheduled time: the credit is issued when
+    its pacer wakes, so start minus issue leaves the pacer's own lateness out."""
+    rows = []
+    export = out / "artifacts" / "profile_export.jsonl"
+    for line in export.read_text().splitlines():
+        record = json.loads(line)
+        meta = record.get("metadata") or {}
+        rows.append(
+            {
+                "issued_ns": meta.get("credit_issued_ns"),
+                "start_ns": meta.get("request_start_ns"),
+                "error": bool(record.get("error")),
+            }
+        )
+    return rows
+
+
+def guidellm_rate_command(
+    venv: Path,
+    url: str,
+    rate: float,
+    pattern: str,
+    n: int,
+    tokens: int,
+    out: Path,
+    tokenizer: Path,
+    seed: int,
+) -> list[str]:
+    """GuideLLM's ``constant`` or ``poisson`` profile at ``rate``, stopped after ``n``."""
+    return [
+        str(venv / "bin" / "guidellm"),
+        "run",
+        "--backend", f"kind=openai_http,target={url},model=calibration",
+        "--profile", f"kind={pattern},rate={rate:g}",
+        "--seed", f"kind=static,value={seed}",
+        "--constraint", f"kind=max_requests,count={n}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={tokens}",
+        "--tokenizer", f"kind=hf_auto,model={tokenizer}",
+        "--output", f"kind=json,path={out / 'benchmarks.json'}",
+        "--disable-console-interactive",
+    ]  # fmt: skip
+
+
+def guidellm_send_rows(out: Path) -> list[dict[str, Any]]:
+    """Per request: GuideLLM's targeted start (its schedule) and its request start, epoch
+    seconds as it exports them, and whether it failed."""
+    report = json.loads((out / "benchmarks.json").read_text())
+    rows = []
+    for benchmark in report["benchmarks"]:
+        for status, requests in benchmark["requests"].items():
+            for request in requests if isinstance(requests, list) else ():
+                timings = request["info"]["timings"]
+                rows.append(
+                    {
+                        "targeted_s": timings.get("targeted_start"),
+                        "start_s": timings.get("request_start"),
+                        "error": status != "successful",
+                    }
+                )
+    return rows
