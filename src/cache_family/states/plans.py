@@ -13,8 +13,9 @@ from typing import Final, Literal
 from cache_family.schemas.arms import (
     CORRECTNESS,
     HOST_ARMS,
+    OLD_PROFILE,
     PAIRED_ARMS,
-    SKIPPY_OLD,
+    STAGE_WORKLOAD_ARMS,
     WORKLOAD_ARMS,
     Arm,
     HostKind,
@@ -225,7 +226,8 @@ def arm_plans(row: PreparedRow) -> tuple[ArmPlan, ...]:
 def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPlan, ...]:
     """The workload arms a row runs after its host arms: one per workload the prepared
     input's workload file chooses (none without one), on the native host; skipped with the
-    native baseline's reason when that host is not planned for the row."""
+    native baseline's reason when that host is not planned for the row. The overlap sweep
+    also runs on the old and new stage servers (their chat dialect) when both are bound."""
     pin = prepared.workloads
     if pin is None:
         return ()
@@ -235,19 +237,24 @@ def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPl
         MeasurementKind.OPEN_LOOP: pin.workloads.open_loop,
     }
     native = row.tasks.concurrent_baseline
-    return tuple(
+    plans = [
         _arm_plan(arm, native.planned, native.skip_reason)
         for arm in WORKLOAD_ARMS
         if chosen[arm.kind] is not None
-    )
+    ]
+    if row.tasks.paired_serving.planned:
+        # As the paired host arms: only when both old and new stage servers are bound.
+        plans += [ArmPlan(arm=arm.name) for arm in STAGE_WORKLOAD_ARMS if chosen[arm.kind]]
+    return tuple(plans)
 
 
 def _workload_sizes(
     workloads: WorkloadFile, arm: Arm, row: PreparedRow
 ) -> tuple[int, int, int, int | None]:
     """(output tokens, slots, --ctx-size, --cache-ram) of a workload arm's host. Overlap: a
-    slot per prefix group; sessions: a slot per user (each request names its slot); both
-    without the host-side prompt cache. Open loop: the native baseline's host."""
+    slot per prefix group (on a stage server too: its ``stage.json`` lanes and context); sessions:
+    a slot per user (each request names its slot); both without the host-side prompt cache.
+    Open loop: the native baseline's host."""
     margin = 8
     if arm.kind == MeasurementKind.PREFIX_OVERLAP:
         overlap = workloads.prefix_overlap
@@ -307,7 +314,7 @@ def host_profile(
     if arm.host_kind == HostKind.STAGE:
         profile = None
         if profiles is not None:
-            profile = profiles.old if arm == SKIPPY_OLD else profiles.new
+            profile = profiles.old if arm.profile == OLD_PROFILE else profiles.new
         if profile is None:
             return None, f"the prepared input has no {arm.name} host profile for this case"
         if profile.model_sha256 != observed:

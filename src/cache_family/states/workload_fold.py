@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Final
 
+import msgspec
+
+from cache_family.schemas.arms import ARM_BY_NAME, HostKind
 from cache_family.schemas.journal import CellOpened, JournalLine, ReceiptPublished, RunStarted
 from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
@@ -43,8 +46,9 @@ def _answered(request: WorkloadRequest) -> bool:
     )
 
 
-def overlap_point(record: OverlapPointMeasured) -> OverlapPointReceipt:
-    """A point judged from its measured (not priming) requests' server figures."""
+def overlap_point(record: OverlapPointMeasured, *, samples: bool = False) -> OverlapPointReceipt:
+    """A point judged from its measured (not priming) requests' server figures, less what a
+    chat template adds (``samples``: the receipt lists each request's prompt time)."""
     design = PrefixDesign(
         hit_ratio_pct=record.hit_ratio_pct,
         prompt_tokens=record.prompt_tokens,
@@ -56,8 +60,16 @@ def overlap_point(record: OverlapPointMeasured) -> OverlapPointReceipt:
     measured = [r for r in record.requests if not r.priming]
     answered = [r for r in measured if _answered(r)]
     verdict = overlap_verdict(
-        design, [(r.prompt_tokens or 0, r.cached_tokens or 0) for r in answered]
+        design,
+        [
+            (
+                (r.prompt_tokens or 0) - record.template_tokens,
+                max(0, (r.cached_tokens or 0) - record.template_reused_tokens),
+            )
+            for r in answered
+        ],
     )
+    times = [r.prompt_ms for r in answered if r.prompt_ms is not None]
     return OverlapPointReceipt(
         hit_ratio_pct=record.hit_ratio_pct,
         prompt_tokens=record.prompt_tokens,
@@ -71,7 +83,8 @@ def overlap_point(record: OverlapPointMeasured) -> OverlapPointReceipt:
         accepted=verdict.accepted and len(answered) == len(measured),
         refusal=verdict.refusal
         or (None if len(answered) == len(measured) else "workload.overlap.nothing_measured"),
-        prompt_ms_p50=_p50([r.prompt_ms for r in answered if r.prompt_ms is not None]),
+        prompt_ms_p50=_p50(times),
+        prompt_ms=tuple(times) if samples else msgspec.UNSET,
     )
 
 
@@ -138,7 +151,9 @@ def fold_workload(
         elif isinstance(record, WorkloadOpened):
             opened = record
         elif isinstance(record, OverlapPointMeasured):
-            points.append(overlap_point(record))
+            arm = ARM_BY_NAME.get(cell.arm) if cell is not None else None
+            stage = arm is not None and arm.host_kind == HostKind.STAGE
+            points.append(overlap_point(record, samples=stage))
         elif isinstance(record, SessionsMeasured):
             sessions = sessions_receipt(record)
         elif isinstance(record, OpenLoopStageMeasured):

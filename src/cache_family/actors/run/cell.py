@@ -23,6 +23,7 @@ from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, PromptCuts
 from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
 from cache_family.actors.run.workloads import WORKLOAD_RUNNERS, WorkloadHost
 from cache_family.errors import Refused
+from cache_family.schemas.arms import HostKind
 from cache_family.schemas.journal import (
     Cancellation,
     CellOpened,
@@ -712,6 +713,8 @@ class CellActor:
             workloads_sha256=plan.workloads_sha256,
             prompt_text=prompt.text,
             ignore_eos=plan.synthetic,
+            chat=plan.host_kind == HostKind.STAGE,
+            model_id=plan.model_id,
         )
         if not await WORKLOAD_RUNNERS[plan.arm.kind](host):
             self._out_of_time = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -10,6 +11,7 @@ from typing import Any, Final
 import trio
 
 from cache_family.actors.run.open_loop import completion_exchange, run_rates
+from cache_family.errors import Refused
 from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.journal import Record
 from cache_family.schemas.workload import WorkloadFile
@@ -22,7 +24,13 @@ from cache_family.schemas.workload_records import (
 )
 from cache_family.states.cache_reuse import reuse_rule
 from cache_family.states.workloads import (
+    CHAT_ALPHABET,
+    CHAT_PROBE_CHARACTERS,
+    ChatTemplate,
     FreshStarts,
+    chat_template,
+    chat_text,
+    design_chat_prefix,
     design_prefix,
     overlap_order,
     overlap_prompts,
@@ -51,6 +59,10 @@ class WorkloadHost:
     # The row's benchmark prompt text (the open-loop workload sends it).
     prompt_text: str
     ignore_eos: bool
+    # The host's dialect: llama-server's ``/completion`` of token ids, or a stage server's
+    # OpenAI chat (text messages, to ``model_id``).
+    chat: bool = False
+    model_id: str = ""
 
 
 async def vocabulary_size(host: WorkloadHost) -> int:
@@ -132,9 +144,90 @@ async def _complete(
     return _Answer(reply, (trio.current_time() - start) * 1000, error)
 
 
+class _ChatAnswer(_Answer):
+    """An OpenAI chat reply: the server's counts from ``usage`` (its prompt tokens, the
+    template's included, and ``prompt_tokens_details.cached_tokens``), its prompt time from
+    llama.cpp's ``timings`` when the server passes them on."""
+
+    def request(self, position: int, **plan: Any) -> WorkloadRequest:
+        reply = self.reply
+        if reply is None:
+            return super().request(position, **plan)
+        usage = reply.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        timings = reply.get("timings") or {}
+        return WorkloadRequest(
+            position=position,
+            status="completed",
+            prompt_tokens=usage.get("prompt_tokens"),
+            cached_tokens=details.get("cached_tokens"),
+            prompt_ms=timings.get("prompt_ms"),
+            elapsed_ms=self.elapsed_ms,
+            **plan,
+        )
+
+
+async def _chat(host: WorkloadHost, text: str, max_tokens: int, slot: int) -> _ChatAnswer:
+    """One non-streamed chat completion of one user message on ``slot`` (greedy)."""
+    body: dict[str, Any] = {
+        "model": host.model_id,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": False,
+        # llama.cpp's slot choice, passed on by the stage server: a group keeps its slot.
+        "id_slot": slot,
+    }
+    if host.ignore_eos:
+        body["ignore_eos"] = True
+    start = trio.current_time()
+    url = host.base_url.rstrip("/") + "/v1/chat/completions"
+    timeout = min(host.request_timeout_ms / 1000, max(0.0, host.deadline - start))
+    error: str | None = "request timed out"
+    reply: Mapping[str, Any] | None = None
+    with trio.move_on_after(timeout):
+        try:
+            async with host.http.request("POST", url, json_body=body) as response:
+                data = await response.read(_BODY_LIMIT)
+            if response.status_code != 200:
+                error = f"HTTP {response.status_code}: {data[:200]!r}"
+            else:
+                reply, error = json.loads(data), None
+        except (HttpError, OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    return _ChatAnswer(reply, (trio.current_time() - start) * 1000, error)
+
+
+async def _chat_template(host: WorkloadHost, starts: FreshStarts, seed: int) -> ChatTemplate:
+    """Two messages on slot 0 sharing nothing, the second twice as long: what the server
+    counted for each gives the template's tokens, and its reuse of the second what the
+    template alone lets two prompts share."""
+    rng = random.Random(seed)  # noqa: S311 -- reproducible probe text, not a secret
+    counted: list[tuple[int, int]] = []
+    cached = 0
+    for length in (CHAT_PROBE_CHARACTERS, 2 * CHAT_PROBE_CHARACTERS):
+        ids = [starts.take(), *(rng.randrange(len(CHAT_ALPHABET)) for _ in range(length - 1))]
+        answer = await _chat(host, chat_text(ids), 1, 0)
+        reply = answer.request(-1)
+        if reply.prompt_tokens is None or reply.cached_tokens is None:
+            raise Refused.one(
+                "workload.chat.no_usage",
+                "$.prefix_overlap",
+                f"the chat server's reply gave no usage.prompt_tokens and "
+                f"prompt_tokens_details.cached_tokens ({answer.error or 'no error'})",
+                "the chat dialect judges reuse by the server's own counts: serve them",
+            )
+        counted.append((length, reply.prompt_tokens))
+        cached = reply.cached_tokens
+    return chat_template(
+        counted[0], counted[1], short_characters=CHAT_PROBE_CHARACTERS, reused_tokens=cached
+    )
+
+
 async def _opened(host: WorkloadHost, kind: MeasurementKind, spec_json: str) -> int:
     rule = reuse_rule(host.architecture)
-    vocabulary = await vocabulary_size(host)
+    # A chat dialect's prompts are text in the design alphabet (``states.workloads``).
+    vocabulary = len(CHAT_ALPHABET) if host.chat else await vocabulary_size(host)
     await host.journal(
         WorkloadOpened(
             cell_id=host.cell_id,
@@ -158,8 +251,12 @@ async def run_overlap(host: WorkloadHost) -> bool:
         return True  # nothing can be designed: the receipt says unmeasured
     starts = FreshStarts(vocabulary, spec.seed)
     order = overlap_order(spec.groups, spec.requests, spec.seed)
+    template = await _chat_template(host, starts, spec.seed) if host.chat else None
     for ratio in spec.hit_ratios_pct:
-        design = design_prefix(rule, spec.prompt_tokens, ratio)
+        if template is None:
+            design = design_prefix(rule, spec.prompt_tokens, ratio)
+        else:
+            design = design_chat_prefix(rule, spec.prompt_tokens, ratio, template)
         prompts = overlap_prompts(
             design, order, vocabulary_size=vocabulary, seed=spec.seed + ratio, starts=starts
         )
@@ -167,7 +264,13 @@ async def run_overlap(host: WorkloadHost) -> bool:
         for planned, prompt in zip(order, prompts, strict=True):
             if trio.current_time() >= host.deadline:
                 break
-            answer = await _complete(host, prompt, spec.output_tokens, planned.group, exact=False)
+            answer: _Answer
+            if template is None:
+                answer = await _complete(
+                    host, prompt, spec.output_tokens, planned.group, exact=False
+                )
+            else:
+                answer = await _chat(host, chat_text(prompt), spec.output_tokens, planned.group)
             sent.append(
                 answer.request(
                     planned.position,
@@ -188,6 +291,8 @@ async def run_overlap(host: WorkloadHost) -> bool:
                 groups=spec.groups,
                 seed=spec.seed + ratio,
                 requests=tuple(sent),
+                template_tokens=template.tokens if template else 0,
+                template_reused_tokens=template.reused_tokens if template else 0,
             )
         )
         if len(sent) < len(order):

@@ -1,0 +1,104 @@
+"""The overlap sweep on the paired stage servers (old ``skippy-prefix-reuse-off``, new
+``skippy``: the oracle with prefix reuse off and on), in their OpenAI chat dialect, through a
+real run on the zoo's llama: text messages, reuse from the server's own
+``usage.prompt_tokens_details.cached_tokens``, the chat template's tokens measured by the
+cell's calibration and left out of the judged figures. The new server's 0 % control reuses
+nothing beyond the template, its 90 % point about 90 %; the old one reuses nothing and is
+refused at every non-zero point; replay re-folds both receipts; the report sets old against
+new. Tiny random-weight models: plumbing evidence, not performance claims."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from real_run_harness import cli
+from test_run_paired import paired_operator, prepare_and_run
+
+from cache_family.oracles.native_parts import Parts
+from cache_family.schemas.arms import NEW_OVERLAP, OLD_OVERLAP, STAGE_WORKLOAD_ARMS
+from cache_family.schemas.journal import read_journal
+from cache_family.schemas.receipts import decode_row_receipt
+from cache_family.schemas.workload_records import OverlapPointMeasured, decode_workload_receipt
+
+pytestmark = pytest.mark.native
+
+WORKLOADS = {
+    "schema_version": 1,
+    "prefix_overlap": {
+        "prompt_tokens": 160,
+        "hit_ratios_pct": [0, 50, 90],
+        "groups": 2,
+        "requests": 4,
+        "seed": 11,
+    },
+}
+
+
+def test_the_overlap_sweep_runs_on_old_and_new_stage_servers_and_replays(
+    native_parts: Parts, oracle_tools: Path, tmp_path: Path
+) -> None:
+    operator = paired_operator(native_parts, oracle_tools, tmp_path, ["llama"])
+    workloads = tmp_path / "workloads.json"
+    workloads.write_text(json.dumps(WORKLOADS))
+    out, code, stderr = prepare_and_run(
+        operator, tmp_path, "prepare-full", "--workloads", str(workloads)
+    )
+    assert code == 0, stderr
+    row = decode_row_receipt((out / "cell-0000" / "row.json").read_bytes())
+    observed = {o.arm: (o.planned, o.status) for o in row.observations}
+    assert [o.arm for o in row.observations][-2:] == [a.name for a in STAGE_WORKLOAD_ARMS]
+    for arm in STAGE_WORKLOAD_ARMS:
+        assert observed[arm.name] == ("planned", "completed"), row.observations
+    receipts = {
+        arm.name: decode_workload_receipt(
+            (out / "cell-0000" / arm.directory / "workload.json").read_bytes()
+        )
+        for arm in STAGE_WORKLOAD_ARMS
+    }
+
+    new = receipts[NEW_OVERLAP.name]
+    assert new.kind == "prefix-overlap" and new.rule == "exact-prefix" and new.synthetic
+    points = {p.hit_ratio_pct: p for p in new.overlap}
+    assert points[0].accepted and points[0].achieved_ratio_pct == 0.0, points[0]
+    high = points[90]
+    assert high.accepted, high
+    assert high.band_pp is not None and high.achieved_ratio_pct is not None
+    assert high.achieved_ratio_pct == pytest.approx(90.0, abs=high.band_pp)
+    assert points[50].accepted, points[50]
+    assert new.status == "accepted"
+    # Each stage point lists its requests' prompt times (the report's interval).
+    assert len(high.prompt_ms) == 4  # type: ignore[arg-type]
+
+    old = receipts[OLD_OVERLAP.name]
+    old_points = {p.hit_ratio_pct: p for p in old.overlap}
+    assert old_points[0].accepted
+    for ratio in (50, 90):
+        assert old_points[ratio].refusal == "workload.overlap.outside_band", old_points[ratio]
+        assert old_points[ratio].achieved_ratio_pct == 0.0
+    assert old.status == "refused"
+
+    # The chat template's tokens, as the calibration measured them, are journaled per point;
+    # the server counted each prompt the designed length, template included.
+    journal = read_journal((out / "journal.jsonl").read_bytes())
+    stage_points = [
+        line.record
+        for line in journal.lines
+        if isinstance(line.record, OverlapPointMeasured)
+        and line.record.cell_id.endswith(NEW_OVERLAP.name)
+    ]
+    assert stage_points and all(p.template_tokens > 0 for p in stage_points)
+    for point in stage_points:
+        assert point.prompt_tokens + point.template_tokens == 160
+        assert {r.prompt_tokens for r in point.requests} == {160}
+
+    reported = cli("report-run", str(out), cwd=tmp_path)
+    assert reported.returncode == 0, reported.stderr
+    markdown = (out / "report.md").read_text()
+    assert "new-overlap" in markdown
+
+    replayed = cli("replay", str(out), cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    for arm in STAGE_WORKLOAD_ARMS:
+        assert f"cell-0000/{arm.directory}/workload.json" in replayed.stdout
