@@ -11,9 +11,21 @@ from typing import Final
 import msgspec
 
 from cache_family.errors import Refused
-from cache_family.report.render import cell, format_ms
+from cache_family.report.render import cell, effect_cells, format_ms
+from cache_family.report.stats import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    CONFIDENCE,
+    bootstrap_median_difference,
+)
 from cache_family.report.svg import Panel, Series, line_panels
-from cache_family.schemas.arms import WORKLOAD_ARMS
+from cache_family.schemas.arms import (
+    ARM_BY_NAME,
+    PAIRED_WORKLOAD_ARMS,
+    STAGE_WORKLOAD_ARMS,
+    WORKLOAD_ARMS,
+    HostKind,
+)
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.workload_records import (
     WORKLOAD_RECEIPT_NAME,
@@ -24,7 +36,7 @@ from cache_family.schemas.workload_records import (
     decode_workload_receipt,
 )
 
-WORKLOAD_ARM_NAMES: Final = frozenset(arm.name for arm in WORKLOAD_ARMS)
+WORKLOAD_ARM_NAMES: Final = frozenset(arm.name for arm in (*WORKLOAD_ARMS, *STAGE_WORKLOAD_ARMS))
 _DESIGNED, _ACHIEVED, _TIME = "#1f77b4", "#d62728", "#2ca02c"
 
 
@@ -219,6 +231,71 @@ def _open_loop(stages: Sequence[OpenLoopStageMeasured]) -> tuple[list[str], str 
     return lines, svg
 
 
+def _row_of(receipt: WorkloadReceipt) -> str:
+    return receipt.cell_id.rpartition("/")[0]
+
+
+def _points_against(old: WorkloadReceipt, new: WorkloadReceipt) -> list[str]:
+    """One line per hit ratio both arms measured: reuse side by side, and the difference of
+    the median server prompt time with its interval."""
+    lines: list[str] = []
+    before = {p.hit_ratio_pct: p for p in old.overlap}
+    for point in new.overlap:
+        earlier = before.get(point.hit_ratio_pct)
+        if earlier is None:
+            continue
+        old_ms = earlier.prompt_ms if isinstance(earlier.prompt_ms, tuple) else ()
+        new_ms = point.prompt_ms if isinstance(point.prompt_ms, tuple) else ()
+        effect = bootstrap_median_difference(old_ms, new_ms)
+        lines.append(
+            f"| {cell(_row_of(new))} | {point.hit_ratio_pct} % | "
+            f"{_pct(earlier.achieved_ratio_pct)} | {_pct(point.achieved_ratio_pct)} | "
+            f"{len(old_ms)} | {len(new_ms)} | " + " | ".join(effect_cells(effect)) + " |"
+        )
+    return lines
+
+
+def _old_against_new(views: Sequence[WorkloadView]) -> list[str]:
+    """``### Old against new``: each paired workload of a row where both stage servers ran
+    it (nothing when none did)."""
+    by_arm = {
+        (_row_of(v.receipt), v.receipt.arm): v.receipt for v in views if v.receipt.arm is not None
+    }
+    table: list[str] = []
+    for old_arm, new_arm in PAIRED_WORKLOAD_ARMS.values():
+        for (row, arm), new in sorted(by_arm.items()):
+            old = by_arm.get((row, old_arm.name))
+            if arm == new_arm.name and old is not None:
+                table += _points_against(old, new)
+    if not table:
+        return []
+    return [
+        "",
+        "### Old against new",
+        "",
+        "Per overlap point both stage servers measured: the achieved reuse of each, and",
+        "median(new) - median(old) of the measured requests' server prompt time (ms), with a",
+        f"{CONFIDENCE:.0%} percentile bootstrap interval ({BOOTSTRAP_RESAMPLES} resamples,",
+        f"seed {BOOTSTRAP_SEED}); negative means the new server is faster.",
+        "",
+        "| row | hit ratio | old achieved | new achieved | old n | new n | old p50 (ms) "
+        "| new p50 (ms) | difference (ms) | interval | relative | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *table,
+    ]
+
+
+def _dialect(receipt: WorkloadReceipt) -> str:
+    arm = ARM_BY_NAME.get(receipt.arm or "")
+    if arm is not None and arm.host_kind == HostKind.STAGE:
+        return (
+            "; stage server, OpenAI chat: text messages, reuse from "
+            "`usage.prompt_tokens_details.cached_tokens`, judged less the chat template's "
+            "tokens (measured by the cell's calibration)"
+        )
+    return ""
+
+
 def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> list[str]:
     """The ``## Workloads`` section (nothing when the run measured no workload)."""
     if not views:
@@ -239,7 +316,8 @@ def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> li
             f"### {cell(receipt.cell_id)}: {cell(receipt.kind or 'unknown')}{label}",
             "",
             f"Status **{cell(receipt.status)}**; architecture {cell(receipt.architecture or '-')}"
-            f", reuse rule {cell(receipt.rule or '-')}; receipt `{cell(view.path)}`.",
+            f", reuse rule {cell(receipt.rule or '-')}{_dialect(receipt)}; receipt "
+            f"`{cell(view.path)}`.",
             "",
         ]
         table: list[str] = []
@@ -267,4 +345,4 @@ def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> li
                 "",
             ]
         lines += table
-    return lines
+    return lines + _old_against_new(views)
