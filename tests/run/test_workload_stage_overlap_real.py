@@ -1,11 +1,12 @@
 """The overlap sweep on the paired stage servers (old ``skippy-prefix-reuse-off``, new
 ``skippy``: the oracle with prefix reuse off and on), in their OpenAI chat dialect, through a
-real run on the zoo's llama: text messages, reuse from the server's own
+real run on the zoo's llama and qwen3next: text messages, reuse from the server's own
 ``usage.prompt_tokens_details.cached_tokens``, the chat template's tokens measured by the
 cell's calibration and left out of the judged figures. The new server's 0 % control reuses
 nothing beyond the template, its 90 % point about 90 %; the old one reuses nothing and is
-refused at every non-zero point; replay re-folds both receipts; the report sets old against
-new. Tiny random-weight models: plumbing evidence, not performance claims."""
+refused at every non-zero point; qwen3next (hybrid) reuses the whole prompt's checkpoint;
+replay re-folds every receipt; the report sets old against new. Tiny random-weight models:
+plumbing evidence, not performance claims."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.native
 WORKLOADS = {
     "schema_version": 1,
     "prefix_overlap": {
-        "prompt_tokens": 160,
+        "prompt_tokens": 1024,
         "hit_ratios_pct": [0, 50, 90],
         "groups": 2,
         "requests": 4,
@@ -39,7 +40,7 @@ WORKLOADS = {
 def test_the_overlap_sweep_runs_on_old_and_new_stage_servers_and_replays(
     native_parts: Parts, oracle_tools: Path, tmp_path: Path
 ) -> None:
-    operator = paired_operator(native_parts, oracle_tools, tmp_path, ["llama"])
+    operator = paired_operator(native_parts, oracle_tools, tmp_path, ["llama", "qwen3next"])
     workloads = tmp_path / "workloads.json"
     workloads.write_text(json.dumps(WORKLOADS))
     out, code, stderr = prepare_and_run(
@@ -90,8 +91,22 @@ def test_the_overlap_sweep_runs_on_old_and_new_stage_servers_and_replays(
     ]
     assert stage_points and all(p.template_tokens > 0 for p in stage_points)
     for point in stage_points:
-        assert point.prompt_tokens + point.template_tokens == 160
-        assert {r.prompt_tokens for r in point.requests} == {160}
+        assert point.prompt_tokens + point.template_tokens == 1024
+        assert {r.prompt_tokens for r in point.requests} == {1024}
+
+    # qwen3next (hybrid recurrent): what its checkpoint rule allows, on the new server only.
+    hybrid = {
+        arm.name: decode_workload_receipt(
+            (out / "cell-0001" / arm.directory / "workload.json").read_bytes()
+        )
+        for arm in STAGE_WORKLOAD_ARMS
+    }
+    checkpointed = hybrid[NEW_OVERLAP.name]
+    assert checkpointed.rule == "checkpoint" and checkpointed.status == "accepted"
+    for point in checkpointed.overlap:
+        assert point.accepted and point.achieved_ratio_pct == point.designed_ratio_pct, point
+    assert checkpointed.overlap[-1].reusable_tokens == 1024 - 4 - 512
+    assert hybrid[OLD_OVERLAP.name].status == "refused"
 
     reported = cli("report-run", str(out), cwd=tmp_path)
     assert reported.returncode == 0, reported.stderr
