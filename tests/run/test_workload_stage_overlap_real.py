@@ -118,3 +118,9 @@ def test_the_overlap_sweep_runs_on_old_and_new_stage_servers_and_replays(
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     for arm in STAGE_WORKLOAD_ARMS:
         assert f"cell-0000/{arm.directory}/workload.json" in replayed.stdout
+    # An edited stage verdict is caught: replay re-folds it from the journal.
+    edited = out / "cell-0000" / NEW_OVERLAP.directory / "workload.json"
+    edited.write_text(edited.read_text().replace('"accepted": true', '"accepted": false', 1))
+    tampered = cli("replay", str(out), cwd=tmp_path)
+    assert tampered.returncode != 0
+    assert f"DIFFERS cell-0000/{NEW_OVERLAP.directory}/workload.json" in tampered.stdout

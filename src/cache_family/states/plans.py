@@ -27,6 +27,7 @@ from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRo
 from cache_family.schemas.workload import WorkloadFile
 from cache_family.states.correctness import CorrectnessSpec
 from cache_family.states.handoff import PACKAGE_LAYER_COUNT
+from cache_family.states.workloads import CHAT_ALPHABET, chat_starts_needed
 
 CORRECTNESS_NOT_STARTED: Final = "correctness_not_started"
 
@@ -242,9 +243,23 @@ def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPl
         for arm in WORKLOAD_ARMS
         if chosen[arm.kind] is not None
     ]
-    if row.tasks.paired_serving.planned:
-        # As the paired host arms: only when both old and new stage servers are bound.
-        plans += [ArmPlan(arm=arm.name) for arm in STAGE_WORKLOAD_ARMS if chosen[arm.kind]]
+    overlap = pin.workloads.prefix_overlap
+    if row.tasks.paired_serving.planned and overlap is not None:
+        # As the paired host arms: only when both old and new stage servers are bound. Their
+        # text prompts each start with a character of their own: a sweep needing more than the
+        # chat alphabet holds is skipped, saying so, rather than faulting its cells.
+        needed = chat_starts_needed(overlap)
+        skipped = (
+            f"workload.overlap.vocabulary: the chat dialect's sweep needs {needed} distinct "
+            f"first characters, the alphabet has {len(CHAT_ALPHABET)} (fewer points, groups "
+            "or requests)"
+        )
+        plans += [
+            ArmPlan(arm=arm.name)
+            if needed <= len(CHAT_ALPHABET)
+            else ArmPlan(arm=arm.name, status="skipped", reason=skipped)
+            for arm in STAGE_WORKLOAD_ARMS
+        ]
     return tuple(plans)
 
 

@@ -15,7 +15,7 @@ import msgspec
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import ReuseRule
 from cache_family.schemas.refusal_codes import RefusalCode
-from cache_family.schemas.workload import MultiTurn, OverSaturation
+from cache_family.schemas.workload import MultiTurn, OverSaturation, PrefixOverlap
 from cache_family.states.cache_reuse import (
     CHECKPOINT_TAIL,
     DEFAULT_N_UBATCH,
@@ -264,6 +264,13 @@ def overlap_prompts(
 CHAT_ALPHABET: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&()*+,-./:;=?@[]^_~"
 #: The calibration's shorter message (the longer one is twice as long).
 CHAT_PROBE_CHARACTERS: Final = 16
+
+
+def chat_starts_needed(spec: PrefixOverlap) -> int:
+    """The distinct first characters a chat-dialect sweep draws at most: the calibration's two
+    messages, then per point a prefix per group and one per request (priming ones included)."""
+    per_point = 2 * spec.groups + spec.requests
+    return 2 + len(spec.hit_ratios_pct) * per_point
 
 
 def chat_text(ids: Sequence[int]) -> str:

@@ -1,0 +1,65 @@
+"""The stage servers' overlap arms in a row's plan: only when both stage servers are bound
+(paired serving planned) and the workload file chooses the overlap sweep, after the native
+workload arms; skipped, saying why, when the sweep needs more distinct first characters than
+the chat alphabet holds; each on its own stage profile with a lane per prefix group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from run_harness import make_prepared
+
+from cache_family.schemas.arms import NEW_OVERLAP, OLD_OVERLAP, OLD_PROFILE
+from cache_family.schemas.prepared import PreparedInput, PreparedRow, load_prepared_input
+from cache_family.schemas.workload import WorkloadsPin, validate_workload_object
+from cache_family.states.plans import workload_arm_plans
+from cache_family.states.workloads import CHAT_ALPHABET, chat_starts_needed
+
+
+def _prepared(tmp_path: Path, overlap: dict[str, object] | None) -> PreparedInput:
+    document: dict[str, object] = {"schema_version": 1, "multi_turn": {"users": 1, "turns": 2}}
+    if overlap is not None:
+        document["prefix_overlap"] = overlap
+    pin = WorkloadsPin(
+        path="/w.json", sha256="a" * 64, workloads=validate_workload_object(document)
+    )
+    prepared = load_prepared_input(str(make_prepared(tmp_path / "p")))
+    return prepared.model_copy(update={"workloads": pin})
+
+
+def _paired(row: PreparedRow, planned: bool) -> PreparedRow:
+    tasks = row.tasks
+    paired = tasks.paired_serving.model_copy(update={"planned": planned})
+    return row.model_copy(update={"tasks": tasks.model_copy(update={"paired_serving": paired})})
+
+
+def test_the_stage_overlap_arms_come_only_with_both_stage_servers_bound(tmp_path: Path) -> None:
+    prepared = _prepared(tmp_path, {"prompt_tokens": 64, "groups": 1, "requests": 2})
+    row = prepared.rows[0]
+    unpaired = workload_arm_plans(prepared, _paired(row, False))
+    assert [p.arm for p in unpaired] == ["native-overlap", "native-sessions"]
+    paired = workload_arm_plans(prepared, _paired(row, True))
+    assert [(p.arm, p.status) for p in paired][-2:] == [
+        (OLD_OVERLAP.name, "planned"),
+        (NEW_OVERLAP.name, "planned"),
+    ]
+    assert OLD_OVERLAP.profile == OLD_PROFILE and NEW_OVERLAP.profile != OLD_PROFILE
+    # Sessions alone never plan a stage arm.
+    sessions_only = _prepared(tmp_path / "s", None)
+    plans = workload_arm_plans(sessions_only, _paired(sessions_only.rows[0], True))
+    assert [p.arm for p in plans] == ["native-sessions"]
+
+
+def test_a_sweep_beyond_the_chat_alphabet_skips_the_stage_arms_with_the_code(
+    tmp_path: Path,
+) -> None:
+    overlap = {"prompt_tokens": 64, "groups": 4, "requests": 16}
+    prepared = _prepared(tmp_path, overlap)
+    spec = prepared.workloads.workloads.prefix_overlap  # type: ignore[union-attr]
+    assert spec is not None and chat_starts_needed(spec) > len(CHAT_ALPHABET)
+    plans = workload_arm_plans(prepared, _paired(prepared.rows[0], True))
+    stage = [p for p in plans if p.arm in (OLD_OVERLAP.name, NEW_OVERLAP.name)]
+    assert [p.status for p in stage] == ["skipped", "skipped"]
+    assert all((p.reason or "").startswith("workload.overlap.vocabulary") for p in stage)
+    # The native arm is not limited by the alphabet.
+    assert plans[0].arm == "native-overlap" and plans[0].status == "planned"
