@@ -235,23 +235,60 @@ def _row_of(receipt: WorkloadReceipt) -> str:
     return receipt.cell_id.rpartition("/")[0]
 
 
-def _points_against(old: WorkloadReceipt, new: WorkloadReceipt) -> list[str]:
-    """One line per hit ratio both arms measured: reuse side by side, and the difference of
-    the median server prompt time with its interval."""
+def _samples(values: tuple[float, ...] | msgspec.UnsetType) -> tuple[float, ...]:
+    return values if isinstance(values, tuple) else ()
+
+
+def _compared(
+    row: str,
+    point: str,
+    reuse: tuple[float | None, float | None],
+    times: tuple[tuple[float, ...], tuple[float, ...]],
+) -> str:
+    """One line: the reuse of each arm, then median(new) - median(old) of the prompt times."""
+    effect = bootstrap_median_difference(*times)
+    return (
+        f"| {cell(row)} | {point} | {_pct(reuse[0])} | {_pct(reuse[1])} | "
+        f"{len(times[0])} | {len(times[1])} | " + " | ".join(effect_cells(effect)) + " |"
+    )
+
+
+def _share(reused: int, prompt: int) -> float | None:
+    return 100.0 * reused / prompt if prompt else None
+
+
+def _against(old: WorkloadReceipt, new: WorkloadReceipt) -> list[str]:
+    """One line per overlap point, or per session turn, that both arms measured."""
+    row = _row_of(new)
     lines: list[str] = []
-    before = {p.hit_ratio_pct: p for p in old.overlap}
+    points = {p.hit_ratio_pct: p for p in old.overlap}
     for point in new.overlap:
-        earlier = before.get(point.hit_ratio_pct)
-        if earlier is None:
-            continue
-        old_ms = earlier.prompt_ms if isinstance(earlier.prompt_ms, tuple) else ()
-        new_ms = point.prompt_ms if isinstance(point.prompt_ms, tuple) else ()
-        effect = bootstrap_median_difference(old_ms, new_ms)
-        lines.append(
-            f"| {cell(_row_of(new))} | {point.hit_ratio_pct} % | "
-            f"{_pct(earlier.achieved_ratio_pct)} | {_pct(point.achieved_ratio_pct)} | "
-            f"{len(old_ms)} | {len(new_ms)} | " + " | ".join(effect_cells(effect)) + " |"
-        )
+        earlier = points.get(point.hit_ratio_pct)
+        if earlier is not None:
+            lines.append(
+                _compared(
+                    row,
+                    f"overlap {point.hit_ratio_pct} %",
+                    (earlier.achieved_ratio_pct, point.achieved_ratio_pct),
+                    (_samples(earlier.prompt_ms), _samples(point.prompt_ms)),
+                )
+            )
+    if old.sessions is not None and new.sessions is not None:
+        turns = {t.turn: t for t in old.sessions.by_turn}
+        for turn in new.sessions.by_turn:
+            earlier_turn = turns.get(turn.turn)
+            if earlier_turn is not None:
+                lines.append(
+                    _compared(
+                        row,
+                        f"sessions turn {turn.turn}",
+                        (
+                            _share(earlier_turn.achieved_reused_tokens, earlier_turn.prompt_tokens),
+                            _share(turn.achieved_reused_tokens, turn.prompt_tokens),
+                        ),
+                        (_samples(earlier_turn.prompt_ms), _samples(turn.prompt_ms)),
+                    )
+                )
     return lines
 
 
@@ -262,23 +299,24 @@ def _old_against_new(views: Sequence[WorkloadView]) -> list[str]:
         (_row_of(v.receipt), v.receipt.arm): v.receipt for v in views if v.receipt.arm is not None
     }
     table: list[str] = []
-    for old_arm, new_arm in PAIRED_WORKLOAD_ARMS.values():
-        for (row, arm), new in sorted(by_arm.items()):
+    for (row, arm), new in sorted(by_arm.items()):
+        for old_arm, new_arm in PAIRED_WORKLOAD_ARMS.values():
             old = by_arm.get((row, old_arm.name))
             if arm == new_arm.name and old is not None:
-                table += _points_against(old, new)
+                table += _against(old, new)
     if not table:
         return []
     return [
         "",
         "### Old against new",
         "",
-        "Per overlap point both stage servers measured: the achieved reuse of each, and",
-        "median(new) - median(old) of the measured requests' server prompt time (ms), with a",
-        f"{CONFIDENCE:.0%} percentile bootstrap interval ({BOOTSTRAP_RESAMPLES} resamples,",
-        f"seed {BOOTSTRAP_SEED}); negative means the new server is faster.",
+        "Per overlap point and session turn both stage servers measured: the achieved reuse",
+        "of each (of the prompt tokens), and median(new) - median(old) of the measured",
+        f"requests' server prompt time (ms), with a {CONFIDENCE:.0%} percentile bootstrap",
+        f"interval ({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}); negative means the",
+        "new server is faster.",
         "",
-        "| row | hit ratio | old achieved | new achieved | old n | new n | old p50 (ms) "
+        "| row | point | old reuse | new reuse | old n | new n | old p50 (ms) "
         "| new p50 (ms) | difference (ms) | interval | relative | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
         *table,

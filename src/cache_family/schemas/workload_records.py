@@ -142,6 +142,9 @@ class TurnReceipt(msgspec.Struct, frozen=True, kw_only=True):
     expected_reused_tokens: int
     achieved_reused_tokens: int
     prompt_ms_p50: float | None = None
+    # A stage arm's requests' server prompt times at this turn index, in send order (the
+    # report's old-against-new interval); left out of a native arm's receipt.
+    prompt_ms: tuple[float, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionsReceipt(msgspec.Struct, frozen=True, kw_only=True):

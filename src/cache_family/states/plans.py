@@ -27,7 +27,11 @@ from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRo
 from cache_family.schemas.workload import WorkloadFile
 from cache_family.states.correctness import CorrectnessSpec
 from cache_family.states.handoff import PACKAGE_LAYER_COUNT
-from cache_family.states.workloads import CHAT_ALPHABET, chat_starts_needed
+from cache_family.states.workloads import (
+    CHAT_ALPHABET,
+    CHAT_TEMPLATE_ROOM_PER_MESSAGE,
+    chat_starts_needed,
+)
 
 CORRECTNESS_NOT_STARTED: Final = "correctness_not_started"
 
@@ -243,23 +247,22 @@ def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPl
         for arm in WORKLOAD_ARMS
         if chosen[arm.kind] is not None
     ]
-    overlap = pin.workloads.prefix_overlap
-    if row.tasks.paired_serving.planned and overlap is not None:
+    if row.tasks.paired_serving.planned:
         # As the paired host arms: only when both old and new stage servers are bound. Their
-        # text prompts each start with a character of their own: a sweep needing more than the
-        # chat alphabet holds is skipped, saying so, rather than faulting its cells.
-        needed = chat_starts_needed(overlap)
-        skipped = (
-            f"workload.overlap.vocabulary: the chat dialect's sweep needs {needed} distinct "
-            f"first characters, the alphabet has {len(CHAT_ALPHABET)} (fewer points, groups "
-            "or requests)"
-        )
-        plans += [
-            ArmPlan(arm=arm.name)
-            if needed <= len(CHAT_ALPHABET)
-            else ArmPlan(arm=arm.name, status="skipped", reason=skipped)
-            for arm in STAGE_WORKLOAD_ARMS
-        ]
+        # text prompts each start with a character of their own: a workload needing more than
+        # the chat alphabet holds is skipped, saying so, rather than faulting its cells.
+        for arm in STAGE_WORKLOAD_ARMS:
+            if chosen[arm.kind] is None:
+                continue
+            needed = chat_starts_needed(pin.workloads, arm.kind)
+            if needed <= len(CHAT_ALPHABET):
+                plans.append(ArmPlan(arm=arm.name))
+                continue
+            reason = (
+                f"workload.overlap.vocabulary: the chat dialect's {arm.kind.value} needs "
+                f"{needed} distinct first characters, the alphabet has {len(CHAT_ALPHABET)}"
+            )
+            plans.append(ArmPlan(arm=arm.name, status="skipped", reason=reason))
     return tuple(plans)
 
 
@@ -284,6 +287,9 @@ def _workload_sizes(
             + sessions.user_context_tokens
             + sessions.turns * (sessions.question_tokens + sessions.answer_tokens)
         )
+        if arm.host_kind == HostKind.STAGE:
+            # Room for the chat template around each message (system, then two per turn).
+            longest += CHAT_TEMPLATE_ROOM_PER_MESSAGE * (1 + 2 * sessions.turns)
         return sessions.answer_tokens, sessions.users, (longest + margin) * sessions.users, 0
     arrivals = workloads.open_loop
     assert arrivals is not None

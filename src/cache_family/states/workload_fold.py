@@ -88,7 +88,8 @@ def overlap_point(record: OverlapPointMeasured, *, samples: bool = False) -> Ove
     )
 
 
-def sessions_receipt(record: SessionsMeasured) -> SessionsReceipt:
+def sessions_receipt(record: SessionsMeasured, *, samples: bool = False) -> SessionsReceipt:
+    """Reuse and prompt time by turn index (``samples``: each turn lists its prompt times)."""
     plan = [
         SessionTurn(
             position=r.position,
@@ -120,12 +121,19 @@ def sessions_receipt(record: SessionsMeasured) -> SessionsReceipt:
                 expected_reused_tokens=t.expected_reused_tokens,
                 achieved_reused_tokens=t.achieved_reused_tokens,
                 prompt_ms_p50=_p50(prompt_ms.get(t.turn, [])),
+                prompt_ms=tuple(prompt_ms.get(t.turn, ())) if samples else msgspec.UNSET,
             )
             for t in turns
         ),
         eviction_turn=eviction_turn(turns),
         failed_requests=len(record.requests) - len(answered),
     )
+
+
+def _stage(cell: CellOpened | None) -> bool:
+    """The cell is a stage server's: its receipt lists per-request prompt times."""
+    arm = ARM_BY_NAME.get(cell.arm) if cell is not None else None
+    return arm is not None and arm.host_kind == HostKind.STAGE
 
 
 def fold_workload(
@@ -151,11 +159,9 @@ def fold_workload(
         elif isinstance(record, WorkloadOpened):
             opened = record
         elif isinstance(record, OverlapPointMeasured):
-            arm = ARM_BY_NAME.get(cell.arm) if cell is not None else None
-            stage = arm is not None and arm.host_kind == HostKind.STAGE
-            points.append(overlap_point(record, samples=stage))
+            points.append(overlap_point(record, samples=_stage(cell)))
         elif isinstance(record, SessionsMeasured):
-            sessions = sessions_receipt(record)
+            sessions = sessions_receipt(record, samples=_stage(cell))
         elif isinstance(record, OpenLoopStageMeasured):
             stages.append(record)
     saturated = next(

@@ -13,9 +13,10 @@ from typing import Final, Literal
 import msgspec
 
 from cache_family.errors import Refused
+from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.measurement import ReuseRule
 from cache_family.schemas.refusal_codes import RefusalCode
-from cache_family.schemas.workload import MultiTurn, OverSaturation, PrefixOverlap
+from cache_family.schemas.workload import MultiTurn, OverSaturation, WorkloadFile
 from cache_family.states.cache_reuse import (
     CHECKPOINT_TAIL,
     DEFAULT_N_UBATCH,
@@ -266,11 +267,24 @@ CHAT_ALPHABET: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&()*+,-./:;=?@[]
 CHAT_PROBE_CHARACTERS: Final = 16
 
 
-def chat_starts_needed(spec: PrefixOverlap) -> int:
-    """The distinct first characters a chat-dialect sweep draws at most: the calibration's two
-    messages, then per point a prefix per group and one per request (priming ones included)."""
-    per_point = 2 * spec.groups + spec.requests
-    return 2 + len(spec.hit_ratios_pct) * per_point
+#: Context room a stage host's slot keeps for the chat template around each message (a
+#: capacity, never a length the design relies on: lengths are the server's counts).
+CHAT_TEMPLATE_ROOM_PER_MESSAGE: Final = 32
+#: A chat-dialect session's answers: characters of ``CHAT_ALPHABET`` only (a llama.cpp grammar),
+#: so the answer's text, sent back in the next turn, is the tokens the server generated.
+CHAT_ANSWER_GRAMMAR: Final = "root ::= [A-Z0-9]+"
+
+
+def chat_starts_needed(workloads: WorkloadFile, kind: MeasurementKind) -> int:
+    """The distinct first characters a chat-dialect workload draws at most. Overlap: the
+    calibration's two messages, then per point a prefix per group and one per request
+    (priming ones included); sessions: the system prompt and each user's context."""
+    overlap, sessions = workloads.prefix_overlap, workloads.multi_turn
+    if kind == MeasurementKind.PREFIX_OVERLAP and overlap is not None:
+        return 2 + len(overlap.hit_ratios_pct) * (2 * overlap.groups + overlap.requests)
+    if kind == MeasurementKind.SESSIONS and sessions is not None:
+        return 1 + sessions.users
+    return 0
 
 
 def chat_text(ids: Sequence[int]) -> str:

@@ -14,7 +14,7 @@ from cache_family.actors.run.open_loop import completion_exchange, run_rates
 from cache_family.errors import Refused
 from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.journal import Record
-from cache_family.schemas.workload import WorkloadFile
+from cache_family.schemas.workload import MultiTurn, WorkloadFile
 from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
     OverlapPointMeasured,
@@ -25,6 +25,7 @@ from cache_family.schemas.workload_records import (
 from cache_family.states.cache_reuse import reuse_rule
 from cache_family.states.workloads import (
     CHAT_ALPHABET,
+    CHAT_ANSWER_GRAMMAR,
     CHAT_PROBE_CHARACTERS,
     ChatTemplate,
     FreshStarts,
@@ -166,20 +167,43 @@ class _ChatAnswer(_Answer):
             **plan,
         )
 
+    @property
+    def content(self) -> str:
+        """The answer's text (``choices[0].message.content``)."""
+        choices = (self.reply or {}).get("choices") or [{}]
+        return str((choices[0].get("message") or {}).get("content") or "")
 
-async def _chat(host: WorkloadHost, text: str, max_tokens: int, slot: int) -> _ChatAnswer:
-    """One non-streamed chat completion of one user message on ``slot`` (greedy)."""
+    @property
+    def completion_tokens(self) -> int | None:
+        found = ((self.reply or {}).get("usage") or {}).get("completion_tokens")
+        return found if isinstance(found, int) else None
+
+
+async def _chat(
+    host: WorkloadHost,
+    messages: str | list[dict[str, str]],
+    max_tokens: int,
+    slot: int,
+    *,
+    exact: bool = False,
+) -> _ChatAnswer:
+    """One non-streamed chat completion on ``slot`` (greedy) of one user message, or of a
+    conversation; ``exact``: exactly ``max_tokens`` answer tokens, in ``CHAT_ALPHABET``."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
     body: dict[str, Any] = {
         "model": host.model_id,
-        "messages": [{"role": "user", "content": text}],
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": False,
         # llama.cpp's slot choice, passed on by the stage server: a group keeps its slot.
         "id_slot": slot,
     }
-    if host.ignore_eos:
+    if exact or host.ignore_eos:
         body["ignore_eos"] = True
+    if exact:
+        body["grammar"] = CHAT_ANSWER_GRAMMAR
     start = trio.current_time()
     url = host.base_url.rstrip("/") + "/v1/chat/completions"
     timeout = min(host.request_timeout_ms / 1000, max(0.0, host.deadline - start))
@@ -300,10 +324,66 @@ async def run_overlap(host: WorkloadHost) -> bool:
     return True
 
 
+async def _chat_sessions(host: WorkloadHost, spec: MultiTurn, vocabulary: int) -> bool:
+    """Sessions as chat conversations: a system message, the user's context and first
+    question, then per turn the answer as the server gave it and the next question. Each
+    turn should reuse the previous turn's prompt and answer as the server counted them (its
+    answer's last token, sampled, never evaluated): the answers are held to the design
+    alphabet, so their text is the tokens the server generated."""
+    tokens = session_tokens(
+        spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
+    )
+    plan = session_plan(spec, reuse_rule(host.architecture))
+    conversations: dict[int, list[dict[str, str]]] = {}
+    counted: dict[int, tuple[int, int]] = {}
+    sent: list[WorkloadRequest] = []
+    finished = True
+    for item in plan:
+        if item.position and spec.think_time_ms:
+            await trio.sleep(spec.think_time_ms / 1000)
+        if trio.current_time() >= host.deadline:
+            finished = False
+            break
+        question = chat_text(tokens.questions[item.user][item.turn])
+        if item.turn == 0:
+            first = chat_text([*tokens.contexts[item.user], *tokens.questions[item.user][0]])
+            system = chat_text(tokens.system)
+            messages = [{"role": "system", "content": system}] if system else []
+            messages.append({"role": "user", "content": first})
+        else:
+            messages = [*conversations.get(item.user, ()), {"role": "user", "content": question}]
+        answer = await _chat(host, messages, spec.answer_tokens, item.user, exact=True)
+        conversations[item.user] = [*messages, {"role": "assistant", "content": answer.content}]
+        earlier = counted.get(item.user)
+        expected = 0
+        if item.expected_reused_tokens and earlier is not None:
+            expected = earlier[0] + earlier[1] - 1
+        request = answer.request(
+            item.position, group=item.user, turn=item.turn, expected_reused_tokens=expected
+        )
+        counted.pop(item.user, None)
+        if request.prompt_tokens is not None and answer.completion_tokens:
+            counted[item.user] = (request.prompt_tokens, answer.completion_tokens)
+        sent.append(request)
+    await host.journal(
+        SessionsMeasured(
+            cell_id=host.cell_id,
+            users=spec.users,
+            turns=spec.turns,
+            seed=spec.seed,
+            think_time_ms=spec.think_time_ms,
+            requests=tuple(sent),
+        )
+    )
+    return finished
+
+
 async def run_sessions(host: WorkloadHost) -> bool:
     spec = host.workloads.multi_turn
     assert spec is not None
     vocabulary = await _opened(host, MeasurementKind.SESSIONS, spec.model_dump_json())
+    if host.chat:
+        return await _chat_sessions(host, spec, vocabulary)
     tokens = session_tokens(
         spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
     )
