@@ -325,13 +325,18 @@ def _old_against_new(views: Sequence[WorkloadView]) -> list[str]:
 
 def _dialect(receipt: WorkloadReceipt) -> str:
     arm = ARM_BY_NAME.get(receipt.arm or "")
-    if arm is not None and arm.host_kind == HostKind.STAGE:
-        return (
-            "; stage server, OpenAI chat: text messages, reuse from "
-            "`usage.prompt_tokens_details.cached_tokens`, judged less the chat template's "
-            "tokens (measured by the cell's calibration)"
-        )
-    return ""
+    if arm is None or arm.host_kind != HostKind.STAGE:
+        return ""
+    how = (
+        "each turn expects the turn before as the server counted it (prompt and answer, the "
+        "answer held to the design's characters)"
+        if receipt.sessions is not None
+        else "judged less the chat template's tokens (measured by the cell's calibration)"
+    )
+    return (
+        "; stage server, OpenAI chat: text messages, reuse from "
+        f"`usage.prompt_tokens_details.cached_tokens`, {how}"
+    )
 
 
 def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> list[str]:
