@@ -1,7 +1,8 @@
 """The demo's workload run (not in ``--quick``): the workload file it writes is valid, its
 steps prepare with it, run, report and replay; and, on the real parts, the run measures the
-overlap and the open-loop sweep on one attention and one recurrent family, every accepted
-point within its band, the report shows both sections, and replay is identical."""
+overlap and the open-loop sweep on one attention and one recurrent family (the overlap also
+on the old and new stage servers), every accepted point within its band, the report shows
+both sections and old against new, and replay is identical."""
 
 from __future__ import annotations
 
@@ -76,10 +77,28 @@ def test_the_demo_workload_run_measures_both_families_and_replays(
         assert done.returncode == 0, (step.name, done.stdout[-3000:], done.stderr[-3000:])
     run = tmp_path / "workloads"
     receipts = [decode_workload_receipt(p.read_bytes()) for p in run.glob("cell-*/*/workload.json")]
-    by_family = {(r.architecture, r.kind): r for r in receipts}
+    native = [r for r in receipts if r.arm and r.arm.startswith("native-")]
+    by_family = {(r.architecture, r.kind): r for r in native}
     assert set(by_family) == {
         (family, kind) for family in WORKLOAD_CASES for kind in ("prefix-overlap", "open-loop")
     }
+    # The overlap sweep on the bound stage servers too: the new one (prefix reuse on) within
+    # its band at every point, the old one (the demo's prefix-reuse-off) reusing nothing.
+    stage = {
+        (r.architecture, r.arm): r for r in receipts if r.arm in ("old-overlap", "new-overlap")
+    }
+    assert set(stage) == {(f, a) for f in WORKLOAD_CASES for a in ("old-overlap", "new-overlap")}
+    for family in WORKLOAD_CASES:
+        new = stage[(family, "new-overlap")]
+        assert [p.hit_ratio_pct for p in new.overlap] == [0, 30, 50, 70, 90]
+        assert all(p.accepted for p in new.overlap), new.overlap
+        old = stage[(family, "old-overlap")].overlap
+        assert old[0].accepted and old[0].achieved_ratio_pct == 0.0
+        # Refused wherever the design reuses something (the hybrid's 30 % designs nothing).
+        for point in old[1:]:
+            designed = point.designed_ratio_pct > 0
+            assert (point.refusal == "workload.overlap.outside_band") == designed, point
+            assert point.achieved_ratio_pct == 0.0
     for family in WORKLOAD_CASES:
         overlap = by_family[(family, "prefix-overlap")]
         assert [p.hit_ratio_pct for p in overlap.overlap] == [0, 30, 50, 70, 90]
@@ -90,5 +109,6 @@ def test_the_demo_workload_run_measures_both_families_and_replays(
     hybrid = {p.hit_ratio_pct: p for p in by_family[("qwen3next", "prefix-overlap")].overlap}
     assert hybrid[90].designed_ratio_pct < 90
     markdown = (run / "report.md").read_text()
-    assert markdown.count("prefix-overlap (synthetic: plumbing evidence)") == 2
+    assert markdown.count("prefix-overlap (synthetic: plumbing evidence)") == 6
+    assert "### Old against new" in markdown
     assert markdown.count("open-loop (synthetic: plumbing evidence)") == 2

@@ -16,7 +16,7 @@ from cache_family.errors import Refusal, json_path
 from cache_family.report.decode import U64_MAX, Refusals
 from cache_family.report.rows import ReportRow
 from cache_family.report.sources import SourceEntry
-from cache_family.report.stats import median
+from cache_family.report.stats import MIN_SAMPLES, MedianDifference, median
 from cache_family.schemas.refusal_codes import report_hint
 
 FAMILY_ORDER: Final = (
@@ -325,3 +325,19 @@ def render_report(
         "",
     ]
     return "\n".join(lines)
+
+
+def effect_cells(effect: MedianDifference | None) -> list[str]:
+    """Old median, new median, difference, interval, relative difference, verdict (the
+    old-against-new cells of every table that compares the two arms)."""
+    if effect is None:
+        return ["n/a"] * 5 + [f"fewer than {MIN_SAMPLES} requests"]
+    relative = effect.relative
+    return [
+        format_ms(effect.median_old),
+        format_ms(effect.median_new),
+        f"{effect.difference:+.1f}",
+        f"[{effect.low:+.1f}, {effect.high:+.1f}]",
+        "n/a" if relative is None else f"{relative:+.1%}",
+        effect.verdict,
+    ]

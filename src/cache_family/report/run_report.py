@@ -13,6 +13,7 @@ from cache_family.report.html import anchor, markdown_to_html
 from cache_family.report.render import (
     baseline,
     cell,
+    effect_cells,
     format_ms,
     hit_ms,
     render_report,
@@ -364,21 +365,6 @@ def _table_row(fields: Sequence[str]) -> str:
     return "| " + " | ".join(fields) + " |"
 
 
-def _effect_cells(effect: MedianDifference | None) -> list[str]:
-    """Old median, new median, difference, interval, relative difference, verdict."""
-    if effect is None:
-        return ["n/a"] * 5 + [f"fewer than {MIN_SAMPLES} requests"]
-    relative = effect.relative
-    return [
-        format_ms(effect.median_old),
-        format_ms(effect.median_new),
-        f"{effect.difference:+.1f}",
-        f"[{effect.low:+.1f}, {effect.high:+.1f}]",
-        "n/a" if relative is None else f"{relative:+.1%}",
-        effect.verdict,
-    ]
-
-
 def _effect(before: _Rung, rung: _Rung, metric: str) -> MedianDifference | None:
     return bootstrap_median_difference(before.values.get(metric, ()), rung.values.get(metric, ()))
 
@@ -398,7 +384,7 @@ def _comparison_rows(view: RowView, old: ArmView, new: ArmView) -> list[str]:
             effect = _effect(before, rung, metric)
             head = [_title(view), shown, str(rung.concurrency), metric]
             counts = [str(len(old_values)), str(len(new_values))]
-            cells = _effect_cells(effect)
+            cells = effect_cells(effect)
             if (
                 effect is None
                 and metric == "TTFT"

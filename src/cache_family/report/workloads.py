@@ -11,9 +11,21 @@ from typing import Final
 import msgspec
 
 from cache_family.errors import Refused
-from cache_family.report.render import cell, format_ms
+from cache_family.report.render import cell, effect_cells, format_ms
+from cache_family.report.stats import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    CONFIDENCE,
+    bootstrap_median_difference,
+)
 from cache_family.report.svg import Panel, Series, line_panels
-from cache_family.schemas.arms import WORKLOAD_ARMS
+from cache_family.schemas.arms import (
+    ARM_BY_NAME,
+    PAIRED_WORKLOAD_ARMS,
+    STAGE_WORKLOAD_ARMS,
+    WORKLOAD_ARMS,
+    HostKind,
+)
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.workload_records import (
     WORKLOAD_RECEIPT_NAME,
@@ -24,7 +36,7 @@ from cache_family.schemas.workload_records import (
     decode_workload_receipt,
 )
 
-WORKLOAD_ARM_NAMES: Final = frozenset(arm.name for arm in WORKLOAD_ARMS)
+WORKLOAD_ARM_NAMES: Final = frozenset(arm.name for arm in (*WORKLOAD_ARMS, *STAGE_WORKLOAD_ARMS))
 _DESIGNED, _ACHIEVED, _TIME = "#1f77b4", "#d62728", "#2ca02c"
 
 
@@ -219,6 +231,114 @@ def _open_loop(stages: Sequence[OpenLoopStageMeasured]) -> tuple[list[str], str 
     return lines, svg
 
 
+def _row_of(receipt: WorkloadReceipt) -> str:
+    return receipt.cell_id.rpartition("/")[0]
+
+
+def _samples(values: tuple[float, ...] | msgspec.UnsetType) -> tuple[float, ...]:
+    return values if isinstance(values, tuple) else ()
+
+
+def _compared(
+    row: str,
+    point: str,
+    reuse: tuple[float | None, float | None],
+    times: tuple[tuple[float, ...], tuple[float, ...]],
+) -> str:
+    """One line: the reuse of each arm, then median(new) - median(old) of the prompt times."""
+    effect = bootstrap_median_difference(*times)
+    return (
+        f"| {cell(row)} | {point} | {_pct(reuse[0])} | {_pct(reuse[1])} | "
+        f"{len(times[0])} | {len(times[1])} | " + " | ".join(effect_cells(effect)) + " |"
+    )
+
+
+def _share(reused: int, prompt: int) -> float | None:
+    return 100.0 * reused / prompt if prompt else None
+
+
+def _against(old: WorkloadReceipt, new: WorkloadReceipt) -> list[str]:
+    """One line per overlap point, or per session turn, that both arms measured."""
+    row = _row_of(new)
+    lines: list[str] = []
+    points = {p.hit_ratio_pct: p for p in old.overlap}
+    for point in new.overlap:
+        earlier = points.get(point.hit_ratio_pct)
+        if earlier is not None:
+            lines.append(
+                _compared(
+                    row,
+                    f"overlap {point.hit_ratio_pct} %",
+                    (earlier.achieved_ratio_pct, point.achieved_ratio_pct),
+                    (_samples(earlier.prompt_ms), _samples(point.prompt_ms)),
+                )
+            )
+    if old.sessions is not None and new.sessions is not None:
+        turns = {t.turn: t for t in old.sessions.by_turn}
+        for turn in new.sessions.by_turn:
+            earlier_turn = turns.get(turn.turn)
+            if earlier_turn is not None:
+                lines.append(
+                    _compared(
+                        row,
+                        f"sessions turn {turn.turn}",
+                        (
+                            _share(earlier_turn.achieved_reused_tokens, earlier_turn.prompt_tokens),
+                            _share(turn.achieved_reused_tokens, turn.prompt_tokens),
+                        ),
+                        (_samples(earlier_turn.prompt_ms), _samples(turn.prompt_ms)),
+                    )
+                )
+    return lines
+
+
+def _old_against_new(views: Sequence[WorkloadView]) -> list[str]:
+    """``### Old against new``: each paired workload of a row where both stage servers ran
+    it (nothing when none did)."""
+    by_arm = {
+        (_row_of(v.receipt), v.receipt.arm): v.receipt for v in views if v.receipt.arm is not None
+    }
+    table: list[str] = []
+    for (row, arm), new in sorted(by_arm.items()):
+        for old_arm, new_arm in PAIRED_WORKLOAD_ARMS.values():
+            old = by_arm.get((row, old_arm.name))
+            if arm == new_arm.name and old is not None:
+                table += _against(old, new)
+    if not table:
+        return []
+    return [
+        "",
+        "### Old against new",
+        "",
+        "Per overlap point and session turn both stage servers measured: the achieved reuse",
+        "of each (of the prompt tokens), and median(new) - median(old) of the measured",
+        f"requests' server prompt time (ms), with a {CONFIDENCE:.0%} percentile bootstrap",
+        f"interval ({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}); negative means the",
+        "new server is faster.",
+        "",
+        "| row | point | old reuse | new reuse | old n | new n | old p50 (ms) "
+        "| new p50 (ms) | difference (ms) | interval | relative | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *table,
+    ]
+
+
+def _dialect(receipt: WorkloadReceipt) -> str:
+    arm = ARM_BY_NAME.get(receipt.arm or "")
+    if arm is None or arm.host_kind != HostKind.STAGE:
+        return ""
+    how = (
+        "each turn expects the turn before as the server counted it (prompt and answer, the "
+        "answer held to the design's characters)"
+        if receipt.sessions is not None
+        else "judged less the chat template's tokens (measured by the cell's calibration)"
+    )
+    return (
+        "; stage server, OpenAI chat: text messages, reuse from "
+        f"`usage.prompt_tokens_details.cached_tokens`, {how}"
+    )
+
+
 def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> list[str]:
     """The ``## Workloads`` section (nothing when the run measured no workload)."""
     if not views:
@@ -239,7 +359,8 @@ def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> li
             f"### {cell(receipt.cell_id)}: {cell(receipt.kind or 'unknown')}{label}",
             "",
             f"Status **{cell(receipt.status)}**; architecture {cell(receipt.architecture or '-')}"
-            f", reuse rule {cell(receipt.rule or '-')}; receipt `{cell(view.path)}`.",
+            f", reuse rule {cell(receipt.rule or '-')}{_dialect(receipt)}; receipt "
+            f"`{cell(view.path)}`.",
             "",
         ]
         table: list[str] = []
@@ -267,4 +388,4 @@ def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> li
                 "",
             ]
         lines += table
-    return lines
+    return lines + _old_against_new(views)

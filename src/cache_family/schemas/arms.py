@@ -96,17 +96,35 @@ NATIVE_SESSIONS: Final = Arm("native-sessions", "workload-native-sessions", COHO
                              MeasurementKind.SESSIONS,   _NATIVE, NATIVE_PROFILE,  "sessions")
 NATIVE_OPEN_LOOP: Final = Arm("native-open-loop", "workload-native-open-loop", COHORT_NATIVE,
                               MeasurementKind.OPEN_LOOP, _NATIVE, NATIVE_PROFILE,  "open-loop")
+# The overlap sweep on the paired stage servers, in their OpenAI chat dialect (text prompts).
+OLD_OVERLAP: Final = Arm("old-overlap",       "workload-old-overlap",    COHORT_OPENAI,
+                         MeasurementKind.PREFIX_OVERLAP, _STAGE,  OLD_PROFILE,     "old overlap")
+NEW_OVERLAP: Final = Arm("new-overlap",       "workload-new-overlap",    COHORT_OPENAI,
+                         MeasurementKind.PREFIX_OVERLAP, _STAGE,  NEW_PROFILE,     "new overlap")
+# The multi-turn sessions on the paired stage servers (chat messages, the answers as sent).
+OLD_SESSIONS: Final = Arm("old-sessions",     "workload-old-sessions",   COHORT_OPENAI,
+                          MeasurementKind.SESSIONS,      _STAGE,  OLD_PROFILE,     "old sessions")
+NEW_SESSIONS: Final = Arm("new-sessions",     "workload-new-sessions",   COHORT_OPENAI,
+                          MeasurementKind.SESSIONS,      _STAGE,  NEW_PROFILE,     "new sessions")
 # fmt: on
 
 # The workload arms in the order a row runs them, after its host arms (each only when the
 # prepared input has a workload file choosing it).
 WORKLOAD_ARMS: Final = (NATIVE_OVERLAP, NATIVE_SESSIONS, NATIVE_OPEN_LOOP)
+# The workload arms of the paired stage servers, after the native ones: planned only when both
+# old and new servers are bound (paired serving planned) and the workload file chooses it.
+STAGE_WORKLOAD_ARMS: Final = (OLD_OVERLAP, NEW_OVERLAP, OLD_SESSIONS, NEW_SESSIONS)
+# Each stage workload arm's old/new pair, by measurement kind (the report compares them).
+PAIRED_WORKLOAD_ARMS: Final = {
+    MeasurementKind.PREFIX_OVERLAP: (OLD_OVERLAP, NEW_OVERLAP),
+    MeasurementKind.SESSIONS: (OLD_SESSIONS, NEW_SESSIONS),
+}
 
 # The host arms in the order a row runs them (and its observations list them).
 HOST_ARMS: Final = (NATIVE_SERIAL, NATIVE_CONCURRENT, SKIPPY_OLD, SKIPPY_NEW)
 # The paired arms whose rungs are compared with each other (parity).
 PAIRED_ARMS: Final = (SKIPPY_OLD, SKIPPY_NEW)
-ARMS: Final = (CORRECTNESS, *HOST_ARMS, *WORKLOAD_ARMS)
+ARMS: Final = (CORRECTNESS, *HOST_ARMS, *WORKLOAD_ARMS, *STAGE_WORKLOAD_ARMS)
 ARM_BY_NAME: Final = {arm.name: arm for arm in ARMS}
 
 

@@ -67,6 +67,11 @@ class OverlapPointMeasured(_WorkloadRecord, tag="overlap_point", frozen=True, kw
     groups: int
     seed: int
     requests: tuple[WorkloadRequest, ...] = ()
+    # A chat dialect's template, as the cell's calibration measured it (0 on llama-server's
+    # /completion, which has none): the design above is of the message, and each request's
+    # figures (the server's, of the whole prompt) are judged less these.
+    template_tokens: int = 0
+    template_reused_tokens: int = 0
 
 
 class SessionsMeasured(_WorkloadRecord, tag="sessions_measured", frozen=True, kw_only=True):
@@ -144,6 +149,9 @@ class OverlapPointReceipt(msgspec.Struct, frozen=True, kw_only=True):
     refusal: str | None = None
     # Median server prompt time of the measured requests (None: none completed).
     prompt_ms_p50: float | None = None
+    # A stage arm's measured requests' server prompt times, in send order (the report's
+    # old-against-new interval); left out of a native arm's receipt (UNSET: not encoded).
+    prompt_ms: tuple[float, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class TurnReceipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,6 +161,9 @@ class TurnReceipt(msgspec.Struct, frozen=True, kw_only=True):
     expected_reused_tokens: int
     achieved_reused_tokens: int
     prompt_ms_p50: float | None = None
+    # A stage arm's requests' server prompt times at this turn index, in send order (the
+    # report's old-against-new interval); left out of a native arm's receipt.
+    prompt_ms: tuple[float, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionsReceipt(msgspec.Struct, frozen=True, kw_only=True):

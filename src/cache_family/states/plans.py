@@ -13,8 +13,9 @@ from typing import Final, Literal
 from cache_family.schemas.arms import (
     CORRECTNESS,
     HOST_ARMS,
+    OLD_PROFILE,
     PAIRED_ARMS,
-    SKIPPY_OLD,
+    STAGE_WORKLOAD_ARMS,
     WORKLOAD_ARMS,
     Arm,
     HostKind,
@@ -26,6 +27,11 @@ from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRo
 from cache_family.schemas.workload import WorkloadFile
 from cache_family.states.correctness import CorrectnessSpec
 from cache_family.states.handoff import PACKAGE_LAYER_COUNT
+from cache_family.states.workloads import (
+    CHAT_ALPHABET,
+    CHAT_TEMPLATE_ROOM_PER_MESSAGE,
+    chat_starts_needed,
+)
 
 CORRECTNESS_NOT_STARTED: Final = "correctness_not_started"
 
@@ -225,7 +231,8 @@ def arm_plans(row: PreparedRow) -> tuple[ArmPlan, ...]:
 def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPlan, ...]:
     """The workload arms a row runs after its host arms: one per workload the prepared
     input's workload file chooses (none without one), on the native host; skipped with the
-    native baseline's reason when that host is not planned for the row."""
+    native baseline's reason when that host is not planned for the row. The overlap sweep
+    also runs on the old and new stage servers (their chat dialect) when both are bound."""
     pin = prepared.workloads
     if pin is None:
         return ()
@@ -235,19 +242,37 @@ def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPl
         MeasurementKind.OPEN_LOOP: pin.workloads.open_loop,
     }
     native = row.tasks.concurrent_baseline
-    return tuple(
+    plans = [
         _arm_plan(arm, native.planned, native.skip_reason)
         for arm in WORKLOAD_ARMS
         if chosen[arm.kind] is not None
-    )
+    ]
+    if row.tasks.paired_serving.planned:
+        # As the paired host arms: only when both old and new stage servers are bound. Their
+        # text prompts each start with a character of their own: a workload needing more than
+        # the chat alphabet holds is skipped, saying so, rather than faulting its cells.
+        for arm in STAGE_WORKLOAD_ARMS:
+            if chosen[arm.kind] is None:
+                continue
+            needed = chat_starts_needed(pin.workloads, arm.kind)
+            if needed <= len(CHAT_ALPHABET):
+                plans.append(ArmPlan(arm=arm.name))
+                continue
+            reason = (
+                f"workload.overlap.vocabulary: the chat dialect's {arm.kind.value} needs "
+                f"{needed} distinct first characters, the alphabet has {len(CHAT_ALPHABET)}"
+            )
+            plans.append(ArmPlan(arm=arm.name, status="skipped", reason=reason))
+    return tuple(plans)
 
 
 def _workload_sizes(
     workloads: WorkloadFile, arm: Arm, row: PreparedRow
 ) -> tuple[int, int, int, int | None]:
     """(output tokens, slots, --ctx-size, --cache-ram) of a workload arm's host. Overlap: a
-    slot per prefix group; sessions: a slot per user (each request names its slot); both
-    without the host-side prompt cache. Open loop: the native baseline's host."""
+    slot per prefix group (on a stage server too: its ``stage.json`` lanes and context); sessions:
+    a slot per user (each request names its slot); both without the host-side prompt cache.
+    Open loop: the native baseline's host."""
     margin = 8
     if arm.kind == MeasurementKind.PREFIX_OVERLAP:
         overlap = workloads.prefix_overlap
@@ -262,6 +287,9 @@ def _workload_sizes(
             + sessions.user_context_tokens
             + sessions.turns * (sessions.question_tokens + sessions.answer_tokens)
         )
+        if arm.host_kind == HostKind.STAGE:
+            # Room for the chat template around each message (system, then two per turn).
+            longest += CHAT_TEMPLATE_ROOM_PER_MESSAGE * (1 + 2 * sessions.turns)
         return sessions.answer_tokens, sessions.users, (longest + margin) * sessions.users, 0
     arrivals = workloads.open_loop
     assert arrivals is not None
@@ -307,7 +335,7 @@ def host_profile(
     if arm.host_kind == HostKind.STAGE:
         profile = None
         if profiles is not None:
-            profile = profiles.old if arm == SKIPPY_OLD else profiles.new
+            profile = profiles.old if arm.profile == OLD_PROFILE else profiles.new
         if profile is None:
             return None, f"the prepared input has no {arm.name} host profile for this case"
         if profile.model_sha256 != observed:

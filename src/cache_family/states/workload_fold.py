@@ -7,6 +7,7 @@ from typing import Final
 
 import msgspec
 
+from cache_family.schemas.arms import ARM_BY_NAME, HostKind
 from cache_family.schemas.journal import CellOpened, JournalLine, ReceiptPublished, RunStarted
 from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
@@ -48,8 +49,9 @@ def _answered(request: WorkloadRequest) -> bool:
     )
 
 
-def overlap_point(record: OverlapPointMeasured) -> OverlapPointReceipt:
-    """A point judged from its measured (not priming) requests' server figures."""
+def overlap_point(record: OverlapPointMeasured, *, samples: bool = False) -> OverlapPointReceipt:
+    """A point judged from its measured (not priming) requests' server figures, less what a
+    chat template adds (``samples``: the receipt lists each request's prompt time)."""
     design = PrefixDesign(
         hit_ratio_pct=record.hit_ratio_pct,
         prompt_tokens=record.prompt_tokens,
@@ -61,8 +63,16 @@ def overlap_point(record: OverlapPointMeasured) -> OverlapPointReceipt:
     measured = [r for r in record.requests if not r.priming]
     answered = [r for r in measured if _answered(r)]
     verdict = overlap_verdict(
-        design, [(r.prompt_tokens or 0, r.cached_tokens or 0) for r in answered]
+        design,
+        [
+            (
+                (r.prompt_tokens or 0) - record.template_tokens,
+                max(0, (r.cached_tokens or 0) - record.template_reused_tokens),
+            )
+            for r in answered
+        ],
     )
+    times = [r.prompt_ms for r in answered if r.prompt_ms is not None]
     return OverlapPointReceipt(
         hit_ratio_pct=record.hit_ratio_pct,
         prompt_tokens=record.prompt_tokens,
@@ -76,11 +86,13 @@ def overlap_point(record: OverlapPointMeasured) -> OverlapPointReceipt:
         accepted=verdict.accepted and len(answered) == len(measured),
         refusal=verdict.refusal
         or (None if len(answered) == len(measured) else "workload.overlap.nothing_measured"),
-        prompt_ms_p50=_p50([r.prompt_ms for r in answered if r.prompt_ms is not None]),
+        prompt_ms_p50=_p50(times),
+        prompt_ms=tuple(times) if samples else msgspec.UNSET,
     )
 
 
-def sessions_receipt(record: SessionsMeasured) -> SessionsReceipt:
+def sessions_receipt(record: SessionsMeasured, *, samples: bool = False) -> SessionsReceipt:
+    """Reuse and prompt time by turn index (``samples``: each turn lists its prompt times)."""
     plan = [
         SessionTurn(
             position=r.position,
@@ -112,12 +124,19 @@ def sessions_receipt(record: SessionsMeasured) -> SessionsReceipt:
                 expected_reused_tokens=t.expected_reused_tokens,
                 achieved_reused_tokens=t.achieved_reused_tokens,
                 prompt_ms_p50=_p50(prompt_ms.get(t.turn, [])),
+                prompt_ms=tuple(prompt_ms.get(t.turn, ())) if samples else msgspec.UNSET,
             )
             for t in turns
         ),
         eviction_turn=eviction_turn(turns),
         failed_requests=len(record.requests) - len(answered),
     )
+
+
+def _stage(cell: CellOpened | None) -> bool:
+    """The cell is a stage server's: its receipt lists per-request prompt times."""
+    arm = ARM_BY_NAME.get(cell.arm) if cell is not None else None
+    return arm is not None and arm.host_kind == HostKind.STAGE
 
 
 def fold_workload(
@@ -144,9 +163,9 @@ def fold_workload(
         elif isinstance(record, WorkloadOpened):
             opened = record
         elif isinstance(record, OverlapPointMeasured):
-            points.append(overlap_point(record))
+            points.append(overlap_point(record, samples=_stage(cell)))
         elif isinstance(record, SessionsMeasured):
-            sessions = sessions_receipt(record)
+            sessions = sessions_receipt(record, samples=_stage(cell))
         elif isinstance(record, OpenLoopStageMeasured):
             stages.append(record)
         elif isinstance(record, WorkloadStopped):

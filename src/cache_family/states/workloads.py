@@ -13,10 +13,12 @@ from typing import Final, Literal
 import msgspec
 
 from cache_family.errors import Refused
+from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.measurement import ReuseRule
 from cache_family.schemas.refusal_codes import RefusalCode
-from cache_family.schemas.workload import MultiTurn, OverSaturation
+from cache_family.schemas.workload import MultiTurn, OverSaturation, WorkloadFile
 from cache_family.states.cache_reuse import (
+    CHECKPOINT_TAIL,
     DEFAULT_N_UBATCH,
     checkpoints,
     expected_cached_tokens,
@@ -73,6 +75,17 @@ WORKLOAD_VERDICT_CODES: Final = _codes(
         "the workload stopped before this point's plan was sent (cancelled, out of time or "
         "the host gone): what it sent is kept, the point is not judged",
         "resume the run (`cache-family run --resume RUN_DIR`): its row runs again afresh",
+    ),
+    RefusalCode(
+        "workload.chat.text_not_one_token_per_character",
+        "the chat server counted the design's text other than one prompt token per character",
+        "the chat dialect designs prompts for a byte-token vocabulary (the zoo's); use the "
+        "native arm for this model",
+    ),
+    RefusalCode(
+        "workload.chat.no_usage",
+        "the chat server's reply gave no usage.prompt_tokens and cached_tokens to judge by",
+        "the chat dialect judges reuse by the server's own counts: serve them",
     ),
     RefusalCode(
         "workload.arrivals.in_flight_growing",
@@ -249,6 +262,103 @@ def overlap_prompts(
         ]
         for request in order
     ]
+
+
+# --- prefix overlap in a chat dialect (a stage server: OpenAI chat, text prompts) ---------------
+
+#: The characters a chat-dialect prompt is written in: each one prompt token of its own on a
+#: byte-token vocabulary (no merges among them; the calibration checks it on the server).
+CHAT_ALPHABET: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&()*+,-./:;=?@[]^_~"
+#: The calibration's shorter message (the longer one is twice as long).
+CHAT_PROBE_CHARACTERS: Final = 16
+
+
+#: Context room a stage host's slot keeps for the chat template around each message (a
+#: capacity, never a length the design relies on: lengths are the server's counts).
+CHAT_TEMPLATE_ROOM_PER_MESSAGE: Final = 32
+#: A chat-dialect session's answers: characters of ``CHAT_ALPHABET`` only (a llama.cpp grammar),
+#: so the answer's text, sent back in the next turn, is the tokens the server generated.
+CHAT_ANSWER_GRAMMAR: Final = "root ::= [A-Z0-9]+"
+
+
+def chat_starts_needed(workloads: WorkloadFile, kind: MeasurementKind) -> int:
+    """The distinct first characters a chat-dialect workload draws at most. Overlap: the
+    calibration's two messages, then per point a prefix per group and one per request
+    (priming ones included); sessions: the system prompt and each user's context."""
+    overlap, sessions = workloads.prefix_overlap, workloads.multi_turn
+    if kind == MeasurementKind.PREFIX_OVERLAP and overlap is not None:
+        return 2 + len(overlap.hit_ratios_pct) * (2 * overlap.groups + overlap.requests)
+    if kind == MeasurementKind.SESSIONS and sessions is not None:
+        return 1 + sessions.users
+    return 0
+
+
+def chat_text(ids: Sequence[int]) -> str:
+    """Token-design ids (below ``len(CHAT_ALPHABET)``) as the message text that carries them."""
+    return "".join(CHAT_ALPHABET[i] for i in ids)
+
+
+class ChatTemplate(msgspec.Struct, frozen=True, kw_only=True):
+    """What a chat server's template adds around one user message, as the server counted
+    it: ``tokens`` beyond the message's own, and ``reused_tokens``, what two prompts that share
+    nothing of their messages still share through the template (its head, as the family's
+    rule reuses it: the whole head for plain attention, nothing for a checkpoint rule)."""
+
+    tokens: int
+    reused_tokens: int
+
+
+def chat_template(
+    short: tuple[int, int], long: tuple[int, int], *, short_characters: int, reused_tokens: int
+) -> ChatTemplate:
+    """The template from two calibration messages on one slot, ``short`` then ``long``
+    (twice as long, its first character another), each (characters, the server's prompt
+    tokens); ``reused_tokens``: the cached tokens the server reported for ``long``. Refused
+    (``workload.chat.text_not_one_token_per_character``) unless the server counted one
+    token per added character."""
+    (short_chars, short_tokens), (long_chars, long_tokens) = short, long
+    if short_chars != short_characters or long_tokens - short_tokens != long_chars - short_chars:
+        code = "workload.chat.text_not_one_token_per_character"
+        raise Refused.one(
+            code,
+            "$.prefix_overlap",
+            f"{short_chars} and {long_chars} characters were {short_tokens} and "
+            f"{long_tokens} prompt tokens",
+            WORKLOAD_VERDICT_CODES[code].hint,
+        )
+    return ChatTemplate(tokens=short_tokens - short_chars, reused_tokens=reused_tokens)
+
+
+def design_chat_prefix(
+    rule: ReuseRule | None,
+    prompt_tokens: int,
+    hit_ratio_pct: int,
+    template: ChatTemplate,
+    *,
+    n_ubatch: int = DEFAULT_N_UBATCH,
+) -> PrefixDesign:
+    """The design of a point whose prompts the server counts ``prompt_tokens`` long, the
+    template's tokens included, in the message's terms: ``prompt_tokens`` of the design is the
+    message's (the prompt less the template), its prefix and reuse beyond what the template
+    alone shares. Plain attention: the message's prefix, as ``design_prefix`` of the message.
+    A checkpoint rule reuses a checkpoint of the whole earlier prompt: the whole prompt's
+    design, its shared part put into the message (the template's head in front carries the
+    common prefix past the checkpoint by the head only, short of the next one)."""
+    message = prompt_tokens - template.tokens
+    if rule == "exact-prefix" or rule is None:
+        return design_prefix(rule, message, hit_ratio_pct, n_ubatch=n_ubatch)
+    whole = design_prefix(rule, prompt_tokens, hit_ratio_pct, n_ubatch=n_ubatch)
+    fits = whole.shared_prefix_tokens + template.tokens < prompt_tokens - CHECKPOINT_TAIL
+    shared = whole.shared_prefix_tokens if fits else 0
+    reusable = whole.reusable_tokens if fits else 0
+    return PrefixDesign(
+        hit_ratio_pct=hit_ratio_pct,
+        prompt_tokens=message,
+        rule=rule,
+        requested_prefix_tokens=message * hit_ratio_pct // 100,
+        shared_prefix_tokens=shared,
+        reusable_tokens=max(0, reusable - template.reused_tokens),
+    )
 
 
 def acceptance_band_pp(

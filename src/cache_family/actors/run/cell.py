@@ -23,6 +23,7 @@ from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, PromptCuts
 from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
 from cache_family.actors.run.workloads import WORKLOAD_RUNNERS, WorkloadHost, WorkloadHostLost
 from cache_family.errors import Refused
+from cache_family.schemas.arms import HostKind
 from cache_family.schemas.journal import (
     Cancellation,
     CellOpened,
@@ -714,6 +715,8 @@ class CellActor:
             prompt_text=prompt.text,
             ignore_eos=plan.synthetic,
             host_alive=live.still_same,
+            chat=plan.host_kind == HostKind.STAGE,
+            model_id=plan.model_id,
         )
         try:
             finished = await WORKLOAD_RUNNERS[plan.arm.kind](host)

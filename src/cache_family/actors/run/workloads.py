@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -11,9 +12,10 @@ import trio
 
 from cache_family.actors.run.context import is_cancellation
 from cache_family.actors.run.open_loop import RateStage, completion_exchange, run_rates
+from cache_family.errors import Refused
 from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.journal import Record
-from cache_family.schemas.workload import WorkloadFile
+from cache_family.schemas.workload import MultiTurn, WorkloadFile
 from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
     OverlapPointMeasured,
@@ -24,7 +26,14 @@ from cache_family.schemas.workload_records import (
 )
 from cache_family.states.cache_reuse import reuse_rule
 from cache_family.states.workloads import (
+    CHAT_ALPHABET,
+    CHAT_ANSWER_GRAMMAR,
+    CHAT_PROBE_CHARACTERS,
+    ChatTemplate,
     FreshStarts,
+    chat_template,
+    chat_text,
+    design_chat_prefix,
     design_prefix,
     overlap_order,
     overlap_prompts,
@@ -56,6 +65,10 @@ class WorkloadHost:
     # Whether the host is still the one spawned (asked after a request failed: a host gone
     # mid-point is a fault of the cell, not a refused point).
     host_alive: Callable[[], bool] = lambda: True
+    # The host's dialect: llama-server's ``/completion`` of token ids, or a stage server's
+    # OpenAI chat (text messages, to ``model_id``).
+    chat: bool = False
+    model_id: str = ""
 
 
 class WorkloadHostLost(Exception):
@@ -164,9 +177,113 @@ async def _complete(
     return _Answer(reply, (trio.current_time() - start) * 1000, error)
 
 
+class _ChatAnswer(_Answer):
+    """An OpenAI chat reply: the server's counts from ``usage`` (its prompt tokens, the
+    template's included, and ``prompt_tokens_details.cached_tokens``), its prompt time from
+    llama.cpp's ``timings`` when the server passes them on."""
+
+    def request(self, position: int, **plan: Any) -> WorkloadRequest:
+        reply = self.reply
+        if reply is None:
+            return super().request(position, **plan)
+        usage = reply.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        timings = reply.get("timings") or {}
+        return WorkloadRequest(
+            position=position,
+            status="completed",
+            prompt_tokens=usage.get("prompt_tokens"),
+            cached_tokens=details.get("cached_tokens"),
+            prompt_ms=timings.get("prompt_ms"),
+            elapsed_ms=self.elapsed_ms,
+            **plan,
+        )
+
+    @property
+    def content(self) -> str:
+        """The answer's text (``choices[0].message.content``)."""
+        choices = (self.reply or {}).get("choices") or [{}]
+        return str((choices[0].get("message") or {}).get("content") or "")
+
+    @property
+    def completion_tokens(self) -> int | None:
+        found = ((self.reply or {}).get("usage") or {}).get("completion_tokens")
+        return found if isinstance(found, int) else None
+
+
+async def _chat(
+    host: WorkloadHost,
+    messages: str | list[dict[str, str]],
+    max_tokens: int,
+    slot: int,
+    *,
+    exact: bool = False,
+) -> _ChatAnswer:
+    """One non-streamed chat completion on ``slot`` (greedy) of one user message, or of a
+    conversation; ``exact``: exactly ``max_tokens`` answer tokens, in ``CHAT_ALPHABET``."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    body: dict[str, Any] = {
+        "model": host.model_id,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": False,
+        # llama.cpp's slot choice, passed on by the stage server: a group keeps its slot.
+        "id_slot": slot,
+    }
+    if exact or host.ignore_eos:
+        body["ignore_eos"] = True
+    if exact:
+        body["grammar"] = CHAT_ANSWER_GRAMMAR
+    start = trio.current_time()
+    url = host.base_url.rstrip("/") + "/v1/chat/completions"
+    timeout = min(host.request_timeout_ms / 1000, max(0.0, host.deadline - start))
+    error: str | None = "request timed out"
+    reply: Mapping[str, Any] | None = None
+    with trio.move_on_after(timeout):
+        try:
+            async with host.http.request("POST", url, json_body=body) as response:
+                data = await response.read(_BODY_LIMIT)
+            if response.status_code != 200:
+                error = f"HTTP {response.status_code}: {data[:200]!r}"
+            else:
+                reply, error = json.loads(data), None
+        except (HttpError, OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    return _ChatAnswer(reply, (trio.current_time() - start) * 1000, error)
+
+
+async def _chat_template(host: WorkloadHost, starts: FreshStarts, seed: int) -> ChatTemplate:
+    """Two messages on slot 0 sharing nothing, the second twice as long: what the server
+    counted for each gives the template's tokens, and its reuse of the second what the
+    template alone lets two prompts share."""
+    rng = random.Random(seed)  # noqa: S311 -- reproducible probe text, not a secret
+    counted: list[tuple[int, int]] = []
+    cached = 0
+    for length in (CHAT_PROBE_CHARACTERS, 2 * CHAT_PROBE_CHARACTERS):
+        ids = [starts.take(), *(rng.randrange(len(CHAT_ALPHABET)) for _ in range(length - 1))]
+        answer = await _chat(host, chat_text(ids), 1, 0)
+        reply = answer.request(-1)
+        if reply.prompt_tokens is None or reply.cached_tokens is None:
+            raise Refused.one(
+                "workload.chat.no_usage",
+                "$.prefix_overlap",
+                f"the chat server's reply gave no usage.prompt_tokens and "
+                f"prompt_tokens_details.cached_tokens ({answer.error or 'no error'})",
+                "the chat dialect judges reuse by the server's own counts: serve them",
+            )
+        counted.append((length, reply.prompt_tokens))
+        cached = reply.cached_tokens
+    return chat_template(
+        counted[0], counted[1], short_characters=CHAT_PROBE_CHARACTERS, reused_tokens=cached
+    )
+
+
 async def _opened(host: WorkloadHost, kind: MeasurementKind, spec_json: str) -> int:
     rule = reuse_rule(host.architecture)
-    vocabulary = await vocabulary_size(host)
+    # A chat dialect's prompts are text in the design alphabet (``states.workloads``).
+    vocabulary = len(CHAT_ALPHABET) if host.chat else await vocabulary_size(host)
     await host.journal(
         WorkloadOpened(
             cell_id=host.cell_id,
@@ -191,8 +308,12 @@ async def run_overlap(host: WorkloadHost) -> bool:
         return True  # nothing can be designed: the receipt says unmeasured
     starts = FreshStarts(vocabulary, spec.seed)
     order = overlap_order(spec.groups, spec.requests, spec.seed)
+    template = await _chat_template(host, starts, spec.seed) if host.chat else None
     for index, ratio in enumerate(spec.hit_ratios_pct):
-        design = design_prefix(rule, spec.prompt_tokens, ratio)
+        if template is None:
+            design = design_prefix(rule, spec.prompt_tokens, ratio)
+        else:
+            design = design_chat_prefix(rule, spec.prompt_tokens, ratio, template)
         prompts = overlap_prompts(
             design, order, vocabulary_size=vocabulary, seed=spec.seed + ratio, starts=starts
         )
@@ -203,9 +324,13 @@ async def run_overlap(host: WorkloadHost) -> bool:
                 if trio.current_time() >= host.deadline:
                     stop = "deadline"
                     break
-                answer = await _complete(
-                    host, prompt, spec.output_tokens, planned.group, exact=False
-                )
+                answer: _Answer
+                if template is None:
+                    answer = await _complete(
+                        host, prompt, spec.output_tokens, planned.group, exact=False
+                    )
+                else:
+                    answer = await _chat(host, chat_text(prompt), spec.output_tokens, planned.group)
                 sent.append(
                     answer.request(
                         planned.position,
@@ -233,6 +358,8 @@ async def run_overlap(host: WorkloadHost) -> bool:
                         groups=spec.groups,
                         seed=spec.seed + ratio,
                         requests=tuple(sent),
+                        template_tokens=template.tokens if template else 0,
+                        template_reused_tokens=template.reused_tokens if template else 0,
                     )
                 )
                 if stop is not None:
@@ -242,11 +369,82 @@ async def run_overlap(host: WorkloadHost) -> bool:
     return True
 
 
+async def _chat_sessions(host: WorkloadHost, spec: MultiTurn, vocabulary: int) -> bool:
+    """Sessions as chat conversations: a system message, the user's context and first
+    question, then per turn the answer as the server gave it and the next question. Each
+    turn should reuse the previous turn's prompt and answer as the server counted them (its
+    answer's last token, sampled, never evaluated): the answers are held to the design
+    alphabet, so their text is the tokens the server generated."""
+    tokens = session_tokens(
+        spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
+    )
+    plan = session_plan(spec, reuse_rule(host.architecture))
+    conversations: dict[int, list[dict[str, str]]] = {}
+    counted: dict[int, tuple[int, int]] = {}
+    sent: list[WorkloadRequest] = []
+    stop: str | None = None
+    try:
+        for item in plan:
+            if item.position and spec.think_time_ms:
+                await trio.sleep(spec.think_time_ms / 1000)
+            if trio.current_time() >= host.deadline:
+                stop = "deadline"
+                break
+            question = chat_text(tokens.questions[item.user][item.turn])
+            if item.turn == 0:
+                first = chat_text([*tokens.contexts[item.user], *tokens.questions[item.user][0]])
+                system = chat_text(tokens.system)
+                messages = [{"role": "system", "content": system}] if system else []
+                messages.append({"role": "user", "content": first})
+            else:
+                messages = [
+                    *conversations.get(item.user, ()),
+                    {"role": "user", "content": question},
+                ]
+            answer = await _chat(host, messages, spec.answer_tokens, item.user, exact=True)
+            conversations[item.user] = [
+                *messages,
+                {"role": "assistant", "content": answer.content},
+            ]
+            earlier = counted.get(item.user)
+            expected = 0
+            if item.expected_reused_tokens and earlier is not None:
+                expected = earlier[0] + earlier[1] - 1
+            request = answer.request(
+                item.position, group=item.user, turn=item.turn, expected_reused_tokens=expected
+            )
+            counted.pop(item.user, None)
+            if request.prompt_tokens is not None and answer.completion_tokens:
+                counted[item.user] = (request.prompt_tokens, answer.completion_tokens)
+            sent.append(request)
+            _check_host(host, answer)
+    except BaseException as exc:
+        stop = _stop_reason(exc)
+        raise
+    finally:
+        with trio.CancelScope(shield=stop is not None):
+            await host.journal(
+                SessionsMeasured(
+                    cell_id=host.cell_id,
+                    users=spec.users,
+                    turns=spec.turns,
+                    seed=spec.seed,
+                    think_time_ms=spec.think_time_ms,
+                    requests=tuple(sent),
+                )
+            )
+            if stop is not None:
+                await _stopped(host, MeasurementKind.SESSIONS, stop, None, len(sent))
+    return stop is None
+
+
 async def run_sessions(host: WorkloadHost) -> bool:
     spec = host.workloads.multi_turn
     assert spec is not None
     kind = MeasurementKind.SESSIONS
     vocabulary = await _opened(host, kind, spec.model_dump_json())
+    if host.chat:
+        return await _chat_sessions(host, spec, vocabulary)
     tokens = session_tokens(
         spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
     )

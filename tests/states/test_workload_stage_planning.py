@@ -1,0 +1,85 @@
+"""The stage servers' workload arms in a row's plan: only when both stage servers are bound
+(paired serving planned), for each of overlap and sessions the file chooses, after the native
+workload arms; skipped, saying why, when a workload needs more distinct first characters than
+the chat alphabet holds; each on its own stage profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from run_harness import make_prepared
+
+from cache_family.schemas.arms import (
+    NEW_OVERLAP,
+    NEW_SESSIONS,
+    OLD_OVERLAP,
+    OLD_PROFILE,
+    OLD_SESSIONS,
+    MeasurementKind,
+)
+from cache_family.schemas.prepared import PreparedInput, PreparedRow, load_prepared_input
+from cache_family.schemas.workload import WorkloadsPin, validate_workload_object
+from cache_family.states.plans import workload_arm_plans
+from cache_family.states.workloads import CHAT_ALPHABET, chat_starts_needed
+
+PREFIX = MeasurementKind.PREFIX_OVERLAP
+
+
+def _prepared(tmp_path: Path, overlap: dict[str, object] | None) -> PreparedInput:
+    document: dict[str, object] = {"schema_version": 1, "multi_turn": {"users": 1, "turns": 2}}
+    if overlap is not None:
+        document["prefix_overlap"] = overlap
+    pin = WorkloadsPin(
+        path="/w.json", sha256="a" * 64, workloads=validate_workload_object(document)
+    )
+    prepared = load_prepared_input(str(make_prepared(tmp_path / "p")))
+    return prepared.model_copy(update={"workloads": pin})
+
+
+def _paired(row: PreparedRow, planned: bool) -> PreparedRow:
+    tasks = row.tasks
+    paired = tasks.paired_serving.model_copy(update={"planned": planned})
+    return row.model_copy(update={"tasks": tasks.model_copy(update={"paired_serving": paired})})
+
+
+def test_the_stage_overlap_arms_come_only_with_both_stage_servers_bound(tmp_path: Path) -> None:
+    prepared = _prepared(tmp_path, {"prompt_tokens": 64, "groups": 1, "requests": 2})
+    row = prepared.rows[0]
+    unpaired = workload_arm_plans(prepared, _paired(row, False))
+    assert [p.arm for p in unpaired] == ["native-overlap", "native-sessions"]
+    paired = workload_arm_plans(prepared, _paired(row, True))
+    assert [(p.arm, p.status) for p in paired] == [
+        ("native-overlap", "planned"),
+        ("native-sessions", "planned"),
+        (OLD_OVERLAP.name, "planned"),
+        (NEW_OVERLAP.name, "planned"),
+        (OLD_SESSIONS.name, "planned"),
+        (NEW_SESSIONS.name, "planned"),
+    ]
+    assert OLD_OVERLAP.profile == OLD_PROFILE and NEW_OVERLAP.profile != OLD_PROFILE
+    # Only the chosen workloads: sessions alone plan no overlap arm.
+    sessions_only = _prepared(tmp_path / "s", None)
+    plans = workload_arm_plans(sessions_only, _paired(sessions_only.rows[0], True))
+    assert [p.arm for p in plans] == ["native-sessions", OLD_SESSIONS.name, NEW_SESSIONS.name]
+
+
+def test_a_sweep_beyond_the_chat_alphabet_skips_the_stage_arms_with_the_code(
+    tmp_path: Path,
+) -> None:
+    overlap = {"prompt_tokens": 64, "groups": 4, "requests": 16}
+    prepared = _prepared(tmp_path, overlap)
+    spec = prepared.workloads.workloads.prefix_overlap  # type: ignore[union-attr]
+    assert spec is not None and chat_starts_needed(prepared.workloads.workloads, PREFIX) > len(
+        CHAT_ALPHABET
+    )  # type: ignore[union-attr]
+    plans = workload_arm_plans(prepared, _paired(prepared.rows[0], True))
+    stage = [p for p in plans if p.arm in (OLD_OVERLAP.name, NEW_OVERLAP.name)]
+    assert [p.status for p in stage] == ["skipped", "skipped"]
+    # The sessions' few starts fit: their stage arms stay planned.
+    assert [p.status for p in plans if p.arm in (OLD_SESSIONS.name, NEW_SESSIONS.name)] == [
+        "planned",
+        "planned",
+    ]
+    assert all((p.reason or "").startswith("workload.overlap.vocabulary") for p in stage)
+    # The native arm is not limited by the alphabet.
+    assert plans[0].arm == "native-overlap" and plans[0].status == "planned"
