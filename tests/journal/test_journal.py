@@ -42,8 +42,8 @@ from cache_family.schemas.journal import (
     read_journal,
 )
 from cache_family.schemas.measurement import HostCleanup
-from cache_family.schemas.workload_records import OverlapPointMeasured
 from cache_family.schemas.receipts import decode_cell_receipt, encode_receipt
+from cache_family.schemas.workload_records import OverlapPointMeasured
 from cache_family.states.cell import CellEvent
 from cache_family.states.fold import fold_cell
 
