@@ -43,6 +43,7 @@ from cache_family.schemas.journal import (
 )
 from cache_family.schemas.measurement import HostCleanup
 from cache_family.schemas.receipts import decode_cell_receipt, encode_receipt
+from cache_family.schemas.workload_records import OverlapPointMeasured
 from cache_family.states.cell import CellEvent
 from cache_family.states.fold import fold_cell
 
@@ -369,6 +370,33 @@ def make_writer(tmp_path: Path, **kwargs: object) -> tuple[JournalWriter, Counti
         **kwargs,  # type: ignore[arg-type]
     )
     return writer, fsync
+
+
+async def test_a_workload_point_is_durable_as_soon_as_it_is_journaled(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    """Nothing follows a point inside the workload state, so no later state change would
+    fsync it: a run killed outright keeps every point journaled before the kill."""
+    writer, fsync = make_writer(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.append(run_started())
+        point = OverlapPointMeasured(
+            cell_id="cell-0000",
+            hit_ratio_pct=90,
+            prompt_tokens=1024,
+            rule="exact_prefix",
+            requested_prefix_tokens=921,
+            shared_prefix_tokens=921,
+            reusable_tokens=921,
+            groups=2,
+            seed=7,
+        )
+        seq = await writer.append(point)
+        assert writer.durable_seq == seq == 2 and fsync.calls == 2
+        await writer.aclose()
+    lines = Path(journal_path(str(tmp_path))).read_bytes().splitlines()
+    assert b'"type":"overlap_point"' in lines[-1]
 
 
 async def test_fsync_only_at_state_changes_and_batches(
