@@ -1,7 +1,7 @@
 """The demo's workload run (not in ``--quick``): the workload file it writes is valid, its
 steps prepare with it, run, report and replay; and, on the real parts, the run measures the
-overlap and the open-loop sweep on one attention and one recurrent family (the overlap also
-on the old and new stage servers), every accepted point within its band, the report shows
+overlap and the open-loop sweep on one attention and one recurrent family (both also on the
+old and new stage servers), every accepted point within its band, the report shows
 both sections and old against new, and replay is identical."""
 
 from __future__ import annotations
@@ -105,10 +105,22 @@ def test_the_demo_workload_run_measures_both_families_and_replays(
         assert all(p.accepted for p in overlap.overlap), overlap.overlap
         sweep = by_family[(family, "open-loop")].open_loop
         assert [s.stage for s in sweep[:2]] == ["synchronous", "throughput"]
+    # The open-loop sweep on each stage server too: the row's prompt as a streamed chat, the
+    # same closed-loop stages first as on the native host, answered through the stage server.
+    stage_loops = {
+        (r.architecture, r.arm): r for r in receipts if r.arm in ("old-open-loop", "new-open-loop")
+    }
+    assert set(stage_loops) == {
+        (f, a) for f in WORKLOAD_CASES for a in ("old-open-loop", "new-open-loop")
+    }
+    for receipt in stage_loops.values():
+        assert receipt.status == "accepted", receipt
+        assert [s.stage for s in receipt.open_loop[:2]] == ["synchronous", "throughput"]
+        assert all(s.completed > 0 for s in receipt.open_loop[:2]), receipt.open_loop
     # The recurrent family reuses what its checkpoint rule allows, not the attention figure.
     hybrid = {p.hit_ratio_pct: p for p in by_family[("qwen3next", "prefix-overlap")].overlap}
     assert hybrid[90].designed_ratio_pct < 90
     markdown = (run / "report.md").read_text()
     assert markdown.count("prefix-overlap (synthetic: plumbing evidence)") == 6
     assert "### Old against new" in markdown
-    assert markdown.count("open-loop (synthetic: plumbing evidence)") == 2
+    assert markdown.count("open-loop (synthetic: plumbing evidence)") == 6

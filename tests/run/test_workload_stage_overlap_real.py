@@ -25,6 +25,7 @@ from cache_family.schemas.arms import (
     OLD_OVERLAP,
     OLD_SESSIONS,
     STAGE_WORKLOAD_ARMS,
+    MeasurementKind,
 )
 from cache_family.schemas.journal import read_journal
 from cache_family.schemas.receipts import decode_row_receipt
@@ -53,6 +54,14 @@ WORKLOADS = {
 }
 
 
+# The stage arms this workload file chooses (it has no open-loop sweep).
+CHOSEN_STAGE_ARMS = tuple(
+    arm
+    for arm in STAGE_WORKLOAD_ARMS
+    if arm.kind in (MeasurementKind.PREFIX_OVERLAP, MeasurementKind.SESSIONS)
+)
+
+
 def test_the_overlap_sweep_runs_on_old_and_new_stage_servers_and_replays(
     native_parts: Parts, oracle_tools: Path, tmp_path: Path
 ) -> None:
@@ -65,14 +74,14 @@ def test_the_overlap_sweep_runs_on_old_and_new_stage_servers_and_replays(
     assert code == 0, stderr
     row = decode_row_receipt((out / "cell-0000" / "row.json").read_bytes())
     observed = {o.arm: (o.planned, o.status) for o in row.observations}
-    assert [o.arm for o in row.observations][-4:] == [a.name for a in STAGE_WORKLOAD_ARMS]
-    for arm in STAGE_WORKLOAD_ARMS:
+    assert [o.arm for o in row.observations][-4:] == [a.name for a in CHOSEN_STAGE_ARMS]
+    for arm in CHOSEN_STAGE_ARMS:
         assert observed[arm.name] == ("planned", "completed"), row.observations
     receipts = {
         arm.name: decode_workload_receipt(
             (out / "cell-0000" / arm.directory / "workload.json").read_bytes()
         )
-        for arm in STAGE_WORKLOAD_ARMS
+        for arm in CHOSEN_STAGE_ARMS
     }
 
     new = receipts[NEW_OVERLAP.name]
@@ -134,7 +143,7 @@ def test_the_overlap_sweep_runs_on_old_and_new_stage_servers_and_replays(
         arm.name: decode_workload_receipt(
             (out / "cell-0001" / arm.directory / "workload.json").read_bytes()
         )
-        for arm in STAGE_WORKLOAD_ARMS
+        for arm in CHOSEN_STAGE_ARMS
     }
     checkpointed = hybrid[NEW_OVERLAP.name]
     assert checkpointed.rule == "checkpoint" and checkpointed.status == "accepted"
@@ -152,7 +161,7 @@ def test_the_overlap_sweep_runs_on_old_and_new_stage_servers_and_replays(
 
     replayed = cli("replay", str(out), cwd=tmp_path)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
-    for arm in STAGE_WORKLOAD_ARMS:
+    for arm in CHOSEN_STAGE_ARMS:
         assert f"cell-0000/{arm.directory}/workload.json" in replayed.stdout
     # An edited stage verdict is caught: replay re-folds it from the journal.
     edited = out / "cell-0000" / NEW_OVERLAP.directory / "workload.json"

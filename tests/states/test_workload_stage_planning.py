@@ -10,8 +10,11 @@ from pathlib import Path
 from run_harness import make_prepared
 
 from cache_family.schemas.arms import (
+    NATIVE_OPEN_LOOP,
+    NEW_OPEN_LOOP,
     NEW_OVERLAP,
     NEW_SESSIONS,
+    OLD_OPEN_LOOP,
     OLD_OVERLAP,
     OLD_PROFILE,
     OLD_SESSIONS,
@@ -19,7 +22,7 @@ from cache_family.schemas.arms import (
 )
 from cache_family.schemas.prepared import PreparedInput, PreparedRow, load_prepared_input
 from cache_family.schemas.workload import WorkloadsPin, validate_workload_object
-from cache_family.states.plans import workload_arm_plans
+from cache_family.states.plans import PromptChoice, cell_plan, workload_arm_plans
 from cache_family.states.workloads import CHAT_ALPHABET, chat_starts_needed
 
 PREFIX = MeasurementKind.PREFIX_OVERLAP
@@ -83,3 +86,34 @@ def test_a_sweep_beyond_the_chat_alphabet_skips_the_stage_arms_with_the_code(
     assert all((p.reason or "").startswith("workload.overlap.vocabulary") for p in stage)
     # The native arm is not limited by the alphabet.
     assert plans[0].arm == "native-overlap" and plans[0].status == "planned"
+
+
+def test_the_open_loop_sweep_has_stage_arms_sized_on_the_stage_servers_lanes(
+    tmp_path: Path,
+) -> None:
+    """The open-loop sweep runs on each stage server too (the row's prompt as a chat), on the
+    lanes the paired stage servers serve with, as the native arm runs on the baseline's."""
+    document = {
+        "schema_version": 1,
+        "open_loop": {"pattern": "constant", "rates_per_s": [2, 4], "requests": 4},
+    }
+    pin = WorkloadsPin(
+        path="/w.json", sha256="a" * 64, workloads=validate_workload_object(document)
+    )
+    base = load_prepared_input(str(make_prepared(tmp_path / "p")))
+    prepared = base.model_copy(update={"workloads": pin})
+    row = _paired(prepared.rows[0], True)
+    serving = row.tasks.paired_serving.model_copy(update={"runtime_lanes": 3})
+    row = row.model_copy(update={"tasks": row.tasks.model_copy(update={"paired_serving": serving})})
+    plans = workload_arm_plans(prepared, row)
+    assert [p.arm for p in plans] == ["native-open-loop", OLD_OPEN_LOOP.name, NEW_OPEN_LOOP.name]
+    assert all(p.status == "planned" for p in plans)
+    assert OLD_OPEN_LOOP.kind == NEW_OPEN_LOOP.kind == MeasurementKind.OPEN_LOOP
+    prompt = PromptChoice(
+        text="x", source="use-case", corpus_path="/c.json", corpus_sha256="d" * 64, entry_key="k"
+    )
+    stage = cell_plan(prepared, row, NEW_OPEN_LOOP, prompt, None)
+    native = cell_plan(prepared, row, NATIVE_OPEN_LOOP, prompt, None)
+    assert stage.lanes == 3 and stage.ctx_size == row.ctx * 3
+    assert native.lanes == row.tasks.concurrent_baseline.parallel
+    assert stage.output_tokens == native.output_tokens == pin.workloads.open_loop.output_tokens  # type: ignore[union-attr]

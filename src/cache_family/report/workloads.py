@@ -327,6 +327,8 @@ def _dialect(receipt: WorkloadReceipt) -> str:
     arm = ARM_BY_NAME.get(receipt.arm or "")
     if arm is None or arm.host_kind != HostKind.STAGE:
         return ""
+    if receipt.open_loop:
+        return "; stage server, OpenAI chat: the row's prompt as one streamed message per send"
     how = (
         "each turn expects the turn before as the server counted it (prompt and answer, the "
         "answer held to the design's characters)"

@@ -106,6 +106,11 @@ OLD_SESSIONS: Final = Arm("old-sessions",     "workload-old-sessions",   COHORT_
                           MeasurementKind.SESSIONS,      _STAGE,  OLD_PROFILE,     "old sessions")
 NEW_SESSIONS: Final = Arm("new-sessions",     "workload-new-sessions",   COHORT_OPENAI,
                           MeasurementKind.SESSIONS,      _STAGE,  NEW_PROFILE,     "new sessions")
+# The open-loop rate sweep on the paired stage servers: the row's prompt as a streamed chat.
+OLD_OPEN_LOOP: Final = Arm("old-open-loop",   "workload-old-open-loop",  COHORT_OPENAI,
+                           MeasurementKind.OPEN_LOOP,    _STAGE,  OLD_PROFILE,     "old open-loop")
+NEW_OPEN_LOOP: Final = Arm("new-open-loop",   "workload-new-open-loop",  COHORT_OPENAI,
+                           MeasurementKind.OPEN_LOOP,    _STAGE,  NEW_PROFILE,     "new open-loop")
 # fmt: on
 
 # The workload arms in the order a row runs them, after its host arms (each only when the
@@ -113,7 +118,14 @@ NEW_SESSIONS: Final = Arm("new-sessions",     "workload-new-sessions",   COHORT_
 WORKLOAD_ARMS: Final = (NATIVE_OVERLAP, NATIVE_SESSIONS, NATIVE_OPEN_LOOP)
 # The workload arms of the paired stage servers, after the native ones: planned only when both
 # old and new servers are bound (paired serving planned) and the workload file chooses it.
-STAGE_WORKLOAD_ARMS: Final = (OLD_OVERLAP, NEW_OVERLAP, OLD_SESSIONS, NEW_SESSIONS)
+STAGE_WORKLOAD_ARMS: Final = (
+    OLD_OVERLAP,
+    NEW_OVERLAP,
+    OLD_SESSIONS,
+    NEW_SESSIONS,
+    OLD_OPEN_LOOP,
+    NEW_OPEN_LOOP,
+)
 # Each stage workload arm's old/new pair, by measurement kind (the report compares them).
 PAIRED_WORKLOAD_ARMS: Final = {
     MeasurementKind.PREFIX_OVERLAP: (OLD_OVERLAP, NEW_OVERLAP),

@@ -272,7 +272,8 @@ def _workload_sizes(
     """(output tokens, slots, --ctx-size, --cache-ram) of a workload arm's host. Overlap: a
     slot per prefix group (on a stage server too: its ``stage.json`` lanes and context); sessions:
     a slot per user (each request names its slot); both without the host-side prompt cache.
-    Open loop: the native baseline's host."""
+    Open loop: the concurrent host of the arm's kind (the native baseline's, or the paired
+    stage servers' lanes)."""
     margin = 8
     if arm.kind == MeasurementKind.PREFIX_OVERLAP:
         overlap = workloads.prefix_overlap
@@ -293,7 +294,10 @@ def _workload_sizes(
         return sessions.answer_tokens, sessions.users, (longest + margin) * sessions.users, 0
     arrivals = workloads.open_loop
     assert arrivals is not None
-    lanes = row.tasks.concurrent_baseline.parallel
+    if arm.host_kind == HostKind.STAGE:
+        lanes = row.tasks.paired_serving.runtime_lanes
+    else:
+        lanes = row.tasks.concurrent_baseline.parallel
     return arrivals.output_tokens, lanes, row.ctx * lanes, None
 
 

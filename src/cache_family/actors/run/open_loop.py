@@ -10,7 +10,7 @@ from typing import Literal
 import msgspec
 import trio
 
-from cache_family.actors.run.load import LoadRun
+from cache_family.actors.run.load import LoadRun, OpenAIChatRun
 from cache_family.schemas.measurement import LoadRequest, RequestRow
 from cache_family.schemas.workload import OpenLoop
 from cache_family.states.workloads import (
@@ -271,6 +271,38 @@ def completion_exchange(
             ignore_eos=ignore_eos,
         )
         outcome = await LoadRun(request, client=http, stop_on_failure=False).run()
+        return msgspec.structs.replace(outcome.rows[0], request_id=index)
+
+    return exchange
+
+
+def chat_exchange(
+    base_url: str,
+    prompt: str,
+    *,
+    model_id: str,
+    output_tokens: int,
+    request_timeout_ms: int,
+    client: LoopbackHttp | None = None,
+    ignore_eos: bool = False,
+) -> Exchange:
+    """One streamed OpenAI chat completion per send to a stage server, through
+    ``OpenAIChatRun`` (the stage arms' ladder request code)."""
+    http = client or LoopbackHttp()
+
+    async def exchange(index: int) -> RequestRow:
+        request = LoadRequest(
+            base_url=base_url,
+            prompt=prompt,
+            requests=1,
+            concurrency=1,
+            output_tokens=output_tokens,
+            stream=True,
+            request_timeout_ms=request_timeout_ms,
+            ignore_eos=ignore_eos,
+        )
+        run = OpenAIChatRun(request, model_id, client=http, stop_on_failure=False)
+        outcome = await run.run()
         return msgspec.structs.replace(outcome.rows[0], request_id=index)
 
     return exchange

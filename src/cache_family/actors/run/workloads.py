@@ -11,7 +11,12 @@ from typing import Any, Final
 import trio
 
 from cache_family.actors.run.context import is_cancellation
-from cache_family.actors.run.open_loop import RateStage, completion_exchange, run_rates
+from cache_family.actors.run.open_loop import (
+    RateStage,
+    chat_exchange,
+    completion_exchange,
+    run_rates,
+)
 from cache_family.errors import Refused
 from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.journal import Record
@@ -501,14 +506,25 @@ async def run_open_loop(host: WorkloadHost) -> bool:
     assert spec is not None
     kind = MeasurementKind.OPEN_LOOP
     await _opened(host, kind, spec.model_dump_json())
-    exchange = completion_exchange(
-        host.base_url,
-        host.prompt_text,
-        output_tokens=spec.output_tokens,
-        request_timeout_ms=host.request_timeout_ms,
-        client=host.http,
-        ignore_eos=host.ignore_eos,
-    )
+    if host.chat:
+        exchange = chat_exchange(
+            host.base_url,
+            host.prompt_text,
+            model_id=host.model_id,
+            output_tokens=spec.output_tokens,
+            request_timeout_ms=host.request_timeout_ms,
+            client=host.http,
+            ignore_eos=host.ignore_eos,
+        )
+    else:
+        exchange = completion_exchange(
+            host.base_url,
+            host.prompt_text,
+            output_tokens=spec.output_tokens,
+            request_timeout_ms=host.request_timeout_ms,
+            client=host.http,
+            ignore_eos=host.ignore_eos,
+        )
     journaled: list[RateStage] = []
     # A stage is journaled as it ends, so a stop keeps the stages before it.
     rate_index = 0
