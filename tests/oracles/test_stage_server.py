@@ -342,3 +342,46 @@ def test_a_child_that_dies_ends_the_stage_server_with_a_failure(
         child.kill()
         assert served.process.wait(timeout=60) == 1
         assert "llama-server exited with -9" in "".join(served.lines)
+
+
+def test_a_child_logging_its_shutdown_past_the_pipe_still_exits_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    """FAKE llama-server (fault injection) that logs half a megabyte when told to stop: the
+    stage server keeps reading its output while it waits, so the child ends on SIGTERM, not
+    by SIGKILL after a grace (a run's host custody kills the stage server first, and the
+    child, in its own session, outlived it)."""
+    from cache_family.oracles.zoo import BUILDERS
+
+    fake = (
+        Path(__file__).parent.parent / "support/fake_hosts/fake_llama_server_floods_on_sigterm.py"
+    )
+    build = tmp_path / "fake-build"
+    (build / "bin").mkdir(parents=True)
+    binary = build / "bin" / "llama-server"
+    binary.write_text(f"#!{sys.executable}\n" + fake.read_text())
+    binary.chmod(0o755)
+    (tmp_path / "model").mkdir()
+    model = BUILDERS["llama"](tmp_path / "model", 0).files[0]
+    config = stage_json(tmp_path, model)
+
+    @dataclass
+    class FakeParts:
+        native_build: Path
+
+    with stage_server(FakeParts(build), config, "serve-openai", lanes=2) as served:
+        served.wait_for(
+            listening_line(
+                "legacy",
+                served.port,
+                model_id="tiny/llama:F16",
+                generation_concurrency=2,
+                backend="llama-server",
+            ),
+            seconds=60,
+        )
+        os.killpg(served.process.pid, signal.SIGTERM)
+        assert served.process.wait(timeout=60) == 0
+    output = "".join(served.lines)
+    assert "fake llama-server: stopped" in output
+    assert "llama-server exited with 0" in output, output[-2000:]

@@ -42,7 +42,9 @@ EXIT_REFUSED: Final = 2
 CONFIG_MAX_BYTES: Final = MIB
 BODY_MAX_BYTES: Final = 16 * MIB
 STARTUP_SECONDS: Final = 600.0
-STOP_GRACE_SECONDS: Final = 10.0
+# Below the grace a run's host custody gives this program (5 s) before its SIGKILL, which
+# would leave the child (its own session) running: stop it, and say so, within ours.
+STOP_GRACE_SECONDS: Final = 3.0
 CHILD_LINE_MAX: Final = 4096
 TELEMETRY_LEVELS: Final = ("off", "error", "warn", "info", "debug", "trace")
 # Names the child may inherit: the host basics and the operator's allowlisted device settings.
@@ -401,16 +403,24 @@ async def _answers_models(port: int, model_id: str) -> None:
 
 
 async def _stop(process: trio.Process) -> None:
-    """Terminate the child's whole group, wait a bounded grace, then kill; always reaps."""
+    """Terminate the child's whole group, wait a bounded grace, then kill; always reaps.
+
+    The child's output is read on meanwhile: a child that logs its shutdown into a full pipe
+    nobody reads (the pump ended with the serving nursery) blocks and never exits.
+    """
     with trio.CancelScope(shield=True):
-        if process.returncode is None:
+        async with trio.open_nursery() as draining:
+            if process.stdout is not None and process.returncode is None:
+                draining.start_soon(_pump, process.stdout)
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+                with trio.move_on_after(STOP_GRACE_SECONDS):
+                    await process.wait()
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            with trio.move_on_after(STOP_GRACE_SECONDS):
-                await process.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # stragglers of the group, if any
-        await process.wait()
+                os.killpg(process.pid, signal.SIGKILL)  # stragglers of the group, if any
+            await process.wait()
+            draining.cancel_scope.cancel()
 
 
 async def serve(args: argparse.Namespace) -> int:
