@@ -1,9 +1,9 @@
 """A real run of the zoo's llama with a sessions workload, stopped by SIGINT once its
-sessions cell has entered its workload state (the users think 3 s between turns, so the signal lands
-inside it), then resumed: the stopped cell journals the turns it sent and names the stop, its
-``workload.json`` is incomplete and replay identical; the resumed run measures every turn once
-and replays identical, the stopped attempt's receipt included. Tiny random-weight models:
-plumbing evidence, not performance claims."""
+sessions cell has journaled its workload's opening (the users think 3 s between turns, so the
+signal lands among the turns), then resumed: the stopped cell journals the turns it sent and
+names the stop, its ``workload.json`` is incomplete and replay identical; the resumed run
+measures every turn once and replays identical, the stopped attempt's receipt included. Tiny
+random-weight models: plumbing evidence, not performance claims."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from real_run_harness import CLI, cli, operator_for
 from signal_harness import logs_dir, poll_journal_until, start_run, wait_exit
 
 from cache_family.oracles.native_parts import Parts
-from cache_family.schemas.journal import JournalSealed, RunResumed, Transition, read_journal
+from cache_family.schemas.journal import JournalSealed, RunResumed, read_journal
 from cache_family.schemas.workload_records import (
     SessionsMeasured,
+    WorkloadOpened,
     WorkloadStopped,
     decode_workload_receipt,
 )
@@ -64,11 +65,10 @@ async def test_a_sigint_mid_sessions_then_resume_measures_every_turn_once(
     out = tmp_path / "run"
     process = await start_run(prepared_dir / "cache-family-input.json", out, logs_dir(tmp_path))
     try:
-        # The step into the workload state is durable at once (the workload's own records
-        # share a later fsync).
-        await poll_journal_until(
-            out, process, lambda r: isinstance(r, Transition) and r.to_state == "workload"
-        )
+        # The workload's opening record is durable at once; the runner's next await is in
+        # its turns (the users think 3 s between them), so the signal lands there. A signal
+        # before it is journaled too (nothing sent), but then no turn record exists.
+        await poll_journal_until(out, process, lambda r: isinstance(r, WorkloadOpened))
         process.send_signal(signal.SIGINT)
         assert await wait_exit(process) == 130
     finally:

@@ -7,6 +7,7 @@ same with ``deadline``. Against an in-process FAKE chat server that answers ``co
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -17,7 +18,11 @@ from run_harness import autojump_clock  # noqa: F401
 from cache_family.actors.run.workloads import WorkloadHost, run_sessions
 from cache_family.schemas.journal import Record
 from cache_family.schemas.workload import validate_workload_object
-from cache_family.schemas.workload_records import SessionsMeasured, WorkloadStopped
+from cache_family.schemas.workload_records import (
+    SessionsMeasured,
+    WorkloadOpened,
+    WorkloadStopped,
+)
 from cache_family.system.http import LoopbackHttp
 
 SESSIONS = {
@@ -125,3 +130,32 @@ async def test_the_work_deadline_between_turns_stops_with_the_turns_sent(
     assert finished is False
     stopped = [r for r in journaled if isinstance(r, WorkloadStopped)]
     assert [(s.reason, s.sent) for s in stopped] == [("deadline", 0)]
+
+
+async def test_a_cancel_while_the_workload_opens_is_journaled_with_nothing_sent(
+    autojump_clock: trio.testing.MockClock,  # noqa: F811
+) -> None:
+    """The stop lands while ``workload_opened`` is being made durable, before any turn."""
+    journaled: list[Record] = []
+    opening = trio.Event()
+
+    async def journal(record: Record) -> None:
+        journaled.append(record)
+        if isinstance(record, WorkloadOpened):
+            opening.set()
+            await trio.sleep_forever()  # an fsync that does not return before the stop
+
+    server = FakeChatAnswering(count=100)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve)
+        host = replace(host_for(port, [], trio.current_time() + 3600), journal=journal)
+        with trio.CancelScope() as scope:
+            nursery.start_soon(run_sessions, host)
+            await opening.wait()
+            scope.cancel()
+        nursery.cancel_scope.cancel()
+    assert server.answered == 0
+    assert [type(r) for r in journaled] == [WorkloadOpened, WorkloadStopped]
+    stopped = journaled[-1]
+    assert isinstance(stopped, WorkloadStopped)
+    assert (stopped.reason, stopped.point_index, stopped.sent) == ("cancelled", None, 0)

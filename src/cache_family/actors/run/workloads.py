@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -96,6 +97,17 @@ async def _stopped(
                 cell_id=host.cell_id, kind=kind.value, reason=reason, point_index=point, sent=sent
             )
         )
+
+
+@asynccontextmanager
+async def _stops_before_any_point(host: WorkloadHost, kind: MeasurementKind) -> AsyncIterator[None]:
+    """A stop while the workload opens (journals ``workload_opened``, asks the vocabulary,
+    calibrates the chat template) is journaled too: nothing sent, no point named."""
+    try:
+        yield
+    except BaseException as exc:
+        await _stopped(host, kind, _stop_reason(exc), None, 0)
+        raise
 
 
 def _check_host(host: WorkloadHost, answer: _Answer) -> None:
@@ -307,13 +319,14 @@ async def run_overlap(host: WorkloadHost) -> bool:
     spec = host.workloads.prefix_overlap
     assert spec is not None  # planned only when chosen
     kind = MeasurementKind.PREFIX_OVERLAP
-    vocabulary = await _opened(host, kind, spec.model_dump_json())
-    rule = reuse_rule(host.architecture)
-    if rule is None:
-        return True  # nothing can be designed: the receipt says unmeasured
-    starts = FreshStarts(vocabulary, spec.seed)
-    order = overlap_order(spec.groups, spec.requests, spec.seed)
-    template = await _chat_template(host, starts, spec.seed) if host.chat else None
+    async with _stops_before_any_point(host, kind):
+        vocabulary = await _opened(host, kind, spec.model_dump_json())
+        rule = reuse_rule(host.architecture)
+        if rule is None:
+            return True  # nothing can be designed: the receipt says unmeasured
+        starts = FreshStarts(vocabulary, spec.seed)
+        order = overlap_order(spec.groups, spec.requests, spec.seed)
+        template = await _chat_template(host, starts, spec.seed) if host.chat else None
     for index, ratio in enumerate(spec.hit_ratios_pct):
         if template is None:
             design = design_prefix(rule, spec.prompt_tokens, ratio)
@@ -447,7 +460,8 @@ async def run_sessions(host: WorkloadHost) -> bool:
     spec = host.workloads.multi_turn
     assert spec is not None
     kind = MeasurementKind.SESSIONS
-    vocabulary = await _opened(host, kind, spec.model_dump_json())
+    async with _stops_before_any_point(host, kind):
+        vocabulary = await _opened(host, kind, spec.model_dump_json())
     if host.chat:
         return await _chat_sessions(host, spec, vocabulary)
     tokens = session_tokens(
@@ -505,7 +519,8 @@ async def run_open_loop(host: WorkloadHost) -> bool:
     spec = host.workloads.open_loop
     assert spec is not None
     kind = MeasurementKind.OPEN_LOOP
-    await _opened(host, kind, spec.model_dump_json())
+    async with _stops_before_any_point(host, kind):
+        await _opened(host, kind, spec.model_dump_json())
     if host.chat:
         exchange = chat_exchange(
             host.base_url,
