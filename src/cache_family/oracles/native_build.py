@@ -89,7 +89,7 @@ def cache_key(pin: SourcePin, options: dict[str, str]) -> str:
     return hashlib.sha256(material).hexdigest()[:24]
 
 
-def _tool_env() -> dict[str, str]:
+def tool_env() -> dict[str, str]:
     """Only what a compiler or pip needs; never the caller's whole environment."""
     keep = (
         "PATH",
@@ -113,7 +113,7 @@ def _tool_env() -> dict[str, str]:
 
 
 def find_toolchain() -> dict[str, str]:
-    env = _tool_env()
+    env = tool_env()
     cc = (
         env.get("CC")
         or shutil.which("cc", path=env["PATH"])
@@ -144,7 +144,7 @@ def find_toolchain() -> dict[str, str]:
 
 def compiler_version(cxx: str) -> str:
     out = subprocess.run(
-        [cxx, "--version"], capture_output=True, text=True, env=_tool_env(), check=False, timeout=30
+        [cxx, "--version"], capture_output=True, text=True, env=tool_env(), check=False, timeout=30
     )
     return (out.stdout.splitlines() or ["unknown"])[0].strip()
 
@@ -178,7 +178,7 @@ def fetch_sdist(pin: SourcePin, log: TextIO) -> Path:
             ],
             capture_output=True,
             text=True,
-            env=_tool_env(),
+            env=tool_env(),
             check=False,
             timeout=1800,
         )
@@ -223,7 +223,7 @@ def _run_logged(argv: list[str], cwd: Path, log_path: Path, progress: TextIO, la
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_tool_env(),
+            env=tool_env(),
         )
         assert proc.stdout is not None
         last_shown = -1

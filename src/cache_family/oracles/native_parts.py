@@ -97,7 +97,7 @@ def producer_matches(tools: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
+def locked(lock_path: Path) -> Iterator[None]:
     """One installer or zoo writer per target at a time, across processes."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("a") as handle:
@@ -114,7 +114,7 @@ def ensure_native(progress: TextIO, *, build: bool) -> Path:
     Refuses with ``native.build_absent`` when nothing is built and ``build`` is false.
     """
     tools = tools_dir()
-    with _locked(tools.parent / f".{tools.name}.lock"):
+    with locked(tools.parent / f".{tools.name}.lock"):
         if producer_matches(tools):
             return tools
         if not build and native_build.cached_build_entry() is None:
@@ -175,7 +175,7 @@ def ensure_zoo(progress: TextIO, seed: int = DEFAULT_SEED) -> Path:
 
     store = native_build.cache_root() / "zoo"
     root = store / zoo_key(seed)
-    with _locked(store / f".{root.name}.lock"):
+    with locked(store / f".{root.name}.lock"):
         if (root / REPORT_NAME).is_file():
             return root
         store.mkdir(parents=True, exist_ok=True)
