@@ -47,6 +47,32 @@ def _synthetic(run: RunStarted | None, opened: CellOpened | RowOpened | None) ->
     return (opened is not None and opened.synthetic) or (run is not None and run.catalog_synthetic)
 
 
+def real_evidence_class(
+    run: RunStarted | None, model_id: str, opened_load: tuple[float, float, float] | None
+) -> str | None:
+    """What a figure from a trained (not synthetic) model is: the model, the host's CPU and
+    thread count, the load average at the run's start and when the row or cell opened, and
+    the GPUs (none: CPU figures, never a GPU claim). None for a journal that kept no host."""
+    if run is None or run.host is None:
+        return None
+    host = run.host
+    cpu = host.cpu_model or "CPU model not given"
+    cpus = f"{host.cpu_count} CPUs" if host.cpu_count else "CPU count not given"
+    threads = f"{run.operator_threads} threads" if run.operator_threads else "threads not set"
+    loads = [f"{run.load_average[0]:.1f} at run start"] if run.load_average else []
+    if opened_load is not None:
+        loads.append(f"{opened_load[0]:.1f} when measured")
+    load = ("1-min load average " + ", ".join(loads)) if loads else "load average not kept"
+    gpu = (
+        "no GPU: CPU figures, not a GPU claim"
+        if not host.gpus
+        else "GPUs on the host: " + ", ".join(host.gpus)
+    )
+    return (
+        f"real model {model_id or '(model not named)'} on {cpu} ({cpus}), {threads}, {load}; {gpu}"
+    )
+
+
 def _scope_cell(record: object) -> str | None:
     """The cell a record belongs to, or None for run-wide records."""
     cell_id = getattr(record, "cell_id", None)
