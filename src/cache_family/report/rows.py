@@ -63,6 +63,8 @@ class ReportRow:
     llama_server: BaselineFigures = field(default_factory=BaselineFigures)
     # From a synthetic catalog or scripted tools: never shown as a performance claim.
     plumbing: bool = False
+    # What a real model's figures are (model, CPU, threads, load, GPUs); None otherwise.
+    real_evidence: str | None = None
 
 
 def _row(reader: Reader, file: str, index: int, value: Any) -> ReportRow | None:
@@ -96,6 +98,11 @@ def _row(reader: Reader, file: str, index: int, value: Any) -> ReportRow | None:
     notes = reader.text(value, "notes", where)
     synthetic = reader.opt_flag(value, "synthetic", where)
     evidence_class = reader.opt_text(value, "evidence_class", where)
+    plumbing = (
+        synthetic is True
+        or _PLUMBING_WORDS.search(evidence_class or "") is not None
+        or _PLUMBING_WORDS.search(notes) is not None
+    )
     return ReportRow(
         file=file,
         index=index,
@@ -124,9 +131,8 @@ def _row(reader: Reader, file: str, index: int, value: Any) -> ReportRow | None:
             warm_median_ms=reader.opt_ms(llama, "warm_median_ms", at_llama),
             warm_mean_ms=reader.opt_ms(llama, "warm_mean_ms", at_llama),
         ),
-        plumbing=synthetic is True
-        or _PLUMBING_WORDS.search(evidence_class or "") is not None
-        or _PLUMBING_WORDS.search(notes) is not None,
+        plumbing=plumbing,
+        real_evidence=None if plumbing else evidence_class,
     )
 
 
