@@ -15,6 +15,7 @@ from typing import Any, Final
 from cache_family.errors import Refusal, Refused
 from cache_family.report.decode import Reader, Refusals, Where
 from cache_family.schemas.bounded import MIB
+from cache_family.schemas.receipts import REAL_EVIDENCE_PREFIX
 from cache_family.schemas.refusal_codes import report_hint
 
 MAX_INPUTS: Final = 32
@@ -132,7 +133,9 @@ def _row(reader: Reader, file: str, index: int, value: Any) -> ReportRow | None:
             warm_mean_ms=reader.opt_ms(llama, "warm_mean_ms", at_llama),
         ),
         plumbing=plumbing,
-        real_evidence=None if plumbing else evidence_class,
+        real_evidence=evidence_class
+        if not plumbing and evidence_class and evidence_class.startswith(REAL_EVIDENCE_PREFIX)
+        else None,
     )
 
 

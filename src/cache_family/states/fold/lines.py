@@ -22,7 +22,7 @@ from cache_family.schemas.journal import (
     RunStarted,
     Transition,
 )
-from cache_family.schemas.receipts import TerminalRefusal
+from cache_family.schemas.receipts import REAL_EVIDENCE_PREFIX, TerminalRefusal
 from cache_family.schemas.request_rows import RequestRowLine
 from cache_family.states.cell import MachineTable
 
@@ -68,9 +68,8 @@ def real_evidence_class(
         if not host.gpus
         else "GPUs on the host: " + ", ".join(host.gpus)
     )
-    return (
-        f"real model {model_id or '(model not named)'} on {cpu} ({cpus}), {threads}, {load}; {gpu}"
-    )
+    model = model_id or "(model not named)"
+    return f"{REAL_EVIDENCE_PREFIX}{model} on {cpu} ({cpus}), {threads}, {load}; {gpu}"
 
 
 def _scope_cell(record: object) -> str | None:
