@@ -64,6 +64,9 @@ REAL_WORKLOAD_FILE_NAME = "workloads-real.json"
 REAL_RUN = "real"
 REAL_SWEEP_RUN = "real-sweep"
 REAL_WORKLOAD_RUN = "real-workloads"
+#: The native ladder's output per request on the trained model: the stage arms' 16 (its
+#: answers rarely stop early, and 128 tokens at CPU speed would dominate the row).
+REAL_OUTPUT_TOKENS: Final = 16
 #: Cold against hit below, at and above the model's 512-token sliding window.
 REAL_PREFIX_SWEEP: Final = (256, 512, 1024, 2048)
 #: The workloads on the trained model: an overlap sweep across its sliding window, two users'
@@ -184,8 +187,9 @@ def operator_input(
         borrow_resident_hits=False,
         cache_decoded_result_hits=False,
         environment={
-            # The trained model gets every core this machine has, up to 4; the zoo one each.
-            "OMP_NUM_THREADS": "1" if real is None else str(min(os.cpu_count() or 1, 4)),
+            # One thread per host: on a small shared machine more threads than free cores make
+            # llama.cpp's spinning thread pool many times slower, not faster.
+            "OMP_NUM_THREADS": "1",
             "LLAMA_STAGE_BACKEND": "cpu",
         },
         execution_seconds=7200,
@@ -264,16 +268,24 @@ def workload_steps(
 
 
 def measured_run_steps(
-    output: str, name: str, operator: str, workloads: str | None = None
+    output: str,
+    name: str,
+    operator: str,
+    workloads: str | None = None,
+    *,
+    native_output_tokens: int | None = None,
 ) -> tuple[tuple[bench_sequence.Step, ...], tuple[str, ...]]:
-    """One run beside the wrapper's two: ``prepare-full`` (with the workload file, if any),
-    ``run``, its report files and its replay, into ``OUT/<name>``."""
+    """One run beside the wrapper's two: ``prepare-full`` (with the workload file, if any,
+    and the native ladder's output length, if given), ``run``, its report files and its
+    replay, into ``OUT/<name>``."""
     runner = bench_sequence.default_runner()
     prepared_dir = os.path.join(output, f"{name}-input")
     prepared = os.path.join(prepared_dir, bench_sequence.PREPARED_JSON)
     run = os.path.join(output, name)
     again = "fix what the refusal above names, then rerun the demo into a fresh directory"
-    with_workloads = ("--workloads", workloads) if workloads is not None else ()
+    with_workloads: tuple[str, ...] = ("--workloads", workloads) if workloads is not None else ()
+    if native_output_tokens is not None:
+        with_workloads += ("--native-output-tokens", str(native_output_tokens))
     steps = (
         bench_sequence.Step(
             f"prepare-full {name}",
@@ -324,19 +336,27 @@ def real_steps(
     cases = (real.key,)
     if plan.real == "row":
         operator = write(REAL_OPERATOR_NAME, operator_input(parts, tools, cases, real=real))
-        return measured_run_steps(output, REAL_RUN, operator)
+        return measured_run_steps(
+            output, REAL_RUN, operator, native_output_tokens=REAL_OUTPUT_TOKENS
+        )
     sweep = write(
         REAL_SWEEP_OPERATOR_NAME,
         operator_input(parts, tools, cases, real=real, prefix_sweep=list(REAL_PREFIX_SWEEP)),
     )
-    steps, wrote = measured_run_steps(output, REAL_SWEEP_RUN, sweep)
+    steps, wrote = measured_run_steps(
+        output, REAL_SWEEP_RUN, sweep, native_output_tokens=REAL_OUTPUT_TOKENS
+    )
     workload_operator = write(
         REAL_WORKLOAD_OPERATOR_NAME, operator_input(parts, tools, cases, real=real)
     )
     workloads = out / REAL_WORKLOAD_FILE_NAME
     workloads.write_text(json.dumps(REAL_WORKLOADS, indent=2) + "\n")
     more, more_wrote = measured_run_steps(
-        output, REAL_WORKLOAD_RUN, workload_operator, str(workloads)
+        output,
+        REAL_WORKLOAD_RUN,
+        workload_operator,
+        str(workloads),
+        native_output_tokens=REAL_OUTPUT_TOKENS,
     )
     return steps + more, wrote + more_wrote
 
