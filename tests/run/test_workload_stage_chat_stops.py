@@ -52,7 +52,11 @@ class FakeChatAnswering:
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         async with stream:
-            _method, _path, _headers, body = await _read_request(stream)
+            _method, path, _headers, body = await _read_request(stream)
+            if path != "/v1/chat/completions":
+                # As a stage server without llama-server's text endpoints (/apply-template).
+                await _send_json(stream, 404, {"error": f"no route {path}"})
+                return
             chat: dict[str, Any] = json.loads(body)
             if self.answered >= self.count:
                 self.arrived.set()
