@@ -24,13 +24,17 @@ from cache_family.actors.run.chat_text import (
     model_text,
     render_wrapper,
 )
-from cache_family.actors.run.workloads import WorkloadHost, _chat, run_overlap
+from cache_family.actors.run.workloads import WorkloadHost, _chat, run_overlap, run_sessions
 from cache_family.errors import Refused
 from cache_family.oracles.native_parts import Parts, RunningServer, serve
 from cache_family.oracles.real_model import ensure_real_model
 from cache_family.schemas.journal import Record
 from cache_family.schemas.workload import validate_workload_object
-from cache_family.schemas.workload_records import ChatTemplateMeasured, OverlapPointMeasured
+from cache_family.schemas.workload_records import (
+    ChatTemplateMeasured,
+    OverlapPointMeasured,
+    SessionsMeasured,
+)
 from cache_family.states.chat_pieces import SPM_SPACE, ChatPieces, check_round_trip
 from cache_family.system.http import LoopbackHttp
 
@@ -235,3 +239,35 @@ def test_the_chat_overlap_sends_only_prompts_the_server_counts_as_designed(
             # The message's pieces and the template: the whole prompt the sweep asked for.
             assert request.designed_prompt_tokens == 96
             assert request.prompt_tokens == 96
+
+
+def test_chat_sessions_are_designed_to_the_servers_count_turn_by_turn(
+    real_server: RunningServer, real_model_path: Path
+) -> None:
+    spec = {
+        "multi_turn": {
+            "users": 1,
+            "turns": 3,
+            "system_prompt_tokens": 8,
+            "user_context_tokens": 8,
+            "question_tokens": 4,
+            "answer_tokens": 6,
+            "seed": 2,
+        }
+    }
+    journaled: list[Record] = []
+
+    async def run() -> None:
+        assert await run_sessions(_host(real_server, real_model_path, spec, journaled))
+
+    trio.run(run)
+    (template,) = [r for r in journaled if isinstance(r, ChatTemplateMeasured)]
+    assert template.session_first_turn_tokens is not None
+    assert template.session_later_turn_tokens is not None
+    (sessions,) = [r for r in journaled if isinstance(r, SessionsMeasured)]
+    assert [r.turn for r in sessions.requests] == [0, 1, 2]
+    for request in sessions.requests:
+        assert request.status == "completed", request
+        # Each turn the sum of its parts: an answer that did not tokenize back would miss it.
+        assert request.prompt_tokens == request.designed_prompt_tokens is not None, request
+    assert sessions.requests[0].prompt_tokens == template.session_first_turn_tokens + 8 + 8 + 4

@@ -381,6 +381,12 @@ def _template(template: ChatTemplateMeasured | msgspec.UnsetType) -> list[str]:
             f"; the wrapper was not rendered ({template.unrendered_reason or 'no reason given'}):"
             " the text is checked by the server's prompt counts only."
         )
+    first, later = template.session_first_turn_tokens, template.session_later_turn_tokens
+    if first is not None and later is not None:
+        text += (
+            f" Sessions: the template adds {first} tokens to a first turn and {later} to each "
+            "later one (beyond the answer before it), so every turn is designed to a count."
+        )
     return [text, ""]
 
 

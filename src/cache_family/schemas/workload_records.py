@@ -111,6 +111,11 @@ class ChatTemplateMeasured(_WorkloadRecord, tag="chat_template", frozen=True, kw
     checked_by: str = "counts"
     # Why the wrapper was not rendered (the host serves no /apply-template or /tokenize).
     unrendered_reason: str | None = None
+    # Sessions: what the template adds to a first turn beyond its pieces, and to each later
+    # turn beyond the answer before it and the question's pieces (rendered probe
+    # conversations, tokenized by the server). None: not measured (overlap, or not served).
+    session_first_turn_tokens: int | None = None
+    session_later_turn_tokens: int | None = None
 
 
 class SessionsMeasured(_WorkloadRecord, tag="sessions_measured", frozen=True, kw_only=True):

@@ -177,6 +177,57 @@ async def render_wrapper(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ConversationOverheads:
+    """What the host's template adds to a session's prompts beyond the pieces and answers it
+    carries, by its own rendering and tokenizing of probe conversations: a first turn's
+    (the system and user messages' wrappers, the generation prompt), and each later turn's
+    (the answer's close, the next user message's wrapper and generation prompt)."""
+
+    first: int
+    later: int
+
+
+async def _rendered_tokens(
+    http: LoopbackHttp, base: str, messages: list[dict[str, str]]
+) -> int | str:
+    rendered = await _post(http, f"{base}/apply-template", {"messages": messages})
+    if isinstance(rendered, str):
+        return rendered
+    prompt = rendered.get("prompt")
+    if not isinstance(prompt, str):
+        return f"{base}/apply-template answered no prompt"
+    tokens = await _tokens(http, base, prompt, special=True)
+    return tokens if isinstance(tokens, str) else len(tokens)
+
+
+async def conversation_overheads(
+    http: LoopbackHttp, base_url: str, pieces: ChatPieces, *, system: bool
+) -> ConversationOverheads | str:
+    """A session's template overheads (``system``: its first turn has a system message), or
+    why the host cannot say (it serves no ``/apply-template`` or ``/tokenize``)."""
+    base = base_url.rstrip("/")
+    words = list(range(12))
+    # The answer as a session's answers are: pieces its grammar allows.
+    letters = [i for i, text in enumerate(pieces.pieces) if len(text.strip()) == 1][:4]
+    first: list[dict[str, str]] = [{"role": "user", "content": pieces.text(words[4:8])}]
+    if system:
+        first.insert(0, {"role": "system", "content": pieces.text(words[:4])})
+    later = [
+        *first,
+        {"role": "assistant", "content": pieces.text(letters)},
+        {"role": "user", "content": pieces.text(words[8:])},
+    ]
+    counted = [await _rendered_tokens(http, base, first), await _rendered_tokens(http, base, later)]
+    for count in counted:
+        if isinstance(count, str):
+            return count
+    n_first, n_later = (c for c in counted if not isinstance(c, str))
+    return ConversationOverheads(
+        first=n_first - 4 * len(first), later=n_later - n_first - len(letters) - 4
+    )
+
+
 def refuse_count(where: str, designed: int, counted: int, what: str) -> Refused:
     """``workload.prompt.token_count_mismatch`` at the calibration: the server's own count of
     a prompt is not what its /tokenize gave."""

@@ -12,7 +12,9 @@ from typing import Any, Final
 import trio
 
 from cache_family.actors.run.chat_text import (
+    ConversationOverheads,
     RenderedWrapper,
+    conversation_overheads,
     read_model_text,
     refuse_count,
     render_wrapper,
@@ -289,6 +291,7 @@ def _measured_template(
     template_source: str,
     rendered: RenderedWrapper | str,
     template: ChatTemplate | None,
+    overheads: ConversationOverheads | None = None,
 ) -> ChatTemplateMeasured:
     wrapper = rendered if isinstance(rendered, RenderedWrapper) else None
     return ChatTemplateMeasured(
@@ -304,6 +307,8 @@ def _measured_template(
         tail_tokens=wrapper.tail_tokens if wrapper else None,
         checked_by="tokenize" if wrapper else "counts",
         unrendered_reason=None if wrapper else str(rendered),
+        session_first_turn_tokens=overheads.first if overheads else None,
+        session_later_turn_tokens=overheads.later if overheads else None,
     )
 
 
@@ -462,13 +467,20 @@ async def run_overlap(host: WorkloadHost) -> bool:
 
 
 async def _chat_sessions(
-    host: WorkloadHost, spec: MultiTurn, vocabulary: int, pieces: ChatPieces
+    host: WorkloadHost,
+    spec: MultiTurn,
+    vocabulary: int,
+    pieces: ChatPieces,
+    overheads: ConversationOverheads | None,
 ) -> bool:
     """Sessions as chat conversations: a system message, the user's context and first
     question, then per turn the answer as the server gave it and the next question. Each
     turn should reuse the previous turn's prompt and answer as the server counted them (its
-    answer's last token, sampled, never evaluated): the answers are held to the design
-    alphabet, so their text is the tokens the server generated."""
+    answer's last token, sampled, never evaluated): the answers are held to the design's
+    pieces, so their text is the tokens the server generated. With the template's
+    ``overheads`` known, each turn is designed to a count: a first turn, its pieces and the
+    template's; a later one, the turn before as counted, its answer, the question's pieces
+    and the template's (an answer that did not tokenize back would miss it)."""
     tokens = session_tokens(
         spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
     )
@@ -506,8 +518,17 @@ async def _chat_sessions(
             expected = 0
             if item.expected_reused_tokens and earlier is not None:
                 expected = earlier[0] + earlier[1] - 1
+            designed: int | None = None
+            if overheads is not None and item.turn == 0:
+                designed = overheads.first + len(tokens.first_prompt(item.user))
+            elif overheads is not None and earlier is not None:
+                designed = sum(earlier) + overheads.later + spec.question_tokens
             request = answer.request(
-                item.position, group=item.user, turn=item.turn, expected_reused_tokens=expected
+                item.position,
+                group=item.user,
+                turn=item.turn,
+                expected_reused_tokens=expected,
+                designed_prompt_tokens=designed,
             )
             counted.pop(item.user, None)
             if request.prompt_tokens is not None and answer.completion_tokens:
@@ -538,6 +559,7 @@ async def run_sessions(host: WorkloadHost) -> bool:
     spec = host.workloads.multi_turn
     assert spec is not None
     kind = MeasurementKind.SESSIONS
+    overheads: ConversationOverheads | None = None
     async with _stops_before_any_point(host, kind):
         text = await read_model_text(host.model_path) if host.chat else None
         vocabulary = await _opened(
@@ -554,11 +576,17 @@ async def run_sessions(host: WorkloadHost) -> bool:
                 probe,
                 "$.multi_turn",
             )
+            found = await conversation_overheads(
+                host.http, host.base_url, text.pieces, system=spec.system_prompt_tokens > 0
+            )
+            overheads = found if isinstance(found, ConversationOverheads) else None
             await host.journal(
-                _measured_template(host, text.pieces, text.template_source, rendered, None)
+                _measured_template(
+                    host, text.pieces, text.template_source, rendered, None, overheads
+                )
             )
     if text is not None:
-        return await _chat_sessions(host, spec, vocabulary, text.pieces)
+        return await _chat_sessions(host, spec, vocabulary, text.pieces, overheads)
     tokens = session_tokens(
         spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
     )
