@@ -9,7 +9,9 @@ it measured and sends only prompts the server counts as designed."""
 
 from __future__ import annotations
 
+import functools
 import io
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from cache_family.actors.run.workloads import WorkloadHost, _chat, run_overlap, 
 from cache_family.errors import Refused
 from cache_family.oracles.native_parts import Parts, RunningServer, serve
 from cache_family.oracles.real_model import ensure_real_model
+from cache_family.schemas.gguf_header import read_gguf_header
 from cache_family.schemas.journal import Record
 from cache_family.schemas.workload import validate_workload_object
 from cache_family.schemas.workload_records import (
@@ -35,7 +38,7 @@ from cache_family.schemas.workload_records import (
     OverlapPointMeasured,
     SessionsMeasured,
 )
-from cache_family.states.chat_pieces import SPM_SPACE, ChatPieces, check_round_trip
+from cache_family.states.chat_pieces import SPM_SPACE, ChatPieces, check_round_trip, spm_merge
 from cache_family.system.http import LoopbackHttp
 
 pytestmark = pytest.mark.native
@@ -62,6 +65,18 @@ def real_text(real_model_path: Path) -> ModelText:
     return model_text(str(real_model_path))
 
 
+@functools.cache
+def _scores(model: Path) -> dict[str, float]:
+    kept = read_gguf_header(
+        os.path.realpath(model),
+        keep_arrays=frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.scores"}),
+    ).kept
+    return {
+        str(t): float(s)
+        for t, s in zip(kept["tokenizer.ggml.tokens"], kept["tokenizer.ggml.scores"], strict=True)
+    }
+
+
 def _tokenize(server: RunningServer, text: str, *, special: bool = False) -> list[int]:
     status, answer = server.request(
         "POST", "/tokenize", {"content": text, "add_special": special, "parse_special": True}
@@ -76,6 +91,21 @@ def test_the_real_vocabulary_gives_tens_of_thousands_of_word_pieces(real_text: M
     assert pieces.source == "word-pieces" and pieces.size > 10_000
     assert all(p.startswith(" ") and p[1:].isalpha() for p in pieces.pieces)
     assert len(set(pieces.token_ids)) == pieces.size
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_the_merges_read_off_the_gguf_give_random_piece_sequences_back(
+    real_model_path: Path, real_text: ModelText, data: st.DataObject
+) -> None:
+    """Offline, the selection's own reasoning on the real vocabulary: the joined text of
+    random pieces merges back into exactly their tokens (the server test below checks it
+    against llama.cpp's tokenizer)."""
+    vocabulary = _scores(real_model_path)
+    pieces = real_text.pieces
+    ids = data.draw(st.lists(st.integers(0, pieces.size - 1), min_size=1, max_size=24))
+    merged = spm_merge(pieces.text(ids).replace(" ", SPM_SPACE), vocabulary)
+    assert merged == [pieces.pieces[i].replace(" ", SPM_SPACE) for i in ids]
 
 
 @settings(max_examples=300, deadline=None)
