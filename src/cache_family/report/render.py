@@ -144,7 +144,7 @@ def _win(row: ReportRow, *, package: bool, bold: bool) -> str:
     if row.plumbing:
         return f"{value:.2f}x (synthetic)"
     # A real model's figure says where it was measured right beside it.
-    where = " (CPU, see Notes)" if row.real_evidence is not None else ""
+    where = "" if row.real_evidence is None else " (CPU, see Notes)" if bold else " (CPU)"
     return f"**{value:.2f}x faster**{where}" if bold else f"{value:.2f}x{where}"
 
 

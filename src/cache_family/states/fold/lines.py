@@ -58,7 +58,11 @@ def real_evidence_class(
     host = run.host
     cpu = host.cpu_model or "CPU model not given"
     cpus = f"{host.cpu_count} CPUs" if host.cpu_count else "CPU count not given"
-    threads = f"{run.operator_threads} threads" if run.operator_threads else "threads not set"
+    threads = (
+        f"{run.operator_threads} thread{'' if run.operator_threads == '1' else 's'}"
+        if run.operator_threads
+        else "threads not set"
+    )
     loads = [f"{run.load_average[0]:.1f} at run start"] if run.load_average else []
     if opened_load is not None:
         loads.append(f"{opened_load[0]:.1f} when measured")
