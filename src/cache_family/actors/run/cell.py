@@ -719,6 +719,7 @@ class CellActor:
             host_alive=live.still_same,
             chat=plan.host_kind == HostKind.STAGE,
             model_id=plan.model_id,
+            model_path=plan.profile.model if plan.profile is not None else "",
         )
         try:
             finished = await WORKLOAD_RUNNERS[plan.arm.kind](host)

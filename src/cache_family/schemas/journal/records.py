@@ -19,6 +19,7 @@ from cache_family.schemas.measurement import (
     RungFacts,
 )
 from cache_family.schemas.workload_records import (
+    ChatTemplateMeasured,
     OpenLoopStageMeasured,
     OverlapPointMeasured,
     SessionsMeasured,
@@ -552,6 +553,7 @@ Record: TypeAlias = (
     | SessionsMeasured
     | OpenLoopStageMeasured
     | WorkloadStopped
+    | ChatTemplateMeasured
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.
