@@ -62,3 +62,20 @@ def run_lock(run_dir: str, *, what: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def lock_held(run_dir: str) -> bool:
+    """Whether some open file description holds ``run_dir``'s lock now (a live run, resume
+    or reap; this process's own ``run_lock`` counts too). A missing or unreadable lock file,
+    or a symlink in its place, holds nothing."""
+    try:
+        fd = os.open(lock_path(run_dir), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    finally:
+        os.close(fd)
+    return False

@@ -251,6 +251,8 @@ class Resumption:
     record: RunResumed
     kept_rows: frozenset[int]
     moves: tuple[tuple[str, str], ...] = ()
+    # The run's id (its first run_started's): the resumed segment's hosts are tagged with it.
+    run_id: str = ""
 
 
 async def supervise(
@@ -343,11 +345,17 @@ async def _run_and_publish(
     writer = ctx.writer
     results: dict[int, RowResult] = {}
     if resumption is None:
-        await writer.append(_run_started(admitted))
+        started = _run_started(admitted)
+        assert started.runner_pid is not None and started.runner_create_time is not None
+        ctx.tag_hosts_with_run(started.run_id, started.runner_pid, started.runner_create_time)
+        await writer.append(started)
         if admitted.selection is not None:
             await writer.append(admitted.selection)
     else:
-        await writer.append(resumption.record)
+        resumed = resumption.record
+        assert resumed.runner_pid is not None and resumed.runner_create_time is not None
+        ctx.tag_hosts_with_run(resumption.run_id, resumed.runner_pid, resumed.runner_create_time)
+        await writer.append(resumed)
         await trio.to_thread.run_sync(_move_aside, ctx.run_dir, resumption.moves)
         for index in resumption.kept_rows:
             results[index] = RowResult(index=index, status="kept", launched=False)

@@ -181,7 +181,7 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
     drifted = trio.run(verify)
     kept -= drifted
     notes = ReplayReport()
-    reaped = reap_children(notes, lines, REAP_GRACE_SECONDS)
+    reaped = reap_children(notes, lines, REAP_GRACE_SECONDS, root)
     if torn:
         # The torn bytes were never part of the chain: cut them so the journal continues.
         with open(journal_path(root), "r+b") as journal:
@@ -209,6 +209,7 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
         record=record,
         kept_rows=frozenset(kept),
         moves=tuple((path, f"{superseded}/{path}") for path in moved),
+        run_id=started.run_id,
     )
     notes.say(f"resume: keeping rows {sorted(kept)}, re-running rows {[r.index for r in rerun]}")
     return admitted, resumption, notes.lines
