@@ -34,7 +34,6 @@ from cache_family.states.cell import OnStep
 from cache_family.states.plans import PinTarget
 from cache_family.system.child import ChildRunner, run_child
 from cache_family.system.http import LoopbackHttp
-from cache_family.system.process_group import RunTag
 from cache_family.system.pins import (
     RACY_SECONDS,
     Budget,
@@ -45,6 +44,7 @@ from cache_family.system.pins import (
     hash_files,
     pin_tree,
 )
+from cache_family.system.process_group import RunTag
 
 StopKind = Literal["cancelled", "execution", "cell"]
 
