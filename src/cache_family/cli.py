@@ -632,6 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
                     action="append",
                     default=[],
                     metavar=metavar,
+                    # A file override passes the checks --input passes.
+                    type=_file_path(flag) if metavar == "ABS" else None,
                     help="plan override, at most once",
                 )
             prep.set_defaults(func=_cmd_prepare)
