@@ -77,9 +77,9 @@ PREPARE = ["prepare-full", "--input", "/ops/op.json", "--output", "/tmp/prepared
         (["run", "--input", "/a.json", "--output", ""], "cli.path.empty"),
         (["report-run", ""], "cli.path.empty"),
         # --workloads (and --use-case-corpus) pass the checks --input passes.
-        (PREPARE + ["--workloads", "/w/\x1b]0;pwned\x07w.json"], "cli.path.bad_char"),
-        (PREPARE + ["--workloads", "/w/workloads.json/"], "cli.path.trailing_slash"),
-        (PREPARE + ["--use-case-corpus", "/c/\u202enosj.json"], "cli.path.format_char"),
+        ([*PREPARE, "--workloads", "/w/\x1b]0;pwned\x07w.json"], "cli.path.bad_char"),
+        ([*PREPARE, "--workloads", "/w/workloads.json/"], "cli.path.trailing_slash"),
+        ([*PREPARE, "--use-case-corpus", "/c/\u202enosj.json"], "cli.path.format_char"),
     ],
 )
 def test_a_path_argument_is_refused_with_its_own_code(
