@@ -878,14 +878,22 @@ def _exit_holding_signals(latch: interrupts.Latch, code: int) -> NoReturn:
     interpreter down, so a signal in those milliseconds ended the process as -15 or -2. Here
     the signals are blocked, any that came after the command's own last look make the exit
     code 130, and the process ends at once (``os._exit``, after flushing what it printed)."""
+    # Flushed first: a signal while the last lines are written reaches the latch (this
+    # thread still takes signals); flushed after the last look, it was lost (exit 0).
+    _flush_output()
     late = interrupts.signals_at_exit(latch)
-    for name in late:
-        print(f"{name} after the run's last line: the run had finished", file=sys.stderr)
+    if late:  # the exit is 130 whatever comes now
+        for name in late:
+            print(f"{name} after the run's last line: the run had finished", file=sys.stderr)
+        _flush_output()
+    os._exit(ExitCode.INTERRUPTED if late else code)
+
+
+def _flush_output() -> None:
     for stream in (sys.stdout, sys.stderr):
         # A closed pipe: what could not be written is lost either way.
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    os._exit(ExitCode.INTERRUPTED if late else code)
 
 
 def _command(argv: Sequence[str] | None) -> int:

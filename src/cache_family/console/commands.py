@@ -14,8 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-import trio
-
 from cache_family.actors.audit.head_signature import check_sign_key, head_line, sign_head
 from cache_family.actors.audit.replay import HeadCheck, replay
 from cache_family.actors.journal.writer import journal_path
@@ -118,7 +116,9 @@ def _supervise_and_print(
     run_dir = admitted.output
     matrix = os.path.join(run_dir, MATRIX_FILENAME)
     try:
-        outcome = trio.run(supervise, admitted, None, progress, resumption, latch)
+        outcome = interrupts.run_then_release_wakeup_fd(
+            supervise, admitted, None, progress, resumption, latch
+        )
     except BaseException as exc:
         if not is_interrupt(exc):
             raise
