@@ -66,6 +66,7 @@ from cache_family.system.process_group import (
     process_tag_of,
     tagged_processes,
 )
+from cache_family.system.publish import is_temp_sibling
 from cache_family.system.run_lock import lock_held, run_lock
 
 RECEIPT_READ_LIMIT: Final = 64 * MIB
@@ -304,10 +305,11 @@ def _check_run_files(
     if resumed_after:
         report.say("run files: not checked: the resumed segment has not bound its files yet")
         return
+    said = {os.path.normpath(path) for path in report.mismatched}
     problems = [
         problem
         for problem in check_run_files(root, last.files)
-        if not _checked_as_receipt(problem.path, problem.code, receipts)
+        if not _said_by_receipt_checks(problem.path, problem.code, receipts, said)
     ]
     for problem in problems:
         report.differs = True
@@ -315,12 +317,14 @@ def _check_run_files(
         report.say(f"DIFFERS {problem.path}: {problem.code}: {problem.detail}")
     if not problems:
         report.say(f"run files: {len(last.files)} bound, every one as bound and no other")
+    _flag_leftover_temporaries(report, last)
 
 
-def _checked_as_receipt(path: str, code: str, receipts: set[str]) -> bool:
-    """A receipt (journaled or planted) and a journaled cell's rows file (re-read against its
-    ``rung_rows`` digests) are reported by the receipt checks, which say more."""
-    if os.path.basename(path) in RECEIPT_NAMES or os.path.normpath(path) in receipts:
+def _said_by_receipt_checks(path: str, code: str, receipts: set[str], said: set[str]) -> bool:
+    """A receipt the receipt checks found differing (journaled or planted) and a journaled
+    cell's rows file (re-read against its ``rung_rows`` digests) are reported there, which
+    says more. A receipt they found identical is still held to its ``run_files`` digest."""
+    if os.path.normpath(path) in said:
         return True
     cell_receipt = os.path.normpath(os.path.join(os.path.dirname(path), "cell.json"))
     return (
@@ -328,6 +332,19 @@ def _checked_as_receipt(path: str, code: str, receipts: set[str]) -> bool:
         and code != "replay.file.unbound"
         and cell_receipt in receipts
     )
+
+
+def _flag_leftover_temporaries(report: ReplayReport, bound: RunFilesBound) -> None:
+    """A publication cut short (its writer killed between writing and linking, then the
+    directory moved aside by a resume) leaves its temporary file; the run bound it as it
+    found it, so it is no difference, but it is named: no receipt or evidence is in it."""
+    for entry in bound.files:
+        if is_temp_sibling(os.path.basename(entry.path)):
+            report.say(
+                f"run files: note: {entry.path}: replay.file.leftover_temporary: a "
+                "publication cut short (its writer was killed before the file got its "
+                "name); not a receipt or evidence of the run"
+            )
 
 
 def _compare_run_report(report: ReplayReport, root: str) -> None:
@@ -365,7 +382,16 @@ def _compare_run_report(report: ReplayReport, root: str) -> None:
                 f"DIFFERS {relative} (run report): replay.report.unlisted: report-run "
                 "writes no such file"
             )
-    if REPORT_MANIFEST_NAME not in present:
+    if REPORT_MANIFEST_NAME not in present and written:
+        # report.md in this layout was written with its manifest: only a deletion removed it.
+        del files[REPORT_MANIFEST_NAME]
+        report.differs = True
+        report.mismatched.append(REPORT_MANIFEST_NAME)
+        report.say(
+            f"DIFFERS {REPORT_MANIFEST_NAME} (run report): replay.report.manifest_missing: "
+            f"{MARKDOWN_NAME} is of the layout report-run writes with its manifest"
+        )
+    elif REPORT_MANIFEST_NAME not in present:
         # A report written before report manifests: its files are still all expected.
         del files[REPORT_MANIFEST_NAME]
         report.say(
