@@ -331,10 +331,10 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     return code
 
 
-def _replay_campaign(campaign_dir: str) -> int:
+def _replay_campaign(campaign_dir: str, expect_head: str | None) -> int:
     from cache_family.actors.campaign.audit import replay_campaign
 
-    report = replay_campaign(campaign_dir)
+    report = replay_campaign(campaign_dir, expect_head=expect_head)
     for line in report.lines:
         print(line)
     return report.exit_code
@@ -347,10 +347,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from cache_family.console.refusals import say_failed
 
     parser: _Parser = args.parser
-    if (Path(args.run_dir) / "campaign-journal.jsonl").is_file():
-        return _replay_campaign(args.run_dir)
     if args.expect_head is not None and not HEAD_PATTERN.fullmatch(args.expect_head):
         parser.refuse("--expect-head", "give the 64 lowercase hex digits the run printed")
+    if (Path(args.run_dir) / "campaign-journal.jsonl").is_file():
+        return _replay_campaign(args.run_dir, args.expect_head)
     if (args.allowed_signers is None) != (args.signer_identity is None):
         parser.refuse("--allowed-signers", "--allowed-signers and --signer-identity go together")
     head = HeadCheck(
@@ -633,7 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
                     default=[],
                     metavar=metavar,
                     # A file override passes the checks --input passes.
-                    type=_file_path(flag) if metavar == "ABS" else None,
+                    type=_file_path(flag) if metavar == "ABS" else str,
                     help="plan override, at most once",
                 )
             prep.set_defaults(func=_cmd_prepare)

@@ -346,17 +346,24 @@ def run_campaign(
             )  # fmt: skip
         outcome: MergeOutcome | None = None
         merge_started = time.monotonic()
+
+        def write_evidence() -> None:
+            # Written before the merge binds the directory's files (it binds this one too):
+            # the merge's time is the shards' verification and the fold.
+            timings["merge_seconds"] = time.monotonic() - merge_started
+            if local:
+                _write_evidence(campaign, {**evidence, "rows": len(to_run), **timings})
+
         if resumed is not None:
             shards = sorted([*resumed.kept, *shards])
         if shards:
             outcome = merge_campaign(
-                campaign, shards, placement_file=placement_file, missing=missing
-            )
+                campaign, shards, placement_file=placement_file, missing=missing,
+                before_binding=write_evidence,
+            )  # fmt: skip
         else:
             lines.append("no row sealed a run directory: nothing to merge")
-        timings["merge_seconds"] = time.monotonic() - merge_started
-        if local:
-            _write_evidence(campaign, {**evidence, "rows": len(to_run), **timings})
+            write_evidence()
     if stop.signal_name is not None:
         return CampaignResult(ExitCode.INTERRUPTED, outcome, lines)
     if outcome is not None and outcome.status == "completed":
