@@ -146,7 +146,7 @@ def _supervise_and_print(
     written = os.path.isfile(matrix_file)
     signed = True
     if written and outcome.journal_head is not None:
-        signed = _sign(admitted.run_dir, sign_key, outcome.journal_head)
+        signed = _sign(admitted, sign_key, outcome.journal_head)
     if outcome.interrupted:
         code = ExitCode.INTERRUPTED
     elif not signed:  # the head's signature was asked for and is missing: not a clean run
@@ -210,17 +210,19 @@ def _say_interrupted(evidence: str, run_dir: str, *, resumable: bool) -> None:
         )
 
 
-def _sign(run_dir: str, sign_key: str | None, head: str) -> bool:
-    """Sign the head when asked; False (said on stderr) when the signature was not written.
-    The receipts stand either way: only the head's signature is missing."""
+def _sign(admitted: AdmittedRun, sign_key: str | None, head: str) -> bool:
+    """Sign the head when asked (written through the run's handle, named as given); False
+    (said on stderr) when the signature was not written. The receipts stand either way:
+    only the head's signature is missing."""
     if sign_key is None:
         return True
     try:
-        path = sign_head(run_dir, sign_key, head)
+        path = sign_head(admitted.run_dir, sign_key, head)
     except Refused as refused:
         print_refusals(refused.refusals, sys.stderr)
         return False
-    print(f"journal head signed: {path}", file=sys.stderr)
+    shown = os.path.join(admitted.output, os.path.relpath(path, admitted.run_dir))
+    print(f"journal head signed: {shown}", file=sys.stderr)
     return True
 
 
