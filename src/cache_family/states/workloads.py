@@ -6,7 +6,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import pairwise
+from itertools import count, islice, pairwise, takewhile
 from types import MappingProxyType
 from typing import Final, Literal
 
@@ -16,7 +16,7 @@ from cache_family.errors import Refused
 from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.measurement import ReuseRule
 from cache_family.schemas.refusal_codes import RefusalCode
-from cache_family.schemas.workload import MultiTurn, OverSaturation, WorkloadFile
+from cache_family.schemas.workload import REQUESTS_MAX, MultiTurn, OverSaturation, WorkloadFile
 from cache_family.states.cache_reuse import (
     CHECKPOINT_TAIL,
     DEFAULT_N_UBATCH,
@@ -31,6 +31,9 @@ SaturationCode = Literal["workload.arrivals.in_flight_growing", "workload.arriva
 
 #: The smallest band a point is judged by (percentage points), as in SGLang's benchmark.
 MIN_BAND_PP: Final = 0.5
+#: The most sends one open-loop rate's schedule holds: the bound preparation checks explicit
+#: rates against (a rate x its duration), and the cap of a sweep's measured rates.
+SENDS_MAX: Final = REQUESTS_MAX
 #: llama-server reuses its prompt cache token by token: its page is one token.
 LLAMA_SERVER_PAGE_TOKENS: Final = 1
 
@@ -618,6 +621,20 @@ def _gaps(
             yield rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
 
 
+def arrival_times(
+    pattern: ArrivalPattern, rate: float, *, seed: int, burstiness: float | None = None
+) -> Iterator[float]:
+    """Send offsets in seconds from the start, first at 0, ascending, without end: drawn one
+    at a time, so what a caller holds is what it took, never duration x rate of them."""
+    gaps = _gaps(pattern, rate, burstiness, seed)
+    now = 0.0
+    for index in count():
+        # Constant offsets are i / rate exactly, not a sum that drifts by rounding.
+        if index:
+            now = index / rate if pattern == "constant" else now + next(gaps)
+        yield now
+
+
 def arrival_schedule(
     pattern: ArrivalPattern,
     rate: float,
@@ -627,22 +644,17 @@ def arrival_schedule(
     duration_s: float | None = None,
     burstiness: float | None = None,
 ) -> tuple[float, ...]:
-    """Send offsets in seconds from the start, first at 0, ascending: ``requests`` of them,
-    or every one before ``duration_s``. The same arguments give the same schedule."""
+    """The first ``requests`` of :func:`arrival_times`, or every one before ``duration_s``;
+    never more than ``SENDS_MAX`` (a sweep's measured rates are known only at run time;
+    preparation refuses explicit rates whose duration would send more). The same arguments
+    give the same schedule."""
     if (requests is None) == (duration_s is None):
         raise ValueError("give requests or duration_s")
-    gaps = _gaps(pattern, rate, burstiness, seed)
-    times = [0.0]
-    now = 0.0
-    while True:
-        if requests is not None and len(times) >= requests:
-            break
-        # Constant offsets are i / rate exactly, not a sum that drifts by rounding.
-        now = len(times) / rate if pattern == "constant" else now + next(gaps)
-        if duration_s is not None and now >= duration_s:
-            break
-        times.append(now)
-    return tuple(times[:requests] if requests is not None else times)
+    _check_rate(pattern, rate, burstiness)
+    times = arrival_times(pattern, rate, seed=seed, burstiness=burstiness)
+    if duration_s is not None:
+        times = takewhile(lambda at: at < duration_s, times)
+    return tuple(islice(times, min(requests or SENDS_MAX, SENDS_MAX)))
 
 
 def inter_arrivals(times: Sequence[float]) -> list[float]:
