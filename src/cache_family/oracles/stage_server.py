@@ -311,6 +311,10 @@ class Relay:
             return
         if self.option.prefix_reuse == "off":
             request["cache_prompt"] = False
+        if request.get("stream") is True:
+            # llama-server's own timings on every chunk, relayed as they come: the client
+            # checks its reads against them (an OpenAI client ignores the extra field).
+            request.setdefault("timings_per_token", True)
         async with self.admission:
             if request.get("stream") is True:
                 await self._stream(connection, request)

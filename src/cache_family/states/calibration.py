@@ -42,6 +42,13 @@ def calibration(
     )
 
 
+def client_lag_ms(calibration: ClientCalibration | None) -> float | None:
+    """The client's measured lag on this host: its overhead's 90th percentile in the run's
+    self-calibration (None: not measured). A first token read later than the server's own
+    per-event timings allow, by more than this, was read by a stalled client."""
+    return None if calibration is None else calibration.overhead_p90_ms
+
+
 def near_client_overhead(
     latencies_ms: Iterable[float | None], overhead_ms: float | None, factor: float
 ) -> bool | None:

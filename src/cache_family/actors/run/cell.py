@@ -59,6 +59,7 @@ from cache_family.schemas.request_rows import REQUESTS_FILENAME, RequestRowLine
 from cache_family.schemas.workload_records import WORKLOAD_RECEIPT_NAME
 from cache_family.states.budgets import Budgets
 from cache_family.states.cache_reuse import cache_expectation
+from cache_family.states.calibration import client_lag_ms
 from cache_family.states.cell import (
     CELL_TABLE,
     CellAction,
@@ -790,6 +791,7 @@ class CellActor:
             client=self.http,
             rows=rows,
             expectation=cache_expectation(self.plan.architecture, self.plan.lanes),
+            client_lag_ms=client_lag_ms(self.ctx.client_calibration),
         )
 
     async def _rung(self, index: int, rung: RungPlan) -> LoadOutcome:
