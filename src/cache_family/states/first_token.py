@@ -3,7 +3,7 @@ the stream itself shows the client could not have observed them, and the server'
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from msgspec import UNSET, UnsetType
 
@@ -87,3 +87,54 @@ def server_times(row: RequestRow) -> ServerTimes | None:
         server_ttft_ms(first),
         None if tokens is None else server_tpot_ms(first, row.timings, tokens),
     )
+
+
+# The done-check of the stalled-client issue: a client TTFT this share of its request's
+# elapsed time or more, or a client TPOT below this share of the server's own, is suspect.
+SUSPECT_TTFT_SHARE: Final = 0.95
+SUSPECT_TPOT_SHARE: Final = 0.1
+
+
+def server_per_token_ms(row: RequestRow) -> float | None:
+    """The server's own time per token after the first: from its per-event timings, else
+    from the final event's generation time alone (it runs from the first token)."""
+    times = server_times(row)
+    if times is not None:
+        return times.tpot_ms
+    if row.timings is None or row.tokens_predicted is None:
+        return None
+    return server_tpot_ms(ServerTimings(predicted_ms=0.0), row.timings, row.tokens_predicted)
+
+
+class Suspect(NamedTuple):
+    """Why a row's client figures are suspect, and whether the server's own timings show they
+    were faked by a stalled client (rather than, say, a long queue before a short answer)."""
+
+    why: str
+    faked: bool
+
+
+def suspect_client_figures(row: RequestRow) -> Suspect | None:
+    """A completed row whose client TTFT is at least ``SUSPECT_TTFT_SHARE`` of its elapsed
+    time, or whose client TPOT is below ``SUSPECT_TPOT_SHARE`` of the server's own. Faked:
+    the TPOT one always; the TTFT one when the server spent more generating after the first
+    token than the client saw between the first token and the end."""
+    if row.status != "completed" or row.elapsed_ms is None or row.ttft_ms is None:
+        return None
+    server_tpot = server_per_token_ms(row)
+    if (
+        row.tpot_ms is not None
+        and server_tpot is not None
+        and row.tpot_ms < SUSPECT_TPOT_SHARE * server_tpot
+    ):
+        return Suspect(f"TPOT {row.tpot_ms:.3f} ms, the server's {server_tpot:.3f} ms", True)
+    if row.ttft_ms >= SUSPECT_TTFT_SHARE * row.elapsed_ms:
+        seen_ms = row.elapsed_ms - row.ttft_ms
+        tokens = row.tokens_predicted or 1
+        server_ms = None if server_tpot is None else server_tpot * max(tokens - 1, 1)
+        return Suspect(
+            f"TTFT {row.ttft_ms:.3f} of {row.elapsed_ms:.3f} ms elapsed; the server generated"
+            f" for {'n/a' if server_ms is None else f'{server_ms:.3f}'} ms after it",
+            server_ms is not None and server_ms > seen_ms,
+        )
+    return None
