@@ -42,7 +42,7 @@ async def test_a_first_token_read_later_than_the_runs_measured_lag_is_client_sta
     outcome = await run(make_prepared(tmp_path / "p"), out, FakeHostScript(reply=held_first_token))
     assert outcome.status == "completed"
     calibration = matrix(out).client_calibration
-    assert calibration is not None and calibration.overhead_p90_ms < 10
+    assert calibration is not None and calibration.overhead_p50_ms < 10
     sweep = cell(out, "sweep-native-concurrent")
     rows = [row for rung in sweep.measurement.rungs for row in rung.rows]
     assert rows and all(row.status == "completed" for row in rows)

@@ -43,10 +43,12 @@ def calibration(
 
 
 def client_lag_ms(calibration: ClientCalibration | None) -> float | None:
-    """The client's measured lag on this host: its overhead's 90th percentile in the run's
-    self-calibration (None: not measured). A first token read later than the server's own
-    per-event timings allow, by more than this, was read by a stalled client."""
-    return None if calibration is None else calibration.overhead_p90_ms
+    """The client's measured lag on this host: its median overhead in the run's
+    self-calibration, the figure every rung receipt shows as ``client_overhead_ms`` (None: not
+    measured). A first token read later than the server's own per-event timings allow, by more
+    than this, was read by a stalled client. The median, not a tail: under load the few
+    calibration requests' tail swings by ten times from run to run."""
+    return None if calibration is None else calibration.overhead_p50_ms
 
 
 def near_client_overhead(
