@@ -52,6 +52,8 @@ BEHAVIOURS = (
     # Its first token event reaches the client with the second one, the final event two token
     # delays after the last token: a first token read late, the tokens after it on time.
     "first_token_held",
+    # Chat chunks carry a ``timings`` object that is not llama-server's.
+    "foreign_chat_timings",
 )
 
 
@@ -252,6 +254,8 @@ class FakeLlamaHttp:
             if self.chat_timings:
                 # The finish chunk carries the last token's timings (the totals).
                 event["timings"] = clock.timings(n, made=not finish or text != "")
+            if reply.behaviour == "foreign_chat_timings":
+                event["timings"] = {"queue": "short", "predicted_ms": "soon"}
             return b"data: " + json.dumps(event).encode() + b"\n\n"
 
         text = ""

@@ -929,6 +929,9 @@ class _ChatStream:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     done: bool = False
+    # A chunk's ``timings`` was not llama-server's: no chunk's counts (an extension the
+    # request never asked for cannot fail it).
+    untimed: bool = False
 
     def take(self, event: Mapping[str, Any], exchange: _Exchange, arrived: Arrival) -> None:
         usage = event.get("usage")
@@ -936,7 +939,11 @@ class _ChatStream:
             self.usage = usage
         # A server that times every event (llama-server's ``timings_per_token``, which the
         # reference stage-server oracle asks for and relays) puts them on the chunk.
-        timings = _event_timings(event)
+        timings: ServerTimings | None = None
+        try:
+            timings = _event_timings(event)
+        except ProtocolError:
+            self.untimed = True
         first = self.first_delta is None
         choices = event.get("choices") or []
         if not isinstance(choices, list):
@@ -1057,6 +1064,8 @@ class OpenAIChatRun(LoadRun):
             raise ProtocolError("no delta generated any content")
         assert exchange.ended is not None
         elapsed_ms = (exchange.ended - exchange.started) * 1000
+        if stream.untimed:
+            exchange.first_timings = exchange.final = None
         first = exchange.first_token(elapsed_ms, completion, self.client_lag_ms)
         reasoning = "".join(stream.reasoning) if stream.reasoning is not None else None
         return RequestRow(
