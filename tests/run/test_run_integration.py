@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -135,7 +136,11 @@ def test_prepare_full_then_run_checks_correctness_then_measures_both_native_arms
     argv = list(hosts[0].host_argv)
     # The host ran the row's private copy of the pinned build (the bytes its pins hashed),
     # and so did the other arm's: one copy per row.
-    copy = Path(argv[0]).relative_to(row_dir)
+    # Hosts reach the run directory through the handle opened at admission (the runner's
+    # /proc/PID/fd/N), so a parent swapped for a link afterwards cannot redirect them.
+    through = re.fullmatch(r"/proc/\d+/fd/\d+/(.+)", argv[0])
+    inside = Path(through.group(1)) if through else Path(argv[0]).relative_to(out)
+    copy = inside.relative_to(row_dir.relative_to(out))
     assert copy.parts[0].startswith("exec-state-") and copy.parts[1:] == (
         "native-0",
         "bin",
