@@ -88,7 +88,7 @@ def test_the_demo_runs_the_wrapper_end_to_end_and_prints_where_the_reports_are(
     demo_standard: Path,
 ) -> None:
     stdout = (demo_standard / "demo-stdout.txt").read_text().splitlines()
-    assert stdout[-6:] == [
+    assert stdout[-7:] == [
         f"Wrote raw full-GGUF results: {demo_standard}/full-gguf/production-cache-bench.json",
         f"Wrote raw use-case results: {demo_standard}/use-cases/production-cache-bench.json",
         f"Wrote README tables: {demo_standard}/readme-tables.md",
@@ -96,6 +96,8 @@ def test_the_demo_runs_the_wrapper_end_to_end_and_prints_where_the_reports_are(
         f"Wrote run report: {demo_standard}/use-cases/report.html",
         # The workload run (not in --quick): an overlap and an open-loop sweep.
         f"Wrote run report: {demo_standard}/workloads/report.html",
+        # One full-GGUF row on the trained Gemma 3 270M, every host arm on a short ladder.
+        f"Wrote run report: {demo_standard}/real/report.html",
     ]
     tables = (demo_standard / "readme-tables.md").read_text()
     for heading in ("Full-GGUF llama-server vs Skippy", "Use-Case Benchmark Matrix"):
@@ -113,10 +115,19 @@ def test_the_demo_runs_the_wrapper_end_to_end_and_prints_where_the_reports_are(
             "prepare-full", "run full-gguf", "prepare-use-cases", "run use-cases", "report",
             "report-run full-gguf", "report-run use-cases", "replay full-gguf",
             "replay use-cases", "prepare-full workloads", "run workloads",
-            "report-run workloads", "replay workloads",
+            "report-run workloads", "replay workloads", "prepare-full real", "run real",
+            "report-run real", "replay real",
         )
     ]  # fmt: skip
     assert "demo: done in " in (demo_standard / "demo-stderr.txt").read_text()
+    real = json.loads((demo_standard / "real" / "cache-family-matrix.json").read_text())
+    assert real["status"] == "completed" and not real["catalog"]["synthetic"]
+    [row] = real["rows"]
+    receipt = json.loads((demo_standard / "real" / row["result"]["evidence"]).read_text())
+    assert [o["arm"] for o in receipt["observations"]] == [
+        "native-serial", "native-concurrent", "skippy-old", "skippy-new",
+    ]  # fmt: skip
+    assert receipt["evidence_class"].startswith("real model hugginllam/gemma-3-270m")
     operator = json.loads((demo_standard / "operator.json").read_text())
     assert operator["plan"]["old_server"]["path"].endswith("/skippy-prefix-reuse-off")
     assert operator["plan"]["new_server"]["path"].endswith("/skippy")
