@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from itertools import pairwise
 from typing import Literal
 
@@ -30,6 +31,8 @@ from cache_family.system.http import LoopbackHttp
 from cache_family.system.wake import PreciseWake
 
 Exchange = Callable[[int], Awaitable[RequestRow]]
+#: How long before its send a send's task starts (``OpenLoopSender.run``).
+SEND_LEAD_S = 0.002
 #: How long before a send the sender stops sleeping and watches the time (see ``_until``):
 #: off by default, since on a shared host the spin's CPU costs more than the millisecond.
 DEFAULT_SPIN_S = 0.0
@@ -126,6 +129,9 @@ class OpenLoopSender:
         self._stop_reason: StopReason | None = None
         self._saturation: Saturation | None = None
         self._scope: trio.CancelScope | None = None
+        # The sends' own timers (one per send waiting at once), kept for the next sends.
+        self._idle_wakes: list[PreciseWake] = []
+        self._wakes: ExitStack | None = None  # closes them when the run ends
 
     def __repr__(self) -> str:
         of = "?" if self._scheduled is None else self._scheduled
@@ -157,8 +163,12 @@ class OpenLoopSender:
         self._start = trio.current_time()
         self._emit("started")
         exhausted = descending = False
-        with trio.CancelScope(deadline=self.deadline) as scope, PreciseWake() as wake:
-            self._scope = scope
+        with (
+            trio.CancelScope(deadline=self.deadline) as scope,
+            PreciseWake() as wake,
+            ExitStack() as wakes,
+        ):
+            self._scope, self._wakes = scope, wakes
             async with trio.open_nursery() as nursery:
                 previous = -math.inf
                 for index, offset in enumerate(self._schedule):
@@ -170,8 +180,9 @@ class OpenLoopSender:
                     at = self._start + offset
                     if at >= self.deadline:
                         break
-                    await self._until(wake, at)
-                    self._launched = index + 1
+                    # The send's own task starts a little early and waits out the rest itself:
+                    # no pass of the event loop lies between its wake and its request.
+                    await wake.sleep_until(at - SEND_LEAD_S)
                     nursery.start_soon(self._one, index, offset)
                 else:
                     exhausted = True
@@ -187,21 +198,30 @@ class OpenLoopSender:
         self._emit("finished")
         return outcome
 
-    async def _until(self, wake: PreciseWake, at: float) -> None:
+    async def _until(self, at: float) -> None:
         """Sleep until ``at`` on the kernel's high-resolution timer (``PreciseWake``: the
-        event loop's own poll wakes on whole milliseconds). With ``spin_s``, the last
-        ``spin_s`` before a send are spent in checkpoints, which still run every other task
-        while the time is watched (it needs a clock that moves by itself: not an autojump
-        clock, which never goes idle)."""
-        if self.spin_s <= 0:
-            await wake.sleep_until(at)
+        event loop's own poll wakes on whole milliseconds); at once when ``at`` has passed.
+        With ``spin_s``, the last ``spin_s`` before a send are spent in checkpoints, which
+        still run every other task while the time is watched (it needs a clock that moves by
+        itself: not an autojump clock, which never goes idle)."""
+        if trio.current_time() >= at:
             return
-        await wake.sleep_until(at - self.spin_s)
+        if self._idle_wakes:
+            wake = self._idle_wakes.pop()
+        else:
+            assert self._wakes is not None  # only the run's sends wait
+            wake = self._wakes.enter_context(PreciseWake())
+        try:
+            await wake.sleep_until(at - self.spin_s if self.spin_s > 0 else at)
+        finally:
+            self._idle_wakes.append(wake)
         while trio.current_time() < at:
             await trio.lowlevel.checkpoint()
 
     async def _one(self, index: int, offset: float) -> None:
+        await self._until(self._start + offset)
         sent = trio.current_time()
+        self._launched += 1
         self._in_flight += 1
         self._stamps.append(
             SendStamp(
@@ -239,6 +259,7 @@ class OpenLoopSender:
             self._scheduled = self._drawn + sum(1 for _ in self._schedule)
         rows: list[RequestRow] = []
         reason = self._stop_reason or "stopped"
+        launched = {stamp.index for stamp in self._stamps}
         for index in range(self._scheduled):
             row = self._rows.get(index)
             if row is None:
@@ -248,7 +269,7 @@ class OpenLoopSender:
                         status="incomplete",
                         error=f"still in flight when the sender stopped ({reason})",
                     )
-                    if index < self._launched
+                    if index in launched
                     else RequestRow(request_id=index, status="not-launched")
                 )
             rows.append(row)
