@@ -737,8 +737,14 @@ class CellActor:
             self._out_of_time = True
 
     async def _end_host(self) -> None:
-        """Leave custody: custody ends the host and journals its cleanup (via ``_observe``)."""
+        """Leave custody: custody ends the host and journals its cleanup (via ``_observe``).
+        No load run follows cleanup, so the rows file is closed (read-only, fsynced) while
+        the host ends; should that fail, finalize closes it again and reports it."""
         self._release_host.set()
+        rows = self._rows_file
+        if rows is not None:
+            with suppress(OSError):
+                await trio.to_thread.run_sync(rows.close)
         await self._host_ended.wait()
 
     async def _publish_receipt(self) -> None:
