@@ -202,8 +202,13 @@ def side_by_side(args: argparse.Namespace) -> tuple[str, tuple[float, float, flo
         "start-up | overhead min / max ms | time in cell states, median ms |",
         "|---|---:|---:|---:|---:|---|---|",
     ]
-    for name, paths in runs.items():
-        cells = _cells_of_runs(paths)
+    rows = [
+        (f"{name}, {cohort} cells", [c for c in cells if cohort in ("all", c.cohort)])
+        for name, paths in runs.items()
+        for cells in [_cells_of_runs(paths)]
+        for cohort in ["all", *sorted({c.cohort for c in cells})]
+    ]
+    for name, cells in rows:
         result = summary(cells)
         overhead, startup = result["overhead_ms"], result["startup_ms"]
         states = result["state_median_ms"]

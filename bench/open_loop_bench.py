@@ -28,6 +28,10 @@ Beside them, each client's own lateness figure, named for what it is.
 
     .venv/bin/python bench/open_loop_bench.py --clients ours guidellm aiperf \\
         --patterns constant poisson [--duration 10] [--append]
+
+``--clients ours ours-base --base-src DIR`` also runs ours from another source tree (``DIR``:
+its ``src``, e.g. from ``git archive REV src``), measured the same way: a before / after in
+one run.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 from collections.abc import AsyncIterator, Sequence
@@ -128,9 +129,11 @@ async def _connect(port: int) -> trio.SocketStream:
     return trio.SocketStream(sock)
 
 
+@functools.lru_cache(maxsize=64)
 def loopback_target(url: str) -> tuple[int, str]:
     """(port, path with query) of an ``http://127.0.0.1:PORT/...`` URL; anything else is a
-    programming error (hosts are only ever addressed on loopback)."""
+    programming error (hosts are only ever addressed on loopback). A host session asks the
+    same few URLs thousands of times: each is parsed once."""
     parts = urlsplit(url)
     if parts.scheme != "http" or parts.hostname != LOOPBACK or parts.port is None:
         raise ValueError(f"not a plain loopback URL: {url!r}")
