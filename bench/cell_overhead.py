@@ -179,6 +179,12 @@ def _cells_of_runs(runs: Sequence[Path]) -> list[Cell]:
     return [cell for run in runs for cell in cells_of(run / "journal.jsonl")]
 
 
+def _cohorts(cells: Sequence[Cell]) -> list[str]:
+    """ "all", then each cohort, unless there is only one."""
+    found = sorted({cell.cohort for cell in cells})
+    return found if len(found) == 1 else ["all", *found]
+
+
 def side_by_side(args: argparse.Namespace) -> tuple[str, tuple[float, float, float]]:
     """Rounds of real runs (base, then this checkout), their cells pooled per variant."""
     args.work.mkdir(parents=True, exist_ok=True)
@@ -206,7 +212,7 @@ def side_by_side(args: argparse.Namespace) -> tuple[str, tuple[float, float, flo
         (f"{name}, {cohort} cells", [c for c in cells if cohort in ("all", c.cohort)])
         for name, paths in runs.items()
         for cells in [_cells_of_runs(paths)]
-        for cohort in ["all", *sorted({c.cohort for c in cells})]
+        for cohort in _cohorts(cells)
     ]
     for name, cells in rows:
         result = summary(cells)
