@@ -163,11 +163,7 @@ class OpenLoopSender:
         self._start = trio.current_time()
         self._emit("started")
         exhausted = descending = False
-        with (
-            trio.CancelScope(deadline=self.deadline) as scope,
-            PreciseWake() as wake,
-            ExitStack() as wakes,
-        ):
+        with trio.CancelScope(deadline=self.deadline) as scope, ExitStack() as wakes:
             self._scope, self._wakes = scope, wakes
             async with trio.open_nursery() as nursery:
                 previous = -math.inf
@@ -180,9 +176,10 @@ class OpenLoopSender:
                     at = self._start + offset
                     if at >= self.deadline:
                         break
-                    # The send's own task starts a little early and waits out the rest itself:
-                    # no pass of the event loop lies between its wake and its request.
-                    await wake.sleep_until(at - SEND_LEAD_S)
+                    # The send's own task starts a little early and waits out the rest itself
+                    # on its precise timer: no pass of the event loop lies between its wake
+                    # and its request (the lead also absorbs the event loop's coarse wake).
+                    await trio.sleep_until(at - SEND_LEAD_S)
                     nursery.start_soon(self._one, index, offset)
                 else:
                     exhausted = True
