@@ -31,8 +31,6 @@ from cache_family.system.http import LoopbackHttp
 from cache_family.system.wake import PreciseWake
 
 Exchange = Callable[[int], Awaitable[RequestRow]]
-#: How long before its send a send's task starts (``OpenLoopSender.run``).
-SEND_LEAD_S = 0.002
 #: How long before a send the sender stops sleeping and watches the time (see ``_until``):
 #: off by default, since on a shared host the spin's CPU costs more than the millisecond.
 DEFAULT_SPIN_S = 0.0
@@ -167,6 +165,7 @@ class OpenLoopSender:
             self._scope, self._wakes = scope, wakes
             async with trio.open_nursery() as nursery:
                 previous = -math.inf
+                went: trio.Event | None = None
                 for index, offset in enumerate(self._schedule):
                     if offset < previous:
                         descending = True
@@ -176,11 +175,14 @@ class OpenLoopSender:
                     at = self._start + offset
                     if at >= self.deadline:
                         break
-                    # The send's own task starts a little early and waits out the rest itself
-                    # on its precise timer: no pass of the event loop lies between its wake
-                    # and its request (the lead also absorbs the event loop's coarse wake).
-                    await trio.sleep_until(at - SEND_LEAD_S)
-                    nursery.start_soon(self._one, index, offset)
+                    # Each send's task starts as the one before it goes and waits out the
+                    # rest itself on its precise timer: no pass of the event loop lies
+                    # between its wake and its request, and the sender itself never sleeps
+                    # (a trio sleep ends in a cancellation, whose delivery costs more).
+                    if went is not None:
+                        await went.wait()
+                    went = trio.Event()
+                    nursery.start_soon(self._one, index, offset, went)
                 else:
                     exhausted = True
         if descending:
@@ -215,8 +217,11 @@ class OpenLoopSender:
         while trio.current_time() < at:
             await trio.lowlevel.checkpoint()
 
-    async def _one(self, index: int, offset: float) -> None:
-        await self._until(self._start + offset)
+    async def _one(self, index: int, offset: float, went: trio.Event) -> None:
+        try:
+            await self._until(self._start + offset)
+        finally:
+            went.set()
         sent = trio.current_time()
         self._launched += 1
         self._in_flight += 1
