@@ -17,6 +17,15 @@ For every cell (host session) of a run, from the journal's own ``mono_ns`` stamp
 RUN_DIR is a run directory (holding ``journal.jsonl``) or the journal itself. Only cells that
 spawned a host are counted; the correctness arm's tool children are not cells. The medians
 are also printed per cohort (``native``: llama-server; ``openai``: a stage server).
+
+``--input PREPARED --rounds N`` runs instead ``cache-family run`` on the prepared input N times
+into fresh directories under ``--work`` and reads those runs; with ``--base-src DIR`` (a
+``src`` tree, e.g. ``git archive REV src``, put first on ``PYTHONPATH``) each round runs that
+runner first and this checkout's second, and both are printed side by side (a before / after
+in one run; the tools the runs start are the prepared input's either way):
+
+    .venv/bin/python bench/cell_overhead.py --input DIR/cache-family-input.json --rounds 3 \
+        --base-src /tmp/base/src --work /tmp/overhead [--append]
 """
 
 from __future__ import annotations
@@ -24,9 +33,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from _results import format_load, load_average, record
 
 from cache_family.schemas import request_rows
 from cache_family.schemas.journal import (
@@ -150,11 +164,100 @@ def _fmt(value: object) -> str:
     return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
+def _run_once(prepared: Path, out: Path, base_src: Path | None) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(out.parent), "LANG": "C.UTF-8"}
+    if base_src is not None:
+        env["PYTHONPATH"] = str(base_src.resolve())
+    argv = [sys.executable, "-m", "cache_family.cli", "run", "--input", str(prepared)]
+    with (out.parent / f"{out.name}.log").open("wb") as log:
+        code = subprocess.call([*argv, "--output", str(out)], env=env, stdout=log, stderr=log)
+    if code != 0:
+        print(f"cell_overhead: {out.name} exited {code} (its cells are read all the same)")
+
+
+def _cells_of_runs(runs: Sequence[Path]) -> list[Cell]:
+    return [cell for run in runs for cell in cells_of(run / "journal.jsonl")]
+
+
+def _cohorts(cells: Sequence[Cell]) -> list[str]:
+    """ "all", then each cohort, unless there is only one."""
+    found = sorted({cell.cohort for cell in cells})
+    return found if len(found) == 1 else ["all", *found]
+
+
+def side_by_side(args: argparse.Namespace) -> tuple[str, tuple[float, float, float]]:
+    """Rounds of real runs (base, then this checkout), their cells pooled per variant."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    variants = {"this checkout": None} if args.base_src is None else {}
+    if args.base_src is not None:
+        variants = {f"base ({args.base_src})": args.base_src, "this checkout": None}
+    runs: dict[str, list[Path]] = {name: [] for name in variants}
+    before = load_average()
+    for round_index in range(args.rounds):
+        for number, (name, src) in enumerate(variants.items()):
+            out = args.work / f"run-{round_index}-{number}"
+            _run_once(args.input, out, src)
+            runs[name].append(out)
+    after = load_average()
+    lines = [
+        f"{args.rounds} round(s) of `cache-family run --input {args.input}`"
+        + (", base first in each round" if args.base_src else ""),
+        f"load average {format_load(before)} before, {format_load(after)} after",
+        "",
+        "| runner | host cells | overhead median ms | host start-up median ms | overhead / "
+        "start-up | overhead min / max ms | time in cell states, median ms |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    rows = [
+        (f"{name}, {cohort} cells", [c for c in cells if cohort in ("all", c.cohort)])
+        for name, paths in runs.items()
+        for cells in [_cells_of_runs(paths)]
+        for cohort in _cohorts(cells)
+    ]
+    for name, cells in rows:
+        result = summary(cells)
+        overhead, startup = result["overhead_ms"], result["startup_ms"]
+        states = result["state_median_ms"]
+        assert isinstance(overhead, dict) and isinstance(startup, dict)
+        assert isinstance(states, dict)
+        ratio = (
+            overhead["median"] / startup["median"]
+            if overhead["median"] is not None and startup["median"]
+            else None
+        )
+        lines.append(
+            f"| {name} | {result['cells']} | {_fmt(overhead['median'])} | "
+            f"{_fmt(startup['median'])} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
+            f"{_fmt(overhead['min'])} / {_fmt(overhead['max'])} | "
+            + ", ".join(f"{state} {_fmt(spent)}" for state, spent in states.items())
+            + " |"
+        )
+    return "\n".join(lines), before
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("runs", nargs="*", type=Path)
     parser.add_argument("--json", action="store_true", help="one JSON object per run")
+    parser.add_argument("--input", type=Path, help="a prepared input: run it, then read")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--base-src", type=Path, help="with --input: the runner to compare")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/cell-overhead"))
+    parser.add_argument("--append", action="store_true", help="record in bench/RESULTS.md")
+    parser.add_argument("--notes", default="", help="a reading recorded with the figures")
     args = parser.parse_args(argv)
+    if args.input is not None:
+        text, before = side_by_side(args)
+        print(text)
+        if args.append:
+            record(
+                "Per-cell overhead and host start-up, side by side (issue 28)",
+                text,
+                notes=args.notes,
+                argv=[sys.argv[0], *(argv or sys.argv[1:])],
+                load_before=before,
+            )
+        return
     for run in args.runs:
         journal = run if run.is_file() else run / "journal.jsonl"
         cells = cells_of(journal)

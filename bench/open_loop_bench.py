@@ -28,6 +28,10 @@ Beside them, each client's own lateness figure, named for what it is.
 
     .venv/bin/python bench/open_loop_bench.py --clients ours guidellm aiperf \\
         --patterns constant poisson [--duration 10] [--append]
+
+``--clients ours ours-base --base-src DIR`` also runs ours from another source tree (``DIR``:
+its ``src``, e.g. from ``git archive REV src``), measured the same way: a before / after in
+one run.
 """
 
 from __future__ import annotations
@@ -191,7 +195,8 @@ def render(result: dict[str, Any], command: str) -> str:
 
 # --- side by side with the peers (issue 20) -----------------------------------------------------
 
-CLIENT_NAMES = ("ours", "guidellm", "aiperf")
+# ``ours-base``: ours from the source tree given with ``--base-src`` (a before / after in one run).
+CLIENT_NAMES = ("ours", "ours-base", "guidellm", "aiperf")
 TOKENIZER_DIR = HERE / ".peer-tokenizer"
 POSTS = ("/completion", "/v1/chat/completions")
 
@@ -321,13 +326,17 @@ def _client_argv(
 ) -> tuple[list[str], dict[str, str]]:
     requests = round(rate * args.duration)
     env = _child_env()
-    if client == "ours":
+    if client in ("ours", "ours-base"):
         argv = [
             sys.executable, str(Path(__file__).resolve()), "--child",
             "--url", base_url, "--rates", f"{rate:g}", "--pattern", pattern,
             "--duration", f"{args.duration:g}", "--seed", str(args.seed),
             "--spin-ms", f"{args.spin_ms:g}", "--no-stop",
         ]  # fmt: skip
+        if client == "ours-base":
+            if args.base_src is None:
+                raise SystemExit("--clients ours-base needs --base-src DIR")
+            env |= {"PYTHONPATH": str(Path(args.base_src).resolve())}
         return argv, env
     if client == "guidellm":
         venv = HERE / ".venv-guidellm"
@@ -347,7 +356,7 @@ def _client_argv(
 def _own_lateness(client: str, stdout: str, out: Path) -> dict[str, Any]:
     """The client's own lateness figure, and what it is."""
     late: list[float] = []
-    if client == "ours":
+    if client in ("ours", "ours-base"):
         figures = read_figures(stdout) or {}
         row = (figures.get("open_loop") or [{}])[0]
         return {
@@ -398,7 +407,7 @@ def client_schedule(
     AIPerf exports no schedule (None)."""
     if pattern == "constant":
         return constant_schedule(arrived, rate)
-    if client == "ours":
+    if client in ("ours", "ours-base"):
         return list(arrival_schedule("poisson", rate, seed=seed, duration_s=duration_s))
     if client == "guidellm" and targeted_s:
         return sorted(targeted_s)
@@ -486,7 +495,7 @@ def verdicts(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, float], list[str
         peers = [
             r["earliest_p99_ms"]
             for r in rows
-            if r["client"] != "ours"
+            if r["client"] not in ("ours", "ours-base")
             and (r["pattern"], r["target_rate_per_s"]) == key
             and r.get("earliest_p99_ms") is not None
         ]
@@ -653,6 +662,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--cpu-sample-s", type=float, default=0.5, help="with --clients: CPU sampling period"
+    )
+    parser.add_argument(
+        "--base-src",
+        help="with --clients ours-base: a source tree (its src/ directory, e.g. from "
+        "`git archive REV src`) that client imports cache_family from",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)

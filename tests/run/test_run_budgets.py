@@ -204,6 +204,24 @@ async def test_the_warmup_state_sends_the_excluded_request_and_the_ladder_the_me
     assert serial.warmup_excluded_ids == (0,) and serial.serial_summary.excluded_runs == 1
 
 
+async def test_the_host_tree_is_sampled_at_readiness_and_before_each_rung_after_a_request(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Rung 0 of a concurrent cell follows readiness with no request in between: readiness's
+    sample of the host's process tree stands for it. The serial cell's warmup request went to
+    the host since: its rung 0 samples again."""
+    script = FakeHostScript()
+    out = tmp_path / "out"
+    await run(make_prepared(tmp_path / "p", concurrency=[1, 2, 4]), out, script)
+    rungs = {
+        name: len(cell(out, name).measurement.rungs)
+        for name in ("native-serial", "sweep-native-concurrent")
+    }
+    assert rungs == {"native-serial": 1, "sweep-native-concurrent": 3}
+    samples = {label: script.tree_samples.count(label) for label in set(script.tree_samples)}
+    assert samples == {"native-serial": 2, "sweep-native-concurrent": 3}
+
+
 async def test_a_complete_run_measures_both_arms_and_replays(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

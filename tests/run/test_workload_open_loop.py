@@ -6,6 +6,7 @@ saying why. Then through the real request code against the calibration server.""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import pytest
 import trio
@@ -184,8 +185,52 @@ def test_a_schedule_must_be_ascending() -> None:
         OpenLoopSender([0.0, 0.2, 0.1], served_in(0.1), target_rate_per_s=1.0, pattern="constant")
 
 
-async def test_open_loop_through_the_real_request_code_against_the_calibration_server(
+async def test_a_schedule_drawn_one_send_at_a_time_is_sent_as_the_whole_one_would_be(
     autojump_clock: trio.testing.MockClock,
+) -> None:
+    schedule = arrival_schedule("poisson", 20.0, seed=4, requests=30)
+    drawn: list[float] = []
+
+    def lazily() -> Iterator[float]:
+        for at in schedule:
+            drawn.append(at)
+            yield at
+
+    start = trio.current_time()
+    # The deadline falls inside the schedule: the sender stops drawing at the send past it.
+    deadline = start + schedule[19] + 1e-6
+    whole = await OpenLoopSender(
+        schedule, served_in(0.05), target_rate_per_s=20.0, pattern="poisson", deadline=deadline
+    ).run()
+    start = trio.current_time()
+    deadline = start + schedule[19] + 1e-6
+    sender = OpenLoopSender(
+        lazily(), served_in(0.05), target_rate_per_s=20.0, pattern="poisson", deadline=deadline
+    )
+    assert sender.scheduled == 0
+    lazy = await sender.run()
+    assert lazy.scheduled == whole.scheduled == 30
+    assert lazy.launched == whole.launched == 20
+    assert [r.status for r in lazy.rows] == [r.status for r in whole.rows]
+    assert lazy.stop_reason == whole.stop_reason == "load.deadline"
+    assert [s.sent_s for s in lazy.sends] == pytest.approx([s.sent_s for s in whole.sends])
+    # The rest of the schedule was drawn only to be counted: every index has its row.
+    assert drawn == list(schedule)
+
+
+async def test_a_drawn_schedule_that_goes_back_in_time_is_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sender = OpenLoopSender(
+        iter([0.0, 0.2, 0.1]), served_in(0.01), target_rate_per_s=10.0, pattern="constant"
+    )
+    with pytest.raises(ValueError, match="ascending"):
+        await sender.run()
+
+
+@pytest.mark.parametrize("one_prompt", [False, True], ids=["prompt-per-send", "one-prompt"])
+async def test_open_loop_through_the_real_request_code_against_the_calibration_server(
+    autojump_clock: trio.testing.MockClock, one_prompt: bool
 ) -> None:
     # 20 ms to first token, then 5 ms per token, 8 tokens: 55 ms a request, sent every 10 ms.
     server = CalibrationServer(Pace(ttft_ms=20.0, itl_ms=5.0, tokens=8))
@@ -194,7 +239,7 @@ async def test_open_loop_through_the_real_request_code_against_the_calibration_s
         port = await nursery.start(server.serve, 0)
         exchange = completion_exchange(
             f"http://127.0.0.1:{port}",
-            lambda index: f"prompt {index}",
+            "one prompt for every send" if one_prompt else (lambda index: f"prompt {index}"),
             output_tokens=8,
             request_timeout_ms=10_000,
         )

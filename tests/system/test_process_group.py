@@ -6,10 +6,12 @@ Real processes need real time: every wait here is bounded by ``trio.fail_after``
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -17,7 +19,14 @@ import trio
 
 from cache_family.oracles.stage_server import child_environment
 from cache_family.system.child import ChildCommand, run_child
-from cache_family.system.process_group import live_members, stop_group
+from cache_family.system.process_group import (
+    PROCESS_TAG_NAME,
+    descendants,
+    live_members,
+    process_tag_of,
+    stop_group,
+    tagged_processes,
+)
 
 CHILD_POLL_SECONDS = 0.01
 IGNORES_SIGTERM = str(
@@ -197,3 +206,35 @@ def test_the_stage_server_oracle_passes_the_cell_tag_to_its_backend() -> None:
     stage server is out of custody's reach."""
     env = child_environment({"PATH": "/bin", "CACHE_FAMILY_CELL": "cf-x/cell-0000/new", "K": "v"})
     assert env == {"PATH": "/bin", "CACHE_FAMILY_CELL": "cf-x/cell-0000/new"}
+
+
+def test_descendants_are_the_whole_tree_with_psutils_create_times() -> None:
+    # A shell whose child shell runs a sleeper: a child and a grandchild.
+    script = "sh -c 'sleep 30 & wait' & wait"
+    with subprocess.Popen(["sh", "-c", script], start_new_session=True) as leader:
+        try:
+            deadline = time.monotonic() + 10
+            found: dict[int, float] = {}
+            while time.monotonic() < deadline and len(found) < 2:
+                found = descendants(leader.pid)
+            tree = psutil.Process(leader.pid).children(recursive=True)
+            assert found == {child.pid: child.create_time() for child in tree}
+            assert len(found) == 2 and leader.pid not in found
+        finally:
+            os.killpg(leader.pid, signal.SIGKILL)
+    # A gone process has no descendants.
+    assert descendants(leader.pid) == {}
+
+
+def test_a_tag_behind_a_large_environment_is_read_in_full() -> None:
+    # More than one read of /proc/PID/environ: the tag comes after 180 KiB of other values
+    # (one value may hold at most 128 KiB).
+    filler = {f"FILLER_{n}": "x" * (60 * 1024) for n in range(3)}
+    env = {"PATH": "/usr/bin:/bin", **filler, PROCESS_TAG_NAME: "run/cell"}
+    with subprocess.Popen(["sleep", "30"], env=env) as child:
+        try:
+            assert process_tag_of(child.pid) == "run/cell"
+            found = tagged_processes(lambda tag: tag == "run/cell")
+            assert set(found) == {child.pid}
+        finally:
+            child.kill()

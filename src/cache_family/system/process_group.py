@@ -20,6 +20,8 @@ POLL_SECONDS: Final = 0.02
 PROCESS_TAG_NAME: Final = "CACHE_FAMILY_CELL"
 # An exec-time environment is bounded by the kernel's argument limit; read no more than this.
 ENVIRON_READ_LIMIT: Final = 8 * 1024 * 1024
+# One read of a /proc file: a whole stat line, most environments.
+PROC_READ_SIZE: Final = 64 * 1024
 # Processes ended one by one (they have no parent of ours to wait on) get this long to go.
 END_WAIT_SECONDS: Final = 2.0
 # A tagged process may fork again while it is being ended: scan and end at most this often.
@@ -143,8 +145,7 @@ def process_tag_of(pid: int) -> str | None:
     """The tag in ``pid``'s exec-time environment, or None (no tag, gone, not ours, a zombie)."""
     wanted = PROCESS_TAG_NAME.encode() + b"="
     try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            data = handle.read(ENVIRON_READ_LIMIT)
+        data = _read_proc_file(f"/proc/{pid}/environ", ENVIRON_READ_LIMIT)
     except OSError:
         return None
     for entry in data.split(b"\0"):
@@ -176,6 +177,63 @@ def tagged_processes(matches: Callable[[str], bool]) -> dict[int, float]:
             process = psutil.Process(pid)
             if process.status() != psutil.STATUS_ZOMBIE:
                 found[pid] = process.create_time()
+    return found
+
+
+def _read_proc_file(path: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of a ``/proc`` file, read a page-sized chunk at a time: a
+    process's environment is a few KiB, and one read of the whole limit allocated (and gave
+    back) 8 MiB for every process a scan looked at."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        total = 0
+        while total < limit:
+            chunk = os.read(fd, min(PROC_READ_SIZE, limit - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def descendants(pid: int) -> dict[int, float]:
+    """Every live descendant of ``pid`` (children, theirs, ...): pid -> create time. One pass
+    over ``/proc/*/stat`` for the parent of each process (what ``psutil``'s ``children``
+    reads too, without its per-file buffers), then each descendant's create time as psutil
+    gives it, so that identity checks compare like with like. As psutil's, a process created
+    before ``pid`` is no descendant (its parent's pid was another's then); a gone ``pid`` has
+    none."""
+    try:
+        root_created = psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return {}
+    parents: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = _read_proc_file(f"/proc/{name}/stat", PROC_READ_SIZE)
+            # "pid (comm) state ppid ...": the command may hold spaces and parentheses.
+            ppid = int(stat[stat.rindex(b")") + 2 :].split(None, 2)[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        parents.setdefault(ppid, []).append(int(name))
+    found: dict[int, float] = {}
+    frontier = [pid]
+    while frontier:
+        for child in parents.get(frontier.pop(), ()):
+            if child in found or child == pid:
+                continue
+            try:
+                created = psutil.Process(child).create_time()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if created >= root_created:
+                found[child] = created
+                frontier.append(child)
     return found
 
 

@@ -56,6 +56,8 @@ class FakeHostScript:
     cleaned: list[str] = field(default_factory=list)
     argv: list[list[str]] = field(default_factory=list)
     env: list[dict[str, str]] = field(default_factory=list)
+    # The label of the host custody sampled the process tree of, once per sample.
+    tree_samples: list[str] = field(default_factory=list)
 
 
 class FakeHost:
@@ -135,7 +137,7 @@ class FakeHost:
         return self.pid is not None and not self.still_same()
 
     def note_descendants(self) -> None:
-        pass
+        self.script.tree_samples.append(self.config.label)
 
     def shorten_grace(self) -> None:
         pass

@@ -197,6 +197,8 @@ class CellActor:
         self._exec_problem = ""
         # The launch pins, watched from before pin-verify's hash to after post-verify's.
         self._watch: PinWatch | None = None
+        # The host session's request count when readiness sampled the host's process tree.
+        self._requests_at_tree_note = -1
 
     def __repr__(self) -> str:
         elapsed = "-"
@@ -359,21 +361,23 @@ class CellActor:
             )
         profile = plan.profile
         row_exec = self.ctx.row_exec
-        try:
-            if row_exec is not None:
-                self._exec = await trio.to_thread.run_sync(
-                    row_exec.copy_for, profile.binary, profile.native_build
-                )
-            else:
-                self._exec = await trio.to_thread.run_sync(
-                    make_private_copy, profile.binary, profile.native_build, self.cell_path
-                )
-                self._exec_owned = True
-        except OSError as exc:
-            # The pins (hashed by path then) say what is wrong; if they still match, the
-            # cell is refused below: a host never runs from a path its pins did not hash.
-            self._exec_problem = f"{exc.filename or profile.binary}: {exc.strerror or exc}"
-        self._watch = await trio.to_thread.run_sync(watch_pins, self._launch_pins())
+
+        def copy_and_watch() -> tuple[PrivateCopy | None, str, PinWatch]:
+            """The private copy, then the watch on the pins launch checks (one worker hop)."""
+            copy, problem = None, ""
+            try:
+                if row_exec is not None:
+                    copy = row_exec.copy_for(profile.binary, profile.native_build)
+                else:
+                    copy = make_private_copy(profile.binary, profile.native_build, self.cell_path)
+            except OSError as exc:
+                # The pins (hashed by path then) say what is wrong; if they still match, the
+                # cell is refused below: a host never runs from a path its pins did not hash.
+                problem = f"{exc.filename or profile.binary}: {exc.strerror or exc}"
+            return copy, problem, watch_pins(self._launch_pins(copy))
+
+        self._exec, self._exec_problem, self._watch = await trio.to_thread.run_sync(copy_and_watch)
+        self._exec_owned = row_exec is None and self._exec is not None
         if not await self._verify_pins("before", self._launch_pins()):
             await self._journal(
                 Fault(cell_id=plan.cell_id, kind="pin_mismatch", detail="pins differ before launch")
@@ -489,10 +493,11 @@ class CellActor:
             )
         )
 
-    def _launch_pins(self) -> tuple[PinTarget, ...]:
+    def _launch_pins(self, copy: PrivateCopy | None = None) -> tuple[PinTarget, ...]:
         """The pins checked before launch: the binary and native build as their private
-        copies (the bytes the host will run), the rest where they are."""
-        copy = self._exec
+        copies (the bytes the host will run; ``copy``, else the cell's), the rest where
+        they are."""
+        copy = copy or self._exec
         if copy is None:
             return self.plan.pins
         paths = {"binary": copy.binary}
@@ -585,6 +590,7 @@ class CellActor:
             self.http,
         )
         host.note_descendants()
+        self._requests_at_tree_note = self.http.requests
 
     async def _cut_prompt(self) -> None:
         """The correctness arm's accepted prompt as is; a corpus text cut by the host."""
@@ -677,7 +683,10 @@ class CellActor:
                     f"before rung {index}: pid {host.pid} is no longer the host spawned at "
                     f"{host.create_time}",
                 )
-            host.note_descendants()
+            # The tree was sampled at readiness: rung 0 samples it again only when a request
+            # (the serial warmup) went to the host since.
+            if index or self.http.requests != self._requests_at_tree_note:
+                host.note_descendants()
             self._judge(index, rung, await self._rung(index, rung))
             if self._out_of_time:
                 return
@@ -732,8 +741,14 @@ class CellActor:
             self._out_of_time = True
 
     async def _end_host(self) -> None:
-        """Leave custody: custody ends the host and journals its cleanup (via ``_observe``)."""
+        """Leave custody: custody ends the host and journals its cleanup (via ``_observe``).
+        No load run follows cleanup, so the rows file is closed (read-only, fsynced) while
+        the host ends; should that fail, finalize closes it again and reports it."""
         self._release_host.set()
+        rows = self._rows_file
+        if rows is not None:
+            with suppress(OSError):
+                await trio.to_thread.run_sync(rows.close)
         await self._host_ended.wait()
 
     async def _publish_receipt(self) -> None:

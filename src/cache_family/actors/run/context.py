@@ -220,7 +220,14 @@ class RowPins:
                         if target.kind == "file"
                         else HeldTree(target.path, json_path=f"$.pins.{target.name}")
                     )
-            for result in await self._hasher(to_hash, seconds):
+            # Every identity unchanged: nothing to hash, and no worker thread to wake for it
+            # (still a checkpoint, as a hash would be).
+            hashed: list[PinResult] = []
+            if to_hash:
+                hashed = await self._hasher(to_hash, seconds)
+            else:
+                await trio.lowlevel.checkpoint()
+            for result in hashed:
                 target = result.target
                 self.full_hashes[target.name] = self.full_hashes.get(target.name, 0) + 1
                 held_file = opened.pop(id(target), None)

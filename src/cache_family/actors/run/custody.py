@@ -37,6 +37,7 @@ from cache_family.schemas.measurement import (
 from cache_family.system.http import HttpError, LoopbackHttp
 from cache_family.system.process_group import (
     PROCESS_TAG_NAME,
+    descendants,
     end_identified,
     end_tagged,
     pid_replaced,
@@ -709,7 +710,14 @@ class Host:
                 await self._pumps_done.wait()
         self._release_reservation()
         progress.port_free = await _wait_port_free(self.port)
-        removed, error = remove_tree(self.state_dir)
+        async with trio.open_nursery() as alongside:
+            if self._pumps_done.is_set():
+                # Nothing writes the logs any more: their fsyncs (in ``_BoundedLog.close``)
+                # run beside the state dir's removal instead of after it. Logs a pump may
+                # still write are closed by ``_cleanup``, in the event loop's thread.
+                for log in self._logs:
+                    alongside.start_soon(trio.to_thread.run_sync, log.close)
+            removed, error = await trio.to_thread.run_sync(remove_tree, self.state_dir)
         progress.state_dir_removed = removed
         progress.state_dir_error = error
 
@@ -717,13 +725,7 @@ class Host:
         """Record (pid, create time) of every descendant while they are still in the tree."""
         if self.pid is None:
             return
-        try:
-            children = psutil.Process(self.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return
-        for child in children:
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                self._known_descendants[child.pid] = child.create_time()
+        self._known_descendants.update(descendants(self.pid))
 
     def note_descendants(self) -> None:
         """Refresh the descendant list (call at readiness and each rung); cleanup uses it."""

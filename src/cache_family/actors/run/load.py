@@ -305,6 +305,12 @@ class LoadRun:
         finally:
             slots.release()
 
+    async def send_one(self, client: LoopbackHttp, request_id: int) -> RequestRow:
+        """One request of this run's dialect, outside the closed loop (the open-loop sender's
+        sends): the same request code and row, which goes to neither the sink nor the tally;
+        any number may run at once."""
+        return await self._exchange(client, request_id)
+
     async def _exchange(self, client: LoopbackHttp, request_id: int) -> RequestRow:
         return await self._guarded(request_id, client, self._completion)
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from itertools import pairwise
 from typing import Literal
 
@@ -27,6 +28,7 @@ from cache_family.states.workloads import (
     sweep_rates,
 )
 from cache_family.system.http import LoopbackHttp
+from cache_family.system.wake import PreciseWake
 
 Exchange = Callable[[int], Awaitable[RequestRow]]
 #: How long before a send the sender stops sleeping and watches the time (see ``_until``):
@@ -84,11 +86,13 @@ class OpenLoopOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class OpenLoopSender:
-    """Sends ``schedule`` (offsets in seconds, ascending, from the run's start)."""
+    """Sends ``schedule`` (offsets in seconds, ascending, from the run's start): a sequence,
+    or a finite iterator drawn one send at a time (what is left of it when the sender stops
+    is counted, not kept)."""
 
     def __init__(
         self,
-        schedule: Sequence[float],
+        schedule: Iterable[float],
         exchange: Exchange,
         *,
         target_rate_per_s: float,
@@ -99,9 +103,12 @@ class OpenLoopSender:
         events: Callable[[OpenLoopEvent], None] | None = None,
         spin_s: float = DEFAULT_SPIN_S,
     ) -> None:
-        if any(b < a for a, b in pairwise(schedule)):
-            raise ValueError("the schedule must be ascending")
-        self.schedule = tuple(schedule)
+        self._scheduled: int | None = None
+        if isinstance(schedule, Sequence):
+            if any(b < a for a, b in pairwise(schedule)):
+                raise ValueError("the schedule must be ascending")
+            self._scheduled = len(schedule)
+        self._schedule: Iterator[float] = iter(schedule)
         self.exchange = exchange
         self.target_rate_per_s = target_rate_per_s
         self.pattern: ArrivalPattern = pattern
@@ -111,6 +118,7 @@ class OpenLoopSender:
         self._events = events
         self.spin_s = spin_s
         self._start = 0.0
+        self._drawn = 0
         self._launched = 0
         self._in_flight = 0
         self._stamps: list[SendStamp] = []
@@ -119,19 +127,29 @@ class OpenLoopSender:
         self._stop_reason: StopReason | None = None
         self._saturation: Saturation | None = None
         self._scope: trio.CancelScope | None = None
+        # The sends' own timers (one per send waiting at once), kept for the next sends.
+        self._idle_wakes: list[PreciseWake] = []
+        self._wakes: ExitStack | None = None  # closes them when the run ends
 
     def __repr__(self) -> str:
+        of = "?" if self._scheduled is None else self._scheduled
         return (
             f"<OpenLoopSender rate={self.target_rate_per_s:g}/s launched={self._launched}"
-            f"/{len(self.schedule)} in_flight={self._in_flight} stop={self._stop_reason}>"
+            f"/{of} in_flight={self._in_flight} stop={self._stop_reason}>"
         )
+
+    @property
+    def scheduled(self) -> int:
+        """The schedule's length: known from the start for a sequence; for an iterator, the
+        sends drawn so far until the sender ends, then all of them."""
+        return self._drawn if self._scheduled is None else self._scheduled
 
     def _emit(self, kind: Literal["started", "stopped", "finished"]) -> None:
         if self._events is not None:
             self._events(
                 OpenLoopEvent(
                     kind=kind,
-                    scheduled=len(self.schedule),
+                    scheduled=self.scheduled,
                     launched=self._launched,
                     target_rate_per_s=self.target_rate_per_s,
                     stop_reason=self._stop_reason,
@@ -142,19 +160,36 @@ class OpenLoopSender:
     async def run(self) -> OpenLoopOutcome:
         self._start = trio.current_time()
         self._emit("started")
-        with trio.CancelScope(deadline=self.deadline) as scope:
-            self._scope = scope
+        exhausted = descending = False
+        with trio.CancelScope(deadline=self.deadline) as scope, ExitStack() as wakes:
+            self._scope, self._wakes = scope, wakes
             async with trio.open_nursery() as nursery:
-                for index, offset in enumerate(self.schedule):
+                previous = -math.inf
+                went: trio.Event | None = None
+                for index, offset in enumerate(self._schedule):
+                    if offset < previous:
+                        descending = True
+                        nursery.cancel_scope.cancel()
+                        break
+                    previous, self._drawn = offset, index + 1
                     at = self._start + offset
                     if at >= self.deadline:
                         break
-                    await self._until(at)
-                    self._launched = index + 1
-                    nursery.start_soon(self._one, index, offset)
+                    # Each send's task starts as the one before it goes and waits out the
+                    # rest itself on its precise timer: no pass of the event loop lies
+                    # between its wake and its request, and the sender itself never sleeps
+                    # (a trio sleep ends in a cancellation, whose delivery costs more).
+                    if went is not None:
+                        await went.wait()
+                    went = trio.Event()
+                    nursery.start_soon(self._one, index, offset, went)
+                else:
+                    exhausted = True
+        if descending:
+            raise ValueError("the schedule must be ascending")
         if scope.cancelled_caught and self._stop_reason is None:
             self._stop_reason = "load.deadline"
-        elif self._launched < len(self.schedule) and self._stop_reason is None:
+        elif not exhausted and self._stop_reason is None:
             self._stop_reason = "load.deadline"  # the next send lay past the deadline
         if self._stop_reason is not None:
             self._emit("stopped")
@@ -163,19 +198,32 @@ class OpenLoopSender:
         return outcome
 
     async def _until(self, at: float) -> None:
-        """Sleep until ``at``: the event loop's poll wakes on whole milliseconds (epoll rounds
-        its timeout up), so the last ``spin_s`` before a send are spent in checkpoints, which
-        still run every other task (the answers being read) while the time is watched. The
-        spin needs a clock that moves by itself (not an autojump clock: it never goes idle)."""
-        if self.spin_s <= 0:
-            await trio.sleep_until(at)
+        """Sleep until ``at`` on the kernel's high-resolution timer (``PreciseWake``: the
+        event loop's own poll wakes on whole milliseconds); at once when ``at`` has passed.
+        With ``spin_s``, the last ``spin_s`` before a send are spent in checkpoints, which
+        still run every other task while the time is watched (it needs a clock that moves by
+        itself: not an autojump clock, which never goes idle)."""
+        if trio.current_time() >= at:
             return
-        await trio.sleep_until(at - self.spin_s)
+        if self._idle_wakes:
+            wake = self._idle_wakes.pop()
+        else:
+            assert self._wakes is not None  # only the run's sends wait
+            wake = self._wakes.enter_context(PreciseWake())
+        try:
+            await wake.sleep_until(at - self.spin_s if self.spin_s > 0 else at)
+        finally:
+            self._idle_wakes.append(wake)
         while trio.current_time() < at:
             await trio.lowlevel.checkpoint()
 
-    async def _one(self, index: int, offset: float) -> None:
+    async def _one(self, index: int, offset: float, went: trio.Event) -> None:
+        try:
+            await self._until(self._start + offset)
+        finally:
+            went.set()
         sent = trio.current_time()
+        self._launched += 1
         self._in_flight += 1
         self._stamps.append(
             SendStamp(
@@ -208,9 +256,13 @@ class OpenLoopSender:
         self._scope.cancel()
 
     def outcome(self) -> OpenLoopOutcome:
+        if self._scheduled is None:
+            # What the sender did not draw is counted (every index gets its row), not kept.
+            self._scheduled = self._drawn + sum(1 for _ in self._schedule)
         rows: list[RequestRow] = []
         reason = self._stop_reason or "stopped"
-        for index in range(len(self.schedule)):
+        launched = {stamp.index for stamp in self._stamps}
+        for index in range(self._scheduled):
             row = self._rows.get(index)
             if row is None:
                 row = (
@@ -219,7 +271,7 @@ class OpenLoopSender:
                         status="incomplete",
                         error=f"still in flight when the sender stopped ({reason})",
                     )
-                    if index < self._launched
+                    if index in launched
                     else RequestRow(request_id=index, status="not-launched")
                 )
             rows.append(row)
@@ -233,7 +285,7 @@ class OpenLoopSender:
         return OpenLoopOutcome(
             target_rate_per_s=self.target_rate_per_s,
             pattern=self.pattern,
-            scheduled=len(self.schedule),
+            scheduled=self._scheduled,
             launched=self._launched,
             sends=tuple(stamps),
             rows=tuple(rows),
@@ -259,10 +311,10 @@ def completion_exchange(
     loop's request code: its protocol checks, its timeout, its row)."""
     http = client or LoopbackHttp()
 
-    async def exchange(index: int) -> RequestRow:
+    def load_run(text: str) -> LoadRun:
         request = LoadRequest(
             base_url=base_url,
-            prompt=prompt(index) if callable(prompt) else prompt,
+            prompt=text,
             requests=1,
             concurrency=1,
             output_tokens=output_tokens,
@@ -270,8 +322,15 @@ def completion_exchange(
             request_timeout_ms=request_timeout_ms,
             ignore_eos=ignore_eos,
         )
-        outcome = await LoadRun(request, client=http, stop_on_failure=False).run()
-        return msgspec.structs.replace(outcome.rows[0], request_id=index)
+        return LoadRun(request, client=http, stop_on_failure=False)
+
+    # One prompt: one run sends every request (its setup is not paid per send).
+    shared = None if callable(prompt) else load_run(prompt)
+
+    async def exchange(index: int) -> RequestRow:
+        run = shared if shared is not None else load_run(prompt(index))  # type: ignore[operator]
+        row = await run.send_one(http, 0)
+        return msgspec.structs.replace(row, request_id=index)
 
     return exchange
 
@@ -289,21 +348,21 @@ def chat_exchange(
     """One streamed OpenAI chat completion per send to a stage server, through
     ``OpenAIChatRun`` (the stage arms' ladder request code)."""
     http = client or LoopbackHttp()
+    request = LoadRequest(
+        base_url=base_url,
+        prompt=prompt,
+        requests=1,
+        concurrency=1,
+        output_tokens=output_tokens,
+        stream=True,
+        request_timeout_ms=request_timeout_ms,
+        ignore_eos=ignore_eos,
+    )
+    run = OpenAIChatRun(request, model_id, client=http, stop_on_failure=False)
 
     async def exchange(index: int) -> RequestRow:
-        request = LoadRequest(
-            base_url=base_url,
-            prompt=prompt,
-            requests=1,
-            concurrency=1,
-            output_tokens=output_tokens,
-            stream=True,
-            request_timeout_ms=request_timeout_ms,
-            ignore_eos=ignore_eos,
-        )
-        run = OpenAIChatRun(request, model_id, client=http, stop_on_failure=False)
-        outcome = await run.run()
-        return msgspec.structs.replace(outcome.rows[0], request_id=index)
+        row = await run.send_one(http, 0)
+        return msgspec.structs.replace(row, request_id=index)
 
     return exchange
 
