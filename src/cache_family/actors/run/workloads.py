@@ -21,30 +21,42 @@ from cache_family.actors.run.open_loop import (
 from cache_family.errors import Refused
 from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.journal import Record
+from cache_family.schemas.measurement import ReuseRule
 from cache_family.schemas.workload import MultiTurn, WorkloadFile
 from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
     OverlapPointMeasured,
+    ReuseProbed,
+    ReuseProbeStep,
     SessionsMeasured,
     WorkloadOpened,
     WorkloadRequest,
     WorkloadStopped,
 )
-from cache_family.states.cache_reuse import reuse_rule
+from cache_family.states.cache_reuse import (
+    DEFAULT_N_UBATCH,
+    probe_shapes,
+    probed_rule,
+    reuse_rule,
+)
 from cache_family.states.workloads import (
     CHAT_ALPHABET,
     CHAT_ANSWER_GRAMMAR,
     CHAT_PROBE_CHARACTERS,
     ChatTemplate,
     FreshStarts,
+    PrefixDesign,
     chat_template,
     chat_text,
     design_chat_prefix,
     design_prefix,
+    nothing_shared,
     overlap_order,
     overlap_prompts,
     session_plan,
+    session_prompt_tokens,
     session_tokens,
+    turn_reuse,
 )
 from cache_family.system.http import HttpError, LoopbackHttp
 
@@ -75,6 +87,11 @@ class WorkloadHost:
     # OpenAI chat (text messages, to ``model_id``).
     chat: bool = False
     model_id: str = ""
+    # The model header's sliding window (a sliding-window family's; None: none or unknown).
+    sliding_window: int | None = None
+    # The host's slots and each slot's context (tokens): what its cache can hold.
+    slots: int | None = None
+    slot_context_tokens: int | None = None
 
 
 class WorkloadHostLost(Exception):
@@ -315,23 +332,124 @@ async def _opened(host: WorkloadHost, kind: MeasurementKind, spec_json: str) -> 
     return vocabulary
 
 
+async def _probe(
+    host: WorkloadHost, starts: FreshStarts, vocabulary: int, seed: int, prompt_tokens: int
+) -> ReuseRule | None:
+    """The rule the workload's verdicts use: the model header's (its architecture's rule, its
+    sliding window), checked on slot 0 with a few prompts of known prefixes drawn fresh
+    (``states.cache_reuse.probe_shapes``) and journaled. A chat host designs no token-cut
+    prompts: its rule is the header's, unprobed."""
+    header = reuse_rule(host.architecture)
+    if host.chat or header is None:
+        return header
+    rng = random.Random(seed)  # noqa: S311 -- reproducible probe prompts, not a secret
+
+    def fresh(length: int) -> list[int]:
+        return [starts.take(), *(rng.randrange(vocabulary) for _ in range(length - 1))]
+
+    shapes = probe_shapes(header, prompt_tokens)
+    first = fresh(prompt_tokens)
+    prefix = fresh(shapes[3].common_prefix)
+    prompts = [
+        first,
+        first,
+        [*prefix, *fresh(shapes[2].prompt_tokens - len(prefix))],
+        [*prefix, *fresh(shapes[3].prompt_tokens - len(prefix))],
+    ]
+    steps: list[ReuseProbeStep] = []
+    for shape, prompt in zip(shapes, prompts, strict=True):
+        answer = await _complete(host, prompt, 1, 0, exact=False)
+        _check_host(host, answer)
+        sent = answer.request(-1)
+        steps.append(
+            ReuseProbeStep(
+                prompt_tokens=shape.prompt_tokens,
+                previous_prompt_tokens=shape.previous_prompt_tokens,
+                common_prefix=shape.common_prefix,
+                cached_tokens=sent.cached_tokens,
+                error=sent.error,
+            )
+        )
+    rule = probed_rule(
+        header,
+        [(shape, step.cached_tokens) for shape, step in zip(shapes, steps, strict=True)],
+        n_ubatch=DEFAULT_N_UBATCH,
+        sliding_window=host.sliding_window,
+    )
+    await host.journal(
+        ReuseProbed(
+            cell_id=host.cell_id,
+            header_rule=header,
+            sliding_window=host.sliding_window,
+            n_ubatch=DEFAULT_N_UBATCH,
+            steps=tuple(steps),
+            rule=rule,
+        )
+    )
+    return rule
+
+
+def _refused_design(
+    host: WorkloadHost, design: PrefixDesign, groups: int, seed: int, code: str
+) -> OverlapPointMeasured:
+    """A point refused as designed: journaled with its design, nothing sent."""
+    return OverlapPointMeasured(
+        cell_id=host.cell_id,
+        hit_ratio_pct=design.hit_ratio_pct,
+        prompt_tokens=design.prompt_tokens,
+        rule=design.rule,
+        requested_prefix_tokens=design.requested_prefix_tokens,
+        shared_prefix_tokens=design.shared_prefix_tokens,
+        reusable_tokens=design.reusable_tokens,
+        groups=groups,
+        seed=seed,
+        priming_prompt_tokens=design.priming_prompt_tokens,
+        reprimed=design.reprimed,
+        design_refusal=code,
+    )
+
+
 async def run_overlap(host: WorkloadHost) -> bool:
     spec = host.workloads.prefix_overlap
     assert spec is not None  # planned only when chosen
     kind = MeasurementKind.PREFIX_OVERLAP
     async with _stops_before_any_point(host, kind):
         vocabulary = await _opened(host, kind, spec.model_dump_json())
-        rule = reuse_rule(host.architecture)
-        if rule is None:
+        header = reuse_rule(host.architecture)
+        if header is None:
             return True  # nothing can be designed: the receipt says unmeasured
         starts = FreshStarts(vocabulary, spec.seed)
-        order = overlap_order(spec.groups, spec.requests, spec.seed)
+        rule = await _probe(host, starts, vocabulary, spec.seed, spec.prompt_tokens)
         template = await _chat_template(host, starts, spec.seed) if host.chat else None
     for index, ratio in enumerate(spec.hit_ratios_pct):
+        if rule is None:
+            # The server follows no known rule: nothing can be designed for it.
+            unknown = PrefixDesign(
+                hit_ratio_pct=ratio,
+                prompt_tokens=spec.prompt_tokens,
+                rule=header,
+                requested_prefix_tokens=spec.prompt_tokens * ratio // 100,
+                shared_prefix_tokens=0,
+                reusable_tokens=0,
+            )
+            code = "workload.reuse.server_disagrees"
+            await host.journal(_refused_design(host, unknown, spec.groups, spec.seed + ratio, code))
+            continue
         if template is None:
-            design = design_prefix(rule, spec.prompt_tokens, ratio)
+            design = design_prefix(
+                rule,
+                spec.prompt_tokens,
+                ratio,
+                place_checkpoint=True,
+                sliding_window=host.sliding_window,
+            )
         else:
             design = design_chat_prefix(rule, spec.prompt_tokens, ratio, template)
+        if nothing_shared(design):
+            code = "workload.overlap.nothing_shared"
+            await host.journal(_refused_design(host, design, spec.groups, spec.seed + ratio, code))
+            continue
+        order = overlap_order(spec.groups, spec.requests, spec.seed, reprimed=design.reprimed)
         prompts = overlap_prompts(
             design, order, vocabulary_size=vocabulary, seed=spec.seed + ratio, starts=starts
         )
@@ -378,6 +496,8 @@ async def run_overlap(host: WorkloadHost) -> bool:
                         requests=tuple(sent),
                         template_tokens=template.tokens if template else 0,
                         template_reused_tokens=template.reused_tokens if template else 0,
+                        priming_prompt_tokens=design.priming_prompt_tokens,
+                        reprimed=design.reprimed,
                     )
                 )
                 if stop is not None:
@@ -396,7 +516,8 @@ async def _chat_sessions(host: WorkloadHost, spec: MultiTurn, vocabulary: int) -
     tokens = session_tokens(
         spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
     )
-    plan = session_plan(spec, reuse_rule(host.architecture))
+    rule = reuse_rule(host.architecture)
+    plan = session_plan(spec, rule, sliding_window=host.sliding_window)
     conversations: dict[int, list[dict[str, str]]] = {}
     counted: dict[int, tuple[int, int]] = {}
     sent: list[WorkloadRequest] = []
@@ -426,8 +547,10 @@ async def _chat_sessions(host: WorkloadHost, spec: MultiTurn, vocabulary: int) -
             ]
             earlier = counted.get(item.user)
             expected = 0
-            if item.expected_reused_tokens and earlier is not None:
-                expected = earlier[0] + earlier[1] - 1
+            if item.expected_reused_tokens and earlier is not None and rule is not None:
+                expected = turn_reuse(
+                    rule, earlier[0], earlier[1], sliding_window=host.sliding_window
+                )
             request = answer.request(
                 item.position, group=item.user, turn=item.turn, expected_reused_tokens=expected
             )
@@ -441,19 +564,27 @@ async def _chat_sessions(host: WorkloadHost, spec: MultiTurn, vocabulary: int) -
         raise
     finally:
         with trio.CancelScope(shield=stop is not None):
-            await host.journal(
-                SessionsMeasured(
-                    cell_id=host.cell_id,
-                    users=spec.users,
-                    turns=spec.turns,
-                    seed=spec.seed,
-                    think_time_ms=spec.think_time_ms,
-                    requests=tuple(sent),
-                )
-            )
+            await host.journal(_sessions_record(host, spec, sent))
             if stop is not None:
                 await _stopped(host, MeasurementKind.SESSIONS, stop, None, len(sent))
     return stop is None
+
+
+def _sessions_record(
+    host: WorkloadHost, spec: MultiTurn, sent: list[WorkloadRequest]
+) -> SessionsMeasured:
+    return SessionsMeasured(
+        cell_id=host.cell_id,
+        users=spec.users,
+        turns=spec.turns,
+        seed=spec.seed,
+        think_time_ms=spec.think_time_ms,
+        requests=tuple(sent),
+        slots=host.slots,
+        slot_context_tokens=host.slot_context_tokens,
+        sliding_window=host.sliding_window,
+        answer_tokens=spec.answer_tokens,
+    )
 
 
 async def run_sessions(host: WorkloadHost) -> bool:
@@ -462,12 +593,16 @@ async def run_sessions(host: WorkloadHost) -> bool:
     kind = MeasurementKind.SESSIONS
     async with _stops_before_any_point(host, kind):
         vocabulary = await _opened(host, kind, spec.model_dump_json())
+        starts = FreshStarts(vocabulary, spec.seed)
+        rule = reuse_rule(host.architecture)
+        first = session_prompt_tokens(spec, 0)
+        if not host.chat and first > 1:
+            # The probe draws from the sessions' own pool: no session shares its prompts.
+            rule = await _probe(host, starts, vocabulary, spec.seed, first)
     if host.chat:
         return await _chat_sessions(host, spec, vocabulary)
-    tokens = session_tokens(
-        spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
-    )
-    plan = session_plan(spec, reuse_rule(host.architecture))
+    tokens = session_tokens(spec, vocabulary_size=vocabulary, starts=starts)
+    plan = session_plan(spec, rule, sliding_window=host.sliding_window)
     sessions: dict[int, list[int]] = {}
     sent: list[WorkloadRequest] = []
     stop: str | None = None
@@ -500,16 +635,7 @@ async def run_sessions(host: WorkloadHost) -> bool:
         raise
     finally:
         with trio.CancelScope(shield=stop is not None):
-            await host.journal(
-                SessionsMeasured(
-                    cell_id=host.cell_id,
-                    users=spec.users,
-                    turns=spec.turns,
-                    seed=spec.seed,
-                    think_time_ms=spec.think_time_ms,
-                    requests=tuple(sent),
-                )
-            )
+            await host.journal(_sessions_record(host, spec, sent))
             if stop is not None:
                 await _stopped(host, kind, stop, None, len(sent))
     return stop is None

@@ -21,6 +21,7 @@ from cache_family.schemas.measurement import (
 from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
     OverlapPointMeasured,
+    ReuseProbed,
     SessionsMeasured,
     WorkloadOpened,
     WorkloadStopped,
@@ -544,6 +545,7 @@ Record: TypeAlias = (
     | SessionsMeasured
     | OpenLoopStageMeasured
     | WorkloadStopped
+    | ReuseProbed
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.
