@@ -723,6 +723,7 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
         "skipped_because",
     ),
     "workload_stopped": ("cell_id", "kind", "reason", "point_index", "sent", "detail"),
+    "reuse_probed": ("cell_id", "header_rule", "sliding_window", "n_ubatch", "steps", "rule"),
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import msgspec
@@ -334,6 +334,22 @@ def probe_shapes(rule: ReuseRule, prompt_tokens: int) -> tuple[ProbeShape, ...]:
         ProbeShape(prompt_tokens=priming, previous_prompt_tokens=prompt_tokens, common_prefix=0),
         ProbeShape(prompt_tokens=prompt_tokens, previous_prompt_tokens=priming, common_prefix=half),
     )
+
+
+def probe_prompts(
+    shapes: Sequence[ProbeShape], fresh: Callable[[int], list[int]]
+) -> list[list[int]]:
+    """The token ids of ``probe_shapes``' requests, from ``fresh(n)``: ``n`` ids starting with
+    one no other prompt starts with. The cold prompt goes twice; the last two share a prefix."""
+    cold, _, priming, shared = shapes
+    first = fresh(cold.prompt_tokens)
+    prefix = fresh(shared.common_prefix)
+    return [
+        first,
+        first,
+        [*prefix, *fresh(priming.prompt_tokens - len(prefix))],
+        [*prefix, *fresh(shared.prompt_tokens - len(prefix))],
+    ]
 
 
 def probe_expected(

@@ -35,6 +35,7 @@ from cache_family.schemas.workload_records import (
 )
 from cache_family.states.cache_reuse import (
     DEFAULT_N_UBATCH,
+    probe_prompts,
     probe_shapes,
     probed_rule,
     reuse_rule,
@@ -348,14 +349,7 @@ async def _probe(
         return [starts.take(), *(rng.randrange(vocabulary) for _ in range(length - 1))]
 
     shapes = probe_shapes(header, prompt_tokens)
-    first = fresh(prompt_tokens)
-    prefix = fresh(shapes[3].common_prefix)
-    prompts = [
-        first,
-        first,
-        [*prefix, *fresh(shapes[2].prompt_tokens - len(prefix))],
-        [*prefix, *fresh(shapes[3].prompt_tokens - len(prefix))],
-    ]
+    prompts = probe_prompts(shapes, fresh)
     steps: list[ReuseProbeStep] = []
     for shape, prompt in zip(shapes, prompts, strict=True):
         answer = await _complete(host, prompt, 1, 0, exact=False)
