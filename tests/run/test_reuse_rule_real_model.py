@@ -108,7 +108,7 @@ def test_the_probe_holds_to_the_token_below_at_and_above_the_window(
     assert again == (prompt_tokens - 5 if prompt_tokens <= window + 1 else prompt_tokens - 1)
 
 
-@pytest.mark.parametrize("prompt_tokens", [256, 512, 1024])
+@pytest.mark.parametrize("prompt_tokens", [256, 512, 1024, 2048])
 def test_a_point_cut_for_the_checkpoints_reuses_its_design(
     server: RunningServer, window: int, prompt_tokens: int
 ) -> None:
@@ -186,8 +186,11 @@ def test_the_runner_probes_then_measures_a_sweep_that_shares_at_every_point(
         }
     )
     journaled: list[Record] = []
-    host = workload_host(server, window, spec, journaled, CELL)
-    assert trio.run(run_overlap, host)
+
+    async def main() -> bool:
+        return await run_overlap(workload_host(server, window, spec, journaled, CELL))
+
+    assert trio.run(main)
     [probe] = [r for r in journaled if isinstance(r, ReuseProbed)]
     assert probe.header_rule == probe.rule == "checkpoint-swa" and probe.sliding_window == 512
     receipt = fold(journaled)
@@ -222,8 +225,11 @@ def test_sessions_expect_the_windows_checkpoint_and_report_no_eviction(
     )
     journaled: list[Record] = []
     cell = "cell-0000/native-sessions"
-    host = workload_host(server, window, spec, journaled, cell)
-    assert trio.run(run_sessions, host)
+
+    async def main() -> bool:
+        return await run_sessions(workload_host(server, window, spec, journaled, cell))
+
+    assert trio.run(main)
     [probe] = [r for r in journaled if isinstance(r, ReuseProbed)]
     assert probe.rule == "checkpoint-swa"
     receipt = fold(journaled, cell)

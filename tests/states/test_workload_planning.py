@@ -283,7 +283,8 @@ def test_a_placed_checkpoint_makes_the_requested_prefix_reusable(
             previous_prompt_tokens=design.priming_prompt_tokens,
             sliding_window=window if window is not None else prompt,
         )
-        assert design.reprimed == (rule == "checkpoint-swa")
+        within = window is None or design.shared_prefix_tokens < window
+        assert design.reprimed == (rule == "checkpoint-swa" and within)
     # Nothing is shared only where the prompt is too short to share anything.
     assert nothing_shared(design) == (design.shared_prefix_tokens == 0)
     if design.requested_prefix_tokens >= 6 and prompt >= 12:
@@ -302,6 +303,9 @@ def test_the_real_models_sweep_at_512_tokens_now_shares_what_it_asks() -> None:
         assert placed.shared_prefix_tokens == placed.reusable_tokens == shared
         assert placed.priming_prompt_tokens == shared + 5 and placed.reprimed
         assert not nothing_shared(placed)
+    # Past the window one priming serves the group: priming again would lose its checkpoint.
+    long = design_prefix("checkpoint-swa", 1024, 50, place_checkpoint=True, sliding_window=512)
+    assert long.shared_prefix_tokens == long.reusable_tokens == 512 and not long.reprimed
     control = design_prefix("checkpoint-swa", 512, 0, place_checkpoint=True, sliding_window=512)
     assert control.reusable_tokens == 0 and not nothing_shared(control)
 

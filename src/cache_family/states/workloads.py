@@ -134,9 +134,9 @@ class PrefixDesign(msgspec.Struct, frozen=True, kw_only=True):
     # The group's priming prompt's length (0: ``prompt_tokens``): cut so that the server
     # checkpoints it at the shared prefix, for a checkpoint family.
     priming_prompt_tokens: int = 0
-    # A priming request goes before every measured one (not once per group): a sliding-window
-    # slot resumes a token before each checkpoint it restores and checkpoints again there, so
-    # a group's requests would each reuse one token less than the one before.
+    # A priming request goes before every measured one (not once per group): within its
+    # window a sliding-window slot resumes a token before each checkpoint it restores and
+    # checkpoints again there, so a group's requests would each reuse one token less.
     reprimed: bool = False
 
     @property
@@ -162,12 +162,12 @@ def design_prefix(
     ``place_checkpoint`` (llama-server's ``/completion``, where the design cuts every prompt
     to the token): a checkpoint family's group primes with a prompt cut so that the server
     checkpoints it exactly at the requested prefix, which the group's measured prompts then
-    reuse whole (``priming_prompt_tokens``); a sliding-window family primes before every
-    measured request. Otherwise every prompt of a group is ``prompt_tokens`` long (the priming
-    one too), so a measured request's previous prompt placed its checkpoints at the same
-    marks, and the prefix is rounded down to the last of them: the rule's reuse of the shared
-    prefix is the same for every request of the point (and may be nothing at all).
-    """
+    reuse whole (``priming_prompt_tokens``); a sliding-window family sharing less than its
+    window primes before every measured request. Otherwise every prompt of a group is
+    ``prompt_tokens`` long (the priming one too), so a measured request's previous prompt
+    placed its checkpoints at the same marks, and the prefix is rounded down to the last of
+    them: the rule's reuse of the shared prefix is the same for every request of the point
+    (and may be nothing at all)."""
     if rule is None:
         raise Refused.one(
             "workload.overlap.no_rule",
@@ -204,7 +204,15 @@ def design_prefix(
                 sliding_window=sliding_window if sliding_window is not None else prompt_tokens,
             ),
             priming_prompt_tokens=priming,
-            reprimed=rule == "checkpoint-swa",
+            # Within the window every checkpoint is restored a token short, and each measured
+            # request checkpoints where it resumed: primed again, each reuses the prefix
+            # whole. Past it a request checkpointed again is no longer usable (its oldest
+            # window position is gone) and priming again would replace the good one, while
+            # the slot's own window or the first priming's checkpoint serves the prefix
+            # whole (Gemma 3 270M, window 512: 256 of 512 primed once reused 256, 255, 254;
+            # primed each time 256 each; 512 of 1,024 primed each time fell to 1).
+            reprimed=rule == "checkpoint-swa"
+            and (sliding_window is None or shared < sliding_window),
         )
     if rule != "exact-prefix":
         # Reuse lands on a checkpoint of the previous prompt: share exactly up to the last
