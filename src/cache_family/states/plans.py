@@ -312,6 +312,7 @@ def row_opened_record(
     present: bool,
     arms: tuple[ArmPlan, ...],
     synthetic: bool,
+    load_average: tuple[float, float, float] | None = None,
 ) -> RowOpened:
     """``row_opened`` as every row journals it: its correctness arm not run yet (its own
     records replace this once it ran), or never, because the model is missing."""
@@ -327,6 +328,7 @@ def row_opened_record(
         correctness_status="not-run",
         correctness_reason=CORRECTNESS_NOT_STARTED if present else "missing-model",
         synthetic=synthetic,
+        load_average=load_average,
     )
 
 

@@ -35,7 +35,6 @@ from cache_family.actors.campaign.resume import (
 )
 from cache_family.actors.campaign.row_task import DEFAULT_GRACE_SECONDS, row_argv, run_row
 from cache_family.actors.run.matrix import admit_run, planned_brief
-from cache_family.actors.run.selection import NODE_ID_ENV, NODE_LABELS_ENV
 from cache_family.errors import Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
@@ -48,6 +47,7 @@ from cache_family.schemas.journal import (
     read_journal,
 )
 from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
+from cache_family.system.host_load import NODE_ID_ENV, NODE_LABELS_ENV
 from cache_family.system.publish import publish_fresh
 
 ROWS_DIR: Final = "rows"

@@ -76,6 +76,7 @@ from cache_family.states.plans import (
     thread_setting,
 )
 from cache_family.states.workload_fold import SCOPE_WORKLOAD, workload_bytes
+from cache_family.system.host_load import load_average
 from cache_family.system.http import LoopbackHttp
 from cache_family.system.pin_watch import PinWatch, WatchedPin
 from cache_family.system.process_group import PROCESS_TAG_NAME
@@ -253,6 +254,7 @@ class CellActor:
                         plan.architecture, plan.lanes, self.sliding_window
                     ),
                     ignore_eos=plan.synthetic,
+                    load_average=load_average(),
                 )
             )
         escaped: BaseException | None = None

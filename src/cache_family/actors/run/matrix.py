@@ -67,6 +67,7 @@ from cache_family.states.fold import JournalIndex
 from cache_family.states.matrix import fold_matrix
 from cache_family.states.plans import thread_setting
 from cache_family.system import interrupts
+from cache_family.system.host_load import load_average, observe_host
 from cache_family.system.publish import (
     fsync_dir,
     overlapping_trees,
@@ -472,6 +473,10 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
         catalog_packaged=catalog.packaged,
         runner_pid=os.getpid(),
         runner_create_time=psutil.Process().create_time(),
+        host=admitted.selection.host
+        if admitted.selection is not None and admitted.selection.host is not None
+        else observe_host(os.environ),
+        load_average=load_average(),
     )
 
 
