@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote
 
+from msgspec import UnsetType
+
 from cache_family.report.decode import Refusals
 from cache_family.report.html import anchor, markdown_to_html
 from cache_family.report.render import (
@@ -315,6 +317,51 @@ def _curve_table(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
     return lines
 
 
+def _server_figure(value: float | UnsetType) -> str:
+    return "n/a" if isinstance(value, UnsetType) else format_ms(value)
+
+
+def _server_table(arms: Sequence[ArmView]) -> list[str]:
+    """The server's own TTFT and TPOT of each rung whose server timed every event, beside
+    the client's p50 and how many requests' client figures were not observable; no table
+    when no rung has them."""
+    rungs = [
+        (arm, rung)
+        for arm in arms
+        for rung in _rungs(arm)
+        if rung.summary is not None and not isinstance(rung.summary.server_ttft_p50_ms, UnsetType)
+    ]
+    if not rungs:
+        return []
+    lines = [
+        "| Arm | Concurrency | Server's TTFT p50 ms | Server's TTFT p99 ms "
+        "| Server's TPOT p50 ms | Server's TPOT p99 ms | Client TTFT p50 ms "
+        "| Client TPOT p50 ms | Client not observable |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for arm, rung in rungs:
+        s = rung.summary
+        assert s is not None
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    cell(arm.arm),
+                    str(rung.concurrency),
+                    _server_figure(s.server_ttft_p50_ms),
+                    _server_figure(s.server_ttft_p99_ms),
+                    _server_figure(s.server_tpot_p50_ms),
+                    _server_figure(s.server_tpot_p99_ms),
+                    NOT_OBSERVABLE if _unobserved(s) else format_ms(s.ttft_p50_ms),
+                    NOT_OBSERVABLE if _unobserved(s) else format_ms(s.tpot_p50_ms),
+                    f"{s.ttft_unobserved_count}/{s.measured_requests}",
+                ]
+            )
+            + " |"
+        )
+    return lines
+
+
 def _folded(summary: str, lines: list[str]) -> list[str]:
     """``lines`` (a table) inside ``<details>`` when long: the page opens short, the figures
     stay one click away (and plain in the Markdown)."""
@@ -335,7 +382,12 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
         "the TPOT objective), output tokens/s, and how many measured requests the server",
         "answered partly from its prompt cache (`cache_n` > 0). TTFT is the first event that",
         "carries a generated token; when that only came with the final event it is",
-        f'"{NOT_OBSERVABLE}" (and so is TPOT), never the whole response.',
+        f'"{NOT_OBSERVABLE}" (and so is TPOT), never the whole response. Where the server',
+        "timed every event (llama-server's per-event `timings`), a first token the client",
+        "read later than those timings allow (by more than the client's measured lag), or a",
+        "TPOT below the server's own, is not observable either (a stalled client), and the",
+        "server's own TTFT (from starting the prompt, its queue not included) and TPOT are",
+        "shown beside the client's, labelled as the server's.",
     ]
     if with_verdicts:
         lines.append(
@@ -362,6 +414,9 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
             "",
             *_folded(f"Per-rung figures of {_title(view)}", _curve_table(arms, with_verdicts)),
         ]
+        server = _server_table(arms)
+        if server:
+            lines += ["", *_folded(f"The server's own timings of {_title(view)}", server)]
     if without:
         lines += ["", "Rows without a concurrent arm:", "", *without]
     return lines

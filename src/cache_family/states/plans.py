@@ -25,10 +25,10 @@ from cache_family.schemas.arms import (
 from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan
 from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
 from cache_family.schemas.workload import WorkloadFile
+from cache_family.states.chat_pieces import CHAT_ALPHABET
 from cache_family.states.correctness import CorrectnessSpec
 from cache_family.states.handoff import PACKAGE_LAYER_COUNT
 from cache_family.states.workloads import (
-    CHAT_ALPHABET,
     CHAT_TEMPLATE_ROOM_PER_MESSAGE,
     chat_starts_needed,
 )

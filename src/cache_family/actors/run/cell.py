@@ -60,6 +60,7 @@ from cache_family.schemas.request_rows import REQUESTS_FILENAME, RequestRowLine
 from cache_family.schemas.workload_records import WORKLOAD_RECEIPT_NAME
 from cache_family.states.budgets import Budgets
 from cache_family.states.cache_reuse import cache_expectation, reuse_rule
+from cache_family.states.calibration import client_lag_ms
 from cache_family.states.cell import (
     CELL_TABLE,
     CellAction,
@@ -736,6 +737,7 @@ class CellActor:
             host_alive=live.still_same,
             chat=plan.host_kind == HostKind.STAGE,
             model_id=plan.model_id,
+            model_path=plan.profile.model if plan.profile is not None else "",
             sliding_window=self.sliding_window,
             slots=plan.lanes,
             slot_context_tokens=plan.ctx_size // plan.lanes if plan.lanes else None,
@@ -811,6 +813,7 @@ class CellActor:
             expectation=cache_expectation(
                 self.plan.architecture, self.plan.lanes, self.sliding_window
             ),
+            client_lag_ms=client_lag_ms(self.ctx.client_calibration),
         )
 
     async def _rung(self, index: int, rung: RungPlan) -> LoadOutcome:

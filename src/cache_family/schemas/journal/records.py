@@ -19,6 +19,7 @@ from cache_family.schemas.measurement import (
     RungFacts,
 )
 from cache_family.schemas.workload_records import (
+    ChatTemplateMeasured,
     OpenLoopStageMeasured,
     OverlapPointMeasured,
     ReuseProbed,
@@ -553,6 +554,7 @@ Record: TypeAlias = (
     | SessionsMeasured
     | OpenLoopStageMeasured
     | WorkloadStopped
+    | ChatTemplateMeasured
     | ReuseProbed
 )
 
