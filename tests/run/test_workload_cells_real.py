@@ -21,7 +21,11 @@ from cache_family.schemas.arms import HOST_ARMS, WORKLOAD_ARMS
 from cache_family.schemas.journal import JournalLine, Record
 from cache_family.schemas.receipts import decode_row_receipt
 from cache_family.schemas.workload import validate_workload_object
-from cache_family.schemas.workload_records import decode_workload_receipt
+from cache_family.schemas.workload_records import (
+    OverlapPointMeasured,
+    ReuseProbed,
+    decode_workload_receipt,
+)
 from cache_family.states.workload_fold import fold_workload
 from cache_family.system.http import LoopbackHttp
 
@@ -148,12 +152,13 @@ def test_a_run_with_a_workload_file_measures_each_workload_as_a_cell_and_replays
     assert f"DIFFERS cell-0000/{WORKLOAD_ARMS[0].directory}/workload.json" in tampered.stdout
 
 
-def test_a_server_that_reuses_nothing_is_refused_at_every_non_zero_overlap_point(
+def test_a_server_that_reuses_nothing_is_refused_at_every_overlap_point(
     native_parts: Parts,
 ) -> None:
     """The overlap runner against a llama-server started with ``--no-cache-prompt`` (its
-    request bodies leave prompt caching to the server): the control is accepted, and every
-    designed point is refused with its code and both figures."""
+    request bodies leave prompt caching to the server): the probe as the workload opens finds
+    the server following no reuse rule (it reused nothing of a prompt sent twice), journals
+    what it saw, and every point is refused as designed with its code, nothing sent."""
     spec = validate_workload_object(
         {
             "schema_version": 1,
@@ -199,10 +204,12 @@ def test_a_server_that_reuses_nothing_is_refused_at_every_non_zero_overlap_point
         for seq, record in enumerate(journaled, start=1)
     ]
     receipt = fold_workload(lines, "cell-0000/native-overlap")
-    points = {p.hit_ratio_pct: p for p in receipt.overlap}
-    assert points[0].accepted and points[0].achieved_ratio_pct == 0.0
-    for ratio in (30, 90):
-        point = points[ratio]
-        assert not point.accepted and point.refusal == "workload.overlap.outside_band", point
-        assert point.achieved_ratio_pct == 0.0 and point.designed_ratio_pct > 0
-    assert receipt.status == "refused"
+    [probe] = [r for r in journaled if isinstance(r, ReuseProbed)]
+    assert probe.header_rule == "exact-prefix" and probe.rule is None
+    assert [step.cached_tokens for step in probe.steps] == [0, 0, 0, 0]
+    assert [p.hit_ratio_pct for p in receipt.overlap] == [0, 30, 90]
+    for point in receipt.overlap:
+        assert not point.accepted and point.refusal == "workload.reuse.server_disagrees", point
+        assert point.measured_requests == 0 and point.achieved_ratio_pct is None
+    assert not any(isinstance(r, OverlapPointMeasured) and r.requests for r in journaled)
+    assert receipt.status == "refused" and receipt.rule is None

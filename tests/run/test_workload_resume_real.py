@@ -20,8 +20,8 @@ from signal_harness import logs_dir, poll_journal_until, start_run, wait_exit
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.journal import JournalSealed, RunResumed, read_journal
 from cache_family.schemas.workload_records import (
+    ReuseProbed,
     SessionsMeasured,
-    WorkloadOpened,
     WorkloadStopped,
     decode_workload_receipt,
 )
@@ -65,10 +65,11 @@ async def test_a_sigint_mid_sessions_then_resume_measures_every_turn_once(
     out = tmp_path / "run"
     process = await start_run(prepared_dir / "cache-family-input.json", out, logs_dir(tmp_path))
     try:
-        # The workload's opening record is durable at once; the runner's next await is in
-        # its turns (the users think 3 s between them), so the signal lands there. A signal
-        # before it is journaled too (nothing sent), but then no turn record exists.
-        await poll_journal_until(out, process, lambda r: isinstance(r, WorkloadOpened))
+        # The workload's opening records (its plan, then its reuse probe) are durable at
+        # once; the runner's next await after the probe is in its turns (the users think 3 s
+        # between them), so the signal lands there. A signal before it is journaled too
+        # (nothing sent), but then no turn record exists.
+        await poll_journal_until(out, process, lambda r: isinstance(r, ReuseProbed))
         process.send_signal(signal.SIGINT)
         assert await wait_exit(process) == 130
     finally:

@@ -135,7 +135,10 @@ def test_the_overlap_sweep_runs_on_old_and_new_stage_servers_and_replays(
         assert new_sessions.by_turn[0].achieved_reused_tokens == 0
         for turn in new_sessions.by_turn[1:]:
             assert turn.achieved_reused_tokens == turn.expected_reused_tokens > 0, turn
-        assert old_sessions.eviction_turn == 1
+        # Every user on a slot of its own with room to spare: nothing could be evicted, so
+        # the old server's lost reuse is a shortfall against the rule, refused, not an eviction.
+        assert old_sessions.eviction_turn is None and old_sessions.shortfall_turn == 1
+        assert old_sessions.refusal == "workload.sessions.reuse_short"
         assert all(t.achieved_reused_tokens == 0 for t in old_sessions.by_turn)
 
     # qwen3next (hybrid recurrent): what its checkpoint rule allows, on the new server only.

@@ -42,6 +42,7 @@ from cache_family.schemas.workload_records import (
     WorkloadStopped,
     decode_workload_receipt,
 )
+from cache_family.states.cache_reuse import probe_shapes
 from cache_family.states.workloads import session_plan
 
 OVERLAP = {
@@ -63,6 +64,8 @@ SESSIONS = {
 OPEN_LOOP = {"pattern": "constant", "rates_per_s": [5, 10], "requests": 6, "output_tokens": 2}
 # One priming request per group, then the measured ones: what one overlap point sends.
 PER_POINT = OVERLAP["groups"] + OVERLAP["requests"]  # type: ignore[operator]
+# The reuse probe's requests, sent as a native workload opens (before any point or turn).
+PROBE = len(probe_shapes("exact-prefix", 64))
 
 
 def hang_at(
@@ -110,7 +113,7 @@ async def test_a_signal_mid_overlap_point_keeps_the_points_so_far_and_names_the_
 ) -> None:
     arrived = trio.Event()
     # The second point's third request hangs: two of its requests were answered.
-    script = FakeHostScript(reply=hang_at(PER_POINT + 3, arrived))
+    script = FakeHostScript(reply=hang_at(PROBE + PER_POINT + 3, arrived))
     out = tmp_path / "out"
     async with trio.open_nursery() as nursery:
         nursery.start_soon(signal_when, arrived)
@@ -140,7 +143,7 @@ async def test_a_signal_mid_session_keeps_the_turns_sent(
     autojump_clock: trio.testing.MockClock,  # noqa: F811
 ) -> None:
     arrived = trio.Event()
-    script = FakeHostScript(reply=hang_at(4, arrived))
+    script = FakeHostScript(reply=hang_at(PROBE + 4, arrived))
     out = tmp_path / "out"
     async with trio.open_nursery() as nursery:
         nursery.start_soon(signal_when, arrived)
@@ -191,7 +194,7 @@ async def test_a_host_gone_mid_point_is_a_fault_of_the_cell_with_the_point_kept(
         if not isinstance(body.get("prompt"), list):
             return Reply(first_token_delay=0.01)
         seen += 1
-        if seen == 3:
+        if seen == PROBE + 3:
             script.exited = True  # the host is gone: its request fails
             return Reply(behaviour="http_500")
         return Reply(first_token_delay=0.01)
@@ -215,8 +218,9 @@ async def test_the_cells_work_deadline_mid_point_keeps_the_points_so_far(
     tmp_path: Path,
     autojump_clock: trio.testing.MockClock,  # noqa: F811
 ) -> None:
-    """Each workload request takes 4 s and the cell has 60: the third point is cut by the
-    cell's work deadline, journaled as far as it went and named, as a ladder cut there."""
+    """Each workload request takes 4 s and the cell has 60 after its probe's: the third point
+    is cut by the cell's work deadline, journaled as far as it went and named, as a ladder
+    cut there."""
 
     def slow_workload(_index: int, body: dict[str, Any]) -> Reply:
         slow = isinstance(body.get("prompt"), list)
@@ -226,7 +230,7 @@ async def test_the_cells_work_deadline_mid_point_keeps_the_points_so_far(
     out = tmp_path / "out"
     prepared = prepared_with(
         tmp_path / "p",
-        top={"cell_seconds": 60, "request_timeout_ms": 600_000},
+        top={"cell_seconds": 60 + 4 * PROBE, "request_timeout_ms": 600_000},
         prefix_overlap=OVERLAP,
     )
     outcome = await run(prepared, out, script)
@@ -304,7 +308,7 @@ def test_resume_of_a_run_stopped_in_or_before_its_workloads_measures_them_once(
         arrived = trio.Event()
         script = FakeHostScript()
         if where == "in-workload":
-            script.reply = hang_at(PER_POINT + 3, arrived)
+            script.reply = hang_at(PROBE + PER_POINT + 3, arrived)
         else:
 
             def hang_in_the_ladder(_index: int, body: dict[str, Any]) -> Reply:

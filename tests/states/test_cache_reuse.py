@@ -12,13 +12,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache_family.schemas.journal import JournalLine, Record
-from cache_family.schemas.measurement import CacheExpectation, RequestRow, ServerTimings
+from cache_family.schemas.measurement import CacheExpectation, RequestRow, ReuseRule, ServerTimings
 from cache_family.schemas.receipts import CacheVerdict, encode_receipt
 from cache_family.states.cache_reuse import (
+    ProbeShape,
     accounting,
     cache_expectation,
     checkpoints,
     expected_cached_tokens,
+    priming_prompt_tokens,
+    probe_expected,
+    probe_shapes,
+    probed_rule,
     reuse_rule,
     rule_text,
     rung_verdicts,
@@ -315,3 +320,104 @@ def test_tallied_verdicts_are_the_sorted_definitions(
         for rung in rungs
     ]
     assert rung_verdicts(expectation, rosters) == verdicts_by_sorting(expectation, rosters)
+
+
+# --- the rule to the token, with the model's sliding window ------------------------------------
+
+GEMMA3_WINDOW = 512
+
+
+def again(prompt: int) -> int:
+    """The same prompt sent again to a sliding-window slot of window 512."""
+    return expected_cached_tokens(
+        "checkpoint-swa", prompt_tokens=prompt, common_prefix=prompt, sliding_window=GEMMA3_WINDOW
+    )
+
+
+def test_a_sliding_window_reuses_a_checkpoint_within_it_and_the_prefix_past_it() -> None:
+    # Gemma 3 270M on llama-server (the real-model facts): 513 tokens again reused 508,
+    # 1,025 reused 1,024 and 2,049 reused 2,048.
+    assert again(513) == 508
+    assert again(1025) == 1024
+    assert again(2049) == 2048
+    # At the window itself the server restores the checkpoint len - 4, a token before it.
+    assert again(512) == 507
+    assert again(514) == 513
+    # Without the window the cautious rule judges as runs journaled before it did.
+    assert expected_cached_tokens("checkpoint-swa", prompt_tokens=1025, common_prefix=1025) == 1020
+
+
+def test_a_checkpoint_is_usable_while_it_ends_inside_the_common_prefix() -> None:
+    # A priming prompt of 261 tokens is checkpointed after 257 (positions 0..256): a prompt
+    # sharing 256 tokens reuses them all, a token before the checkpoint.
+    assert priming_prompt_tokens("checkpoint-swa", 256, 512) == 261
+    assert (
+        expected_cached_tokens(
+            "checkpoint-swa",
+            prompt_tokens=512,
+            common_prefix=256,
+            previous_prompt_tokens=261,
+            sliding_window=GEMMA3_WINDOW,
+        )
+        == 256
+    )
+    # A recurrent checkpoint after 256 tokens is its state at 256: usable at 256 exactly.
+    assert priming_prompt_tokens("checkpoint", 256, 512) == 260
+    assert (
+        expected_cached_tokens(
+            "checkpoint", prompt_tokens=512, common_prefix=256, previous_prompt_tokens=260
+        )
+        == 256
+    )
+    assert priming_prompt_tokens("exact-prefix", 256, 512) == 512
+    assert priming_prompt_tokens("checkpoint-swa", 0, 512) == 512
+
+
+def test_the_expectation_carries_a_sliding_window_only_for_its_family() -> None:
+    gemma = cache_expectation("gemma3", 1, 512)
+    assert gemma.sliding_window == 512
+    assert cache_expectation("llama", 1, 512).sliding_window is None
+    text = rule_text(gemma)
+    assert "sliding-window of 512 tokens" in text and "header" in text
+    # A ladder's warm request past the window: all but the last token.
+    (verdict,) = rung_verdicts(gemma, [[row(0, 0, 0, prompt=1025), row(1, 1024, 0, prompt=1025)]])
+    assert verdict.expected_cached_tokens == 1024 and not verdict.shortfall
+    (short,) = rung_verdicts(gemma, [[row(0, 0, 0, prompt=1025), row(1, 1020, 0, prompt=1025)]])
+    assert short.shortfall
+
+
+def observed_by(
+    rule: ReuseRule, header: ReuseRule, prompt: int, window: int | None = None
+) -> list[tuple[ProbeShape, int | None]]:
+    """A server that reuses as ``rule`` does, probed as ``header``'s cell probes."""
+    return [
+        (shape, probe_expected(rule, shape, n_ubatch=512, sliding_window=window))
+        for shape in probe_shapes(header, prompt)
+    ]
+
+
+@pytest.mark.parametrize("prompt", [256, 512, 513, 1024, 2048])
+def test_the_probe_confirms_the_header_rule_when_the_server_follows_it(prompt: int) -> None:
+    for rule, window in (
+        ("exact-prefix", None),
+        ("checkpoint", None),
+        ("checkpoint-swa", GEMMA3_WINDOW),
+    ):
+        observed = observed_by(rule, rule, prompt, window)
+        # Cold, then the families' own warm figure, then the designed half reused whole.
+        assert observed[0][1] == 0 and observed[2][1] == 0
+        assert observed[3][1] == prompt // 2
+        assert probed_rule(rule, observed, sliding_window=window) == rule
+
+
+def test_the_probe_finds_the_rule_the_server_follows_and_refuses_an_unknown_one() -> None:
+    # A sliding-window model served with a full-size window cache reuses as plain attention.
+    observed = observed_by("exact-prefix", "checkpoint-swa", 256)
+    assert probed_rule("checkpoint-swa", observed, sliding_window=512) == "exact-prefix"
+    # A server that reuses nothing past the cold prompt follows no rule.
+    nothing = [(shape, 0) for shape, _ in observed]
+    assert probed_rule("checkpoint-swa", nothing, sliding_window=512) is None
+    # A failed probe request checks nothing: the header's rule stands.
+    failed = [*observed[:3], (observed[3][0], None)]
+    assert probed_rule("checkpoint-swa", failed, sliding_window=512) == "checkpoint-swa"
+    assert probed_rule(None, observed) is None

@@ -3,11 +3,15 @@ from the server's figures the records carry, so replay reproduces them from the 
 
 from __future__ import annotations
 
+import msgspec
+
 from cache_family.actors.audit.replay import REFOLDERS
 from cache_family.schemas.journal import JournalLine, Record
 from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
     OverlapPointMeasured,
+    ReuseProbed,
+    ReuseProbeStep,
     SessionsMeasured,
     WorkloadOpened,
     WorkloadRequest,
@@ -16,6 +20,7 @@ from cache_family.schemas.workload_records import (
 )
 from cache_family.states.fold import JournalIndex, refold
 from cache_family.states.workload_fold import SCOPE_WORKLOAD, fold_workload
+from cache_family.states.workloads import WORKLOAD_VERDICT_CODES
 
 CELL = "cell-0000/native-overlap"
 
@@ -153,3 +158,72 @@ def test_the_first_rate_that_stopped_is_the_over_saturation_and_replay_refolds_t
         scope=SCOPE_WORKLOAD, cell_id=CELL, path="x/workload.json", sha256="", through_seq=3
     )
     assert refold(JournalIndex(folded), published, REFOLDERS) == data
+
+
+def test_a_point_refused_as_designed_is_refused_with_its_code_and_nothing_measured() -> None:
+    empty = msgspec.structs.replace(
+        point(50, 0), requests=(), design_refusal="workload.overlap.nothing_shared"
+    )
+    receipt = fold_workload(lines(point(0, 0, 0, 0), empty), CELL)
+    control, refused = receipt.overlap
+    assert control.accepted
+    assert not refused.accepted and refused.refusal == "workload.overlap.nothing_shared"
+    assert refused.measured_requests == 0 and refused.achieved_ratio_pct is None
+    assert receipt.status == "refused"
+    assert refused.refusal in WORKLOAD_VERDICT_CODES
+
+
+def test_the_probe_names_the_rule_and_a_server_following_none_is_refused() -> None:
+    opened = WorkloadOpened(
+        cell_id=CELL, kind="prefix-overlap", spec_json="{}", rule="checkpoint-swa"
+    )
+    step = ReuseProbeStep(prompt_tokens=512, previous_prompt_tokens=512, common_prefix=512,
+                          cached_tokens=511)  # fmt: skip
+    probe = ReuseProbed(cell_id=CELL, header_rule="checkpoint-swa", sliding_window=512,
+                        n_ubatch=512, steps=(step,), rule="exact-prefix")  # fmt: skip
+    receipt = fold_workload(lines(opened, probe, point(50, 50, 50)), CELL)
+    assert receipt.rule == "exact-prefix" and receipt.reuse_probe == probe
+    assert receipt.status == "accepted"
+    lost = msgspec.structs.replace(probe, rule=None)
+    refused = fold_workload(lines(opened, lost, point(50, 50, 50)), CELL)
+    assert refused.status == "refused" and refused.rule is None
+    # A receipt from before probes encodes no probe at all.
+    assert b"reuse_probe" not in encode_workload_receipt(fold_workload(lines(opened), CELL))
+
+
+def sessions_record(cached_at_turn_1: int, **cache: int) -> SessionsMeasured:
+    """Two users, two turns of 112 then 136 tokens with 8-token answers (the real model's
+    shape); turn 1 expects the sliding window's 107 each."""
+    requests = tuple(
+        WorkloadRequest(position=2 * turn + user, status="completed", group=user, turn=turn,
+                        prompt_tokens=112 + 24 * turn,
+                        cached_tokens=cached_at_turn_1 if turn else 0,
+                        expected_reused_tokens=107 if turn else 0)
+        for turn in (0, 1) for user in (0, 1)
+    )  # fmt: skip
+    return SessionsMeasured(
+        cell_id=CELL, users=2, turns=2, seed=1, requests=requests, answer_tokens=8, **cache
+    )
+
+
+def test_a_short_session_turn_is_an_eviction_only_with_the_cache_full() -> None:
+    # From before the cache's size was journaled: any shortfall reads as an eviction.
+    old = fold_workload(lines(sessions_record(90)), CELL).sessions
+    assert old is not None and old.eviction_turn == 1
+    assert b"shortfall_turn" not in encode_workload_receipt(
+        fold_workload(lines(sessions_record(90)), CELL)
+    )
+    # Each user on a slot of its own with room: the rule disagrees, nothing was evicted.
+    roomy = fold_workload(lines(sessions_record(90, slots=2, slot_context_tokens=4096)), CELL)
+    assert roomy.sessions is not None
+    assert roomy.sessions.eviction_turn is None and roomy.sessions.shortfall_turn == 1
+    assert roomy.sessions.refusal == "workload.sessions.reuse_short"
+    assert roomy.status == "refused"
+    # One slot for two users: the evidence of an eviction.
+    shared = fold_workload(lines(sessions_record(90, slots=1, slot_context_tokens=4096)), CELL)
+    assert shared.sessions is not None and shared.sessions.eviction_turn == 1
+    assert shared.sessions.refusal is None and shared.status == "accepted"
+    # The expected reuse, achieved: nothing to report.
+    met = fold_workload(lines(sessions_record(107, slots=2, slot_context_tokens=4096)), CELL)
+    assert met.sessions is not None and met.status == "accepted"
+    assert met.sessions.eviction_turn is None and met.sessions.shortfall_turn is None

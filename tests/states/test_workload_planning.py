@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from itertools import combinations, islice, pairwise
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,8 @@ from cache_family.states.workloads import (
     ArrivalPattern,
     FreshStarts,
     SaturationWatch,
+    SessionCapacity,
+    SessionFindings,
     TurnReuse,
     acceptance_band_pp,
     achieved_rate,
@@ -33,15 +36,18 @@ from cache_family.states.workloads import (
     inter_arrivals,
     ks_statistic,
     lateness,
+    nothing_shared,
     overlap_order,
     overlap_prompts,
     overlap_verdict,
     regularized_lower_gamma,
     reuse_by_turn,
+    session_findings,
     session_plan,
     session_prompt_tokens,
     session_tokens,
     sweep_rates,
+    turn_reuse,
 )
 
 RULE_NAMES: tuple[ReuseRule, ...] = ("exact-prefix", "checkpoint", "checkpoint-swa")
@@ -252,6 +258,130 @@ def test_the_eviction_turn_is_the_first_whose_reuse_falls_short() -> None:
         )
         is None
     )
+
+
+# --- designs cut for llama-server's checkpoints; findings only with evidence -------------------
+
+
+@given(
+    rule=RULES,
+    prompt=st.integers(2, 4096),
+    ratio=st.integers(1, 99),
+    window=st.one_of(st.none(), st.integers(1, 4096)),
+)
+def test_a_placed_checkpoint_makes_the_requested_prefix_reusable(
+    rule: ReuseRule, prompt: int, ratio: int, window: int | None
+) -> None:
+    design = design_prefix(rule, prompt, ratio, place_checkpoint=True, sliding_window=window)
+    assert design.shared_prefix_tokens <= min(design.requested_prefix_tokens, prompt - 1)
+    # The priming prompt fits the prompt's length, and its checkpoint makes the prefix whole.
+    assert design.priming_tokens <= prompt
+    assert design.reusable_tokens == design.shared_prefix_tokens
+    if rule != "exact-prefix" and design.shared_prefix_tokens:
+        assert design.reusable_tokens == expected_cached_tokens(
+            rule,
+            prompt_tokens=prompt,
+            common_prefix=design.shared_prefix_tokens,
+            previous_prompt_tokens=design.priming_prompt_tokens,
+            sliding_window=window if window is not None else prompt,
+        )
+        within = window is None or design.shared_prefix_tokens < window
+        assert design.reprimed == (rule == "checkpoint-swa" and within)
+    # Nothing is shared only where the prompt is too short to share anything.
+    assert nothing_shared(design) == (design.shared_prefix_tokens == 0)
+    if design.requested_prefix_tokens >= 6 and prompt >= 12:
+        assert not nothing_shared(design)
+
+
+def test_the_real_models_sweep_at_512_tokens_now_shares_what_it_asks() -> None:
+    # Gemma 3 270M (window 512): the rounding design shared nothing at 30-90 %; cut for the
+    # server's checkpoints, each point shares and reuses its ratio.
+    for ratio, shared in ((30, 153), (50, 256), (70, 358), (90, 460)):
+        rounded = design_prefix("checkpoint-swa", 512, ratio)
+        assert rounded.shared_prefix_tokens == 0 and nothing_shared(rounded)
+        placed = design_prefix(
+            "checkpoint-swa", 512, ratio, place_checkpoint=True, sliding_window=512
+        )
+        assert placed.shared_prefix_tokens == placed.reusable_tokens == shared
+        assert placed.priming_prompt_tokens == shared + 5 and placed.reprimed
+        assert not nothing_shared(placed)
+    # Past the window one priming serves the group: priming again would lose its checkpoint.
+    long = design_prefix("checkpoint-swa", 1024, 50, place_checkpoint=True, sliding_window=512)
+    assert long.shared_prefix_tokens == long.reusable_tokens == 512 and not long.reprimed
+    control = design_prefix("checkpoint-swa", 512, 0, place_checkpoint=True, sliding_window=512)
+    assert control.reusable_tokens == 0 and not nothing_shared(control)
+
+
+@given(groups=st.integers(1, 6), per_group=st.integers(1, 6), seed=st.integers(0, 2**32))
+def test_a_reprimed_order_sends_a_priming_request_before_each_measured_one(
+    groups: int, per_group: int, seed: int
+) -> None:
+    plain = overlap_order(groups, groups * per_group, seed)
+    order = overlap_order(groups, groups * per_group, seed, reprimed=True)
+    assert [r.position for r in order] == list(range(2 * groups * per_group))
+    for priming, measured in zip(order[::2], order[1::2], strict=True):
+        assert priming.priming and not measured.priming and priming.group == measured.group
+    # The measured requests keep the plain order's draw.
+    assert [(r.group, r.member) for r in order if not r.priming] == [
+        (r.group, r.member) for r in plain if not r.priming
+    ]
+
+
+def test_priming_prompts_are_cut_to_the_designed_length() -> None:
+    design = design_prefix("checkpoint-swa", 64, 50, place_checkpoint=True, sliding_window=512)
+    order = overlap_order(2, 4, 7, reprimed=True)
+    prompts = overlap_prompts(
+        design, order, vocabulary_size=500, seed=7, starts=FreshStarts(500, 7)
+    )
+    for request, prompt in zip(order, prompts, strict=True):
+        assert len(prompt) == (37 if request.priming else 64)
+    for (a, ra), (b, rb) in combinations(zip(prompts, order, strict=True), 2):
+        assert common_prefix(a, b) == (32 if ra.group == rb.group else 0)
+
+
+def test_a_sliding_window_session_reuses_its_checkpoint_within_the_window() -> None:
+    # Gemma 3 270M: a 112-token first turn and an 8-token answer; the next turn reused 107.
+    assert turn_reuse("checkpoint-swa", 112, 8, sliding_window=512) == 107
+    assert turn_reuse("exact-prefix", 112, 8, sliding_window=512) == 119
+    # Past the window the slot still holds the session: all of it.
+    assert turn_reuse("checkpoint-swa", 600, 8, sliding_window=512) == 607
+    # Without the window, the whole session as before.
+    assert turn_reuse("checkpoint-swa", 112, 8) == 119
+    spec = MultiTurn(
+        users=2,
+        turns=2,
+        system_prompt_tokens=64,
+        user_context_tokens=32,
+        question_tokens=16,
+        answer_tokens=8,
+    )
+    plan = session_plan(spec, "checkpoint-swa", sliding_window=512)
+    assert sorted(t.expected_reused_tokens for t in plan if t.turn == 1) == [107, 107]
+
+
+def test_a_short_turn_is_an_eviction_only_where_the_cache_was_full() -> None:
+    short = (
+        TurnReuse(turn=0, requests=2, prompt_tokens=224, expected_reused_tokens=0,
+                  achieved_reused_tokens=0),
+        TurnReuse(turn=1, requests=2, prompt_tokens=272, expected_reused_tokens=238,
+                  achieved_reused_tokens=214),
+    )  # fmt: skip
+    roomy = SessionCapacity(slots=2, slot_context_tokens=4096)
+    held = {0: 120, 1: 144}
+    found = session_findings(short, users=2, capacity=roomy, held_tokens_by_turn=held)
+    assert found == SessionFindings(eviction_turn=None, shortfall_turn=1)
+    # Two users on one slot: the other user's turn evicted the session.
+    shared = SessionCapacity(slots=1, slot_context_tokens=4096)
+    found = session_findings(short, users=2, capacity=shared, held_tokens_by_turn=held)
+    assert found == SessionFindings(eviction_turn=1, shortfall_turn=None)
+    # A session past its slot's context.
+    tight = SessionCapacity(slots=2, slot_context_tokens=128)
+    found = session_findings(short, users=2, capacity=tight, held_tokens_by_turn=held)
+    assert found == SessionFindings(eviction_turn=1, shortfall_turn=None)
+    full = tuple(msgspec.structs.replace(t, achieved_reused_tokens=t.expected_reused_tokens)
+                 for t in short)  # fmt: skip
+    found = session_findings(full, users=2, capacity=shared, held_tokens_by_turn=held)
+    assert found == SessionFindings(eviction_turn=None, shortfall_turn=None)
 
 
 PATTERN_NAMES: tuple[ArrivalPattern, ...] = ("constant", "poisson", "gamma")

@@ -128,12 +128,21 @@ def _overlap(points: Sequence[OverlapPointReceipt]) -> tuple[list[str], str]:
 
 
 def _sessions(sessions: SessionsReceipt) -> tuple[list[str], str]:
+    shortfall = sessions.shortfall_turn
     lines = [
         f"{sessions.users} users × {sessions.turns} turns (seed {sessions.seed}); eviction: "
         + (
             f"reuse stops at turn {sessions.eviction_turn}"
             if sessions.eviction_turn is not None
             else "none (every turn reused the session so far)"
+            if not isinstance(shortfall, int)
+            else "none (the cache was never full)"
+        )
+        + (
+            f"; reuse fell short of the rule at turn {shortfall} with nothing evicted "
+            f"(refused: `{cell(str(sessions.refusal))}`)"
+            if isinstance(shortfall, int)
+            else ""
         )
         + f"; failed requests: {sessions.failed_requests}.",
         "",
@@ -390,6 +399,28 @@ def _template(template: ChatTemplateMeasured | msgspec.UnsetType) -> list[str]:
     return [text, ""]
 
 
+def _probed(receipt: WorkloadReceipt) -> str:
+    """How the rule was found: the model header's, checked by the cell's probe (empty for a
+    receipt from before probes)."""
+    probe = receipt.reuse_probe
+    if isinstance(probe, msgspec.UnsetType):
+        return ""
+    window = f", sliding window {probe.sliding_window}" if probe.sliding_window else ""
+    seen = ", ".join(
+        f"{s.cached_tokens if s.cached_tokens is not None else 'failed'}/{s.prompt_tokens}"
+        for s in probe.steps
+    )
+    verdict = (
+        "agreed"
+        if probe.rule == probe.header_rule
+        else f"found {cell(probe.rule or 'no known rule')}"
+    )
+    return (
+        f" (header: {cell(probe.header_rule or '-')}{window}; the server's probe reused "
+        f"{seen} tokens: {verdict})"
+    )
+
+
 def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> list[str]:
     """The ``## Workloads`` section (nothing when the run measured no workload)."""
     if not views:
@@ -410,8 +441,8 @@ def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> li
             f"### {cell(receipt.cell_id)}: {cell(receipt.kind or 'unknown')}{label}",
             "",
             f"Status **{cell(receipt.status)}**; architecture {cell(receipt.architecture or '-')}"
-            f", reuse rule {cell(receipt.rule or '-')}{_dialect(receipt)}; receipt "
-            f"`{cell(view.path)}`.",
+            f", reuse rule {cell(receipt.rule or '-')}{_dialect(receipt)}{_probed(receipt)}; "
+            f"receipt `{cell(view.path)}`.",
             "",
             *_template(receipt.chat_template),
         ]

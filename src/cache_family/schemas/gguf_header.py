@@ -95,6 +95,12 @@ class GgufHeader:
         return None if arch is None else self.whole_number(f"{arch}.context_length")
 
     @property
+    def sliding_window(self) -> int | None:
+        """A sliding-window family's window in tokens (``<arch>.attention.sliding_window``)."""
+        arch = self.architecture
+        return None if arch is None else self.whole_number(f"{arch}.attention.sliding_window")
+
+    @property
     def split_count(self) -> int | None:
         return self.whole_number("split.count")
 

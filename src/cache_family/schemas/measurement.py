@@ -264,6 +264,9 @@ class CacheExpectation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     n_ubatch: int
     # The host's slots (``--parallel``): each slot's first request of the cell may be cold.
     lanes: int | None = None
+    # A sliding-window family's window (the model header's ``<arch>.attention.sliding_window``),
+    # which decides between a whole prefix and a checkpoint (None: unknown, or not such a family).
+    sliding_window: int | None = None
 
 
 # Host custody records: what the cell actor journals about the one server process it owns.

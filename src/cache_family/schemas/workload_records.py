@@ -79,6 +79,39 @@ class OverlapPointMeasured(_WorkloadRecord, tag="overlap_point", frozen=True, kw
     # figures (the server's, of the whole prompt) are judged less these.
     template_tokens: int = 0
     template_reused_tokens: int = 0
+    # The group's priming prompts' length (0: ``prompt_tokens``), cut so that the server
+    # checkpoints them at the shared prefix; ``reprimed``: one before every measured request.
+    priming_prompt_tokens: int = 0
+    reprimed: bool = False
+    # Why the point was refused as designed, nothing sent (``workload.overlap.nothing_shared``:
+    # sharing asked for, none designed); None: it was sent.
+    design_refusal: str | None = None
+
+
+class ReuseProbeStep(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One request of a reuse probe, on one slot: its length, the slot's previous prompt's
+    length and what the two share, and the tokens the server reported reused."""
+
+    prompt_tokens: int
+    previous_prompt_tokens: int
+    common_prefix: int
+    # None: the request failed (its error is in ``error``).
+    cached_tokens: int | None = None
+    error: str | None = None
+
+
+class ReuseProbed(_WorkloadRecord, tag="reuse_probed", frozen=True, kw_only=True):
+    """What the server reused of a few prompts of known prefixes, sent as the workload opened,
+    and the reuse rule its verdicts use: the model header's (its architecture's rule, its
+    sliding window) when the server agreed with it on every step, else the first other rule
+    that did, else none (``workload.reuse.server_disagrees``: nothing is designed)."""
+
+    cell_id: str
+    header_rule: str | None
+    sliding_window: int | None
+    n_ubatch: int
+    steps: tuple[ReuseProbeStep, ...] = ()
+    rule: str | None = None
 
 
 class ChatTemplateMeasured(_WorkloadRecord, tag="chat_template", frozen=True, kw_only=True):
@@ -127,6 +160,14 @@ class SessionsMeasured(_WorkloadRecord, tag="sessions_measured", frozen=True, kw
     seed: int
     think_time_ms: float = 0.0
     requests: tuple[WorkloadRequest, ...] = ()
+    # The host's cache: its slots and each slot's context in tokens (None: not recorded, a
+    # run from before evictions needed evidence), and the model's sliding window the turns'
+    # expected reuse was planned with.
+    slots: int | None = None
+    slot_context_tokens: int | None = None
+    sliding_window: int | None = None
+    # Each turn's answer tokens (the spec's): a slot holds a turn's prompt and its answer.
+    answer_tokens: int = 0
 
 
 class OpenLoopStageMeasured(_WorkloadRecord, tag="open_loop_stage", frozen=True, kw_only=True):
@@ -218,12 +259,17 @@ class SessionsReceipt(msgspec.Struct, frozen=True, kw_only=True):
     turns: int
     seed: int
     by_turn: tuple[TurnReceipt, ...]
-    # The first turn whose reuse fell short of the session so far (the server evicted it).
+    # The first turn whose reuse fell short of the session so far (the server evicted it);
+    # with the cache's size recorded, only where the cache was full.
     eviction_turn: int | None
     failed_requests: int
     # Positions of turns the server counted otherwise than designed (the sessions are refused
     # ``workload.prompt.token_count_mismatch``); UNSET: none.
     token_count_mismatches: tuple[int, ...] | msgspec.UnsetType = msgspec.UNSET
+    # The first turn that fell short where the cache was not full, and the refusal it brings
+    # (``workload.sessions.reuse_short``); left out of receipts from before the evidence.
+    shortfall_turn: int | msgspec.UnsetType | None = msgspec.UNSET
+    refusal: str | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class WorkloadReceipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -250,6 +296,8 @@ class WorkloadReceipt(msgspec.Struct, frozen=True, kw_only=True):
     # A chat dialect's template and text pieces as the cell measured them (left out of a
     # native cell's receipt: UNSET, not encoded).
     chat_template: ChatTemplateMeasured | msgspec.UnsetType = msgspec.UNSET
+    # The cell's reuse probe, when it ran one (``rule`` above is then the probed rule).
+    reuse_probe: ReuseProbed | msgspec.UnsetType = msgspec.UNSET
 
 
 WORKLOAD_RECEIPT_NAME: Final = "workload.json"
@@ -268,6 +316,7 @@ def decode_workload_receipt(data: bytes) -> WorkloadReceipt:
 WORKLOAD_RECORDS: Final = (
     WorkloadOpened,
     ChatTemplateMeasured,
+    ReuseProbed,
     OverlapPointMeasured,
     SessionsMeasured,
     OpenLoopStageMeasured,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
+
+import msgspec
 
 from cache_family.schemas.measurement import CacheExpectation, CacheTally, RequestRow, ReuseRule
 from cache_family.schemas.receipts import CacheVerdict
@@ -67,13 +69,18 @@ def reuse_rule(architecture: str | None) -> ReuseRule | None:
     return None
 
 
-def cache_expectation(architecture: str | None, lanes: int | None) -> CacheExpectation:
-    """What a cell serving this architecture on ``lanes`` slots journals when it opens."""
+def cache_expectation(
+    architecture: str | None, lanes: int | None, sliding_window: int | None = None
+) -> CacheExpectation:
+    """What a cell serving this architecture on ``lanes`` slots journals when it opens
+    (``sliding_window``: the model header's, for a sliding-window family)."""
+    rule = reuse_rule(architecture)
     return CacheExpectation(
         architecture=architecture,
-        rule=reuse_rule(architecture),
+        rule=rule,
         n_ubatch=DEFAULT_N_UBATCH,
         lanes=lanes,
+        sliding_window=sliding_window if rule == "checkpoint-swa" else None,
     )
 
 
@@ -90,18 +97,43 @@ def expected_cached_tokens(
     common_prefix: int,
     previous_prompt_tokens: int | None = None,
     n_ubatch: int = DEFAULT_N_UBATCH,
+    sliding_window: int | None = None,
 ) -> int:
     """Cached tokens a warm request should get: ``prompt_tokens`` long, sharing
     ``common_prefix`` tokens with the slot's previous prompt (``previous_prompt_tokens`` long,
-    which placed the checkpoints; default: the same prompt again)."""
+    which placed the checkpoints; default: the same prompt again).
+
+    With the model's ``sliding_window`` known, a sliding-window family follows llama-server
+    to the token: a slot still holding the window of its last prompt (a common prefix past
+    the window) reuses the prefix itself, as plain attention does; within the window the
+    server restores a checkpoint, which it may use as long as the checkpoint's last position
+    lies inside the common prefix (a checkpoint taken after ``n`` tokens ends at position
+    ``n - 1``), and resumes one token before it. Without the window the older, cautious rule
+    (a checkpoint inside the prefix, less one token) judges, as runs journaled before it did.
+    """
     usable = max(min(common_prefix, prompt_tokens - 1), 0)
     if rule == "exact-prefix":
         return usable
+    window_known = rule == "checkpoint-swa" and sliding_window is not None
+    if window_known and usable > (sliding_window or 0):
+        return usable
     previous = prompt_tokens if previous_prompt_tokens is None else previous_prompt_tokens
-    inside = [mark for mark in checkpoints(previous, n_ubatch) if mark <= usable]
+    reach = usable + 1 if window_known else usable
+    inside = [mark for mark in checkpoints(previous, n_ubatch) if mark <= reach]
     if not inside:
         return 0
     return inside[-1] - 1 if rule == "checkpoint-swa" else inside[-1]
+
+
+def priming_prompt_tokens(rule: ReuseRule, shared_prefix: int, prompt_tokens: int) -> int:
+    """How long a group's priming prompt is cut so that the server's checkpoint of it lands
+    on the ``shared_prefix`` its measured prompts then share (llama-server checkpoints a
+    prompt ``CHECKPOINT_TAIL`` tokens before its end). A recurrent checkpoint is usable up to
+    its own end: the prefix plus the tail. A sliding-window one resumes a token before the
+    checkpoint: one token more. Plain attention reuses any prefix: the prompt's own length."""
+    if rule == "exact-prefix" or shared_prefix <= 0:
+        return prompt_tokens
+    return shared_prefix + CHECKPOINT_TAIL + (1 if rule == "checkpoint-swa" else 0)
 
 
 def rule_text(expectation: CacheExpectation) -> str:
@@ -111,6 +143,13 @@ def rule_text(expectation: CacheExpectation) -> str:
         return f"no reuse rule for architecture {arch}: hits not judged"
     if expectation.rule == "exact-prefix":
         how = "plain attention: the common prefix, all but the last prompt token"
+    elif expectation.sliding_window is not None:
+        how = (
+            f"sliding-window of {expectation.sliding_window} tokens (the model header's): a "
+            "common prefix past the window whole, all but the last prompt token; within it "
+            f"the last context checkpoint (len-{CHECKPOINT_TAIL}-n_ubatch, len-{CHECKPOINT_TAIL}; "
+            f"n_ubatch {expectation.n_ubatch}) ending inside the common prefix, less one token"
+        )
     else:
         kind = "sliding-window" if expectation.rule == "checkpoint-swa" else "recurrent/hybrid"
         how = (
@@ -158,6 +197,7 @@ class CacheTallier:
     def __init__(self, expectation: CacheExpectation | None) -> None:
         self.rule = expectation.rule if expectation is not None else None
         self.n_ubatch = expectation.n_ubatch if expectation is not None else DEFAULT_N_UBATCH
+        self.sliding_window = expectation.sliding_window if expectation is not None else None
         self.keep = (expectation.lanes or 0) + 1 if expectation is not None else 1
         self.seen = self.hits = 0
         self.expected_min: int | None = None
@@ -171,7 +211,11 @@ class CacheTallier:
             return
         prompt, cached, slot = found
         expected = expected_cached_tokens(
-            self.rule, prompt_tokens=prompt, common_prefix=prompt, n_ubatch=self.n_ubatch
+            self.rule,
+            prompt_tokens=prompt,
+            common_prefix=prompt,
+            n_ubatch=self.n_ubatch,
+            sliding_window=self.sliding_window,
         )
         self.seen += 1
         self.hits += cached >= expected
@@ -256,3 +300,90 @@ def verdicts_of_tallies(
             )
         )
     return verdicts
+
+
+# --- the reuse probe: the header's rule, checked against the server ----------------------------
+
+#: Every rule a probe may find the server following, the header's first.
+PROBE_RULES: Final[tuple[ReuseRule, ...]] = ("exact-prefix", "checkpoint-swa", "checkpoint")
+
+
+class ProbeShape(msgspec.Struct, frozen=True, kw_only=True):
+    """One probe request on one slot: its length, the slot's previous prompt's, and what the
+    two share (the request's tokens are drawn fresh besides)."""
+
+    prompt_tokens: int
+    previous_prompt_tokens: int
+    common_prefix: int
+
+
+def probe_shapes(rule: ReuseRule, prompt_tokens: int) -> tuple[ProbeShape, ...]:
+    """A cell's probe at its own prompt length ``n``: a cold prompt; the same prompt again
+    (what a ladder's warm request gets: the families differ here, and a sliding window within
+    or past ``n``); a priming prompt sharing nothing, cut as ``rule``'s overlap designs cut it
+    for half of ``n``; and a prompt sharing that half (what an overlap point relies on)."""
+    half = prompt_tokens // 2
+    priming = priming_prompt_tokens(rule, half, prompt_tokens)
+    return (
+        ProbeShape(prompt_tokens=prompt_tokens, previous_prompt_tokens=0, common_prefix=0),
+        ProbeShape(
+            prompt_tokens=prompt_tokens,
+            previous_prompt_tokens=prompt_tokens,
+            common_prefix=prompt_tokens,
+        ),
+        ProbeShape(prompt_tokens=priming, previous_prompt_tokens=prompt_tokens, common_prefix=0),
+        ProbeShape(prompt_tokens=prompt_tokens, previous_prompt_tokens=priming, common_prefix=half),
+    )
+
+
+def probe_prompts(
+    shapes: Sequence[ProbeShape], fresh: Callable[[int], list[int]]
+) -> list[list[int]]:
+    """The token ids of ``probe_shapes``' requests, from ``fresh(n)``: ``n`` ids starting with
+    one no other prompt starts with. The cold prompt goes twice; the last two share a prefix."""
+    cold, _, priming, shared = shapes
+    first = fresh(cold.prompt_tokens)
+    prefix = fresh(shared.common_prefix)
+    return [
+        first,
+        first,
+        [*prefix, *fresh(priming.prompt_tokens - len(prefix))],
+        [*prefix, *fresh(shared.prompt_tokens - len(prefix))],
+    ]
+
+
+def probe_expected(
+    rule: ReuseRule, shape: ProbeShape, *, n_ubatch: int, sliding_window: int | None
+) -> int:
+    """What ``rule`` expects the server to reuse of one probe request."""
+    return expected_cached_tokens(
+        rule,
+        prompt_tokens=shape.prompt_tokens,
+        common_prefix=shape.common_prefix,
+        previous_prompt_tokens=shape.previous_prompt_tokens or shape.prompt_tokens,
+        n_ubatch=n_ubatch,
+        sliding_window=sliding_window,
+    )
+
+
+def probed_rule(
+    header_rule: ReuseRule | None,
+    observed: Sequence[tuple[ProbeShape, int | None]],
+    *,
+    n_ubatch: int = DEFAULT_N_UBATCH,
+    sliding_window: int | None = None,
+) -> ReuseRule | None:
+    """The rule a cell's verdicts use: the header's when the server reused exactly what it
+    expects at every probe request, else the first other rule that does, else None (the
+    server follows no known rule). A probe with a failed request (None) checks nothing: the
+    header's rule stands."""
+    if header_rule is None or any(cached is None for _, cached in observed):
+        return header_rule
+    for rule in (header_rule, *(r for r in PROBE_RULES if r != header_rule)):
+        window = sliding_window if rule == "checkpoint-swa" else None
+        if all(
+            cached == probe_expected(rule, shape, n_ubatch=n_ubatch, sliding_window=window)
+            for shape, cached in observed
+        ):
+            return rule
+    return None

@@ -14,6 +14,7 @@ from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
     OverlapPointMeasured,
     OverlapPointReceipt,
+    ReuseProbed,
     SessionsMeasured,
     SessionsReceipt,
     TurnReceipt,
@@ -27,10 +28,12 @@ from cache_family.states.fold import JournalIndex, lines_through
 from cache_family.states.metrics import percentile
 from cache_family.states.workloads import (
     PrefixDesign,
+    SessionCapacity,
     SessionTurn,
     eviction_turn,
     overlap_verdict,
     reuse_by_turn,
+    session_findings,
     token_count_mismatches,
 )
 
@@ -61,7 +64,24 @@ def _mismatches(requests: Sequence[WorkloadRequest]) -> tuple[int, ...]:
 
 def overlap_point(record: OverlapPointMeasured, *, samples: bool = False) -> OverlapPointReceipt:
     """A point judged from its measured (not priming) requests' server figures, less what a
-    chat template adds (``samples``: the receipt lists each request's prompt time)."""
+    chat template adds (``samples``: the receipt lists each request's prompt time). A point
+    refused as designed sent nothing: it carries its design and its code."""
+    if record.design_refusal is not None:
+        return OverlapPointReceipt(
+            hit_ratio_pct=record.hit_ratio_pct,
+            prompt_tokens=record.prompt_tokens,
+            shared_prefix_tokens=record.shared_prefix_tokens,
+            reusable_tokens=record.reusable_tokens,
+            designed_ratio_pct=100.0 * record.reusable_tokens / record.prompt_tokens
+            if record.prompt_tokens
+            else 0.0,
+            achieved_ratio_pct=None,
+            band_pp=None,
+            measured_requests=0,
+            failed_requests=0,
+            accepted=False,
+            refusal=record.design_refusal,
+        )
     design = PrefixDesign(
         hit_ratio_pct=record.hit_ratio_pct,
         prompt_tokens=record.prompt_tokens,
@@ -69,6 +89,8 @@ def overlap_point(record: OverlapPointMeasured, *, samples: bool = False) -> Ove
         requested_prefix_tokens=record.requested_prefix_tokens,
         shared_prefix_tokens=record.shared_prefix_tokens,
         reusable_tokens=record.reusable_tokens,
+        priming_prompt_tokens=record.priming_prompt_tokens,
+        reprimed=record.reprimed,
     )
     measured = [r for r in record.requests if not r.priming]
     answered = [r for r in measured if _answered(r)]
@@ -125,6 +147,32 @@ def sessions_receipt(record: SessionsMeasured, *, samples: bool = False) -> Sess
     for request in answered.values():
         if request.prompt_ms is not None:
             prompt_ms.setdefault(request.turn, []).append(request.prompt_ms)
+    evicted = eviction_turn(turns)
+    shortfall: int | msgspec.UnsetType | None = msgspec.UNSET
+    refusal: str | msgspec.UnsetType | None = msgspec.UNSET
+    if record.slots is not None and record.slot_context_tokens is not None:
+        # The cache's size is known: a short turn is an eviction only where it was full.
+        held = {
+            t.turn: max(
+                (
+                    (r.prompt_tokens or 0) + record.answer_tokens
+                    for r in answered.values()
+                    if r.turn <= t.turn
+                ),
+                default=0,
+            )
+            for t in turns
+        }
+        findings = session_findings(
+            turns,
+            users=record.users,
+            capacity=SessionCapacity(
+                slots=record.slots, slot_context_tokens=record.slot_context_tokens
+            ),
+            held_tokens_by_turn=held,
+        )
+        evicted, shortfall = findings.eviction_turn, findings.shortfall_turn
+        refusal = "workload.sessions.reuse_short" if shortfall is not None else None
     return SessionsReceipt(
         users=record.users,
         turns=record.turns,
@@ -141,9 +189,11 @@ def sessions_receipt(record: SessionsMeasured, *, samples: bool = False) -> Sess
             )
             for t in turns
         ),
-        eviction_turn=eviction_turn(turns),
+        eviction_turn=evicted,
         failed_requests=len(record.requests) - len(answered),
         token_count_mismatches=_mismatches(record.requests) or msgspec.UNSET,
+        shortfall_turn=shortfall,
+        refusal=refusal,
     )
 
 
@@ -165,6 +215,7 @@ def fold_workload(
     stages: list[OpenLoopStageMeasured] = []
     stopped: WorkloadStopped | None = None
     template: ChatTemplateMeasured | msgspec.UnsetType = msgspec.UNSET
+    probe: ReuseProbed | None = None
     last = 0
     for line in lines_through(lines, through_seq):
         last = max(last, line.seq)
@@ -179,6 +230,8 @@ def fold_workload(
             opened = record
         elif isinstance(record, ChatTemplateMeasured):
             template = record
+        elif isinstance(record, ReuseProbed):
+            probe = record
         elif isinstance(record, OverlapPointMeasured):
             points.append(overlap_point(record, samples=_stage(cell)))
         elif isinstance(record, SessionsMeasured):
@@ -199,8 +252,12 @@ def fold_workload(
     status = "unmeasured"
     if points or sessions is not None or stages:
         refused = any(not p.accepted for p in points)
-        if sessions is not None and (sessions.failed_requests or sessions.token_count_mismatches):
+        if sessions is not None and (
+            sessions.failed_requests or sessions.token_count_mismatches or sessions.refusal
+        ):
             refused = True
+        if probe is not None and probe.rule is None and probe.header_rule is not None:
+            refused = True  # the server follows no known rule
         status = "refused" if refused else "accepted"
     if stopped is not None:
         status = "incomplete"
@@ -212,7 +269,7 @@ def fold_workload(
         status=status,
         synthetic=synthetic,
         architecture=opened.architecture if opened is not None else None,
-        rule=opened.rule if opened is not None else None,
+        rule=probe.rule if probe is not None else opened.rule if opened is not None else None,
         spec_json=opened.spec_json if opened is not None else None,
         overlap=tuple(points),
         sessions=sessions,
@@ -220,6 +277,7 @@ def fold_workload(
         over_saturated_at_per_s=saturated,
         journal_through_seq=through_seq if through_seq is not None else last,
         chat_template=template,
+        reuse_probe=probe if probe is not None else msgspec.UNSET,
     )
 
 

@@ -22,6 +22,7 @@ from cache_family.states.cache_reuse import (
     DEFAULT_N_UBATCH,
     checkpoints,
     expected_cached_tokens,
+    priming_prompt_tokens,
 )
 from cache_family.states.chat_pieces import CHAT_ALPHABET, CHAT_PIECES_CODES, PiecesSource
 from cache_family.states.metrics import percentile
@@ -53,6 +54,21 @@ WORKLOAD_VERDICT_CODES: Final = _codes(
         "workload.overlap.no_rule",
         "the model's architecture has no known reuse rule, so no prefix can be designed",
         "add the architecture to states/cache_reuse.py",
+    ),
+    RefusalCode(
+        "workload.overlap.nothing_shared",
+        "sharing was asked for, but the design shares nothing the server's reuse rule reuses",
+        "choose longer prompts or higher ratios, or a dialect whose prompts the design cuts",
+    ),
+    RefusalCode(
+        "workload.reuse.server_disagrees",
+        "the server's reuse on the cell's probe matched no reuse rule known for any family",
+        "see the probe's steps in the journal: the server reuses otherwise than llama-server",
+    ),
+    RefusalCode(
+        "workload.sessions.reuse_short",
+        "a later turn reused less than the reuse rule expects, with the cache not full",
+        "the rule disagrees with the server: nothing could have been evicted",
     ),
     RefusalCode(
         "workload.overlap.outside_band",
@@ -126,6 +142,17 @@ class PrefixDesign(msgspec.Struct, frozen=True, kw_only=True):
     shared_prefix_tokens: int
     # What the rule lets the server reuse of that prefix (a checkpoint for recurrent models).
     reusable_tokens: int
+    # The group's priming prompt's length (0: ``prompt_tokens``): cut so that the server
+    # checkpoints it at the shared prefix, for a checkpoint family.
+    priming_prompt_tokens: int = 0
+    # A priming request goes before every measured one (not once per group): within its
+    # window a sliding-window slot resumes a token before each checkpoint it restores and
+    # checkpoints again there, so a group's requests would each reuse one token less.
+    reprimed: bool = False
+
+    @property
+    def priming_tokens(self) -> int:
+        return self.priming_prompt_tokens or self.prompt_tokens
 
     @property
     def designed_ratio_pct(self) -> float:
@@ -138,13 +165,20 @@ def design_prefix(
     hit_ratio_pct: int,
     *,
     n_ubatch: int = DEFAULT_N_UBATCH,
+    place_checkpoint: bool = False,
+    sliding_window: int | None = None,
 ) -> PrefixDesign:
     """The shared prefix of a ``prompt_tokens`` prompt for a designed hit ratio.
 
-    Every prompt of a group is ``prompt_tokens`` long (the priming one too), so a measured
-    request's previous prompt placed its checkpoints at the same marks: the rule's reuse of
-    the shared prefix is the same for every request of the point.
-    """
+    ``place_checkpoint`` (llama-server's ``/completion``, where the design cuts every prompt
+    to the token): a checkpoint family's group primes with a prompt cut so that the server
+    checkpoints it exactly at the requested prefix, which the group's measured prompts then
+    reuse whole (``priming_prompt_tokens``); a sliding-window family sharing less than its
+    window primes before every measured request. Otherwise every prompt of a group is
+    ``prompt_tokens`` long (the priming one too), so a measured request's previous prompt
+    placed its checkpoints at the same marks, and the prefix is rounded down to the last of
+    them: the rule's reuse of the shared prefix is the same for every request of the point
+    (and may be nothing at all)."""
     if rule is None:
         raise Refused.one(
             "workload.overlap.no_rule",
@@ -157,6 +191,40 @@ def design_prefix(
     requested = prompt_tokens * hit_ratio_pct // 100
     # At least one prompt token is always evaluated.
     shared = min(requested, prompt_tokens - 1)
+    if place_checkpoint and rule != "exact-prefix":
+        # The priming prompt (the prefix and its tail) stays within the prompt's length.
+        tail = priming_prompt_tokens(rule, 1, prompt_tokens) - 1
+        shared = min(shared, prompt_tokens - tail)
+    if place_checkpoint and rule != "exact-prefix" and shared > 0:
+        priming = priming_prompt_tokens(rule, shared, prompt_tokens)
+        return PrefixDesign(
+            hit_ratio_pct=hit_ratio_pct,
+            prompt_tokens=prompt_tokens,
+            rule=rule,
+            requested_prefix_tokens=requested,
+            shared_prefix_tokens=shared,
+            # The checkpoint ends inside the shared prefix; past a sliding window the slot
+            # still holds the prefix itself: the whole prefix either way (an unknown window
+            # is taken as longer than the prompt: the checkpoint's figure).
+            reusable_tokens=expected_cached_tokens(
+                rule,
+                prompt_tokens=prompt_tokens,
+                common_prefix=shared,
+                previous_prompt_tokens=priming,
+                n_ubatch=n_ubatch,
+                sliding_window=sliding_window if sliding_window is not None else prompt_tokens,
+            ),
+            priming_prompt_tokens=priming,
+            # Within the window every checkpoint is restored a token short, and each measured
+            # request checkpoints where it resumed: primed again, each reuses the prefix
+            # whole. Past it a request checkpointed again is no longer usable (its oldest
+            # window position is gone) and priming again would replace the good one, while
+            # the slot's own window or the first priming's checkpoint serves the prefix
+            # whole (Gemma 3 270M, window 512: 256 of 512 primed once reused 256, 255, 254;
+            # primed each time 256 each; 512 of 1,024 primed each time fell to 1).
+            reprimed=rule == "checkpoint-swa"
+            and (sliding_window is None or shared < sliding_window),
+        )
     if rule != "exact-prefix":
         # Reuse lands on a checkpoint of the previous prompt: share exactly up to the last
         # checkpoint the request reaches, nothing past it (it would not be reused).
@@ -191,6 +259,13 @@ def design_prefix(
     )
 
 
+def nothing_shared(design: PrefixDesign) -> bool:
+    """Sharing was asked for (a ratio above 0) but the design shares nothing the rule reuses:
+    such a point measures nothing and is refused (``workload.overlap.nothing_shared``), never
+    sent and accepted."""
+    return design.hit_ratio_pct > 0 and design.reusable_tokens == 0
+
+
 class PlannedRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One request of an overlap point, in send order."""
 
@@ -201,14 +276,25 @@ class PlannedRequest(msgspec.Struct, frozen=True, kw_only=True):
     priming: bool
 
 
-def overlap_order(groups: int, requests: int, seed: int) -> tuple[PlannedRequest, ...]:
+def overlap_order(
+    groups: int, requests: int, seed: int, *, reprimed: bool = False
+) -> tuple[PlannedRequest, ...]:
     """One priming request per group (group order), then ``requests`` measured ones, N/G per
-    group, in an order drawn from ``seed`` (the same seed, the same order)."""
+    group, in an order drawn from ``seed`` (the same seed, the same order); ``reprimed``: the
+    same measured order, each measured request right after a priming one of its group."""
     if groups < 1 or requests < groups or requests % groups:
         raise ValueError("requests must be a positive multiple of groups")
     per_group = requests // groups
     measured = [(group, member) for group in range(groups) for member in range(per_group)]
     _seeded(seed).shuffle(measured)
+    if reprimed:
+        pairs: list[PlannedRequest] = []
+        for group, member in measured:
+            pairs.append(PlannedRequest(position=len(pairs), group=group, member=-1, priming=True))
+            pairs.append(
+                PlannedRequest(position=len(pairs), group=group, member=member, priming=False)
+            )
+        return tuple(pairs)
     order = [
         PlannedRequest(position=group, group=group, member=-1, priming=True)
         for group in range(groups)
@@ -253,7 +339,8 @@ def overlap_prompts(
     starts: FreshStarts,
 ) -> list[list[int]]:
     """Token ids of every request of a point, in ``order``: the group's prefix, then the
-    request's own tokens (its first from ``starts``). Token ids below ``vocabulary_size``."""
+    request's own tokens (its first from ``starts``), a priming request as long as the design
+    primes. Token ids below ``vocabulary_size``."""
     rng = _seeded(seed)
     groups = sorted({request.group for request in order})
     shared = design.shared_prefix_tokens
@@ -264,12 +351,18 @@ def overlap_prompts(
             if shared
             else []
         )
-    own = design.prompt_tokens - shared
     return [
         [
             *prefixes[request.group],
             starts.take(),
-            *(rng.randrange(vocabulary_size) for _ in range(own - 1)),
+            *(
+                rng.randrange(vocabulary_size)
+                for _ in range(
+                    (design.priming_tokens if request.priming else design.prompt_tokens)
+                    - shared
+                    - 1
+                )
+            ),
         ]
         for request in order
     ]
@@ -475,13 +568,42 @@ def session_prompt_tokens(spec: MultiTurn, turn: int) -> int:
     )
 
 
-def session_plan(spec: MultiTurn, rule: ReuseRule | None) -> tuple[SessionTurn, ...]:
+def turn_reuse(
+    rule: ReuseRule,
+    previous_prompt_tokens: int,
+    answer_tokens: int,
+    *,
+    sliding_window: int | None = None,
+    n_ubatch: int = DEFAULT_N_UBATCH,
+) -> int:
+    """What a later turn on the session's own slot reuses: the slot holds the previous prompt
+    and its answer but the answer's last token (sampled, never evaluated), which plain
+    attention and recurrent or hybrid families reuse whole (checked on the zoo's llama and
+    qwen3next). A sliding-window family reuses that whole only past its window (the slot
+    still holds the window); within it the server restores its checkpoint of the previous
+    prompt, ``CHECKPOINT_TAIL`` tokens before its end, less one token (on Gemma 3 270M, window
+    512: 107 of a 119-token session). The window unknown (``None``): the whole session, as
+    before the window was read."""
+    held = previous_prompt_tokens + answer_tokens - 1
+    if rule != "checkpoint-swa" or sliding_window is None:
+        return held
+    return expected_cached_tokens(
+        rule,
+        prompt_tokens=held + 1,
+        common_prefix=held,
+        previous_prompt_tokens=previous_prompt_tokens,
+        n_ubatch=n_ubatch,
+        sliding_window=sliding_window,
+    )
+
+
+def session_plan(
+    spec: MultiTurn, rule: ReuseRule | None, *, sliding_window: int | None = None
+) -> tuple[SessionTurn, ...]:
     """Every (user, turn) in a seeded interleaving (each user's turns in order), with the
     reuse each turn should get when each user keeps a slot of its own (the request names
-    it): the slot holds the session as the server left it after the last answer, which every
-    family, recurrent and hybrid too, reuses whole, less the answer's last token (checked on
-    the zoo's llama and qwen3next). A first turn lands on a fresh slot: cold. Without a rule
-    nothing is expected (hits are not judged)."""
+    it): ``turn_reuse`` of the previous turn. A first turn lands on a fresh slot: cold.
+    Without a rule nothing is expected (hits are not judged)."""
     rng = _seeded(spec.seed)
     next_turn = [0] * spec.users
     waiting = list(range(spec.users))
@@ -492,7 +614,12 @@ def session_plan(spec: MultiTurn, rule: ReuseRule | None) -> tuple[SessionTurn, 
         prompt = session_prompt_tokens(spec, turn)
         expected = 0
         if rule is not None and turn > 0:
-            expected = session_prompt_tokens(spec, turn - 1) + spec.answer_tokens - 1
+            expected = turn_reuse(
+                rule,
+                session_prompt_tokens(spec, turn - 1),
+                spec.answer_tokens,
+                sliding_window=sliding_window,
+            )
         plan.append(
             SessionTurn(
                 position=len(plan),
@@ -578,19 +705,67 @@ def reuse_by_turn(
     )
 
 
-def eviction_turn(
+def shortfall_turns(
     turns: Sequence[TurnReuse], page_tokens: int = LLAMA_SERVER_PAGE_TOKENS
-) -> int | None:
-    """The first turn index after the first whose reuse falls short of the expected by more
-    than the acceptance band (the server no longer held the sessions); None if none does."""
+) -> Iterator[int]:
+    """The turn indices after the first whose reuse falls short of the expected by more than
+    the acceptance band, in order."""
     for item in turns:
         if item.turn == 0 or not item.requests or not item.prompt_tokens:
             continue
         band = acceptance_band_pp(item.prompt_tokens / item.requests, page_tokens)
         shortfall = 100.0 * (item.expected_reused_tokens - item.achieved_reused_tokens)
         if shortfall / item.prompt_tokens > band:
-            return item.turn
-    return None
+            yield item.turn
+
+
+def eviction_turn(
+    turns: Sequence[TurnReuse], page_tokens: int = LLAMA_SERVER_PAGE_TOKENS
+) -> int | None:
+    """The first turn index after the first whose reuse falls short of the expected by more
+    than the acceptance band; None if none does. Without the cache's size (journals from
+    before it was recorded) every such shortfall was taken for an eviction; with it, see
+    ``session_findings``."""
+    return next(shortfall_turns(turns, page_tokens), None)
+
+
+class SessionCapacity(msgspec.Struct, frozen=True, kw_only=True):
+    """What the host's cache holds: its slots and each slot's context, in tokens."""
+
+    slots: int
+    slot_context_tokens: int
+
+
+class SessionFindings(msgspec.Struct, frozen=True, kw_only=True):
+    """A session workload's reuse, judged: ``eviction_turn`` the first short turn where the
+    cache was full (more sessions than slots, or a session past its slot's context), and
+    ``shortfall_turn`` the first short turn where it was not (the rule disagrees with the
+    server: nothing could have been evicted)."""
+
+    eviction_turn: int | None
+    shortfall_turn: int | None
+
+
+def session_findings(
+    turns: Sequence[TurnReuse],
+    *,
+    users: int,
+    capacity: SessionCapacity,
+    held_tokens_by_turn: Mapping[int, int],
+    page_tokens: int = LLAMA_SERVER_PAGE_TOKENS,
+) -> SessionFindings:
+    """Short turns split by the evidence of an eviction: ``held_tokens_by_turn`` maps a turn
+    index to the longest session a slot held by then (a prompt and its answer)."""
+    eviction: int | None = None
+    shortfall: int | None = None
+    shared_slots = users > capacity.slots
+    for turn in shortfall_turns(turns, page_tokens):
+        held = held_tokens_by_turn.get(turn, 0)
+        if shared_slots or held > capacity.slot_context_tokens:
+            eviction = turn if eviction is None else eviction
+        else:
+            shortfall = turn if shortfall is None else shortfall
+    return SessionFindings(eviction_turn=eviction, shortfall_turn=shortfall)
 
 
 # --- open-loop arrivals ------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
 from cache_family.actors.run.workloads import WORKLOAD_RUNNERS, WorkloadHost, WorkloadHostLost
 from cache_family.errors import Refused
 from cache_family.schemas.arms import HostKind
+from cache_family.schemas.gguf_header import read_gguf_header
 from cache_family.schemas.journal import (
     Cancellation,
     CellOpened,
@@ -58,7 +59,7 @@ from cache_family.schemas.receipts import CellReceipt
 from cache_family.schemas.request_rows import REQUESTS_FILENAME, RequestRowLine
 from cache_family.schemas.workload_records import WORKLOAD_RECEIPT_NAME
 from cache_family.states.budgets import Budgets
-from cache_family.states.cache_reuse import cache_expectation
+from cache_family.states.cache_reuse import cache_expectation, reuse_rule
 from cache_family.states.calibration import client_lag_ms
 from cache_family.states.cell import (
     CELL_TABLE,
@@ -149,6 +150,17 @@ class _Segment:
             self.kept.append(row)
 
 
+def model_sliding_window(plan: CellPlan) -> int | None:
+    """A sliding-window family's window, from its GGUF header (the pinned model's bytes):
+    which reuse its verdicts expect. None for another family, or a header that names none."""
+    if plan.profile is None or reuse_rule(plan.architecture) != "checkpoint-swa":
+        return None
+    try:
+        return read_gguf_header(os.path.realpath(plan.profile.model)).sliding_window
+    except (Refused, OSError):
+        return None  # not a readable GGUF (a layer package): the cautious rule judges
+
+
 # --- the actor --------------------------------------------------------------------------------
 
 
@@ -169,6 +181,8 @@ class CellActor:
         )
         # What differs between a llama-server and a stage server.
         self.host_kind = HOST_KINDS[plan.host_kind]
+        # The model header's sliding window, read as the cell opens (a sliding-window family's).
+        self.sliding_window: int | None = None
         self.deadline = math.inf
         self.work_deadline = math.inf
         self.host: HostHandle | None = None
@@ -224,6 +238,7 @@ class CellActor:
         self.deadline = self.ctx.budgets.cell_deadline(now)
         self.work_deadline = Budgets.work_deadline(self.deadline, now)
         os.makedirs(os.path.join(self.cell_path, "logs"), exist_ok=True)
+        self.sliding_window = await trio.to_thread.run_sync(model_sliding_window, plan)
         with trio.CancelScope(shield=True):
             await self._journal(
                 CellOpened(
@@ -238,7 +253,9 @@ class CellActor:
                     ttft_slo_ms=plan.ttft_slo_ms,
                     tpot_slo_ms=plan.tpot_slo_ms,
                     synthetic=plan.synthetic,
-                    cache_expectation=cache_expectation(plan.architecture, plan.lanes),
+                    cache_expectation=cache_expectation(
+                        plan.architecture, plan.lanes, self.sliding_window
+                    ),
                     ignore_eos=plan.synthetic,
                     load_average=load_average(),
                 )
@@ -730,6 +747,9 @@ class CellActor:
             chat=plan.host_kind == HostKind.STAGE,
             model_id=plan.model_id,
             model_path=plan.profile.model if plan.profile is not None else "",
+            sliding_window=self.sliding_window,
+            slots=plan.lanes,
+            slot_context_tokens=plan.ctx_size // plan.lanes if plan.lanes else None,
         )
         try:
             finished = await WORKLOAD_RUNNERS[plan.arm.kind](host)
@@ -805,7 +825,9 @@ class CellActor:
             sent=sent,
             client=self.http,
             rows=rows,
-            expectation=cache_expectation(self.plan.architecture, self.plan.lanes),
+            expectation=cache_expectation(
+                self.plan.architecture, self.plan.lanes, self.sliding_window
+            ),
             client_lag_ms=client_lag_ms(self.ctx.client_calibration),
         )
 

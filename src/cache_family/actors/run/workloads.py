@@ -29,29 +29,42 @@ from cache_family.actors.run.open_loop import (
 from cache_family.errors import Refused
 from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.journal import Record
+from cache_family.schemas.measurement import ReuseRule
 from cache_family.schemas.workload import MultiTurn, WorkloadFile
 from cache_family.schemas.workload_records import (
     ChatTemplateMeasured,
     OpenLoopStageMeasured,
     OverlapPointMeasured,
+    ReuseProbed,
+    ReuseProbeStep,
     SessionsMeasured,
     WorkloadOpened,
     WorkloadRequest,
     WorkloadStopped,
 )
-from cache_family.states.cache_reuse import reuse_rule
+from cache_family.states.cache_reuse import (
+    DEFAULT_N_UBATCH,
+    probe_prompts,
+    probe_shapes,
+    probed_rule,
+    reuse_rule,
+)
 from cache_family.states.chat_pieces import BYTE_ALPHABET, ChatPieces
 from cache_family.states.workloads import (
     CHAT_PROBE_CHARACTERS,
     ChatTemplate,
     FreshStarts,
+    PrefixDesign,
     chat_template,
     design_chat_prefix,
     design_prefix,
+    nothing_shared,
     overlap_order,
     overlap_prompts,
     session_plan,
+    session_prompt_tokens,
     session_tokens,
+    turn_reuse,
 )
 from cache_family.system.http import HttpError, LoopbackHttp
 
@@ -85,6 +98,11 @@ class WorkloadHost:
     # The model file the host serves (pinned): a chat dialect writes its messages in pieces
     # of its vocabulary (``actors/run/chat_text.py``); empty: the byte alphabet.
     model_path: str = ""
+    # The model header's sliding window (a sliding-window family's; None: none or unknown).
+    sliding_window: int | None = None
+    # The host's slots and each slot's context (tokens): what its cache can hold.
+    slots: int | None = None
+    slot_context_tokens: int | None = None
 
 
 class WorkloadHostLost(Exception):
@@ -385,6 +403,76 @@ async def _opened(
     return vocabulary
 
 
+async def _probe(
+    host: WorkloadHost, starts: FreshStarts, vocabulary: int, seed: int, prompt_tokens: int
+) -> ReuseRule | None:
+    """The rule the workload's verdicts use: the model header's (its architecture's rule, its
+    sliding window), checked on slot 0 with a few prompts of known prefixes drawn fresh
+    (``states.cache_reuse.probe_shapes``) and journaled. A chat host designs no token-cut
+    prompts: its rule is the header's, unprobed."""
+    header = reuse_rule(host.architecture)
+    if host.chat or header is None:
+        return header
+    rng = random.Random(seed)  # noqa: S311 -- reproducible probe prompts, not a secret
+
+    def fresh(length: int) -> list[int]:
+        return [starts.take(), *(rng.randrange(vocabulary) for _ in range(length - 1))]
+
+    shapes = probe_shapes(header, prompt_tokens)
+    prompts = probe_prompts(shapes, fresh)
+    steps: list[ReuseProbeStep] = []
+    for shape, prompt in zip(shapes, prompts, strict=True):
+        answer = await _complete(host, prompt, 1, 0, exact=False)
+        _check_host(host, answer)
+        sent = answer.request(-1)
+        steps.append(
+            ReuseProbeStep(
+                prompt_tokens=shape.prompt_tokens,
+                previous_prompt_tokens=shape.previous_prompt_tokens,
+                common_prefix=shape.common_prefix,
+                cached_tokens=sent.cached_tokens,
+                error=sent.error,
+            )
+        )
+    rule = probed_rule(
+        header,
+        [(shape, step.cached_tokens) for shape, step in zip(shapes, steps, strict=True)],
+        n_ubatch=DEFAULT_N_UBATCH,
+        sliding_window=host.sliding_window,
+    )
+    await host.journal(
+        ReuseProbed(
+            cell_id=host.cell_id,
+            header_rule=header,
+            sliding_window=host.sliding_window,
+            n_ubatch=DEFAULT_N_UBATCH,
+            steps=tuple(steps),
+            rule=rule,
+        )
+    )
+    return rule
+
+
+def _refused_design(
+    host: WorkloadHost, design: PrefixDesign, groups: int, seed: int, code: str
+) -> OverlapPointMeasured:
+    """A point refused as designed: journaled with its design, nothing sent."""
+    return OverlapPointMeasured(
+        cell_id=host.cell_id,
+        hit_ratio_pct=design.hit_ratio_pct,
+        prompt_tokens=design.prompt_tokens,
+        rule=design.rule,
+        requested_prefix_tokens=design.requested_prefix_tokens,
+        shared_prefix_tokens=design.shared_prefix_tokens,
+        reusable_tokens=design.reusable_tokens,
+        groups=groups,
+        seed=seed,
+        priming_prompt_tokens=design.priming_prompt_tokens,
+        reprimed=design.reprimed,
+        design_refusal=code,
+    )
+
+
 async def run_overlap(host: WorkloadHost) -> bool:
     spec = host.workloads.prefix_overlap
     assert spec is not None  # planned only when chosen
@@ -395,19 +483,43 @@ async def run_overlap(host: WorkloadHost) -> bool:
         vocabulary = await _opened(
             host, kind, spec.model_dump_json(), pieces if text is not None else None
         )
-        rule = reuse_rule(host.architecture)
-        if rule is None:
+        header = reuse_rule(host.architecture)
+        if header is None:
             return True  # nothing can be designed: the receipt says unmeasured
         starts = FreshStarts(vocabulary, spec.seed)
-        order = overlap_order(spec.groups, spec.requests, spec.seed)
+        rule = await _probe(host, starts, vocabulary, spec.seed, spec.prompt_tokens)
         template = None
         if text is not None:
             template = await _chat_template(host, pieces, text.template_source, starts, spec.seed)
     for index, ratio in enumerate(spec.hit_ratios_pct):
+        if rule is None:
+            # The server follows no known rule: nothing can be designed for it.
+            unknown = PrefixDesign(
+                hit_ratio_pct=ratio,
+                prompt_tokens=spec.prompt_tokens,
+                rule=header,
+                requested_prefix_tokens=spec.prompt_tokens * ratio // 100,
+                shared_prefix_tokens=0,
+                reusable_tokens=0,
+            )
+            code = "workload.reuse.server_disagrees"
+            await host.journal(_refused_design(host, unknown, spec.groups, spec.seed + ratio, code))
+            continue
         if template is None:
-            design = design_prefix(rule, spec.prompt_tokens, ratio)
+            design = design_prefix(
+                rule,
+                spec.prompt_tokens,
+                ratio,
+                place_checkpoint=True,
+                sliding_window=host.sliding_window,
+            )
         else:
             design = design_chat_prefix(rule, spec.prompt_tokens, ratio, template)
+        if nothing_shared(design):
+            code = "workload.overlap.nothing_shared"
+            await host.journal(_refused_design(host, design, spec.groups, spec.seed + ratio, code))
+            continue
+        order = overlap_order(spec.groups, spec.requests, spec.seed, reprimed=design.reprimed)
         prompts = overlap_prompts(
             design, order, vocabulary_size=vocabulary, seed=spec.seed + ratio, starts=starts
         )
@@ -457,6 +569,8 @@ async def run_overlap(host: WorkloadHost) -> bool:
                         requests=tuple(sent),
                         template_tokens=template.tokens if template else 0,
                         template_reused_tokens=template.reused_tokens if template else 0,
+                        priming_prompt_tokens=design.priming_prompt_tokens,
+                        reprimed=design.reprimed,
                     )
                 )
                 if stop is not None:
@@ -484,7 +598,8 @@ async def _chat_sessions(
     tokens = session_tokens(
         spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
     )
-    plan = session_plan(spec, reuse_rule(host.architecture))
+    rule = reuse_rule(host.architecture)
+    plan = session_plan(spec, rule, sliding_window=host.sliding_window)
     conversations: dict[int, list[dict[str, str]]] = {}
     counted: dict[int, tuple[int, int]] = {}
     sent: list[WorkloadRequest] = []
@@ -516,8 +631,10 @@ async def _chat_sessions(
             ]
             earlier = counted.get(item.user)
             expected = 0
-            if item.expected_reused_tokens and earlier is not None:
-                expected = earlier[0] + earlier[1] - 1
+            if item.expected_reused_tokens and earlier is not None and rule is not None:
+                expected = turn_reuse(
+                    rule, earlier[0], earlier[1], sliding_window=host.sliding_window
+                )
             designed: int | None = None
             if overheads is not None and item.turn == 0:
                 designed = overheads.first + len(tokens.first_prompt(item.user))
@@ -540,19 +657,27 @@ async def _chat_sessions(
         raise
     finally:
         with trio.CancelScope(shield=stop is not None):
-            await host.journal(
-                SessionsMeasured(
-                    cell_id=host.cell_id,
-                    users=spec.users,
-                    turns=spec.turns,
-                    seed=spec.seed,
-                    think_time_ms=spec.think_time_ms,
-                    requests=tuple(sent),
-                )
-            )
+            await host.journal(_sessions_record(host, spec, sent))
             if stop is not None:
                 await _stopped(host, MeasurementKind.SESSIONS, stop, None, len(sent))
     return stop is None
+
+
+def _sessions_record(
+    host: WorkloadHost, spec: MultiTurn, sent: list[WorkloadRequest]
+) -> SessionsMeasured:
+    return SessionsMeasured(
+        cell_id=host.cell_id,
+        users=spec.users,
+        turns=spec.turns,
+        seed=spec.seed,
+        think_time_ms=spec.think_time_ms,
+        requests=tuple(sent),
+        slots=host.slots,
+        slot_context_tokens=host.slot_context_tokens,
+        sliding_window=host.sliding_window,
+        answer_tokens=spec.answer_tokens,
+    )
 
 
 async def run_sessions(host: WorkloadHost) -> bool:
@@ -565,6 +690,12 @@ async def run_sessions(host: WorkloadHost) -> bool:
         vocabulary = await _opened(
             host, kind, spec.model_dump_json(), text.pieces if text is not None else None
         )
+        starts = FreshStarts(vocabulary, spec.seed)
+        rule = reuse_rule(host.architecture)
+        first = session_prompt_tokens(spec, 0)
+        if text is None and first > 1:
+            # The probe draws from the sessions' own pool: no session shares its prompts.
+            rule = await _probe(host, starts, vocabulary, spec.seed, first)
         if text is not None:
             # The template as rendered around a probe message (no generation, no slot used).
             probe = list(range(min(CHAT_PROBE_CHARACTERS, text.pieces.size)))
@@ -587,10 +718,8 @@ async def run_sessions(host: WorkloadHost) -> bool:
             )
     if text is not None:
         return await _chat_sessions(host, spec, vocabulary, text.pieces, overheads)
-    tokens = session_tokens(
-        spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
-    )
-    plan = session_plan(spec, reuse_rule(host.architecture))
+    tokens = session_tokens(spec, vocabulary_size=vocabulary, starts=starts)
+    plan = session_plan(spec, rule, sliding_window=host.sliding_window)
     sessions: dict[int, list[int]] = {}
     sent: list[WorkloadRequest] = []
     stop: str | None = None
@@ -624,16 +753,7 @@ async def run_sessions(host: WorkloadHost) -> bool:
         raise
     finally:
         with trio.CancelScope(shield=stop is not None):
-            await host.journal(
-                SessionsMeasured(
-                    cell_id=host.cell_id,
-                    users=spec.users,
-                    turns=spec.turns,
-                    seed=spec.seed,
-                    think_time_ms=spec.think_time_ms,
-                    requests=tuple(sent),
-                )
-            )
+            await host.journal(_sessions_record(host, spec, sent))
             if stop is not None:
                 await _stopped(host, kind, stop, None, len(sent))
     return stop is None

@@ -22,6 +22,7 @@ from cache_family.schemas.workload_records import (
     ChatTemplateMeasured,
     OpenLoopStageMeasured,
     OverlapPointMeasured,
+    ReuseProbed,
     SessionsMeasured,
     WorkloadOpened,
     WorkloadStopped,
@@ -554,6 +555,7 @@ Record: TypeAlias = (
     | OpenLoopStageMeasured
     | WorkloadStopped
     | ChatTemplateMeasured
+    | ReuseProbed
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.
