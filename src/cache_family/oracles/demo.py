@@ -344,7 +344,9 @@ def real_steps(
         )
     sweep = write(
         REAL_SWEEP_OPERATOR_NAME,
-        operator_input(parts, tools, cases, real=real, prefix_sweep=list(REAL_PREFIX_SWEEP)),
+        operator_input(
+            parts, tools, cases, real=real, prefix_sweep=list(REAL_PREFIX_SWEEP), llama_repeats=5
+        ),
     )
     steps, wrote = measured_run_steps(
         output, REAL_SWEEP_RUN, sweep, native_output_tokens=REAL_OUTPUT_TOKENS
