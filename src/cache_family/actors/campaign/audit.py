@@ -48,10 +48,6 @@ class CampaignReplay:
         return ExitCode.DIFFERS if self.differs else ExitCode.IDENTICAL
 
 
-def is_campaign(directory: str) -> bool:
-    return os.path.isfile(os.path.join(directory, CAMPAIGN_JOURNAL))
-
-
 def replay_campaign(campaign_dir: str) -> CampaignReplay:
     report = CampaignReplay()
     root = os.path.abspath(campaign_dir)
