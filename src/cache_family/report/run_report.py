@@ -45,6 +45,7 @@ FORMAT_LINE: Final = "<!-- cache-family run report, format 2 -->"
 HTML_NAME: Final = "report.html"
 PLOTS_DIR: Final = "plots"
 JOURNAL_NAME: Final = "journal.jsonl"
+NATIVE_ARM: Final = NATIVE_CONCURRENT.name
 OLD_ARM: Final = SKIPPY_OLD.name
 NEW_ARM: Final = SKIPPY_NEW.name
 SYNTHETIC_BANNER: Final = "synthetic: plumbing evidence, not a performance claim"
@@ -55,7 +56,7 @@ TOKENS_UNIT: Final = "output tok/req"
 #: A per-rung table with more lines than this starts folded in the page (``<details>``).
 FOLD_ABOVE_LINES: Final = 8
 ARM_COLORS: Final = {
-    NATIVE_CONCURRENT.name: "#1f77b4",
+    NATIVE_ARM: "#1f77b4",
     OLD_ARM: "#d62728",
     NEW_ARM: "#2ca02c",
 }
@@ -440,9 +441,6 @@ def _comparison(receipts: RunReceipts) -> list[str]:
     else:
         lines.append(f"No row has both `{OLD_ARM}` and `{NEW_ARM}` cells: {PAIRED_NOT_RUN}.")
     return lines
-
-
-NATIVE_ARM: Final = "native-concurrent"
 
 
 def _first_shared(a: ArmView, b: ArmView) -> tuple[_Rung, _Rung] | None:
