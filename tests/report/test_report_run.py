@@ -11,7 +11,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from browser_check import WIDTHS, assert_reads_at
 from report_run_builder import rung, serial_rung, write_run
 
 from cache_family.cli import main
@@ -614,32 +613,3 @@ def test_repeated_notes_of_the_reference_tables_are_footnotes(tmp_path: Path) ->
     assert len(texts) == len(set(texts))
     for text in texts:  # each note said once, under the tables, never in a cell
         assert section.count(text) == 1
-
-
-@pytest.mark.parametrize("width", WIDTHS)
-def test_the_page_reads_in_chromium_without_overflow_or_console_errors(
-    width: int, tmp_path: Path
-) -> None:
-    """At a desktop width and a phone's, nothing sticks out of the page (wide tables scroll
-    inside themselves, plots shrink) and the console stays empty."""
-    old = [100.0 + 3 * i for i in range(12)]
-    new = [50.0 + 3 * i for i in range(12)]
-    arms = {
-        "native-concurrent": [
-            unobserved_rung(i, 2**i, [57.0 + i for i in range(12)]) for i in range(3)
-        ],
-        "skippy-old": [rung(i, 2**i, old) for i in range(4)],
-        "skippy-new": [rung(i, 2**i, new) for i in range(4)],
-    }
-    run = write_run(
-        tmp_path / "run",
-        [arms, arms],
-        statuses={(1, "skippy-old"): ("incomplete", "a_rather_long_reason_" * 6)},
-    )
-    shutil.copyfile(
-        PRODUCERS / "production-cache-bench-a.json", run / "production-cache-bench.json"
-    )
-    assert main(["report-run", str(run), "--use-case-corpus", str(PRODUCERS / "corpus.json")]) == 0
-    opened = assert_reads_at(run / "report.html", width)
-    assert "<details>" in opened.dom and 'id="summary"' in opened.dom
-    assert opened.dom.count("<svg ") == 2
