@@ -7,12 +7,10 @@ is left in the test's directory for a reader to look at."""
 from __future__ import annotations
 
 import shutil
-import struct
 from pathlib import Path
-from typing import Any
 
 import pytest
-from browser_check import WIDTHS, browser, open_page
+from browser_check import WIDTHS, assert_compact, browser, open_page, png_width
 from report_run_builder import (
     demo_like_stages,
     open_loop_receipt,
@@ -24,11 +22,6 @@ from report_run_builder import (
 from cache_family.cli import main
 
 PRODUCERS = Path(__file__).resolve().parents[1] / "support" / "golden" / "report" / "producers"
-#: A rung table's first header (both per-rung tables start with the arm).
-RUNG_TABLE = "Arm"
-#: The most lines of text a row of any table may hold at 1400 px (a long note or model
-#: reference wraps; a row of seven lines is a table squeezed into narrow columns).
-MOST_LINES = 4
 #: A verdict rule as long as a real one: said once under the tables, not in each row.
 RULE = (
     "exact-prefix (llama, plain attention: the common prefix, all but the last prompt "
@@ -66,28 +59,6 @@ def workloads_run(root: Path) -> Path:
             (0, "native-open-loop"): open_loop_receipt(0, "native-open-loop", demo_like_stages()),
         },
     )
-
-
-def png_width(path: Path) -> int:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    (width,) = struct.unpack(">I", data[16:20])
-    return int(width)
-
-
-def assert_compact(layout: dict[str, Any], width: int) -> None:
-    """Nothing outside a scrolling box sticks out; per-rung rows hold one line; at a desktop
-    width no table scrolls sideways and no row is squeezed tall."""
-    assert layout["offenders"] == [], layout["offenders"]
-    assert layout["scroll"] <= layout["client"], layout
-    tables = layout["tables"]
-    assert tables
-    for table in tables:
-        if table["head"] == RUNG_TABLE:
-            assert table["lines"] == 1, table
-        if width >= 1200:
-            assert table["scroll"] <= table["client"], table
-            assert table["lines"] <= MOST_LINES, table
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,11 @@ BROWSER = "chromium"
 WIDTHS = (1400, 420)
 #: The tallest whole-page screenshot taken (Chromium's window stays below its limits).
 MAX_SHOT_HEIGHT = 16000
+#: A per-rung table's first header (both per-rung tables start with the arm).
+RUNG_TABLE = "Arm"
+#: The most lines of text a row of any table may hold at a desktop width (a long note or
+#: model reference wraps; a row of seven lines is a table squeezed into narrow columns).
+MOST_LINES = 4
 
 _PROBE = """<script>
 (function () {
@@ -157,11 +163,24 @@ def _shoot_whole(page: Path, text: str, width: int, height: int, out: Path) -> N
         frame.unlink()
 
 
-def assert_reads_at(page: Path, width: int) -> Opened:
-    """No console message, and nothing wider than the window outside a scrolling box."""
-    opened = open_page(page, width)
-    assert opened.console == [], opened.console
-    layout = opened.layout
-    assert layout["offenders"] == [], layout
+def png_width(path: Path) -> int:
+    """The width of a PNG, from its header."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    (width,) = struct.unpack(">I", data[16:20])
+    return int(width)
+
+
+def assert_compact(layout: dict[str, Any], width: int) -> None:
+    """Nothing outside a scrolling box sticks out; per-rung rows hold one line; at a desktop
+    width no table scrolls sideways and no row is squeezed tall."""
+    assert layout["offenders"] == [], layout["offenders"]
     assert layout["scroll"] <= layout["client"], layout
-    return opened
+    tables = layout["tables"]
+    assert tables
+    for table in tables:
+        if table["head"] == RUNG_TABLE:
+            assert table["lines"] == 1, table
+        if width >= 1200:
+            assert table["scroll"] <= table["client"], table
+            assert table["lines"] <= MOST_LINES, table
