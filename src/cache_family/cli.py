@@ -331,10 +331,10 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
     return code
 
 
-def _replay_campaign(campaign_dir: str) -> int:
+def _replay_campaign(campaign_dir: str, expect_head: str | None) -> int:
     from cache_family.actors.campaign.audit import replay_campaign
 
-    report = replay_campaign(campaign_dir)
+    report = replay_campaign(campaign_dir, expect_head=expect_head)
     for line in report.lines:
         print(line)
     return report.exit_code
@@ -347,10 +347,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from cache_family.console.refusals import say_failed
 
     parser: _Parser = args.parser
-    if (Path(args.run_dir) / "campaign-journal.jsonl").is_file():
-        return _replay_campaign(args.run_dir)
     if args.expect_head is not None and not HEAD_PATTERN.fullmatch(args.expect_head):
         parser.refuse("--expect-head", "give the 64 lowercase hex digits the run printed")
+    if (Path(args.run_dir) / "campaign-journal.jsonl").is_file():
+        return _replay_campaign(args.run_dir, args.expect_head)
     if (args.allowed_signers is None) != (args.signer_identity is None):
         parser.refuse("--allowed-signers", "--allowed-signers and --signer-identity go together")
     head = HeadCheck(
@@ -620,6 +620,8 @@ def build_parser() -> argparse.ArgumentParser:
                 action="append",
                 default=[],
                 metavar=metavar,
+                # A file override passes the checks --input passes.
+                type=_file_path(flag) if metavar == "ABS" else str,
                 help="plan override, at most once",
             )
         prep.set_defaults(func=_cmd_prepare)
@@ -858,14 +860,22 @@ def _exit_holding_signals(latch: interrupts.Latch, code: int) -> NoReturn:
     interpreter down, so a signal in those milliseconds ended the process as -15 or -2. Here
     the signals are blocked, any that came after the command's own last look make the exit
     code 130, and the process ends at once (``os._exit``, after flushing what it printed)."""
+    # Flushed first: a signal while the last lines are written reaches the latch (this
+    # thread still takes signals); flushed after the last look, it was lost (exit 0).
+    _flush_output()
     late = interrupts.signals_at_exit(latch)
-    for name in late:
-        print(f"{name} after the run's last line: the run had finished", file=sys.stderr)
+    if late:  # the exit is 130 whatever comes now
+        for name in late:
+            print(f"{name} after the run's last line: the run had finished", file=sys.stderr)
+        _flush_output()
+    os._exit(ExitCode.INTERRUPTED if late else code)
+
+
+def _flush_output() -> None:
     for stream in (sys.stdout, sys.stderr):
         # A closed pipe: what could not be written is lost either way.
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    os._exit(ExitCode.INTERRUPTED if late else code)
 
 
 def _command(argv: Sequence[str] | None) -> int:

@@ -363,8 +363,9 @@ FAULT_CHILD_IGNORES_SIGTERM = (
 )
 
 
-# The environment tag a run's host carries (``CACHE_FAMILY_CELL=<run tag>/<cell id>``).
-HOST_TAG = "cf-test0123456789/cell-0000/native-serial"
+# The environment tag a run's host carries (``CACHE_FAMILY_CELL=<run tag>/<cell id>``): its run
+# part names the journal's run (run-test) and a runner that is gone (this pid, created at 1.0).
+HOST_TAG = f"cf-test0123456789:run-test:{os.getpid()}:1.0/cell-0000/native-serial"
 
 
 def spawn_child(code: str, *, tag: str | None = HOST_TAG) -> subprocess.Popen[bytes]:

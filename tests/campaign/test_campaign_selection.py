@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from run_harness import make_prepared
 
 from cache_family.actors.audit.replay import replay
-from cache_family.actors.run.selection import NODE_ID_ENV, NODE_LABELS_ENV, observe_host
 from cache_family.errors import Refused
 from cache_family.schemas.journal import RowsSelected, RunStarted, read_journal
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
@@ -30,6 +29,7 @@ from cache_family.states.selection import (
     select_rows,
     shard_of,
 )
+from cache_family.system.host_load import NODE_ID_ENV, NODE_LABELS_ENV, observe_host
 
 CLI = Path(sys.executable).parent / "cache-family"
 ENV = {"PATH": "/usr/bin:/bin"}

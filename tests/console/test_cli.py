@@ -58,6 +58,9 @@ def test_a_single_valued_option_given_twice_is_refused(
     assert "--input given more than once" in capsys.readouterr().err
 
 
+PREPARE = ["prepare-full", "--input", "/ops/op.json", "--output", "/tmp/prepared"]
+
+
 @pytest.mark.parametrize(
     ("argv", "code"),
     [
@@ -73,6 +76,10 @@ def test_a_single_valued_option_given_twice_is_refused(
         (["report", "--input", "", "--output", "/tmp/r.md"], "cli.path.empty"),
         (["run", "--input", "/a.json", "--output", ""], "cli.path.empty"),
         (["report-run", ""], "cli.path.empty"),
+        # --workloads (and --use-case-corpus) pass the checks --input passes.
+        ([*PREPARE, "--workloads", "/w/\x1b]0;pwned\x07w.json"], "cli.path.bad_char"),
+        ([*PREPARE, "--workloads", "/w/workloads.json/"], "cli.path.trailing_slash"),
+        ([*PREPARE, "--use-case-corpus", "/c/\u202enosj.json"], "cli.path.format_char"),
     ],
 )
 def test_a_path_argument_is_refused_with_its_own_code(
@@ -84,6 +91,7 @@ def test_a_path_argument_is_refused_with_its_own_code(
     assert line.startswith(f"refused: {code} at ")
     assert "(hint: " in line
     assert "Traceback" not in err
+    assert "\x1b" not in err and "\x07" not in err  # a path is shown escaped, never raw
 
 
 def test_a_trailing_slash_on_a_directory_is_dropped() -> None:

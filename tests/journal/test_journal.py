@@ -723,6 +723,7 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
         "skipped_because",
     ),
     "workload_stopped": ("cell_id", "kind", "reason", "point_index", "sent", "detail"),
+    "chat_template": ("cell_id", "pieces", "piece_count", "template_source"),
 }
 
 

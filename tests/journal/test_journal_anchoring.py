@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from replay_harness import build_run, journal_lines, write_lines
+from replay_harness import build_run, journal_lines, rechain, write_lines
 
 from cache_family.actors.audit.head_signature import (
     SIGNATURE_FILENAME,
@@ -30,10 +30,8 @@ from cache_family.actors.audit.head_signature import (
 )
 from cache_family.actors.audit.replay import HeadCheck, replay
 from cache_family.schemas.journal import (
-    GENESIS_PREV,
     Fault,
     JournalChain,
-    JournalSealed,
     Record,
     RowOpened,
     decode_line,
@@ -58,30 +56,6 @@ def run_dir(tmp_path: Path) -> Path:
 
 def head_of(run_dir: Path) -> str:
     return hashlib.sha256(journal_lines(run_dir)[-1]).hexdigest()
-
-
-def rechain(lines: list[bytes], edit: Any = None) -> list[bytes]:
-    """Every line re-chained after ``edit(index, object)`` changed the decoded objects, and
-    the final seal recomputed over the result: what anyone with write access can do."""
-    out: list[bytes] = []
-    prev = GENESIS_PREV
-    before = hashlib.sha256()
-    for index, raw in enumerate(lines[:-1]):
-        obj = msgspec.json.decode(raw)
-        if edit is not None:
-            edit(index, obj)
-        obj["prev"] = prev
-        data = msgspec.json.encode(obj)
-        out.append(data)
-        prev = hashlib.sha256(data).hexdigest()
-        before.update(data + b"\n")
-    last = decode_line(lines[-1])
-    seal = last.record
-    assert isinstance(seal, JournalSealed)
-    chain = JournalChain(next_seq=last.seq, prev=prev)
-    record = msgspec.structs.replace(seal, head_sha256=prev, through_seq=last.seq - 1)
-    _, data = chain.seal(record, before, mono_ns=last.mono_ns, wall_ns=last.wall_ns)
-    return [*out, data[:-1]]
 
 
 def seal_codes(report: Any) -> list[str]:

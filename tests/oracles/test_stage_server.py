@@ -194,7 +194,12 @@ def test_marker_follows_models_through_the_relay_then_stream_then_sigterm_leaves
             events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
         chunks = [json.loads(event) for event in events[:-1]]
-        assert any(c["choices"] and c["choices"][0]["delta"].get("content") for c in chunks)
+        generated = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+        assert generated
+        # The relay asks llama-server for its own timings on every chunk and passes them on:
+        # the generation time runs on from the first generated token.
+        predicted = [(c["timings"]["predicted_n"], c["timings"]["predicted_ms"]) for c in generated]
+        assert predicted == sorted(predicted) and predicted[0][0] >= 1
         usage = chunks[-1]["usage"]
         assert usage["completion_tokens"] == 5 and usage["prompt_tokens"] > 0
 

@@ -142,11 +142,17 @@ def test_overrides_are_pairs_each_once_and_known() -> None:
         ("--llama-parallel", "4294967296"): "preparation.override.bad_value",
         ("--llama-parallel", "٣"): "preparation.override.bad_value",
         ("--use-case-corpus", "relative.json"): "preparation.override.not_absolute",
+        # --workloads reaches admission by other callers than the command line too.
+        ("--workloads", "/w/\x1b[2J.json"): "preparation.override.bad_path",
+        ("--workloads", "/w/workloads.json/"): "preparation.override.not_normalized",
+        ("--workloads", "/w/../etc/workloads.json"): "preparation.override.not_normalized",
+        ("--use-case-corpus", "/c/./corpus.json"): "preparation.override.not_normalized",
     }
     for arguments, code in cases.items():
         with pytest.raises(Refused) as caught:
             parse_overrides(list(arguments))
         assert caught.value.codes == [code], arguments
+        assert "\x1b" not in str(caught.value), arguments  # shown escaped, never raw
 
 
 def test_overrides_are_applied_before_validation(box: Toolbox, tmp_path: Path) -> None:

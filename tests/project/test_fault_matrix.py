@@ -335,6 +335,25 @@ INPUT_FAULTS: tuple[InputFault, ...] = (
         verdict="cli.path.empty (was read as the current directory)",
         test="tests/console/test_cli.py::test_a_path_argument_is_refused_with_its_own_code",
     ),
+    InputFault(
+        key="workload-day-at-100000-per-second",
+        input="an open_loop of 100,000/s for 86,400 s (8.64e9 sends)",
+        command="`prepare-full --workloads`",
+        exit_code=2,
+        verdict="workload.arrivals.too_many_sends (was prepared, then 24 GB at run time); send "
+        "times are drawn lazily and a schedule holds at most 100,000",
+        test="tests/schemas/test_workload_schema.py::test_each_mistake_is_refused_with_its_code_and_path",
+    ),
+    InputFault(
+        key="workloads-path-escapes",
+        input="`--workloads` (or `--use-case-corpus`) with terminal escapes, a trailing slash "
+        "or `..`",
+        command="`prepare-full`, `prepare-use-cases`",
+        exit_code=2,
+        verdict="cli.path.bad_char / cli.path.trailing_slash as `--input`; admission: "
+        "preparation.override.bad_path (shown escaped) / preparation.override.not_normalized",
+        test="tests/prepare/test_preparation.py::test_overrides_are_pairs_each_once_and_known",
+    ),
 )
 
 
@@ -403,6 +422,27 @@ ELSEWHERE: tuple[CheckedElsewhere, ...] = (
         "the build, no traceback",
         test="tests/run/test_output_placement.py::test_an_output_parent_flipping_between_a_"
         "directory_and_a_link_never_lands_in_the_build",
+    ),
+    CheckedElsewhere(
+        key="output-parent-flipped-after-the-run-directory",
+        fault="the `--output` parent flipped to a link into the build (an empty `NATIVE/out` "
+        "made beforehand) after the run directory was made",
+        state="`run` start: before the journal and the lock are opened",
+        outcome="every write goes through the directory handle opened when the directory was "
+        "made (`/proc/<runner>/fd/<n>`): the run completes in the real directory, nothing "
+        "lands in the build, replay identical",
+        test="tests/run/test_output_placement.py::test_a_parent_flipped_into_the_build_after_"
+        "the_run_directory_is_made_moves_no_write",
+    ),
+    CheckedElsewhere(
+        key="workload-send-times-lazy",
+        fault="an open-loop rate whose duration would schedule more than 100,000 sends (a "
+        "sweep's measured rate)",
+        state="an open-loop stage drawing its schedule",
+        outcome="send times drawn one at a time; the schedule stops at 100,000 (memory "
+        "independent of duration x rate); the same schedules as before",
+        test="tests/states/test_workload_planning.py::test_send_times_are_drawn_lazily_and_"
+        "a_schedule_never_holds_more_than_the_bound",
     ),
 )
 
@@ -480,6 +520,91 @@ EDGES: tuple[EdgeFault, ...] = (
         outcome="exit 1: every report file regenerated and compared (`file.missing`, "
         "`replay.report.unlisted`); `report-files.json` binds their SHA-256",
         test="tests/audit/test_replay.py::test_report_run_files_are_all_compared_even_without_report_md",
+    ),
+    EdgeFault(
+        key="forged-journal-names-a-live-runs-tag",
+        fault="a killed run's journal re-chained with a live run's `child_spawned` tag (and "
+        "its run id)",
+        moment="`replay --reap` while the other run lives",
+        outcome="nothing is ended: a host's tag names its run and runner; the reaper ends only "
+        "a host whose tag names the verified journal's run whose runner is gone",
+        test="tests/audit/test_reap_live_runs.py::"
+        "test_a_forged_journal_naming_a_live_runs_tag_ends_nothing",
+    ),
+    EdgeFault(
+        key="reap-of-a-locked-runs-host",
+        fault="a host whose runner is gone, in a run directory another process holds locked",
+        moment="`replay --reap` of another journal naming it",
+        outcome="left alone (a live resume's or reap's run); once unlocked, its own run's "
+        "journal reaps it",
+        test="tests/audit/test_reap_live_runs.py::"
+        "test_a_host_of_a_run_whose_directory_is_locked_is_left_alone",
+    ),
+    EdgeFault(
+        key="signal-while-the-last-line-is-flushed",
+        fault="runner gets SIGTERM while its last line is flushed (a worker thread alive)",
+        moment="after the seal, in the exit window",
+        outcome="exit 130 (was 0: the signal went to a worker thread after the last look); "
+        "no traceback",
+        test="tests/system/test_interrupts.py::test_a_signal_while_the_last_line_is_flushed_exits_130",
+    ),
+    EdgeFault(
+        key="signal-in-trios-teardown",
+        fault="SIGTERM after trio closed its wakeup socket's read end",
+        moment="trio's teardown, 0.2-0.3 ms after the seal",
+        outcome="the latch records it; no `BrokenPipeError` on the signal wakeup fd (released "
+        "as the supervisor returns)",
+        test="tests/system/test_interrupts.py::"
+        "test_a_signal_in_trios_teardown_reaches_the_latch_without_a_broken_pipe",
+    ),
+    EdgeFault(
+        key="campaign-file-edited",
+        fault="`local-cluster.json` (127.0.0.1 made 10.0.0.1), `campaign-request.json` or "
+        "`rows/row-0000.log` edited; a top-level file or a row directory planted",
+        moment="after the campaign",
+        outcome="exit 1 with or without `--expect-head`: `replay.file.changed` / "
+        "`replay.file.unbound` (bound by the merge's `campaign_files` record)",
+        test="tests/campaign/test_campaign_files.py::test_an_edit_of_the_campaigns_own_files_differs",
+    ),
+    EdgeFault(
+        key="campaign-sigint-during-cluster-start",
+        fault="SIGINT while the local Ray cluster starts",
+        moment="`campaign --ray local`, the head starting",
+        outcome="acted on at the next step (was 21.5 s later): no node more, no row submitted; "
+        "every row cancelled; exit 130",
+        test="tests/campaign/test_campaign_signals.py::"
+        "test_a_sigint_during_the_cluster_start_up_starts_no_node_and_submits_no_row",
+    ),
+    EdgeFault(
+        key="campaign-signal-after-every-row",
+        fault="SIGINT after every row ended",
+        moment="`campaign`, before the merge",
+        outcome="exit 130; says no row was cancelled and the matrix's status (was: the rows "
+        "were cancelled)",
+        test="tests/campaign/test_campaign_signals.py::"
+        "test_a_signal_after_every_row_ended_says_no_row_was_cancelled",
+    ),
+    EdgeFault(
+        key="report-manifest-deleted-alone",
+        fault="`report-files.json` deleted, every other report file intact",
+        moment="after `report-run`",
+        outcome="exit 1, `replay.report.manifest_missing` (was identical)",
+        test="tests/audit/test_replay_bound_files.py::test_report_files_json_deleted_alone_differs",
+    ),
+    EdgeFault(
+        key="leftover-publication-temporary",
+        fault="SIGKILL between writing `.cli-admission.json.<token>.tmp` and linking it; the "
+        "cell moved under `superseded/attempt-1` by a resume",
+        moment="replay of the resumed run",
+        outcome="named: `replay.file.leftover_temporary` (bound by the run, so no difference)",
+        test="tests/audit/test_replay_bound_files.py::test_a_publications_leftover_temporary_is_named",
+    ),
+    EdgeFault(
+        key="receipt-against-its-run-files-digest",
+        fault="a re-chained `run_files` record binding a receipt with another digest",
+        moment="after the run",
+        outcome="exit 1, `replay.file.changed` for the receipt (its own checks hold)",
+        test="tests/audit/test_replay_bound_files.py::test_a_receipt_is_held_to_its_run_files_digest",
     ),
 )
 

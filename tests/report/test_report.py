@@ -241,3 +241,38 @@ def test_default_corpus_is_the_one_preparation_uses(
 def test_corpus_shown_is_relative_inside_the_working_directory_only() -> None:
     assert corpus_shown("/repo/corpus/use-cases.json", "/repo") == "corpus/use-cases.json"
     assert corpus_shown("/elsewhere/c.json", "/repo") == "/elsewhere/c.json"
+
+
+def test_a_real_models_evidence_is_named_beside_its_figures(tmp_path: Path) -> None:
+    """A trained model's row names what its figures are in Notes and beside its win; a row
+    whose correctness failed is never a win; other evidence classes render as before."""
+    evidence = (
+        "real model org/m:Q4 on Some CPU (2 CPUs), 2 threads, 1-min load average 1.5 at run "
+        "start; no GPU: CPU figures, not a GPU claim"
+    )
+    base: dict[str, Any] = {
+        "family": "Gemma3 270M",
+        "model_id": "org/m:Q4",
+        "payload": "resident-kv",
+        "stage_load_mode": "runtime-slice",
+        "use_case": None,
+        "prefix_tokens": 128,
+        "benchmark_prompt_token_count": 140,
+        "notes": "completed",
+        "skippy": {"status": "pass", "cache_hit_import_ms": [1.0], "cache_hit_decode_ms": [1.0]},
+        "llama_server": {"status": "ok", "warm_median_ms": 6.0},
+        "case": {"resident_kv_bytes_per_token": 18432},
+        "evidence_class": evidence,
+    }
+    failed = {**base, "family": "Failed", "skippy": {**base["skippy"], "status": "fail"}}
+    other = {**base, "family": "Other", "evidence_class": "reference-oracle evidence"}
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([base, failed, other]))
+    text = build_report([str(path)])
+    real_line = next(line for line in text.splitlines() if line.startswith("| Gemma3 270M |"))
+    assert "**3.00x faster** (CPU, see Notes)" in real_line
+    assert real_line.endswith(f"| {evidence}; completed |")
+    failed_line = next(line for line in text.splitlines() if line.startswith("| Failed |"))
+    assert "| n/a |" in failed_line and "faster" not in failed_line
+    other_line = next(line for line in text.splitlines() if line.startswith("| Other |"))
+    assert other_line.endswith("| **3.00x faster** | 2.2 MiB | metadata-derived | completed |")

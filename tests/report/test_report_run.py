@@ -515,6 +515,35 @@ def test_first_token_times_that_were_not_observable_are_said_so_and_not_plotted(
     )
 
 
+def test_the_servers_own_first_token_and_token_times_stand_beside_the_clients(
+    tmp_path: Path,
+) -> None:
+    """A rung whose server timed every event and whose client stalled on some requests: the
+    client's figures of those are not observable, the server's own are shown, labelled."""
+    stalled = unobserved_rung(0, 2, [60.0 + i for i in range(12)])
+    assert stalled.rung_summary is not None
+    summary = msgspec.structs.replace(
+        stalled.rung_summary,
+        ttft_p50_ms=40.0,
+        tpot_p50_ms=0.5,
+        ttft_unobserved_requests=3,
+        server_ttft_p50_ms=12.5,
+        server_ttft_p99_ms=14.0,
+        server_tpot_p50_ms=0.3,
+        server_tpot_p99_ms=0.6,
+    )
+    run = write_run(
+        tmp_path / "run",
+        [{"native-concurrent": [msgspec.structs.replace(stalled, rung_summary=summary)]}],
+    )
+    markdown = render(run)["report.md"].decode()
+    assert "| Arm | Concurrency | Server's TTFT p50 ms | Server's TTFT p99 ms " in markdown
+    assert "| native-concurrent | 2 | 12.5 | 14.0 | 0.3 | 0.6 | 40.0 | 0.5 | 3/12 |" in markdown
+    # A run whose servers timed no event has no such table.
+    plain = write_run(tmp_path / "plain", [{"native-concurrent": [rung(0, 1, [5.0, 6.0])]}])
+    assert "Server's TTFT" not in render(plain)["report.md"].decode()
+
+
 def test_the_report_opens_with_a_summary_linking_rows_and_cells_that_did_not_complete(
     tmp_path: Path,
 ) -> None:

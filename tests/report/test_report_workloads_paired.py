@@ -4,10 +4,13 @@ report's one bootstrap interval (``report/stats.py``)."""
 
 from __future__ import annotations
 
+import msgspec
+
 from cache_family.report.render import effect_cells
 from cache_family.report.stats import bootstrap_median_difference
 from cache_family.report.workloads import WorkloadView, workload_sections
 from cache_family.schemas.workload_records import (
+    ChatTemplateMeasured,
     OverlapPointReceipt,
     SessionsReceipt,
     TurnReceipt,
@@ -114,3 +117,31 @@ def test_old_and_new_session_turns_are_set_side_by_side_with_an_interval() -> No
         + " |"
     )
     assert expected in lines[lines.index("### Old against new") :]
+
+
+def test_a_stage_workload_shows_the_chat_template_it_measured() -> None:
+    template = ChatTemplateMeasured(
+        cell_id="cell-0001/new-overlap",
+        pieces="word-pieces",
+        piece_count=51935,
+        template_source="server-fallback",
+        template_tokens=25,
+        template_reused_tokens=0,
+        rendered_head="<|im_start|>user\n",
+        rendered_tail="<|im_end|>\n<|im_start|>assistant\n",
+        head_tokens=9,
+        tail_tokens=16,
+        checked_by="tokenize",
+    )
+    receipt = msgspec.structs.replace(
+        _receipt("new-overlap", 89.43, (5.0,)), chat_template=template
+    )
+    lines = workload_sections([WorkloadView("w.json", receipt)], {})
+    (line,) = [text for text in lines if text.startswith("Chat template:")]
+    assert "the server's fallback (the GGUF carries none: llama-server applies ChatML)" in line
+    assert "the model's own word tokens (51935 that tokenize back joined)" in line
+    assert '`"<|im_start|>user\\n"` + message + `"<|im_end|>\\n<|im_start|>assistant\\n"`' in line
+    assert "(9 + 16 tokens)" in line and "25 prompt tokens around each message" in line
+    # Without a template record (a native cell, or a receipt from before), no such line.
+    plain = workload_sections([WorkloadView("w.json", _receipt("new-overlap", 1.0, (5.0,)))], {})
+    assert not [text for text in plain if text.startswith("Chat template:")]

@@ -261,6 +261,120 @@ async def test_chat_first_token_time_is_the_first_generating_delta_before_the_fi
         assert len(content) == 24
 
 
+async def test_per_event_server_timings_are_kept_beside_the_client_stamps(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A server timing every event: each row keeps its first token's timings and how late the
+    client read it (0: on time); the summary gives the server's own TTFT and TPOT beside the
+    client's."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp())
+        outcome = await run_load(load_request(server, requests=3, concurrency=1))
+        nursery.cancel_scope.cancel()
+    assert all(body["timings_per_token"] is True for body in server.completions)
+    for row in outcome.rows:
+        first = row.first_token_timings
+        assert isinstance(first, ServerTimings)
+        assert (first.predicted_n, first.predicted_ms, first.prompt_ms) == (1, 0.0, 5.5)
+        assert row.first_token_late_ms == 0.0
+        assert row.ttft_unobserved is msgspec.UNSET
+        assert row.ttft_ms == pytest.approx(100, abs=0.5)
+        assert row.tpot_ms == pytest.approx(10, abs=0.1)
+        assert row.timings is not None and row.timings.predicted_ms == pytest.approx(70)
+    summary = outcome.rung_summary
+    assert summary is not None
+    # The server's first-token time starts at its prompt (5.5 ms), not at the client's send.
+    assert summary.server_ttft_p50_ms == summary.server_ttft_p99_ms == 5.5
+    assert summary.server_tpot_p50_ms == pytest.approx(10)
+    assert summary.ttft_p50_ms == pytest.approx(100, abs=0.5)
+
+
+@pytest.mark.parametrize("dialect", ["completion", "chat"])
+async def test_tokens_read_in_a_burst_after_the_server_streamed_them_are_client_stalled(
+    dialect: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The client read all 8 tokens in one burst 70 ms after the server made the first (then
+    the final event): its TTFT would be the whole stream and its TPOT below the server's own,
+    so both are null with ``client_stalled``, and no goodput; the server's own figures stand.
+    No lag was measured: a TPOT below the server's is enough."""
+
+    def burst(*_: Any) -> Reply:
+        return Reply("burst_before_final")
+
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(burst, chat_timings=True))
+        request = load_request(
+            server, requests=3, concurrency=1, ttft_slo_ms=500.0, tpot_slo_ms=50.0
+        )
+        run = LoadRun(request) if dialect == "completion" else OpenAIChatRun(request, "m")
+        outcome = await run.run()
+        nursery.cancel_scope.cancel()
+    assert outcome.status == "completed"
+    for row in outcome.rows:
+        assert row.elapsed_ms == pytest.approx(180, abs=0.5)
+        assert row.ttft_ms is None and row.tpot_ms is None
+        assert row.ttft_unobserved == "client_stalled"
+        assert row.first_token_late_ms == pytest.approx(70)
+        assert row.timings is not None and row.timings.predicted_ms == pytest.approx(70)
+    summary = outcome.rung_summary
+    assert summary is not None and summary.complete
+    assert summary.ttft_unobserved_requests == 3
+    assert summary.ttft_p50_ms is None and summary.tpot_p50_ms is None
+    assert summary.goodput_requests_per_sec is None
+    assert summary.server_ttft_p50_ms == 5.5
+    assert summary.server_tpot_p50_ms == pytest.approx(10)
+    # Not the with-final rule: the tokens came before the final event.
+    assert outcome.facts is not None and outcome.facts.first_content_with_final_ids == ()
+
+
+@pytest.mark.parametrize("behaviour", ["burst_before_final", "foreign_chat_timings"])
+async def test_without_per_event_timings_the_earlier_rules_stand(
+    behaviour: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A chat server that times no event (or puts a ``timings`` of its own on its chunks,
+    which the request never asked for and which fails nothing): a burst cannot be told from a
+    fast server, so the client's figures stand (the rule of the with-final case only)."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda *_: Reply(behaviour)))
+        request = load_request(server, requests=2, concurrency=1)
+        outcome = await OpenAIChatRun(request, "m").run()
+        nursery.cancel_scope.cancel()
+    assert outcome.status == "completed"
+    for row in outcome.rows:
+        assert row.ttft_unobserved is msgspec.UNSET
+        assert row.first_token_timings is msgspec.UNSET
+        assert row.first_token_late_ms is msgspec.UNSET
+        assert row.ttft_ms == pytest.approx(170 if behaviour == "burst_before_final" else 100)
+        assert row.timings is None
+    summary = outcome.rung_summary
+    assert summary is not None and summary.server_ttft_p50_ms is msgspec.UNSET
+
+
+@pytest.mark.parametrize(("lag_ms", "observed"), [(None, True), (20.0, True), (5.0, False)])
+async def test_a_first_token_read_later_than_the_measured_client_lag_is_client_stalled(
+    lag_ms: float | None, observed: bool, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The first token reached the client with the second, 10 ms after the server made it;
+    the tokens after it came on time (the TPOT is not below the server's). Within a client lag
+    of 20 ms the client's TTFT stands (it is off by no more than that); beyond a lag of 5 ms
+    it is not observable; with no lag measured, only the TPOT rule is applied."""
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, FakeLlamaHttp(lambda *_: Reply("first_token_held")))
+        request = load_request(server, requests=2, concurrency=1)
+        outcome = await LoadRun(request, client_lag_ms=lag_ms).run()
+        nursery.cancel_scope.cancel()
+    for row in outcome.rows:
+        assert row.first_token_late_ms == pytest.approx(10)
+        assert row.elapsed_ms == pytest.approx(190, abs=0.5)
+        if observed:
+            assert row.ttft_unobserved is msgspec.UNSET
+            assert row.ttft_ms == pytest.approx(110, abs=0.5)
+            assert row.tpot_ms == pytest.approx(80 / 7, abs=0.1)
+        else:
+            assert row.ttft_ms is None and row.tpot_ms is None
+            assert row.ttft_unobserved == "client_stalled"
+
+
 MALFORMED = {
     "http_500": "HTTP 500",
     "malformed_json": "not valid JSON",
@@ -521,22 +635,29 @@ async def test_benchmark_prompt_is_cut_to_prefix_plus_one_tokens(
     assert caught.value.codes == ["load.prompt_source"]
 
 
-def test_completion_body_is_the_reference_body_and_ignore_eos_only_when_asked() -> None:
+def test_completion_body_is_the_reference_body_and_streamed_asks_for_per_event_timings() -> None:
     reference = {
         "prompt": "p",
         "n_predict": 128,
         "temperature": 0,
         "top_k": 1,
         "cache_prompt": True,
-        "stream": True,
+        "stream": False,
     }
-    body = completion_body("p", 128, stream=True)
+    body = completion_body("p", 128, stream=False)
     assert body == reference
     assert list(body) == list(reference)
     assert not math.isnan(body["temperature"])
+    # A streamed request asks llama-server for its own timings on every event, after the
+    # reference's fields; ignore_eos only when asked.
+    streamed = {**reference, "stream": True, "timings_per_token": True}
+    assert completion_body("p", 128, stream=True) == streamed
+    assert list(completion_body("p", 128, stream=True)) == list(streamed)
     assert completion_body("p", 128, stream=True, ignore_eos=True) == {
         **reference,
+        "stream": True,
         "ignore_eos": True,
+        "timings_per_token": True,
     }
 
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 
 from cache_family.actors.run.custody import HostConfig, host_custody, host_environment
 from cache_family.actors.run.load import build_benchmark_prompt, run_load
 from cache_family.oracles.native_parts import Parts
-from cache_family.schemas.measurement import HostEvent, LoadRequest
+from cache_family.schemas.measurement import HostEvent, LoadRequest, ServerTimings
+from cache_family.states.first_token import server_per_token_ms
 
 pytestmark = pytest.mark.native
 
@@ -111,13 +113,35 @@ async def test_serial_baseline_and_two_rung_ladder_on_one_retained_host(
                 assert rung_summary is not None and rung_summary.complete
                 assert rung_summary.observed_completion_tokens == 4 * 128
                 assert rung_summary.concurrency == concurrency
+                # The server timed every event: its own first-token and token times are
+                # there whatever the client read, labelled as the server's (unless it held
+                # every token back until its final event).
+                timed = [r for r in rung.rows if isinstance(r.first_token_timings, ServerTimings)]
+                assert isinstance(rung_summary.server_ttft_p50_ms, float) == bool(timed)
+                assert isinstance(rung_summary.server_tpot_p50_ms, float) == bool(timed)
                 for row in rung.rows:
                     assert row.tokens_predicted == 128
                     assert row.timings is not None and row.timings.predicted_n == 128
-                    assert row.ttft_ms is not None and row.elapsed_ms is not None
-                    # Equal when one socket read brought every event (a busy client): the
-                    # first content then arrived with the final event.
-                    assert 0 < row.ttft_ms <= row.elapsed_ms
+                    first = row.first_token_timings
+                    if isinstance(first, ServerTimings):
+                        assert first.predicted_n is not None and first.predicted_n >= 1
+                        assert isinstance(row.first_token_late_ms, float)
+                        assert row.first_token_late_ms >= 0
+                    else:
+                        assert row.ttft_unobserved == "first_token_with_final"
+                    assert row.elapsed_ms is not None
+                    if row.ttft_ms is None:
+                        # A busy machine may keep the client from reading while the server
+                        # streams: its figures are then not observable, with the reason.
+                        assert row.tpot_ms is None
+                        assert row.ttft_unobserved in ("first_token_with_final", "client_stalled")
+                    else:
+                        assert row.ttft_unobserved is msgspec.UNSET
+                        assert 0 < row.ttft_ms < row.elapsed_ms
+                        # Never a TPOT below the server's own time per token.
+                        server_tpot = server_per_token_ms(row)
+                        assert row.tpot_ms is not None and server_tpot is not None
+                        assert row.tpot_ms >= server_tpot
                     assert row.stop_type == "limit"
                     assert row.first_chunk_sha256 is not None
                     assert row.content_sha256 is not None and len(row.content_sha256) == 64

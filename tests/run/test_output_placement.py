@@ -26,6 +26,7 @@ import pytest
 import trio
 from signal_harness import start_stalled_run, stop, wait_exit
 
+from cache_family.actors.audit.replay import replay
 from cache_family.actors.run import matrix
 from cache_family.actors.run.custody import port_is_free, still_same
 from cache_family.cli import main
@@ -284,3 +285,38 @@ def test_an_output_parent_flipping_between_a_directory_and_a_link_never_lands_in
     assert sorted(build.rglob("*")) == before
     made = {path.name for path in parent.iterdir()}
     assert made == {Path(output).name for output in started}
+
+
+def test_a_parent_flipped_into_the_build_after_the_run_directory_is_made_moves_no_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack run's interleaving, made certain: an empty ``NATIVE/out`` made beforehand
+    (an empty directory does not change the tree pin), and the output's parent flipped to a
+    link into the build right after the run directory was made and checked, before the run
+    opened its journal or its lock. Every write of the run goes through the directory handle
+    opened when the directory was made: the run completes in the real directory, and nothing
+    lands in the build."""
+    prepared, trees = _prepared_trees(tmp_path)
+    build = Path(trees["native_build"])
+    (build / "out").mkdir()
+    before = sorted(build.rglob("*"))
+    parent, away = tmp_path / "runs", tmp_path / "runs-away"
+    parent.mkdir()
+    make = commands.make_fresh_dir
+
+    def make_then_flip(*args: Any, **kwargs: Any) -> matrix.RunHandle:
+        handle = make(*args, **kwargs)  # made and checked: the path names the new directory
+        _flip_to_link(parent, away, str(build))
+        return handle
+
+    monkeypatch.setattr(commands, "make_fresh_dir", make_then_flip)
+    code = main(["run", "--input", str(prepared), "--output", str(parent / "out"), "--quiet"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert sorted(build.rglob("*")) == before  # the empty out/ only: no journal, no lock
+    real = away / "out"
+    assert {"journal.jsonl", "run.lock", MATRIX_FILENAME} <= {p.name for p in real.iterdir()}
+    assert replay(str(real)).exit_code == 0
+    # What the run printed names the directory as the operator gave it, not the handle.
+    assert f"completed: {parent / 'out' / MATRIX_FILENAME}" in out.out
+    assert "/proc/" not in out.out + out.err

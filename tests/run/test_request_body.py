@@ -1,5 +1,6 @@
 """The /completion body the cells send: the reference's exactly for a real catalog, with
-``ignore_eos`` only for a synthetic one, and the receipt says which. Real actors, journal and
+``ignore_eos`` only for a synthetic one, and the receipt says which; a streamed one (a ladder
+rung) also asks for the server's per-event ``timings_per_token``. Real actors, journal and
 folds; the hosts are in-process FAKE llama HTTP endpoints recording every body."""
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ __all__ = ["autojump_clock"]
 REFERENCE_KEYS = ["prompt", "n_predict", "temperature", "top_k", "cache_prompt", "stream"]
 
 
+def extensions(body: dict[str, Any], *synthetic: str) -> list[str]:
+    """The keys a body carries beyond the reference's, in order."""
+    streamed = ["timings_per_token"] if body["stream"] else []
+    return [*REFERENCE_KEYS, *synthetic, *streamed]
+
+
 def recording() -> tuple[FakeHostScript, list[dict[str, Any]]]:
     bodies: list[dict[str, Any]] = []
 
@@ -43,7 +50,8 @@ async def test_a_real_catalog_sends_the_reference_body_and_the_receipt_says_so(
     out = tmp_path / "out"
     outcome = await run(make_prepared(tmp_path / "p"), out, script)
     assert outcome.status == "completed"
-    assert bodies and all(list(body) == REFERENCE_KEYS for body in bodies)
+    assert bodies and all(list(body) == extensions(body) for body in bodies)
+    assert {body["stream"] for body in bodies} == {False, True}
     assert all(
         (body["temperature"], body["top_k"], body["cache_prompt"]) == (0, 1, True)
         for body in bodies
@@ -61,7 +69,7 @@ async def test_a_synthetic_catalog_adds_ignore_eos_and_the_receipt_says_so(
     prepared = make_prepared(tmp_path / "p", catalog=synthetic_catalog(tmp_path / "catalog"))
     outcome = await run(prepared, out, script)
     assert outcome.status == "completed"
-    assert bodies and all(list(body) == [*REFERENCE_KEYS, "ignore_eos"] for body in bodies)
+    assert bodies and all(list(body) == extensions(body, "ignore_eos") for body in bodies)
     assert all(body["ignore_eos"] is True for body in bodies)
     for name in ("native-serial", "sweep-native-concurrent"):
         assert cell(out, name).measurement.ignore_eos is True

@@ -100,6 +100,7 @@ from cache_family.schemas.prepared import (
     PREPARED_INPUT_MAX_BYTES,
 )
 from cache_family.schemas.receipts import (
+    REAL_EVIDENCE_PREFIX,
     SYNTHETIC_EVIDENCE_CLASS,
     decode_row_receipt,
 )
@@ -277,11 +278,15 @@ async def test_a_complete_run_measures_both_arms_and_replays(
     assert [(p.index, p.case) for p in started.planned_rows] == [
         (r.row_index, r.case_key) for r in opened
     ]
-    # The packaged catalog: recorded as such, and nothing is labelled synthetic.
+    # The packaged catalog: recorded as such, nothing is labelled synthetic, and every
+    # receipt names what its figures are: the model, the host's CPU, threads and load.
     assert (started.catalog_packaged, started.catalog_synthetic) == (True, False)
     assert started.catalog_sha256 == packaged_catalog().sha256
+    assert started.host is not None and started.load_average is not None
     for receipt in (serial, concurrent, row(out)):
-        assert (receipt.synthetic, receipt.evidence_class) == (False, None)
+        assert not receipt.synthetic and receipt.evidence_class is not None
+        assert receipt.evidence_class.startswith(REAL_EVIDENCE_PREFIX)
+        assert ", 2 threads, 1-min load average " in receipt.evidence_class
     assert matrix(out).scope == MATRIX_SCOPE
     assert matrix(out).catalog == MatrixCatalog(
         path=started.catalog_path,

@@ -19,6 +19,7 @@ from cache_family.actors.run.workloads import WorkloadHost, run_sessions
 from cache_family.schemas.journal import Record
 from cache_family.schemas.workload import validate_workload_object
 from cache_family.schemas.workload_records import (
+    ChatTemplateMeasured,
     SessionsMeasured,
     WorkloadOpened,
     WorkloadStopped,
@@ -52,7 +53,11 @@ class FakeChatAnswering:
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         async with stream:
-            _method, _path, _headers, body = await _read_request(stream)
+            _method, path, _headers, body = await _read_request(stream)
+            if path != "/v1/chat/completions":
+                # As a stage server without llama-server's text endpoints (/apply-template).
+                await _send_json(stream, 404, {"error": f"no route {path}"})
+                return
             chat: dict[str, Any] = json.loads(body)
             if self.answered >= self.count:
                 self.arrived.set()
@@ -115,6 +120,13 @@ async def test_a_cancel_mid_turn_keeps_the_turns_answered_and_names_the_stop(
     assert len(stopped) == 1
     assert (stopped[0].reason, stopped[0].sent, stopped[0].point_index) == ("cancelled", 3, None)
     assert journaled.index(sessions[0]) < journaled.index(stopped[0])
+    # A stage server without llama-server's text endpoints: the template is recorded as not
+    # rendered, with why, and the turns are not designed to a count (nothing to check them by).
+    (template,) = [r for r in journaled if isinstance(r, ChatTemplateMeasured)]
+    assert template.checked_by == "counts" and template.pieces == "byte-alphabet"
+    assert template.unrendered_reason is not None and "404" in template.unrendered_reason
+    assert template.session_first_turn_tokens is None
+    assert all(r.designed_prompt_tokens is None for r in sessions[0].requests)
 
 
 async def test_the_work_deadline_between_turns_stops_with_the_turns_sent(

@@ -522,3 +522,16 @@ def test_native_server_and_artifact_tool_are_optional_and_default_to_null() -> N
     operator = validate_operator_object(doc)
     assert operator.native_server is None
     assert operator.artifact_tool is None
+
+
+def test_a_plan_with_its_own_catalog_may_name_that_catalogs_keys() -> None:
+    """Keys of an operator's own catalog are not the packaged ones; preparation checks them
+    against that catalog once it has pinned its bytes, so the edge lets them through."""
+    doc = valid_document()
+    doc["plan"]["catalog"] = {"path": "/data/my-catalog.json", "sha256": SHA}
+    doc["plan"]["cases"] = ["gemma3_270m"]
+    doc["plan"]["model_sha256"] = {"gemma3_270m": SHA}
+    model = validate_operator_object(doc)
+    assert model.plan.cases == ["gemma3_270m"]
+    del doc["plan"]["catalog"]
+    assert ("plan.case.unknown", "$.plan.cases[0]") in refusals_of(doc)

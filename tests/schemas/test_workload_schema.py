@@ -105,6 +105,15 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
         "workload.arrivals.rates",
         "$.open_loop",
     ),
+    # The attack run's file: prepared (exit 0) and then 8.64e9 send times built at run time.
+    (
+        {
+            "schema_version": 1,
+            "open_loop": {"pattern": "constant", "rates_per_s": [100000.0], "duration_s": 86400},
+        },
+        "workload.arrivals.too_many_sends",
+        "$.open_loop",
+    ),
 ]
 
 

@@ -5,7 +5,7 @@ arrival schedules and their goodness of fit, lateness and the over-saturation ru
 from __future__ import annotations
 
 import math
-from itertools import combinations, pairwise
+from itertools import combinations, islice, pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -16,6 +16,7 @@ from cache_family.schemas.measurement import ReuseRule
 from cache_family.schemas.workload import MultiTurn, OverSaturation
 from cache_family.states.cache_reuse import expected_cached_tokens
 from cache_family.states.workloads import (
+    SENDS_MAX,
     WORKLOAD_VERDICT_CODES,
     ArrivalPattern,
     FreshStarts,
@@ -24,6 +25,7 @@ from cache_family.states.workloads import (
     acceptance_band_pp,
     achieved_rate,
     arrival_schedule,
+    arrival_times,
     design_prefix,
     eviction_turn,
     gap_cdf,
@@ -276,6 +278,19 @@ def test_a_seed_gives_the_same_schedule(
     assert all(t < span for t in bounded)
     shorter, longer = sorted((bounded, times), key=len)
     assert longer[: len(shorter)] == shorter  # the same draws, cut at another place
+
+
+def test_send_times_are_drawn_lazily_and_a_schedule_never_holds_more_than_the_bound() -> None:
+    """The attack run's file asked for 100,000/s for a day: 8.64e9 send times built as one
+    list before the first send. They are drawn one at a time; a schedule (a sweep's rate,
+    known only at run time) stops at ``SENDS_MAX``."""
+    endless = arrival_times("constant", 100_000.0, seed=0)
+    assert list(islice(endless, 3)) == [0.0, 1e-5, 2e-5]
+    poisson = arrival_times("poisson", 300.0, seed=5)
+    assert tuple(islice(poisson, 50)) == arrival_schedule("poisson", 300.0, seed=5, requests=50)
+    two_seconds = arrival_schedule("constant", 100_000.0, seed=0, duration_s=2.0)
+    assert len(two_seconds) == SENDS_MAX and SENDS_MAX == 100_000
+    assert two_seconds[-1] == (SENDS_MAX - 1) / 100_000.0
 
 
 def test_another_seed_gives_another_poisson_schedule() -> None:

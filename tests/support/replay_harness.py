@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 import trio
 from cell_journal_builder import CellScript, RowScript, row_records, run_started, serial_cell
@@ -17,7 +20,11 @@ from cache_family.actors.journal.writer import (
 )
 from cache_family.actors.run.matrix import finish_run
 from cache_family.schemas.journal import (
+    GENESIS_PREV,
     ArmPlan,
+    JournalChain,
+    JournalSealed,
+    decode_line,
 )
 from cache_family.states.cell import CellEvent, RowEvent
 
@@ -96,3 +103,27 @@ def journal_lines(run_dir: Path) -> list[bytes]:
 
 def write_lines(run_dir: Path, lines: list[bytes]) -> None:
     (run_dir / "journal.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+
+
+def rechain(lines: list[bytes], edit: Any = None) -> list[bytes]:
+    """Every line re-chained after ``edit(index, object)`` changed the decoded objects, and
+    the final seal recomputed over the result: what anyone with write access can do."""
+    out: list[bytes] = []
+    prev = GENESIS_PREV
+    before = hashlib.sha256()
+    for index, raw in enumerate(lines[:-1]):
+        obj = msgspec.json.decode(raw)
+        if edit is not None:
+            edit(index, obj)
+        obj["prev"] = prev
+        data = msgspec.json.encode(obj)
+        out.append(data)
+        prev = hashlib.sha256(data).hexdigest()
+        before.update(data + b"\n")
+    last = decode_line(lines[-1])
+    seal = last.record
+    assert isinstance(seal, JournalSealed)
+    chain = JournalChain(next_seq=last.seq, prev=prev)
+    record = msgspec.structs.replace(seal, head_sha256=prev, through_seq=last.seq - 1)
+    _, data = chain.seal(record, before, mono_ns=last.mono_ns, wall_ns=last.wall_ns)
+    return [*out, data[:-1]]

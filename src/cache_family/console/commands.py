@@ -8,13 +8,12 @@ this room and ``cli.py`` print.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
-
-import trio
 
 from cache_family.actors.audit.head_signature import check_sign_key, head_line, sign_head
 from cache_family.actors.audit.replay import HeadCheck, replay
@@ -23,6 +22,7 @@ from cache_family.actors.run.matrix import (
     AdmittedRun,
     MatrixOutcome,
     Resumption,
+    RunHandle,
     admit_run,
     final_line,
     guarded_trees,
@@ -61,7 +61,7 @@ def run_command(
                 admitted = select(admitted)
             if sign_key is not None:
                 check_sign_key(sign_key)
-            make_fresh_dir(admitted.output, guarded_trees(admitted.prepared))
+            handle = make_fresh_dir(admitted.output, guarded_trees(admitted.prepared))
         except Refused as refused:
             print_refusals(refused.refusals, sys.stderr)
             say_failed(
@@ -72,8 +72,9 @@ def run_command(
                 "fix what each refusal names (its hint), then run again",
             )
             return ExitCode.REFUSED
+        admitted = dataclasses.replace(admitted, handle_path=handle.path)
         try:
-            with run_lock(admitted.output, what="run"):
+            with handle, run_lock(admitted.run_dir, what="run", named=admitted.output):
                 return supervise_command(admitted, sign_key=sign_key, mode=mode)
         except Refused as refused:  # the fresh directory was taken over before it was locked
             print_refusals(refused.refusals, sys.stderr)
@@ -116,20 +117,23 @@ def _supervise_and_print(
         synthetic=synthetic,
     )
     run_dir = admitted.output
-    matrix = os.path.join(run_dir, MATRIX_FILENAME)
+    matrix = os.path.join(run_dir, MATRIX_FILENAME)  # as shown; read and written through:
+    matrix_file = os.path.join(admitted.run_dir, MATRIX_FILENAME)
     try:
-        outcome = trio.run(supervise, admitted, None, progress, resumption, latch)
+        outcome = interrupts.run_then_release_wakeup_fd(
+            supervise, admitted, None, progress, resumption, latch
+        )
     except BaseException as exc:
         if not is_interrupt(exc):
             raise
         # Only a caller that put Python's SIGINT handler back over the run's latch gets here:
         # a matrix receipt is on disk either way.
-        if not os.path.lexists(matrix):
+        if not os.path.lexists(matrix_file):
             failed = FailedMatrix(
                 detail="interrupted before the run began", request_sha256=admitted.request_sha256
             )
             try:
-                publish_fresh(matrix, encode_matrix(failed))
+                publish_fresh(matrix_file, encode_matrix(failed))
             except OSError as exc:
                 print(f"interrupted: {unwritten_matrix(admitted, exc.strerror)}", file=sys.stderr)
                 _say_interrupted(run_dir, run_dir, resumable=True)
@@ -139,10 +143,10 @@ def _supervise_and_print(
         _say_interrupted(matrix, run_dir, resumable=True)
         progress.finished("interrupted", matrix, None, ExitCode.INTERRUPTED)
         return ExitCode.INTERRUPTED
-    written = os.path.isfile(matrix)
+    written = os.path.isfile(matrix_file)
     signed = True
     if written and outcome.journal_head is not None:
-        signed = _sign(admitted.output, sign_key, outcome.journal_head)
+        signed = _sign(admitted, sign_key, outcome.journal_head)
     if outcome.interrupted:
         code = ExitCode.INTERRUPTED
     elif not signed:  # the head's signature was asked for and is missing: not a clean run
@@ -206,17 +210,19 @@ def _say_interrupted(evidence: str, run_dir: str, *, resumable: bool) -> None:
         )
 
 
-def _sign(run_dir: str, sign_key: str | None, head: str) -> bool:
-    """Sign the head when asked; False (said on stderr) when the signature was not written.
-    The receipts stand either way: only the head's signature is missing."""
+def _sign(admitted: AdmittedRun, sign_key: str | None, head: str) -> bool:
+    """Sign the head when asked (written through the run's handle, named as given); False
+    (said on stderr) when the signature was not written. The receipts stand either way:
+    only the head's signature is missing."""
     if sign_key is None:
         return True
     try:
-        path = sign_head(run_dir, sign_key, head)
+        path = sign_head(admitted.run_dir, sign_key, head)
     except Refused as refused:
         print_refusals(refused.refusals, sys.stderr)
         return False
-    print(f"journal head signed: {path}", file=sys.stderr)
+    shown = os.path.join(admitted.output, os.path.relpath(path, admitted.run_dir))
+    print(f"journal head signed: {shown}", file=sys.stderr)
     return True
 
 
@@ -232,8 +238,19 @@ def resume_command(run_dir: str, *, sign_key: str | None = None, mode: Mode | No
             check_sign_key(sign_key)
         # A directory with no journal is refused as no run, and left without a lock file.
         has_journal = os.path.lexists(journal_path(root))
-        with run_lock(root, what="run --resume") if has_journal else contextlib.nullcontext():
-            admitted, resumption, notes = plan_resumption(root)
+        # Opened once: the resumed run writes through this handle, as a fresh run does.
+        handle = _resume_handle(root) if has_journal else None
+        with (
+            handle or contextlib.nullcontext(),
+            (
+                run_lock(handle.path, what="run --resume", named=root)
+                if handle
+                else contextlib.nullcontext()
+            ),
+        ):
+            admitted, resumption, notes = plan_resumption(
+                root, handle_path=handle.path if handle else None
+            )
             for note in notes:
                 print(note, file=sys.stderr)
             return supervise_command(admitted, resumption, sign_key=sign_key, mode=mode)
@@ -248,6 +265,18 @@ def resume_command(run_dir: str, *, sign_key: str | None = None, mode: Mode | No
             "a run that cannot be resumed is rerun into a fresh --output",
         )
         return ExitCode.REFUSED
+
+
+def _resume_handle(root: str) -> RunHandle:
+    try:
+        return RunHandle.open(root)
+    except OSError as exc:
+        raise Refused.one(
+            "run.resume.unreadable",
+            "$.resume",
+            f"cannot open {root} as a run directory: {exc.strerror or exc}",
+            "give the run directory itself (not a link to it)",
+        ) from None
 
 
 # --- replay ------------------------------------------------------------------------------------

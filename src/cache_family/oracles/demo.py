@@ -20,6 +20,7 @@ from cache_family.errors import Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.oracles import native_build
 from cache_family.oracles.native_parts import Parts, ensure_parts
+from cache_family.oracles.real_model import RealModel, ensure_real_model
 from cache_family.schemas.arms import HOST_ARMS
 from cache_family.schemas.corpus import default_corpus_path
 from cache_family.schemas.examples import example_operator, example_plan
@@ -55,15 +56,56 @@ DEMO_WORKLOADS: Final[dict[str, Any]] = {
 }
 
 
+# The trained model (issue 30): its own operator inputs, workload file and run directories.
+REAL_OPERATOR_NAME = "operator-real.json"
+REAL_SWEEP_OPERATOR_NAME = "operator-real-sweep.json"
+REAL_WORKLOAD_OPERATOR_NAME = "operator-real-workloads.json"
+REAL_WORKLOAD_FILE_NAME = "workloads-real.json"
+REAL_RUN = "real"
+REAL_SWEEP_RUN = "real-sweep"
+REAL_WORKLOAD_RUN = "real-workloads"
+#: The native ladder's output per request on the trained model: the stage arms' 16 (its
+#: answers rarely stop early, and 128 tokens at CPU speed would dominate the row).
+REAL_OUTPUT_TOKENS: Final = 16
+#: Cold against hit below, at and above the model's 512-token sliding window.
+REAL_PREFIX_SWEEP: Final = (256, 512, 1024, 2048)
+#: The workloads on the trained model: an overlap sweep across its sliding window, two users'
+#: two-turn sessions and a short open-loop sweep (its prompts are processed at ~200 tokens/s
+#: on 2 loaded cores, so every size is small).
+REAL_WORKLOADS: Final[dict[str, Any]] = {
+    "schema_version": 1,
+    "prefix_overlap": {"prompt_tokens": 1024, "groups": 1, "requests": 4, "seed": 30},
+    "multi_turn": {
+        "users": 2,
+        "turns": 2,
+        "system_prompt_tokens": 256,
+        "user_context_tokens": 128,
+        "question_tokens": 32,
+        "answer_tokens": 16,
+        "seed": 30,
+    },
+    "open_loop": {
+        "pattern": "poisson",
+        "sweep": {"points": 1, "throughput_concurrency": 2},
+        "requests": 16,
+        "output_tokens": 4,
+        "seed": 30,
+        "over_saturation": {"window": 8, "min_in_flight": 4, "max_lateness_ms": 2000},
+    },
+}
+
+
 @dataclass(frozen=True, slots=True)
 class DemoPlan:
     """Which rows the demo runs: ``cases`` () means every catalog preset, ``use_cases``
-    None means the whole checked-in corpus."""
+    None means the whole checked-in corpus. ``real`` adds the trained model: "row" one
+    full-GGUF row beside the zoo's, "mission" the whole mission on it instead of the zoo."""
 
     name: str
     cases: tuple[str, ...]
     use_cases: tuple[str, ...] | None
     what: str
+    real: str | None = None
 
 
 PLANS: dict[str, DemoPlan] = {
@@ -79,9 +121,20 @@ PLANS: dict[str, DemoPlan] = {
             "standard",
             (),
             ("tool_calling",),
-            "every family in both matrices, 1 use case: 28 rows",
+            "every family in both matrices, 1 use case: 28 rows, and one row on the trained "
+            "Gemma 3 270M",
+            real="row",
         ),
         DemoPlan("full", (), None, "every family and every use case of the corpus: 126 rows"),
+        DemoPlan(
+            "real",
+            (),
+            ("tool_calling",),
+            "the whole mission on the trained Gemma 3 270M instead of the zoo: both matrices "
+            "(1 use case), a prefix sweep of 256/512/1024/2048 tokens, and the overlap, "
+            "sessions and open-loop workloads on the native and both stage servers",
+            real="mission",
+        ),
     )
 }
 DEFAULT_PLAN = "standard"
@@ -91,21 +144,35 @@ def _repo_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
-def operator_input(parts: Parts, tools: Path, cases: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The operator input naming the installed tools under ``tools`` (an install OUTPUT)."""
+def operator_input(
+    parts: Parts,
+    tools: Path,
+    cases: tuple[str, ...] = (),
+    *,
+    real: RealModel | None = None,
+    **plan: object,
+) -> dict[str, Any]:
+    """The operator input naming the installed tools under ``tools`` (an install OUTPUT),
+    over the zoo or, with ``real``, the trained model's hub cache and catalog; ``plan``
+    members replace the demo's defaults."""
     debug = tools.joinpath(*native_build.TOOLS_SUBDIR)
     native = tools / "native"
-    catalog_sha = hashlib.sha256(parts.zoo_catalog.read_bytes()).hexdigest()
+    catalog = parts.zoo_catalog if real is None else real.catalog
+    catalog_sha = hashlib.sha256(catalog.read_bytes()).hexdigest()
     producer = json.loads((tools / "producer.json").read_text())
     native_commit = str(producer.get("source", {}).get("llama_cpp_commit", _UNKNOWN_COMMIT))
+    members: dict[str, object] = {
+        "cases": list(cases),
+        "concurrency": [1, 2],
+        "concurrent_requests": 4,
+        "concurrent_output_tokens": 16,
+    }
+    members.update(plan)
     return example_operator(
         example_plan(
-            str(parts.zoo_root),
-            cases=list(cases),
-            concurrency=[1, 2],
-            concurrent_requests=4,
-            concurrent_output_tokens=16,
-            catalog={"path": str(parts.zoo_catalog), "sha256": catalog_sha},
+            str(parts.zoo_root if real is None else real.root),
+            **members,
+            catalog={"path": str(catalog), "sha256": catalog_sha},
             old_server={"path": str(debug / OLD_SERVER), "sha256": None},
             new_server={"path": str(debug / "skippy"), "sha256": None},
         ),
@@ -119,7 +186,12 @@ def operator_input(parts: Parts, tools: Path, cases: tuple[str, ...] = ()) -> di
         native_source_commit=native_commit,
         borrow_resident_hits=False,
         cache_decoded_result_hits=False,
-        environment={"OMP_NUM_THREADS": "1", "LLAMA_STAGE_BACKEND": "cpu"},
+        environment={
+            # One thread per host: on a small shared machine more threads than free cores make
+            # llama.cpp's spinning thread pool many times slower, not faster.
+            "OMP_NUM_THREADS": "1",
+            "LLAMA_STAGE_BACKEND": "cpu",
+        },
         execution_seconds=7200,
         cell_seconds=300,
         request_timeout_ms=60000,
@@ -184,53 +256,109 @@ def demo_steps(output: str) -> tuple[tuple[bench_sequence.Step, ...], tuple[str,
 
 
 def runs_workloads(plan: DemoPlan) -> bool:
-    """Every plan but ``--quick`` adds the workload run."""
-    return plan.name != "quick"
+    """Every zoo plan but ``--quick`` adds the zoo's workload run (``--real`` has its own)."""
+    return plan.name != "quick" and plan.real != "mission"
 
 
 def workload_steps(
     output: str, operator: str, workloads: str
 ) -> tuple[tuple[bench_sequence.Step, ...], tuple[str, ...]]:
-    """The workload run: ``prepare-full`` with the workload file, ``run``, its report files
-    and its replay (not in ``--quick``)."""
+    """The zoo's workload run (not in ``--quick``)."""
+    return measured_run_steps(output, WORKLOAD_RUN, operator, workloads)
+
+
+def measured_run_steps(
+    output: str,
+    name: str,
+    operator: str,
+    workloads: str | None = None,
+    *,
+    native_output_tokens: int | None = None,
+) -> tuple[tuple[bench_sequence.Step, ...], tuple[str, ...]]:
+    """One run beside the wrapper's two: ``prepare-full`` (with the workload file, if any,
+    and the native ladder's output length, if given), ``run``, its report files and its
+    replay, into ``OUT/<name>``."""
     runner = bench_sequence.default_runner()
-    prepared_dir = os.path.join(output, f"{WORKLOAD_RUN}-input")
+    prepared_dir = os.path.join(output, f"{name}-input")
     prepared = os.path.join(prepared_dir, bench_sequence.PREPARED_JSON)
-    run = os.path.join(output, WORKLOAD_RUN)
+    run = os.path.join(output, name)
     again = "fix what the refusal above names, then rerun the demo into a fresh directory"
+    with_workloads: tuple[str, ...] = ("--workloads", workloads) if workloads is not None else ()
+    if native_output_tokens is not None:
+        with_workloads += ("--native-output-tokens", str(native_output_tokens))
     steps = (
         bench_sequence.Step(
-            "prepare-full workloads",
+            f"prepare-full {name}",
             (
                 *runner,
                 *("prepare-full", "--input", operator, "--output", prepared_dir),
-                *("--workloads", workloads),
+                *with_workloads,
             ),
             prepared_dir,
             again,
         ),
         bench_sequence.Step(
-            "run workloads",
+            f"run {name}",
             (*runner, "run", "--input", prepared, "--output", run),
             run,
             again,
             needs=(prepared,),
-            needs_next="the workload preparation above did not write its input",
+            needs_next=f"the {name} preparation above did not write its input",
         ),
         bench_sequence.Step(
-            f"report-run {WORKLOAD_RUN}",
+            f"report-run {name}",
             (*runner, "report-run", run),
             run,
             f"fix what the refusal above names, then rerun `cache-family report-run {run}`",
         ),
         bench_sequence.Step(
-            f"replay {WORKLOAD_RUN}",
+            f"replay {name}",
             (*runner, "replay", run),
             os.path.join(run, "journal.jsonl"),
             f"the lines above name what differs; `cache-family replay {run}` reruns it",
         ),
     )
     return steps, (f"Wrote run report: {os.path.join(run, 'report.html')}",)
+
+
+def real_steps(
+    out: Path, output: str, parts: Parts, tools: Path, real: RealModel, plan: DemoPlan
+) -> tuple[tuple[bench_sequence.Step, ...], tuple[str, ...]]:
+    """The trained model's runs. Beside the zoo ("row"): one full-GGUF row, every host arm
+    on a short ladder. As the mission ("mission"; the wrapper's sequence already ran both
+    matrices on it): the prefix sweep, then the workloads on the native and stage servers."""
+
+    def write(name: str, document: dict[str, Any]) -> str:
+        path = out / name
+        path.write_text(json.dumps(document, indent=2) + "\n")
+        return str(path)
+
+    cases = (real.key,)
+    if plan.real == "row":
+        operator = write(REAL_OPERATOR_NAME, operator_input(parts, tools, cases, real=real))
+        return measured_run_steps(
+            output, REAL_RUN, operator, native_output_tokens=REAL_OUTPUT_TOKENS
+        )
+    sweep = write(
+        REAL_SWEEP_OPERATOR_NAME,
+        operator_input(parts, tools, cases, real=real, prefix_sweep=list(REAL_PREFIX_SWEEP)),
+    )
+    steps, wrote = measured_run_steps(
+        output, REAL_SWEEP_RUN, sweep, native_output_tokens=REAL_OUTPUT_TOKENS
+    )
+    workload_operator = write(
+        REAL_WORKLOAD_OPERATOR_NAME, operator_input(parts, tools, cases, real=real)
+    )
+    workloads = out / REAL_WORKLOAD_FILE_NAME
+    workloads.write_text(json.dumps(REAL_WORKLOADS, indent=2) + "\n")
+    more, more_wrote = measured_run_steps(
+        output,
+        REAL_WORKLOAD_RUN,
+        workload_operator,
+        str(workloads),
+        native_output_tokens=REAL_OUTPUT_TOKENS,
+    )
+    return steps + more, wrote + more_wrote
 
 
 def campaign_steps(
@@ -296,8 +424,11 @@ def run_demo(
     stdout = sys.stdout if stdout is None else stdout
     started = time.monotonic()
     _say(progress, f"plan {plan.name}: {plan.what}; {_load()}")
+    real: RealModel | None = None
     try:
         parts = ensure_parts(progress)
+        if plan.real is not None:
+            real = ensure_real_model(progress)
         out.mkdir(parents=True)
         tools = out / "tools"
         _say(progress, "install the native build and the reference workload oracles")
@@ -314,7 +445,11 @@ def run_demo(
         )
         return ExitCode.PRECONDITION
     operator = out / OPERATOR_NAME
-    operator.write_text(json.dumps(operator_input(parts, tools, plan.cases), indent=2) + "\n")
+    if plan.real == "mission" and real is not None:
+        document = operator_input(parts, tools, (real.key,), real=real)
+    else:
+        document = operator_input(parts, tools, plan.cases)
+    operator.write_text(json.dumps(document, indent=2) + "\n")
     corpus = out / CORPUS_NAME
     corpus.write_bytes(corpus_subset(plan.use_cases))
     _say(progress, f"operator input {operator} (old and new stage servers bound)")
@@ -334,6 +469,9 @@ def run_demo(
         workload_file.write_text(json.dumps(DEMO_WORKLOADS, indent=2) + "\n")
         more, more_wrote = workload_steps(bench.output, str(workload_operator), str(workload_file))
         extra, wrote = extra + more, wrote + more_wrote
+    if real is not None:
+        more, more_wrote = real_steps(out, bench.output, parts, tools, real, plan)
+        extra, wrote = extra + more, wrote + more_wrote
     if hosts is not None:
         more, more_wrote = campaign_steps(bench.output, hosts)
         extra, wrote = extra + more, wrote + more_wrote
@@ -341,9 +479,11 @@ def run_demo(
     code = bench_sequence.run_bench(bench, env, stdout, progress, quiet=quiet)
     if code != 0:
         return code
-    for run in ("full-gguf", "use-cases", WORKLOAD_RUN):
+    for run in ("full-gguf", "use-cases", WORKLOAD_RUN, REAL_RUN, REAL_SWEEP_RUN):
         _summarize(out / run, progress)
+    _summarize(out / REAL_WORKLOAD_RUN, progress)
     _summarize_workloads(out / WORKLOAD_RUN, progress)
+    _summarize_workloads(out / REAL_WORKLOAD_RUN, progress)
     minutes = (time.monotonic() - started) / 60
     _say(progress, f"done in {minutes:.1f} min ({_load()}); everything is under {out}")
     return 0

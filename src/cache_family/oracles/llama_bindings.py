@@ -83,7 +83,7 @@ def ensure_installed(progress: TextIO) -> None:
     pin = native_build.source_pin()
     sdist = native_build.fetch_sdist(pin, progress)
     print(f"bindings: installing {requirement()} without compiling", file=progress, flush=True)
-    env = native_build._tool_env()
+    env = native_build.tool_env()
     env["CMAKE_ARGS"] = "-DLLAMA_BUILD=OFF"
     with tempfile.TemporaryDirectory() as tmp:
         for index, text in enumerate(requirement_files(sdist)):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import itertools
 import json
@@ -15,6 +17,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata, resources
 from pathlib import Path
@@ -89,7 +92,19 @@ def cache_key(pin: SourcePin, options: dict[str, str]) -> str:
     return hashlib.sha256(material).hexdigest()[:24]
 
 
-def _tool_env() -> dict[str, str]:
+@contextlib.contextmanager
+def locked(lock_path: Path) -> Iterator[None]:
+    """One installer or zoo writer per target at a time, across processes."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def tool_env() -> dict[str, str]:
     """Only what a compiler or pip needs; never the caller's whole environment."""
     keep = (
         "PATH",
@@ -113,7 +128,7 @@ def _tool_env() -> dict[str, str]:
 
 
 def find_toolchain() -> dict[str, str]:
-    env = _tool_env()
+    env = tool_env()
     cc = (
         env.get("CC")
         or shutil.which("cc", path=env["PATH"])
@@ -144,7 +159,7 @@ def find_toolchain() -> dict[str, str]:
 
 def compiler_version(cxx: str) -> str:
     out = subprocess.run(
-        [cxx, "--version"], capture_output=True, text=True, env=_tool_env(), check=False, timeout=30
+        [cxx, "--version"], capture_output=True, text=True, env=tool_env(), check=False, timeout=30
     )
     return (out.stdout.splitlines() or ["unknown"])[0].strip()
 
@@ -178,7 +193,7 @@ def fetch_sdist(pin: SourcePin, log: TextIO) -> Path:
             ],
             capture_output=True,
             text=True,
-            env=_tool_env(),
+            env=tool_env(),
             check=False,
             timeout=1800,
         )
@@ -223,7 +238,7 @@ def _run_logged(argv: list[str], cwd: Path, log_path: Path, progress: TextIO, la
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_tool_env(),
+            env=tool_env(),
         )
         assert proc.stdout is not None
         last_shown = -1

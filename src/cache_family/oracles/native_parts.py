@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import http.client
@@ -96,25 +95,13 @@ def producer_matches(tools: Path) -> bool:
     return all(sha256_file(tools / rel) == digest for rel, digest in files.items())
 
 
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """One installer or zoo writer per target at a time, across processes."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def ensure_native(progress: TextIO, *, build: bool) -> Path:
     """The installed tools directory; installs from the build cache, building only if asked.
 
     Refuses with ``native.build_absent`` when nothing is built and ``build`` is false.
     """
     tools = tools_dir()
-    with _locked(tools.parent / f".{tools.name}.lock"):
+    with native_build.locked(tools.parent / f".{tools.name}.lock"):
         if producer_matches(tools):
             return tools
         if not build and native_build.cached_build_entry() is None:
@@ -175,7 +162,7 @@ def ensure_zoo(progress: TextIO, seed: int = DEFAULT_SEED) -> Path:
 
     store = native_build.cache_root() / "zoo"
     root = store / zoo_key(seed)
-    with _locked(store / f".{root.name}.lock"):
+    with native_build.locked(store / f".{root.name}.lock"):
         if (root / REPORT_NAME).is_file():
             return root
         store.mkdir(parents=True, exist_ok=True)
@@ -380,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
         parts = ensure_parts(sys.stderr, build=True)
         # The correctness oracle's bindings: installed here, after the build, never compiled.
         llama_bindings.ensure_installed(sys.stderr)
+        # The trained model the real-model tests and demos use (from the package registry).
+        from cache_family.oracles.real_model import ensure_real_model
+
+        real = ensure_real_model(sys.stderr)
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"error: {refusal.line()}", file=sys.stderr)
@@ -390,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"zoo:          {parts.zoo_root}")
     print(f"zoo catalog:  {parts.zoo_catalog}")
     print(f"zoo report:   {parts.zoo_report}")
+    print(f"real model:   {real.model}")
     return 0
 
 

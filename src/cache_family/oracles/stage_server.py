@@ -67,6 +67,9 @@ _CHILD_ENV_NAMES: Final = (
 _CHILD_ENV_PREFIXES: Final = ("GGML_", "XDG_")
 
 PrefixReuse = Literal["on", "off"]
+#: llama-server's own text endpoints, relayed as they are: a chat workload renders its
+#: template and checks its text token for token through them (``actors/run/chat_text.py``).
+TEXT_ENDPOINTS: Final = ("/apply-template", "/tokenize", "/detokenize")
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +311,10 @@ class Relay:
             return
         if self.option.prefix_reuse == "off":
             request["cache_prompt"] = False
+        if request.get("stream") is True:
+            # llama-server's own timings on every chunk, relayed as they come: the client
+            # checks its reads against them (an OpenAI client ignores the extra field).
+            request.setdefault("timings_per_token", True)
         async with self.admission:
             if request.get("stream") is True:
                 await self._stream(connection, request)
@@ -317,6 +324,16 @@ class Relay:
             await connection.start(reply.status_code, content_type, len(reply.content))
             await connection.data(reply.content)
             await connection.end()
+
+    async def text(self, connection: _Connection, target: str, body: bytes) -> None:
+        """One of ``TEXT_ENDPOINTS``: no generation, no slot, so no admission."""
+        reply = await self.upstream.post(
+            target, content=body, headers={"content-type": "application/json"}
+        )
+        content_type = reply.headers.get("content-type", "application/json")
+        await connection.start(reply.status_code, content_type, len(reply.content))
+        await connection.data(reply.content)
+        await connection.end()
 
     async def _stream(self, connection: _Connection, request: dict[str, Any]) -> None:
         async with self.upstream.stream("POST", "/v1/chat/completions", json=request) as reply:
@@ -342,6 +359,8 @@ class Relay:
                         await connection.send(*await self.models())
                     elif target == "/v1/chat/completions" and method == "POST":
                         await self.chat(connection, body)
+                    elif target in TEXT_ENDPOINTS and method == "POST":
+                        await self.text(connection, target, body)
                     else:
                         await connection.send(404, _error(f"no {method} {target}", "not_found"))
                 except (httpx.HTTPError, ValueError, AttributeError) as error:

@@ -143,7 +143,9 @@ def _win(row: ReportRow, *, package: bool, bold: bool) -> str:
         return "n/a"
     if row.plumbing:
         return f"{value:.2f}x (synthetic)"
-    return f"**{value:.2f}x faster**" if bold else f"{value:.2f}x"
+    # A real model's figure says where it was measured right beside it.
+    where = "" if row.real_evidence is None else " (CPU, see Notes)" if bold else " (CPU)"
+    return f"**{value:.2f}x faster**{where}" if bold else f"{value:.2f}x{where}"
 
 
 def _storage(row: ReportRow, refusals: Refusals) -> tuple[int | None, str]:
@@ -168,6 +170,8 @@ def _storage(row: ReportRow, refusals: Refusals) -> tuple[int | None, str]:
 
 
 def _notes(row: ReportRow) -> str:
+    if not row.plumbing and row.real_evidence is not None:
+        return cell(row.real_evidence) + (f"; {cell(row.notes)}" if row.notes else "")
     if not row.plumbing:
         return cell(row.notes)
     return PLUMBING_LABEL + (f"; {cell(row.notes)}" if row.notes else "")

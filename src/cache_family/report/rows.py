@@ -15,6 +15,7 @@ from typing import Any, Final
 from cache_family.errors import Refusal, Refused
 from cache_family.report.decode import Reader, Refusals, Where
 from cache_family.schemas.bounded import MIB
+from cache_family.schemas.receipts import REAL_EVIDENCE_PREFIX
 from cache_family.schemas.refusal_codes import report_hint
 
 MAX_INPUTS: Final = 32
@@ -63,6 +64,8 @@ class ReportRow:
     llama_server: BaselineFigures = field(default_factory=BaselineFigures)
     # From a synthetic catalog or scripted tools: never shown as a performance claim.
     plumbing: bool = False
+    # What a real model's figures are (model, CPU, threads, load, GPUs); None otherwise.
+    real_evidence: str | None = None
 
 
 def _row(reader: Reader, file: str, index: int, value: Any) -> ReportRow | None:
@@ -96,6 +99,11 @@ def _row(reader: Reader, file: str, index: int, value: Any) -> ReportRow | None:
     notes = reader.text(value, "notes", where)
     synthetic = reader.opt_flag(value, "synthetic", where)
     evidence_class = reader.opt_text(value, "evidence_class", where)
+    plumbing = (
+        synthetic is True
+        or _PLUMBING_WORDS.search(evidence_class or "") is not None
+        or _PLUMBING_WORDS.search(notes) is not None
+    )
     return ReportRow(
         file=file,
         index=index,
@@ -124,9 +132,10 @@ def _row(reader: Reader, file: str, index: int, value: Any) -> ReportRow | None:
             warm_median_ms=reader.opt_ms(llama, "warm_median_ms", at_llama),
             warm_mean_ms=reader.opt_ms(llama, "warm_mean_ms", at_llama),
         ),
-        plumbing=synthetic is True
-        or _PLUMBING_WORDS.search(evidence_class or "") is not None
-        or _PLUMBING_WORDS.search(notes) is not None,
+        plumbing=plumbing,
+        real_evidence=evidence_class
+        if not plumbing and evidence_class and evidence_class.startswith(REAL_EVIDENCE_PREFIX)
+        else None,
     )
 
 

@@ -9,6 +9,8 @@ from itertools import groupby
 from typing import Final
 from urllib.parse import quote
 
+from msgspec import UnsetType
+
 from cache_family.report.decode import Refusals
 from cache_family.report.html import anchor, markdown_to_html
 from cache_family.report.render import (
@@ -205,6 +207,16 @@ def _synthetic(receipts: RunReceipts) -> bool:
     return reference is not None and any(row.plumbing for row in reference.rows)
 
 
+def _real_evidence(receipts: RunReceipts) -> list[str]:
+    """What the run's real-model rows are (model, CPU, threads, load, GPUs), each text once."""
+    found = (
+        view.receipt.evidence_class
+        for view in receipts.rows
+        if view.receipt is not None and not view.receipt.synthetic
+    )
+    return list(dict.fromkeys(text for text in found if text))
+
+
 def _plot(view: RowView, arms: Sequence[ArmView]) -> str:
     xs = sorted({r.concurrency for arm in arms for r in _rungs(arm)})
     labels = tuple(str(x) for x in xs)
@@ -341,6 +353,51 @@ def _is_table_line(line: str) -> bool:
     return line.startswith("|")
 
 
+def _server_figure(value: float | UnsetType) -> str:
+    return "n/a" if isinstance(value, UnsetType) else format_ms(value)
+
+
+def _server_table(arms: Sequence[ArmView]) -> list[str]:
+    """The server's own TTFT and TPOT of each rung whose server timed every event, beside
+    the client's p50 and how many requests' client figures were not observable; no table
+    when no rung has them."""
+    rungs = [
+        (arm, rung)
+        for arm in arms
+        for rung in _rungs(arm)
+        if rung.summary is not None and not isinstance(rung.summary.server_ttft_p50_ms, UnsetType)
+    ]
+    if not rungs:
+        return []
+    lines = [
+        "| Arm | Concurrency | Server's TTFT p50 ms | Server's TTFT p99 ms "
+        "| Server's TPOT p50 ms | Server's TPOT p99 ms | Client TTFT p50 ms "
+        "| Client TPOT p50 ms | Client not observable |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for arm, rung in rungs:
+        s = rung.summary
+        assert s is not None
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    cell(arm.arm),
+                    str(rung.concurrency),
+                    _server_figure(s.server_ttft_p50_ms),
+                    _server_figure(s.server_ttft_p99_ms),
+                    _server_figure(s.server_tpot_p50_ms),
+                    _server_figure(s.server_tpot_p99_ms),
+                    NOT_OBSERVABLE if _unobserved(s) else format_ms(s.ttft_p50_ms),
+                    NOT_OBSERVABLE if _unobserved(s) else format_ms(s.tpot_p50_ms),
+                    f"{s.ttft_unobserved_count}/{s.measured_requests}",
+                ]
+            )
+            + " |"
+        )
+    return lines
+
+
 def _folded(summary: str, lines: list[str]) -> list[str]:
     """``lines`` (tables, an empty line between two) inside ``<details>`` when one of them
     is long: the page opens short, the figures stay one click away (and plain in the
@@ -363,7 +420,12 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
         "the TPOT objective), output tokens/s, and how many measured requests the server",
         "answered partly from its prompt cache (`cache_n` > 0). TTFT is the first event that",
         "carries a generated token; when that only came with the final event it is",
-        f'"{NOT_OBSERVABLE}" (and so is TPOT), never the whole response.',
+        f'"{NOT_OBSERVABLE}" (and so is TPOT), never the whole response. Where the server',
+        "timed every event (llama-server's per-event `timings`), a first token the client",
+        "read later than those timings allow (by more than the client's measured lag), or a",
+        "TPOT below the server's own, is not observable either (a stalled client), and the",
+        "server's own TTFT (from starting the prompt, its queue not included) and TPOT are",
+        "shown beside the client's, labelled as the server's.",
     ]
     if with_verdicts:
         lines.append(
@@ -390,6 +452,9 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
             "",
             *_folded(f"Per-rung figures of {_title(view)}", _curve_tables(arms, with_verdicts)),
         ]
+        server = _server_table(arms)
+        if server:
+            lines += ["", *_folded(f"The server's own timings of {_title(view)}", server)]
     if without:
         lines += ["", "Rows without a concurrent arm:", "", *without]
     return lines
@@ -787,6 +852,8 @@ def render_run_report(receipts: RunReceipts) -> dict[str, bytes]:
     lines = [FORMAT_LINE, "# Cache-family run report", ""]
     if _synthetic(receipts):
         lines += [f"> {SYNTHETIC_BANNER}", ""]
+    for evidence in _real_evidence(receipts):
+        lines += [f"> {cell(evidence)}", ""]
     lines += [
         f"Run `{cell(run_id or 'unknown')}`: status **{cell(matrix.status)}**, "
         f"{len(matrix.rows)} planned rows, {matrix.planned_cells} planned cells.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -30,6 +31,7 @@ from cache_family.schemas.arms import (
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.workload_records import (
     WORKLOAD_RECEIPT_NAME,
+    ChatTemplateMeasured,
     OpenLoopStageMeasured,
     OverlapPointReceipt,
     SessionsReceipt,
@@ -407,7 +409,7 @@ def _dialect(receipt: WorkloadReceipt) -> str:
         return "; stage server, OpenAI chat: the row's prompt as one streamed message per send"
     how = (
         "each turn expects the turn before as the server counted it (prompt and answer, the "
-        "answer held to the design's characters)"
+        "answer held to the design's pieces)"
         if receipt.sessions is not None
         else "judged less the chat template's tokens (measured by the cell's calibration)"
     )
@@ -415,6 +417,53 @@ def _dialect(receipt: WorkloadReceipt) -> str:
         "; stage server, OpenAI chat: text messages, reuse from "
         f"`usage.prompt_tokens_details.cached_tokens`, {how}"
     )
+
+
+_TEMPLATE_SOURCES: Final = {
+    "model": "the model's own (the GGUF's `tokenizer.chat_template`)",
+    "server-fallback": "the server's fallback (the GGUF carries none: llama-server applies ChatML)",
+}
+
+
+def _code(text: str) -> str:
+    """A rendered template text as one code span, line breaks and quotes escaped."""
+    return "`" + json.dumps(text, ensure_ascii=False).replace("`", "'") + "`"
+
+
+def _template(template: ChatTemplateMeasured | msgspec.UnsetType) -> list[str]:
+    """What a chat dialect's cell wrote its messages in and wrapped them with."""
+    if not isinstance(template, ChatTemplateMeasured):
+        return []
+    source = _TEMPLATE_SOURCES.get(template.template_source, "unknown (no model file read)")
+    pieces = (
+        "one character per token (a byte vocabulary)"
+        if template.pieces == "byte-alphabet"
+        else f"the model's own word tokens ({template.piece_count} that tokenize back joined)"
+    )
+    text = f"Chat template: {source}; messages written in {pieces}"
+    if template.template_tokens is not None:
+        text += (
+            f"; {template.template_tokens} prompt tokens around each message by the server's "
+            f"counts ({template.template_reused_tokens} reused between messages sharing nothing)"
+        )
+    if template.rendered_head is not None and template.rendered_tail is not None:
+        text += (
+            f"; rendered {_code(template.rendered_head)} + message + "
+            f"{_code(template.rendered_tail)} ({template.head_tokens} + {template.tail_tokens} "
+            "tokens), the message's tokens checked inside it by the server's `/tokenize`."
+        )
+    else:
+        text += (
+            f"; the wrapper was not rendered ({template.unrendered_reason or 'no reason given'}):"
+            " the text is checked by the server's prompt counts only."
+        )
+    first, later = template.session_first_turn_tokens, template.session_later_turn_tokens
+    if first is not None and later is not None:
+        text += (
+            f" Sessions: the template adds {first} tokens to a first turn and {later} to each "
+            "later one (beyond the answer before it), so every turn is designed to a count."
+        )
+    return [text, ""]
 
 
 def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> list[str]:
@@ -449,6 +498,7 @@ def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> li
             f", reuse rule {cell(receipt.rule or '-')}{_dialect(receipt)}; receipt "
             f"`{cell(view.path)}`.",
             "",
+            *_template(receipt.chat_template),
         ]
         table: list[str] = []
         svg: str | None = None

@@ -10,7 +10,7 @@ import msgspec
 
 from cache_family.errors import Refusal
 from cache_family.schemas.host_identity import HostIdentity
-from cache_family.schemas.journal import GENESIS_PREV, PlannedRowBrief
+from cache_family.schemas.journal import GENESIS_PREV, BoundFile, PlannedRowBrief
 
 CAMPAIGN_JOURNAL: Final = "campaign-journal.jsonl"
 CAMPAIGN_REPORT: Final = "campaign-report.md"
@@ -65,6 +65,13 @@ class CampaignReceipt(_CampaignRecord, tag="campaign_receipt", frozen=True, kw_o
     sha256: str
 
 
+class CampaignFilesBound(_CampaignRecord, tag="campaign_files", frozen=True, kw_only=True):
+    """Every entry of the campaign directory the other records do not vouch for (its
+    request, the cluster's evidence, the rows' logs, directories), as the merge found it."""
+
+    files: tuple[BoundFile, ...]
+
+
 class CampaignSealed(_CampaignRecord, tag="campaign_sealed", frozen=True, kw_only=True):
     through_seq: int
     head_sha256: str
@@ -72,7 +79,12 @@ class CampaignSealed(_CampaignRecord, tag="campaign_sealed", frozen=True, kw_onl
 
 
 CampaignRecord: TypeAlias = (
-    CampaignOpened | ShardMerged | RowUnmeasured | CampaignReceipt | CampaignSealed
+    CampaignOpened
+    | ShardMerged
+    | RowUnmeasured
+    | CampaignReceipt
+    | CampaignFilesBound
+    | CampaignSealed
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from cache_family.errors import Refused
@@ -58,6 +58,8 @@ class GgufHeader:
     arrays: Mapping[str, int]  # other arrays' element counts; strings too long to keep: -1
     header_bytes: int
     identity: FileIdentity
+    # Arrays the reader was asked to keep whole (a vocabulary's tokens, scores and types).
+    kept: Mapping[str, tuple[Scalar, ...]] = field(default_factory=dict)
 
     def text(self, key: str) -> str | None:
         value = self.metadata.get(key)
@@ -104,8 +106,16 @@ def _refuse(code: str, where: str, message: str, hint: str) -> Refused:
 class _Source:
     """The header's bytes, fetched in chunks as parsing needs them, never past the bound."""
 
-    def __init__(self, read: Callable[[int], bytes], max_bytes: int, path: str, where: str) -> None:
+    def __init__(
+        self,
+        read: Callable[[int], bytes],
+        max_bytes: int,
+        path: str,
+        where: str,
+        keep: frozenset[str] = frozenset(),
+    ) -> None:
         self._read = read
+        self.keep = keep
         self.max_bytes = max_bytes
         self.path = path
         self.where = where
@@ -187,7 +197,7 @@ class _Source:
 
 def _value(
     source: _Source, kind: int, depth: int, key: str
-) -> tuple[Scalar | tuple[str, ...] | None, int]:
+) -> tuple[Scalar | tuple[Scalar, ...] | None, int]:
     """One value: (kept value or None, element count of a skipped array or long string)."""
     if kind in _FIXED:
         fmt, size = _FIXED[kind]
@@ -208,6 +218,8 @@ def _value(
             raise source.malformed(f"{key!r} nests arrays more than {ARRAY_MAX_DEPTH} deep")
         element = source.u32()
         count = source.u64()
+        if depth == 0 and key in source.keep and (element in _FIXED or element == _STRING):
+            return _whole_array(source, element, count, key), 0
         if element in _FIXED:
             source.skip(count * _FIXED[element][1])
         elif element == _STRING and count <= LIST_KEEP_ITEMS:
@@ -224,6 +236,23 @@ def _value(
             raise source.malformed(f"{key!r} is an array of unknown type {element}")
         return None, count
     raise source.malformed(f"{key!r} has unknown value type {kind}")
+
+
+def _whole_array(source: _Source, element: int, count: int, key: str) -> tuple[Scalar, ...]:
+    """Every element of a kept array (strings decoded as UTF-8, bad bytes replaced)."""
+    if element == _STRING:
+        source.need(count * 8)
+        items: list[Scalar] = []
+        for _ in range(count):
+            items.append(source.raw(source.u64()).decode("utf-8", errors="replace"))
+        return tuple(items)
+    fmt, size = _FIXED[element]
+    source.need(count * size)
+    values = struct.unpack_from(f"{source.order}{count}{fmt}", source.data, source.pos)
+    source.pos += count * size
+    if element == 7 and any(v not in (0, 1) for v in values):
+        raise source.malformed(f"{key!r} holds a bool that is neither 0 nor 1")
+    return tuple(values)
 
 
 def _parse(source: _Source, identity: FileIdentity) -> GgufHeader:
@@ -259,19 +288,22 @@ def _parse(source: _Source, identity: FileIdentity) -> GgufHeader:
     metadata: dict[str, Scalar] = {}
     lists: dict[str, tuple[str, ...]] = {}
     arrays: dict[str, int] = {}
+    kept: dict[str, tuple[Scalar, ...]] = {}
     for _ in range(kv_count):
         raw_key = source.raw(source.u64())
         try:
             key = raw_key.decode("utf-8")
         except UnicodeDecodeError:
             raise source.malformed(f"key {raw_key[:64]!r} is not UTF-8") from None
-        if key in metadata or key in lists or key in arrays:
+        if key in metadata or key in lists or key in arrays or key in kept:
             raise source.malformed(f"key {key!r} appears twice")
         value, count = _value(source, source.u32(), 0, key)
-        if value is None:
+        if isinstance(value, tuple) and key in source.keep:
+            kept[key] = value
+        elif value is None:
             arrays[key] = count
         elif isinstance(value, tuple):
-            lists[key] = value
+            lists[key] = tuple(str(item) for item in value)
         else:
             metadata[key] = value
     return GgufHeader(
@@ -284,6 +316,7 @@ def _parse(source: _Source, identity: FileIdentity) -> GgufHeader:
         arrays=arrays,
         header_bytes=source.pos,
         identity=identity,
+        kept=kept,
     )
 
 
@@ -292,11 +325,16 @@ def file_identity(info: os.stat_result) -> FileIdentity:
 
 
 def read_gguf_header(
-    path: str, *, max_bytes: int = HEADER_MAX_BYTES, json_path: str = "$"
+    path: str,
+    *,
+    max_bytes: int = HEADER_MAX_BYTES,
+    json_path: str = "$",
+    keep_arrays: frozenset[str] = frozenset(),
 ) -> GgufHeader:
-    """Read the metadata of the regular file ``path`` (a final symlink is refused)."""
+    """Read the metadata of the regular file ``path`` (a final symlink is refused);
+    ``keep_arrays``: top-level arrays of numbers or strings to return whole in ``kept``."""
     with open_regular_file(path, subject=path, json_path=json_path) as (fd, info):
-        source = _Source(lambda n: os.read(fd, n), max_bytes, path, json_path)
+        source = _Source(lambda n: os.read(fd, n), max_bytes, path, json_path, keep_arrays)
         try:
             return _parse(source, file_identity(info))
         except OSError as exc:

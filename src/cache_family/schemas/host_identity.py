@@ -18,3 +18,5 @@ class HostIdentity(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # One description per GPU the host's driver lists (model names), empty without one.
     gpus: tuple[str, ...] = ()
     cpu_count: int | None = None
+    # The CPU's model name as /proc/cpuinfo gives it; None where it names none.
+    cpu_model: str | None = None

@@ -14,11 +14,16 @@ not-launched: never sent (the run stopped first)."""
 
 StopType = Literal["limit", "word", "eos"]
 
-TtftUnobserved = Literal["first_token_with_final"]
-"""Why a completed streamed request has no first-token time: ``first_token_with_final``, the
-stream carried no generated token before its final event (llama-server holds back tokens
-that render no text), so the first token's arrival cannot be told from the response's end."""
+TtftUnobserved = Literal["first_token_with_final", "client_stalled"]
+"""Why a completed streamed request has no first-token time (nor a TPOT):
+``first_token_with_final``, the stream carried no generated token before its final event
+(llama-server holds back tokens that render no text), so the first token's arrival cannot be
+told from the response's end; ``client_stalled``, the server's own per-event timings show the
+client read its first token late (by more than its measured lag) or read the tokens in a burst
+faster than the server made them (a TPOT below the server's own): the client was not
+scheduled while the server streamed (``states/first_token.py``)."""
 FIRST_TOKEN_WITH_FINAL: TtftUnobserved = "first_token_with_final"  # noqa: S105 - a reason
+CLIENT_STALLED: TtftUnobserved = "client_stalled"
 
 
 class ServerTimings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -63,6 +68,16 @@ class RequestRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # streamed, so a row without it encodes as rows did before the field: older runs re-fold
     # and replay to the same bytes.
     ttft_unobserved: TtftUnobserved | UnsetType = UNSET
+    # The server's own ``timings`` on the first event that carried a generated token, when it
+    # reports timings on every event (llama-server's ``timings_per_token``): with ``timings``
+    # (the final event's) they are the server's own first-token and per-token times. Unset
+    # (not written) when the server reported none per event, as in rows from before the field.
+    first_token_timings: ServerTimings | UnsetType = UNSET
+    # How much later (ms) the client read its first token than the server's per-event timings
+    # show it was there, at least: the largest (server time from the first token to a later
+    # event) - (client time between reading the two); 0 when no later event says it was late.
+    # Unset with ``first_token_timings``.
+    first_token_late_ms: float | UnsetType = UNSET
 
 
 class RungSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,6 +109,17 @@ class RungSummary(msgspec.Struct, frozen=True, kw_only=True):
     # TTFT or TPOT, so the percentiles above leave them out (all of them: None). Unset (not
     # written) when there is none, so such a summary encodes as summaries did before.
     ttft_unobserved_requests: int | UnsetType = UNSET
+    # The server's own first-token and per-token times (``states/first_token.py``), over the
+    # measured requests whose server reported timings on every event: first-token time from
+    # the server starting the prompt (its queue not included) to the first generated token;
+    # per-token time between the first generated token and the last. Unset (not written)
+    # when no request had them, so such a summary encodes as summaries did before.
+    server_ttft_p50_ms: float | UnsetType = UNSET
+    server_ttft_p90_ms: float | UnsetType = UNSET
+    server_ttft_p99_ms: float | UnsetType = UNSET
+    server_tpot_p50_ms: float | UnsetType = UNSET
+    server_tpot_p90_ms: float | UnsetType = UNSET
+    server_tpot_p99_ms: float | UnsetType = UNSET
 
     @property
     def ttft_unobserved_count(self) -> int:

@@ -21,6 +21,11 @@ SYNTHETIC_EVIDENCE_CLASS: Final = (
 )
 
 
+#: How every receipt level's ``evidence_class`` starts for a trained model's figures; the rest
+#: names the model, the host's CPU, threads, load and GPUs (``states/fold/lines.py``).
+REAL_EVIDENCE_PREFIX: Final = "real model "
+
+
 def evidence_class(synthetic: bool) -> str | None:
     """A receipt's ``evidence_class``: the synthetic label, or None for real evidence."""
     return SYNTHETIC_EVIDENCE_CLASS if synthetic else None

@@ -105,6 +105,12 @@ WORKLOAD_REFUSAL_CODES: Final = _codes(
         "target rates repeat or are not ascending",
         "list each target rate once, ascending",
     ),
+    RefusalCode(
+        "workload.arrivals.too_many_sends",
+        f"a target rate times `duration_s` schedules more than {REQUESTS_MAX} sends",
+        f"shorten duration_s or lower the rate so that each rate sends at most {REQUESTS_MAX} "
+        "requests (or bound it by `requests`)",
+    ),
 )
 
 
@@ -255,6 +261,15 @@ class OpenLoop(_Strict):
                 "workload.arrivals.rates",
                 f"rates_per_s {rates} must be non-empty and strictly ascending",
             )
+        # Checked here, before a run holds a host: a day at 100,000/s is 8.64e9 sends.
+        if rates is not None and self.duration_s is not None:
+            sends = max(rates) * self.duration_s
+            if sends > REQUESTS_MAX:
+                raise _fail(
+                    "workload.arrivals.too_many_sends",
+                    f"rate {max(rates):g}/s for duration_s {self.duration_s:g} schedules "
+                    f"{sends:.3g} sends, more than {REQUESTS_MAX}",
+                )
         return self
 
 

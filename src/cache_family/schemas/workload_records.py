@@ -40,6 +40,10 @@ class WorkloadRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     elapsed_ms: float | None = None
     slot_id: int | None = None
     error: str | None = None
+    # The prompt tokens the client designed this request to be, as the server should count
+    # them (ids sent; a chat message's pieces plus its measured template): the fold refuses a
+    # point whose server count differs. None: not designed to a count (not checked).
+    designed_prompt_tokens: int | None = None
 
 
 class WorkloadOpened(_WorkloadRecord, tag="workload_opened", frozen=True, kw_only=True):
@@ -75,6 +79,43 @@ class OverlapPointMeasured(_WorkloadRecord, tag="overlap_point", frozen=True, kw
     # figures (the server's, of the whole prompt) are judged less these.
     template_tokens: int = 0
     template_reused_tokens: int = 0
+
+
+class ChatTemplateMeasured(_WorkloadRecord, tag="chat_template", frozen=True, kw_only=True):
+    """What a chat dialect's cell wraps its messages in and writes them with, measured on the
+    host before the first designed request: the text pieces of the design, the template
+    (the model's own, or the server's fallback when the GGUF carries none), its tokens around
+    one user message as the server counted them, and the wrapper as the server rendered it
+    (``/apply-template``) where it serves that."""
+
+    cell_id: str
+    # byte-alphabet (one character per design token, the zoo's byte vocabulary) or
+    # word-pieces (the model's own word tokens, ``states/chat_pieces.py``).
+    pieces: str
+    piece_count: int
+    # model: the GGUF's ``tokenizer.chat_template``; server-fallback: the GGUF has none, the
+    # server applies its own (llama-server: ChatML).
+    template_source: str
+    # The calibration's counts (overlap): tokens the template adds to one user message, and
+    # what two messages sharing nothing still reused through it. None: not calibrated.
+    template_tokens: int | None = None
+    template_reused_tokens: int | None = None
+    # The rendered prompt around one user message: before it and after it (the generation
+    # prompt included), and their tokens by the server's /tokenize. None: not served.
+    rendered_head: str | None = None
+    rendered_tail: str | None = None
+    head_tokens: int | None = None
+    tail_tokens: int | None = None
+    # tokenize: the server's /tokenize gave the designed tokens back inside the rendered
+    # wrapper; counts: only the server's prompt token counts checked the design.
+    checked_by: str = "counts"
+    # Why the wrapper was not rendered (the host serves no /apply-template or /tokenize).
+    unrendered_reason: str | None = None
+    # Sessions: what the template adds to a first turn beyond its pieces, and to each later
+    # turn beyond the answer before it and the question's pieces (rendered probe
+    # conversations, tokenized by the server). None: not measured (overlap, or not served).
+    session_first_turn_tokens: int | None = None
+    session_later_turn_tokens: int | None = None
 
 
 class SessionsMeasured(_WorkloadRecord, tag="sessions_measured", frozen=True, kw_only=True):
@@ -155,6 +196,9 @@ class OverlapPointReceipt(msgspec.Struct, frozen=True, kw_only=True):
     # A stage arm's measured requests' server prompt times, in send order (the report's
     # old-against-new interval); left out of a native arm's receipt (UNSET: not encoded).
     prompt_ms: tuple[float, ...] | msgspec.UnsetType = msgspec.UNSET
+    # Positions of the point's requests (priming ones too) the server counted otherwise than
+    # designed (the point is refused ``workload.prompt.token_count_mismatch``); UNSET: none.
+    token_count_mismatches: tuple[int, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class TurnReceipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -177,6 +221,9 @@ class SessionsReceipt(msgspec.Struct, frozen=True, kw_only=True):
     # The first turn whose reuse fell short of the session so far (the server evicted it).
     eviction_turn: int | None
     failed_requests: int
+    # Positions of turns the server counted otherwise than designed (the sessions are refused
+    # ``workload.prompt.token_count_mismatch``); UNSET: none.
+    token_count_mismatches: tuple[int, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class WorkloadReceipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -200,6 +247,9 @@ class WorkloadReceipt(msgspec.Struct, frozen=True, kw_only=True):
     # The first open-loop rate the server could not sustain, with the rule that stopped it.
     over_saturated_at_per_s: float | None = None
     journal_through_seq: int = 0
+    # A chat dialect's template and text pieces as the cell measured them (left out of a
+    # native cell's receipt: UNSET, not encoded).
+    chat_template: ChatTemplateMeasured | msgspec.UnsetType = msgspec.UNSET
 
 
 WORKLOAD_RECEIPT_NAME: Final = "workload.json"
@@ -217,6 +267,7 @@ def decode_workload_receipt(data: bytes) -> WorkloadReceipt:
 
 WORKLOAD_RECORDS: Final = (
     WorkloadOpened,
+    ChatTemplateMeasured,
     OverlapPointMeasured,
     SessionsMeasured,
     OpenLoopStageMeasured,

@@ -42,6 +42,15 @@ def calibration(
     )
 
 
+def client_lag_ms(calibration: ClientCalibration | None) -> float | None:
+    """The client's measured lag on this host: its median overhead in the run's
+    self-calibration, the figure every rung receipt shows as ``client_overhead_ms`` (None: not
+    measured). A first token read later than the server's own per-event timings allow, by more
+    than this, was read by a stalled client. The median, not a tail: under load the few
+    calibration requests' tail swings by ten times from run to run."""
+    return None if calibration is None else calibration.overhead_p50_ms
+
+
 def near_client_overhead(
     latencies_ms: Iterable[float | None], overhead_ms: float | None, factor: float
 ) -> bool | None:

@@ -8,10 +8,11 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, MutableSequence, Sequence
 from typing import Final
 
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.measurement import RequestRow, RungSummary, SerialSummary
+from cache_family.states.first_token import server_times
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -166,8 +167,9 @@ class RungAccumulator:
         self._unplanned: Counter[int] = Counter()
         self._rows = 0
         self._refusals: list[Refusal] = []
-        self._times: tuple[MutableSequence[float], ...] = (
-            (array("d"), array("d"), array("d")) if compact else ([], [], [])
+        # Client TTFT, TPOT and latency; then the server's own TTFT and TPOT.
+        self._times: tuple[MutableSequence[float], ...] = tuple(
+            array("d") if compact else [] for _ in range(5)
         )
         self._good = self._tokens = self._meeting = self._not_completed = 0
         self._unobserved = 0
@@ -193,13 +195,18 @@ class RungAccumulator:
         self._unobserved += row.ttft_unobserved is not UNSET
         if (self._slos[0] is not None or self._slos[1] is not None) and _meets(row, *self._slos):
             self._meeting += 1
-        ttfts, tpots, latencies = self._times
+        ttfts, tpots, latencies, server_ttfts, server_tpots = self._times
         if row.ttft_ms is not None:
             ttfts.append(row.ttft_ms)
         if row.tpot_ms is not None:
             tpots.append(row.tpot_ms)
         if row.elapsed_ms is not None:
             latencies.append(row.elapsed_ms)
+        server = server_times(row)
+        if server is not None and server.ttft_ms is not None:
+            server_ttfts.append(server.ttft_ms)
+        if server is not None and server.tpot_ms is not None:
+            server_tpots.append(server.tpot_ms)
 
     def _roster_refusal(self) -> Refusal | None:
         seen = self._seen
@@ -252,7 +259,9 @@ class RungAccumulator:
         # goodput then, rather than one that counts it as missing them.
         if (self._slos[0] is not None or self._slos[1] is not None) and not self._unobserved:
             goodput = _rate(self._meeting, makespan_seconds)
-        ttft, tpot, latency = (_percentiles(values) for values in self._times)
+        ttft, tpot, latency, server_ttft, server_tpot = (
+            _percentiles(values) for values in self._times
+        )
         summary = RungSummary(
             concurrency=concurrency,
             requested_requests=self.requested,
@@ -274,6 +283,12 @@ class RungAccumulator:
             failed_or_unlaunched_requests=self._not_completed,
             complete=self._good > 0 and self._not_completed == 0,
             ttft_unobserved_requests=self._unobserved or UNSET,
+            server_ttft_p50_ms=_or_unset(server_ttft[0]),
+            server_ttft_p90_ms=_or_unset(server_ttft[1]),
+            server_ttft_p99_ms=_or_unset(server_ttft[2]),
+            server_tpot_p50_ms=_or_unset(server_tpot[0]),
+            server_tpot_p90_ms=_or_unset(server_tpot[1]),
+            server_tpot_p99_ms=_or_unset(server_tpot[2]),
         )
         _refuse_non_finite_summary(
             [
@@ -284,6 +299,11 @@ class RungAccumulator:
             path,
         )
         return summary
+
+
+def _or_unset(value: float | None) -> float | UnsetType:
+    """A figure of the server's own, unset (not written) when no request had it."""
+    return UNSET if value is None else value
 
 
 # Above this many values a compact rung's times are sorted in place (numpy) rather than as a
@@ -401,6 +421,8 @@ def _row_numbers(row: RequestRow) -> Iterable[tuple[tuple[str, ...], float | Non
     yield ("tpot_ms",), row.tpot_ms
     yield ("tokens_predicted",), row.tokens_predicted
     yield ("tokens_evaluated",), row.tokens_evaluated
+    if not isinstance(row.first_token_late_ms, UnsetType):
+        yield ("first_token_late_ms",), row.first_token_late_ms
     if row.timings is not None:
         yield ("timings", "prompt_ms"), row.timings.prompt_ms
         yield ("timings", "predicted_ms"), row.timings.predicted_ms

@@ -25,10 +25,10 @@ from cache_family.schemas.arms import (
 from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan
 from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
 from cache_family.schemas.workload import WorkloadFile
+from cache_family.states.chat_pieces import CHAT_ALPHABET
 from cache_family.states.correctness import CorrectnessSpec
 from cache_family.states.handoff import PACKAGE_LAYER_COUNT
 from cache_family.states.workloads import (
-    CHAT_ALPHABET,
     CHAT_TEMPLATE_ROOM_PER_MESSAGE,
     chat_starts_needed,
 )
@@ -312,6 +312,7 @@ def row_opened_record(
     present: bool,
     arms: tuple[ArmPlan, ...],
     synthetic: bool,
+    load_average: tuple[float, float, float] | None = None,
 ) -> RowOpened:
     """``row_opened`` as every row journals it: its correctness arm not run yet (its own
     records replace this once it ran), or never, because the model is missing."""
@@ -327,6 +328,7 @@ def row_opened_record(
         correctness_status="not-run",
         correctness_reason=CORRECTNESS_NOT_STARTED if present else "missing-model",
         synthetic=synthetic,
+        load_average=load_average,
     )
 
 

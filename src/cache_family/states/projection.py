@@ -54,7 +54,11 @@ def _llama_server(receipt: RowReceipt | None) -> dict[str, Figure]:
 
 
 def project_row(
-    brief: PlannedRowBrief | None, receipt: RowReceipt | None, *, synthetic: bool
+    brief: PlannedRowBrief | None,
+    receipt: RowReceipt | None,
+    *,
+    synthetic: bool,
+    real_evidence: str | None = None,
 ) -> ProducerRow:
     """The entry of one planned row; ``receipt`` None for a row that was never launched."""
     launched = receipt if receipt is not None and receipt.row_dir else None
@@ -81,5 +85,5 @@ def project_row(
         skippy=_skippy(launched),
         llama_server=_llama_server(launched),
         synthetic=True if synthetic else None,
-        evidence_class=evidence_class(synthetic),
+        evidence_class=evidence_class(synthetic) or real_evidence,
     )

@@ -10,6 +10,7 @@ import msgspec
 from cache_family.schemas.arms import ARM_BY_NAME, HostKind
 from cache_family.schemas.journal import CellOpened, JournalLine, ReceiptPublished, RunStarted
 from cache_family.schemas.workload_records import (
+    ChatTemplateMeasured,
     OpenLoopStageMeasured,
     OverlapPointMeasured,
     OverlapPointReceipt,
@@ -30,11 +31,14 @@ from cache_family.states.workloads import (
     eviction_turn,
     overlap_verdict,
     reuse_by_turn,
+    token_count_mismatches,
 )
 
 SCOPE_WORKLOAD: Final = "workload"
 #: The refusal of an overlap point the workload stopped in (``states/workloads.py``).
 STOPPED: Final = "workload.stopped"
+#: The refusal of a point or sessions whose prompts the server counted otherwise than designed.
+COUNT_MISMATCH: Final = "workload.prompt.token_count_mismatch"
 
 
 def _p50(values: Sequence[float]) -> float | None:
@@ -46,6 +50,12 @@ def _answered(request: WorkloadRequest) -> bool:
         request.status == "completed"
         and request.prompt_tokens is not None
         and request.cached_tokens is not None
+    )
+
+
+def _mismatches(requests: Sequence[WorkloadRequest]) -> tuple[int, ...]:
+    return token_count_mismatches(
+        [(r.position, r.designed_prompt_tokens, r.prompt_tokens) for r in requests]
     )
 
 
@@ -73,6 +83,7 @@ def overlap_point(record: OverlapPointMeasured, *, samples: bool = False) -> Ove
         ],
     )
     times = [r.prompt_ms for r in answered if r.prompt_ms is not None]
+    mismatched = _mismatches(record.requests)
     return OverlapPointReceipt(
         hit_ratio_pct=record.hit_ratio_pct,
         prompt_tokens=record.prompt_tokens,
@@ -83,11 +94,13 @@ def overlap_point(record: OverlapPointMeasured, *, samples: bool = False) -> Ove
         band_pp=verdict.band_pp,
         measured_requests=verdict.measured_requests,
         failed_requests=len(measured) - len(answered),
-        accepted=verdict.accepted and len(answered) == len(measured),
-        refusal=verdict.refusal
+        accepted=verdict.accepted and len(answered) == len(measured) and not mismatched,
+        refusal=(COUNT_MISMATCH if mismatched else None)
+        or verdict.refusal
         or (None if len(answered) == len(measured) else "workload.overlap.nothing_measured"),
         prompt_ms_p50=_p50(times),
         prompt_ms=tuple(times) if samples else msgspec.UNSET,
+        token_count_mismatches=mismatched or msgspec.UNSET,
     )
 
 
@@ -130,6 +143,7 @@ def sessions_receipt(record: SessionsMeasured, *, samples: bool = False) -> Sess
         ),
         eviction_turn=eviction_turn(turns),
         failed_requests=len(record.requests) - len(answered),
+        token_count_mismatches=_mismatches(record.requests) or msgspec.UNSET,
     )
 
 
@@ -150,6 +164,7 @@ def fold_workload(
     sessions: SessionsReceipt | None = None
     stages: list[OpenLoopStageMeasured] = []
     stopped: WorkloadStopped | None = None
+    template: ChatTemplateMeasured | msgspec.UnsetType = msgspec.UNSET
     last = 0
     for line in lines_through(lines, through_seq):
         last = max(last, line.seq)
@@ -162,6 +177,8 @@ def fold_workload(
             cell = record
         elif isinstance(record, WorkloadOpened):
             opened = record
+        elif isinstance(record, ChatTemplateMeasured):
+            template = record
         elif isinstance(record, OverlapPointMeasured):
             points.append(overlap_point(record, samples=_stage(cell)))
         elif isinstance(record, SessionsMeasured):
@@ -182,7 +199,7 @@ def fold_workload(
     status = "unmeasured"
     if points or sessions is not None or stages:
         refused = any(not p.accepted for p in points)
-        if sessions is not None and sessions.failed_requests:
+        if sessions is not None and (sessions.failed_requests or sessions.token_count_mismatches):
             refused = True
         status = "refused" if refused else "accepted"
     if stopped is not None:
@@ -202,6 +219,7 @@ def fold_workload(
         open_loop=tuple(stages),
         over_saturated_at_per_s=saturated,
         journal_through_seq=through_seq if through_seq is not None else last,
+        chat_template=template,
     )
 
 

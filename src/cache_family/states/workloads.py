@@ -6,7 +6,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import pairwise
+from itertools import count, islice, pairwise, takewhile
 from types import MappingProxyType
 from typing import Final, Literal
 
@@ -16,13 +16,14 @@ from cache_family.errors import Refused
 from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.measurement import ReuseRule
 from cache_family.schemas.refusal_codes import RefusalCode
-from cache_family.schemas.workload import MultiTurn, OverSaturation, WorkloadFile
+from cache_family.schemas.workload import REQUESTS_MAX, MultiTurn, OverSaturation, WorkloadFile
 from cache_family.states.cache_reuse import (
     CHECKPOINT_TAIL,
     DEFAULT_N_UBATCH,
     checkpoints,
     expected_cached_tokens,
 )
+from cache_family.states.chat_pieces import CHAT_ALPHABET, CHAT_PIECES_CODES, PiecesSource
 from cache_family.states.metrics import percentile
 
 ArrivalPattern = Literal["constant", "poisson", "gamma"]
@@ -30,6 +31,9 @@ SaturationCode = Literal["workload.arrivals.in_flight_growing", "workload.arriva
 
 #: The smallest band a point is judged by (percentage points), as in SGLang's benchmark.
 MIN_BAND_PP: Final = 0.5
+#: The most sends one open-loop rate's schedule holds: the bound preparation checks explicit
+#: rates against (a rate x its duration), and the cap of a sweep's measured rates.
+SENDS_MAX: Final = REQUESTS_MAX
 #: llama-server reuses its prompt cache token by token: its page is one token.
 LLAMA_SERVER_PAGE_TOKENS: Final = 1
 
@@ -81,6 +85,13 @@ WORKLOAD_VERDICT_CODES: Final = _codes(
         "the chat server counted the design's text other than one prompt token per character",
         "the chat dialect designs prompts for a byte-token vocabulary (the zoo's); use the "
         "native arm for this model",
+    ),
+    RefusalCode(
+        "workload.prompt.token_count_mismatch",
+        "the server counted a prompt's tokens otherwise than the design (the text or ids it was "
+        "sent are not the designed tokens on this server)",
+        "see the requests' designed_prompt_tokens against prompt_tokens; for a chat dialect, "
+        "the cell's chat template record",
     ),
     RefusalCode(
         "workload.chat.no_usage",
@@ -266,19 +277,13 @@ def overlap_prompts(
 
 # --- prefix overlap in a chat dialect (a stage server: OpenAI chat, text prompts) ---------------
 
-#: The characters a chat-dialect prompt is written in: each one prompt token of its own on a
-#: byte-token vocabulary (no merges among them; the calibration checks it on the server).
-CHAT_ALPHABET: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&()*+,-./:;=?@[]^_~"
-#: The calibration's shorter message (the longer one is twice as long).
+#: The calibration's shorter message, in design ids (the longer one is twice as long).
 CHAT_PROBE_CHARACTERS: Final = 16
 
 
 #: Context room a stage host's slot keeps for the chat template around each message (a
 #: capacity, never a length the design relies on: lengths are the server's counts).
 CHAT_TEMPLATE_ROOM_PER_MESSAGE: Final = 32
-#: A chat-dialect session's answers: characters of ``CHAT_ALPHABET`` only (a llama.cpp grammar),
-#: so the answer's text, sent back in the next turn, is the tokens the server generated.
-CHAT_ANSWER_GRAMMAR: Final = "root ::= [A-Z0-9]+"
 
 
 def chat_starts_needed(workloads: WorkloadFile, kind: MeasurementKind) -> int:
@@ -309,22 +314,34 @@ class ChatTemplate(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def chat_template(
-    short: tuple[int, int], long: tuple[int, int], *, short_characters: int, reused_tokens: int
+    short: tuple[int, int],
+    long: tuple[int, int],
+    *,
+    short_characters: int,
+    reused_tokens: int,
+    source: PiecesSource = "byte-alphabet",
 ) -> ChatTemplate:
     """The template from two calibration messages on one slot, ``short`` then ``long``
-    (twice as long, its first character another), each (characters, the server's prompt
-    tokens); ``reused_tokens``: the cached tokens the server reported for ``long``. Refused
-    (``workload.chat.text_not_one_token_per_character``) unless the server counted one
-    token per added character."""
+    (twice as long, its first piece another), each (design ids, the server's prompt tokens);
+    ``reused_tokens``: the cached tokens the server reported for ``long``. Refused unless the
+    server counted one token per added piece (``source``: the pieces' kind, which names the
+    code: ``workload.chat.text_not_one_token_per_character`` for the byte alphabet,
+    ``workload.chat.not_token_exact`` for word pieces)."""
     (short_chars, short_tokens), (long_chars, long_tokens) = short, long
     if short_chars != short_characters or long_tokens - short_tokens != long_chars - short_chars:
-        code = "workload.chat.text_not_one_token_per_character"
+        if source == "byte-alphabet":
+            code = "workload.chat.text_not_one_token_per_character"
+            hint = WORKLOAD_VERDICT_CODES[code].hint
+            unit = "characters"
+        else:
+            code, unit = "workload.chat.not_token_exact", "word pieces"
+            hint = CHAT_PIECES_CODES[code].hint
         raise Refused.one(
             code,
             "$.prefix_overlap",
-            f"{short_chars} and {long_chars} characters were {short_tokens} and "
+            f"{short_chars} and {long_chars} {unit} were {short_tokens} and "
             f"{long_tokens} prompt tokens",
-            WORKLOAD_VERDICT_CODES[code].hint,
+            hint,
         )
     return ChatTemplate(tokens=short_tokens - short_chars, reused_tokens=reused_tokens)
 
@@ -368,6 +385,17 @@ def acceptance_band_pp(
     if mean_prompt_tokens <= 0:
         return math.inf
     return max(MIN_BAND_PP, 100.0 * page_tokens / mean_prompt_tokens)
+
+
+def token_count_mismatches(counts: Sequence[tuple[int, int | None, int | None]]) -> tuple[int, ...]:
+    """Positions of the requests, each (position, designed tokens, the server's prompt
+    tokens), whose server count is not the designed one; a request without either is not
+    judged (not designed to a count, or not answered)."""
+    return tuple(
+        position
+        for position, designed, counted in counts
+        if designed is not None and counted is not None and designed != counted
+    )
 
 
 class OverlapVerdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -593,6 +621,20 @@ def _gaps(
             yield rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
 
 
+def arrival_times(
+    pattern: ArrivalPattern, rate: float, *, seed: int, burstiness: float | None = None
+) -> Iterator[float]:
+    """Send offsets in seconds from the start, first at 0, ascending, without end: drawn one
+    at a time, so what a caller holds is what it took, never duration x rate of them."""
+    gaps = _gaps(pattern, rate, burstiness, seed)
+    now = 0.0
+    for index in count():
+        # Constant offsets are i / rate exactly, not a sum that drifts by rounding.
+        if index:
+            now = index / rate if pattern == "constant" else now + next(gaps)
+        yield now
+
+
 def arrival_schedule(
     pattern: ArrivalPattern,
     rate: float,
@@ -602,22 +644,17 @@ def arrival_schedule(
     duration_s: float | None = None,
     burstiness: float | None = None,
 ) -> tuple[float, ...]:
-    """Send offsets in seconds from the start, first at 0, ascending: ``requests`` of them,
-    or every one before ``duration_s``. The same arguments give the same schedule."""
+    """The first ``requests`` of :func:`arrival_times`, or every one before ``duration_s``;
+    never more than ``SENDS_MAX`` (a sweep's measured rates are known only at run time;
+    preparation refuses explicit rates whose duration would send more). The same arguments
+    give the same schedule."""
     if (requests is None) == (duration_s is None):
         raise ValueError("give requests or duration_s")
-    gaps = _gaps(pattern, rate, burstiness, seed)
-    times = [0.0]
-    now = 0.0
-    while True:
-        if requests is not None and len(times) >= requests:
-            break
-        # Constant offsets are i / rate exactly, not a sum that drifts by rounding.
-        now = len(times) / rate if pattern == "constant" else now + next(gaps)
-        if duration_s is not None and now >= duration_s:
-            break
-        times.append(now)
-    return tuple(times[:requests] if requests is not None else times)
+    _check_rate(pattern, rate, burstiness)
+    times = arrival_times(pattern, rate, seed=seed, burstiness=burstiness)
+    if duration_s is not None:
+        times = takewhile(lambda at: at < duration_s, times)
+    return tuple(islice(times, min(requests or SENDS_MAX, SENDS_MAX)))
 
 
 def inter_arrivals(times: Sequence[float]) -> list[float]:

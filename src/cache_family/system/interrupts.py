@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
-from typing import Final
+from typing import Final, TypeVar, TypeVarTuple, Unpack
+
+import trio
+
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
 
@@ -95,18 +100,38 @@ def held() -> Iterator[Latch]:
             _CURRENT = None
 
 
+def run_then_release_wakeup_fd(async_fn: Callable[[Unpack[Args]], Awaitable[T]], *args: *Args) -> T:
+    """``trio.run(async_fn, *args)``, with the signal wakeup fd set back to none as soon as
+    ``async_fn`` returns. Trio closes its wakeup socket before it restores the fd: a signal
+    in between was written into the closed socket and printed as "Exception ignored when
+    trying to write to the signal wakeup fd: BrokenPipeError". The latch still records it;
+    nothing needs waking once the main function has returned."""
+
+    async def main() -> T:
+        try:
+            return await async_fn(*args)
+        finally:
+            signal.set_wakeup_fd(-1)
+
+    return trio.run(main)
+
+
 def _handlers_ran() -> None:
     """A Python call: a handler whose C part already ran is run here at the latest."""
 
 
 def signals_at_exit(latch: Latch) -> list[str]:
     """Block SIGINT/SIGTERM for the rest of the process and return the signals the latch has
-    not handed out yet, with any that arrived since and waits blocked. Called just before the
-    process ends with ``os._exit``: after this, no signal can end it by a default action, and
-    one that arrives later is never delivered (the process is already exiting)."""
+    not handed out yet, with any that arrived since and waits blocked. Called as the last
+    thing before the process ends with ``os._exit`` (after its output is flushed): one that
+    arrives later is never delivered (the process is already exiting). Once this thread
+    blocks them, the kernel hands a signal to any other thread that does not (trio's worker
+    threads): its handler's Python part then runs here, at the next call, so nothing may
+    come between this and the exit that a signal should still change."""
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     _handlers_ran()
     late = latch.take()
     for signum in sorted(signal.sigpending() & set(SIGNALS)):
         late.append(signal.Signals(signum).name)
-    return late
+    _handlers_ran()  # one handed to another thread meanwhile
+    return late + latch.take()

@@ -109,6 +109,36 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
+@dataclass(frozen=True, slots=True)
+class RunTag:
+    """The run part of a host's tag (before the first "/"): the runner's random token, the
+    run it runs and the runner's own identity. ``replay --reap`` ends a tagged process only
+    for the journal of that run, and never while that runner lives."""
+
+    token: str
+    run_id: str
+    runner_pid: int
+    runner_create_time: float
+
+    @property
+    def text(self) -> str:
+        return f"{self.token}:{self.run_id}:{self.runner_pid}:{self.runner_create_time!r}"
+
+
+def parse_run_tag(tag: str) -> RunTag | None:
+    """The run part of ``tag`` as a :class:`RunTag`; None for a tag without one (a host of a
+    version that tagged only a token, or no tag of ours)."""
+    run, slash, _ = tag.partition("/")
+    parts = run.split(":")
+    if not slash or len(parts) != 4 or not all(parts):
+        return None
+    token, run_id, pid, created = parts
+    try:
+        return RunTag(token, run_id, int(pid), float(created))
+    except ValueError:
+        return None
+
+
 def process_tag_of(pid: int) -> str | None:
     """The tag in ``pid``'s exec-time environment, or None (no tag, gone, not ours, a zombie)."""
     wanted = PROCESS_TAG_NAME.encode() + b"="

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
 from cache_family.errors import Refused
+
+TEMP_TOKEN_BYTES: Final = 6
+_TEMP_NAME: Final = re.compile(rf"\..+\.[0-9a-f]{{{2 * TEMP_TOKEN_BYTES}}}\.tmp", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +95,12 @@ def link_fresh(tmp: str, path: str) -> None:
 
 def temp_sibling(path: str | os.PathLike[str]) -> str:
     directory, name = os.path.split(os.fspath(path))
-    return os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
+    return os.path.join(directory, f".{name}.{secrets.token_hex(TEMP_TOKEN_BYTES)}.tmp")
+
+
+def is_temp_sibling(name: str) -> bool:
+    """Whether a file name is one :func:`temp_sibling` gives (a publication's temporary)."""
+    return _TEMP_NAME.fullmatch(name) is not None
 
 
 def _write_durably(tmp: str, data: bytes, mode: int) -> int:

@@ -28,18 +28,20 @@ def _holder(fd: int) -> str:
 
 
 @contextlib.contextmanager
-def run_lock(run_dir: str, *, what: str) -> Iterator[None]:
+def run_lock(run_dir: str, *, what: str, named: str | None = None) -> Iterator[None]:
     """Hold the run directory's lock for the block; ``Refused`` (``run.locked``) naming the
     holder's pid when another process holds it, ``run.lock_unavailable`` when the lock file
-    cannot be opened. ``what`` names the taker in the refusal."""
+    cannot be opened. ``what`` names the taker in the refusal, ``named`` the directory (when
+    ``run_dir`` is its handle's path)."""
     path = lock_path(run_dir)
+    shown = named or run_dir
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise Refused.one(
             "run.lock_unavailable",
             "$.run_dir",
-            f"cannot open {path}: {exc.strerror or exc}",
+            f"cannot open {lock_path(shown)}: {exc.strerror or exc}",
             "check that the run directory exists and is writable (a symlinked lock file is "
             "refused)",
         ) from None
@@ -52,7 +54,7 @@ def run_lock(run_dir: str, *, what: str) -> Iterator[None]:
             raise Refused.one(
                 "run.locked",
                 "$.run_dir",
-                f"{run_dir} is in use by {_holder(fd)} (it holds {LOCK_NAME}); {what} waits "
+                f"{shown} is in use by {_holder(fd)} (it holds {LOCK_NAME}); {what} waits "
                 "for no one",
                 "a run directory has one writer at a time: let that process finish (or stop "
                 "it with Ctrl-C / SIGTERM), then try again",
@@ -62,3 +64,20 @@ def run_lock(run_dir: str, *, what: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def lock_held(run_dir: str) -> bool:
+    """Whether some open file description holds ``run_dir``'s lock now (a live run, resume
+    or reap; this process's own ``run_lock`` counts too). A missing or unreadable lock file,
+    or a symlink in its place, holds nothing."""
+    try:
+        fd = os.open(lock_path(run_dir), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    finally:
+        os.close(fd)
+    return False

@@ -6,7 +6,10 @@ streamed, in llama-server's field layout), ``/tokenize`` and ``/detokenize`` (on
 character), and closes every connection after one answer, as llama-server does after a stream.
 
 Each ``/completion`` is answered by ``script(index, body)`` (index = arrival order), which
-returns a ``Reply`` naming a behaviour, so a test can break exactly one request.
+returns a ``Reply`` naming a behaviour, so a test can break exactly one request. A streamed
+``/completion`` asking for ``timings_per_token`` gets llama-server's ``timings`` on every
+event, stamped with the (test's) clock when the token is made; so does every chat chunk of a
+server made with ``chat_timings`` (what the reference stage-server oracle relays).
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ BEHAVIOURS = (
     "final_only",
     # ... or its events reach the client in one write with the final event (a burst).
     "one_write",
+    # Its token events reach the client in one write after the last token was made, the final
+    # event a token later: what a client that was not scheduled while the server streamed
+    # reads (the server's per-event timings still say when each token was made).
+    "burst_before_final",
+    # Its first token event reaches the client with the second one, the final event two token
+    # delays after the last token: a first token read late, the tokens after it on time.
+    "first_token_held",
+    # Chat chunks carry a ``timings`` object that is not llama-server's.
+    "foreign_chat_timings",
 )
 
 
@@ -73,6 +85,8 @@ class FakeLlamaHttp:
     # Token-id prompts (the workloads'): what each slot holds, as llama-server keeps it.
     slots: dict[int, list[int]] = field(default_factory=dict)
     n_vocab: int = 4096
+    # Put llama-server's per-event ``timings`` on every streamed chat chunk.
+    chat_timings: bool = False
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -130,7 +144,7 @@ class FakeLlamaHttp:
                 await trio.sleep_forever()
             n_predict = int(body["n_predict"])
             if body.get("stream"):
-                await self._stream(stream, reply, n_predict)
+                await self._stream(stream, reply, n_predict, bool(body.get("timings_per_token")))
             else:
                 await trio.sleep(reply.first_token_delay)
                 final = _final(reply, n_predict, content="t" * n_predict)
@@ -164,11 +178,14 @@ class FakeLlamaHttp:
         if body.get("return_tokens"):
             final["tokens"] = answer
 
-    async def _stream(self, stream: trio.SocketStream, reply: Reply, n_predict: int) -> None:
+    async def _stream(
+        self, stream: trio.SocketStream, reply: Reply, n_predict: int, per_event: bool
+    ) -> None:
         await stream.send_all(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
         )
         await trio.sleep(reply.first_token_delay)
+        clock = _ServerClock(reply)
         held = b""
         for token in range(0 if reply.behaviour == "final_only" else n_predict):
             if token:
@@ -182,6 +199,8 @@ class FakeLlamaHttp:
                 "tokens_predicted": token + 1,
                 "tokens_evaluated": reply.prompt_tokens,
             }
+            if per_event:
+                event["timings"] = clock.timings(token + 1)
             line = b"data: " + json.dumps(event).encode() + b"\n\n"
             if reply.behaviour == "malformed_json" and token == 1:
                 line = b'data: {"content": "t1", "stop": fal\n\n'
@@ -193,15 +212,29 @@ class FakeLlamaHttp:
             if reply.behaviour == "oversized_body":
                 event["content"] = "y" * (60 * 1024)
                 line = b"data: " + json.dumps(event).encode() + b"\n\n"
-            if reply.behaviour == "one_write":
+            if reply.behaviour in ("one_write", "burst_before_final") or (
+                reply.behaviour == "first_token_held" and token == 0
+            ):
                 held += line
+            elif reply.behaviour == "first_token_held":
+                await stream.send_all(held + line)
+                held = b""
             else:
                 await stream.send_all(line)
         if reply.behaviour == "no_final":
             return
         if reply.behaviour == "final_only":
             await trio.sleep(reply.token_delay * (n_predict - 1))
-        final = b"data: " + _encode_final(_final(reply, n_predict), reply) + b"\n\n"
+        if reply.behaviour == "burst_before_final":
+            await stream.send_all(held)
+            held = b""
+            await trio.sleep(reply.token_delay)
+        if reply.behaviour == "first_token_held":
+            await trio.sleep(2 * reply.token_delay)
+        answer = _final(reply, n_predict)
+        if per_event:
+            answer["timings"]["predicted_ms"] = clock.last_ms
+        final = b"data: " + _encode_final(answer, reply) + b"\n\n"
         await stream.send_all(held + final)
         if reply.behaviour == "data_after_final":
             await stream.send_all(b'data: {"content": "late", "stop": false}\n\n')
@@ -214,22 +247,59 @@ class FakeLlamaHttp:
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
         )
         await trio.sleep(reply.first_token_delay)
+        clock = _ServerClock(reply)
 
-        def chunk(delta: dict[str, Any], finish: str | None, **extra: Any) -> bytes:
+        def chunk(delta: dict[str, Any], finish: str | None, n: int, **extra: Any) -> bytes:
             event = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+            if self.chat_timings:
+                # The finish chunk carries the last token's timings (the totals).
+                event["timings"] = clock.timings(n, made=not finish or text != "")
+            if reply.behaviour == "foreign_chat_timings":
+                event["timings"] = {"queue": "short", "predicted_ms": "soon"}
             return b"data: " + json.dumps(event).encode() + b"\n\n"
 
         text = ""
+        held = b""
         for token in range(tokens):
             if token:
                 await trio.sleep(reply.token_delay)
             if reply.behaviour == "final_only":
                 text += f"t{token} "
+            elif reply.behaviour == "burst_before_final":
+                held += chunk({"content": f"t{token} "}, None, token + 1)
             else:
-                await stream.send_all(chunk({"content": f"t{token} "}, None))
+                await stream.send_all(chunk({"content": f"t{token} "}, None, token + 1))
+        if held:
+            await stream.send_all(held)
+            await trio.sleep(reply.token_delay)
         usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": tokens}
-        finish = chunk({"content": text} if text else {}, "length", usage=usage)
+        finish = chunk({"content": text} if text else {}, "length", tokens, usage=usage)
         await stream.send_all(finish + b"data: [DONE]\n\n")
+
+
+class _ServerClock:
+    """llama-server's per-event ``timings``: the final answer's prompt figures, and the
+    generation time from the first token as the (test's) clock says."""
+
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+        self.first_at = trio.current_time()
+        # The last token's generation time: the final answer's (its totals).
+        self.last_ms = 0.0
+
+    def timings(self, predicted: int, *, made: bool = True) -> dict[str, Any]:
+        """The timings of an event; ``made``: it carries a token made now (else the last
+        token's time stands)."""
+        reply = self.reply
+        if made:
+            self.last_ms = (trio.current_time() - self.first_at) * 1000
+        return {
+            "cache_n": reply.cache_n,
+            "prompt_n": reply.prompt_tokens - reply.cache_n,
+            "prompt_ms": _PROMPT_MS,
+            "predicted_n": predicted,
+            "predicted_ms": self.last_ms,
+        }
 
 
 def _common(held: list[int], prompt: list[int]) -> int:
@@ -242,12 +312,15 @@ def _common(held: list[int], prompt: list[int]) -> int:
     return count
 
 
+_PROMPT_MS = 5.5
+
+
 def _final(reply: Reply, n_predict: int, content: str = "") -> dict[str, Any]:
     predicted = n_predict + 1 if reply.behaviour == "too_many_tokens" else n_predict
     timings: dict[str, Any] = {
         "cache_n": reply.cache_n,
         "prompt_n": reply.prompt_tokens - reply.cache_n,
-        "prompt_ms": 5.5,
+        "prompt_ms": _PROMPT_MS,
         "prompt_per_token_ms": 0.3,
         "prompt_per_second": 3000.0,
         "predicted_n": predicted + (1 if reply.behaviour == "predicted_mismatch" else 0),

@@ -60,8 +60,14 @@ from cache_family.states.matrix import (
 )
 from cache_family.states.tally import tally_cell
 from cache_family.states.workload_fold import SCOPE_WORKLOAD, refold_workload
-from cache_family.system.process_group import PROCESS_TAG_NAME, tagged_processes
-from cache_family.system.run_lock import run_lock
+from cache_family.system.process_group import (
+    PROCESS_TAG_NAME,
+    parse_run_tag,
+    process_tag_of,
+    tagged_processes,
+)
+from cache_family.system.publish import is_temp_sibling
+from cache_family.system.run_lock import lock_held, run_lock
 
 RECEIPT_READ_LIMIT: Final = 64 * MIB
 RECEIPT_NAMES: Final = frozenset(("cell.json", "row.json", "workload.json"))
@@ -187,7 +193,7 @@ def _verify(
     if reap:
         unverified = _reap_unverified(read, bool(problems), head_holds)
         if unverified is None:
-            reap_children(report, read.lines, reap_grace_s)
+            reap_children(report, read.lines, reap_grace_s, root)
         else:
             report.differs = True
             report.say(f"reap: refused: {unverified.line()}")
@@ -299,10 +305,11 @@ def _check_run_files(
     if resumed_after:
         report.say("run files: not checked: the resumed segment has not bound its files yet")
         return
+    said = {os.path.normpath(path) for path in report.mismatched}
     problems = [
         problem
         for problem in check_run_files(root, last.files)
-        if not _checked_as_receipt(problem.path, problem.code, receipts)
+        if not _said_by_receipt_checks(problem.path, problem.code, receipts, said)
     ]
     for problem in problems:
         report.differs = True
@@ -310,12 +317,14 @@ def _check_run_files(
         report.say(f"DIFFERS {problem.path}: {problem.code}: {problem.detail}")
     if not problems:
         report.say(f"run files: {len(last.files)} bound, every one as bound and no other")
+    _flag_leftover_temporaries(report, last)
 
 
-def _checked_as_receipt(path: str, code: str, receipts: set[str]) -> bool:
-    """A receipt (journaled or planted) and a journaled cell's rows file (re-read against its
-    ``rung_rows`` digests) are reported by the receipt checks, which say more."""
-    if os.path.basename(path) in RECEIPT_NAMES or os.path.normpath(path) in receipts:
+def _said_by_receipt_checks(path: str, code: str, receipts: set[str], said: set[str]) -> bool:
+    """A receipt the receipt checks found differing (journaled or planted) and a journaled
+    cell's rows file (re-read against its ``rung_rows`` digests) are reported there, which
+    says more. A receipt they found identical is still held to its ``run_files`` digest."""
+    if os.path.normpath(path) in said:
         return True
     cell_receipt = os.path.normpath(os.path.join(os.path.dirname(path), "cell.json"))
     return (
@@ -323,6 +332,19 @@ def _checked_as_receipt(path: str, code: str, receipts: set[str]) -> bool:
         and code != "replay.file.unbound"
         and cell_receipt in receipts
     )
+
+
+def _flag_leftover_temporaries(report: ReplayReport, bound: RunFilesBound) -> None:
+    """A publication cut short (its writer killed between writing and linking, then the
+    directory moved aside by a resume) leaves its temporary file; the run bound it as it
+    found it, so it is no difference, but it is named: no receipt or evidence is in it."""
+    for entry in bound.files:
+        if is_temp_sibling(os.path.basename(entry.path)):
+            report.say(
+                f"run files: note: {entry.path}: replay.file.leftover_temporary: a "
+                "publication cut short (its writer was killed before the file got its "
+                "name); not a receipt or evidence of the run"
+            )
 
 
 def _compare_run_report(report: ReplayReport, root: str) -> None:
@@ -360,7 +382,16 @@ def _compare_run_report(report: ReplayReport, root: str) -> None:
                 f"DIFFERS {relative} (run report): replay.report.unlisted: report-run "
                 "writes no such file"
             )
-    if REPORT_MANIFEST_NAME not in present:
+    if REPORT_MANIFEST_NAME not in present and written:
+        # report.md in this layout was written with its manifest: only a deletion removed it.
+        del files[REPORT_MANIFEST_NAME]
+        report.differs = True
+        report.mismatched.append(REPORT_MANIFEST_NAME)
+        report.say(
+            f"DIFFERS {REPORT_MANIFEST_NAME} (run report): replay.report.manifest_missing: "
+            f"{MARKDOWN_NAME} is of the layout report-run writes with its manifest"
+        )
+    elif REPORT_MANIFEST_NAME not in present:
         # A report written before report manifests: its files are still all expected.
         del files[REPORT_MANIFEST_NAME]
         report.say(
@@ -650,17 +681,24 @@ def _alive_as(pid: int, create_time: float) -> bool:
         return True  # cannot tell: a process we may not inspect is not ours to reap around
 
 
-def reap_children(report: ReplayReport, lines: Sequence[JournalLine], grace_s: float) -> list[int]:
+def reap_children(
+    report: ReplayReport, lines: Sequence[JournalLine], grace_s: float, root: str
+) -> list[int]:
     """End every journaled child still alive as itself (and its descendants), and every
     process carrying the run's environment tag; the pids signalled. Only a process that still
     carries this run's tag (``CACHE_FAMILY_CELL``, whose run part a journaled host's
     environment names) is ever ended: a journaled pid without it (a forged record, a reused
     pid, a journal from before hosts were tagged) is left alone, and so are its descendants.
+    The tag must also name this journal's run, and that run must be dead: a host whose tag
+    names another run, a runner still alive, or a run directory whose lock another process
+    holds is left alone (a forged journal may copy any live run's tag). ``root`` is the run
+    directory being reaped, whose lock this process holds.
     Call only once ``refuse_while_runner_lives`` passed and the journal verified."""
     spawned = [line.record for line in lines if isinstance(line.record, ChildSpawned)]
     if not spawned:
         report.say("reap: the journal records no child process")
         return []
+    run_ids = {line.record.run_id for line in lines if isinstance(line.record, RunStarted)}
     tagged = tagged_processes(_run_tag_matcher(spawned))
     targets: dict[int, psutil.Process] = {}
     for child in spawned:
@@ -686,6 +724,10 @@ def reap_children(report: ReplayReport, lines: Sequence[JournalLine], grace_s: f
                 "environment: not this run's process; it and its descendants are left alone"
             )
             continue
+        why = _not_this_dead_runs(child.pid, run_ids, root)
+        if why is not None:
+            report.say(f"reap: {label} {why}; it and its descendants are left alone")
+            continue
         targets[process.pid] = process
         try:
             for descendant in process.children(recursive=True):
@@ -698,6 +740,10 @@ def reap_children(report: ReplayReport, lines: Sequence[JournalLine], grace_s: f
         except psutil.Error:
             continue
         if pid not in targets and process.create_time() == created:
+            why = _not_this_dead_runs(pid, run_ids, root)
+            if why is not None:
+                report.say(f"reap: pid {pid} carries the tag but {why}; left alone")
+                continue
             report.say(f"reap: pid {pid} carries the run's environment tag (left the group)")
             targets[pid] = process
     if not targets:
@@ -729,6 +775,43 @@ def _run_tag_matcher(spawned: Sequence[ChildSpawned]) -> Callable[[str], bool]:
         if run and slash:
             runs.add(run + "/")
     return lambda tag: any(tag.startswith(run) for run in runs)
+
+
+def _not_this_dead_runs(pid: int, run_ids: set[str], root: str) -> str | None:
+    """Why the tagged process ``pid`` is not a dead run's of this journal, or None. Its tag
+    must name one of ``run_ids`` and a runner that is gone, and no other process may hold
+    the lock of the run directory it works in."""
+    tag = process_tag_of(pid)
+    run = parse_run_tag(tag) if tag is not None else None
+    if run is None:
+        return "carries a tag that names no run (from before runs were named in tags)"
+    if run.run_id not in run_ids:
+        return f"belongs to run {run.run_id}, not to this journal's"
+    if _alive_as(run.runner_pid, run.runner_create_time):
+        return f"belongs to a live run: its runner, pid {run.runner_pid}, is alive"
+    locked = _run_dir_locked_elsewhere(pid, root)
+    if locked is not None:
+        return f"works in {locked}, whose lock another process holds (a live run)"
+    return None
+
+
+def _run_dir_locked_elsewhere(pid: int, root: str) -> str | None:
+    """The run directory ``pid`` works in (the nearest one above its working directory) when
+    another process holds its lock; None when it is ``root`` (ours), unlocked or not found."""
+    try:
+        directory = psutil.Process(pid).cwd()
+    except psutil.Error:
+        return None
+    ours = os.path.realpath(root)
+    while True:
+        if os.path.isfile(os.path.join(directory, JOURNAL_FILENAME)):
+            if os.path.realpath(directory) == ours or not lock_held(directory):
+                return None
+            return directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
 
 
 def _signal(

@@ -53,12 +53,15 @@ def _entries(root: str) -> Iterator[tuple[str, str]]:
             yield os.path.relpath(full, root), full
 
 
-def _state(full: str) -> tuple[str, int]:
-    """(SHA-256, size) of a regular file; for a link or another kind of entry, or one that
-    cannot be read, what it is instead (so it is still found replaced or removed)."""
+def entry_state(full: str) -> tuple[str, int]:
+    """(SHA-256, size) of a regular file; for a link, a directory or another kind of entry,
+    or one that cannot be read, what it is instead (so it is still found replaced or
+    removed)."""
     try:
         if os.path.islink(full):
             return f"link: {os.readlink(full)}", 0
+        if os.path.isdir(full):
+            return "directory", 0
         if not os.path.isfile(full):
             return "not a regular file", 0
         return _hash(full)
@@ -70,7 +73,7 @@ def bind_run_files(root: str) -> tuple[BoundFile, ...]:
     """Every file of the run directory, hashed (run it in a thread: it reads them all)."""
     bound: list[BoundFile] = []
     for relative, full in _entries(root):
-        sha256, size = _state(full)
+        sha256, size = entry_state(full)
         bound.append(BoundFile(path=relative, sha256=sha256, size=size))
     return tuple(bound)
 
@@ -88,15 +91,19 @@ def check_run_files(root: str, bound: Sequence[BoundFile]) -> list[FileProblem]:
     """The run directory against the bound list: every bound file present with its bytes,
     and no other file (``replay.file.changed``, ``replay.file.missing``,
     ``replay.file.unbound``)."""
+    return compare_entries(dict(_entries(root)), bound)
+
+
+def compare_entries(present: Mapping[str, str], bound: Sequence[BoundFile]) -> list[FileProblem]:
+    """What is there now (relative path -> full path) against a bound list."""
     expected = {entry.path: entry for entry in bound}
-    present = dict(_entries(root))
     problems: list[FileProblem] = []
     for relative, entry in expected.items():
         full = present.get(relative)
         if full is None:
             problems.append(FileProblem("replay.file.missing", relative, "bound, now gone"))
             continue
-        sha256, size = _state(full)
+        sha256, size = entry_state(full)
         if sha256 != entry.sha256:
             problems.append(
                 FileProblem(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from cache_family.actors.campaign.files import check_campaign_files
 from cache_family.actors.campaign.merge import (
     ShardRead,
     fold_campaign,
@@ -17,8 +18,10 @@ from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.campaign import (
     CAMPAIGN_JOURNAL,
+    CampaignFilesBound,
     CampaignOpened,
     CampaignReceipt,
+    CampaignRecord,
     CampaignSealed,
     RowUnmeasured,
     ShardMerged,
@@ -48,7 +51,10 @@ class CampaignReplay:
         return ExitCode.DIFFERS if self.differs else ExitCode.IDENTICAL
 
 
-def replay_campaign(campaign_dir: str) -> CampaignReplay:
+def replay_campaign(campaign_dir: str, *, expect_head: str | None = None) -> CampaignReplay:
+    """Re-verify every shard, reproduce the merged files and check every other file the
+    merge bound; ``expect_head``: the head the campaign printed, which a journal re-chained
+    end to end does not have."""
     report = CampaignReplay()
     root = os.path.abspath(campaign_dir)
     try:
@@ -75,6 +81,12 @@ def replay_campaign(campaign_dir: str) -> CampaignReplay:
         f"campaign journal: {len(records)} lines, hash chain intact, head sha256 "
         f"{read.line_sha256s[-1]}"
     )
+    if expect_head is not None and expect_head != read.line_sha256s[-1]:
+        report.differ(
+            f"campaign journal: refused: replay.head.mismatch: head sha256 "
+            f"{read.line_sha256s[-1]} is not the expected {expect_head}: the journal was "
+            "rewritten or replaced"
+        )
     merged: list[tuple[ShardMerged, ShardRead]] = []
     for record in records:
         if not isinstance(record, ShardMerged):
@@ -98,7 +110,9 @@ def replay_campaign(campaign_dir: str) -> CampaignReplay:
         return _verdict(report)
     unmeasured = [r for r in records if isinstance(r, RowUnmeasured)]
     # The merged files were folded before their own receipt lines were written.
-    through = sum(not isinstance(r, CampaignReceipt | CampaignSealed) for r in records)
+    through = sum(
+        not isinstance(r, CampaignReceipt | CampaignFilesBound | CampaignSealed) for r in records
+    )
     folded = fold_campaign(opened, merged, unmeasured, through_seq=through)
     recorded = {r.path: r.sha256 for r in records if isinstance(r, CampaignReceipt)}
     for name, data in folded.files.items():
@@ -113,7 +127,32 @@ def replay_campaign(campaign_dir: str) -> CampaignReplay:
             report.differ(f"{name}: DIFFERS from the campaign's fold")
         else:
             report.say(f"{name}: identical")
+    shard_roots = [shard.root for _, shard in merged]
+    _check_files(report, root, records, recorded, shard_roots)
     return _verdict(report)
+
+
+def _check_files(
+    report: CampaignReplay,
+    root: str,
+    records: list[CampaignRecord],
+    merged: dict[str, str],
+    shards: list[str],
+) -> None:
+    """The campaign's own files against its ``campaign_files`` record: an edited, missing or
+    planted file or directory differs."""
+    bound = next((r for r in records if isinstance(r, CampaignFilesBound)), None)
+    if bound is None:
+        report.say(
+            "campaign files: the journal binds no file list (merged before campaign_files "
+            "records): only its shards and merged files are checked"
+        )
+        return
+    problems = check_campaign_files(root, bound.files, merged, shards)
+    for problem in problems:
+        report.differ(f"DIFFERS {problem.path}: {problem.code}: {problem.detail}")
+    if not problems:
+        report.say(f"campaign files: {len(bound.files)} bound, every one as bound and no other")
 
 
 def _verdict(report: CampaignReplay) -> CampaignReplay:

@@ -9,7 +9,7 @@ import os
 import socket
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -82,7 +82,10 @@ class LocalCluster:
     _cluster: Any = None
     nodes: list[Any] = field(default_factory=list)
 
-    def start(self) -> None:
+    def start(self, stopped: Callable[[], bool] = lambda: False) -> None:
+        """Start the head, then each node, then wait for them; a stop asked for meanwhile
+        (``stopped()``, a signal) is acted on at the next of these steps: nothing more is
+        started, and what was is shut down as the block ends."""
         from ray.cluster_utils import Cluster
 
         os.makedirs(os.path.join(self.session_dir, "ray"), exist_ok=True)
@@ -94,6 +97,8 @@ class LocalCluster:
             head_node_args={"num_cpus": 0, "temp_dir": self.link, "include_dashboard": False},
         )
         for index in range(self.hosts):
+            if stopped():
+                return
             self.nodes.append(
                 self._cluster.add_node(
                     num_cpus=1,
@@ -101,6 +106,8 @@ class LocalCluster:
                     labels={HOST_LABEL: f"host-{index}"},
                 )
             )
+        if stopped():
+            return
         self._cluster.wait_for_nodes()
         self.address = self._cluster.address
 
@@ -120,10 +127,13 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def local_cluster(session_dir: str, hosts: int) -> Iterator[LocalCluster]:
+def local_cluster(
+    session_dir: str, hosts: int, stopped: Callable[[], bool] = lambda: False
+) -> Iterator[LocalCluster]:
+    """The started cluster (its ``address`` empty when ``stopped()`` cut its start short)."""
     cluster = LocalCluster(session_dir=session_dir, hosts=hosts)
     try:
-        cluster.start()
+        cluster.start(stopped)
         yield cluster
     finally:
         cluster.shutdown()

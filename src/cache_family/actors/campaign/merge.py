@@ -6,7 +6,7 @@ import hashlib
 import os
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -14,6 +14,7 @@ import msgspec
 
 from cache_family import __version__
 from cache_family.actors.audit.replay import replay
+from cache_family.actors.campaign.files import bind_campaign_files
 from cache_family.actors.campaign.placement import brief_key, load_placement
 from cache_family.actors.journal.writer import JOURNAL_READ_LIMIT
 from cache_family.errors import Refusal, Refused
@@ -29,6 +30,7 @@ from cache_family.schemas.campaign import (
     CAMPAIGN_JOURNAL,
     CAMPAIGN_REPORT,
     CampaignChain,
+    CampaignFilesBound,
     CampaignOpened,
     CampaignReceipt,
     CampaignRecord,
@@ -391,9 +393,12 @@ def merge_campaign(
     *,
     placement_file: str | None = None,
     missing: Mapping[str, Missing] | None = None,
+    before_binding: Callable[[], None] | None = None,
 ) -> MergeOutcome:
     """Verify the shards, then publish the campaign journal and files into the fresh
-    ``campaign_dir`` (which may already hold the shards, as the Ray driver's does)."""
+    ``campaign_dir`` (which may already hold the shards, as the Ray driver's does).
+    ``before_binding`` writes the caller's own files (the local cluster's evidence) once the
+    shards are verified and folded, before every file of the directory is bound."""
     campaign = os.path.abspath(campaign_dir)
     if not shard_dirs:
         raise Refused.one(
@@ -480,10 +485,14 @@ def merge_campaign(
         records.append(CampaignReceipt(path=name, sha256=sha256_of(data)))
 
     os.makedirs(campaign, exist_ok=True)
+    if before_binding is not None:
+        before_binding()
     for name, data in folded.files.items():
         # Workload plots go under plots/, as in a run's report.
         os.makedirs(os.path.dirname(os.path.join(campaign, name)), exist_ok=True)
         publish_fresh(os.path.join(campaign, name), data)
+    # Bound after every file is written (the merged ones are bound by their receipts).
+    records.append(CampaignFilesBound(files=bind_campaign_files(campaign, folded.files, roots)))
     chain = CampaignChain()
     lines = [
         chain.encode(record, mono_ns=time.monotonic_ns(), wall_ns=time.time_ns())

@@ -35,7 +35,6 @@ from cache_family.actors.campaign.resume import (
 )
 from cache_family.actors.campaign.row_task import DEFAULT_GRACE_SECONDS, row_argv, run_row
 from cache_family.actors.run.matrix import admit_run, planned_brief
-from cache_family.actors.run.selection import NODE_ID_ENV, NODE_LABELS_ENV
 from cache_family.errors import Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
@@ -48,6 +47,7 @@ from cache_family.schemas.journal import (
     read_journal,
 )
 from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
+from cache_family.system.host_load import NODE_ID_ENV, NODE_LABELS_ENV
 from cache_family.system.publish import publish_fresh
 
 ROWS_DIR: Final = "rows"
@@ -70,12 +70,17 @@ class _Stop:
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
 
+    def asked(self) -> bool:
+        return self.signal_name is not None
+
 
 @dataclass(frozen=True, slots=True)
 class CampaignResult:
     code: int
     outcome: MergeOutcome | None
     lines: list[str] = field(default_factory=list)
+    # Rows a signal cancelled (before they started, or while they ran).
+    cancelled_rows: int = 0
 
 
 def _on_node(
@@ -324,16 +329,21 @@ def run_campaign(
             )
         timings: dict[str, float] = {}
         evidence: dict[str, object] = {}
+        shards: list[str]
+        missing: dict[str, Missing]
         started = time.monotonic()
         if local:
             session_dir = os.path.join(campaign, RAY_DIR)
-            with local_cluster(session_dir, hosts) as cluster:
+            with local_cluster(session_dir, hosts, stop.asked) as cluster:
                 timings["cluster_start_seconds"] = time.monotonic() - started
                 rows_started = time.monotonic()
-                shards, missing = drive(
-                    cluster.address, input_path, campaign, to_run, placement, stop,
-                    local=True, grace_seconds=grace_seconds,
-                )  # fmt: skip
+                if stop.asked():  # during the start-up: no row is submitted
+                    shards, missing = [], _cancelled_before_start(to_run)
+                else:
+                    shards, missing = drive(
+                        cluster.address, input_path, campaign, to_run, placement, stop,
+                        local=True, grace_seconds=grace_seconds,
+                    )  # fmt: skip
                 timings["rows_seconds"] = time.monotonic() - rows_started
                 evidence = {"hosts": hosts, "interfaces": interfaces(), "tcp": tcp_endpoints()}
             ended = end_row_processes(os.path.join(campaign, ROWS_DIR), grace_seconds)
@@ -346,19 +356,27 @@ def run_campaign(
             )  # fmt: skip
         outcome: MergeOutcome | None = None
         merge_started = time.monotonic()
+
+        def write_evidence() -> None:
+            # Written before the merge binds the directory's files (it binds this one too):
+            # the merge's time is the shards' verification and the fold.
+            timings["merge_seconds"] = time.monotonic() - merge_started
+            if local:
+                _write_evidence(campaign, {**evidence, "rows": len(to_run), **timings})
+
         if resumed is not None:
             shards = sorted([*resumed.kept, *shards])
         if shards:
             outcome = merge_campaign(
-                campaign, shards, placement_file=placement_file, missing=missing
-            )
+                campaign, shards, placement_file=placement_file, missing=missing,
+                before_binding=write_evidence,
+            )  # fmt: skip
         else:
             lines.append("no row sealed a run directory: nothing to merge")
-        timings["merge_seconds"] = time.monotonic() - merge_started
-        if local:
-            _write_evidence(campaign, {**evidence, "rows": len(to_run), **timings})
+            write_evidence()
     if stop.signal_name is not None:
-        return CampaignResult(ExitCode.INTERRUPTED, outcome, lines)
+        cancelled = sum(why.reason == CANCELLED for why in missing.values())
+        return CampaignResult(ExitCode.INTERRUPTED, outcome, lines, cancelled_rows=cancelled)
     if outcome is not None and outcome.status == "completed":
         return CampaignResult(ExitCode.COMPLETED, outcome, lines)
     return CampaignResult(ExitCode.NOT_COMPLETED, outcome, lines)
@@ -372,6 +390,24 @@ def _write_evidence(campaign: str, evidence: Mapping[str, object]) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(evidence, handle, indent=2)
         handle.write("\n")
+
+
+def _cancelled_before_start(rows: Sequence[PlannedRowBrief]) -> dict[str, Missing]:
+    why = Missing(CANCELLED, "cancelled while the local cluster started")
+    return {brief_key(brief): why for brief in rows}
+
+
+def interrupted_line(result: CampaignResult) -> str:
+    """What an interrupted campaign says: cancelled rows only when a row was cancelled."""
+    if result.cancelled_rows:
+        return (
+            f"interrupted: {result.cancelled_rows} row(s) were cancelled and their hosts cleaned up"
+        )
+    status = result.outcome.status if result.outcome is not None else "not merged"
+    return (
+        "interrupted after every row had ended: no row was cancelled; the merged matrix is "
+        f"{status}"
+    )
 
 
 def campaign_main(
@@ -393,6 +429,6 @@ def campaign_main(
         lines.append(f"{result.outcome.status}: {result.outcome.matrix_path}")
         lines.append(f"campaign journal head: {result.outcome.head}")
     if result.code == ExitCode.INTERRUPTED:
-        lines.append("interrupted: the rows were cancelled and their hosts cleaned up")
+        lines.append(interrupted_line(result))
     print("\n".join(lines), file=sys.stdout, flush=True)
     return int(result.code), lines

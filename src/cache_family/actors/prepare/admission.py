@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from cache_family.schemas.catalog import packaged_catalog as _packaged_catalog
 from cache_family.schemas.corpus import LoadedCorpus, default_corpus_path, load_corpus
 from cache_family.schemas.operator import OperatorInput, PlanInput, validate_operator_object
 from cache_family.schemas.prepared import CorpusSource, Mode, loads_strict_json
+from cache_family.schemas.text import unsafe_character
 from cache_family.schemas.workload import WorkloadsPin, read_workload_file
 from cache_family.states.planning import check_selection
 from cache_family.system.publish import overlapping_trees
@@ -108,12 +110,9 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
             )
             continue
         if name in (CORPUS_FLAG, WORKLOADS_FLAG):
-            if not Path(value).is_absolute():
-                refuse(
-                    "preparation.override.not_absolute",
-                    f"{name} {value!r} is not an absolute path",
-                    "give an absolute path",
-                )
+            problem = _override_path_problem(name, value)
+            if problem is not None:
+                refuse(*problem)
             paths[name] = value
             continue
         if not value.isascii() or not value.isdigit() or not 0 < int(value) <= U32_MAX:
@@ -135,6 +134,34 @@ def parse_overrides(arguments: Sequence[str]) -> Overrides:
         workloads=paths.get(WORKLOADS_FLAG),
         native_output_tokens=native,
     )
+
+
+def _override_path_problem(name: str, value: str) -> tuple[str, str, str] | None:
+    """Why a file path override is refused (code, message, hint), if it is: the rules of
+    the command line's ``--input`` (no control or invisible characters, no trailing slash)
+    and of the operator input's paths (absolute, normal form: no ``.``/``..`` or ``//``).
+    Printed escaped: a path is shown in refusals, never its raw terminal sequences."""
+    shown = ascii(value)
+    if unsafe_character(value) is not None:
+        return (
+            "preparation.override.bad_path",
+            f"{name} {shown} holds a control, invisible or non-UTF-8 character",
+            "retype the path without control or invisible characters",
+        )
+    if not posixpath.isabs(value):
+        return (
+            "preparation.override.not_absolute",
+            f"{name} {shown} is not an absolute path",
+            "give an absolute path",
+        )
+    normal = "/" + posixpath.normpath(value).lstrip("/")
+    if value != normal:
+        return (
+            "preparation.override.not_normalized",
+            f"{name} {shown} is not in normal form (a trailing slash, `.`, `..` or `//`)",
+            f"write it as {normal!a}",
+        )
+    return None
 
 
 # --- admission ---------------------------------------------------------------------------------

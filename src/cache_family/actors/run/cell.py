@@ -59,6 +59,7 @@ from cache_family.schemas.request_rows import REQUESTS_FILENAME, RequestRowLine
 from cache_family.schemas.workload_records import WORKLOAD_RECEIPT_NAME
 from cache_family.states.budgets import Budgets
 from cache_family.states.cache_reuse import cache_expectation
+from cache_family.states.calibration import client_lag_ms
 from cache_family.states.cell import (
     CELL_TABLE,
     CellAction,
@@ -75,6 +76,7 @@ from cache_family.states.plans import (
     thread_setting,
 )
 from cache_family.states.workload_fold import SCOPE_WORKLOAD, workload_bytes
+from cache_family.system.host_load import load_average
 from cache_family.system.http import LoopbackHttp
 from cache_family.system.pin_watch import PinWatch, WatchedPin
 from cache_family.system.process_group import PROCESS_TAG_NAME
@@ -236,6 +238,7 @@ class CellActor:
                     synthetic=plan.synthetic,
                     cache_expectation=cache_expectation(plan.architecture, plan.lanes),
                     ignore_eos=plan.synthetic,
+                    load_average=load_average(),
                 )
             )
         escaped: BaseException | None = None
@@ -717,6 +720,7 @@ class CellActor:
             host_alive=live.still_same,
             chat=plan.host_kind == HostKind.STAGE,
             model_id=plan.model_id,
+            model_path=plan.profile.model if plan.profile is not None else "",
         )
         try:
             finished = await WORKLOAD_RUNNERS[plan.arm.kind](host)
@@ -787,6 +791,7 @@ class CellActor:
             client=self.http,
             rows=rows,
             expectation=cache_expectation(self.plan.architecture, self.plan.lanes),
+            client_lag_ms=client_lag_ms(self.ctx.client_calibration),
         )
 
     async def _rung(self, index: int, rung: RungPlan) -> LoadOutcome:

@@ -44,6 +44,7 @@ from cache_family.system.pins import (
     hash_files,
     pin_tree,
 )
+from cache_family.system.process_group import RunTag
 
 StopKind = Literal["cancelled", "execution", "cell"]
 
@@ -336,6 +337,13 @@ class RunContext:
 
     def cell_process_tag(self, cell_id: str) -> str:
         return f"{self.process_tag}/{cell_id}"
+
+    def tag_hosts_with_run(self, run_id: str, runner_pid: int, runner_create_time: float) -> None:
+        """Name the run and this runner in every later host's tag (before the first host):
+        ``replay --reap`` then ends a host only for its own run's journal, never while this
+        runner lives (``system.process_group.RunTag``)."""
+        token = self.process_tag.split(":", 1)[0]
+        self.process_tag = RunTag(token, run_id, runner_pid, runner_create_time).text
 
     async def journal(self, record: Record) -> int:
         return await self.writer.append(record)

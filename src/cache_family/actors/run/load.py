@@ -11,19 +11,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, NamedTuple, Protocol
 
 import trio
-from msgspec import UNSET, UnsetType
 
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import (
-    FIRST_TOKEN_WITH_FINAL,
     CacheExpectation,
     LoadOutcome,
     LoadRequest,
     LoadStatus,
     RequestRow,
     ServerTimings,
-    TtftUnobserved,
 )
+from cache_family.states.first_token import FirstToken, client_first_token, server_tpot_ms
 from cache_family.states.tally import MAKESPAN_MISSING, RungTally
 from cache_family.system.http import HttpError, LoopbackHttp, Response
 
@@ -51,7 +49,10 @@ def completion_body(
     prompt: str, n_predict: int, *, stream: bool, ignore_eos: bool = False
 ) -> dict[str, Any]:
     """The reference's exact /completion request (greedy, cached prefix); ``ignore_eos`` is
-    added only for a synthetic catalog, whose random-weight models often end at once."""
+    added only for a synthetic catalog, whose random-weight models often end at once. A
+    streamed one asks llama-server for its ``timings`` on every event
+    (``timings_per_token``): its own time of each token, which a client's reads are checked
+    against (``states/first_token.py``); it changes nothing else of the answer."""
     body: dict[str, Any] = {
         "prompt": prompt,
         "n_predict": n_predict,
@@ -62,6 +63,8 @@ def completion_body(
     }
     if ignore_eos:
         body["ignore_eos"] = True
+    if stream:
+        body["timings_per_token"] = True
     return body
 
 
@@ -118,10 +121,50 @@ class _Exchange:
     # first token read together with the end arrived with it.
     ttft_read: int | None = None
     ended_read: int | None = None
+    # The server's timings on the first token's event, when it times every event, and how
+    # much later than they allow the client read that event (``timed``).
+    first_timings: ServerTimings | None = None
+    first_late_ms: float = 0.0
+    # The final event's timings (the server's totals), once read.
+    final: ServerTimings | None = None
 
-    def first_token_seen(self) -> bool:
-        """A first token arrived before the end, in an earlier read of the body."""
-        return self.ttft is not None and self.ttft_read != self.ended_read
+    def timed(self, timings: ServerTimings, arrived: Arrival, *, first: bool) -> None:
+        """An event the server timed: the first token's (``first``), or a later one, whose
+        server time since the first token, less the client's time between reading the two,
+        is how late the first was read, at least."""
+        if first:
+            self.first_timings = timings
+            return
+        start = self.first_timings
+        if start is None or self.ttft is None:
+            return
+        if timings.predicted_ms is None or start.predicted_ms is None:
+            return
+        server_ms = timings.predicted_ms - start.predicted_ms
+        client_ms = (arrived.at - self.ttft) * 1000
+        self.first_late_ms = max(self.first_late_ms, server_ms - client_ms)
+
+    def first_token(self, elapsed_ms: float, tokens: int, lag_ms: float | None) -> FirstToken:
+        """The request's TTFT and TPOT by the one rule (``client_first_token``)."""
+        first = self.first_timings
+        return client_first_token(
+            elapsed_ms=elapsed_ms,
+            first_read_ms=None if self.ttft is None else (self.ttft - self.started) * 1000,
+            read_with_final=self.ttft_read == self.ended_read,
+            tokens=tokens,
+            late_ms=None if first is None else self.first_late_ms,
+            server_tpot_ms=None if first is None else server_tpot_ms(first, self.final, tokens),
+            client_lag_ms=lag_ms,
+        )
+
+    def per_event(self) -> dict[str, Any]:
+        """The row's fields of the server's per-event timings (none without them)."""
+        if self.first_timings is None:
+            return {}
+        return {
+            "first_token_timings": self.first_timings,
+            "first_token_late_ms": self.first_late_ms,
+        }
 
 
 class RowSink(Protocol):
@@ -159,13 +202,17 @@ class LoadRun:
         sent: Sequence[RequestRow] = (),
         rows: RowSink | None = None,
         expectation: CacheExpectation | None = None,
+        client_lag_ms: float | None = None,
     ) -> None:
         """``sent``: the rung's leading requests, already sent and already in ``rows`` (the
         cell's warmup state sends a serial rung's excluded request 0); the run sends the rest
         and tallies the whole roster. ``expectation``: what the cell's cache verdicts are
-        judged by (tallied with the rows)."""
+        judged by (tallied with the rows). ``client_lag_ms``: the client's measured lag on
+        this host (the run's self-calibration); a first token read later than the server's
+        own timings allow by more than it is not observable (``states/first_token.py``)."""
         _check_request(request)
         self.request = request
+        self.client_lag_ms = client_lag_ms
         self.deadline = math.inf if deadline is None else deadline
         self.clock = clock
         self.stop_on_failure = stop_on_failure
@@ -342,6 +389,11 @@ class LoadRun:
                 final = event
                 exchange.ended, exchange.ended_read = arrived
                 _take_content(event, exchange, arrived, final=True)
+                raw = event.get("timings")
+                if isinstance(raw, dict):
+                    # Its timings are validated with the answer (``_validate_final``).
+                    exchange.final = _server_timings(raw)
+                    exchange.timed(exchange.final, arrived, first=False)
             elif event.get("stop") is False:
                 _take_content(event, exchange, arrived, final=False)
             else:
@@ -363,18 +415,9 @@ class LoadRun:
         checked = _validate_final(final, self.request.output_tokens)
         assert exchange.ended is not None
         elapsed_ms = (exchange.ended - exchange.started) * 1000
-        ttft_ms: float | None = None
-        tpot_ms: float | None = None
-        unobserved: TtftUnobserved | UnsetType = UNSET
-        if self.request.stream and not exchange.first_token_seen():
-            # No event before the final one carried a token, or it was read together with
-            # the final one: the first token's arrival is the response's end, which says
-            # nothing about first-token time.
-            unobserved = FIRST_TOKEN_WITH_FINAL
-        elif self.request.stream:
-            assert exchange.ttft is not None
-            ttft_ms = (exchange.ttft - exchange.started) * 1000
-            tpot_ms = (elapsed_ms - ttft_ms) / max(checked.tokens_predicted - 1, 1)
+        first = FirstToken(None, None)
+        if self.request.stream:
+            first = exchange.first_token(elapsed_ms, checked.tokens_predicted, self.client_lag_ms)
         content = "".join(exchange.content)
         cache = native_cache_accounting(final, checked.timings)
         return RequestRow(
@@ -382,8 +425,8 @@ class LoadRun:
             status="completed",
             excluded_warmup=warmup,
             elapsed_ms=elapsed_ms,
-            ttft_ms=ttft_ms,
-            tpot_ms=tpot_ms,
+            ttft_ms=first.ttft_ms,
+            tpot_ms=first.tpot_ms,
             tokens_predicted=checked.tokens_predicted,
             tokens_evaluated=checked.tokens_evaluated,
             timings=checked.timings,
@@ -397,7 +440,8 @@ class LoadRun:
             prompt_tokens=cache.prompt_tokens,
             cached_tokens=cache.cached_tokens,
             slot_id=cache.slot_id,
-            ttft_unobserved=unobserved,
+            ttft_unobserved=first.unobserved,
+            **exchange.per_event(),
         )
 
     def _failed_row(
@@ -504,13 +548,7 @@ def _validate_final(final: Mapping[str, Any], n_predict: int) -> _Checked:
     raw = final.get("timings")
     if not isinstance(raw, dict):
         raise ProtocolError("final answer has no timings object")
-    timings = ServerTimings(
-        prompt_n=_integer(raw, "timings.prompt_n", key="prompt_n"),
-        prompt_ms=_finite(raw, "timings.prompt_ms", key="prompt_ms"),
-        predicted_n=_integer(raw, "timings.predicted_n", key="predicted_n"),
-        predicted_ms=_finite(raw, "timings.predicted_ms", key="predicted_ms"),
-        cache_n=_integer(raw, "timings.cache_n", key="cache_n"),
-    )
+    timings = _server_timings(raw)
     if timings.predicted_n != predicted:
         raise ProtocolError(
             f"timings.predicted_n {timings.predicted_n} differs from tokens_predicted {predicted}"
@@ -522,6 +560,28 @@ def _validate_final(final: Mapping[str, Any], n_predict: int) -> _Checked:
     if stop_type not in STOP_TYPES:
         raise ProtocolError(f"stop_type {stop_type!r} is not one of {', '.join(STOP_TYPES)}")
     return _Checked(predicted, evaluated, timings, str(stop_type))
+
+
+def _server_timings(raw: Mapping[str, Any]) -> ServerTimings:
+    """llama-server's ``timings`` object, of a final answer or (``timings_per_token``) of any
+    streamed event: every field a number of its kind."""
+    return ServerTimings(
+        prompt_n=_integer(raw, "timings.prompt_n", key="prompt_n"),
+        prompt_ms=_finite(raw, "timings.prompt_ms", key="prompt_ms"),
+        predicted_n=_integer(raw, "timings.predicted_n", key="predicted_n"),
+        predicted_ms=_finite(raw, "timings.predicted_ms", key="predicted_ms"),
+        cache_n=_integer(raw, "timings.cache_n", key="cache_n"),
+    )
+
+
+def _event_timings(event: Mapping[str, Any]) -> ServerTimings | None:
+    """A streamed event's own ``timings``, when the server times every event."""
+    raw = event.get("timings")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ProtocolError("an event's timings is not an object")
+    return _server_timings(raw)
 
 
 def _integer(mapping: Mapping[str, Any], name: str, *, key: str | None = None) -> int:
@@ -559,9 +619,14 @@ def _take_content(
         or tokens
         or (isinstance(predicted, int) and not isinstance(predicted, bool) and predicted > 0)
     )
-    if not final and generated and exchange.ttft is None:
-        exchange.ttft, exchange.ttft_read = arrived
-        exchange.first_chunk = content
+    if not final and generated:
+        timings = _event_timings(event)
+        first = exchange.ttft is None
+        if first:
+            exchange.ttft, exchange.ttft_read = arrived
+            exchange.first_chunk = content
+        if timings is not None:
+            exchange.timed(timings, arrived, first=first)
     if content or tokens:
         exchange.content.append(content)
 
@@ -864,11 +929,22 @@ class _ChatStream:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     done: bool = False
+    # A chunk's ``timings`` was not llama-server's: no chunk's counts (an extension the
+    # request never asked for cannot fail it).
+    untimed: bool = False
 
     def take(self, event: Mapping[str, Any], exchange: _Exchange, arrived: Arrival) -> None:
         usage = event.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
+        # A server that times every event (llama-server's ``timings_per_token``, which the
+        # reference stage-server oracle asks for and relays) puts them on the chunk.
+        timings: ServerTimings | None = None
+        try:
+            timings = _event_timings(event)
+        except ProtocolError:
+            self.untimed = True
+        first = self.first_delta is None
         choices = event.get("choices") or []
         if not isinstance(choices, list):
             raise ProtocolError("choices is not a list")
@@ -894,6 +970,10 @@ class _ChatStream:
             reason = choice.get("finish_reason")
             if isinstance(reason, str):
                 self.finish_reason = reason
+        if timings is not None:
+            # The last timings of the stream are the server's totals.
+            exchange.final = timings
+            exchange.timed(timings, arrived, first=first and self.first_delta is not None)
 
     def _tool(self, call: Any) -> None:
         if not isinstance(call, dict) or not isinstance(call.get("index"), int):
@@ -984,22 +1064,21 @@ class OpenAIChatRun(LoadRun):
             raise ProtocolError("no delta generated any content")
         assert exchange.ended is not None
         elapsed_ms = (exchange.ended - exchange.started) * 1000
-        ttft_ms: float | None = None
-        tpot_ms: float | None = None
-        if exchange.first_token_seen():
-            assert exchange.ttft is not None
-            ttft_ms = (exchange.ttft - exchange.started) * 1000
-            tpot_ms = (elapsed_ms - ttft_ms) / max(completion - 1, 1)
+        if stream.untimed:
+            exchange.first_timings = exchange.final = None
+        first = exchange.first_token(elapsed_ms, completion, self.client_lag_ms)
         reasoning = "".join(stream.reasoning) if stream.reasoning is not None else None
         return RequestRow(
             request_id=request_id,
             status="completed",
             excluded_warmup=warmup,
             elapsed_ms=elapsed_ms,
-            ttft_ms=ttft_ms,
-            tpot_ms=tpot_ms,
+            ttft_ms=first.ttft_ms,
+            tpot_ms=first.tpot_ms,
             tokens_predicted=completion,
             tokens_evaluated=cache.prompt_tokens,
+            # The server's totals, where it relayed llama-server's timings.
+            timings=exchange.final,
             stop_type="limit" if stream.finish_reason == "length" else "eos",
             content_sha256=openai_content_sha256(
                 "".join(stream.content), reasoning, stream.tool_calls()
@@ -1007,5 +1086,6 @@ class OpenAIChatRun(LoadRun):
             first_chunk_sha256=openai_first_generated_sha256(stream.first_delta),
             prompt_tokens=cache.prompt_tokens,
             cached_tokens=cache.cached_tokens,
-            ttft_unobserved=UNSET if ttft_ms is not None else FIRST_TOKEN_WITH_FINAL,
+            ttft_unobserved=first.unobserved,
+            **exchange.per_event(),
         )

@@ -67,6 +67,7 @@ from cache_family.states.fold import JournalIndex
 from cache_family.states.matrix import fold_matrix
 from cache_family.states.plans import thread_setting
 from cache_family.system import interrupts
+from cache_family.system.host_load import load_average, observe_host
 from cache_family.system.publish import (
     fsync_dir,
     overlapping_trees,
@@ -90,6 +91,16 @@ class AdmittedRun:
     prompts: PromptSelector
     # Journaled after run_started when the run runs only some rows (--rows, --shard).
     selection: RowsSelected | None = None
+    # The run directory as the handle opened when it was made (or resumed) names it
+    # (``RunHandle.path``): every write of the run goes through it, so a parent of ``output``
+    # flipped to a link meanwhile moves none of them. None: through ``output`` (a caller
+    # that made the directory itself, as tests do).
+    handle_path: str | None = None
+
+    @property
+    def run_dir(self) -> str:
+        """Where the run reads and writes its directory (``output`` is what is shown)."""
+        return self.handle_path or self.output
 
 
 def admit_run(input_path: str, output: str, *, fixed_corpus_path: str | None = None) -> AdmittedRun:
@@ -251,6 +262,8 @@ class Resumption:
     record: RunResumed
     kept_rows: frozenset[int]
     moves: tuple[tuple[str, str], ...] = ()
+    # The run's id (its first run_started's): the resumed segment's hosts are tagged with it.
+    run_id: str = ""
 
 
 async def supervise(
@@ -268,7 +281,7 @@ async def supervise(
     receipt is always written: the folded one, or the failed fallback. ``early`` holds the
     signals that arrived before the receiver opened: the first is the run's cancellation."""
     prepared = admitted.prepared
-    run_dir = admitted.output
+    run_dir = admitted.run_dir
     progress = progress or SilentRunProgress()
     # The display reads what the run journals: rows, cells, transitions, rungs.
     writer = JournalWriter(
@@ -343,15 +356,21 @@ async def _run_and_publish(
     writer = ctx.writer
     results: dict[int, RowResult] = {}
     if resumption is None:
-        await writer.append(_run_started(admitted))
+        started = _run_started(admitted)
+        assert started.runner_pid is not None and started.runner_create_time is not None
+        ctx.tag_hosts_with_run(started.run_id, started.runner_pid, started.runner_create_time)
+        await writer.append(started)
         if admitted.selection is not None:
             await writer.append(admitted.selection)
     else:
-        await writer.append(resumption.record)
+        resumed = resumption.record
+        assert resumed.runner_pid is not None and resumed.runner_create_time is not None
+        ctx.tag_hosts_with_run(resumption.run_id, resumed.runner_pid, resumed.runner_create_time)
+        await writer.append(resumed)
         await trio.to_thread.run_sync(_move_aside, ctx.run_dir, resumption.moves)
         for index in resumption.kept_rows:
             results[index] = RowResult(index=index, status="kept", launched=False)
-    progress.start(ctx.run_dir, ctx.budgets)
+    progress.start(admitted.output, ctx.budgets)
     # The deadline stops rows only: unreached rows and the matrix are journaled regardless.
     deadline_scope = trio.CancelScope()
     watchers.start_soon(_watch_deadline, ctx, rows_scope, progress, deadline_scope)
@@ -400,7 +419,7 @@ async def _publish_failed(
     receipt = FailedMatrix(detail=detail[:2000], request_sha256=admitted.request_sha256)
     try:
         await trio.to_thread.run_sync(
-            publish_fresh, os.path.join(admitted.output, MATRIX_FILENAME), encode_matrix(receipt)
+            publish_fresh, os.path.join(admitted.run_dir, MATRIX_FILENAME), encode_matrix(receipt)
         )
     except OSError as exc:
         # The folded matrix may already be on disk (its publication record was what failed).
@@ -472,6 +491,10 @@ def _run_started(admitted: AdmittedRun) -> RunStarted:
         catalog_packaged=catalog.packaged,
         runner_pid=os.getpid(),
         runner_create_time=psutil.Process().create_time(),
+        host=admitted.selection.host
+        if admitted.selection is not None and admitted.selection.host is not None
+        else observe_host(os.environ),
+        load_average=load_average(),
     )
 
 
@@ -623,14 +646,15 @@ def unwritten_matrix(admitted: AdmittedRun, reason: str | None) -> str:
     )
 
 
-def make_fresh_dir(path: str, guarded: Sequence[tuple[str, str]] = ()) -> None:
-    """Create the run directory ``path`` (absolute, normalized), fresh.
+def make_fresh_dir(path: str, guarded: Sequence[tuple[str, str]] = ()) -> RunHandle:
+    """Create the run directory ``path`` (absolute, normalized), fresh; its handle.
 
     Its parent is opened once as a directory descriptor without following a link; that
     directory's identity, not its path, is checked against the ``guarded`` trees, the run
-    directory is made under the descriptor, and the path is then checked to name what was
-    made (a parent flipped to a symlink meanwhile is refused, and what was made removed).
-    Every OSError is a typed refusal."""
+    directory is made under the descriptor and opened through it, and the path is then
+    checked to name what was made (a parent flipped to a symlink meanwhile is refused, and
+    what was made removed). The run writes through the handle from then on: a parent flipped
+    later moves none of its files. Every OSError is a typed refusal."""
     parent, name = os.path.split(path)
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -655,15 +679,48 @@ def make_fresh_dir(path: str, guarded: Sequence[tuple[str, str]] = ()) -> None:
                 f"cannot create {path}: {exc.strerror}",
                 "check the parent directory's permissions",
             ) from None
+        handle: int | None = None
         try:
-            made = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+            handle = os.open(name, flags, dir_fd=parent_fd)
+            made = os.fstat(handle)
             named = os.stat(path)
             problem = None if os.path.samestat(made, named) else OSError(errno.EXDEV, "moved")
         except OSError as exc:
             problem = exc
         if problem is not None:
+            if handle is not None:
+                os.close(handle)
             with contextlib.suppress(OSError):
                 os.rmdir(name, dir_fd=parent_fd)
             raise Refused((_parent_changed(path, problem),)) from None
+        assert handle is not None
+        return RunHandle(handle)
     finally:
         os.close(parent_fd)
+
+
+class RunHandle:
+    """An open descriptor of a run directory, and the path that reaches the directory through
+    it for this process and its children while it lives (``/proc/<pid>/fd/<fd>``): no
+    rename or link of a parent changes what that path names. Close it once the run ended."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.path = f"/proc/{os.getpid()}/fd/{fd}"
+
+    @classmethod
+    def open(cls, path: str) -> RunHandle:
+        """The handle of an existing run directory (``run --resume``); OSError if it is not
+        one (a link in its place is refused)."""
+        return cls(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> RunHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

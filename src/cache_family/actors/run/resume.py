@@ -46,9 +46,18 @@ def _refused(code: str, message: str, hint: str) -> Refused:
     return Refused.one(code, "$.resume", message, hint)
 
 
-def _read(run_dir: str) -> tuple[tuple[JournalLine, ...], int]:
-    """The trusted lines and the length in bytes of a torn last line (0 when none)."""
-    raw = read_bounded(journal_path(run_dir), JOURNAL_READ_LIMIT, what="journal")
+def _read(run_dir: str, io_dir: str) -> tuple[tuple[JournalLine, ...], int]:
+    """The trusted lines and the length in bytes of a torn last line (0 when none); read
+    through ``io_dir``, named ``run_dir``."""
+    try:
+        raw = read_bounded(journal_path(io_dir), JOURNAL_READ_LIMIT, what="journal")
+    except Refused as refused:  # named as the operator gave it, not as the handle reaches it
+        raise Refused(
+            tuple(
+                dataclasses.replace(r, message=r.message.replace(io_dir, run_dir))
+                for r in refused.refusals
+            )
+        ) from None
     read = read_journal(raw.data)
     if read.unknown_types:
         raise Refused(read.unknown_types)
@@ -155,15 +164,19 @@ async def _pins_hold(targets: tuple[PinTarget, ...]) -> bool:
     return all(result.matches for result in results)
 
 
-def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
+def plan_resumption(
+    run_dir: str, *, handle_path: str | None = None
+) -> tuple[AdmittedRun, Resumption, list[str]]:
     """Admit the resume, reap the dead runner's children and decide every row; the lines to
-    print. Raises ``Refused`` before anything is touched."""
+    print. Raises ``Refused`` before anything is touched. ``handle_path``: the run directory's
+    handle (``RunHandle.path``), which everything is read and written through."""
     root = str(Path(run_dir).absolute())
-    lines, torn = _read(root)
+    io = handle_path or root
+    lines, torn = _read(root, io)
     refuse_while_runner_lives(lines)
     started = lines[0].record
     assert isinstance(started, RunStarted)
-    admitted = _admit_input(root, started)
+    admitted = dataclasses.replace(_admit_input(root, started), handle_path=handle_path)
     selected = next(
         (line.record for line in lines[1:2] if isinstance(line.record, RowsSelected)), None
     )
@@ -173,7 +186,7 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
         admitted = dataclasses.replace(
             admitted, prepared=admitted.prepared.model_copy(update={"rows": rows})
         )
-    kept, to_verify = _completed_rows(root, lines, admitted.prepared)
+    kept, to_verify = _completed_rows(io, lines, admitted.prepared)
 
     async def verify() -> set[int]:
         return {index for index, targets in to_verify.items() if not await _pins_hold(targets)}
@@ -181,17 +194,17 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
     drifted = trio.run(verify)
     kept -= drifted
     notes = ReplayReport()
-    reaped = reap_children(notes, lines, REAP_GRACE_SECONDS)
+    reaped = reap_children(notes, lines, REAP_GRACE_SECONDS, io)
     if torn:
         # The torn bytes were never part of the chain: cut them so the journal continues.
-        with open(journal_path(root), "r+b") as journal:
-            journal.truncate(os.path.getsize(journal_path(root)) - torn)
+        with open(journal_path(io), "r+b") as journal:
+            journal.truncate(os.path.getsize(journal_path(io)) - torn)
             os.fsync(journal.fileno())
     attempt = 1 + sum(isinstance(line.record, RunResumed) for line in lines)
     superseded = f"{SUPERSEDED_DIR}/attempt-{attempt}"
     rerun = [row for row in admitted.prepared.rows if row.index not in kept]
     sources = [f"cell-{row.index:04d}" for row in rerun] + list(SEGMENT_FILES)
-    moved = tuple(s for s in sources if os.path.lexists(os.path.join(root, s)))
+    moved = tuple(s for s in sources if os.path.lexists(os.path.join(io, s)))
     me = psutil.Process()
     record = RunResumed(
         resumed_after_seq=lines[-1].seq,
@@ -209,6 +222,7 @@ def plan_resumption(run_dir: str) -> tuple[AdmittedRun, Resumption, list[str]]:
         record=record,
         kept_rows=frozenset(kept),
         moves=tuple((path, f"{superseded}/{path}") for path in moved),
+        run_id=started.run_id,
     )
     notes.say(f"resume: keeping rows {sorted(kept)}, re-running rows {[r.index for r in rerun]}")
     return admitted, resumption, notes.lines

@@ -44,6 +44,7 @@ from cache_family.states.plans import (
     row_opened_record,
     workload_arm_plans,
 )
+from cache_family.system.host_load import load_average
 
 
 class RowActor:
@@ -108,6 +109,7 @@ class RowActor:
             present=row.model_observation.present,
             arms=arms,
             synthetic=row.synthetic,
+            load_average=load_average(),
         )
 
     # -- run ---------------------------------------------------------------------------------

@@ -5,9 +5,6 @@ prepared input.
 from __future__ import annotations
 
 import dataclasses
-import glob
-import os
-import socket
 from collections.abc import Callable, Mapping
 
 from cache_family.actors.run.matrix import AdmittedRun, planned_brief
@@ -23,6 +20,7 @@ from cache_family.states.selection import (
     select_rows,
     split_row_list,
 )
+from cache_family.system.host_load import observe_host
 
 
 def prepared_keys(prepared: PreparedInput) -> dict[str, int]:
@@ -43,40 +41,6 @@ def choose(
     if shard is not None:
         return select_rows(keys, shard=parse_shard(shard, environ))
     return select_rows(keys, rows=split_row_list(rows or ""))
-
-
-# What a scheduler that starts the run (the campaign's Ray task) says about its node.
-NODE_ID_ENV = "CACHE_FAMILY_NODE_ID"
-NODE_LABELS_ENV = "CACHE_FAMILY_NODE_LABELS"  # k=v,k=v
-_NVIDIA_GPUS = "/proc/driver/nvidia/gpus/*/information"
-
-
-def observe_host(environ: Mapping[str, str], gpu_info: str = _NVIDIA_GPUS) -> HostIdentity:
-    """This machine as a campaign names it: hostname, the scheduler's node id and labels,
-    the GPUs its NVIDIA driver lists (read from ``/proc``, no tool is run), the CPU count."""
-    labels: dict[str, str] = {}
-    for item in environ.get(NODE_LABELS_ENV, "").split(","):
-        name, sep, value = item.partition("=")
-        if sep and name.strip():
-            labels[name.strip()] = value.strip()
-    gpus: list[str] = []
-    for path in sorted(glob.glob(gpu_info)):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as info:
-                text = info.read(65536)
-        except OSError:
-            continue
-        model = next(
-            (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Model:")), ""
-        )
-        gpus.append(model or "GPU (model not given)")
-    return HostIdentity(
-        hostname=socket.gethostname(),
-        node_id=environ.get(NODE_ID_ENV) or None,
-        labels=labels,
-        gpus=tuple(gpus),
-        cpu_count=os.cpu_count(),
-    )
 
 
 def narrow(

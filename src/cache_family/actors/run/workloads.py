@@ -11,6 +11,14 @@ from typing import Any, Final
 
 import trio
 
+from cache_family.actors.run.chat_text import (
+    ConversationOverheads,
+    RenderedWrapper,
+    conversation_overheads,
+    read_model_text,
+    refuse_count,
+    render_wrapper,
+)
 from cache_family.actors.run.context import is_cancellation
 from cache_family.actors.run.open_loop import (
     RateStage,
@@ -23,6 +31,7 @@ from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.journal import Record
 from cache_family.schemas.workload import MultiTurn, WorkloadFile
 from cache_family.schemas.workload_records import (
+    ChatTemplateMeasured,
     OpenLoopStageMeasured,
     OverlapPointMeasured,
     SessionsMeasured,
@@ -31,14 +40,12 @@ from cache_family.schemas.workload_records import (
     WorkloadStopped,
 )
 from cache_family.states.cache_reuse import reuse_rule
+from cache_family.states.chat_pieces import BYTE_ALPHABET, ChatPieces
 from cache_family.states.workloads import (
-    CHAT_ALPHABET,
-    CHAT_ANSWER_GRAMMAR,
     CHAT_PROBE_CHARACTERS,
     ChatTemplate,
     FreshStarts,
     chat_template,
-    chat_text,
     design_chat_prefix,
     design_prefix,
     overlap_order,
@@ -75,6 +82,9 @@ class WorkloadHost:
     # OpenAI chat (text messages, to ``model_id``).
     chat: bool = False
     model_id: str = ""
+    # The model file the host serves (pinned): a chat dialect writes its messages in pieces
+    # of its vocabulary (``actors/run/chat_text.py``); empty: the byte alphabet.
+    model_path: str = ""
 
 
 class WorkloadHostLost(Exception):
@@ -235,9 +245,11 @@ async def _chat(
     slot: int,
     *,
     exact: bool = False,
+    pieces: ChatPieces = BYTE_ALPHABET,
 ) -> _ChatAnswer:
     """One non-streamed chat completion on ``slot`` (greedy) of one user message, or of a
-    conversation; ``exact``: exactly ``max_tokens`` answer tokens, in ``CHAT_ALPHABET``."""
+    conversation; ``exact``: exactly ``max_tokens`` answer tokens, held to ``pieces``' answer
+    grammar (and off the tokens it bans), so that the answer's text tokenizes back."""
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
     body: dict[str, Any] = {
@@ -252,7 +264,9 @@ async def _chat(
     if exact or host.ignore_eos:
         body["ignore_eos"] = True
     if exact:
-        body["grammar"] = CHAT_ANSWER_GRAMMAR
+        body["grammar"] = pieces.answer_grammar
+        if pieces.answer_banned_ids:
+            body["logit_bias"] = [[token, False] for token in pieces.answer_banned_ids]
     start = trio.current_time()
     url = host.base_url.rstrip("/") + "/v1/chat/completions"
     timeout = min(host.request_timeout_ms / 1000, max(0.0, host.deadline - start))
@@ -271,16 +285,53 @@ async def _chat(
     return _ChatAnswer(reply, (trio.current_time() - start) * 1000, error)
 
 
-async def _chat_template(host: WorkloadHost, starts: FreshStarts, seed: int) -> ChatTemplate:
+def _measured_template(
+    host: WorkloadHost,
+    pieces: ChatPieces,
+    template_source: str,
+    rendered: RenderedWrapper | str,
+    template: ChatTemplate | None,
+    overheads: ConversationOverheads | None = None,
+) -> ChatTemplateMeasured:
+    wrapper = rendered if isinstance(rendered, RenderedWrapper) else None
+    return ChatTemplateMeasured(
+        cell_id=host.cell_id,
+        pieces=pieces.source,
+        piece_count=pieces.size,
+        template_source=template_source,
+        template_tokens=template.tokens if template else None,
+        template_reused_tokens=template.reused_tokens if template else None,
+        rendered_head=wrapper.head if wrapper else None,
+        rendered_tail=wrapper.tail if wrapper else None,
+        head_tokens=wrapper.head_tokens if wrapper else None,
+        tail_tokens=wrapper.tail_tokens if wrapper else None,
+        checked_by="tokenize" if wrapper else "counts",
+        unrendered_reason=None if wrapper else str(rendered),
+        session_first_turn_tokens=overheads.first if overheads else None,
+        session_later_turn_tokens=overheads.later if overheads else None,
+    )
+
+
+async def _chat_template(
+    host: WorkloadHost, pieces: ChatPieces, template_source: str, starts: FreshStarts, seed: int
+) -> ChatTemplate:
     """Two messages on slot 0 sharing nothing, the second twice as long: what the server
     counted for each gives the template's tokens, and its reuse of the second what the
-    template alone lets two prompts share."""
+    template alone lets two prompts share. Where the host renders and tokenizes, the first
+    message is also checked token for token inside its wrapper, and the server's count of it
+    must be that tokenization's. Journaled (``chat_template``) once measured."""
     rng = random.Random(seed)  # noqa: S311 -- reproducible probe text, not a secret
     counted: list[tuple[int, int]] = []
     cached = 0
+    rendered: RenderedWrapper | str = "not rendered"
     for length in (CHAT_PROBE_CHARACTERS, 2 * CHAT_PROBE_CHARACTERS):
-        ids = [starts.take(), *(rng.randrange(len(CHAT_ALPHABET)) for _ in range(length - 1))]
-        answer = await _chat(host, chat_text(ids), 1, 0)
+        ids = [starts.take(), *(rng.randrange(pieces.size) for _ in range(length - 1))]
+        text = pieces.text(ids)
+        if length == CHAT_PROBE_CHARACTERS:
+            rendered = await render_wrapper(
+                host.http, host.base_url, text, pieces, ids, "$.prefix_overlap"
+            )
+        answer = await _chat(host, text, 1, 0)
         reply = answer.request(-1)
         if reply.prompt_tokens is None or reply.cached_tokens is None:
             raise Refused.one(
@@ -290,17 +341,36 @@ async def _chat_template(host: WorkloadHost, starts: FreshStarts, seed: int) -> 
                 f"prompt_tokens_details.cached_tokens ({answer.error or 'no error'})",
                 "the chat dialect judges reuse by the server's own counts: serve them",
             )
+        if (
+            isinstance(rendered, RenderedWrapper)
+            and length == CHAT_PROBE_CHARACTERS
+            and reply.prompt_tokens != rendered.prompt_tokens
+        ):
+            raise refuse_count(
+                "$.prefix_overlap",
+                rendered.prompt_tokens,
+                reply.prompt_tokens,
+                "the calibration's first message",
+            )
         counted.append((length, reply.prompt_tokens))
         cached = reply.cached_tokens
-    return chat_template(
-        counted[0], counted[1], short_characters=CHAT_PROBE_CHARACTERS, reused_tokens=cached
+    template = chat_template(
+        counted[0],
+        counted[1],
+        short_characters=CHAT_PROBE_CHARACTERS,
+        reused_tokens=cached,
+        source=pieces.source,
     )
+    await host.journal(_measured_template(host, pieces, template_source, rendered, template))
+    return template
 
 
-async def _opened(host: WorkloadHost, kind: MeasurementKind, spec_json: str) -> int:
+async def _opened(
+    host: WorkloadHost, kind: MeasurementKind, spec_json: str, pieces: ChatPieces | None = None
+) -> int:
     rule = reuse_rule(host.architecture)
-    # A chat dialect's prompts are text in the design alphabet (``states.workloads``).
-    vocabulary = len(CHAT_ALPHABET) if host.chat else await vocabulary_size(host)
+    # A chat dialect's prompts are text in the model's pieces (``states/chat_pieces.py``).
+    vocabulary = pieces.size if pieces is not None else await vocabulary_size(host)
     await host.journal(
         WorkloadOpened(
             cell_id=host.cell_id,
@@ -320,13 +390,19 @@ async def run_overlap(host: WorkloadHost) -> bool:
     assert spec is not None  # planned only when chosen
     kind = MeasurementKind.PREFIX_OVERLAP
     async with _stops_before_any_point(host, kind):
-        vocabulary = await _opened(host, kind, spec.model_dump_json())
+        text = await read_model_text(host.model_path) if host.chat else None
+        pieces = text.pieces if text is not None else BYTE_ALPHABET
+        vocabulary = await _opened(
+            host, kind, spec.model_dump_json(), pieces if text is not None else None
+        )
         rule = reuse_rule(host.architecture)
         if rule is None:
             return True  # nothing can be designed: the receipt says unmeasured
         starts = FreshStarts(vocabulary, spec.seed)
         order = overlap_order(spec.groups, spec.requests, spec.seed)
-        template = await _chat_template(host, starts, spec.seed) if host.chat else None
+        template = None
+        if text is not None:
+            template = await _chat_template(host, pieces, text.template_source, starts, spec.seed)
     for index, ratio in enumerate(spec.hit_ratios_pct):
         if template is None:
             design = design_prefix(rule, spec.prompt_tokens, ratio)
@@ -348,13 +424,16 @@ async def run_overlap(host: WorkloadHost) -> bool:
                         host, prompt, spec.output_tokens, planned.group, exact=False
                     )
                 else:
-                    answer = await _chat(host, chat_text(prompt), spec.output_tokens, planned.group)
+                    answer = await _chat(
+                        host, pieces.text(prompt), spec.output_tokens, planned.group
+                    )
                 sent.append(
                     answer.request(
                         planned.position,
                         group=planned.group,
                         turn=-1 if planned.priming else 0,
                         priming=planned.priming,
+                        designed_prompt_tokens=len(prompt) + (template.tokens if template else 0),
                     )
                 )
                 _check_host(host, answer)
@@ -387,12 +466,21 @@ async def run_overlap(host: WorkloadHost) -> bool:
     return True
 
 
-async def _chat_sessions(host: WorkloadHost, spec: MultiTurn, vocabulary: int) -> bool:
+async def _chat_sessions(
+    host: WorkloadHost,
+    spec: MultiTurn,
+    vocabulary: int,
+    pieces: ChatPieces,
+    overheads: ConversationOverheads | None,
+) -> bool:
     """Sessions as chat conversations: a system message, the user's context and first
     question, then per turn the answer as the server gave it and the next question. Each
     turn should reuse the previous turn's prompt and answer as the server counted them (its
-    answer's last token, sampled, never evaluated): the answers are held to the design
-    alphabet, so their text is the tokens the server generated."""
+    answer's last token, sampled, never evaluated): the answers are held to the design's
+    pieces, so their text is the tokens the server generated. With the template's
+    ``overheads`` known, each turn is designed to a count: a first turn, its pieces and the
+    template's; a later one, the turn before as counted, its answer, the question's pieces
+    and the template's (an answer that did not tokenize back would miss it)."""
     tokens = session_tokens(
         spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
     )
@@ -408,10 +496,10 @@ async def _chat_sessions(host: WorkloadHost, spec: MultiTurn, vocabulary: int) -
             if trio.current_time() >= host.deadline:
                 stop = "deadline"
                 break
-            question = chat_text(tokens.questions[item.user][item.turn])
+            question = pieces.text(tokens.questions[item.user][item.turn])
             if item.turn == 0:
-                first = chat_text([*tokens.contexts[item.user], *tokens.questions[item.user][0]])
-                system = chat_text(tokens.system)
+                first = pieces.text([*tokens.contexts[item.user], *tokens.questions[item.user][0]])
+                system = pieces.text(tokens.system)
                 messages = [{"role": "system", "content": system}] if system else []
                 messages.append({"role": "user", "content": first})
             else:
@@ -419,7 +507,9 @@ async def _chat_sessions(host: WorkloadHost, spec: MultiTurn, vocabulary: int) -
                     *conversations.get(item.user, ()),
                     {"role": "user", "content": question},
                 ]
-            answer = await _chat(host, messages, spec.answer_tokens, item.user, exact=True)
+            answer = await _chat(
+                host, messages, spec.answer_tokens, item.user, exact=True, pieces=pieces
+            )
             conversations[item.user] = [
                 *messages,
                 {"role": "assistant", "content": answer.content},
@@ -428,8 +518,17 @@ async def _chat_sessions(host: WorkloadHost, spec: MultiTurn, vocabulary: int) -
             expected = 0
             if item.expected_reused_tokens and earlier is not None:
                 expected = earlier[0] + earlier[1] - 1
+            designed: int | None = None
+            if overheads is not None and item.turn == 0:
+                designed = overheads.first + len(tokens.first_prompt(item.user))
+            elif overheads is not None and earlier is not None:
+                designed = sum(earlier) + overheads.later + spec.question_tokens
             request = answer.request(
-                item.position, group=item.user, turn=item.turn, expected_reused_tokens=expected
+                item.position,
+                group=item.user,
+                turn=item.turn,
+                expected_reused_tokens=expected,
+                designed_prompt_tokens=designed,
             )
             counted.pop(item.user, None)
             if request.prompt_tokens is not None and answer.completion_tokens:
@@ -460,10 +559,34 @@ async def run_sessions(host: WorkloadHost) -> bool:
     spec = host.workloads.multi_turn
     assert spec is not None
     kind = MeasurementKind.SESSIONS
+    overheads: ConversationOverheads | None = None
     async with _stops_before_any_point(host, kind):
-        vocabulary = await _opened(host, kind, spec.model_dump_json())
-    if host.chat:
-        return await _chat_sessions(host, spec, vocabulary)
+        text = await read_model_text(host.model_path) if host.chat else None
+        vocabulary = await _opened(
+            host, kind, spec.model_dump_json(), text.pieces if text is not None else None
+        )
+        if text is not None:
+            # The template as rendered around a probe message (no generation, no slot used).
+            probe = list(range(min(CHAT_PROBE_CHARACTERS, text.pieces.size)))
+            rendered = await render_wrapper(
+                host.http,
+                host.base_url,
+                text.pieces.text(probe),
+                text.pieces,
+                probe,
+                "$.multi_turn",
+            )
+            found = await conversation_overheads(
+                host.http, host.base_url, text.pieces, system=spec.system_prompt_tokens > 0
+            )
+            overheads = found if isinstance(found, ConversationOverheads) else None
+            await host.journal(
+                _measured_template(
+                    host, text.pieces, text.template_source, rendered, None, overheads
+                )
+            )
+    if text is not None:
+        return await _chat_sessions(host, spec, vocabulary, text.pieces, overheads)
     tokens = session_tokens(
         spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
     )
@@ -492,6 +615,7 @@ async def run_sessions(host: WorkloadHost) -> bool:
                     group=item.user,
                     turn=item.turn,
                     expected_reused_tokens=item.expected_reused_tokens,
+                    designed_prompt_tokens=len(prompt),
                 )
             )
             _check_host(host, answer)
@@ -520,7 +644,7 @@ async def run_open_loop(host: WorkloadHost) -> bool:
     assert spec is not None
     kind = MeasurementKind.OPEN_LOOP
     async with _stops_before_any_point(host, kind):
-        await _opened(host, kind, spec.model_dump_json())
+        await _opened(host, kind, spec.model_dump_json(), BYTE_ALPHABET if host.chat else None)
     if host.chat:
         exchange = chat_exchange(
             host.base_url,

@@ -19,6 +19,7 @@ from cache_family.schemas.measurement import (
     RungFacts,
 )
 from cache_family.schemas.workload_records import (
+    ChatTemplateMeasured,
     OpenLoopStageMeasured,
     OverlapPointMeasured,
     SessionsMeasured,
@@ -117,6 +118,10 @@ class RunStarted(_Record, tag="run_started", frozen=True, kw_only=True):
     # refuse while the run is still going. None in journals written before they were recorded.
     runner_pid: int | None = None
     runner_create_time: float | None = None
+    # The machine the run measured on and its load average (1, 5, 15 min) when it started:
+    # what a real model's figures name beside them. None in journals written before.
+    host: HostIdentity | None = None
+    load_average: tuple[float, float, float] | None = None
 
 
 class RowsSelected(_Record, tag="rows_selected", frozen=True, kw_only=True):
@@ -187,6 +192,8 @@ class RowOpened(_Record, tag="row_opened", frozen=True, kw_only=True):
     correctness_reason: str | None = None
     # The row's preset is from a synthetic (zoo) catalog: its receipts say so.
     synthetic: bool = False
+    # The host's load average (1, 5, 15 min) when the row opened (None before it was kept).
+    load_average: tuple[float, float, float] | None = None
 
 
 # ``CellOpened.cohort``: llama-server's own /completion, or a stage server's OpenAI chat (whose
@@ -216,6 +223,8 @@ class CellOpened(_Record, tag="cell_opened", frozen=True, kw_only=True):
     cache_expectation: CacheExpectation | None = None
     # Whether its request bodies (/completion or chat) carry ``ignore_eos`` (synthetic only).
     ignore_eos: bool | None = None
+    # The host's load average (1, 5, 15 min) when the cell opened (None before it was kept).
+    load_average: tuple[float, float, float] | None = None
 
 
 class Transition(_Record, tag="transition", frozen=True, kw_only=True):
@@ -544,6 +553,7 @@ Record: TypeAlias = (
     | SessionsMeasured
     | OpenLoopStageMeasured
     | WorkloadStopped
+    | ChatTemplateMeasured
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.

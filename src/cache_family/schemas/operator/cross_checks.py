@@ -35,8 +35,9 @@ _GGML_NAME = re.compile(r"GGML_[A-Z0-9_]+")
 def _catalog_keys() -> tuple[str, ...]:
     """Keys of the packaged catalog, in catalog order.
 
-    A plan that names its own catalog is still checked against these: every catalog (the
-    packaged one and the tiny-model zoo's) carries the same 14 keys.
+    Only a plan without a catalog of its own is checked against these here; a plan naming
+    ``plan.catalog`` may use that catalog's own keys, which preparation checks once it has read
+    (and pinned) those bytes (``planning.unknown_case``).
     """
     from cache_family.schemas.catalog import packaged_catalog
 
@@ -214,7 +215,13 @@ def _cases_within_limit(plan: Mapping[Any, object], base: Loc) -> list[tuple[Loc
     ]
 
 
+def _own_catalog(plan: Mapping[Any, object]) -> bool:
+    return plan.get("catalog") is not None
+
+
 def _cases_in_catalog(plan: Mapping[Any, object], base: Loc) -> list[tuple[Loc, Refusal]]:
+    if _own_catalog(plan):
+        return []
     return [
         _refusal(
             "plan.case.unknown",
@@ -417,7 +424,7 @@ def _servers_paired(plan: Mapping[Any, object], base: Loc) -> list[tuple[Loc, Re
 
 def _model_pins_in_catalog(plan: Mapping[Any, object], base: Loc) -> list[tuple[Loc, Refusal]]:
     pins = plan.get("model_sha256")
-    if not isinstance(pins, dict):
+    if not isinstance(pins, dict) or _own_catalog(plan):
         return []
     return [
         _refusal(

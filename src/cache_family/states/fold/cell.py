@@ -69,7 +69,9 @@ from cache_family.states.fold.lines import (
     _synthetic,
     _table_step,
     _terminal_of,
+    real_evidence_class,
 )
+from cache_family.states.projection import planned_row
 from cache_family.states.receipts import meet, terminal_downgrade
 
 _TERMINAL_EVENTS: Final[dict[str, TerminalRefusal]] = {
@@ -340,9 +342,16 @@ class CellFold:
             measurement=measurement,
             journal_through_seq=self.last_seq if through_seq is None else through_seq,
             synthetic=synthetic,
-            evidence_class=evidence_class(synthetic),
+            evidence_class=evidence_class(synthetic) or self._real_evidence(synthetic),
         )
         return receipt
+
+    def _real_evidence(self, synthetic: bool) -> str | None:
+        opened = self.opened
+        if synthetic or opened is None:
+            return None
+        brief = planned_row(self.run, opened.row_index)
+        return real_evidence_class(self.run, brief.model_id if brief else "", opened.load_average)
 
     def digest_rows(self, segments: Sequence[RungRows]) -> Iterator[RequestRowLine]:
         """A ``RowsSource`` from the journal alone: the rows of every rung whose facts keep

@@ -22,7 +22,7 @@ from cache_family.schemas.journal import (
     RunStarted,
     Transition,
 )
-from cache_family.schemas.receipts import TerminalRefusal
+from cache_family.schemas.receipts import REAL_EVIDENCE_PREFIX, TerminalRefusal
 from cache_family.schemas.request_rows import RequestRowLine
 from cache_family.states.cell import MachineTable
 
@@ -45,6 +45,35 @@ def run_wide_terminal(record: object) -> TerminalRefusal | None:
 def _synthetic(run: RunStarted | None, opened: CellOpened | RowOpened | None) -> bool:
     """Synthetic if the opening record or the run's catalog says so (the label only adds)."""
     return (opened is not None and opened.synthetic) or (run is not None and run.catalog_synthetic)
+
+
+def real_evidence_class(
+    run: RunStarted | None, model_id: str, opened_load: tuple[float, float, float] | None
+) -> str | None:
+    """What a figure from a trained (not synthetic) model is: the model, the host's CPU and
+    thread count, the load average at the run's start and when the row or cell opened, and
+    the GPUs (none: CPU figures, never a GPU claim). None for a journal that kept no host."""
+    if run is None or run.host is None:
+        return None
+    host = run.host
+    cpu = host.cpu_model or "CPU model not given"
+    cpus = f"{host.cpu_count} CPUs" if host.cpu_count else "CPU count not given"
+    threads = (
+        f"{run.operator_threads} thread{'' if run.operator_threads == '1' else 's'}"
+        if run.operator_threads
+        else "threads not set"
+    )
+    loads = [f"{run.load_average[0]:.1f} at run start"] if run.load_average else []
+    if opened_load is not None:
+        loads.append(f"{opened_load[0]:.1f} when measured")
+    load = ("1-min load average " + ", ".join(loads)) if loads else "load average not kept"
+    gpu = (
+        "no GPU: CPU figures, not a GPU claim"
+        if not host.gpus
+        else "GPUs on the host: " + ", ".join(host.gpus)
+    )
+    model = model_id or "(model not named)"
+    return f"{REAL_EVIDENCE_PREFIX}{model} on {cpu} ({cpus}), {threads}, {load}; {gpu}"
 
 
 def _scope_cell(record: object) -> str | None:

@@ -43,6 +43,7 @@ from cache_family.states.fold.lines import (
     _synthetic,
     _table_step,
     _terminal_of,
+    real_evidence_class,
 )
 from cache_family.states.parity import ARM_NEW, ARM_OLD, observation_order, row_parity
 from cache_family.states.projection import planned_row, project_row
@@ -209,6 +210,14 @@ class RowFold:
             reason = _first_shortfall(observations) or terminal
         run = self.run
         synthetic = _synthetic(run, opened) or any(c.synthetic for c in cell_receipts)
+        brief = planned_row(run, self.row_index)
+        real = (
+            None
+            if synthetic
+            else real_evidence_class(
+                run, brief.model_id if brief else "", opened.load_average if opened else None
+            )
+        )
         receipt = RowReceipt(
             run_id=run.run_id if run else "",
             request_sha256=run.request_sha256 if run else "",
@@ -229,13 +238,15 @@ class RowFold:
             journal_through_seq=through,
             correctness=self.correctness.observation(opened, self.terminal_refusal),
             synthetic=synthetic,
-            evidence_class=evidence_class(synthetic),
+            evidence_class=evidence_class(synthetic) or real,
             parity=parity,
             observation_order=observation_order(observations, parity),
         )
-        brief = planned_row(run, self.row_index)
         return msgspec.structs.replace(
-            receipt, producer_report_row=project_row(brief, receipt, synthetic=synthetic)
+            receipt,
+            producer_report_row=project_row(
+                brief, receipt, synthetic=synthetic, real_evidence=real
+            ),
         )
 
 
