@@ -550,16 +550,6 @@ def _add_bench_command(sub: argparse._SubParsersAction[_Parser]) -> None:
 # --- end of cache-family bench -------------------------------------------------------------
 
 
-def _available(module: str) -> bool:
-    """A command appears only once the module that does its work exists."""
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="cache-family",
@@ -583,207 +573,199 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
     validate.set_defaults(func=_cmd_validate)
 
-    if _available("cache_family.oracles.zoo"):
-        zoo = sub.add_parser("zoo", help="tiny real GGUF models for every catalog family")
-        zoo_sub = zoo.add_subparsers(
-            dest="zoo_command", metavar="ZOO_COMMAND", required=True, parser_class=_Parser
-        )
-        zoo_build = zoo_sub.add_parser(
-            "build", help="write the tiny random-weight model zoo as a Hugging Face hub cache"
-        )
-        zoo_build.add_argument(
-            "--cache-root",
-            required=True,
-            action=_Once,
-            type=_dir_path("--cache-root"),
-            metavar="DIR",
-            help="hub cache root to write models--ORG--NAME/ trees into",
-        )
-        zoo_build.add_argument(
-            "--seed", type=int, default=0, help="weights are deterministic for a seed (default 0)"
-        )
-        zoo_build.set_defaults(func=_cmd_zoo_build)
+    zoo = sub.add_parser("zoo", help="tiny real GGUF models for every catalog family")
+    zoo_sub = zoo.add_subparsers(
+        dest="zoo_command", metavar="ZOO_COMMAND", required=True, parser_class=_Parser
+    )
+    zoo_build = zoo_sub.add_parser(
+        "build", help="write the tiny random-weight model zoo as a Hugging Face hub cache"
+    )
+    zoo_build.add_argument(
+        "--cache-root",
+        required=True,
+        action=_Once,
+        type=_dir_path("--cache-root"),
+        metavar="DIR",
+        help="hub cache root to write models--ORG--NAME/ trees into",
+    )
+    zoo_build.add_argument(
+        "--seed", type=int, default=0, help="weights are deterministic for a seed (default 0)"
+    )
+    zoo_build.set_defaults(func=_cmd_zoo_build)
 
-    if _available("cache_family.actors.prepare.parent"):
-        for name, what in (
-            ("prepare-full", "all catalog presets, no use cases"),
-            ("prepare-use-cases", "every use case of the corpus"),
-        ):
-            prep = sub.add_parser(
-                name, help=f"observe bytes and write cache-family-input.json ({what})"
-            )
-            prep.add_argument(
-                "--input",
-                required=True,
-                action=_Once,
-                type=_file_path("--input"),
-                metavar="ABS_OPERATOR_JSON",
-            )
-            prep.add_argument(
-                "--output",
-                required=True,
-                action=_Once,
-                type=_dir_path("--output"),
-                metavar="ABS_FRESH_DIR",
-            )
-            for flag, metavar in _PREPARE_OVERRIDES:
-                prep.add_argument(
-                    flag,
-                    action="append",
-                    default=[],
-                    metavar=metavar,
-                    # A file override passes the checks --input passes.
-                    type=_file_path(flag) if metavar == "ABS" else str,
-                    help="plan override, at most once",
-                )
-            prep.set_defaults(func=_cmd_prepare)
-
-    if _available("cache_family.actors.run.matrix"):
-        run = sub.add_parser("run", help="run every prepared row and publish journaled receipts")
-        run.add_argument(
+    for name, what in (
+        ("prepare-full", "all catalog presets, no use cases"),
+        ("prepare-use-cases", "every use case of the corpus"),
+    ):
+        prep = sub.add_parser(
+            name, help=f"observe bytes and write cache-family-input.json ({what})"
+        )
+        prep.add_argument(
             "--input",
+            required=True,
             action=_Once,
             type=_file_path("--input"),
-            metavar="PREPARED_JSON",
-            help="cache-family-input.json from prepare-full or prepare-use-cases",
+            metavar="ABS_OPERATOR_JSON",
         )
-        run.add_argument(
+        prep.add_argument(
             "--output",
-            action=_Once,
-            type=_dir_path("--output"),
-            metavar="ABS_FRESH_DIR",
-        )
-        run.add_argument(
-            "--resume",
-            action=_Once,
-            type=_dir_path("--resume"),
-            metavar="RUN_DIR",
-            help="continue an interrupted or crashed run in RUN_DIR (instead of --input/--output)",
-        )
-        run.add_argument(
-            "--sign-key",
-            action=_Once,
-            type=_file_path("--sign-key"),
-            metavar="SSH_PRIVATE_KEY",
-            help="sign the journal's head with this OpenSSH key (ssh-keygen -Y sign) into "
-            "RUN_DIR/journal.head.sig",
-        )
-        rows = run.add_mutually_exclusive_group()
-        rows.add_argument(
-            "--rows",
-            action=_Once,
-            metavar="KEY[,KEY...]",
-            help="run only these rows of the prepared input (a key is CASE/USE_CASE/PREFIX; "
-            "--dry-run lists them)",
-        )
-        rows.add_argument(
-            "--shard",
-            action=_Once,
-            metavar="I/N",
-            help="run shard I of N (rendezvous hashing of the row keys); auto/N reads "
-            "SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX",
-        )
-        run.add_argument(
-            "--dry-run",
-            action="store_true",
-            help="print the keys of the rows the run would run, one a line, and exit",
-        )
-        _add_progress_options(run)
-        run.set_defaults(func=_cmd_run, parser=run)
-
-    if _available("cache_family.actors.audit.replay"):
-        replay = sub.add_parser(
-            "replay", help="verify a run's journal and re-fold its receipts byte for byte"
-        )
-        replay.add_argument("run_dir", metavar="RUN_DIR", type=_dir_path("RUN_DIR"))
-        replay.add_argument(
-            "--reap",
-            action="store_true",
-            help="end processes the journal recorded that still match pid and create time",
-        )
-        replay.add_argument(
-            "--expect-head",
-            action=_Once,
-            metavar="SHA256",
-            help="the journal head the run printed as its last line; any other head differs",
-        )
-        replay.add_argument(
-            "--allowed-signers",
-            action=_Once,
-            type=_file_path("--allowed-signers"),
-            metavar="FILE",
-            help="verify journal.head.sig against this ssh-keygen allowed-signers file",
-        )
-        replay.add_argument(
-            "--signer-identity",
-            action=_Once,
-            metavar="ID",
-            help="the identity (principal) in --allowed-signers the head must be signed by",
-        )
-        replay.set_defaults(func=_cmd_replay, parser=replay)
-
-    if _available("cache_family.actors.campaign.merge"):
-        merge = sub.add_parser(
-            "merge", help="merge the run directories of a campaign's shards into one campaign"
-        )
-        merge.add_argument(
-            "--output", required=True, type=_dir_path("--output"), metavar="ABS_CAMPAIGN_DIR"
-        )
-        merge.add_argument(
-            "--placement",
-            action=_Once,
-            type=_file_path("--placement"),
-            metavar="PLACEMENT_JSON",
-            help="the placement file the shards were placed by (pinned in the campaign journal)",
-        )
-        merge.add_argument(
-            "shard_dirs", nargs="+", metavar="SHARD_DIR", type=_dir_path("SHARD_DIR")
-        )
-        merge.set_defaults(func=_cmd_merge, parser=merge)
-
-    if _available("cache_family.actors.campaign.ray_driver"):
-        campaign = sub.add_parser(
-            "campaign", help="run every row of a prepared input as a Ray task on labelled hosts"
-        )
-        campaign.add_argument(
-            "--input", action=_Once, type=_file_path("--input"), metavar="PREPARED_JSON"
-        )
-        campaign.add_argument(
-            "--resume",
-            action=_Once,
-            type=_dir_path("--resume"),
-            metavar="CAMPAIGN",
-            help="run again only the rows of CAMPAIGN without a finished run, then merge",
-        )
-        campaign.add_argument(
-            "--output",
-            action=_Once,
-            type=_dir_path("--output"),
-            metavar="ABS_FRESH_DIR",
-            help="the campaign directory; every node must see it (a shared file system)",
-        )
-        campaign.add_argument(
-            "--ray",
             required=True,
-            metavar="ADDRESS|local",
-            help="a Ray cluster's address, or local: a cluster of --hosts labelled nodes on "
-            "this machine, on loopback only (needs root for its network namespace)",
-        )
-        campaign.add_argument(
-            "--placement",
             action=_Once,
-            type=_file_path("--placement"),
-            metavar="PLACEMENT_JSON",
-            help="which hosts (Ray labels, GPUs, CPUs) may run which rows",
+            type=_dir_path("--output"),
+            metavar="ABS_FRESH_DIR",
         )
-        campaign.add_argument(
-            "--hosts",
-            type=int,
-            default=1,
-            metavar="N",
-            help="with --ray local: the number of nodes, labelled cf.host=host-0..host-N-1",
-        )
-        campaign.set_defaults(func=_cmd_campaign, parser=campaign)
+        for flag, metavar in _PREPARE_OVERRIDES:
+            prep.add_argument(
+                flag,
+                action="append",
+                default=[],
+                metavar=metavar,
+                # A file override passes the checks --input passes.
+                type=_file_path(flag) if metavar == "ABS" else str,
+                help="plan override, at most once",
+            )
+        prep.set_defaults(func=_cmd_prepare)
+
+    run = sub.add_parser("run", help="run every prepared row and publish journaled receipts")
+    run.add_argument(
+        "--input",
+        action=_Once,
+        type=_file_path("--input"),
+        metavar="PREPARED_JSON",
+        help="cache-family-input.json from prepare-full or prepare-use-cases",
+    )
+    run.add_argument(
+        "--output",
+        action=_Once,
+        type=_dir_path("--output"),
+        metavar="ABS_FRESH_DIR",
+    )
+    run.add_argument(
+        "--resume",
+        action=_Once,
+        type=_dir_path("--resume"),
+        metavar="RUN_DIR",
+        help="continue an interrupted or crashed run in RUN_DIR (instead of --input/--output)",
+    )
+    run.add_argument(
+        "--sign-key",
+        action=_Once,
+        type=_file_path("--sign-key"),
+        metavar="SSH_PRIVATE_KEY",
+        help="sign the journal's head with this OpenSSH key (ssh-keygen -Y sign) into "
+        "RUN_DIR/journal.head.sig",
+    )
+    rows = run.add_mutually_exclusive_group()
+    rows.add_argument(
+        "--rows",
+        action=_Once,
+        metavar="KEY[,KEY...]",
+        help="run only these rows of the prepared input (a key is CASE/USE_CASE/PREFIX; "
+        "--dry-run lists them)",
+    )
+    rows.add_argument(
+        "--shard",
+        action=_Once,
+        metavar="I/N",
+        help="run shard I of N (rendezvous hashing of the row keys); auto/N reads "
+        "SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the keys of the rows the run would run, one a line, and exit",
+    )
+    _add_progress_options(run)
+    run.set_defaults(func=_cmd_run, parser=run)
+
+    replay = sub.add_parser(
+        "replay", help="verify a run's journal and re-fold its receipts byte for byte"
+    )
+    replay.add_argument("run_dir", metavar="RUN_DIR", type=_dir_path("RUN_DIR"))
+    replay.add_argument(
+        "--reap",
+        action="store_true",
+        help="end processes the journal recorded that still match pid and create time",
+    )
+    replay.add_argument(
+        "--expect-head",
+        action=_Once,
+        metavar="SHA256",
+        help="the journal head the run printed as its last line; any other head differs",
+    )
+    replay.add_argument(
+        "--allowed-signers",
+        action=_Once,
+        type=_file_path("--allowed-signers"),
+        metavar="FILE",
+        help="verify journal.head.sig against this ssh-keygen allowed-signers file",
+    )
+    replay.add_argument(
+        "--signer-identity",
+        action=_Once,
+        metavar="ID",
+        help="the identity (principal) in --allowed-signers the head must be signed by",
+    )
+    replay.set_defaults(func=_cmd_replay, parser=replay)
+
+    merge = sub.add_parser(
+        "merge", help="merge the run directories of a campaign's shards into one campaign"
+    )
+    merge.add_argument(
+        "--output", required=True, type=_dir_path("--output"), metavar="ABS_CAMPAIGN_DIR"
+    )
+    merge.add_argument(
+        "--placement",
+        action=_Once,
+        type=_file_path("--placement"),
+        metavar="PLACEMENT_JSON",
+        help="the placement file the shards were placed by (pinned in the campaign journal)",
+    )
+    merge.add_argument("shard_dirs", nargs="+", metavar="SHARD_DIR", type=_dir_path("SHARD_DIR"))
+    merge.set_defaults(func=_cmd_merge, parser=merge)
+
+    campaign = sub.add_parser(
+        "campaign", help="run every row of a prepared input as a Ray task on labelled hosts"
+    )
+    campaign.add_argument(
+        "--input", action=_Once, type=_file_path("--input"), metavar="PREPARED_JSON"
+    )
+    campaign.add_argument(
+        "--resume",
+        action=_Once,
+        type=_dir_path("--resume"),
+        metavar="CAMPAIGN",
+        help="run again only the rows of CAMPAIGN without a finished run, then merge",
+    )
+    campaign.add_argument(
+        "--output",
+        action=_Once,
+        type=_dir_path("--output"),
+        metavar="ABS_FRESH_DIR",
+        help="the campaign directory; every node must see it (a shared file system)",
+    )
+    campaign.add_argument(
+        "--ray",
+        required=True,
+        metavar="ADDRESS|local",
+        help="a Ray cluster's address, or local: a cluster of --hosts labelled nodes on "
+        "this machine, on loopback only (needs root for its network namespace)",
+    )
+    campaign.add_argument(
+        "--placement",
+        action=_Once,
+        type=_file_path("--placement"),
+        metavar="PLACEMENT_JSON",
+        help="which hosts (Ray labels, GPUs, CPUs) may run which rows",
+    )
+    campaign.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --ray local: the number of nodes, labelled cf.host=host-0..host-N-1",
+    )
+    campaign.set_defaults(func=_cmd_campaign, parser=campaign)
 
     _add_report_command(sub)
     _add_report_run_command(sub)
@@ -899,7 +881,7 @@ def _flush_output() -> None:
 def _command(argv: Sequence[str] | None) -> int:
     _never_fail_on_encoding()
     args_in = normalize_argv(sys.argv[1:] if argv is None else argv)
-    worker = args_in[:1] == [_WORKER_COMMAND] and _available("cache_family.actors.prepare.worker")
+    worker = args_in[:1] == [_WORKER_COMMAND]
     parser = _worker_parser() if worker else build_parser()
     try:
         args = parser.parse_args(args_in[1:] if worker else args_in)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from browser_check import WIDTHS, browser, open_page
+from browser_check import WIDTHS, assert_compact, browser, open_page, png_width
 
 from cache_family.cli import main
 from cache_family.report.render import format_ms
@@ -282,3 +282,38 @@ def test_the_html_opens_in_chromium_without_console_errors_or_overflow_and_shows
     if width >= 1200:
         # The first screen holds the summary table: its horizontal rules are on the image.
         assert _border_lines(shot.read_bytes()) >= 3
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("run", ["full-gguf", "workloads"])
+def test_the_demos_full_gguf_and_workload_reports_read_in_chromium(
+    run: str, width: int, demo_standard: Path, tmp_path: Path
+) -> None:
+    """The real demo's full-GGUF run and its workload run: compact tables (at 1400 px none
+    scrolls sideways, per-rung rows hold one line), only the sections the run measured, and
+    a whole-page screenshot of each in the test's directory."""
+    browser()  # skips, saying so, without Chromium
+    copy = tmp_path / run
+    shutil.copytree(demo_standard / run, copy)
+    assert main(["report-run", str(copy)]) == 0
+    shot = tmp_path / f"{run}-{width}.png"
+    opened = open_page(copy / "report.html", width, full_page=shot)
+    assert opened.console == []
+    assert_compact(opened.layout, width)
+    assert png_width(shot) == max(width, 500)
+    markdown = (copy / "report.md").read_text()
+    # Neither run has use-case rows: no use-case matrix, one line says so.
+    assert "Use-Case Benchmark Matrix" not in markdown
+    assert "| Use case |" not in markdown
+    (not_run,) = [line for line in markdown.splitlines() if line.startswith("Not in this run")]
+    assert "use-case rows" in not_run
+    if run == "workloads":
+        # Its two zoo rows are full-GGUF rows; no package-only row was planned.
+        assert "Package-Only Giant Models" not in markdown and "package-only rows" in not_run
+        assert "## Workloads" in markdown
+        assert ">offered rate (requests/s)</text>" in opened.dom
+        assert ">designed overlap (%)</text>" in opened.dom
+    else:
+        assert "Package-Only Giant Models" in markdown  # the zoo's DeepSeek3 layer package
+        assert "workloads" in not_run
+    assert "| 0/0 |" not in markdown  # closed-loop stages say so; no cell counts nothing

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from hub_fixture import plan_document
-from real_run_harness import cli, sha256_of
+from real_run_harness import paired_operator, prepare_and_run
 
 from cache_family.actors.audit.replay import replay
 from cache_family.oracles import native_build
@@ -25,63 +23,6 @@ from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
 
 pytestmark = pytest.mark.native
-
-OLD = "skippy-prefix-reuse-off"
-
-
-def paired_operator(parts: Parts, tools: Path, root: Path, cases: list[str], **plan: Any) -> Path:
-    debug = tools.joinpath(*native_build.TOOLS_SUBDIR)
-    native = tools / "native"
-    members: dict[str, Any] = {
-        "cases": cases,
-        "catalog": {"path": str(parts.zoo_catalog), "sha256": sha256_of(parts.zoo_catalog)},
-        "concurrency": [1, 2],
-        "concurrent_requests": 2,
-        "concurrent_output_tokens": 8,
-        "llama_repeats": 2,
-        "old_server": {"path": str(debug / OLD), "sha256": None},
-        "new_server": {"path": str(debug / "skippy"), "sha256": None},
-        **plan,
-    }
-    document: dict[str, Any] = {
-        "schema_version": 1,
-        "plan": plan_document(parts.zoo_root, **members),
-        "correctness": str(debug / "skippy-correctness"),
-        "stage_server": str(debug / "skippy"),
-        "native_server": str(native / "bin" / native_build.SERVER_NAME),
-        "artifact_tool": None,
-        "native_build": str(native),
-        "old_source_commit": "1" * 40,
-        "new_source_commit": "2" * 40,
-        "native_source_commit": "3" * 40,
-        "environment": {"OMP_NUM_THREADS": "1"},
-        "toolkit_directories": {},
-        "execution_seconds": 1800,
-        "cell_seconds": 300,
-        "request_timeout_ms": 60000,
-        "preparation_seconds": 300,
-    }
-    path = root / "operator.json"
-    path.write_text(json.dumps(document))
-    return path
-
-
-def prepare_and_run(
-    operator: Path, root: Path, verb: str = "prepare-full", *extra: str
-) -> tuple[Path, int, str]:
-    prepared = root / "prepared"
-    done = cli(verb, "--input", str(operator), "--output", str(prepared), *extra, cwd=root)
-    assert done.returncode == 0, done.stderr
-    out = root / "run"
-    ran = cli(
-        "run",
-        "--input",
-        str(prepared / "cache-family-input.json"),
-        "--output",
-        str(out),
-        cwd=root,
-    )
-    return out, ran.returncode, ran.stderr
 
 
 def test_a_reduced_plan_with_old_and_new_bound_completes_with_parity_accepted(

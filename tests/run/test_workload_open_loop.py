@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import trio
+import trio.abc
 import trio.testing
 
 from cache_family.actors.run.calibration_server import CalibrationServer, Pace
@@ -167,17 +168,53 @@ async def test_the_deadline_cuts_what_is_in_flight_and_sends_nothing_after_it(
     assert statuses[10:] == ["not-launched"] * 20
 
 
+class TickingClock(trio.abc.Clock):
+    """A FAKE clock that moves by ``tick`` seconds at every reading, so a loop that watches
+    the time (the sender's spin) sees it move without any real time passing; when nothing
+    can run, it jumps to the next deadline at once, as the autojump clock does."""
+
+    def __init__(self, tick: float) -> None:
+        self.tick = tick
+        self.now = 0.0
+        self.readings = 0
+
+    def start_clock(self) -> None:
+        pass
+
+    def current_time(self) -> float:
+        self.readings += 1
+        self.now += self.tick
+        return self.now
+
+    def deadline_to_sleep_time(self, deadline: float) -> float:
+        if not math.isfinite(deadline):
+            return math.inf
+        self.now = max(self.now, deadline)
+        return 0.0
+
+
 def test_a_spinning_sender_never_sends_early() -> None:
+    spin_s = 0.002
+    spins: list[int] = []
+
     async def main() -> None:
         schedule = arrival_schedule("poisson", 200.0, seed=5, requests=20)
-        outcome = await OpenLoopSender(
-            schedule, served_in(0.01), target_rate_per_s=200.0, pattern="poisson", spin_s=0.002
-        ).run()
+        sender = OpenLoopSender(
+            schedule, served_in(0.01), target_rate_per_s=200.0, pattern="poisson", spin_s=spin_s
+        )
+        outcome = await sender.run()
         assert [row.status for row in outcome.rows] == ["completed"] * 20
         assert all(s.sent_s >= s.scheduled_s for s in outcome.sends)
+        # The spin, not the sleep, reached each send time: within its window.
+        assert all(s.sent_s - s.scheduled_s < spin_s for s in outcome.sends)
+        spins.append(len(outcome.sends))
 
-    # A clock that runs at real speed: the spin watches it move.
-    trio.run(main, clock=trio.testing.MockClock(rate=1.0))
+    clock = TickingClock(tick=1e-5)
+    trio.run(main, clock=clock)
+    assert spins == [20]
+    # Each send watched the clock through (most of) its spin window; a sleep reads it a few
+    # times only.
+    assert clock.readings > 20 * (spin_s / clock.tick) / 2
 
 
 def test_a_schedule_must_be_ascending() -> None:

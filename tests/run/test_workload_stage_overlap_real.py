@@ -15,8 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from real_run_harness import cli
-from test_run_paired import paired_operator, prepare_and_run
+from real_run_harness import cli, paired_operator, prepare_and_run
 
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.arms import (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,13 @@ import pytest
 BROWSER = "chromium"
 #: The widths the report must read at: a desktop window and a phone.
 WIDTHS = (1400, 420)
+#: The tallest whole-page screenshot taken (Chromium's window stays below its limits).
+MAX_SHOT_HEIGHT = 16000
+#: A per-rung table's first header (both per-rung tables start with the arm).
+RUNG_TABLE = "Arm"
+#: The most lines of text a row of any table may hold at a desktop width (a long note or
+#: model reference wraps; a row of seven lines is a table squeezed into narrow columns).
+MOST_LINES = 4
 
 _PROBE = """<script>
 (function () {
@@ -39,8 +47,24 @@ _PROBE = """<script>
       out.push(el.tagName.toLowerCase() + ":" + Math.round(r.right));
     }
   }
+  var tables = [], boxes = document.querySelectorAll("table");
+  for (var t = 0; t < boxes.length; t++) {
+    var table = boxes[t], box = table.parentElement, head = table.querySelector("th");
+    var lines = 0, tallest = 0, rows = table.querySelectorAll("tbody tr");
+    for (var k = 0; k < rows.length; k++) {
+      var cells = rows[k].children, first = getComputedStyle(cells[0]);
+      var line = parseFloat(first.lineHeight), inner = rows[k].getBoundingClientRect().height
+        - parseFloat(first.paddingTop) - parseFloat(first.paddingBottom)
+        - parseFloat(first.borderTopWidth);
+      tallest = Math.max(tallest, rows[k].getBoundingClientRect().height);
+      lines = Math.max(lines, Math.round(inner / line));
+    }
+    tables.push({head: head ? head.textContent : "", rows: rows.length, lines: lines,
+      tallest: Math.round(tallest), scroll: box.scrollWidth, client: box.clientWidth});
+  }
   parent.document.body.setAttribute("data-probe", JSON.stringify(
-    {scroll: root.scrollWidth, client: width, offenders: out.slice(0, 10)}));
+    {scroll: root.scrollWidth, client: width, height: root.scrollHeight,
+     offenders: out.slice(0, 10), tables: tables}));
 })();
 </script>"""
 #: Chromium's headless window is at least 500 CSS pixels wide, so the page is measured in an
@@ -55,7 +79,11 @@ _FRAME = (
 class Opened:
     console: list[str]
     dom: str
-    #: ``{scroll, client, offenders}`` measured in the laid-out page.
+    #: ``{scroll, client, height, offenders, tables}`` measured in the laid-out page (folded
+    #: tables unfolded); each table:
+    #: ``{head, rows, lines, tallest, scroll, client}``: its first header, its body rows,
+    #: the most lines of text a row holds, the tallest row (px), and its box's scroll and
+    #: client widths (a box that scrolls sideways has scroll > client).
     layout: dict[str, Any]
 
 
@@ -75,8 +103,12 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def open_page(page: Path, width: int, *, screenshot: Path | None = None) -> Opened:
-    """The page as Chromium shows it in a window ``width`` pixels wide."""
+def open_page(
+    page: Path, width: int, *, screenshot: Path | None = None, full_page: Path | None = None
+) -> Opened:
+    """The page as Chromium shows it in a window ``width`` pixels wide. ``screenshot``: a
+    PNG of its first screen; ``full_page``: a PNG of the whole page exactly ``width`` wide
+    (up to :data:`MAX_SHOT_HEIGHT` tall), folded tables unfolded, for a reader to look at."""
     flags = [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr"]
     flags += ["--v=0", f"--window-size={width},1600"]
     console: list[str] = []
@@ -87,7 +119,9 @@ def open_page(page: Path, width: int, *, screenshot: Path | None = None) -> Open
     console += [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
     text = page.read_text()
     lines = [line for line in text.splitlines() if "Content-Security-Policy" not in line]
-    probed = "\n".join(lines).replace("</body>", _PROBE + "\n</body>")
+    # Folded tables are measured unfolded, as a reader who opens them sees them.
+    probed = "\n".join(lines).replace("<details>", "<details open>")
+    probed = probed.replace("</body>", _PROBE + "\n</body>")
     # Beside the page, so its relative links and plots resolve the same way.
     target = page.parent / f"probe-{width}-{page.name}"
     frame = page.parent / f"frame-{width}-{page.name}"
@@ -107,14 +141,46 @@ def open_page(page: Path, width: int, *, screenshot: Path | None = None) -> Open
     start = probe.stdout.index(marker) + len(marker)
     raw = probe.stdout[start : probe.stdout.index('"', start)]
     layout = json.loads(raw.replace("&quot;", '"').replace("&amp;", "&"))
+    if full_page is not None:
+        _shoot_whole(page, text, width, min(int(layout["height"]), MAX_SHOT_HEIGHT), full_page)
     return Opened(console=console, dom=dom.stdout, layout=layout)
 
 
-def assert_reads_at(page: Path, width: int) -> Opened:
-    """No console message, and nothing wider than the window outside a scrolling box."""
-    opened = open_page(page, width)
-    assert opened.console == [], opened.console
-    layout = opened.layout
-    assert layout["offenders"] == [], layout
+def _shoot_whole(page: Path, text: str, width: int, height: int, out: Path) -> None:
+    """The page, folds open, in an iframe exactly ``width`` wide and ``height`` tall."""
+    shown = page.parent / f"shown-{width}-{page.name}"
+    frame = page.parent / f"whole-{width}-{page.name}"
+    shown.write_text(text.replace("<details>", "<details open>"))
+    frame.write_text(
+        _FRAME.format(src=shown.name, width=width).replace('height="1500"', f'height="{height}"')
+    )
+    flags = [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    try:
+        _run([*flags, f"--window-size={max(width, 500)},{height}", f"--screenshot={out}",
+              frame.as_uri()])  # fmt: skip
+    finally:
+        shown.unlink()
+        frame.unlink()
+
+
+def png_width(path: Path) -> int:
+    """The width of a PNG, from its header."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    (width,) = struct.unpack(">I", data[16:20])
+    return int(width)
+
+
+def assert_compact(layout: dict[str, Any], width: int) -> None:
+    """Nothing outside a scrolling box sticks out; per-rung rows hold one line; at a desktop
+    width no table scrolls sideways and no row is squeezed tall."""
+    assert layout["offenders"] == [], layout["offenders"]
     assert layout["scroll"] <= layout["client"], layout
-    return opened
+    tables = layout["tables"]
+    assert tables
+    for table in tables:
+        if table["head"] == RUNG_TABLE:
+            assert table["lines"] == 1, table
+        if width >= 1200:
+            assert table["scroll"] <= table["client"], table
+            assert table["lines"] <= MOST_LINES, table

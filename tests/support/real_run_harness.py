@@ -83,3 +83,65 @@ def prepare_then_run(
     ran = cli("run", "--input", str(prepared), "--output", str(out), cwd=root)
     assert ran.returncode == 0, ran.stderr
     return out, ran
+
+
+#: The old stage server of the paired tests: the demo's oracle with prefix reuse off.
+OLD = "skippy-prefix-reuse-off"
+
+
+def paired_operator(parts: Parts, tools: Path, root: Path, cases: list[str], **plan: Any) -> Path:
+    """An operator input with old and new stage servers bound (``plan`` overrides members)."""
+    debug = tools.joinpath(*native_build.TOOLS_SUBDIR)
+    native = tools / "native"
+    members: dict[str, Any] = {
+        "cases": cases,
+        "catalog": {"path": str(parts.zoo_catalog), "sha256": sha256_of(parts.zoo_catalog)},
+        "concurrency": [1, 2],
+        "concurrent_requests": 2,
+        "concurrent_output_tokens": 8,
+        "llama_repeats": 2,
+        "old_server": {"path": str(debug / OLD), "sha256": None},
+        "new_server": {"path": str(debug / "skippy"), "sha256": None},
+        **plan,
+    }
+    document: dict[str, Any] = {
+        "schema_version": 1,
+        "plan": plan_document(parts.zoo_root, **members),
+        "correctness": str(debug / "skippy-correctness"),
+        "stage_server": str(debug / "skippy"),
+        "native_server": str(native / "bin" / native_build.SERVER_NAME),
+        "artifact_tool": None,
+        "native_build": str(native),
+        "old_source_commit": "1" * 40,
+        "new_source_commit": "2" * 40,
+        "native_source_commit": "3" * 40,
+        "environment": {"OMP_NUM_THREADS": "1"},
+        "toolkit_directories": {},
+        "execution_seconds": 1800,
+        "cell_seconds": 300,
+        "request_timeout_ms": 60000,
+        "preparation_seconds": 300,
+    }
+    path = root / "operator.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def prepare_and_run(
+    operator: Path, root: Path, verb: str = "prepare-full", *extra: str
+) -> tuple[Path, int, str]:
+    """``verb`` then ``run``: the run directory, the run's exit code and its stderr (the run
+    may fail; the preparation must not)."""
+    prepared = root / "prepared"
+    done = cli(verb, "--input", str(operator), "--output", str(prepared), *extra, cwd=root)
+    assert done.returncode == 0, done.stderr
+    out = root / "run"
+    ran = cli(
+        "run",
+        "--input",
+        str(prepared / "cache-family-input.json"),
+        "--output",
+        str(out),
+        cwd=root,
+    )
+    return out, ran.returncode, ran.stderr

@@ -33,6 +33,13 @@ from cache_family.schemas.receipts import (
     RungReceipt,
     encode_receipt,
 )
+from cache_family.schemas.workload_records import (
+    WORKLOAD_RECEIPT_NAME,
+    OpenLoopStageMeasured,
+    OverlapPointReceipt,
+    WorkloadReceipt,
+    encode_workload_receipt,
+)
 
 RUN_ID = "run-test-0001"
 SHA = "0" * 64
@@ -105,7 +112,11 @@ def serial_rung(elapsed: Sequence[float], server: Sequence[tuple[float, float]])
     )
 
 
-def cell(row: int, arm: str, rungs: Sequence[RungReceipt], *, synthetic: bool) -> CellReceipt:
+def cell(
+    row: int, arm: str, rungs: Sequence[RungReceipt], *, synthetic: bool, kind: str | None = None
+) -> CellReceipt:
+    """``kind``: the measurement's (a workload cell's is its workload's); default serial for
+    the serial baseline, concurrent for every other arm."""
     return CellReceipt(
         run_id=RUN_ID,
         request_sha256=SHA,
@@ -129,7 +140,7 @@ def cell(row: int, arm: str, rungs: Sequence[RungReceipt], *, synthetic: bool) -
         pins_drifted=False,
         cleanup=None,
         measurement=Measurement(
-            kind="serial" if arm == "native-serial" else "concurrent",
+            kind=kind or ("serial" if arm == "native-serial" else "concurrent"),
             complete=True,
             rungs=tuple(rungs),
         ),
@@ -146,10 +157,11 @@ def write_run(
     verdicts: dict[tuple[int, str, int], Any] | None = None,
     producers: dict[int, ProducerRow] | None = None,
     statuses: dict[tuple[int, str], tuple[str, str]] | None = None,
+    workloads: dict[tuple[int, str], WorkloadReceipt] | None = None,
 ) -> Path:
     """``producers``: a row's production entry (``row.json``'s ``producer_report_row``);
     ``statuses``: (row, arm) -> (observation status, reason) for an arm that did not
-    complete."""
+    complete; ``workloads``: (row, arm) -> the ``workload.json`` of a workload arm's cell."""
     """A run directory with one row per mapping (arm name -> its rungs)."""
     root.mkdir(parents=True)
     entries = []
@@ -157,9 +169,13 @@ def write_run(
         row_dir = root / f"cell-{index:04d}"
         observations = []
         for arm, rungs in arms.items():
-            receipt = cell(index, arm, rungs, synthetic=synthetic)
+            workload = (workloads or {}).get((index, arm))
+            kind = None if workload is None else workload.kind
+            receipt = cell(index, arm, rungs, synthetic=synthetic, kind=kind)
             cell_dir = root / str(receipt.cell_dir)
             cell_dir.mkdir(parents=True)
+            if workload is not None:
+                (cell_dir / WORKLOAD_RECEIPT_NAME).write_bytes(encode_workload_receipt(workload))
             data = encode_receipt(receipt)
             wanted = {k[2]: v for k, v in (verdicts or {}).items() if k[:2] == (index, arm)}
             if wanted:
@@ -240,3 +256,91 @@ def write_run(
 
 def to_builtins(value: object) -> Any:
     return msgspec.to_builtins(value)
+
+
+def stage(kind: str, **figures: Any) -> OpenLoopStageMeasured:
+    """One open-loop stage of cell-0000's open-loop workload (Poisson unless said)."""
+    figures.setdefault("pattern", "poisson")
+    return OpenLoopStageMeasured(cell_id="cell-0000/native-open-loop", stage=kind, **figures)
+
+
+def open_loop_receipt(
+    row: int, arm: str, stages: Sequence[OpenLoopStageMeasured]
+) -> WorkloadReceipt:
+    return WorkloadReceipt(
+        cell_id=f"cell-{row:04d}/{arm}",
+        arm=arm,
+        kind="open-loop",
+        status="accepted",
+        synthetic=True,
+        architecture="llama",
+        rule="exact-prefix",
+        open_loop=tuple(stages),
+    )
+
+
+def overlap_receipt(row: int, arm: str) -> WorkloadReceipt:
+    """Five overlap points, each reused as designed."""
+    points = tuple(
+        OverlapPointReceipt(
+            hit_ratio_pct=pct,
+            prompt_tokens=1024,
+            shared_prefix_tokens=1024 * pct // 100,
+            reusable_tokens=1024 * pct // 100,
+            designed_ratio_pct=100.0 * (1024 * pct // 100) / 1024,
+            achieved_ratio_pct=100.0 * (1024 * pct // 100) / 1024,
+            band_pp=0.5,
+            measured_requests=4,
+            failed_requests=0,
+            accepted=True,
+            prompt_ms_p50=700.0 - 6 * pct,
+        )
+        for pct in (0, 30, 50, 70, 90)
+    )
+    return WorkloadReceipt(
+        cell_id=f"cell-{row:04d}/{arm}",
+        arm=arm,
+        kind="prefix-overlap",
+        status="accepted",
+        synthetic=True,
+        architecture="llama",
+        rule="exact-prefix",
+        overlap=points,
+    )
+
+
+def demo_like_stages() -> list[OpenLoopStageMeasured]:
+    """A sweep as the demo's used to run it: closed-loop ends, then two rates of 24 sends
+    each at offered rates that print long (300.141/s, 340.351/s), the second one stopped."""
+    return [
+        stage("synchronous", measured_rate_per_s=42.4, completed=24),
+        stage("throughput", measured_rate_per_s=380.2, completed=24),
+        stage(
+            "rate",
+            target_rate_per_s=300.141,
+            scheduled=24,
+            launched=24,
+            completed=24,
+            achieved_rate_per_s=225.3,
+            lateness_p50_ms=0.4,
+            lateness_p99_ms=2.5,
+            fit_statistic="kolmogorov-smirnov",
+            fit_value=0.14,
+            fit_p_value=0.45,
+            completed_per_s=210.0,
+        ),
+        stage(
+            "rate",
+            target_rate_per_s=340.351,
+            scheduled=24,
+            launched=24,
+            completed=23,
+            achieved_rate_per_s=330.0,
+            lateness_p50_ms=0.5,
+            lateness_p99_ms=3.5,
+            fit_statistic="kolmogorov-smirnov",
+            fit_value=0.1,
+            fit_p_value=0.8,
+            completed_per_s=300.0,
+        ),
+    ]

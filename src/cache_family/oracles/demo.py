@@ -49,7 +49,7 @@ DEMO_WORKLOADS: Final[dict[str, Any]] = {
     "open_loop": {
         "pattern": "poisson",
         "sweep": {"points": 2, "throughput_concurrency": 4},
-        "requests": 24,
+        "requests": 100,
         "output_tokens": 4,
         "seed": 20,
         "over_saturation": {"window": 16, "min_in_flight": 8, "max_lateness_ms": 200},

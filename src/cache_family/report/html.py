@@ -21,10 +21,13 @@ body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 78rem
 details { margin: 0.4rem 0 1rem; } summary { cursor: pointer; color: #1f4e8c; }
 h1 { font-size: 1.6rem; } h2 { font-size: 1.3rem; margin-top: 2rem; }
 h3 { font-size: 1.1rem; margin-top: 1.5rem; }
-table { border-collapse: collapse; margin: 0.6rem 0 1rem; font-size: 0.85rem;
-  display: block; max-width: 100%; overflow-x: auto; }
+.table { overflow-x: auto; margin: 0.6rem 0 1rem; }
+table { border-collapse: collapse; font-size: 0.85rem; width: max-content;
+  max-width: max(100%, 60rem); }
 th, td { border: 1px solid #c8c8c8; padding: 0.25rem 0.5rem; vertical-align: top; }
-th { background: #f0f0f0; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td:first-child { white-space: nowrap; }
+th { background: #f0f0f0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 code { font-size: 0.85em; background: #f4f4f4; padding: 0 0.2em; }
 .banner { border: 2px solid #b45309; background: #fff4e0; color: #7c2d12; font-weight: bold;
   padding: 0.6rem 0.9rem; margin: 1rem 0; }
@@ -69,7 +72,7 @@ def _table(lines: list[str]) -> str:
     header = _cells(lines[0])
     aligns = _cells(lines[1]) if len(lines) > 1 else []
     right = [a.endswith(":") for a in aligns]
-    out = ["<table>", "<thead><tr>"]
+    out = ['<div class="table"><table>', "<thead><tr>"]
     out.extend(f"<th>{inline(h)}</th>" for h in header)
     out.append("</tr></thead>")
     out.append("<tbody>")
@@ -85,7 +88,7 @@ def _table(lines: list[str]) -> str:
             )
             + "</tr>"
         )
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     return "\n".join(out)
 
 

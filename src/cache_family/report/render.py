@@ -274,17 +274,31 @@ PRODUCER_SOURCES_LINE: Final = (
 )
 
 
-def render_report(
+@dataclass(frozen=True, slots=True)
+class ReferenceSection:
+    """One of the report's three tables with its heading and text; ``rows``: how many rows
+    its table shows (a run that measured none of them has nothing to show there)."""
+
+    key: str
+    lines: tuple[str, ...]
+    rows: int
+
+
+FULL_SECTION: Final = "full-gguf"
+USE_CASE_SECTION: Final = "use-case"
+PACKAGE_SECTION: Final = "package-only"
+
+
+def reference_sections(
     rows: Sequence[ReportRow],
     sources: Sequence[SourceEntry],
     corpus_shown: str,
     refusals: Refusals,
     *,
     producer: bool = False,
-) -> str:
-    """The report text (ending in one newline); overflows go to ``refusals``. ``producer``:
-    the in-run variant a run writes as ``production-cache-bench.md`` (``corpus_shown`` is
-    then not used)."""
+) -> tuple[ReferenceSection, ...]:
+    """The full-GGUF table, the use-case matrix with its sources, and the package-only table,
+    each ending in an empty line; overflows go to ``refusals``."""
     ordered = sorted(rows, key=lambda row: _rank(row.family, FAMILY_ORDER))
 
     def has_case(row: ReportRow) -> bool:
@@ -296,39 +310,72 @@ def render_report(
     full = [r for r in ordered if not has_case(r) and baseline_ok(r)]
     package = [r for r in ordered if not has_case(r) and r.stage_load_mode != RUNTIME_SLICE]
     matrix = [r for r in ordered if has_case(r) and baseline_ok(r)]
-    lines = [
-        "### Full-GGUF llama-server vs Skippy",
-        "",
-        "Rows are ordered so related runtime/cache families appear next to each other.",
-        "",
-        _table(full, package=False, refusals=refusals),
-        "",
-        "### Use-Case Benchmark Matrix",
-        "",
-        "This matrix uses one Hugging Face-sourced representative prompt per use case,",
-        *(_PRODUCER_MATRIX_SETTINGS if producer else _MATRIX_SETTINGS),
-        "llama-server warm-cache latency. DeepSeek3 stays in the package-only section",
-        "because there is no practical local full-GGUF llama-server baseline for that",
-        "artifact.",
-        "",
-        _matrix(matrix),
-        "",
-        PRODUCER_SOURCES_LINE
-        if producer
-        else f"Prompt sources are checked in at `{_code_span(corpus_shown)}` with source",
-        "dataset metadata:",
-        "",
-        _sources(sources),
-        "",
-        "### Package-Only Giant Models",
-        "",
-        "These rows validate cache strategy for models where a full llama-server",
-        "baseline is not operationally useful because monolithic residency is too large.",
-        "",
-        _table(package, package=True, refusals=refusals),
-        "",
-    ]
-    return "\n".join(lines)
+    return (
+        ReferenceSection(
+            FULL_SECTION,
+            (
+                "### Full-GGUF llama-server vs Skippy",
+                "",
+                "Rows are ordered so related runtime/cache families appear next to each other.",
+                "",
+                _table(full, package=False, refusals=refusals),
+                "",
+            ),
+            len(full),
+        ),
+        ReferenceSection(
+            USE_CASE_SECTION,
+            (
+                "### Use-Case Benchmark Matrix",
+                "",
+                "This matrix uses one Hugging Face-sourced representative prompt per use case,",
+                *(_PRODUCER_MATRIX_SETTINGS if producer else _MATRIX_SETTINGS),
+                "llama-server warm-cache latency. DeepSeek3 stays in the package-only section",
+                "because there is no practical local full-GGUF llama-server baseline for that",
+                "artifact.",
+                "",
+                _matrix(matrix),
+                "",
+                PRODUCER_SOURCES_LINE
+                if producer
+                else f"Prompt sources are checked in at `{_code_span(corpus_shown)}` with source",
+                "dataset metadata:",
+                "",
+                _sources(sources),
+                "",
+            ),
+            len(matrix),
+        ),
+        ReferenceSection(
+            PACKAGE_SECTION,
+            (
+                "### Package-Only Giant Models",
+                "",
+                "These rows validate cache strategy for models where a full llama-server",
+                "baseline is not operationally useful because monolithic residency is too large.",
+                "",
+                _table(package, package=True, refusals=refusals),
+                "",
+            ),
+            len(package),
+        ),
+    )
+
+
+def render_report(
+    rows: Sequence[ReportRow],
+    sources: Sequence[SourceEntry],
+    corpus_shown: str,
+    refusals: Refusals,
+    *,
+    producer: bool = False,
+) -> str:
+    """The report text (ending in one newline): every section, each table even when it has
+    no row, as the reference writes it; overflows go to ``refusals``. ``producer``: the
+    in-run variant a run writes as ``production-cache-bench.md`` (``corpus_shown`` is then
+    not used)."""
+    sections = reference_sections(rows, sources, corpus_shown, refusals, producer=producer)
+    return "\n".join(line for section in sections for line in section.lines)
 
 
 def effect_cells(effect: MedianDifference | None) -> list[str]:

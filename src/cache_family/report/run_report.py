@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Final
 from urllib.parse import quote
 
@@ -13,12 +14,15 @@ from msgspec import UnsetType
 from cache_family.report.decode import Refusals
 from cache_family.report.html import anchor, markdown_to_html
 from cache_family.report.render import (
+    FULL_SECTION,
+    PACKAGE_SECTION,
+    USE_CASE_SECTION,
     baseline,
     cell,
     effect_cells,
     format_ms,
     hit_ms,
-    render_report,
+    reference_sections,
     speedup,
 )
 from cache_family.report.rows import BaselineFigures, ReportRow, SkippyFigures
@@ -32,7 +36,7 @@ from cache_family.report.stats import (
     bootstrap_median_difference,
     median,
 )
-from cache_family.report.svg import Panel, Series, line_panels
+from cache_family.report.svg import CONCURRENCY, Panel, Series, line_panels
 from cache_family.report.workloads import workload_sections
 from cache_family.schemas.arms import NATIVE_CONCURRENT, SKIPPY_NEW, SKIPPY_OLD
 from cache_family.schemas.matrix import MATRIX_FILENAME
@@ -43,21 +47,30 @@ from cache_family.schemas.receipts import CacheVerdict
 MARKDOWN_NAME: Final = "report.md"
 #: The first line of ``report.md``: which layout wrote it. Replay regenerates and compares the
 #: files of a report of this layout only (a run reported by an earlier layout says so instead).
-FORMAT_LINE: Final = "<!-- cache-family run report, format 2 -->"
+FORMAT_LINE: Final = "<!-- cache-family run report, format 3 -->"
 HTML_NAME: Final = "report.html"
 PLOTS_DIR: Final = "plots"
 JOURNAL_NAME: Final = "journal.jsonl"
+NATIVE_ARM: Final = NATIVE_CONCURRENT.name
 OLD_ARM: Final = SKIPPY_OLD.name
 NEW_ARM: Final = SKIPPY_NEW.name
 SYNTHETIC_BANNER: Final = "synthetic: plumbing evidence, not a performance claim"
 PAIRED_NOT_RUN: Final = "paired serving not run"
 NOT_OBSERVABLE: Final = "not observable"
+#: How the report names what a run did not measure, in the line that says so.
+NOT_RUN_NAMES: Final = {
+    FULL_SECTION: "full-GGUF rows",
+    USE_CASE_SECTION: "use-case rows",
+    PACKAGE_SECTION: "package-only rows",
+}
+NO_LADDERS: Final = "concurrency ladders"
+NO_WORKLOADS: Final = "workloads"
 #: How output tokens per request are named in every legend and table.
 TOKENS_UNIT: Final = "output tok/req"
 #: A per-rung table with more lines than this starts folded in the page (``<details>``).
 FOLD_ABOVE_LINES: Final = 8
 ARM_COLORS: Final = {
-    NATIVE_CONCURRENT.name: "#1f77b4",
+    NATIVE_ARM: "#1f77b4",
     OLD_ARM: "#d62728",
     NEW_ARM: "#2ca02c",
 }
@@ -256,10 +269,12 @@ def _plot(view: RowView, arms: Sequence[ArmView]) -> str:
         Panel("Output tokens", "tokens/s", plain(lambda s: s.output_tokens_per_sec), _rate),
         Panel("Goodput", "requests/s", plain(lambda s: s.goodput_requests_per_sec), _rate),
     )
-    return line_panels(f"Concurrency curves: {_row_name(view)}", labels, panels)
+    return line_panels(f"Concurrency curves: {_row_name(view)}", labels, panels, axis=CONCURRENCY)
 
 
-def _verdict_text(verdict: CacheVerdict | None) -> tuple[str, ...]:
+def _verdict_text(verdict: CacheVerdict | None, rules: dict[str, int]) -> tuple[str, ...]:
+    """Expected hits, observed hits and the verdict; the verdict's rule (a sentence, the same
+    for every rung of an arm) as a numbered note, its number in ``rules``."""
     if verdict is None:
         return ("n/a", "n/a", "n/a")
     short = verdict.shortfall
@@ -267,7 +282,7 @@ def _verdict_text(verdict: CacheVerdict | None) -> tuple[str, ...]:
         short = verdict.observed_hits < verdict.expected_hits
     text = "n/a" if short is None else ("**short**" if short else "ok")
     if verdict.rule:
-        text += f" ({cell(verdict.rule)})"
+        text += f" [{rules.setdefault(cell(verdict.rule), len(rules) + 1)}]"
     expected = _count(verdict.expected_hits)
     observed = _count(verdict.observed_hits)
     if verdict.expected_cached_tokens is not None or verdict.observed_cached_tokens_min is not None:
@@ -276,19 +291,23 @@ def _verdict_text(verdict: CacheVerdict | None) -> tuple[str, ...]:
     return (expected, observed, text)
 
 
-def _curve_table(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
-    head = (
+def _curve_tables(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
+    """Two tables per row, so each fits a desktop window: the latencies of each arm's rungs,
+    then their rates and cache figures."""
+    latency = [
         "| Arm | Output tok/req | Concurrency | Status | Measured/requested | TTFT p50 ms "
-        "| TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | Throughput req/s | Output tok/s "
-        "| Goodput req/s | Served from cache |"
-    )
-    align = (
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-    )
+        "| TTFT p99 ms | TPOT p50 ms | TPOT p99 ms |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    rates = [
+        "| Arm | Concurrency | Throughput req/s | Output tok/s | Goodput req/s "
+        "| Served from cache |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     if with_verdicts:
-        head += " Expected hits | Observed hits | Cache verdict |"
-        align += " ---: | ---: | --- |"
-    lines = [head, align]
+        rates[0] += " Expected hits | Observed hits | Cache verdict |"
+        rates[1] += " ---: | ---: | --- |"
+    rules: dict[str, int] = {}
     for arm in arms:
         for rung in _rungs(arm):
             s = rung.summary
@@ -296,25 +315,42 @@ def _curve_table(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
             served = f"{sum(1 for c in cached if c > 0)}/{len(cached)}" if cached else "n/a"
             tokens = _rung_tokens(rung)
             unobserved = _unobserved(s)
+            latency.append(
+                _table_row(
+                    [
+                        cell(arm.arm),
+                        "n/a" if tokens is None else str(tokens),
+                        str(rung.concurrency),
+                        cell(rung.status),
+                        "n/a" if s is None else f"{s.measured_requests}/{s.requested_requests}",
+                        _ttft_cell(s, None if s is None else s.ttft_p50_ms),
+                        _ttft_cell(s, None if s is None else s.ttft_p99_ms),
+                        NOT_OBSERVABLE
+                        if unobserved
+                        else format_ms(None if s is None else s.tpot_p50_ms),
+                        NOT_OBSERVABLE
+                        if unobserved
+                        else format_ms(None if s is None else s.tpot_p99_ms),
+                    ]
+                )
+            )
             fields = [
                 cell(arm.arm),
-                "n/a" if tokens is None else str(tokens),
                 str(rung.concurrency),
-                cell(rung.status),
-                "n/a" if s is None else f"{s.measured_requests}/{s.requested_requests}",
-                _ttft_cell(s, None if s is None else s.ttft_p50_ms),
-                _ttft_cell(s, None if s is None else s.ttft_p99_ms),
-                NOT_OBSERVABLE if unobserved else format_ms(None if s is None else s.tpot_p50_ms),
-                NOT_OBSERVABLE if unobserved else format_ms(None if s is None else s.tpot_p99_ms),
                 _rate(None if s is None else s.throughput_requests_per_sec),
                 _rate(None if s is None else s.output_tokens_per_sec),
                 _rate(None if s is None else s.goodput_requests_per_sec),
                 served,
             ]
             if with_verdicts:
-                fields.extend(_verdict_text(rung.verdict))
-            lines.append("| " + " | ".join(fields) + " |")
-    return lines
+                fields.extend(_verdict_text(rung.verdict, rules))
+            rates.append(_table_row(fields))
+    notes = [f"- [{n}] {rule}" for rule, n in rules.items()]
+    return [*latency, "", *rates, *(["", "Cache verdict rules:", "", *notes] if notes else [])]
+
+
+def _is_table_line(line: str) -> bool:
+    return line.startswith("|")
 
 
 def _server_figure(value: float | UnsetType) -> str:
@@ -363,9 +399,11 @@ def _server_table(arms: Sequence[ArmView]) -> list[str]:
 
 
 def _folded(summary: str, lines: list[str]) -> list[str]:
-    """``lines`` (a table) inside ``<details>`` when long: the page opens short, the figures
-    stay one click away (and plain in the Markdown)."""
-    if len(lines) <= FOLD_ABOVE_LINES:
+    """``lines`` (tables, an empty line between two) inside ``<details>`` when one of them
+    is long: the page opens short, the figures stay one click away (and plain in the
+    Markdown)."""
+    tables = [len(list(rows)) for table, rows in groupby(lines, _is_table_line) if table]
+    if max(tables, default=0) <= FOLD_ABOVE_LINES:
         return lines
     return ["<details>", f"<summary>{summary}</summary>", "", *lines, "", "</details>"]
 
@@ -412,7 +450,7 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
             # Brackets would end the image's alt text early.
             f"![Concurrency curves of {_title(view).replace('[', '(').replace(']', ')')}]({name})",
             "",
-            *_folded(f"Per-rung figures of {_title(view)}", _curve_table(arms, with_verdicts)),
+            *_folded(f"Per-rung figures of {_title(view)}", _curve_tables(arms, with_verdicts)),
         ]
         server = _server_table(arms)
         if server:
@@ -494,7 +532,7 @@ def _comparison(receipts: RunReceipts) -> list[str]:
                     f"| Row | Output tok/req | Concurrency | Metric | n old | n new "
                     "| Old median ms | New median ms "
                     f"| New - old ms | {CONFIDENCE:.0%} CI ms | Relative | Verdict |",
-                    "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: "
+                    "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
                     "| --- |",
                     *table,
                 ],
@@ -505,9 +543,6 @@ def _comparison(receipts: RunReceipts) -> list[str]:
     else:
         lines.append(f"No row has both `{OLD_ARM}` and `{NEW_ARM}` cells: {PAIRED_NOT_RUN}.")
     return lines
-
-
-NATIVE_ARM: Final = "native-concurrent"
 
 
 def _first_shared(a: ArmView, b: ArmView) -> tuple[_Rung, _Rung] | None:
@@ -565,19 +600,32 @@ def _downgraded(view: RowView, href: str) -> str:
 
 
 def _summary(receipts: RunReceipts, curves: set[int]) -> list[str]:
-    lines = [
-        "## Summary",
-        "",
-        f"Per row: `{NEW_ARM}` against `{OLD_ARM}` and against `{NATIVE_ARM}`, the effect",
-        "median(new) - median(old) per request with its "
-        f"{CONFIDENCE:.0%} bootstrap interval at the lowest concurrency",
-        "both ran (negative: the new server is faster); the row's correctness; and every",
-        "planned arm that did not complete, linked to its cell receipt.",
-        "",
-        "| Row | Output tok/req (new, old, native) | Correctness | New vs old | New vs native "
-        "| Not completed |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    staged = _staged(receipts)
+    if staged:
+        lines = [
+            "## Summary",
+            "",
+            f"Per row: `{NEW_ARM}` against `{OLD_ARM}` and against `{NATIVE_ARM}`, the effect",
+            "median(new) - median(old) per request with its "
+            f"{CONFIDENCE:.0%} bootstrap interval at the lowest concurrency",
+            "both ran (negative: the new server is faster); the row's correctness; and every",
+            "planned arm that did not complete, linked to its cell receipt.",
+            "",
+            "| Row | Output tok/req (new, old, native) | Correctness | New vs old "
+            "| New vs native | Not completed |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+    else:
+        lines = [
+            "## Summary",
+            "",
+            "Per row: the output tokens per request of its native ladder, the row's",
+            "correctness, and every planned arm that did not complete, linked to its cell",
+            "receipt.",
+            "",
+            "| Row | Output tok/req | Correctness | Not completed |",
+            "| --- | --- | --- | --- |",
+        ]
     for view in receipts.rows:
         by_arm = {arm.arm: arm for arm in view.arms}
         new = by_arm.get(NEW_ARM)
@@ -585,23 +633,57 @@ def _summary(receipts: RunReceipts, curves: set[int]) -> list[str]:
         if view.entry.index in curves:
             name = f"[{name}](#{anchor(_row_name(view))})"
         correctness = view.receipt.correctness.status if view.receipt is not None else "n/a"
+        shown = (NEW_ARM, OLD_ARM, NATIVE_ARM) if staged else (NATIVE_ARM,)
         tokens = ", ".join(
-            "n/a" if by_arm.get(arm) is None else _arm_tokens(by_arm[arm])
-            for arm in (NEW_ARM, OLD_ARM, NATIVE_ARM)
+            "n/a" if by_arm.get(arm) is None else _arm_tokens(by_arm[arm]) for arm in shown
+        )
+        versus = (
+            [cell(_versus(by_arm.get(OLD_ARM), new)), cell(_versus(by_arm.get(NATIVE_ARM), new))]
+            if staged
+            else []
         )
         lines.append(
             _table_row(
-                [
-                    name,
-                    tokens,
-                    cell(correctness),
-                    cell(_versus(by_arm.get(OLD_ARM), new)),
-                    cell(_versus(by_arm.get(NATIVE_ARM), new)),
-                    _downgraded(view, receipts.run_href),
-                ]
+                [name, tokens, cell(correctness), *versus, _downgraded(view, receipts.run_href)]
             )
         )
     return lines
+
+
+def _staged(receipts: RunReceipts) -> bool:
+    """Whether any row ran a stage server (an old or new arm with a cell)."""
+    return any(
+        arm.arm in (OLD_ARM, NEW_ARM) and arm.cell is not None
+        for view in receipts.rows
+        for arm in view.arms
+    )
+
+
+def _paired(receipts: RunReceipts) -> bool:
+    """Whether any row has both an old and a new cell: something to set side by side."""
+    for view in receipts.rows:
+        cells = {arm.arm for arm in view.arms if arm.cell is not None}
+        if OLD_ARM in cells and NEW_ARM in cells:
+            return True
+    return False
+
+
+def _reference(receipts: RunReceipts) -> tuple[list[str], list[str]]:
+    """The reference tables the run has rows for, and the names of those it has none for
+    (nothing either way when the run has no production rows)."""
+    reference = receipts.reference
+    if reference is None:
+        return [], []
+    refusals = Refusals()
+    sections = reference_sections(
+        reference.rows, reference.sources, reference.corpus_shown, refusals
+    )
+    refusals.raise_any()
+    shown = [line for section in sections if section.rows for line in section.lines]
+    missing = [NOT_RUN_NAMES[section.key] for section in sections if not section.rows]
+    if not shown:
+        return [], missing
+    return ["## Reference tables", "", *_footnoted("\n".join(shown).rstrip("\n")), ""], missing
 
 
 def _figure(value: Figure) -> float | None:
@@ -709,7 +791,7 @@ def _footnoted(tables: str) -> list[str]:
             continue
         parts = [part.strip() for part in cells[-1].split("; ") if part.strip()]
         marks = [f"[{notes.setdefault(part, len(notes) + 1)}]" for part in parts]
-        out.append(_table_row([*cells[:-1], " ".join(marks)]))
+        out.append(_table_row([*cells[:-1], "".join(marks)]))
     if notes:
         out += ["", "Notes:", ""] + [f"- [{n}] {text}" for text, n in notes.items()]
     return out
@@ -780,20 +862,22 @@ def render_run_report(receipts: RunReceipts) -> dict[str, bytes]:
         "",
     ]
     svgs: dict[str, str] = {}
-    curves = _curves(receipts, svgs)
     plotted = {v.entry.index for v in receipts.rows if any(a.concurrent for a in v.arms)}
+    reference, not_run = _reference(receipts)
+    if not plotted:
+        not_run.append(NO_LADDERS)
+    paired = _paired(receipts)
+    if not paired:
+        not_run.append(f"old and new stage servers side by side ({PAIRED_NOT_RUN})")
+    if not receipts.workloads:
+        not_run.append(NO_WORKLOADS)
+    if not_run:
+        lines += [f"Not in this run, so not reported: {', '.join(not_run)}.", ""]
     lines += [*_summary(receipts, plotted), ""]
-    reference = receipts.reference
-    if reference is not None:
-        refusals = Refusals()
-        tables = render_report(reference.rows, reference.sources, reference.corpus_shown, refusals)
-        refusals.raise_any()
-        lines += ["## Reference tables", "", *_footnoted(tables.rstrip("\n")), ""]
+    lines += reference
     lines += _warm_win(receipts)
-    lines += curves
-    lines += [""]
-    lines += _comparison(receipts)
-    lines += [""]
+    lines += [*_curves(receipts, svgs), ""] if plotted else []
+    lines += [*_comparison(receipts), ""] if paired else []
     lines += [*workload_sections(receipts.workloads, svgs), ""] if receipts.workloads else []
     lines += _receipts_table(receipts)
     markdown = "\n".join(lines) + "\n"

@@ -34,6 +34,25 @@ class Series:
 
 
 @dataclass(frozen=True, slots=True)
+class XAxis:
+    """What the shared x axis holds: ``name`` (and ``unit``) under the axis, and in each
+    point's tooltip "at NAME X UNIT"."""
+
+    name: str
+    unit: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.unit})" if self.unit else self.name
+
+    def at(self, x: str) -> str:
+        return f"{self.name} {x} {self.unit}" if self.unit else f"{self.name} {x}"
+
+
+CONCURRENCY: Final = XAxis("concurrency")
+
+
+@dataclass(frozen=True, slots=True)
 class Panel:
     title: str
     unit: str
@@ -64,7 +83,7 @@ def _tick(value: float, step: float) -> str:
     return f"{value:.{decimals}f}"
 
 
-def _panel(panel: Panel, xs: Sequence[str], left: float, top: float) -> list[str]:
+def _panel(panel: Panel, xs: Sequence[str], axis: XAxis, left: float, top: float) -> list[str]:
     plot_w = PANEL_WIDTH - MARGIN_LEFT - MARGIN_RIGHT
     plot_h = PANEL_HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
     x0, y0 = left + MARGIN_LEFT, top + MARGIN_TOP
@@ -106,7 +125,7 @@ def _panel(panel: Panel, xs: Sequence[str], left: float, top: float) -> list[str
         )
     out.append(
         f'<text x="{_n(x0 + plot_w / 2)}" y="{_n(y0 + plot_h + 30)}" text-anchor="middle" '
-        f'font-size="10" {FONT}>concurrency</text>'
+        f'font-size="10" {FONT}>{escape(axis.label)}</text>'
     )
     for series in panel.series:
         points = [(px(i), py(v), i, v) for i, v in enumerate(series.values) if v is not None]
@@ -120,16 +139,16 @@ def _panel(panel: Panel, xs: Sequence[str], left: float, top: float) -> list[str
         for x, y, i, v in points:
             out.append(
                 f'<circle cx="{_n(x)}" cy="{_n(y)}" r="3" fill="{series.color}">'
-                f"<title>{escape(series.label)} at concurrency {escape(xs[i])}: "
+                f"<title>{escape(series.label)} at {escape(axis.at(xs[i]))}: "
                 f"{panel.fmt(v)} {escape(panel.unit)}</title></circle>"
             )
     out.append("</g>")
     return out
 
 
-def line_panels(title: str, xs: Sequence[str], panels: Sequence[Panel]) -> str:
-    """An SVG document: ``panels`` in a grid sharing the categorical x axis ``xs``, a legend
-    of every distinct series label, and ``title`` on top."""
+def line_panels(title: str, xs: Sequence[str], panels: Sequence[Panel], *, axis: XAxis) -> str:
+    """An SVG document: ``panels`` in a grid sharing the categorical x axis ``xs`` (what it
+    holds: ``axis``), a legend of every distinct series label, and ``title`` on top."""
     rows = max(1, math.ceil(len(panels) / COLUMNS))
     width = COLUMNS * PANEL_WIDTH + (COLUMNS - 1) * GAP
     legend: dict[str, Series] = {}
@@ -149,7 +168,7 @@ def line_panels(title: str, xs: Sequence[str], panels: Sequence[Panel]) -> str:
     for k, panel in enumerate(panels):
         left = (k % COLUMNS) * (PANEL_WIDTH + GAP)
         top = 30 + (k // COLUMNS) * (PANEL_HEIGHT + GAP)
-        out.extend(_panel(panel, xs, left, top))
+        out.extend(_panel(panel, xs, axis, left, top))
     for k, series in enumerate(legend.values()):
         x = 20 + (k % 2) * (width // 2)
         y = legend_top + 18 * (k // 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -19,7 +20,7 @@ from cache_family.report.stats import (
     CONFIDENCE,
     bootstrap_median_difference,
 )
-from cache_family.report.svg import Panel, Series, line_panels
+from cache_family.report.svg import Panel, Series, XAxis, line_panels
 from cache_family.schemas.arms import (
     ARM_BY_NAME,
     PAIRED_WORKLOAD_ARMS,
@@ -40,6 +41,20 @@ from cache_family.schemas.workload_records import (
 
 WORKLOAD_ARM_NAMES: Final = frozenset(arm.name for arm in (*WORKLOAD_ARMS, *STAGE_WORKLOAD_ARMS))
 _DESIGNED, _ACHIEVED, _TIME = "#1f77b4", "#d62728", "#2ca02c"
+OVERLAP_AXIS: Final = XAxis("designed overlap", "%")
+TURN_AXIS: Final = XAxis("turn")
+OFFERED_AXIS: Final = XAxis("offered rate", "requests/s")
+#: An open-loop rate's send figures are judged from this many sends up: below 100 the p99
+#: lateness is the largest one, not a percentile.
+PERCENTILE_SENDS: Final = 100
+#: The share a drawn schedule's achieved rate may stray from its target, at 95 %: a Poisson
+#: schedule of n sends reaches its target within about 1.96 / sqrt(n - 1) (a gamma one of
+#: burstiness k within 1.96 / sqrt(k (n - 1))); 20 % needs 98 Poisson sends.
+RATE_TOLERANCE: Final = 0.20
+_Z95: Final = 1.96
+TOO_FEW: Final = "too few requests to judge"
+#: The fit statistics as the open-loop table names them (said in full above the table).
+FIT_NAMES: Final = {"kolmogorov-smirnov": "KS", "max-relative-gap-error": "max gap error"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +105,7 @@ def _overlap(points: Sequence[OverlapPointReceipt]) -> tuple[list[str], str]:
     lines = [
         "| hit ratio | designed | achieved | band | verdict | prompt tokens | shared prefix "
         "| server prompt time p50 (ms) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for p in points:
         verdict = "accepted" if p.accepted else f"refused: `{cell(p.refusal or '')}`"
@@ -100,7 +115,7 @@ def _overlap(points: Sequence[OverlapPointReceipt]) -> tuple[list[str], str]:
             f"{_pct(p.achieved_ratio_pct)} | {band} | {verdict} | {p.prompt_tokens} | "
             f"{p.shared_prefix_tokens} | {format_ms(p.prompt_ms_p50)} |"
         )
-    xs = tuple(f"{p.hit_ratio_pct} %" for p in points)
+    xs = tuple(str(p.hit_ratio_pct) for p in points)
     designed = tuple(p.designed_ratio_pct for p in points)
     achieved = tuple(p.achieved_ratio_pct for p in points)
     svg = line_panels(
@@ -123,6 +138,7 @@ def _overlap(points: Sequence[OverlapPointReceipt]) -> tuple[list[str], str]:
                 format_ms,
             ),
         ),
+        axis=OVERLAP_AXIS,
     )
     return lines, svg
 
@@ -148,7 +164,7 @@ def _sessions(sessions: SessionsReceipt) -> tuple[list[str], str]:
         "",
         "| turn | requests | prompt tokens | expected reused | achieved reused "
         "| server prompt time p50 (ms) |",
-        "|---|---|---|---|---|---|",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for t in sessions.by_turn:
         lines.append(
@@ -186,37 +202,94 @@ def _sessions(sessions: SessionsReceipt) -> tuple[list[str], str]:
                 format_ms,
             ),
         ),
+        axis=TURN_AXIS,
     )
     return lines, svg
+
+
+def sends_to_judge(pattern: str, burstiness: float | None) -> int:
+    """How many sends an open-loop rate needs before its figures mean something: enough for
+    a p99 (:data:`PERCENTILE_SENDS`), and for a drawn schedule enough that its achieved rate
+    is within :data:`RATE_TOLERANCE` of the target at 95 % (a constant one is exact)."""
+    if pattern == "constant":
+        return PERCENTILE_SENDS
+    # The squared coefficient of variation of the gaps: 1 for Poisson, 1 / k for gamma.
+    spread = 1.0 / burstiness if pattern == "gamma" and burstiness else 1.0
+    return max(PERCENTILE_SENDS, 1 + math.ceil(spread * (_Z95 / RATE_TOLERANCE) ** 2))
+
+
+def rate_labels(rates: Sequence[float]) -> tuple[str, ...]:
+    """Rates as they read on an axis: three significant digits (300.141 reads 300), more
+    only where two rates would otherwise read the same."""
+    for extra in range(4):
+
+        def label(rate: float, extra: int = extra) -> str:
+            if not rate > 0 or not math.isfinite(rate):
+                return f"{rate:g}"
+            decimals = max(0, 2 + extra - math.floor(math.log10(rate)))
+            text = f"{rate:.{decimals}f}"
+            return text.rstrip("0").rstrip(".") if "." in text else text
+
+        labels = tuple(label(rate) for rate in rates)
+        if len(set(labels)) == len(labels):
+            return labels
+    return tuple(f"{rate:g}" for rate in rates)
+
+
+def _sent(s: OpenLoopStageMeasured) -> str:
+    if s.stage != "rate":
+        return "closed loop"
+    if s.skipped_because is not None:
+        return "not sent"
+    return f"{s.launched} of {s.scheduled}"
+
+
+def _note(s: OpenLoopStageMeasured) -> str:
+    """Why the stage stopped or was skipped, and whether it sent enough to be judged."""
+    parts: list[str] = []
+    stop = s.skipped_because or s.stop_reason
+    if stop:
+        parts.append(f"{stop}: {s.stop_detail}" if s.stop_detail else stop)
+    need = sends_to_judge(s.pattern, s.burstiness)
+    if s.stage == "rate" and s.skipped_because is None and s.launched < need:
+        parts.append(f"{TOO_FEW}: {s.launched} sent, {need} needed")
+    return "; ".join(parts) or "-"
 
 
 def _open_loop(stages: Sequence[OpenLoopStageMeasured]) -> tuple[list[str], str | None]:
     lines = [
         "| stage | offered (/s) | achieved (/s) | goodput (/s) | sent | completed "
-        "| lateness p50 / p99 (ms) | fit | stop |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| lateness p50 / p99 (ms) | fit | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for s in stages:
         fit = "-"
         if s.fit_statistic is not None:
-            fit = f"{cell(s.fit_statistic)} {_num(s.fit_value, 3)}"
+            fit = f"{cell(FIT_NAMES.get(s.fit_statistic, s.fit_statistic))} {_num(s.fit_value, 3)}"
             if s.fit_p_value is not None:
                 fit += f" (p {_num(s.fit_p_value, 3)})"
-        stop = s.skipped_because or s.stop_reason or "-"
-        if s.stop_detail:
-            stop = f"{stop}: {s.stop_detail}"
         offered = s.target_rate_per_s if s.target_rate_per_s is not None else None
         achieved = s.achieved_rate_per_s if s.stage == "rate" else s.measured_rate_per_s
+        late = (
+            "-"
+            if s.lateness_p50_ms is None and s.lateness_p99_ms is None
+            else f"{_num(s.lateness_p50_ms, 3)} / {_num(s.lateness_p99_ms, 3)}"
+        )
         lines.append(
             f"| {cell(s.stage)} | {_num(offered)} | {_num(achieved)} | {_num(s.completed_per_s)} "
-            f"| {s.launched}/{s.scheduled} | {s.completed} | {_num(s.lateness_p50_ms, 3)} / "
-            f"{_num(s.lateness_p99_ms, 3)} | {fit} | {cell(stop)} |"
+            f"| {_sent(s)} | {s.completed} | {late} | {fit} | {cell(_note(s))} |"
         )
     rates = [s for s in stages if s.stage == "rate" and s.target_rate_per_s is not None]
     if not rates:
         return lines, None
-    xs = tuple(f"{s.target_rate_per_s:g}" for s in rates)
+    xs = rate_labels([s.target_rate_per_s for s in rates if s.target_rate_per_s is not None])
     sent_rates = tuple(s.achieved_rate_per_s for s in rates)
+    short = [
+        x
+        for x, s in zip(xs, rates, strict=True)
+        if s.skipped_because is None and s.launched < sends_to_judge(s.pattern, s.burstiness)
+    ]
+    note = f"{TOO_FEW} at {', '.join(short)}/s" if short else ""
     svg = line_panels(
         "Open loop: achieved and goodput against offered rate",
         xs,
@@ -230,14 +303,17 @@ def _open_loop(stages: Sequence[OpenLoopStageMeasured]) -> tuple[list[str], str 
                     Series("goodput", _TIME, False, tuple(s.completed_per_s for s in rates)),
                 ),
                 lambda v: f"{v:.2f}/s",
+                note,
             ),
             Panel(
                 "Send lateness p99",
                 "ms",
                 (Series("p99", _ACHIEVED, False, tuple(s.lateness_p99_ms for s in rates)),),
                 format_ms,
+                note,
             ),
         ),
+        axis=OFFERED_AXIS,
     )
     return lines, svg
 
@@ -329,7 +405,7 @@ def _old_against_new(views: Sequence[WorkloadView]) -> list[str]:
         "",
         "| row | point | old reuse | new reuse | old n | new n | old p50 (ms) "
         "| new p50 (ms) | difference (ms) | interval | relative | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         *table,
     ]
 
@@ -433,6 +509,15 @@ def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> li
         "`tokens_evaluated`), judged against the design within max(0.5 pp, 100 × page / mean",
         "prompt tokens); the 0 % point is the control and must reuse nothing.",
     ]
+    if any(view.receipt.open_loop for view in views):
+        lines += [
+            "An open-loop rate's fit says how the sent gaps follow the drawn distribution: the",
+            "Kolmogorov-Smirnov distance (KS, with its p-value), or for constant arrivals the",
+            "largest gap error relative to the target gap. A rate that sent fewer requests than",
+            f"its figures need ({PERCENTILE_SENDS} for a p99; a drawn schedule, enough for its",
+            f"rate to be within {RATE_TOLERANCE:.0%} of the target at 95 %) is marked "
+            f'"{TOO_FEW}", with the number needed.',
+        ]
     for view in views:
         receipt = view.receipt
         label = " (synthetic: plumbing evidence)" if receipt.synthetic else ""
@@ -456,8 +541,8 @@ def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> li
             table, svg = _open_loop(receipt.open_loop)
             if receipt.over_saturated_at_per_s is not None:
                 table = [
-                    f"Over-saturated at {receipt.over_saturated_at_per_s:g}/s: the rates below "
-                    "it are the ones the server sustained.",
+                    f"Over-saturated at {rate_labels([receipt.over_saturated_at_per_s])[0]}/s: "
+                    "the rates below it are the ones the server sustained.",
                     "",
                     *table,
                 ]

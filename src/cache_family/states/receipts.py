@@ -6,20 +6,15 @@ from collections.abc import Iterable
 from typing import Final, get_args
 
 from cache_family.errors import Refused
-from cache_family.schemas.receipts import ReceiptStatus, TerminalRefusal
+from cache_family.schemas.receipts import ReceiptStatus
 
 MEASURED_CHAIN: Final[tuple[ReceiptStatus, ...]] = ("refused", "failed", "incomplete", "completed")
 UNMEASURED: Final[frozenset[ReceiptStatus]] = frozenset(
     ("missing-model", "not-launched", "not-run", "skipped", "unavailable", "unmeasured")
 )
 ALL_STATUSES: Final[tuple[ReceiptStatus, ...]] = get_args(ReceiptStatus)
-TERMINAL_REFUSALS: Final[tuple[TerminalRefusal, ...]] = get_args(TerminalRefusal)
 
 _RANK: Final = {status: rank for rank, status in enumerate(MEASURED_CHAIN)}
-
-
-def is_measured(status: ReceiptStatus) -> bool:
-    return status in _RANK
 
 
 def rank(status: ReceiptStatus) -> int:
@@ -68,15 +63,3 @@ def may_follow(before: ReceiptStatus, after: ReceiptStatus) -> bool:
 def terminal_downgrade(status: ReceiptStatus) -> ReceiptStatus:
     """What a cancellation, deadline expiry or failed interrupt-finish does to a status."""
     return status if status in UNMEASURED else meet(status, "incomplete")
-
-
-def as_terminal_refusal(name: str) -> TerminalRefusal:
-    for candidate in TERMINAL_REFUSALS:
-        if candidate == name:
-            return candidate
-    raise Refused.one(
-        "receipt.terminal_refusal.unknown",
-        "$.terminal_refusal",
-        f"{name!r} is not a terminal refusal",
-        f"use one of {', '.join(TERMINAL_REFUSALS)}",
-    )

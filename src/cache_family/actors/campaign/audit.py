@@ -51,10 +51,6 @@ class CampaignReplay:
         return ExitCode.DIFFERS if self.differs else ExitCode.IDENTICAL
 
 
-def is_campaign(directory: str) -> bool:
-    return os.path.isfile(os.path.join(directory, CAMPAIGN_JOURNAL))
-
-
 def replay_campaign(campaign_dir: str, *, expect_head: str | None = None) -> CampaignReplay:
     """Re-verify every shard, reproduce the merged files and check every other file the
     merge bound; ``expect_head``: the head the campaign printed, which a journal re-chained

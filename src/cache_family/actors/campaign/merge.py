@@ -8,7 +8,6 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final
 
 import msgspec
@@ -520,11 +519,3 @@ def merge_campaign(
 
 def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def shard_dirs_under(directory: str) -> list[str]:
-    """Every run directory directly under ``directory`` (the driver's ``rows/``), sorted."""
-    root = Path(directory)
-    if not root.is_dir():
-        return []
-    return sorted(str(p) for p in root.iterdir() if (p / JOURNAL_FILENAME).is_file())
