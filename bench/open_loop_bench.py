@@ -61,8 +61,8 @@ from bench_peers import (
 
 from cache_family.actors.run.open_loop import OpenLoopSender, completion_exchange
 from cache_family.schemas.workload import OverSaturation
+from cache_family.states.arrivals import SaturationWatch, achieved_rate, arrival_schedule
 from cache_family.states.metrics import percentile
-from cache_family.states.workloads import SaturationWatch, achieved_rate, arrival_schedule
 
 HERE = Path(__file__).resolve().parent
 TTFT_MS, ITL_MS, TOKENS = 20.0, 5.0, 4

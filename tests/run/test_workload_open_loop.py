@@ -23,7 +23,7 @@ from cache_family.actors.run.open_loop import (
 )
 from cache_family.schemas.measurement import RequestRow
 from cache_family.schemas.workload import OpenLoop, OverSaturation, RateSweep
-from cache_family.states.workloads import SaturationWatch, arrival_schedule
+from cache_family.states.arrivals import SaturationWatch, arrival_schedule
 
 
 @pytest.fixture

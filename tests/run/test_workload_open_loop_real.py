@@ -11,7 +11,7 @@ import trio
 from cache_family.actors.run.open_loop import OpenLoopSender, completion_exchange
 from cache_family.oracles.native_parts import Parts, serve
 from cache_family.schemas.workload import OverSaturation
-from cache_family.states.workloads import SaturationWatch, arrival_schedule
+from cache_family.states.arrivals import SaturationWatch, arrival_schedule
 
 pytestmark = pytest.mark.native
 

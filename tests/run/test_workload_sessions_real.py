@@ -15,14 +15,14 @@ from cache_family.oracles.native_parts import Parts, RunningServer, serve
 from cache_family.oracles.zoo.vocab import CONTROL_TOKENS, vocabulary
 from cache_family.schemas.workload import MultiTurn
 from cache_family.states.cache_reuse import reuse_rule
-from cache_family.states.workloads import (
-    FreshStarts,
+from cache_family.states.sessions import (
     SessionTurn,
     eviction_turn,
     reuse_by_turn,
     session_plan,
     session_tokens,
 )
+from cache_family.states.workloads import FreshStarts
 
 pytestmark = pytest.mark.native
 

@@ -43,7 +43,7 @@ from cache_family.schemas.workload_records import (
     decode_workload_receipt,
 )
 from cache_family.states.cache_reuse import probe_shapes
-from cache_family.states.workloads import session_plan
+from cache_family.states.sessions import session_plan
 
 OVERLAP = {
     "prompt_tokens": 64,

@@ -15,39 +15,43 @@ from hypothesis import strategies as st
 from cache_family.errors import Refused
 from cache_family.schemas.measurement import ReuseRule
 from cache_family.schemas.workload import MultiTurn, OverSaturation
-from cache_family.states.cache_reuse import expected_cached_tokens
-from cache_family.states.workloads import (
+from cache_family.states.arrivals import (
     SENDS_MAX,
-    WORKLOAD_VERDICT_CODES,
     ArrivalPattern,
-    FreshStarts,
     SaturationWatch,
-    SessionCapacity,
-    SessionFindings,
-    TurnReuse,
-    acceptance_band_pp,
     achieved_rate,
     arrival_schedule,
     arrival_times,
-    design_prefix,
-    eviction_turn,
     gap_cdf,
     goodness_of_fit,
     inter_arrivals,
     ks_statistic,
     lateness,
-    nothing_shared,
-    overlap_order,
-    overlap_prompts,
-    overlap_verdict,
     regularized_lower_gamma,
+    sweep_rates,
+)
+from cache_family.states.cache_reuse import expected_cached_tokens
+from cache_family.states.sessions import (
+    SessionCapacity,
+    SessionFindings,
+    TurnReuse,
+    eviction_turn,
     reuse_by_turn,
     session_findings,
     session_plan,
     session_prompt_tokens,
     session_tokens,
-    sweep_rates,
     turn_reuse,
+)
+from cache_family.states.workloads import (
+    WORKLOAD_VERDICT_CODES,
+    FreshStarts,
+    acceptance_band_pp,
+    design_prefix,
+    nothing_shared,
+    overlap_order,
+    overlap_prompts,
+    overlap_verdict,
 )
 
 RULE_NAMES: tuple[ReuseRule, ...] = ("exact-prefix", "checkpoint", "checkpoint-swa")

@@ -28,10 +28,7 @@ from cache_family.schemas.workload import WorkloadFile
 from cache_family.states.chat_pieces import CHAT_ALPHABET
 from cache_family.states.correctness import CorrectnessSpec
 from cache_family.states.handoff import PACKAGE_LAYER_COUNT
-from cache_family.states.workloads import (
-    CHAT_TEMPLATE_ROOM_PER_MESSAGE,
-    chat_starts_needed,
-)
+from cache_family.states.workloads import CHAT_TEMPLATE_ROOM_PER_MESSAGE, chat_starts_needed
 
 CORRECTNESS_NOT_STARTED: Final = "correctness_not_started"
 

@@ -26,16 +26,14 @@ from cache_family.schemas.workload_records import (
 )
 from cache_family.states.fold import JournalIndex, lines_through
 from cache_family.states.metrics import percentile
-from cache_family.states.workloads import (
-    PrefixDesign,
+from cache_family.states.sessions import (
     SessionCapacity,
     SessionTurn,
     eviction_turn,
-    overlap_verdict,
     reuse_by_turn,
     session_findings,
-    token_count_mismatches,
 )
+from cache_family.states.workloads import PrefixDesign, overlap_verdict, token_count_mismatches
 
 SCOPE_WORKLOAD: Final = "workload"
 #: The refusal of an overlap point the workload stopped in (``states/workloads.py``).

@@ -14,7 +14,7 @@ import trio
 from cache_family.actors.run.load import LoadRun, OpenAIChatRun
 from cache_family.schemas.measurement import LoadRequest, RequestRow
 from cache_family.schemas.workload import OpenLoop
-from cache_family.states.workloads import (
+from cache_family.states.arrivals import (
     ArrivalPattern,
     GoodnessOfFit,
     Lateness,

@@ -50,6 +50,12 @@ from cache_family.states.cache_reuse import (
     reuse_rule,
 )
 from cache_family.states.chat_pieces import BYTE_ALPHABET, ChatPieces
+from cache_family.states.sessions import (
+    session_plan,
+    session_prompt_tokens,
+    session_tokens,
+    turn_reuse,
+)
 from cache_family.states.workloads import (
     CHAT_PROBE_CHARACTERS,
     ChatTemplate,
@@ -61,10 +67,6 @@ from cache_family.states.workloads import (
     nothing_shared,
     overlap_order,
     overlap_prompts,
-    session_plan,
-    session_prompt_tokens,
-    session_tokens,
-    turn_reuse,
 )
 from cache_family.system.http import HttpError, LoopbackHttp
 
