@@ -262,7 +262,15 @@ def test_the_chat_overlap_sends_only_prompts_the_server_counts_as_designed(
     assert template.template_tokens == template.head_tokens + template.tail_tokens
     points = [r for r in journaled if isinstance(r, OverlapPointMeasured)]
     assert len(points) == 2
+    # 48 shared tokens of a 96-token chat prompt are inside the sliding window, where the
+    # chat design finds no checkpoint to reuse: that point is refused and never sent.
+    sent = [p for p in points if p.design_refusal is None]
+    assert [p.hit_ratio_pct for p in sent] == [0]
     for point in points:
+        if point.design_refusal is not None:
+            assert point.design_refusal == "workload.overlap.nothing_shared"
+            assert not point.requests
+            continue
         assert point.template_tokens == template.template_tokens
         for request in point.requests:
             assert request.status == "completed", request
