@@ -190,11 +190,16 @@ async def test_resume_after_sigkill_keeps_the_finished_row_and_replays_identical
     try:
         # The second row's ladder host is up: the first row and the second row's serial cell
         # published their receipts, the ladder is in flight.
-        await poll_journal_until(
+        ladder_host = await poll_journal_until(
             out,
             process,
             lambda r: isinstance(r, ChildSpawned) and r.cell_id == "cell-0001/native-concurrent",
         )
+        assert isinstance(ladder_host, ChildSpawned)
+        # Stopped first, so the orphan is certainly alive when resume looks: a running host
+        # may die on its own once its runner is gone (its log pipe breaks), which is also
+        # fine for the product but would leave nothing to reap.
+        os.kill(ladder_host.pid, signal.SIGSTOP)
         process.kill()
         assert await wait_exit(process) == -signal.SIGKILL
     finally:
@@ -222,7 +227,8 @@ async def test_resume_after_sigkill_keeps_the_finished_row_and_replays_identical
     assert (resume.kept_rows, resume.rerun_rows) == ((0,), (1,))
     assert resume.moved == ("cell-0001",) and resume.superseded_dir == "superseded/attempt-1"
     # The reaped host of the killed row was the dead runner's.
-    assert resume.reaped_pids and all(not psutil.pid_exists(p) for p in resume.reaped_pids)
+    assert ladder_host.pid in resume.reaped_pids
+    assert all(not psutil.pid_exists(p) for p in resume.reaped_pids)
     # The finished row was not launched again: one host per arm, one row_opened.
     launches = [c.cell_id for c in records(out, ChildSpawned) if c.role == "host"]
     assert sorted(c for c in launches if c and c.startswith("cell-0000/")) == [

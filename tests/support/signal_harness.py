@@ -175,9 +175,10 @@ def stop(run: StalledRun) -> None:
         run.process.kill()
 
 
-async def poll_journal_until(out: Path, process: trio.Process, wanted: Any) -> None:
-    """Yield until a complete journal line satisfies ``wanted`` (bounded by WAIT): the run's
-    own journal says where it is, so the next signal lands at a known point."""
+async def poll_journal_until(out: Path, process: trio.Process, wanted: Any) -> Any:
+    """Yield until a complete journal line satisfies ``wanted`` (bounded by WAIT) and return
+    that record: the run's own journal says where it is, so the next signal lands at a known
+    point."""
     path = out / "journal.jsonl"
     with trio.fail_after(WAIT):
         while True:
@@ -187,8 +188,10 @@ async def poll_journal_until(out: Path, process: trio.Process, wanted: Any) -> N
             except FileNotFoundError:
                 data = b""
             complete = data[: data.rfind(b"\n") + 1]
-            if complete and any(wanted(line.record) for line in read_journal(complete).lines):
-                return
+            if complete:
+                for line in read_journal(complete).lines:
+                    if wanted(line.record):
+                        return line.record
             # The run is a real child process with no event to wait on: poll its journal
             # without spinning a core the run under test needs.
             await trio.sleep(CHILD_POLL_SECONDS)
