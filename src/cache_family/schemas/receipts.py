@@ -9,6 +9,7 @@ import msgspec
 from cache_family.schemas.measurement import HostCleanup, RequestRow, RungSummary, SerialSummary
 from cache_family.schemas.production import ProducerRow
 from cache_family.schemas.request_rows import RowsFileDigest
+from cache_family.schemas.server_metrics import ServerMetricsVerdict
 
 CELL_SCHEMA_VERSION: Final = 1
 ROW_SCHEMA_VERSION: Final = 1
@@ -131,6 +132,10 @@ class RungReceipt(msgspec.Struct, frozen=True, kw_only=True):
     # Completed streamed requests whose first token arrived only with the final event: their
     # TTFT is not observable (null; in runs recorded before ``ttft_unobserved``, their latency).
     first_content_with_final_ids: tuple[int, ...] = ()
+    # The host's own Prometheus counters over the rung, labelled as the server's, beside the
+    # client's sum of the per-request figures (``states/server_metrics.py``). Unset (not
+    # written) for a rung whose cell journaled no read, as in runs from before the reads.
+    server_metrics: ServerMetricsVerdict | msgspec.UnsetType = msgspec.UNSET
 
 
 class Measurement(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,6 +158,9 @@ class Measurement(msgspec.Struct, frozen=True, kw_only=True):
     # Set when the cell had more than ``INLINE_ROWS_MAX`` request rows: they are in this file
     # (``schemas/request_rows.py``) and every rung's ``rows`` is empty; None: rows are inline.
     rows_file: RowsFileDigest | None = None
+    # Rung indices whose server totals disagree with the client's per-request sums. Unset
+    # (not written) when no rung's metrics were read, as in runs from before the reads.
+    server_metrics_disagreeing_rungs: tuple[int, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 class CellReceipt(msgspec.Struct, frozen=True, kw_only=True):

@@ -376,3 +376,44 @@ REPORT_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
 def report_hint(code: str) -> str:
     """The registered hint of a `cache-family report` code."""
     return REPORT_REFUSAL_CODES[code].hint
+
+
+# A host's /metrics read around a rung or workload point (``actors/run/server_metrics.py``,
+# ``states/server_metrics.py``): journaled as the read's ``refusal_code``, never a run's end.
+SERVER_METRICS_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
+    RefusalCode(
+        "server_metrics.unreachable",
+        "the host's /metrics could not be read (connection, HTTP status or a cut answer)",
+        "check that the host still serves /metrics (llama-server --metrics) on loopback",
+    ),
+    RefusalCode(
+        "server_metrics.timeout",
+        "the host's /metrics did not answer in full before the read's deadline",
+        "the host is overloaded or stuck; rerun the cell with fewer concurrent requests",
+    ),
+    RefusalCode(
+        "server_metrics.oversized",
+        "the exposition is larger than the read's byte cap, or holds more counter samples "
+        "than are kept",
+        "the host exposes far more series than a cache benchmark needs; serve its metrics "
+        "without per-request labels",
+    ),
+    RefusalCode(
+        "server_metrics.malformed",
+        "the exposition is not UTF-8 Prometheus text (its parser refused it), or a counter's "
+        "value is not a finite number",
+        "check the host's /metrics by hand (curl 127.0.0.1:PORT/metrics); the host or a "
+        "proxy in front of it does not speak the Prometheus text format",
+    ),
+    RefusalCode(
+        "server_metrics.counter_reset",
+        "a counter went down, or vanished, between the reads before and after the interval "
+        "(the host restarted or reset its metrics)",
+        "keep one host process for the whole cell; rerun the cell",
+    ),
+)
+
+
+def server_metrics_hint(code: str) -> str:
+    """The registered hint of a server-metrics refusal code."""
+    return SERVER_METRICS_REFUSAL_CODES[code].hint

@@ -8,6 +8,8 @@ from typing import ClassVar, Final
 
 import msgspec
 
+from cache_family.schemas.server_metrics import ServerMetricsPoint
+
 
 class _WorkloadRecord(
     msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True
@@ -298,6 +300,9 @@ class WorkloadReceipt(msgspec.Struct, frozen=True, kw_only=True):
     chat_template: ChatTemplateMeasured | msgspec.UnsetType = msgspec.UNSET
     # The cell's reuse probe, when it ran one (``rule`` above is then the probed rule).
     reuse_probe: ReuseProbed | msgspec.UnsetType = msgspec.UNSET
+    # The host's own Prometheus counters of each point, labelled as the server's, beside the
+    # client's sums of its requests (left out when none was read: UNSET, not encoded).
+    server_metrics: tuple[ServerMetricsPoint, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 WORKLOAD_RECEIPT_NAME: Final = "workload.json"

@@ -186,6 +186,8 @@ def llama_server_argv(plan: CellPlan, binary: str, port: int) -> list[str]:
         "--parallel",
         str(plan.lanes),
         "--no-webui",
+        # Prometheus counters at /metrics, read around every rung and workload point.
+        "--metrics",
     ]
     # The operator's OMP_NUM_THREADS, also given to llama-server as ``-t``.
     threads = thread_setting(profile.environment)

@@ -8,7 +8,14 @@ from typing import Final
 import msgspec
 
 from cache_family.schemas.arms import ARM_BY_NAME, HostKind
-from cache_family.schemas.journal import CellOpened, JournalLine, ReceiptPublished, RunStarted
+from cache_family.schemas.journal import (
+    CellOpened,
+    JournalLine,
+    ReceiptPublished,
+    RunStarted,
+    ServerMetricsRead,
+)
+from cache_family.schemas.server_metrics import ServerMetricsPoint
 from cache_family.schemas.workload_records import (
     ChatTemplateMeasured,
     OpenLoopStageMeasured,
@@ -26,6 +33,7 @@ from cache_family.schemas.workload_records import (
 )
 from cache_family.states.fold import JournalIndex, lines_through
 from cache_family.states.metrics import percentile
+from cache_family.states.server_metrics import verdict_of
 from cache_family.states.sessions import (
     SessionCapacity,
     SessionTurn,
@@ -214,6 +222,7 @@ def fold_workload(
     stopped: WorkloadStopped | None = None
     template: ChatTemplateMeasured | msgspec.UnsetType = msgspec.UNSET
     probe: ReuseProbed | None = None
+    server_metrics: list[ServerMetricsPoint] = []
     last = 0
     for line in lines_through(lines, through_seq):
         last = max(last, line.seq)
@@ -238,6 +247,12 @@ def fold_workload(
             stages.append(record)
         elif isinstance(record, WorkloadStopped):
             stopped = record
+        elif isinstance(record, ServerMetricsRead) and record.scope != "rung":
+            server_metrics.append(
+                ServerMetricsPoint(
+                    scope=record.scope, index=record.index, metrics=verdict_of(record)
+                )
+            )
     if stopped is not None and stopped.point_index is not None and points:
         # The stopped point sent only part of its plan: it is named, not judged.
         at = stopped.point_index
@@ -276,6 +291,7 @@ def fold_workload(
         journal_through_seq=through_seq if through_seq is not None else last,
         chat_template=template,
         reuse_probe=probe if probe is not None else msgspec.UNSET,
+        server_metrics=tuple(server_metrics) if server_metrics else msgspec.UNSET,
     )
 
 

@@ -21,6 +21,7 @@ from cache_family.actors.run.engine import Handlers, drive
 from cache_family.actors.run.hosts import HOST_KINDS
 from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, PromptCuts
 from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
+from cache_family.actors.run.server_metrics import MetricsWatch, Reading
 from cache_family.actors.run.workloads import WORKLOAD_RUNNERS, WorkloadHost, WorkloadHostLost
 from cache_family.errors import Refused
 from cache_family.schemas.arms import HostKind
@@ -76,6 +77,7 @@ from cache_family.states.plans import (
     argv_sha256,
     thread_setting,
 )
+from cache_family.states.server_metrics import TokenSummer
 from cache_family.states.workload_fold import SCOPE_WORKLOAD, workload_bytes
 from cache_family.system.host_load import load_average
 from cache_family.system.http import LoopbackHttp
@@ -140,12 +142,15 @@ class _Segment:
         self.first_line = writer.lines
         self.completed = 0
         self.kept: list[RequestRow] | None = [] if keep else None
+        # The client's sums of the server's per-request figures (beside its own metrics).
+        self.tokens = TokenSummer()
 
     def add(self, row: RequestRow) -> None:
         self.writer.add(
             RequestRowLine(rung_index=self.rung_index, concurrency=self.concurrency, row=row)
         )
         self.completed += row.status == "completed"
+        self.tokens.add_row(row)
         if self.kept is not None:
             self.kept.append(row)
 
@@ -213,6 +218,8 @@ class CellActor:
         self._watch: PinWatch | None = None
         # The host session's request count when readiness sampled the host's process tree.
         self._requests_at_tree_note = -1
+        # The host's metrics read before the serial warmup: rung 0's interval opens there.
+        self._metrics_before_warmup: Reading | None = None
 
     def __repr__(self) -> str:
         elapsed = "-"
@@ -646,10 +653,22 @@ class CellActor:
             )
         )
 
+    def _metrics(self) -> MetricsWatch:
+        """The host's metrics reads, around every rung and workload point."""
+        return MetricsWatch(
+            cell_id=self.plan.cell_id,
+            base_url=self._live_host().base_url,
+            path=self.host_kind.metrics_path,
+            http=self.http,
+            journal=self._journal,
+            deadline=self.deadline,
+        )
+
     async def _send_warmup(self) -> None:
         """The serial cell's request 0 (excluded); a concurrent cell excludes none."""
         if not self.plan.serial:
             return
+        self._metrics_before_warmup = await self._metrics().before()
         rows = self._segment(0, keep=True)
         warm = LoadRun(
             self._request(RungPlan(concurrency=1, requests=1)),
@@ -745,6 +764,7 @@ class CellActor:
             ignore_eos=plan.synthetic,
             host_alive=live.still_same,
             chat=plan.host_kind == HostKind.STAGE,
+            metrics=self._metrics(),
             model_id=plan.model_id,
             model_path=plan.profile.model if plan.profile is not None else "",
             sliding_window=self.sliding_window,
@@ -835,6 +855,10 @@ class CellActor:
         """One measured rung (rung 0 after its warmup, if any); its rows and completion are
         journaled also when it is cancelled (every planned id, launched or not)."""
         sent = self._warmup if index == 0 else ()
+        metrics = self._metrics()
+        before = self._metrics_before_warmup if index == 0 else None
+        if before is None:
+            before = await metrics.before()
         rows = self._segment(index)
         load = self._load(self._request(rung), sent, rows)
         outcome: LoadOutcome | None = None
@@ -844,6 +868,9 @@ class CellActor:
             with trio.CancelScope(shield=outcome is None):
                 finished = outcome or load.outcome(stop_reason="cancelled")
                 await self._journal_rung(index, rung, finished, rows)
+        for row in sent:  # the serial warmup went to the host within rung 0's interval
+            rows.tokens.add_row(row)
+        await metrics.after(before, "rung", index, rows.tokens.sums())
         return finished
 
     def _segment(self, index: int, *, keep: bool = False) -> _Segment:

@@ -30,6 +30,9 @@ class HostKindStrategy:
     environment: Mapping[str, str]
     argv: Argv
     load_run: Load
+    # Where the host serves Prometheus metrics (read around every rung and workload point,
+    # ``actors/run/server_metrics.py``); None: it serves none, and its reads journal "none".
+    metrics_path: str | None = None
 
     def dialect(self, admitted: stage_host.CliAdmitted | None) -> HostDialect:
         return admitted.dialect if admitted is not None else "llama-server"
@@ -62,12 +65,14 @@ def _stage_load(plan: CellPlan, request: LoadRequest, **load: Any) -> LoadRun:
 
 
 HOST_KINDS: Final[Mapping[HostKind, HostKindStrategy]] = {
-    # llama-server of the pinned llama.cpp build: ``/completion``, readiness on ``/health``.
+    # llama-server of the pinned llama.cpp build: ``/completion``, readiness on ``/health``,
+    # metrics on ``/metrics`` (launched with ``--metrics``).
     HostKind.NATIVE: HostKindStrategy(
-        HostKind.NATIVE, "/health", False, {}, _native_argv, _native_load
+        HostKind.NATIVE, "/health", False, {}, _native_argv, _native_load, "/metrics"
     ),
     # A Skippy stage server: OpenAI chat with its model id, readiness on ``/v1/models``, its
-    # dialect read from its help, its config written beside the cell (``stage.json``).
+    # dialect read from its help, its config written beside the cell (``stage.json``); it
+    # serves no ``/metrics`` (``oracles/stage_server.py`` routes only the OpenAI endpoints).
     HostKind.STAGE: HostKindStrategy(
         HostKind.STAGE,
         "/v1/models",

@@ -26,6 +26,7 @@ from cache_family.actors.run.open_loop import (
     completion_exchange,
     run_rates,
 )
+from cache_family.actors.run.server_metrics import MetricsWatch, Reading
 from cache_family.errors import Refused
 from cache_family.schemas.arms import MeasurementKind
 from cache_family.schemas.journal import Record
@@ -50,6 +51,7 @@ from cache_family.states.cache_reuse import (
     reuse_rule,
 )
 from cache_family.states.chat_pieces import BYTE_ALPHABET, ChatPieces
+from cache_family.states.server_metrics import TokenSummer
 from cache_family.states.sessions import (
     session_plan,
     session_prompt_tokens,
@@ -105,6 +107,23 @@ class WorkloadHost:
     # The host's slots and each slot's context (tokens): what its cache can hold.
     slots: int | None = None
     slot_context_tokens: int | None = None
+    # The host's metrics, read around every point (None: not read).
+    metrics: MetricsWatch | None = None
+
+
+async def _metrics_before(host: WorkloadHost) -> Reading | None:
+    return await host.metrics.before() if host.metrics is not None else None
+
+
+async def _metrics_after(
+    host: WorkloadHost, before: Reading | None, kind: MeasurementKind, index: int, sent: list[Any]
+) -> None:
+    """Journal the point's server counters beside the client's sums of its requests."""
+    if host.metrics is None or before is None:
+        return
+    summer = TokenSummer()
+    summer.add_requests(sent)
+    await host.metrics.after(before, kind.value, index, summer.sums())
 
 
 class WorkloadHostLost(Exception):
@@ -527,6 +546,7 @@ async def run_overlap(host: WorkloadHost) -> bool:
         )
         sent: list[WorkloadRequest] = []
         stop: str | None = None
+        before = await _metrics_before(host)
         try:
             for planned, prompt in zip(order, prompts, strict=True):
                 if trio.current_time() >= host.deadline:
@@ -577,6 +597,7 @@ async def run_overlap(host: WorkloadHost) -> bool:
                 )
                 if stop is not None:
                     await _stopped(host, kind, stop, index, len(sent))
+        await _metrics_after(host, before, kind, index, sent)
         if stop is not None:
             return False
     return True
@@ -606,6 +627,7 @@ async def _chat_sessions(
     counted: dict[int, tuple[int, int]] = {}
     sent: list[WorkloadRequest] = []
     stop: str | None = None
+    before = await _metrics_before(host)
     try:
         for item in plan:
             if item.position and spec.think_time_ms:
@@ -662,6 +684,7 @@ async def _chat_sessions(
             await host.journal(_sessions_record(host, spec, sent))
             if stop is not None:
                 await _stopped(host, MeasurementKind.SESSIONS, stop, None, len(sent))
+    await _metrics_after(host, before, MeasurementKind.SESSIONS, 0, sent)
     return stop is None
 
 
@@ -725,6 +748,7 @@ async def run_sessions(host: WorkloadHost) -> bool:
     sessions: dict[int, list[int]] = {}
     sent: list[WorkloadRequest] = []
     stop: str | None = None
+    before = await _metrics_before(host)
     try:
         for item in plan:
             if item.position and spec.think_time_ms:
@@ -758,6 +782,7 @@ async def run_sessions(host: WorkloadHost) -> bool:
             await host.journal(_sessions_record(host, spec, sent))
             if stop is not None:
                 await _stopped(host, kind, stop, None, len(sent))
+    await _metrics_after(host, before, kind, 0, sent)
     return stop is None
 
 
@@ -789,14 +814,28 @@ async def run_open_loop(host: WorkloadHost) -> bool:
     journaled: list[RateStage] = []
     # A stage is journaled as it ends, so a stop keeps the stages before it.
     rate_index = 0
+    # The metrics read as the last stage ended (stages follow each other with nothing sent
+    # in between: one read closes a stage and opens the next).
+    reading = await _metrics_before(host)
 
     async def journal_stage(stage: RateStage) -> None:
-        nonlocal rate_index
+        nonlocal rate_index, reading
         seed: int | None = None
         if stage.kind == "rate":
             seed, rate_index = spec.seed + rate_index, rate_index + 1
         await host.journal(_stage_record(host, stage, seed))
         journaled.append(stage)
+        if host.metrics is None or reading is None or stage.interrupted or stage.skipped_because:
+            return
+        # A rate's rows are kept; a closed-loop stage keeps only its count (no client sums).
+        summer: TokenSummer | None = None
+        if stage.outcome is not None:
+            summer = TokenSummer()
+            for row in stage.outcome.rows:
+                summer.add_row(row)
+        index = len(journaled) - 1
+        client = summer.sums() if summer is not None else None
+        reading = await host.metrics.after(reading, kind.value, index, client)
 
     try:
         stages = await run_rates(spec, exchange, deadline=host.deadline, on_stage=journal_stage)

@@ -18,6 +18,7 @@ from cache_family.schemas.measurement import (
     HostCleanup,
     RungFacts,
 )
+from cache_family.schemas.server_metrics import CounterDelta, TokenSums
 from cache_family.schemas.workload_records import (
     ChatTemplateMeasured,
     OpenLoopStageMeasured,
@@ -520,6 +521,30 @@ class CliAdmission(_Record, tag="cli_admission", frozen=True, kw_only=True):
     probes: tuple[tuple[str, int | None], ...] = ()
 
 
+class ServerMetricsRead(_Record, tag="server_metrics", frozen=True, kw_only=True):
+    """The host's own Prometheus counters read before and after one rung (``scope`` "rung",
+    ``index`` its rung index) or workload point (``scope`` the workload kind, ``index`` the
+    point's), journaled right after it with the client's sums of the same requests' figures.
+
+    ``status`` "read": ``counters`` holds every counter sample's delta; "none": the host
+    serves no metrics (``reason`` says why; nothing is guessed); "refused": an exposition
+    could not be used (``refusal_code``, ``schemas/refusal_codes.SERVER_METRICS_REFUSAL_CODES``).
+    """
+
+    cell_id: str
+    scope: str
+    index: int
+    status: str  # read | none | refused (schemas/server_metrics.MetricsStatus)
+    reason: str | None = None
+    refusal_code: str | None = None
+    path: str | None = None
+    # The two expositions' sizes (bytes), as read.
+    before_bytes: int | None = None
+    after_bytes: int | None = None
+    counters: tuple[CounterDelta, ...] = ()
+    client: TokenSums | None = None
+
+
 Record: TypeAlias = (
     RunStarted
     | Cancellation
@@ -556,6 +581,7 @@ Record: TypeAlias = (
     | WorkloadStopped
     | ChatTemplateMeasured
     | ReuseProbed
+    | ServerMetricsRead
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
+import msgspec
+
 from cache_family.errors import Refused
 from cache_family.schemas import request_rows
 from cache_family.schemas.arms import WORKLOAD_KINDS
@@ -27,6 +29,7 @@ from cache_family.schemas.journal import (
     RungCompleted,
     RungRows,
     RunStarted,
+    ServerMetricsRead,
     Transition,
     WarmupExclusion,
 )
@@ -51,6 +54,7 @@ from cache_family.schemas.receipts import (
     evidence_class,
 )
 from cache_family.schemas.request_rows import RequestRowLine, RowsFileDigest
+from cache_family.schemas.server_metrics import ServerMetricsVerdict
 from cache_family.states.cache_reuse import verdicts_of_tallies
 from cache_family.states.calibration import (
     NEAR_OVERHEAD_FACTOR,
@@ -73,6 +77,7 @@ from cache_family.states.fold.lines import (
 )
 from cache_family.states.projection import planned_row
 from cache_family.states.receipts import meet, terminal_downgrade
+from cache_family.states.server_metrics import verdict_of
 
 _TERMINAL_EVENTS: Final[dict[str, TerminalRefusal]] = {
     CellEvent.CANCELLED.value: "cancelled",
@@ -107,6 +112,8 @@ class CellFold:
         self.rungs: dict[int, RungCompleted] = {}
         self.host_retained: dict[int, bool | None] = {}
         self.exclusions: dict[int, list[int]] = {}
+        # Each rung's server metrics read (the last, should a rung journal two).
+        self.server_metrics: dict[int, ServerMetricsRead] = {}
         self.last_seq = 0
         self.done_seq: int | None = None
 
@@ -190,6 +197,8 @@ class CellFold:
             self._rung(seq, record)
         elif isinstance(record, CleanupOutcome):
             self._cleanup(seq, record)
+        elif isinstance(record, ServerMetricsRead) and record.scope == "rung":
+            self.server_metrics[record.index] = record
 
     def _transition(self, seq: int, record: Transition) -> None:
         step = _table_step(CELL_TABLE, CellState, CellEvent, record, self.state)
@@ -404,6 +413,7 @@ class CellFold:
         inline, rows_file = self._rows(source, problems)
         rungs: list[RungReceipt] = []
         verdicts = self._cache_verdicts(indices)
+        disagreeing: list[int] = []
         for index in indices:
             plan = planned[index] if index < len(planned) else None
             record = self.rungs.get(index)
@@ -435,6 +445,12 @@ class CellFold:
                     refusals = record.tally.summary_refusals
                     first_with_final = record.tally.first_content_with_final_ids
             status = record.status if record else "not-run"
+            read = self.server_metrics.get(index)
+            server_metrics: ServerMetricsVerdict | msgspec.UnsetType = msgspec.UNSET
+            if read is not None:
+                server_metrics = verdict_of(read)
+                if server_metrics.agreement == "disagrees":
+                    disagreeing.append(index)
             if plan is None:
                 problems.append(f"rung {index} was not planned")
             elif status != "completed":
@@ -471,6 +487,7 @@ class CellFold:
                         (record.client_overhead_factor if record else None) or NEAR_OVERHEAD_FACTOR,
                     ),
                     first_content_with_final_ids=first_with_final if kind != "serial" else (),
+                    server_metrics=server_metrics,
                 )
             )
         if not planned and kind not in WORKLOAD_KINDS:  # a workload's is in workload.json
@@ -493,6 +510,9 @@ class CellFold:
             ignore_eos=opened.ignore_eos if opened else None,
             cache_shortfall_rungs=tuple(i for i, v in sorted(verdicts.items()) if v.shortfall),
             rows_file=rows_file,
+            server_metrics_disagreeing_rungs=tuple(disagreeing)
+            if self.server_metrics
+            else msgspec.UNSET,
         )
         return measurement, problems
 
