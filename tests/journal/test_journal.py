@@ -725,6 +725,19 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     "workload_stopped": ("cell_id", "kind", "reason", "point_index", "sent", "detail"),
     "chat_template": ("cell_id", "pieces", "piece_count", "template_source"),
     "reuse_probed": ("cell_id", "header_rule", "sliding_window", "n_ubatch", "steps", "rule"),
+    "server_metrics": (
+        "cell_id",
+        "scope",
+        "index",
+        "status",
+        "reason",
+        "refusal_code",
+        "path",
+        "before_bytes",
+        "after_bytes",
+        "counters",
+        "client",
+    ),
 }
 
 

@@ -422,15 +422,25 @@ def test_measurement_fields_are_defaulted_and_last() -> None:
     """Evolution rule: the new fields go last with defaults, so an older cell.json decodes."""
     from cache_family.schemas.receipts import Measurement
 
-    later = ("status", "terminal_refusal", "ignore_eos", "cache_shortfall_rungs", "rows_file")
-    assert Measurement.__struct_fields__[-5:] == later
+    later = (
+        "status",
+        "terminal_refusal",
+        "ignore_eos",
+        "cache_shortfall_rungs",
+        "rows_file",
+        "server_metrics_disagreeing_rungs",
+    )
+    assert Measurement.__struct_fields__[-6:] == later
     published = json.loads(encode_receipt(fold(CellScript().happy())))
+    # A cell that journaled no server metrics read writes no disagreeing rungs at all.
+    assert "server_metrics_disagreeing_rungs" not in published["measurement"]
     for name in later:
-        del published["measurement"][name]
+        published["measurement"].pop(name, None)
     older = decode_cell_receipt(json.dumps(published).encode())
     assert older.measurement.status is None and older.measurement.terminal_refusal is None
     assert older.measurement.ignore_eos is None and older.measurement.cache_shortfall_rungs == ()
     assert older.measurement.rows_file is None
+    assert older.measurement.server_metrics_disagreeing_rungs is msgspec.UNSET
 
 
 def test_a_whole_ladder_without_a_stop_is_a_completed_measurement() -> None:

@@ -10,11 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cell_journal_builder import CellScript
+from fold_journals import journal
 
 from cache_family.errors import Refused
 from cache_family.schemas.journal import ServerMetricsRead
+from cache_family.schemas.receipts import encode_receipt
 from cache_family.schemas.refusal_codes import SERVER_METRICS_REFUSAL_CODES
-from cache_family.schemas.server_metrics import CounterDelta, TokenSums
+from cache_family.schemas.server_metrics import CounterDelta, ServerMetricsVerdict, TokenSums
+from cache_family.states.fold import fold_cell
 from cache_family.states.server_metrics import (
     COUNTER_SAMPLES_MAX,
     EXPOSITION_MAX_BYTES,
@@ -173,3 +177,51 @@ def test_a_host_without_metrics_says_so_and_nothing_is_guessed() -> None:
     verdict = verdict_of(record)
     assert verdict.status == "none" and verdict.reason == "this host kind serves no /metrics"
     assert verdict.server is None and verdict.agreement is None
+
+
+# --- the receipts -------------------------------------------------------------------------------
+
+
+def _rung_read(index: int, client: TokenSums) -> ServerMetricsRead:
+    return ServerMetricsRead(
+        cell_id=CellScript().cell_id,
+        scope="rung",
+        index=index,
+        status="read",
+        path="/metrics",
+        counters=_llama_deltas(),
+        client=client,
+    )
+
+
+def test_the_cell_receipt_sets_the_server_totals_beside_each_rung_and_flags_a_disagreement() -> (
+    None
+):
+    script = CellScript().happy()
+    agreeing = TokenSums(accounted=2, prompt_tokens=44, cached_tokens=21, predicted_tokens=4)
+    disagreeing = TokenSums(accounted=2, prompt_tokens=44, cached_tokens=40, predicted_tokens=4)
+    lines = journal(*script.records, _rung_read(0, agreeing), _rung_read(1, disagreeing))
+    receipt = fold_cell(lines, script.cell_id, rows=script.rows_source)
+    first, second = receipt.measurement.rungs
+    assert isinstance(first.server_metrics, ServerMetricsVerdict)
+    assert first.server_metrics.agreement == "agrees"
+    assert isinstance(second.server_metrics, ServerMetricsVerdict)
+    assert second.server_metrics.agreement == "disagrees"
+    assert second.server_metrics.disagreeing == ("cached_tokens",)
+    assert receipt.measurement.server_metrics_disagreeing_rungs == (1,)
+    # The disagreement is flagged, never hidden: the measurement itself stands.
+    assert receipt.status == "completed"
+    published = json.loads(encode_receipt(receipt))
+    assert published["measurement"]["rungs"][1]["server_metrics"]["server"]["server"] == (
+        "llama.cpp"
+    )
+    # Re-folding the same lines gives the same bytes (replay's comparison).
+    again = fold_cell(lines, script.cell_id, rows=script.rows_source)
+    assert encode_receipt(again) == encode_receipt(receipt)
+
+
+def test_a_cell_without_reads_writes_no_server_metrics_at_all() -> None:
+    script = CellScript().happy()
+    published = json.loads(encode_receipt(fold_cell(journal(*script.records), script.cell_id)))
+    assert all("server_metrics" not in rung for rung in published["measurement"]["rungs"])
+    assert "server_metrics_disagreeing_rungs" not in published["measurement"]
