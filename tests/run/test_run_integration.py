@@ -18,13 +18,19 @@ from real_run_harness import CLI, cli, operator_for, prepare_then_run, sha256_of
 from cache_family.actors.audit.first_tokens import check_first_tokens
 from cache_family.actors.audit.replay import replay
 from cache_family.oracles.native_parts import Parts
-from cache_family.schemas.journal import ChildSpawned, WarmupExclusion, read_journal
+from cache_family.schemas.journal import (
+    ChildSpawned,
+    ServerMetricsRead,
+    WarmupExclusion,
+    read_journal,
+)
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 from cache_family.schemas.receipts import (
     SYNTHETIC_EVIDENCE_CLASS,
     decode_cell_receipt,
     decode_row_receipt,
 )
+from cache_family.schemas.server_metrics import ServerMetricsVerdict
 from cache_family.states.handoff import RUNTIME_SLICE_TOPOLOGIES
 
 pytestmark = pytest.mark.native
@@ -154,6 +160,30 @@ def test_prepare_full_then_run_checks_correctness_then_measures_both_native_arms
     assert {p.prompt_tokens for p in prompts} == {row.prefix_tokens + 1}  # type: ignore[operator]
     assert {p.prompt_sha256 for p in prompts} == {checked.prompt_sha256}  # both arms
     assert prompts[0].prompt_source == "correctness-benchmark-prompt"
+
+    # The host's own counters, read before and after every rung (llama-server --metrics): one
+    # read per rung, their deltas journaled, and the server's totals agree with the sum of the
+    # per-request figures (the serial warmup went to the host within rung 0's interval).
+    assert "--metrics" in argv
+    reads = [line.record for line in read.lines if isinstance(line.record, ServerMetricsRead)]
+    assert [(r.cell_id.rsplit("/", 1)[1], r.scope, r.index, r.status) for r in reads] == [
+        ("native-serial", "rung", 0, "read"),
+        ("native-concurrent", "rung", 0, "read"),
+        ("native-concurrent", "rung", 1, "read"),
+    ]
+    for cell, rung_receipt in [
+        (serial, serial.measurement.rungs[0]),
+        *((sweep, r) for r in sweep.measurement.rungs),
+    ]:
+        server_metrics = rung_receipt.server_metrics
+        assert isinstance(server_metrics, ServerMetricsVerdict)
+        assert server_metrics.status == "read" and server_metrics.server is not None
+        assert server_metrics.server.server == "llama.cpp" and server_metrics.client is not None
+        requests = len(rung_receipt.rows)
+        assert server_metrics.client.accounted == requests
+        assert server_metrics.server.prompt_tokens == requests * (row.prefix_tokens + 1)  # type: ignore[operator]
+        assert server_metrics.agreement == "agrees", (cell.cell_id, server_metrics)
+        assert cell.measurement.server_metrics_disagreeing_rungs == ()
 
     verdict = replay(str(out))
     assert verdict.exit_code == 0, verdict.lines
