@@ -27,6 +27,7 @@ from cache_family.report.render import (
 )
 from cache_family.report.rows import BaselineFigures, ReportRow, SkippyFigures
 from cache_family.report.run import ArmView, RowView, RunReceipts, measured_values
+from cache_family.report.server_metrics import SERVER_METRICS_NOTE, server_metrics_table
 from cache_family.report.stats import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -398,6 +399,17 @@ def _server_table(arms: Sequence[ArmView]) -> list[str]:
     return lines
 
 
+def _server_metrics(view: RowView) -> list[str]:
+    """Every arm's rungs whose host's metrics were read (``RungReceipt.server_metrics``)."""
+    intervals = [
+        (arm.arm, f"rung {r.rung_index} (concurrency {r.concurrency})", r.server_metrics)
+        for arm in view.arms
+        for r in arm.rungs
+        if not isinstance(r.server_metrics, UnsetType)
+    ]
+    return server_metrics_table(intervals, "Rung")
+
+
 def _folded(summary: str, lines: list[str]) -> list[str]:
     """``lines`` (tables, an empty line between two) inside ``<details>`` when one of them
     is long: the page opens short, the figures stay one click away (and plain in the
@@ -455,6 +467,10 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
         server = _server_table(arms)
         if server:
             lines += ["", *_folded(f"The server's own timings of {_title(view)}", server)]
+        counted = _server_metrics(view)
+        if counted:
+            title = f"The server's own token counters of {_title(view)}"
+            lines += ["", SERVER_METRICS_NOTE, "", *_folded(title, counted)]
     if without:
         lines += ["", "Rows without a concurrent arm:", "", *without]
     return lines

@@ -14,6 +14,7 @@ import msgspec
 
 from cache_family.errors import Refused
 from cache_family.report.render import cell, effect_cells, format_ms
+from cache_family.report.server_metrics import SERVER_METRICS_NOTE, server_metrics_table
 from cache_family.report.stats import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -556,4 +557,10 @@ def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> li
                 "",
             ]
         lines += table
+        if not isinstance(receipt.server_metrics, msgspec.UnsetType):
+            points = [
+                (receipt.arm or "-", f"{p.scope} point {p.index}", p.metrics)
+                for p in receipt.server_metrics
+            ]
+            lines += ["", SERVER_METRICS_NOTE, "", *server_metrics_table(points, "Point")]
     return lines + _old_against_new(views)

@@ -24,7 +24,13 @@ private copy of the launcher ``make_prepared`` writes, which names that file in
                 group and the process tree (setsid and a double fork) and ignores SIGTERM;
                 it writes its pid to "daemon_dir"/<pid> (made before the listening line, or
                 in the SIGTERM handler before the host exits 0),
-   "marker_file": a path the host appends its pid to when it starts (which bytes ran)}
+   "marker_file": a path the host appends its pid to when it starts (which bytes ran),
+   "metrics": serve llama-server's token counters at GET /metrics (as with --metrics),
+              counted from the requests it answered; without it /metrics is 404,
+   "metrics_cached_skew": tokens the served cached-token counter adds for each request
+                          beyond what the request itself reported (a server whose own
+                          totals disagree with its per-request figures),
+   "metrics_body": a literal body /metrics serves instead (a malformed exposition)}
 Every connection is closed after one answer, as llama-server does after a stream.
 """
 
@@ -58,6 +64,22 @@ BEHAVIOUR = _behaviour()
 _served = 0
 _stream_seen = False
 _lock = threading.Lock()
+# What the server counted of the requests it answered (llama-server's /metrics counters).
+_counted = {"prompt": 0, "cached": 0, "predicted": 0}
+
+
+def _exposition() -> bytes:
+    if "metrics_body" in BEHAVIOUR:
+        return str(BEHAVIOUR["metrics_body"]).encode()
+    lines = []
+    for name, value in (
+        ("llamacpp:prompt_tokens_total", _counted["prompt"]),
+        ("llamacpp:prompt_tokens_cached_total", _counted["cached"]),
+        ("llamacpp:tokens_predicted_total", _counted["predicted"]),
+    ):
+        lines += [f"# TYPE {name} counter", f"{name} {value}"]
+    lines += ["# TYPE llamacpp:requests_processing gauge", "llamacpp:requests_processing 0"]
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _notify(event: str) -> None:
@@ -114,6 +136,14 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             self._json(200, {"status": "ok"})
+        elif self.path == "/metrics" and BEHAVIOUR.get("metrics"):
+            data = _exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
         else:
             self._json(404, {"error": "not found"})
 
@@ -131,6 +161,9 @@ class Handler(BaseHTTPRequestHandler):
             with _lock:
                 cache_n = max(len(prompt) - 1, 0) if _served else 0
                 _served += 1
+                _counted["prompt"] += len(prompt) - cache_n
+                _counted["cached"] += cache_n + int(BEHAVIOUR.get("metrics_cached_skew", 0))
+                _counted["predicted"] += n_predict
             if body.get("stream"):
                 _stream_seen = True
                 _notify("stream")
