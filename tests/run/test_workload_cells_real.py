@@ -127,6 +127,28 @@ def test_a_run_with_a_workload_file_measures_each_workload_as_a_cell_and_replays
     assert high_rate.launched < high_rate.scheduled
     assert arrivals.over_saturated_at_per_s == 3000
 
+    # The host's own counters around every point (llama-server --metrics), beside the
+    # client's sums of the point's requests: they agree wherever every request reported.
+    agreements = {
+        arm: [
+            (p.scope, p.index, p.metrics.status, p.metrics.agreement)
+            for p in receipt.server_metrics
+        ]  # type: ignore[union-attr]
+        for arm, receipt in receipts.items()
+    }
+    assert agreements["native-overlap"] == [
+        ("prefix-overlap", index, "read", "agrees") for index in range(3)
+    ]
+    assert agreements["native-sessions"] == [("sessions", 0, "read", "agrees")]
+    (low_rate, *rest) = agreements["native-open-loop"]
+    assert low_rate == ("open-loop", 0, "read", "agrees")
+    # The over-saturated rate may stop with requests the server never answered in full.
+    assert [(s, i, st) for s, i, st, _ in rest] == [("open-loop", 1, "read")]
+    for receipt in receipts.values():
+        for point in receipt.server_metrics:  # type: ignore[union-attr]
+            assert point.metrics.server is not None
+            assert point.metrics.server.server == "llama.cpp"
+
     # The report shows each workload (replay regenerates the report files and compares them).
     reported = cli("report-run", str(out), cwd=tmp_path)
     assert reported.returncode == 0, reported.stderr
