@@ -18,9 +18,16 @@ from cache_family.actors.audit.replay import replay
 from cache_family.oracles import native_build
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.corpus import default_corpus_path
-from cache_family.schemas.journal import ChildSpawned, CliAdmission, RungCompleted, read_journal
+from cache_family.schemas.journal import (
+    ChildSpawned,
+    CliAdmission,
+    RungCompleted,
+    ServerMetricsRead,
+    read_journal,
+)
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
+from cache_family.schemas.server_metrics import ServerMetricsVerdict
 
 pytestmark = pytest.mark.native
 
@@ -88,6 +95,21 @@ def test_a_reduced_plan_with_old_and_new_bound_completes_with_parity_accepted(
             assert [r.concurrency for r in rungs] == [1, 2]
             assert {r.host_pid for r in rungs} == {spawns[0].pid}
             assert all(r.host_retained for r in cell.measurement.rungs)
+            # A stage server serves no /metrics: each rung says so, nothing is guessed (and
+            # nothing was asked of it), beside the client's own sums.
+            reads = [
+                r for r in records if isinstance(r, ServerMetricsRead) and r.cell_id == cell_id
+            ]
+            assert [(r.index, r.status, r.path, r.counters) for r in reads] == [
+                (0, "none", None, ()),
+                (1, "none", None, ()),
+            ]
+            for rung in cell.measurement.rungs:
+                assert isinstance(rung.server_metrics, ServerMetricsVerdict)
+                assert rung.server_metrics.server is None
+                assert rung.server_metrics.reason == "this host kind serves no /metrics"
+                assert rung.server_metrics.client is not None
+                assert rung.server_metrics.client.accounted == len(rung.rows)
     production = json.loads((out / "production-cache-bench.json").read_bytes())
     assert [(r["skippy"]["status"], r["llama_server"]["status"]) for r in production] == [
         ("pass", "ok")
