@@ -72,8 +72,8 @@ async def test_a_server_whose_counters_disagree_is_flagged_in_every_rung_and_the
         )
     assert all(r.status == "read" and r.path == "/metrics" for r in _reads(out))
     report = render_run_report(read_run(str(out)))["report.md"].decode()
-    assert "| Server's cached tokens |" in report
-    assert "disagrees: prompt tokens, cached tokens" in report
+    assert "| Cached tok |" in report
+    assert "disagrees: prompt, cached" in report
     verdict = replay(str(out))
     assert verdict.exit_code == 0, verdict.lines
 
@@ -106,3 +106,4 @@ async def test_a_host_without_metrics_says_so_and_nothing_is_guessed(tmp_path: P
             assert verdict.agreement is None and verdict.client is not None
     report = render_run_report(read_run(str(out)))["report.md"].decode()
     assert "| none |" in report
+    assert "- none: the host answered 404 (native-serial, native-concurrent)" in report

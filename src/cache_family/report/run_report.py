@@ -402,12 +402,12 @@ def _server_table(arms: Sequence[ArmView]) -> list[str]:
 def _server_metrics(view: RowView) -> list[str]:
     """Every arm's rungs whose host's metrics were read (``RungReceipt.server_metrics``)."""
     intervals = [
-        (arm.arm, f"rung {r.rung_index} (concurrency {r.concurrency})", r.server_metrics)
+        (arm.arm, str(r.concurrency), r.server_metrics)
         for arm in view.arms
         for r in arm.rungs
         if not isinstance(r.server_metrics, UnsetType)
     ]
-    return server_metrics_table(intervals, "Rung")
+    return server_metrics_table(intervals, "Concurrency")
 
 
 def _folded(summary: str, lines: list[str]) -> list[str]:

@@ -558,9 +558,6 @@ def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> li
             ]
         lines += table
         if not isinstance(receipt.server_metrics, msgspec.UnsetType):
-            points = [
-                (receipt.arm or "-", f"{p.scope} point {p.index}", p.metrics)
-                for p in receipt.server_metrics
-            ]
+            points = [(receipt.arm or "-", str(p.index), p.metrics) for p in receipt.server_metrics]
             lines += ["", SERVER_METRICS_NOTE, "", *server_metrics_table(points, "Point")]
     return lines + _old_against_new(views)
