@@ -546,8 +546,10 @@ async def run_overlap(host: WorkloadHost) -> bool:
         )
         sent: list[WorkloadRequest] = []
         stop: str | None = None
-        before = await _metrics_before(host)
+        before: Reading | None = None
         try:
+            # Inside the point: a stop while the host's metrics are read stops the point.
+            before = await _metrics_before(host)
             for planned, prompt in zip(order, prompts, strict=True):
                 if trio.current_time() >= host.deadline:
                     stop = "deadline"
@@ -571,6 +573,7 @@ async def run_overlap(host: WorkloadHost) -> bool:
                     )
                 )
                 _check_host(host, answer)
+            await _metrics_after(host, before, kind, index, sent)
         except BaseException as exc:
             stop = _stop_reason(exc)
             raise
@@ -597,7 +600,6 @@ async def run_overlap(host: WorkloadHost) -> bool:
                 )
                 if stop is not None:
                     await _stopped(host, kind, stop, index, len(sent))
-        await _metrics_after(host, before, kind, index, sent)
         if stop is not None:
             return False
     return True
@@ -627,8 +629,9 @@ async def _chat_sessions(
     counted: dict[int, tuple[int, int]] = {}
     sent: list[WorkloadRequest] = []
     stop: str | None = None
-    before = await _metrics_before(host)
+    before: Reading | None = None
     try:
+        before = await _metrics_before(host)
         for item in plan:
             if item.position and spec.think_time_ms:
                 await trio.sleep(spec.think_time_ms / 1000)
@@ -676,6 +679,7 @@ async def _chat_sessions(
                 counted[item.user] = (request.prompt_tokens, answer.completion_tokens)
             sent.append(request)
             _check_host(host, answer)
+        await _metrics_after(host, before, MeasurementKind.SESSIONS, 0, sent)
     except BaseException as exc:
         stop = _stop_reason(exc)
         raise
@@ -684,7 +688,6 @@ async def _chat_sessions(
             await host.journal(_sessions_record(host, spec, sent))
             if stop is not None:
                 await _stopped(host, MeasurementKind.SESSIONS, stop, None, len(sent))
-    await _metrics_after(host, before, MeasurementKind.SESSIONS, 0, sent)
     return stop is None
 
 
@@ -748,8 +751,9 @@ async def run_sessions(host: WorkloadHost) -> bool:
     sessions: dict[int, list[int]] = {}
     sent: list[WorkloadRequest] = []
     stop: str | None = None
-    before = await _metrics_before(host)
+    before: Reading | None = None
     try:
+        before = await _metrics_before(host)
         for item in plan:
             if item.position and spec.think_time_ms:
                 await trio.sleep(spec.think_time_ms / 1000)
@@ -774,6 +778,7 @@ async def run_sessions(host: WorkloadHost) -> bool:
                 )
             )
             _check_host(host, answer)
+        await _metrics_after(host, before, kind, 0, sent)
     except BaseException as exc:
         stop = _stop_reason(exc)
         raise
@@ -782,7 +787,6 @@ async def run_sessions(host: WorkloadHost) -> bool:
             await host.journal(_sessions_record(host, spec, sent))
             if stop is not None:
                 await _stopped(host, kind, stop, None, len(sent))
-    await _metrics_after(host, before, kind, 0, sent)
     return stop is None
 
 
@@ -816,7 +820,7 @@ async def run_open_loop(host: WorkloadHost) -> bool:
     rate_index = 0
     # The metrics read as the last stage ended (stages follow each other with nothing sent
     # in between: one read closes a stage and opens the next).
-    reading = await _metrics_before(host)
+    reading: Reading | None = None
 
     async def journal_stage(stage: RateStage) -> None:
         nonlocal rate_index, reading
@@ -838,6 +842,7 @@ async def run_open_loop(host: WorkloadHost) -> bool:
         reading = await host.metrics.after(reading, kind.value, index, client)
 
     try:
+        reading = await _metrics_before(host)
         stages = await run_rates(spec, exchange, deadline=host.deadline, on_stage=journal_stage)
     except BaseException as exc:
         # The stopped stage: the rate cut short (journaled as far as it went), else the
