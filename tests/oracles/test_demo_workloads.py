@@ -85,8 +85,7 @@ def test_the_demo_workload_run_measures_both_families_and_replays(
     }
     # The overlap sweep on the bound stage servers too: the new one (prefix reuse on) within
     # its band at every point it designs, the old one (the demo's prefix-reuse-off) reusing
-    # nothing. A chat prompt's checkpoints cannot be placed from the message: where the
-    # hybrid's checkpoint rule leaves 30 % nothing to share, the point is refused as designed
+    # nothing. A point whose design shares nothing the rule reuses is refused as designed
     # (never sent and accepted), on both servers.
     stage = {
         (r.architecture, r.arm): r for r in receipts if r.arm in ("old-overlap", "new-overlap")
