@@ -23,8 +23,10 @@ from hypothesis import strategies as st
 from cache_family.actors.run.chat_text import (
     ModelText,
     RenderedWrapper,
+    WrappedPrompt,
     model_text,
     render_wrapper,
+    wrapped_prompt,
 )
 from cache_family.actors.run.workloads import WorkloadHost, _chat, run_overlap, run_sessions
 from cache_family.errors import Refused
@@ -155,6 +157,27 @@ def test_the_servers_count_of_a_chat_message_is_its_tokenization(
     )
     assert status == 200
     assert reply["usage"]["prompt_tokens"] == wrapper.prompt_tokens
+
+
+def test_a_ladder_prompt_is_counted_as_the_server_renders_it_and_a_merge_is_named(
+    real_server: RunningServer,
+) -> None:
+    # Words end in a word: the message's tokens stay intact inside the template.
+    text = "The cache keeps what the prompt shares with the one before"
+    wrapped = trio.run(wrapped_prompt, LoopbackHttp(), real_server.url, text)
+    assert isinstance(wrapped, WrappedPrompt) and wrapped.merged_tokens == 0
+    status, reply = real_server.request(
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": text}], "max_tokens": 1},
+    )
+    assert status == 200
+    assert reply["usage"]["prompt_tokens"] == wrapped.prompt_tokens
+    assert wrapped.prompt_tokens == len(_tokenize(real_server, text)) + 24
+    # The ChatML fallback's markers are plain text to this model: a message ending in a full
+    # stop joins the tail's first "<" into one ".<" token, one message token lost.
+    merged = trio.run(wrapped_prompt, LoopbackHttp(), real_server.url, text + ".")
+    assert isinstance(merged, WrappedPrompt) and merged.merged_tokens == 1
 
 
 def _merging(server: RunningServer, real_text: ModelText) -> ChatPieces:

@@ -30,6 +30,9 @@ class HostKindStrategy:
     environment: Mapping[str, str]
     argv: Argv
     load_run: Load
+    # Prompts go as chat messages inside the host's template: each request's prompt count is
+    # held to the template's tokens around the cut prompt.
+    wraps_prompt_in_template: bool = False
 
     def dialect(self, admitted: stage_host.CliAdmitted | None) -> HostDialect:
         return admitted.dialect if admitted is not None else "llama-server"
@@ -75,5 +78,6 @@ HOST_KINDS: Final[Mapping[HostKind, HostKindStrategy]] = {
         stage_host.STAGE_ENVIRONMENT,
         _stage_argv,
         _stage_load,
+        wraps_prompt_in_template=True,
     ),
 }

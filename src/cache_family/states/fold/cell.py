@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
+import msgspec
+
 from cache_family.errors import Refused
 from cache_family.schemas import request_rows
 from cache_family.schemas.arms import WORKLOAD_KINDS
@@ -40,6 +42,7 @@ from cache_family.schemas.measurement import (
 from cache_family.schemas.receipts import (
     CacheVerdict,
     CellReceipt,
+    ChatPromptCount,
     FaultEntry,
     HostIdentity,
     Measurement,
@@ -107,6 +110,7 @@ class CellFold:
         self.rungs: dict[int, RungCompleted] = {}
         self.host_retained: dict[int, bool | None] = {}
         self.exclusions: dict[int, list[int]] = {}
+        self.chat_prompt: ChatPromptCount | msgspec.UnsetType = msgspec.UNSET
         self.last_seq = 0
         self.done_seq: int | None = None
 
@@ -183,6 +187,12 @@ class CellFold:
             self.ready = record
         elif isinstance(record, WarmupExclusion):
             self.exclusions.setdefault(record.rung_index, []).extend(record.request_ids)
+            if record.chat_prompt_tokens is not None:
+                self.chat_prompt = ChatPromptCount(
+                    prompt_tokens=record.chat_prompt_tokens,
+                    message_tokens=record.chat_message_tokens or 0,
+                    merged_tokens=record.chat_prompt_merged_tokens or 0,
+                )
         elif isinstance(record, RungRows):
             self.segments.append(record)
             self.rung_concurrency.setdefault(record.rung_index, record.concurrency)
@@ -343,6 +353,7 @@ class CellFold:
             journal_through_seq=self.last_seq if through_seq is None else through_seq,
             synthetic=synthetic,
             evidence_class=evidence_class(synthetic) or self._real_evidence(synthetic),
+            chat_prompt=self.chat_prompt,
         )
         return receipt
 
