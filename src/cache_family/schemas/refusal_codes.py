@@ -418,6 +418,11 @@ TRACE_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
         "widen the window (`first` requests, or `from_ms`/`until_ms`)",
     ),
     RefusalCode(
+        "trace.pin_mismatch",
+        "the trace file's bytes are not those preparation pinned (or the workload file named)",
+        "restore the trace file, or prepare again",
+    ),
+    RefusalCode(
         "trace.vocabulary",
         "the window uses more distinct hash ids than the host's vocabulary has first tokens",
         "replay a shorter window (each distinct hash id starts with a token of its own)",

@@ -246,13 +246,19 @@ class TracePrompts:
         self.scaling = scaling
         self.trace_sha256 = trace_sha256
         self.vocabulary_size = vocabulary_size
-        starts = FreshStarts(vocabulary_size, _seed_of(trace_sha256, "first-tokens"))
+        # What is left of the pool starts anything else sent on the host (a chat template's
+        # calibration), so that nothing else shares a first token with a block.
+        self.starts = FreshStarts(vocabulary_size, _seed_of(trace_sha256, "first-tokens"))
         self._first: dict[int, int] = {}
         for request in requests:
             for hash_id in request.hash_ids:
                 if hash_id not in self._first:
-                    self._first[hash_id] = starts.take()
+                    self._first[hash_id] = self.starts.take()
         self._blocks: dict[int, tuple[int, ...]] = {}
+
+    @property
+    def distinct_ids(self) -> int:
+        return len(self._first)
 
     def __repr__(self) -> str:
         return (

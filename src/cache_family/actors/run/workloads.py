@@ -190,10 +190,17 @@ class _Answer:
 
 
 async def _complete(
-    host: WorkloadHost, prompt: list[int], n_predict: int, slot: int, *, exact: bool
+    host: WorkloadHost,
+    prompt: list[int],
+    n_predict: int,
+    slot: int,
+    *,
+    exact: bool,
+    cache_prompt: bool = True,
 ) -> _Answer:
     """One non-streamed ``/completion`` of token ids on ``slot`` (greedy; ``exact``: exactly
-    ``n_predict`` tokens, with the answer's token ids returned)."""
+    ``n_predict`` tokens, with the answer's token ids returned; ``cache_prompt`` False: the
+    server is asked not to reuse its cache for it)."""
     body: dict[str, Any] = {
         "prompt": prompt,
         "n_predict": n_predict,
@@ -202,6 +209,8 @@ async def _complete(
         "stream": False,
         "id_slot": slot,
     }
+    if not cache_prompt:
+        body["cache_prompt"] = False
     if exact or host.ignore_eos:
         body["ignore_eos"] = True
     if exact:
@@ -853,13 +862,3 @@ def _stage_record(host: WorkloadHost, stage: RateStage, seed: int | None) -> Ope
         stop_reason=outcome.stop_reason,
         stop_detail=outcome.saturation.detail if outcome.saturation else None,
     )
-
-
-Runner = Callable[[WorkloadHost], Awaitable[bool]]
-
-# The one runner of each workload measurement kind (the cell's ``run-workload`` action).
-WORKLOAD_RUNNERS: Final[Mapping[MeasurementKind, Runner]] = {
-    MeasurementKind.PREFIX_OVERLAP: run_overlap,
-    MeasurementKind.SESSIONS: run_sessions,
-    MeasurementKind.OPEN_LOOP: run_open_loop,
-}
