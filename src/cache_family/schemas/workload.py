@@ -311,9 +311,6 @@ class TraceReplay(_Strict):
     output_tokens_cap: OutputTokens = 16
     lru_capacity_tokens: Annotated[int, AfterValidator(Between(1, 2**40))] | None = None
     over_saturation: OverSaturation = OverSaturation()
-    # False: every request asks the server not to reuse its cache (llama-server's
-    # ``cache_prompt: false``): the replay measures the host without prefix reuse.
-    prefix_reuse: bool = True
 
     @model_validator(mode="after")
     def _related(self) -> Self:

@@ -125,7 +125,6 @@ async def run_trace(host: WorkloadHost) -> bool:
                 scaling.output_tokens(request),
                 ANY_SLOT,
                 exact=False,
-                cache_prompt=spec.prefix_reuse,
             )
         else:
             answer = await _chat(

@@ -190,17 +190,10 @@ class _Answer:
 
 
 async def _complete(
-    host: WorkloadHost,
-    prompt: list[int],
-    n_predict: int,
-    slot: int,
-    *,
-    exact: bool,
-    cache_prompt: bool = True,
+    host: WorkloadHost, prompt: list[int], n_predict: int, slot: int, *, exact: bool
 ) -> _Answer:
     """One non-streamed ``/completion`` of token ids on ``slot`` (greedy; ``exact``: exactly
-    ``n_predict`` tokens, with the answer's token ids returned; ``cache_prompt`` False: the
-    server is asked not to reuse its cache for it)."""
+    ``n_predict`` tokens, with the answer's token ids returned)."""
     body: dict[str, Any] = {
         "prompt": prompt,
         "n_predict": n_predict,
@@ -209,8 +202,6 @@ async def _complete(
         "stream": False,
         "id_slot": slot,
     }
-    if not cache_prompt:
-        body["cache_prompt"] = False
     if exact or host.ignore_eos:
         body["ignore_eos"] = True
     if exact:
