@@ -12,6 +12,11 @@ from hypothesis import strategies as st
 
 from cache_family.errors import Refused
 from cache_family.schemas.refusal_codes import TRACE_REFUSAL_CODES
+from cache_family.schemas.workload_records import (
+    TraceReplayed,
+    TraceRequestReplayed,
+    WorkloadRequest,
+)
 from cache_family.states.trace import (
     TRACE_LINE_MAX_BYTES,
     DesignedReuse,
@@ -25,6 +30,7 @@ from cache_family.states.trace import (
     request_verdict,
     total_efficiency,
 )
+from cache_family.states.trace_fold import trace_receipt
 
 SHA = "ab" * 32
 
@@ -223,3 +229,71 @@ def test_the_verdict_of_each_request() -> None:
     assert request_verdict(nothing, None, 1).efficiency is None
     assert total_efficiency([(100, 50), (0, 0), (100, None), (100, 100)]) == 0.75
     assert total_efficiency([(0, 0)]) is None
+
+
+def _replayed(**changes: object) -> TraceReplayed:
+    fields: dict[str, object] = {
+        "cell_id": "c",
+        "path": "/t",
+        "sha256": SHA,
+        "format": "mooncake",
+        "block_tokens": 512,
+        "tokens_per_block": 10,
+        "time_scale": 1.0,
+        "output_tokens_cap": 1,
+        "window_json": "{}",
+        "requests": 4,
+        "distinct_ids": 4,
+        **changes,
+    }
+    return TraceReplayed(**fields)  # type: ignore[arg-type]
+
+
+def _sent(
+    index: int, designed: int, counted: int | None, cached: int | None
+) -> TraceRequestReplayed:
+    request = None
+    if counted is not None:
+        request = WorkloadRequest(
+            position=index,
+            status="completed" if cached is not None else "failed",
+            prompt_tokens=counted,
+            cached_tokens=cached,
+            designed_prompt_tokens=30,
+        )
+    return TraceRequestReplayed(
+        cell_id="c",
+        index=index,
+        line=index + 1,
+        scheduled_s=float(index),
+        sent_s=float(index) if request else None,
+        designed_infinite_tokens=designed,
+        last_sender=index - 1 if designed else None,
+        request=request,
+    )
+
+
+def test_the_fold_judges_each_request_and_names_what_it_refuses() -> None:
+    sent = [
+        _sent(0, 0, 30, 0),
+        _sent(1, 20, 30, 25),  # more than designed + 1: over-claimed
+        _sent(2, 20, 31, 20),  # counted otherwise than designed
+        _sent(3, 20, None, None),  # never sent
+    ]
+    receipt = trace_receipt(_replayed(), sent)
+    assert [r.verdict for r in receipt.requests] == [
+        None,
+        "trace.reuse.over_claimed",
+        "workload.prompt.token_count_mismatch",
+        "not-launched",
+    ]
+    assert receipt.over_claimed == (1,) and receipt.token_count_mismatches == (2,)
+    assert receipt.refusal == "workload.prompt.token_count_mismatch"
+    assert receipt.measured_requests == 2 and receipt.requests[3].lateness_ms is None
+    # Over time: four one-second slices of the 3 s replay, efficiency where something was
+    # designed and measured.
+    assert [b.requests for b in receipt.efficiency_over_time][:1] == [1]
+    assert sum(b.requests for b in receipt.efficiency_over_time) == 4
+    stopped = trace_receipt(_replayed(stop_reason="workload.arrivals.sender_late"), sent[:1])
+    assert stopped.refusal == "workload.arrivals.sender_late"
+    assert trace_receipt(_replayed(), sent[:1], stopped=True).refusal == "workload.stopped"
