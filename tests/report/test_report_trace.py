@@ -84,6 +84,9 @@ def test_the_trace_section_shows_scaling_totals_depths_losses_and_figures() -> N
         "plots/workload-cell-0000_native-trace-over-time.svg",
         "plots/workload-cell-0000_native-trace.svg",
     ]
+    over_time = svgs["plots/workload-cell-0000_native-trace-over-time.svg"]
+    assert "Server prompt time, median per slice" in over_time
+    assert "Efficiency (achieved / designed)" in over_time
     for name, svg in svgs.items():
         assert "B=16 of 512, time ×0.2" in svg, name
         assert f"]({name})" in text

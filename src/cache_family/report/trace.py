@@ -10,8 +10,13 @@ from itertools import pairwise
 from typing import Final
 
 from cache_family.report.render import cell, format_ms
+from cache_family.report.stats import median
 from cache_family.report.svg import Panel, Series, XAxis, line_panels
-from cache_family.schemas.workload_records import TraceReceipt, TraceRequestReceipt
+from cache_family.schemas.workload_records import (
+    TraceEfficiencyBin,
+    TraceReceipt,
+    TraceRequestReceipt,
+)
 
 _DESIGNED, _LRU, _ACHIEVED, _TIME = "#1f77b4", "#9467bd", "#d62728", "#2ca02c"
 REQUEST_AXIS: Final = XAxis("request")
@@ -81,6 +86,24 @@ def _tokens(value: float) -> str:
     return f"{value:.0f}"
 
 
+def _slice_medians(
+    rows: Sequence[TraceRequestReceipt], bins: Sequence[TraceEfficiencyBin]
+) -> tuple[float | None, ...]:
+    """The median server prompt time of the requests scheduled in each time slice."""
+    out: list[float | None] = []
+    for at, b in enumerate(bins):
+        last = at == len(bins) - 1
+        times = [
+            r.prompt_ms
+            for r in rows
+            if r.prompt_ms is not None
+            and b.from_s <= r.scheduled_s
+            and (r.scheduled_s < b.until_s or (last and r.scheduled_s <= b.until_s))
+        ]
+        out.append(median(times) if times else None)
+    return tuple(out)
+
+
 def trace_figures(receipt: TraceReceipt) -> tuple[tuple[str, str], ...]:
     """(file suffix, SVG) of three figures: per request (reuse designed and achieved, server
     prompt time, lateness), efficiency over the replay's time, and by prefix depth."""
@@ -134,9 +157,28 @@ def trace_figures(receipt: TraceReceipt) -> tuple[tuple[str, str], ...]:
     bins = receipt.efficiency_over_time
     depths = efficiency_by_depth(rows, receipt.replay.tokens_per_block)
     over_time = line_panels(
-        f"Trace replay ({_short(receipt)}): efficiency over the replay and by prefix depth",
+        f"Trace replay ({_short(receipt)}): reuse and server prompt time over the replay",
         tuple(f"{b.from_s:.1f}" for b in bins),
         (
+            Panel(
+                "Reused tokens per slice",
+                "tokens",
+                (
+                    Series(
+                        "designed", _DESIGNED, True, tuple(float(b.designed_tokens) for b in bins)
+                    ),
+                    Series(
+                        "achieved", _ACHIEVED, False, tuple(float(b.achieved_tokens) for b in bins)
+                    ),
+                ),
+                _tokens,
+            ),
+            Panel(
+                "Server prompt time, median per slice",
+                "ms",
+                (Series("prompt", _TIME, False, _slice_medians(rows, bins)),),
+                format_ms,
+            ),
             Panel(
                 "Efficiency (achieved / designed)",
                 "%",
