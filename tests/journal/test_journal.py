@@ -725,6 +725,20 @@ PUBLISHED_FIELDS: dict[str, tuple[str, ...]] = {
     "workload_stopped": ("cell_id", "kind", "reason", "point_index", "sent", "detail"),
     "chat_template": ("cell_id", "pieces", "piece_count", "template_source"),
     "reuse_probed": ("cell_id", "header_rule", "sliding_window", "n_ubatch", "steps", "rule"),
+    "trace_request": ("cell_id", "index", "line", "scheduled_s"),
+    "trace_replayed": (
+        "cell_id",
+        "path",
+        "sha256",
+        "format",
+        "block_tokens",
+        "tokens_per_block",
+        "time_scale",
+        "output_tokens_cap",
+        "window_json",
+        "requests",
+        "distinct_ids",
+    ),
 }
 
 

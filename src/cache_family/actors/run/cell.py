@@ -22,7 +22,8 @@ from cache_family.actors.run.engine import Handlers, drive
 from cache_family.actors.run.hosts import HOST_KINDS
 from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, PromptCuts
 from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
-from cache_family.actors.run.workloads import WORKLOAD_RUNNERS, WorkloadHost, WorkloadHostLost
+from cache_family.actors.run.workload_runners import WORKLOAD_RUNNERS
+from cache_family.actors.run.workloads import WorkloadHost, WorkloadHostLost
 from cache_family.errors import Refused
 from cache_family.schemas.arms import HostKind
 from cache_family.schemas.gguf_header import read_gguf_header

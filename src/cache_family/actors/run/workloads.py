@@ -862,13 +862,3 @@ def _stage_record(host: WorkloadHost, stage: RateStage, seed: int | None) -> Ope
         stop_reason=outcome.stop_reason,
         stop_detail=outcome.saturation.detail if outcome.saturation else None,
     )
-
-
-Runner = Callable[[WorkloadHost], Awaitable[bool]]
-
-# The one runner of each workload measurement kind (the cell's ``run-workload`` action).
-WORKLOAD_RUNNERS: Final[Mapping[MeasurementKind, Runner]] = {
-    MeasurementKind.PREFIX_OVERLAP: run_overlap,
-    MeasurementKind.SESSIONS: run_sessions,
-    MeasurementKind.OPEN_LOOP: run_open_loop,
-}

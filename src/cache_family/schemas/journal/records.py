@@ -24,6 +24,8 @@ from cache_family.schemas.workload_records import (
     OverlapPointMeasured,
     ReuseProbed,
     SessionsMeasured,
+    TraceReplayed,
+    TraceRequestReplayed,
     WorkloadOpened,
     WorkloadStopped,
 )
@@ -566,6 +568,8 @@ Record: TypeAlias = (
     | WorkloadStopped
     | ChatTemplateMeasured
     | ReuseProbed
+    | TraceRequestReplayed
+    | TraceReplayed
 )
 
 # The members of ``Record`` in order, read from the union so the two never disagree.
