@@ -507,7 +507,7 @@ async def run_rates(
             raise
         await ended(RateStage(kind="rate", target_rate_per_s=rate, outcome=outcome))
         if outcome.saturation is not None:
-            saturated = f"{outcome.saturation.code} at {rate:g}/s"
+            saturated = f"{outcome.saturation.code} at {rate:.1f}/s"
         elif outcome.stop_reason == "load.deadline":
             saturated = "load.deadline"
     return tuple(stages)
