@@ -25,7 +25,6 @@ from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
 from cache_family.actors.run.workload_runners import WORKLOAD_RUNNERS
 from cache_family.actors.run.workloads import WorkloadHost, WorkloadHostLost
 from cache_family.errors import Refused
-from cache_family.schemas.arms import HostKind
 from cache_family.schemas.gguf_header import read_gguf_header
 from cache_family.schemas.journal import (
     Cancellation,
@@ -767,7 +766,7 @@ class CellActor:
             prompt_text=prompt.text,
             ignore_eos=plan.synthetic,
             host_alive=live.still_same,
-            chat=plan.host_kind == HostKind.STAGE,
+            chat=self.host_kind.wraps_prompt_in_template,
             model_id=plan.model_id,
             model_path=plan.profile.model if plan.profile is not None else "",
             sliding_window=self.sliding_window,
