@@ -6,6 +6,7 @@ both sections and old against new, and replay is identical."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -16,17 +17,20 @@ from real_run_harness import cli
 from cache_family.console import bench_sequence
 from cache_family.oracles.demo import (
     DEFAULT_PLAN,
+    DEMO_TRACE,
     DEMO_WORKLOADS,
     PLANS,
+    REAL_TRACE,
     WORKLOAD_CASES,
     operator_input,
     runs_workloads,
+    with_trace,
     workload_steps,
 )
 from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.catalog import packaged_catalog
 from cache_family.schemas.workload import validate_workload_object
-from cache_family.schemas.workload_records import decode_workload_receipt
+from cache_family.schemas.workload_records import TraceReceipt, decode_workload_receipt
 
 
 def test_the_demo_workload_file_is_valid_and_names_an_attention_and_a_recurrent_family() -> None:
@@ -85,8 +89,7 @@ def test_the_demo_workload_run_measures_both_families_and_replays(
     }
     # The overlap sweep on the bound stage servers too: the new one (prefix reuse on) within
     # its band at every point it designs, the old one (the demo's prefix-reuse-off) reusing
-    # nothing. A chat prompt's checkpoints cannot be placed from the message: where the
-    # hybrid's checkpoint rule leaves 30 % nothing to share, the point is refused as designed
+    # nothing. A point whose design shares nothing the rule reuses is refused as designed
     # (never sent and accepted), on both servers.
     stage = {
         (r.architecture, r.arm): r for r in receipts if r.arm in ("old-overlap", "new-overlap")
@@ -136,3 +139,50 @@ def test_the_demo_workload_run_measures_both_families_and_replays(
     assert markdown.count("prefix-overlap (synthetic: plumbing evidence)") == 6
     assert "### Old against new" in markdown
     assert markdown.count("open-loop (synthetic: plumbing evidence)") == 6
+
+
+def test_the_demo_replays_a_window_of_the_bundled_trace_slice_beside_its_notice() -> None:
+    document = with_trace(DEMO_WORKLOADS, DEMO_TRACE)
+    trace = validate_workload_object(document).trace
+    assert trace is not None and trace.first == 4 and trace.tokens_per_block == 8
+    slice_path = Path(trace.path)
+    notice = (slice_path.parent / "NOTICE.md").read_text()
+    assert hashlib.sha256(slice_path.read_bytes()).hexdigest() in notice
+    assert "Apache License, Version 2.0" in notice
+    real = validate_workload_object(with_trace(DEMO_WORKLOADS, REAL_TRACE)).trace
+    assert real is not None and real.path == trace.path
+
+
+@pytest.mark.native
+def test_the_demo_trace_window_replays_on_native_and_stage_servers_of_both_families(
+    native_parts: Parts, oracle_tools: Path, tmp_path: Path
+) -> None:
+    """The demo's trace window alone: every request of it, on each family's native host and
+    on both stage servers, has a designed and an achieved figure; the report shows the trace
+    section with old against new, and replay is identical."""
+    operator = tmp_path / "operator.json"
+    operator.write_text(json.dumps(operator_input(native_parts, oracle_tools, WORKLOAD_CASES)))
+    workloads = tmp_path / "workloads.json"
+    workloads.write_text(json.dumps(with_trace({"schema_version": 1}, DEMO_TRACE)))
+    steps, _ = workload_steps(str(tmp_path), str(operator), str(workloads))
+    runner = bench_sequence.default_runner()
+    for step in steps:
+        done = cli(*step.argv[len(runner) :], cwd=tmp_path)
+        assert done.returncode == 0, (step.name, done.stdout[-3000:], done.stderr[-3000:])
+    run = tmp_path / "workloads"
+    receipts = [decode_workload_receipt(p.read_bytes()) for p in run.glob("cell-*/*/workload.json")]
+    by_arm = {(r.architecture, r.arm): r for r in receipts}
+    arms = ("native-trace", "old-trace", "new-trace")
+    assert set(by_arm) == {(f, a) for f in WORKLOAD_CASES for a in arms}
+    for (family, arm), receipt in by_arm.items():
+        trace = receipt.trace
+        assert isinstance(trace, TraceReceipt), receipt
+        assert [r.index for r in trace.requests] == [0, 1, 2, 3]
+        assert all(r.achieved_tokens is not None for r in trace.requests), (family, arm, trace)
+        assert trace.over_claimed == () and trace.token_count_mismatches == ()
+        assert [r.designed_infinite_tokens for r in trace.requests] == [0, 8, 8, 8]
+        if arm == "old-trace":  # the demo's old server: prefix reuse off
+            assert trace.achieved_tokens == 0, trace
+    markdown = (run / "report.md").read_text()
+    assert markdown.count("each 512-token block replayed as 8 tokens") == 6
+    assert markdown.count("trace replay (efficiency)") == 2

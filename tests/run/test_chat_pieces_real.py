@@ -23,15 +23,17 @@ from hypothesis import strategies as st
 from cache_family.actors.run.chat_text import (
     ModelText,
     RenderedWrapper,
+    WrappedPrompt,
     model_text,
     render_wrapper,
+    wrapped_prompt,
 )
 from cache_family.actors.run.workloads import WorkloadHost, _chat, run_overlap, run_sessions
 from cache_family.errors import Refused
 from cache_family.oracles.native_parts import Parts, RunningServer, serve
 from cache_family.oracles.real_model import ensure_real_model
 from cache_family.schemas.gguf_header import read_gguf_header
-from cache_family.schemas.journal import Record
+from cache_family.schemas.journal import JournalLine, Record
 from cache_family.schemas.workload import validate_workload_object
 from cache_family.schemas.workload_records import (
     ChatTemplateMeasured,
@@ -39,6 +41,7 @@ from cache_family.schemas.workload_records import (
     SessionsMeasured,
 )
 from cache_family.states.chat_pieces import SPM_SPACE, ChatPieces, check_round_trip, spm_merge
+from cache_family.states.workload_fold import fold_workload
 from cache_family.system.http import LoopbackHttp
 
 pytestmark = pytest.mark.native
@@ -156,6 +159,27 @@ def test_the_servers_count_of_a_chat_message_is_its_tokenization(
     assert reply["usage"]["prompt_tokens"] == wrapper.prompt_tokens
 
 
+def test_a_ladder_prompt_is_counted_as_the_server_renders_it_and_a_merge_is_named(
+    real_server: RunningServer,
+) -> None:
+    # Words end in a word: the message's tokens stay intact inside the template.
+    text = "The cache keeps what the prompt shares with the one before"
+    wrapped = trio.run(wrapped_prompt, LoopbackHttp(), real_server.url, text)
+    assert isinstance(wrapped, WrappedPrompt) and wrapped.merged_tokens == 0
+    status, reply = real_server.request(
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": text}], "max_tokens": 1},
+    )
+    assert status == 200
+    assert reply["usage"]["prompt_tokens"] == wrapped.prompt_tokens
+    assert wrapped.prompt_tokens == len(_tokenize(real_server, text)) + 24
+    # The ChatML fallback's markers are plain text to this model: a message ending in a full
+    # stop joins the tail's first "<" into one ".<" token, one message token lost.
+    merged = trio.run(wrapped_prompt, LoopbackHttp(), real_server.url, text + ".")
+    assert isinstance(merged, WrappedPrompt) and merged.merged_tokens == 1
+
+
 def _merging(server: RunningServer, real_text: ModelText) -> ChatPieces:
     """Two real tokens whose text joins into a third: ``▁the`` + ``re`` is ``▁there``."""
     (the,) = _tokenize(server, " the")
@@ -188,7 +212,11 @@ def test_a_sequence_that_does_not_round_trip_is_refused(
 
 
 def _host(
-    server: RunningServer, model: Path, workloads: dict[str, object], journaled: list[Record]
+    server: RunningServer,
+    model: Path,
+    workloads: dict[str, object],
+    journaled: list[Record],
+    sliding_window: int | None = None,
 ) -> WorkloadHost:
     """A chat-dialect workload host on the real llama-server itself (its OpenAI chat, as a
     stage server relays it), journaling into ``journaled``."""
@@ -211,6 +239,7 @@ def _host(
         chat=True,
         model_id="gemma3",
         model_path=str(model),
+        sliding_window=sliding_window,
     )
 
 
@@ -277,6 +306,48 @@ def test_the_chat_overlap_sends_only_prompts_the_server_counts_as_designed(
             # The message's pieces and the template: the whole prompt the sweep asked for.
             assert request.designed_prompt_tokens == 96
             assert request.prompt_tokens == 96
+
+
+def test_the_chat_overlap_reuses_its_design_inside_and_past_the_sliding_window(
+    real_server: RunningServer, real_model_path: Path
+) -> None:
+    """768-token chat prompts on the model's 512-token window: 30 % shares 230 message tokens,
+    inside the window, where a priming message puts the server's checkpoint on the head and
+    the prefix; 70 % shares 520, past it, where the slot reuses the prefix itself. Each point
+    is judged against its design and accepted."""
+    spec = {
+        "prefix_overlap": {
+            "prompt_tokens": 768,
+            "hit_ratios_pct": [30, 70],
+            "groups": 1,
+            "requests": 2,
+            "output_tokens": 1,
+            "seed": 7,
+        }
+    }
+    journaled: list[Record] = []
+
+    async def run() -> None:
+        host = _host(real_server, real_model_path, spec, journaled, sliding_window=512)
+        assert await run_overlap(host)
+
+    trio.run(run)
+    lines = [
+        JournalLine(seq=seq, mono_ns=0, wall_ns=0, prev="", record=record)
+        for seq, record in enumerate(journaled, start=1)
+    ]
+    receipt = fold_workload(lines, "cell-0000/new-overlap")
+    points = {p.hit_ratio_pct: p for p in receipt.overlap}
+    (template,) = [r for r in journaled if isinstance(r, ChatTemplateMeasured)]
+    message = 768 - (template.template_tokens or 0)
+    assert points[30].shared_prefix_tokens == message * 30 // 100
+    assert points[70].shared_prefix_tokens == message * 70 // 100
+    measured = [r for r in journaled if isinstance(r, OverlapPointMeasured)]
+    assert [p.reprimed for p in measured] == [True, False]
+    assert measured[0].priming_prompt_tokens > measured[0].shared_prefix_tokens
+    for point in points.values():
+        assert point.accepted, point
+        assert point.achieved_ratio_pct == pytest.approx(point.designed_ratio_pct)
 
 
 def test_chat_sessions_are_designed_to_the_servers_count_turn_by_turn(

@@ -23,10 +23,12 @@ from cache_family.schemas.journal import (
     CliAdmission,
     RungCompleted,
     ServerMetricsRead,
+    WarmupExclusion,
     read_journal,
 )
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 from cache_family.schemas.receipts import decode_cell_receipt, decode_row_receipt
+from cache_family.schemas.request_rows import REQUESTS_FILENAME
 from cache_family.schemas.server_metrics import ServerMetricsVerdict
 
 pytestmark = pytest.mark.native
@@ -95,6 +97,20 @@ def test_a_reduced_plan_with_old_and_new_bound_completes_with_parity_accepted(
             assert [r.concurrency for r in rungs] == [1, 2]
             assert {r.host_pid for r in rungs} == {spawns[0].pid}
             assert all(r.host_retained for r in cell.measurement.rungs)
+            # The prompt went as one chat message: every request counted as the host renders
+            # and tokenizes it, the message's tokens intact (the zoo's byte tokens merge
+            # with nothing of the template).
+            [warmup] = [
+                r for r in records if isinstance(r, WarmupExclusion) and r.cell_id == cell_id
+            ]
+            assert warmup.prompt_tokens is not None and warmup.chat_prompt_tokens is not None
+            assert warmup.chat_prompt_tokens > warmup.prompt_tokens
+            assert warmup.chat_prompt_merged_tokens == 0
+            counted = {
+                json.loads(line)["row"].get("prompt_tokens")
+                for line in (cell_dir / REQUESTS_FILENAME).read_text().splitlines()
+            }
+            assert counted == {warmup.chat_prompt_tokens}
             # A stage server serves no /metrics: each rung says so, nothing is guessed (and
             # nothing was asked of it), beside the client's own sums.
             reads = [

@@ -31,6 +31,8 @@ from cache_family.system.http import LoopbackHttp
 
 pytestmark = pytest.mark.native
 
+# The workloads this file chooses (the trace replay has its own test).
+CHOSEN = tuple(arm for arm in WORKLOAD_ARMS if arm.name != "native-trace")
 OVER_SATURATED = ("workload.arrivals.in_flight_growing", "workload.arrivals.sender_late")
 WORKLOADS = {
     "schema_version": 1,
@@ -89,15 +91,15 @@ def test_a_run_with_a_workload_file_measures_each_workload_as_a_cell_and_replays
     row = decode_row_receipt((out / "cell-0000" / "row.json").read_bytes())
     # The host arms are measured as before, then each workload as a planned arm of its own.
     observed = {o.arm: (o.planned, o.status) for o in row.observations}
-    assert [o.arm for o in row.observations][-3:] == [arm.name for arm in WORKLOAD_ARMS]
-    for arm in (*HOST_ARMS[:2], *WORKLOAD_ARMS):
+    assert [o.arm for o in row.observations][-3:] == [arm.name for arm in CHOSEN]
+    for arm in (*HOST_ARMS[:2], *CHOSEN):
         assert observed[arm.name] == ("planned", "completed"), row.observations
     assert row.status == "completed"
     receipts = {
         arm.name: decode_workload_receipt(
             (out / "cell-0000" / arm.directory / "workload.json").read_bytes()
         )
-        for arm in WORKLOAD_ARMS
+        for arm in CHOSEN
     }
 
     overlap = receipts["native-overlap"]
@@ -157,21 +159,21 @@ def test_a_run_with_a_workload_file_measures_each_workload_as_a_cell_and_replays
     assert "| 90 % | 89.84 % | 89.84 % | ± 0.78 pp | accepted |" in section
     assert "eviction: none" in section
     assert "Over-saturated at 3000/s" in section
-    for arm in WORKLOAD_ARMS:
+    for arm in CHOSEN:
         slug = f"cell-0000_{arm.name}"
         assert (out / "plots" / f"workload-{slug}.svg").is_file()
         assert f"plots/workload-{slug}.svg" in (out / "report.html").read_text()
 
     replayed = cli("replay", str(out), cwd=tmp_path)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
-    for arm in WORKLOAD_ARMS:
+    for arm in CHOSEN:
         assert f"cell-0000/{arm.directory}/workload.json" in replayed.stdout
     # An edited verdict is caught: replay re-folds workload.json from the journal.
-    edited = out / "cell-0000" / WORKLOAD_ARMS[0].directory / "workload.json"
+    edited = out / "cell-0000" / CHOSEN[0].directory / "workload.json"
     edited.write_text(edited.read_text().replace('"accepted": true', '"accepted": false', 1))
     tampered = cli("replay", str(out), cwd=tmp_path)
     assert tampered.returncode != 0
-    assert f"DIFFERS cell-0000/{WORKLOAD_ARMS[0].directory}/workload.json" in tampered.stdout
+    assert f"DIFFERS cell-0000/{CHOSEN[0].directory}/workload.json" in tampered.stdout
 
 
 def test_a_server_that_reuses_nothing_is_refused_at_every_overlap_point(

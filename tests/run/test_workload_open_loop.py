@@ -344,5 +344,5 @@ async def test_the_first_rate_that_over_saturates_ends_the_workload(
     assert high.outcome is not None
     assert high.outcome.stop_reason == "workload.arrivals.in_flight_growing"
     assert skipped.outcome is None
-    assert skipped.skipped_because == "workload.arrivals.in_flight_growing at 60/s"
+    assert skipped.skipped_because == "workload.arrivals.in_flight_growing at 60.0/s"
     assert [e.kind for e in events].count("stopped") == 1

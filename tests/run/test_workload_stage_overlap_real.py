@@ -116,7 +116,18 @@ def test_the_overlap_sweep_runs_on_old_and_new_stage_servers_and_replays(
     assert stage_points and all(p.template_tokens > 0 for p in stage_points)
     for point in stage_points:
         assert point.prompt_tokens + point.template_tokens == 1024
-        assert {r.prompt_tokens for r in point.requests} == {1024}
+        assert {r.prompt_tokens for r in point.requests if not r.priming} == {1024}
+        # A checkpoint family's priming message is cut to put the checkpoint on the prefix.
+        priming = (point.priming_prompt_tokens or point.prompt_tokens) + point.template_tokens
+        assert {r.prompt_tokens for r in point.requests if r.priming} == {priming}
+    # The recurrent row's points that share are primed and reuse their design.
+    recurrent = decode_workload_receipt(
+        (out / "cell-0001" / NEW_OVERLAP.directory / "workload.json").read_bytes()
+    )
+    assert recurrent.rule == "checkpoint"
+    assert any(p.priming_prompt_tokens for p in stage_points if p.cell_id.startswith("cell-0001"))
+    for point in recurrent.overlap:
+        assert point.accepted, point
 
     # Sessions as chat conversations: on the new server every later turn reuses the turn
     # before it (its prompt and answer as the server counted them); the old reuses nothing.

@@ -105,6 +105,16 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
         "workload.arrivals.rates",
         "$.open_loop",
     ),
+    (
+        {"schema_version": 1, "trace": {"path": "/t.jsonl", "first": 3, "until_ms": 10}},
+        "workload.trace.window",
+        "$.trace",
+    ),
+    (
+        {"schema_version": 1, "trace": {"path": "/t.jsonl", "from_ms": 10, "until_ms": 10}},
+        "workload.trace.window",
+        "$.trace",
+    ),
     # The attack run's file: prepared (exit 0) and then 8.64e9 send times built at run time.
     (
         {
@@ -213,3 +223,39 @@ def test_a_bad_workload_file_refuses_admission_with_its_own_codes(tmp_path: Path
     with pytest.raises(Refused) as caught:
         prepared_with(tmp_path / "d", ["--workloads", "relative.json"])
     assert caught.value.codes == ["preparation.override.not_absolute"]
+
+
+TRACE_LINES = (
+    b'{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}\n'
+    b'{"timestamp": 10, "input_length": 100, "output_length": 5, "hash_ids": [0]}\n'
+)
+
+
+def test_preparation_pins_the_trace_and_a_file_without_one_encodes_as_before(
+    tmp_path: Path,
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(TRACE_LINES)
+    document = {"schema_version": 1, "trace": {"path": str(trace), "first": 2}}
+    workload_file = tmp_path / "workloads.json"
+    workload_file.write_text(json.dumps(document))
+    pinned = prepared_with(tmp_path / "p", ["--workloads", str(workload_file)])
+    assert pinned.workloads is not None and pinned.workloads.workloads.trace is not None
+    assert pinned.workloads.workloads.trace.sha256 == hashlib.sha256(TRACE_LINES).hexdigest()
+    assert pinned.workloads.workloads.trace.block_tokens == 512  # the default, recorded
+    assert "trace" not in validate_workload_object(FULL).model_dump()
+
+    document["trace"]["sha256"] = "0" * 64  # type: ignore[index]
+    workload_file.write_text(json.dumps(document))
+    with pytest.raises(Refused) as caught:
+        prepared_with(tmp_path / "q", ["--workloads", str(workload_file)])
+    assert caught.value.codes == ["trace.pin_mismatch"]
+    trace.write_bytes(
+        TRACE_LINES + b'{"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [2]}\n'
+    )
+    document["trace"].pop("sha256")  # type: ignore[attr-defined]
+    workload_file.write_text(json.dumps(document))
+    with pytest.raises(Refused) as caught:
+        prepared_with(tmp_path / "r", ["--workloads", str(workload_file)])
+    assert caught.value.codes == ["trace.timestamp.decreasing"]
+    assert caught.value.refusals[0].message.startswith("line 3: ")

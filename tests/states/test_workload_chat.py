@@ -5,15 +5,18 @@ each request less what the template adds. A native receipt keeps its bytes (no s
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cache_family.errors import Refused
 from cache_family.schemas.journal import CellOpened, JournalLine, Record
+from cache_family.schemas.measurement import ReuseRule
 from cache_family.schemas.workload_records import (
     OverlapPointMeasured,
     WorkloadRequest,
     encode_workload_receipt,
 )
-from cache_family.states.cache_reuse import expected_cached_tokens
+from cache_family.states.cache_reuse import checkpoints, expected_cached_tokens
 from cache_family.states.workload_fold import fold_workload
 from cache_family.states.workloads import (
     CHAT_ALPHABET,
@@ -66,6 +69,71 @@ def test_a_checkpoint_rule_reuses_the_whole_prompts_checkpoint_put_in_the_messag
     assert design.reusable_tokens == expected_cached_tokens(
         "checkpoint", prompt_tokens=1024, common_prefix=head + design.shared_prefix_tokens
     )
+
+
+# The real model's ChatML fallback as the server counted it: a 9-token head, a 15-token tail,
+# and the one token two prompts sharing nothing still reuse.
+REAL_TEMPLATE = ChatTemplate(tokens=24, reused_tokens=1, head_tokens=9)
+
+
+def test_inside_the_window_the_priming_message_puts_its_earlier_checkpoint_on_the_prefix() -> None:
+    design = design_chat_prefix("checkpoint-swa", 1024, 30, REAL_TEMPLATE, sliding_window=512)
+    assert (design.prompt_tokens, design.shared_prefix_tokens) == (1000, 300)
+    priming_whole = design.priming_prompt_tokens + REAL_TEMPLATE.tokens
+    # The server checkpoints a prompt 4 and 4 + n_ubatch tokens before its end: the earlier
+    # one ends a token past the 309 tokens both prompts share (the head and the prefix), the
+    # window's reach; the later one lies in the tail, which nothing else shares.
+    assert checkpoints(priming_whole, 512) == (309 + 1, 309 + 1 + 512)
+    assert design.reusable_tokens == 309 - 1 and design.reprimed
+    assert design.designed_ratio_pct == pytest.approx(30.8)
+
+
+def test_past_the_window_the_slot_reuses_the_common_prefix_itself_unprimed() -> None:
+    design = design_chat_prefix("checkpoint-swa", 1024, 70, REAL_TEMPLATE, sliding_window=512)
+    assert design.shared_prefix_tokens == 700 and design.priming_prompt_tokens == 0
+    assert design.reusable_tokens == 9 + 700 - 1 and not design.reprimed
+
+
+def test_a_priming_message_that_would_not_fit_falls_back_to_the_prompts_own_checkpoint() -> None:
+    # 500 shared: the priming message would be 1,002 of a 1,000-token message. The whole
+    # prompt's checkpoint at 508 carries the head past the window: all 517 tokens reused,
+    # as the new stage server did on the real model.
+    design = design_chat_prefix("checkpoint-swa", 1024, 50, REAL_TEMPLATE, sliding_window=512)
+    assert design.shared_prefix_tokens == 508 and design.priming_prompt_tokens == 0
+    assert design.reusable_tokens == 9 + 508 - 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompt=st.integers(min_value=64, max_value=4096),
+    ratio=st.integers(min_value=1, max_value=99),
+    head=st.integers(min_value=1, max_value=20),
+    tail=st.integers(min_value=1, max_value=40),
+    rule=st.sampled_from(["checkpoint", "checkpoint-swa"]),
+    window=st.one_of(st.none(), st.integers(min_value=16, max_value=2048)),
+)
+def test_every_chat_design_is_what_the_servers_rule_gives_its_own_prompts(
+    prompt: int, ratio: int, head: int, tail: int, rule: ReuseRule, window: int | None
+) -> None:
+    template = ChatTemplate(tokens=head + tail, reused_tokens=0, head_tokens=head)
+    design = design_chat_prefix(rule, prompt, ratio, template, sliding_window=window)
+    message = prompt - template.tokens
+    assert design.prompt_tokens == message
+    assert 0 <= design.shared_prefix_tokens < message
+    common = head + design.shared_prefix_tokens
+    # Never more than the prompts share, and nothing reused without sharing.
+    assert design.reusable_tokens <= common
+    assert design.shared_prefix_tokens or not design.reusable_tokens
+    if design.priming_prompt_tokens:
+        assert design.shared_prefix_tokens < design.priming_prompt_tokens <= message
+        # The whole priming prompt's earlier checkpoint ends on the common prefix (a token
+        # past it for a sliding window, which resumes a token before).
+        early, _ = checkpoints(design.priming_prompt_tokens + template.tokens, 512)
+        assert early == common + (1 if rule == "checkpoint-swa" else 0)
+        assert design.reusable_tokens == common
+        assert design.reprimed == (rule == "checkpoint-swa")
+    elif rule == "checkpoint-swa" and window is not None and common > window:
+        assert design.reusable_tokens == common
 
 
 def _lines(*records: Record) -> list[JournalLine]:

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -55,6 +56,20 @@ DEMO_WORKLOADS: Final[dict[str, Any]] = {
         "over_saturation": {"window": 16, "min_in_flight": 8, "max_lateness_ms": 200},
     },
 }
+
+
+#: The bundled trace slice (package data, its NOTICE beside it) and the windows replayed:
+#: the zoo's first 4 requests (46 distinct block ids, within the stage servers' chat
+#: alphabet), 8 tokens a 512-token block; the trained model's first 10, 4 tokens a block.
+TRACE_RESOURCE: Final = "corpus/traces/mooncake-conversation-head.jsonl"
+DEMO_TRACE: Final[dict[str, Any]] = {"first": 4, "tokens_per_block": 8, "output_tokens_cap": 2}
+REAL_TRACE: Final[dict[str, Any]] = {"first": 10, "tokens_per_block": 4, "output_tokens_cap": 4}
+
+
+def with_trace(workloads: dict[str, Any], window: dict[str, Any]) -> dict[str, Any]:
+    """The workload file with a ``trace`` section replaying ``window`` of the bundled slice."""
+    path = Path(str(resources.files("cache_family").joinpath(TRACE_RESOURCE)))
+    return {**workloads, "trace": {"path": str(path.resolve()), **window}}
 
 
 # The trained model (issue 30): its own operator inputs, workload file and run directories.
@@ -355,7 +370,7 @@ def real_steps(
         REAL_WORKLOAD_OPERATOR_NAME, operator_input(parts, tools, cases, real=real)
     )
     workloads = out / REAL_WORKLOAD_FILE_NAME
-    workloads.write_text(json.dumps(REAL_WORKLOADS, indent=2) + "\n")
+    workloads.write_text(json.dumps(with_trace(REAL_WORKLOADS, REAL_TRACE), indent=2) + "\n")
     more, more_wrote = measured_run_steps(
         output,
         REAL_WORKLOAD_RUN,
@@ -471,7 +486,9 @@ def run_demo(
             json.dumps(operator_input(parts, tools, WORKLOAD_CASES), indent=2) + "\n"
         )
         workload_file = out / WORKLOAD_FILE_NAME
-        workload_file.write_text(json.dumps(DEMO_WORKLOADS, indent=2) + "\n")
+        workload_file.write_text(
+            json.dumps(with_trace(DEMO_WORKLOADS, DEMO_TRACE), indent=2) + "\n"
+        )
         more, more_wrote = workload_steps(bench.output, str(workload_operator), str(workload_file))
         extra, wrote = extra + more, wrote + more_wrote
     if real is not None:

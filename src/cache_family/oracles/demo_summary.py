@@ -89,6 +89,14 @@ def summarize_workloads(run_dir: Path, progress: TextIO) -> None:
             for s in receipt.get("open_loop", [])
             if s.get("stage") == "rate" and s.get("target_rate_per_s") is not None
         ]
+        trace = receipt.get("trace") or {}
+        if trace:
+            efficiency = trace.get("efficiency")
+            points.append(
+                f"trace {trace.get('measured_requests', 0)} requests: reused "
+                f"{trace.get('achieved_tokens', 0)} of {trace.get('designed_infinite_tokens', 0)}"
+                " designed tokens" + ("" if efficiency is None else f" ({100 * efficiency:.1f}%)")
+            )
         print(
             f"  {receipt['cell_id']:<28} {receipt['status']:<10} {' '.join(points + rates)}",
             file=progress,

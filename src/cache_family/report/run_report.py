@@ -9,6 +9,7 @@ from itertools import groupby
 from typing import Final
 from urllib.parse import quote
 
+import msgspec
 from msgspec import UnsetType
 
 from cache_family.report.decode import Refusals
@@ -347,7 +348,35 @@ def _curve_tables(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
                 fields.extend(_verdict_text(rung.verdict, rules))
             rates.append(_table_row(fields))
     notes = [f"- [{n}] {rule}" for rule, n in rules.items()]
-    return [*latency, "", *rates, *(["", "Cache verdict rules:", "", *notes] if notes else [])]
+    chat = _chat_prompt_notes(arms)
+    return [
+        *latency,
+        "",
+        *rates,
+        *(["", "Cache verdict rules:", "", *notes] if notes else []),
+        *(["", "Prompt as a chat message:", "", *chat] if chat else []),
+    ]
+
+
+def _chat_prompt_notes(arms: Sequence[ArmView]) -> list[str]:
+    """What each chat host counted for the row's prompt, and whether the message's tokens
+    stayed intact inside its template (else the arm was not sent the other arms' tokens)."""
+    notes = []
+    for arm in arms:
+        counted = arm.cell.chat_prompt if arm.cell is not None else msgspec.UNSET
+        if isinstance(counted, msgspec.UnsetType):
+            continue
+        intact = (
+            "its message tokens intact"
+            if counted.merged_tokens == 0
+            else f"{counted.merged_tokens} message token(s) merged into the template where "
+            "they meet it: not exactly the tokens a host sent token ids evaluated"
+        )
+        notes.append(
+            f"- {cell(arm.arm)}: {counted.prompt_tokens} prompt tokens by the host's own count "
+            f"({counted.message_tokens} of the message), every request held to it; {intact}"
+        )
+    return notes
 
 
 def _is_table_line(line: str) -> bool:

@@ -21,6 +21,8 @@ MARGIN_RIGHT: Final = 14
 MARGIN_TOP: Final = 26
 MARGIN_BOTTOM: Final = 38
 COLUMNS: Final = 2
+#: More x positions than this are labelled every k-th (a trace's requests run to thousands).
+MAX_X_LABELS: Final = 24
 FONT: Final = 'font-family="sans-serif"'
 
 
@@ -118,7 +120,10 @@ def _panel(panel: Panel, xs: Sequence[str], axis: XAxis, left: float, top: float
             f'<text x="{_n(x0 - 6)}" y="{_n(y + 4)}" text-anchor="end" font-size="10" '
             f"{FONT}>{_tick(value, step)}</text>"
         )
+    stride = max(1, math.ceil(len(xs) / MAX_X_LABELS))
     for i, label in enumerate(xs):
+        if i % stride:
+            continue
         out.append(
             f'<text x="{_n(px(i))}" y="{_n(y0 + plot_h + 14)}" text-anchor="middle" '
             f'font-size="10" {FONT}>{escape(label)}</text>'

@@ -22,6 +22,12 @@ from cache_family.report.stats import (
     bootstrap_median_difference,
 )
 from cache_family.report.svg import Panel, Series, XAxis, line_panels
+from cache_family.report.trace import (
+    scaling_text,
+    trace_figures,
+    trace_prompt_ms,
+    trace_table,
+)
 from cache_family.schemas.arms import (
     ARM_BY_NAME,
     PAIRED_WORKLOAD_ARMS,
@@ -36,6 +42,7 @@ from cache_family.schemas.workload_records import (
     OpenLoopStageMeasured,
     OverlapPointReceipt,
     SessionsReceipt,
+    TraceReceipt,
     WorkloadReceipt,
     decode_workload_receipt,
 )
@@ -361,6 +368,18 @@ def _against(old: WorkloadReceipt, new: WorkloadReceipt) -> list[str]:
                     (_samples(earlier.prompt_ms), _samples(point.prompt_ms)),
                 )
             )
+    if isinstance(old.trace, TraceReceipt) and isinstance(new.trace, TraceReceipt):
+        lines.append(
+            _compared(
+                row,
+                "trace replay (efficiency)",
+                (
+                    None if old.trace.efficiency is None else 100 * old.trace.efficiency,
+                    None if new.trace.efficiency is None else 100 * new.trace.efficiency,
+                ),
+                (trace_prompt_ms(old.trace), trace_prompt_ms(new.trace)),
+            )
+        )
     if old.sessions is not None and new.sessions is not None:
         turns = {t.turn: t for t in old.sessions.by_turn}
         for turn in new.sessions.by_turn:
@@ -546,6 +565,17 @@ def workload_sections(views: Sequence[WorkloadView], svgs: dict[str, str]) -> li
                     "the rates below it are the ones the server sustained.",
                     "",
                     *table,
+                ]
+        elif isinstance(receipt.trace, TraceReceipt):
+            table = trace_table(receipt.trace)
+            # The scaling stands above the figures it scales.
+            lines += [f"Scaling: {scaling_text(receipt.trace)}.", ""]
+            base = _plot_name(receipt).removesuffix(".svg")
+            for suffix, figure in trace_figures(receipt.trace):
+                svgs[f"{base}{suffix}.svg"] = figure
+                lines += [
+                    f"![trace replay of {cell(receipt.cell_id)}]({base}{suffix}.svg)",
+                    "",
                 ]
         else:
             table = ["Nothing was measured."]

@@ -33,13 +33,20 @@ class MeasurementKind(StrEnum):
     PREFIX_OVERLAP = "prefix-overlap"
     # multi-turn sessions (each turn's prompt is the session so far),
     SESSIONS = "sessions"
-    # and open-loop arrivals at target rates (a sweep stops at over-saturation).
+    # and open-loop arrivals at target rates (a sweep stops at over-saturation),
     OPEN_LOOP = "open-loop"
+    # and a recorded trace replayed on its timestamps, each request's reuse checked.
+    TRACE = "trace"
 
 
 # The measurement kinds a workload file chooses (run only when the prepared input has one).
 WORKLOAD_KINDS: Final = frozenset(
-    (MeasurementKind.PREFIX_OVERLAP, MeasurementKind.SESSIONS, MeasurementKind.OPEN_LOOP)
+    (
+        MeasurementKind.PREFIX_OVERLAP,
+        MeasurementKind.SESSIONS,
+        MeasurementKind.OPEN_LOOP,
+        MeasurementKind.TRACE,
+    )
 )
 
 
@@ -111,11 +118,18 @@ OLD_OPEN_LOOP: Final = Arm("old-open-loop",   "workload-old-open-loop",  COHORT_
                            MeasurementKind.OPEN_LOOP,    _STAGE,  OLD_PROFILE,     "old open-loop")
 NEW_OPEN_LOOP: Final = Arm("new-open-loop",   "workload-new-open-loop",  COHORT_OPENAI,
                            MeasurementKind.OPEN_LOOP,    _STAGE,  NEW_PROFILE,     "new open-loop")
+# The trace replay, native (token ids) and on the paired stage servers (chat text).
+NATIVE_TRACE: Final = Arm("native-trace",     "workload-native-trace",   COHORT_NATIVE,
+                          MeasurementKind.TRACE,         _NATIVE, NATIVE_PROFILE,  "trace")
+OLD_TRACE: Final = Arm("old-trace",           "workload-old-trace",      COHORT_OPENAI,
+                       MeasurementKind.TRACE,            _STAGE,  OLD_PROFILE,     "old trace")
+NEW_TRACE: Final = Arm("new-trace",           "workload-new-trace",      COHORT_OPENAI,
+                       MeasurementKind.TRACE,            _STAGE,  NEW_PROFILE,     "new trace")
 # fmt: on
 
 # The workload arms in the order a row runs them, after its host arms (each only when the
 # prepared input has a workload file choosing it).
-WORKLOAD_ARMS: Final = (NATIVE_OVERLAP, NATIVE_SESSIONS, NATIVE_OPEN_LOOP)
+WORKLOAD_ARMS: Final = (NATIVE_OVERLAP, NATIVE_SESSIONS, NATIVE_OPEN_LOOP, NATIVE_TRACE)
 # The workload arms of the paired stage servers, after the native ones: planned only when both
 # old and new servers are bound (paired serving planned) and the workload file chooses it.
 STAGE_WORKLOAD_ARMS: Final = (
@@ -125,11 +139,14 @@ STAGE_WORKLOAD_ARMS: Final = (
     NEW_SESSIONS,
     OLD_OPEN_LOOP,
     NEW_OPEN_LOOP,
+    OLD_TRACE,
+    NEW_TRACE,
 )
 # Each stage workload arm's old/new pair, by measurement kind (the report compares them).
 PAIRED_WORKLOAD_ARMS: Final = {
     MeasurementKind.PREFIX_OVERLAP: (OLD_OVERLAP, NEW_OVERLAP),
     MeasurementKind.SESSIONS: (OLD_SESSIONS, NEW_SESSIONS),
+    MeasurementKind.TRACE: (OLD_TRACE, NEW_TRACE),
 }
 
 # The host arms in the order a row runs them (and its observations list them).

@@ -163,6 +163,16 @@ class Measurement(msgspec.Struct, frozen=True, kw_only=True):
     server_metrics_disagreeing_rungs: tuple[int, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
+class ChatPromptCount(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat host's count of the cell's prompt as one user message (its own rendering and
+    tokenizing), which every request was held to; ``merged_tokens``: message tokens lost where
+    the message meets the template (0: the same tokens the other hosts were sent)."""
+
+    prompt_tokens: int
+    message_tokens: int
+    merged_tokens: int
+
+
 class CellReceipt(msgspec.Struct, frozen=True, kw_only=True):
     schema_version: int = CELL_SCHEMA_VERSION
     receipt: str = "cell"
@@ -194,6 +204,9 @@ class CellReceipt(msgspec.Struct, frozen=True, kw_only=True):
     # From a synthetic catalog: ``evidence_class`` is then SYNTHETIC_EVIDENCE_CLASS.
     synthetic: bool = False
     evidence_class: str | None = None
+    # A chat host's count of the prompt (absent for a host sent token ids, or one that
+    # renders nothing).
+    chat_prompt: ChatPromptCount | msgspec.UnsetType = msgspec.UNSET
 
 
 class RungBrief(msgspec.Struct, frozen=True, kw_only=True):

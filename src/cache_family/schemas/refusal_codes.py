@@ -378,6 +378,63 @@ def report_hint(code: str) -> str:
     return REPORT_REFUSAL_CODES[code].hint
 
 
+# A replayed trace (``states/trace.py``): each names the trace's line where there is one.
+TRACE_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(
+    RefusalCode(
+        "trace.line.malformed",
+        "a trace line is not a JSON object with a numeric `timestamp`, integer "
+        "`input_length` (at least 1) and `output_length` (at least 0) and a list of "
+        "non-negative integer `hash_ids`",
+        "replay the trace file as published, one JSON object per line",
+    ),
+    RefusalCode(
+        "trace.line.too_long",
+        "a trace line is longer than 64 KiB (a 128k-token prompt's line is under 2 KiB)",
+        "check that the file is a Mooncake-format trace",
+    ),
+    RefusalCode(
+        "trace.timestamp.negative",
+        "a request's timestamp is below 0 ms",
+        "timestamps are milliseconds since the trace's first request",
+    ),
+    RefusalCode(
+        "trace.timestamp.decreasing",
+        "a request's timestamp is earlier than the line above's",
+        "sort the trace by timestamp (a replay sends in file order)",
+    ),
+    RefusalCode(
+        "trace.hash_ids.count",
+        "a request's `hash_ids` count is not ceil(input_length / block size)",
+        "declare the block size the trace was written with (`block_tokens`, Mooncake: 512)",
+    ),
+    RefusalCode(
+        "trace.length.beyond_context",
+        "a windowed request's scaled prompt plus its answer exceeds the host's context",
+        "lower `tokens_per_block` or `output_tokens_cap`, or give the host a larger context",
+    ),
+    RefusalCode(
+        "trace.window.empty",
+        "the window holds no request of the trace",
+        "widen the window (`first` requests, or `from_ms`/`until_ms`)",
+    ),
+    RefusalCode(
+        "trace.pin_mismatch",
+        "the trace file's bytes are not those preparation pinned (or the workload file named)",
+        "restore the trace file, or prepare again",
+    ),
+    RefusalCode(
+        "trace.vocabulary",
+        "the window uses more distinct hash ids than the host's vocabulary has first tokens",
+        "replay a shorter window (each distinct hash id starts with a token of its own)",
+    ),
+)
+
+
+def trace_hint(code: str) -> str:
+    """The registered hint of a trace code."""
+    return TRACE_REFUSAL_CODES[code].hint
+
+
 # A host's /metrics read around a rung or workload point (``actors/run/server_metrics.py``,
 # ``states/server_metrics.py``): journaled as the read's ``refusal_code``, never a run's end.
 SERVER_METRICS_REFUSAL_CODES: Mapping[str, RefusalCode] = _registry(

@@ -13,7 +13,9 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    SerializerFunctionWrapHandler,
     ValidationError,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -106,6 +108,12 @@ WORKLOAD_REFUSAL_CODES: Final = _codes(
         "list each target rate once, ascending",
     ),
     RefusalCode(
+        "workload.trace.window",
+        "trace gives both `first` and a time range (`from_ms`/`until_ms`), or a time range "
+        "that ends before it starts",
+        "replay the first N requests or a time range of the trace, not both",
+    ),
+    RefusalCode(
         "workload.arrivals.too_many_sends",
         f"a target rate times `duration_s` schedules more than {REQUESTS_MAX} sends",
         f"shorten duration_s or lower the rate so that each rate sends at most {REQUESTS_MAX} "
@@ -153,6 +161,9 @@ PositiveMilliseconds = Annotated[float, AfterValidator(Between(1e-3, 3_600_000))
 Share = Annotated[float, AfterValidator(Between(1e-3, 1.0))]
 Shape = Annotated[float, AfterValidator(Between(1e-3, 1000.0))]
 Seconds = Annotated[float, AfterValidator(Between(1e-3, 86_400))]
+BlockTokens = Annotated[int, AfterValidator(Between(1, 65_536))]
+TimeScale = Annotated[float, AfterValidator(Between(1e-6, 1000.0))]
+TraceMilliseconds = Annotated[float, AfterValidator(Between(0, 1e12))]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, hide_input_in_errors=True)
 
@@ -273,6 +284,51 @@ class OpenLoop(_Strict):
         return self
 
 
+def _sha256_hex(value: str) -> str:
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise _fail("workload.type", "sha256 is not 64 lowercase hex characters")
+    return value
+
+
+class TraceReplay(_Strict):
+    """A recorded trace replayed open-loop on its own timestamps (``states/trace.py``): the
+    file (absolute; preparation pins its SHA-256 here when not given, and the run refuses
+    other bytes), its format and the block size its hash ids were written with, a window
+    (the ``first`` requests, or ``from_ms``..<``until_ms``; neither: the whole trace) and
+    the scaling: ``tokens_per_block`` tokens a block, replay seconds = trace seconds x
+    ``time_scale``, each answer capped at ``output_tokens_cap``. ``lru_capacity_tokens``:
+    the cache size the LRU design assumes (default: the host's slots x slot context)."""
+
+    path: str
+    sha256: Annotated[str, AfterValidator(_sha256_hex)] | None = None
+    format: Literal["mooncake"] = "mooncake"
+    block_tokens: BlockTokens = 512
+    first: Count | None = None
+    from_ms: TraceMilliseconds | None = None
+    until_ms: TraceMilliseconds | None = None
+    tokens_per_block: BlockTokens = 16
+    time_scale: TimeScale = 1.0
+    output_tokens_cap: OutputTokens = 16
+    lru_capacity_tokens: Annotated[int, AfterValidator(Between(1, 2**40))] | None = None
+    over_saturation: OverSaturation = OverSaturation()
+
+    @model_validator(mode="after")
+    def _related(self) -> Self:
+        ranged = self.from_ms is not None or self.until_ms is not None
+        if self.first is not None and ranged:
+            raise _fail("workload.trace.window", "give `first` or a time range, not both")
+        if (
+            self.from_ms is not None
+            and self.until_ms is not None
+            and not self.from_ms < self.until_ms
+        ):
+            raise _fail(
+                "workload.trace.window",
+                f"until_ms {self.until_ms:g} is not after from_ms {self.from_ms:g}",
+            )
+        return self
+
+
 class SchemaVersion:
     def __call__(self, value: int) -> int:
         if value != WORKLOAD_SCHEMA_VERSION:
@@ -290,20 +346,25 @@ class WorkloadFile(_Strict):
     prefix_overlap: PrefixOverlap | None = None
     multi_turn: MultiTurn | None = None
     open_loop: OpenLoop | None = None
+    trace: TraceReplay | None = None
 
     @model_validator(mode="after")
     def _chooses_one(self) -> Self:
-        if self.prefix_overlap is None and self.multi_turn is None and self.open_loop is None:
+        chosen = (self.prefix_overlap, self.multi_turn, self.open_loop, self.trace)
+        if all(section is None for section in chosen):
             raise _fail(
-                "workload.empty", "choose prefix_overlap, multi_turn or open_loop (or several)"
+                "workload.empty",
+                "choose prefix_overlap, multi_turn, open_loop or trace (or several)",
             )
         return self
 
-
-def _hex64(value: str) -> str:
-    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
-        raise _fail("workload.type", "sha256 is not 64 lowercase hex characters")
-    return value
+    @model_serializer(mode="wrap")
+    def _without_absent_trace(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A file without a trace pins to the same bytes as before the section existed.
+        data = handler(self)
+        if isinstance(data, dict) and self.trace is None:
+            data.pop("trace", None)
+        return data
 
 
 class WorkloadsPin(_Strict):
@@ -311,7 +372,7 @@ class WorkloadsPin(_Strict):
     exact bytes read, and what they said (the run never reads the file again)."""
 
     path: str
-    sha256: Annotated[str, AfterValidator(_hex64)]
+    sha256: Annotated[str, AfterValidator(_sha256_hex)]
     workloads: WorkloadFile
 
 
@@ -406,6 +467,7 @@ __all__ = [
     "OverSaturation",
     "PrefixOverlap",
     "RateSweep",
+    "TraceReplay",
     "WorkloadFile",
     "WorkloadsPin",
     "read_workload_file",

@@ -219,6 +219,62 @@ class WorkloadStopped(_WorkloadRecord, tag="workload_stopped", frozen=True, kw_o
     detail: str = ""
 
 
+class TraceRequestReplayed(_WorkloadRecord, tag="trace_request", frozen=True, kw_only=True):
+    """One request of a trace replay as designed, sent and answered: its window index and
+    trace line, when it was due and sent (seconds from the replay's start; None: not sent),
+    what the trace lets it reuse of the replay before it (scaled tokens: an infinite cache,
+    an LRU of the declared capacity) and the earlier request that last sent those blocks,
+    and the server's figures (``request``)."""
+
+    # Buffered, not fsynced one by one: a replay sends hundreds a second; its
+    # ``trace_replayed`` record, fsynced, closes them.
+    durable: ClassVar[bool] = False
+
+    cell_id: str
+    index: int
+    line: int
+    scheduled_s: float
+    sent_s: float | None = None
+    output_tokens: int = 0
+    shared_blocks: int = 0
+    designed_infinite_tokens: int = 0
+    designed_lru_tokens: int | None = None
+    last_sender: int | None = None
+    request: WorkloadRequest | None = None
+
+
+class TraceReplayed(_WorkloadRecord, tag="trace_replayed", frozen=True, kw_only=True):
+    """A trace replay as it ended: the trace (path, pinned SHA-256, format, the block size its
+    ids were written with), the window and the scaling, the capacity its LRU design assumed,
+    the reuse granularity its verdicts allow, and what the sender did (lateness, the stop)."""
+
+    cell_id: str
+    path: str
+    sha256: str
+    format: str
+    block_tokens: int
+    tokens_per_block: int
+    time_scale: float
+    output_tokens_cap: int
+    window_json: str
+    requests: int
+    distinct_ids: int
+    lru_capacity_tokens: int | None = None
+    granularity_tokens: int = 1
+    launched: int = 0
+    completed: int = 0
+    lateness_p50_ms: float | None = None
+    lateness_p99_ms: float | None = None
+    lateness_max_ms: float | None = None
+    stop_reason: str | None = None
+    stop_detail: str | None = None
+    # A chat dialect's template, as the cell's calibration measured it (0 on /completion):
+    # the tokens it adds to each message, and what two messages sharing nothing still reuse
+    # through it. The design is of the message; the server's counts are judged less these.
+    template_tokens: int = 0
+    template_reused_tokens: int = 0
+
+
 # --- the receipt ---------------------------------------------------------------------------------
 
 
@@ -274,6 +330,66 @@ class SessionsReceipt(msgspec.Struct, frozen=True, kw_only=True):
     refusal: str | msgspec.UnsetType | None = msgspec.UNSET
 
 
+class TraceRequestReceipt(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One replayed request, judged (a row of a compact table: ``array_like``)."""
+
+    index: int
+    line: int
+    scheduled_s: float
+    lateness_ms: float | None
+    prompt_tokens: int
+    designed_infinite_tokens: int
+    designed_lru_tokens: int | None
+    achieved_tokens: int | None
+    prompt_ms: float | None
+    # Why the request has no verdict or what it is: trace.reuse.over_claimed,
+    # workload.prompt.token_count_mismatch, failed, not-launched; None: judged, in bounds.
+    verdict: str | None
+    # The earlier request that last sent the blocks the infinite cache would serve.
+    last_sender: int | None
+
+
+class TraceLoss(msgspec.Struct, frozen=True, kw_only=True):
+    """A request that reused less than its design by more than the granularity, and the
+    earlier request that last sent the blocks it lost."""
+
+    index: int
+    designed_tokens: int
+    achieved_tokens: int
+    last_sender: int | None
+
+
+class TraceEfficiencyBin(msgspec.Struct, frozen=True, kw_only=True):
+    """Achieved over designed reuse of the requests scheduled in one slice of replay time."""
+
+    from_s: float
+    until_s: float
+    requests: int
+    designed_tokens: int
+    achieved_tokens: int
+    efficiency: float | None
+
+
+class TraceReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    """A trace replay, judged request by request."""
+
+    replay: TraceReplayed
+    requests: tuple[TraceRequestReceipt, ...]
+    measured_requests: int
+    failed_requests: int
+    prompt_tokens: int
+    designed_infinite_tokens: int
+    designed_lru_tokens: int | None
+    achieved_tokens: int
+    # Achieved over designed (infinite cache) tokens of the measured requests.
+    efficiency: float | None
+    efficiency_over_time: tuple[TraceEfficiencyBin, ...]
+    losses: tuple[TraceLoss, ...]
+    over_claimed: tuple[int, ...]
+    token_count_mismatches: tuple[int, ...]
+    refusal: str | None = None
+
+
 class WorkloadReceipt(msgspec.Struct, frozen=True, kw_only=True):
     """``workload.json``: one workload cell's measurement, judged."""
 
@@ -300,6 +416,8 @@ class WorkloadReceipt(msgspec.Struct, frozen=True, kw_only=True):
     chat_template: ChatTemplateMeasured | msgspec.UnsetType = msgspec.UNSET
     # The cell's reuse probe, when it ran one (``rule`` above is then the probed rule).
     reuse_probe: ReuseProbed | msgspec.UnsetType = msgspec.UNSET
+    # A trace replay's receipt (left out of every other cell's: UNSET, not encoded).
+    trace: TraceReceipt | msgspec.UnsetType = msgspec.UNSET
     # The host's own Prometheus counters of each point, labelled as the server's, beside the
     # client's sums of its requests (left out when none was read: UNSET, not encoded).
     server_metrics: tuple[ServerMetricsPoint, ...] | msgspec.UnsetType = msgspec.UNSET
@@ -326,4 +444,6 @@ WORKLOAD_RECORDS: Final = (
     SessionsMeasured,
     OpenLoopStageMeasured,
     WorkloadStopped,
+    TraceRequestReplayed,
+    TraceReplayed,
 )

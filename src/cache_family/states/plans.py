@@ -239,6 +239,7 @@ def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPl
         MeasurementKind.PREFIX_OVERLAP: pin.workloads.prefix_overlap,
         MeasurementKind.SESSIONS: pin.workloads.multi_turn,
         MeasurementKind.OPEN_LOOP: pin.workloads.open_loop,
+        MeasurementKind.TRACE: pin.workloads.trace,
     }
     native = row.tasks.concurrent_baseline
     plans = [
@@ -291,12 +292,18 @@ def _workload_sizes(
             # Room for the chat template around each message (system, then two per turn).
             longest += CHAT_TEMPLATE_ROOM_PER_MESSAGE * (1 + 2 * sessions.turns)
         return sessions.answer_tokens, sessions.users, (longest + margin) * sessions.users, 0
-    arrivals = workloads.open_loop
-    assert arrivals is not None
     if arm.host_kind == HostKind.STAGE:
         lanes = row.tasks.paired_serving.runtime_lanes
     else:
         lanes = row.tasks.concurrent_baseline.parallel
+    if arm.kind == MeasurementKind.TRACE:
+        # As open loop; the replay refuses a windowed request whose scaled prompt and answer
+        # do not fit one slot (``trace.length.beyond_context``).
+        trace = workloads.trace
+        assert trace is not None
+        return trace.output_tokens_cap, lanes, row.ctx * lanes, None
+    arrivals = workloads.open_loop
+    assert arrivals is not None
     return arrivals.output_tokens, lanes, row.ctx * lanes, None
 
 

@@ -24,6 +24,9 @@ from cache_family.schemas.workload_records import (
     ReuseProbed,
     SessionsMeasured,
     SessionsReceipt,
+    TraceReceipt,
+    TraceReplayed,
+    TraceRequestReplayed,
     TurnReceipt,
     WorkloadOpened,
     WorkloadReceipt,
@@ -41,6 +44,7 @@ from cache_family.states.sessions import (
     reuse_by_turn,
     session_findings,
 )
+from cache_family.states.trace_fold import trace_receipt
 from cache_family.states.workloads import PrefixDesign, overlap_verdict, token_count_mismatches
 
 SCOPE_WORKLOAD: Final = "workload"
@@ -222,6 +226,8 @@ def fold_workload(
     stopped: WorkloadStopped | None = None
     template: ChatTemplateMeasured | msgspec.UnsetType = msgspec.UNSET
     probe: ReuseProbed | None = None
+    replayed: TraceReplayed | None = None
+    trace_requests: list[TraceRequestReplayed] = []
     server_metrics: list[ServerMetricsPoint] = []
     last = 0
     for line in lines_through(lines, through_seq):
@@ -245,6 +251,10 @@ def fold_workload(
             sessions = sessions_receipt(record, samples=_stage(cell))
         elif isinstance(record, OpenLoopStageMeasured):
             stages.append(record)
+        elif isinstance(record, TraceRequestReplayed):
+            trace_requests.append(record)
+        elif isinstance(record, TraceReplayed):
+            replayed = record
         elif isinstance(record, WorkloadStopped):
             stopped = record
         elif isinstance(record, ServerMetricsRead) and record.scope != "rung":
@@ -253,6 +263,9 @@ def fold_workload(
                     scope=record.scope, index=record.index, metrics=verdict_of(record)
                 )
             )
+    trace: TraceReceipt | None = None
+    if replayed is not None:
+        trace = trace_receipt(replayed, trace_requests, stopped=stopped is not None)
     if stopped is not None and stopped.point_index is not None and points:
         # The stopped point sent only part of its plan: it is named, not judged.
         at = stopped.point_index
@@ -263,8 +276,10 @@ def fold_workload(
         None,
     )
     status = "unmeasured"
-    if points or sessions is not None or stages:
+    if points or sessions is not None or stages or trace is not None:
         refused = any(not p.accepted for p in points)
+        if trace is not None and trace.refusal is not None:
+            refused = True
         if sessions is not None and (
             sessions.failed_requests or sessions.token_count_mismatches or sessions.refusal
         ):
@@ -291,6 +306,7 @@ def fold_workload(
         journal_through_seq=through_seq if through_seq is not None else last,
         chat_template=template,
         reuse_probe=probe if probe is not None else msgspec.UNSET,
+        trace=trace if trace is not None else msgspec.UNSET,
         server_metrics=tuple(server_metrics) if server_metrics else msgspec.UNSET,
     )
 

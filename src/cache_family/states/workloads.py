@@ -372,11 +372,14 @@ CHAT_TEMPLATE_ROOM_PER_MESSAGE: Final = 32
 
 def chat_starts_needed(workloads: WorkloadFile, kind: MeasurementKind) -> int:
     """The distinct first characters a chat-dialect workload draws at most. Overlap: the
-    calibration's two messages, then per point a prefix per group and one per request
-    (priming ones included); sessions: the system prompt and each user's context."""
+    calibration's two messages, then per point a prefix per group and one per request,
+    priming ones included (one per group, or one per measured request where a sliding
+    window's design primes before each); sessions: the system prompt and each user's
+    context."""
     overlap, sessions = workloads.prefix_overlap, workloads.multi_turn
     if kind == MeasurementKind.PREFIX_OVERLAP and overlap is not None:
-        return 2 + len(overlap.hit_ratios_pct) * (2 * overlap.groups + overlap.requests)
+        primings = max(overlap.groups, overlap.requests)
+        return 2 + len(overlap.hit_ratios_pct) * (overlap.groups + overlap.requests + primings)
     if kind == MeasurementKind.SESSIONS and sessions is not None:
         return 1 + sessions.users
     return 0
@@ -395,6 +398,9 @@ class ChatTemplate(msgspec.Struct, frozen=True, kw_only=True):
 
     tokens: int
     reused_tokens: int
+    # The template's tokens before the message (the rest follow it), where the host rendered
+    # and tokenized its wrapper; None: not known, and no design may rely on the split.
+    head_tokens: int | None = None
 
 
 def chat_template(
@@ -437,26 +443,72 @@ def design_chat_prefix(
     template: ChatTemplate,
     *,
     n_ubatch: int = DEFAULT_N_UBATCH,
+    sliding_window: int | None = None,
 ) -> PrefixDesign:
     """The design of a point whose prompts the server counts ``prompt_tokens`` long, the
     template's tokens included, in the message's terms: ``prompt_tokens`` of the design is the
     message's (the prompt less the template), its prefix and reuse beyond what the template
     alone shares. Plain attention: the message's prefix, as ``design_prefix`` of the message.
-    A checkpoint rule reuses a checkpoint of the whole earlier prompt: the whole prompt's
-    design, its shared part put into the message (the template's head in front carries the
-    common prefix past the checkpoint by the head only, short of the next one)."""
+
+    A checkpoint rule reuses a checkpoint of the slot's earlier prompt. Where the template's
+    head is known (the host rendered its wrapper), the common prefix is the head and the
+    message's shared part, and the design places the checkpoint there as ``/completion`` does:
+    past a known sliding window the slot reuses the common prefix itself, nothing to place;
+    otherwise a priming message cut so that the earlier of the server's two checkpoints of
+    the whole priming prompt lands on the common prefix (the later one lies past what any
+    other prompt shares: in the priming message's own tokens or the template's tail), where
+    it fits in the prompt's length. Failing both,
+    or with the head unknown, the whole prompt's own checkpoints: its design rounded down to
+    them, the shared part put into the message."""
     message = prompt_tokens - template.tokens
     if rule == "exact-prefix" or rule is None:
         return design_prefix(rule, message, hit_ratio_pct, n_ubatch=n_ubatch)
+    requested = message * hit_ratio_pct // 100
+    head = template.head_tokens
+    window = sliding_window if rule == "checkpoint-swa" else None
+    shared = min(requested, message - 1)
+    if head is not None and shared > 0:
+        common = head + shared
+        priming_whole = priming_prompt_tokens(rule, common, prompt_tokens) + n_ubatch
+        past_window = window is not None and common > window
+        if past_window or priming_whole - template.tokens <= message:
+            priming = 0 if past_window else priming_whole - template.tokens
+            reused = expected_cached_tokens(
+                rule,
+                prompt_tokens=prompt_tokens,
+                common_prefix=common,
+                previous_prompt_tokens=prompt_tokens if past_window else priming_whole,
+                n_ubatch=n_ubatch,
+                # An unknown window is taken as longer than the prompt, as for /completion.
+                sliding_window=window if window is not None else prompt_tokens,
+            )
+            return PrefixDesign(
+                hit_ratio_pct=hit_ratio_pct,
+                prompt_tokens=message,
+                rule=rule,
+                requested_prefix_tokens=requested,
+                shared_prefix_tokens=shared,
+                reusable_tokens=max(0, reused - template.reused_tokens),
+                priming_prompt_tokens=priming,
+                reprimed=rule == "checkpoint-swa" and not past_window,
+            )
     whole = design_prefix(rule, prompt_tokens, hit_ratio_pct, n_ubatch=n_ubatch)
     fits = whole.shared_prefix_tokens + template.tokens < prompt_tokens - CHECKPOINT_TAIL
     shared = whole.shared_prefix_tokens if fits else 0
     reusable = whole.reusable_tokens if fits else 0
+    if head is not None and fits:
+        reusable = expected_cached_tokens(
+            rule,
+            prompt_tokens=prompt_tokens,
+            common_prefix=head + shared,
+            n_ubatch=n_ubatch,
+            sliding_window=window,
+        )
     return PrefixDesign(
         hit_ratio_pct=hit_ratio_pct,
         prompt_tokens=message,
         rule=rule,
-        requested_prefix_tokens=message * hit_ratio_pct // 100,
+        requested_prefix_tokens=requested,
         shared_prefix_tokens=shared,
         reusable_tokens=max(0, reusable - template.reused_tokens),
     )

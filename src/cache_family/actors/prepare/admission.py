@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from cache_family.actors.audit.trace_file import pin_trace
 from cache_family.errors import Refusal, Refused, json_path
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import LoadedCatalog, load_catalog
@@ -350,6 +351,11 @@ def admit(
     if parsed.workloads is not None:
         try:
             workloads = read_workload_file(parsed.workloads)
+            trace = workloads.workloads.trace
+            if trace is not None:
+                # The trace is pinned as the workload file is: the run replays these bytes.
+                pinned = workloads.workloads.model_copy(update={"trace": pin_trace(trace)})
+                workloads = workloads.model_copy(update={"workloads": pinned})
         except Refused as refused:
             refusals.extend(refused.refusals)
     try:

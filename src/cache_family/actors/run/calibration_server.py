@@ -16,6 +16,8 @@ import trio
 MAX_BODY = 4 * 1024 * 1024
 READ_SIZE = 64 * 1024
 MODEL_NAME = "calibration"
+#: The vocabulary the server claims (a trained model's size: 262,144 is Gemma 3's).
+CALIBRATION_VOCAB = 262_144
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,9 @@ class CalibrationServer:
         if method == "GET" and path in ("/health", "/v1/health"):
             await _send_json(conn, stream, 200, {"status": "ok"})
         elif method == "GET" and path == "/v1/models":
-            models = {"object": "list", "data": [{"id": MODEL_NAME, "object": "model"}]}
+            # ``meta.n_vocab`` as llama-server gives it: token-id prompts are drawn below it.
+            model = {"id": MODEL_NAME, "object": "model", "meta": {"n_vocab": CALIBRATION_VOCAB}}
+            models = {"object": "list", "data": [model]}
             await _send_json(conn, stream, 200, models)
         elif method == "GET" and path == "/stamps":
             requests = [asdict(s) | s.truth() for s in self.stamps]
@@ -337,6 +341,8 @@ def _prompt_tokens(request: dict[str, Any], *, chat: bool) -> int:
         text = json.dumps(messages) if isinstance(messages, list) else ""
     else:
         prompt = request.get("prompt", "")
+        if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+            return max(1, len(prompt))  # token ids: one token each, as llama-server counts
         text = prompt if isinstance(prompt, str) else json.dumps(prompt)
     return max(1, math.ceil(len(text) / 4))
 

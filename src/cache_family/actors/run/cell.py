@@ -16,15 +16,16 @@ import trio
 from cache_family.actors.journal.rows_file import RowFileWriter
 from cache_family.actors.journal.writer import publish_cell_receipt, publish_receipt
 from cache_family.actors.run import custody, stage_host
+from cache_family.actors.run.chat_text import WrappedPrompt, wrapped_prompt
 from cache_family.actors.run.context import HostHandle, PinResult, RunContext, is_cancellation
 from cache_family.actors.run.engine import Handlers, drive
 from cache_family.actors.run.hosts import HOST_KINDS
 from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, PromptCuts
 from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
 from cache_family.actors.run.server_metrics import MetricsWatch, Reading
-from cache_family.actors.run.workloads import WORKLOAD_RUNNERS, WorkloadHost, WorkloadHostLost
+from cache_family.actors.run.workload_runners import WORKLOAD_RUNNERS
+from cache_family.actors.run.workloads import WorkloadHost, WorkloadHostLost
 from cache_family.errors import Refused
-from cache_family.schemas.arms import HostKind
 from cache_family.schemas.gguf_header import read_gguf_header
 from cache_family.schemas.journal import (
     Cancellation,
@@ -142,6 +143,10 @@ class _Segment:
         self.first_line = writer.lines
         self.completed = 0
         self.kept: list[RequestRow] | None = [] if keep else None
+        # The prompt tokens every request's count is held to (a chat host's), and the ids
+        # of those the server counted otherwise.
+        self.expected_prompt_tokens: int | None = None
+        self.miscounted: list[tuple[int, int]] = []
         # The client's sums of the server's per-request figures (beside its own metrics).
         self.tokens = TokenSummer()
 
@@ -153,6 +158,9 @@ class _Segment:
         self.tokens.add_row(row)
         if self.kept is not None:
             self.kept.append(row)
+        expected, counted = self.expected_prompt_tokens, row.prompt_tokens
+        if expected is not None and counted is not None and counted != expected:
+            self.miscounted.append((row.request_id, counted))
 
 
 def model_sliding_window(plan: CellPlan) -> int | None:
@@ -192,6 +200,9 @@ class CellActor:
         self.work_deadline = math.inf
         self.host: HostHandle | None = None
         self.prompt: BenchmarkPrompt | None = None
+        # A chat host's count of the prompt in its template (``_cut_prompt``), or why none.
+        self._chat_prompt: WrappedPrompt | None = None
+        self._chat_prompt_unchecked: str | None = None
         self.receipt: CellReceipt | None = None
         # The cell's own directory: its receipt, its host's private state dir and logs.
         self.cell_path = os.path.join(ctx.run_dir, plan.cell_dir)
@@ -617,20 +628,26 @@ class CellActor:
         self._requests_at_tree_note = self.http.requests
 
     async def _cut_prompt(self) -> None:
-        """The correctness arm's accepted prompt as is; a corpus text cut by the host."""
-        choice = self.plan.prompt
+        """The correctness arm's accepted prompt as is; a corpus text cut by the host. A chat
+        host's count of it inside its template, which every request is held to."""
+        choice, host = self.plan.prompt, self._live_host()
         if choice.source == SOURCE_CORRECTNESS:
             digest = hashlib.sha256(choice.text.encode()).hexdigest()
             tokens = self.plan.prompt_tokens or self.plan.prefix_tokens + 1
             self.prompt = BenchmarkPrompt(choice.text, tokens, digest)
-            return
-        host = self._live_host()
-        self.prompt = await self.prompt_cuts.cut(
-            self.http, host.base_url, self.plan.prompt.text, self.plan.prefix_tokens
-        )
+        else:
+            self.prompt = await self.prompt_cuts.cut(
+                self.http, host.base_url, self.plan.prompt.text, self.plan.prefix_tokens
+            )
+        if self.host_kind.wraps_prompt_in_template:
+            wrapped = await wrapped_prompt(self.http, host.base_url, self.prompt.text)
+            if isinstance(wrapped, str):
+                self._chat_prompt_unchecked = wrapped
+            else:
+                self._chat_prompt = wrapped
 
     async def _journal_warmup_rule(self) -> None:
-        plan, choice, prompt = self.plan, self.plan.prompt, self.prompt
+        plan, choice, prompt, chat = self.plan, self.plan.prompt, self.prompt, self._chat_prompt
         assert prompt is not None
         serial = plan.serial
         await self._journal(
@@ -650,6 +667,10 @@ class CellActor:
                 prompt_corpus_sha256=choice.corpus_sha256,
                 prompt_tokens=prompt.token_count,
                 prompt_sha256=prompt.sha256,
+                chat_prompt_tokens=chat.prompt_tokens if chat else None,
+                chat_prompt_merged_tokens=chat.merged_tokens if chat else None,
+                chat_prompt_unchecked=self._chat_prompt_unchecked,
+                chat_message_tokens=chat.message_tokens if chat else None,
             )
         )
 
@@ -691,6 +712,7 @@ class CellActor:
         of its roster never launched) and that rung's outcome is returned."""
         self._warmup = tuple(rows.kept or ())
         await self._journal_segment(rows)
+        self._check_counts(rows)
         if outcome.status == "completed":
             return None
         rung = self.plan.rungs[0]
@@ -763,7 +785,7 @@ class CellActor:
             prompt_text=prompt.text,
             ignore_eos=plan.synthetic,
             host_alive=live.still_same,
-            chat=plan.host_kind == HostKind.STAGE,
+            chat=self.host_kind.wraps_prompt_in_template,
             metrics=self._metrics(),
             model_id=plan.model_id,
             model_path=plan.profile.model if plan.profile is not None else "",
@@ -871,6 +893,7 @@ class CellActor:
         for row in sent:  # the serial warmup went to the host within rung 0's interval
             rows.tokens.add_row(row)
         await metrics.after(before, "rung", index, rows.tokens.sums())
+        self._check_counts(rows)
         return finished
 
     def _segment(self, index: int, *, keep: bool = False) -> _Segment:
@@ -878,7 +901,23 @@ class CellActor:
         if self._rows_file is None:
             path = os.path.join(self.cell_path, REQUESTS_FILENAME)
             self._rows_file = RowFileWriter(path, REQUESTS_FILENAME)
-        return _Segment(self._rows_file, index, self.plan.rungs[index].concurrency, keep=keep)
+        segment = _Segment(self._rows_file, index, self.plan.rungs[index].concurrency, keep=keep)
+        if self._chat_prompt is not None:
+            segment.expected_prompt_tokens = self._chat_prompt.prompt_tokens
+        return segment
+
+    @staticmethod
+    def _check_counts(rows: _Segment) -> None:
+        """A chat host that counted a request's prompt otherwise than its own rendering and
+        tokenizing of it did not evaluate the prompt the cell designed: the cell faults."""
+        if rows.miscounted:
+            request_id, counted = rows.miscounted[0]
+            raise _Fault(
+                "prompt_token_count",
+                f"rung {rows.rung_index}: {len(rows.miscounted)} request(s) counted otherwise "
+                f"than the {rows.expected_prompt_tokens} prompt tokens designed (request "
+                f"{request_id}: {counted})",
+            )
 
     async def _journal_segment(self, rows: _Segment) -> None:
         """The segment's rows are written and fsynced, then journaled as one record."""

@@ -228,6 +228,48 @@ async def conversation_overheads(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class WrappedPrompt:
+    """A prompt sent as one user message, as the chat host renders and tokenizes it: the
+    prompt tokens it counts, and the tokens lost where the message meets its template (a
+    message token merged with the template's: 0 when the message's own tokens are intact)."""
+
+    prompt_tokens: int
+    message_tokens: int
+    merged_tokens: int
+
+
+async def wrapped_prompt(http: LoopbackHttp, base_url: str, text: str) -> WrappedPrompt | str:
+    """``text`` as one user message in the host's template, counted by the host's own
+    ``/apply-template`` and ``/tokenize``; or why the host cannot say (it serves neither)."""
+    base = base_url.rstrip("/")
+    rendered = await _post(
+        http, f"{base}/apply-template", {"messages": [{"role": "user", "content": text}]}
+    )
+    if isinstance(rendered, str):
+        return rendered
+    prompt = rendered.get("prompt")
+    if not isinstance(prompt, str) or text not in prompt:
+        return f"{base}/apply-template answered no prompt holding the message"
+    head, tail = prompt.split(text, 1)
+    parts = [
+        await _tokens(http, base, head, special=True),
+        await _tokens(http, base, text, special=False),
+        await _tokens(http, base, tail, special=False),
+        await _tokens(http, base, prompt, special=True),
+    ]
+    counts = [p if isinstance(p, str) else len(p) for p in parts]
+    for count in counts:
+        if isinstance(count, str):
+            return count
+    head_tokens, message_tokens, tail_tokens, whole = (c for c in counts if not isinstance(c, str))
+    return WrappedPrompt(
+        prompt_tokens=whole,
+        message_tokens=message_tokens,
+        merged_tokens=head_tokens + message_tokens + tail_tokens - whole,
+    )
+
+
 def refuse_count(where: str, designed: int, counted: int, what: str) -> Refused:
     """``workload.prompt.token_count_mismatch`` at the calibration: the server's own count of
     a prompt is not what its /tokenize gave."""

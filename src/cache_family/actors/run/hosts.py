@@ -30,6 +30,9 @@ class HostKindStrategy:
     environment: Mapping[str, str]
     argv: Argv
     load_run: Load
+    # Prompts go as chat messages inside the host's template: each request's prompt count is
+    # held to the template's tokens around the cut prompt.
+    wraps_prompt_in_template: bool = False
     # Where the host serves Prometheus metrics (read around every rung and workload point,
     # ``actors/run/server_metrics.py``); None: it serves none, and its reads journal "none".
     metrics_path: str | None = None
@@ -68,7 +71,13 @@ HOST_KINDS: Final[Mapping[HostKind, HostKindStrategy]] = {
     # llama-server of the pinned llama.cpp build: ``/completion``, readiness on ``/health``,
     # metrics on ``/metrics`` (launched with ``--metrics``).
     HostKind.NATIVE: HostKindStrategy(
-        HostKind.NATIVE, "/health", False, {}, _native_argv, _native_load, "/metrics"
+        HostKind.NATIVE,
+        "/health",
+        False,
+        {},
+        _native_argv,
+        _native_load,
+        metrics_path="/metrics",
     ),
     # A Skippy stage server: OpenAI chat with its model id, readiness on ``/v1/models``, its
     # dialect read from its help, its config written beside the cell (``stage.json``); it
@@ -80,5 +89,6 @@ HOST_KINDS: Final[Mapping[HostKind, HostKindStrategy]] = {
         stage_host.STAGE_ENVIRONMENT,
         _stage_argv,
         _stage_load,
+        wraps_prompt_in_template=True,
     ),
 }

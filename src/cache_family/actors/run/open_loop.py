@@ -62,7 +62,8 @@ class OpenLoopOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """One open-loop rate, measured."""
 
     target_rate_per_s: float
-    pattern: ArrivalPattern
+    # None: a recorded schedule (a trace's timestamps), drawn from no pattern.
+    pattern: ArrivalPattern | None
     scheduled: int
     launched: int
     sends: tuple[SendStamp, ...]
@@ -96,7 +97,7 @@ class OpenLoopSender:
         exchange: Exchange,
         *,
         target_rate_per_s: float,
-        pattern: ArrivalPattern,
+        pattern: ArrivalPattern | None,
         burstiness: float | None = None,
         watch: SaturationWatch | None = None,
         deadline: float | None = None,
@@ -111,7 +112,7 @@ class OpenLoopSender:
         self._schedule: Iterator[float] = iter(schedule)
         self.exchange = exchange
         self.target_rate_per_s = target_rate_per_s
-        self.pattern: ArrivalPattern = pattern
+        self.pattern: ArrivalPattern | None = pattern
         self.burstiness = burstiness
         self.watch = watch
         self.deadline = math.inf if deadline is None else deadline
@@ -291,7 +292,9 @@ class OpenLoopSender:
             rows=tuple(rows),
             achieved_rate_per_s=achieved_rate(sent),
             lateness=lateness([s.scheduled_s for s in stamps], sent),
-            fit=goodness_of_fit(self.pattern, self.target_rate_per_s, sent, self.burstiness),
+            fit=None
+            if self.pattern is None
+            else goodness_of_fit(self.pattern, self.target_rate_per_s, sent, self.burstiness),
             completed_per_s=completed_per_s,
             stop_reason=self._stop_reason,
             saturation=self._saturation,
@@ -504,7 +507,7 @@ async def run_rates(
             raise
         await ended(RateStage(kind="rate", target_rate_per_s=rate, outcome=outcome))
         if outcome.saturation is not None:
-            saturated = f"{outcome.saturation.code} at {rate:g}/s"
+            saturated = f"{outcome.saturation.code} at {rate:.1f}/s"
         elif outcome.stop_reason == "load.deadline":
             saturated = "load.deadline"
     return tuple(stages)

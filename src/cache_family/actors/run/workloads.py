@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
 import trio
 
 from cache_family.actors.run.chat_text import (
@@ -401,6 +402,12 @@ async def _chat_template(
         source=pieces.source,
     )
     await host.journal(_measured_template(host, pieces, template_source, rendered, template))
+    if (
+        isinstance(rendered, RenderedWrapper)
+        and rendered.head_tokens + rendered.tail_tokens == template.tokens
+    ):
+        # The split the design may place a checkpoint by: only when it is the server's count.
+        return msgspec.structs.replace(template, head_tokens=rendered.head_tokens)
     return template
 
 
@@ -535,7 +542,9 @@ async def run_overlap(host: WorkloadHost) -> bool:
                 sliding_window=host.sliding_window,
             )
         else:
-            design = design_chat_prefix(rule, spec.prompt_tokens, ratio, template)
+            design = design_chat_prefix(
+                rule, spec.prompt_tokens, ratio, template, sliding_window=host.sliding_window
+            )
         if nothing_shared(design):
             code = "workload.overlap.nothing_shared"
             await host.journal(_refused_design(host, design, spec.groups, spec.seed + ratio, code))
@@ -897,13 +906,3 @@ def _stage_record(host: WorkloadHost, stage: RateStage, seed: int | None) -> Ope
         stop_reason=outcome.stop_reason,
         stop_detail=outcome.saturation.detail if outcome.saturation else None,
     )
-
-
-Runner = Callable[[WorkloadHost], Awaitable[bool]]
-
-# The one runner of each workload measurement kind (the cell's ``run-workload`` action).
-WORKLOAD_RUNNERS: Final[Mapping[MeasurementKind, Runner]] = {
-    MeasurementKind.PREFIX_OVERLAP: run_overlap,
-    MeasurementKind.SESSIONS: run_sessions,
-    MeasurementKind.OPEN_LOOP: run_open_loop,
-}

@@ -25,6 +25,8 @@ from cache_family.schemas.workload_records import (
     OverlapPointMeasured,
     ReuseProbed,
     SessionsMeasured,
+    TraceReplayed,
+    TraceRequestReplayed,
     WorkloadOpened,
     WorkloadStopped,
 )
@@ -323,6 +325,16 @@ class WarmupExclusion(_Record, tag="warmup_exclusion", frozen=True, kw_only=True
     # The prompt as cut by the host's own tokenizer.
     prompt_tokens: int | None = None
     prompt_sha256: str = ""
+    # A chat host: the prompt tokens it counts for the prompt as one user message (its own
+    # rendering and tokenizing), which every request's count is held to, and the message
+    # tokens merged into the template where they meet (0: the message's tokens intact, the
+    # same the other hosts are sent); or why it was not checked (it renders or tokenizes
+    # nothing).
+    chat_prompt_tokens: int | None = None
+    chat_prompt_merged_tokens: int | None = None
+    chat_prompt_unchecked: str | None = None
+    # The message's own tokens by the chat host's tokenizer (no template, no BOS).
+    chat_message_tokens: int | None = None
 
 
 class RungRows(_Record, tag="rung_rows", frozen=True, kw_only=True):
@@ -581,6 +593,8 @@ Record: TypeAlias = (
     | WorkloadStopped
     | ChatTemplateMeasured
     | ReuseProbed
+    | TraceRequestReplayed
+    | TraceReplayed
     | ServerMetricsRead
 )
 

@@ -43,6 +43,7 @@ from cache_family.schemas.measurement import (
 from cache_family.schemas.receipts import (
     CacheVerdict,
     CellReceipt,
+    ChatPromptCount,
     FaultEntry,
     HostIdentity,
     Measurement,
@@ -112,6 +113,7 @@ class CellFold:
         self.rungs: dict[int, RungCompleted] = {}
         self.host_retained: dict[int, bool | None] = {}
         self.exclusions: dict[int, list[int]] = {}
+        self.chat_prompt: ChatPromptCount | msgspec.UnsetType = msgspec.UNSET
         # Each rung's server metrics read (the last, should a rung journal two).
         self.server_metrics: dict[int, ServerMetricsRead] = {}
         self.last_seq = 0
@@ -190,6 +192,12 @@ class CellFold:
             self.ready = record
         elif isinstance(record, WarmupExclusion):
             self.exclusions.setdefault(record.rung_index, []).extend(record.request_ids)
+            if record.chat_prompt_tokens is not None:
+                self.chat_prompt = ChatPromptCount(
+                    prompt_tokens=record.chat_prompt_tokens,
+                    message_tokens=record.chat_message_tokens or 0,
+                    merged_tokens=record.chat_prompt_merged_tokens or 0,
+                )
         elif isinstance(record, RungRows):
             self.segments.append(record)
             self.rung_concurrency.setdefault(record.rung_index, record.concurrency)
@@ -352,6 +360,7 @@ class CellFold:
             journal_through_seq=self.last_seq if through_seq is None else through_seq,
             synthetic=synthetic,
             evidence_class=evidence_class(synthetic) or self._real_evidence(synthetic),
+            chat_prompt=self.chat_prompt,
         )
         return receipt
 
