@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import trio
 
+from cache_family.actors.run.server_metrics import MetricsWatch
 from cache_family.actors.run.trace_replay import run_trace
 from cache_family.actors.run.workloads import WorkloadHost
 from cache_family.oracles.native_parts import Parts, serve
-from cache_family.schemas.journal import JournalLine, Record
+from cache_family.schemas.journal import JournalLine, Record, ServerMetricsRead
 from cache_family.schemas.workload import validate_workload_object
 from cache_family.schemas.workload_records import (
     TraceReceipt,
@@ -26,6 +27,7 @@ from cache_family.schemas.workload_records import (
     TraceRequestReplayed,
 )
 from cache_family.states.cache_reuse import expected_cached_tokens
+from cache_family.states.server_metrics import verdict_of
 from cache_family.states.workload_fold import fold_workload
 from cache_family.system.http import LoopbackHttp
 
@@ -80,10 +82,13 @@ def _replay(
     ) as server:
 
         async def main() -> bool:
+            http = LoopbackHttp()
+            # The host's counters are read around the replay when it serves them.
+            path = "/metrics" if "--metrics" in extra_args else None
             host = WorkloadHost(
                 cell_id=CELL,
                 base_url=server.url,
-                http=LoopbackHttp(),
+                http=http,
                 journal=journal,
                 deadline=trio.current_time() + 120,
                 request_timeout_ms=60_000,
@@ -94,6 +99,9 @@ def _replay(
                 ignore_eos=True,
                 slots=1,
                 slot_context_tokens=256,
+                metrics=MetricsWatch(
+                    cell_id=CELL, base_url=server.url, path=path, http=http, journal=journal
+                ),
             )
             return await run_trace(host)
 
@@ -112,7 +120,7 @@ def test_a_replayed_window_reuses_what_the_trace_designed_on_one_attention_slot(
 ) -> None:
     trace = tmp_path / "trace.jsonl"
     sha256 = hashlib.sha256(_trace(trace)).hexdigest()
-    journaled, receipt = _replay(native_parts, trace, sha256, [])
+    journaled, receipt = _replay(native_parts, trace, sha256, ["--metrics"])
     sent = [r for r in journaled if isinstance(r, TraceRequestReplayed)]
     [replayed] = [r for r in journaled if isinstance(r, TraceReplayed)]
     assert replayed.sha256 == sha256 and replayed.tokens_per_block == 16
@@ -139,6 +147,12 @@ def test_a_replayed_window_reuses_what_the_trace_designed_on_one_attention_slot(
     [loss] = trace_receipt.losses
     assert (loss.index, loss.designed_tokens, loss.last_sender) == (4, 64, 2)
     assert trace_receipt.over_claimed == () and trace_receipt.token_count_mismatches == ()
+    # The server's own counters over the whole replay agree with the requests' own figures.
+    [read] = [r for r in journaled if isinstance(r, ServerMetricsRead)]
+    assert (read.scope, read.index, read.status) == ("trace", 0, "read")
+    verdict = verdict_of(read)
+    assert verdict.server is not None and verdict.server.prompt_tokens == 256
+    assert verdict.agreement == "agrees", verdict
 
 
 def test_a_server_with_prompt_caching_off_is_measured_at_no_reuse(

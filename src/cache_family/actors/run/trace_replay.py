@@ -11,12 +11,15 @@ import trio
 from cache_family.actors.audit.trace_file import read_trace, trace_scaling
 from cache_family.actors.run.chat_text import read_model_text
 from cache_family.actors.run.open_loop import OpenLoopOutcome, OpenLoopSender
+from cache_family.actors.run.server_metrics import Reading
 from cache_family.actors.run.workloads import (
     WorkloadHost,
     _Answer,
     _chat,
     _chat_template,
     _complete,
+    _metrics_after,
+    _metrics_before,
     _opened,
     _stop_reason,
     _stopped,
@@ -145,8 +148,12 @@ async def run_trace(host: WorkloadHost) -> bool:
     )
     stop: str | None = None
     outcome: OpenLoopOutcome | None = None
+    before: Reading | None = None
     try:
+        # The host's own counters around the whole replay: one point.
+        before = await _metrics_before(host)
         outcome = await sender.run()
+        await _metrics_after(host, before, kind, 0, list(answers.values()))
     except BaseException as exc:
         stop = _stop_reason(exc)
         raise
