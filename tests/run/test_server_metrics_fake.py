@@ -96,6 +96,20 @@ async def test_a_malformed_exposition_is_journaled_refused_and_the_run_goes_on(
     assert replay(str(out)).exit_code == 0
 
 
+async def test_an_oversized_exposition_is_refused_without_being_read_whole(
+    tmp_path: Path,
+) -> None:
+    # Past the 1 MiB cap: the read stops there, over the real socket, and says so.
+    body = "# TYPE llamacpp:prompt_tokens_total counter\n" + "# padding\n" * 120_000
+    out = await _run_with_fake(tmp_path, metrics=True, metrics_body=body)
+    reads = _reads(out)
+    assert reads and {(r.status, r.refusal_code) for r in reads} == {
+        ("refused", "server_metrics.oversized")
+    }
+    assert all(r.before_bytes is None for r in reads)
+    assert replay(str(out)).exit_code == 0
+
+
 async def test_a_host_without_metrics_says_so_and_nothing_is_guessed(tmp_path: Path) -> None:
     out = await _run_with_fake(tmp_path)  # the FAKE answers /metrics with 404
     reads = _reads(out)

@@ -67,12 +67,15 @@ async def read_exposition(http: LoopbackHttp, url: str, deadline: float = math.i
                     raise refused(
                         "server_metrics.unreachable", f"/metrics answered {response.status_code}"
                     )
-                try:
-                    data = await response.read(EXPOSITION_MAX_BYTES)
-                except HttpError as exc:
-                    if "exceeded" in str(exc):
-                        raise refused("server_metrics.oversized", str(exc)) from None
-                    raise
+                body = bytearray()
+                async for chunk in response.chunks():
+                    body += chunk
+                    if len(body) > EXPOSITION_MAX_BYTES:
+                        raise refused(
+                            "server_metrics.oversized",
+                            f"the exposition ran past {EXPOSITION_MAX_BYTES} bytes (not read on)",
+                        )
+        data = bytes(body)
         return Exposition(parse_counters(data), len(data))
     except trio.TooSlowError:
         code, reason = "server_metrics.timeout", f"no whole answer within {READ_SECONDS:g} s"
