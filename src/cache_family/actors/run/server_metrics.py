@@ -58,8 +58,9 @@ Reading = Exposition | NoMetrics
 async def read_exposition(http: LoopbackHttp, url: str, deadline: float = math.inf) -> Reading:
     """``url``'s counters, read within ``READ_SECONDS`` (and ``deadline``) and
     ``EXPOSITION_MAX_BYTES``; 404 and 501 (llama-server without ``--metrics``) are ``none``."""
+    budget = max(0.0, min(READ_SECONDS, deadline - trio.current_time()))
     try:
-        with trio.fail_after(max(0.0, min(READ_SECONDS, deadline - trio.current_time()))):
+        with trio.fail_after(budget):
             async with http.request("GET", url) as response:
                 if response.status_code in (404, 501):
                     return NoMetrics(METRICS_NONE, f"the host answered {response.status_code}")
@@ -78,7 +79,8 @@ async def read_exposition(http: LoopbackHttp, url: str, deadline: float = math.i
         data = bytes(body)
         return Exposition(parse_counters(data), len(data))
     except trio.TooSlowError:
-        code, reason = "server_metrics.timeout", f"no whole answer within {READ_SECONDS:g} s"
+        # The cell's own deadline may leave less than the read's cap.
+        code, reason = "server_metrics.timeout", f"no whole answer within {budget:.3g} s"
     except HttpError as exc:
         code, reason = "server_metrics.unreachable", str(exc)
     except Refused as exc:
