@@ -215,6 +215,11 @@ def check_context(
 # --- token-exact prompts -------------------------------------------------------------------------
 
 
+def distinct_ids(requests: Iterable[TraceRequest]) -> int:
+    """The distinct hash ids of a window: the first tokens its prompts need, one each."""
+    return len({i for r in requests for i in r.hash_ids})
+
+
 def _seed_of(trace_sha256: str, salt: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{trace_sha256}/{salt}".encode()).digest()[:8], "big")
 
@@ -235,7 +240,7 @@ class TracePrompts:
         trace_sha256: str,
         vocabulary_size: int,
     ) -> None:
-        distinct = len({i for r in requests for i in r.hash_ids})
+        distinct = distinct_ids(requests)
         if distinct > vocabulary_size:
             raise refuse(
                 "trace.vocabulary",
@@ -465,6 +470,7 @@ __all__ = [
     "TraceWindow",
     "check_context",
     "designed_reuse",
+    "distinct_ids",
     "read_mooncake",
     "request_verdict",
     "total_efficiency",
