@@ -13,9 +13,11 @@ from cache_family.actors.run.chat_text import read_model_text
 from cache_family.actors.run.open_loop import OpenLoopOutcome, OpenLoopSender
 from cache_family.actors.run.workloads import (
     WorkloadHost,
+    WorkloadHostLost,
     _Answer,
     _chat,
     _chat_template,
+    _check_host,
     _complete,
     _opened,
     _stop_reason,
@@ -113,8 +115,12 @@ async def run_trace(host: WorkloadHost) -> bool:
     offsets = scaling.send_offsets(requests)
     answers: dict[int, WorkloadRequest] = {}
     template_tokens = template.tokens if template is not None else 0
+    # A request failed with the host gone: the replay stops as every workload's point does.
+    lost: WorkloadHostLost | None = None
+    replay = trio.CancelScope()
 
     async def exchange(index: int) -> RequestRow:
+        nonlocal lost
         request = requests[index]
         prompt = prompts.prompt(request)
         answer: _Answer
@@ -132,6 +138,13 @@ async def run_trace(host: WorkloadHost) -> bool:
             )
         sent = answer.request(index, designed_prompt_tokens=len(prompt) + template_tokens)
         answers[index] = sent
+        try:
+            _check_host(host, answer)
+        except WorkloadHostLost as gone:
+            # Raised here it would leave the sender inside its nursery's exception group: the
+            # replay is cut from outside instead, and the loss raised once it is journaled.
+            lost = lost or gone
+            replay.cancel()
         return RequestRow(request_id=index, status="completed" if answer.reply else "failed")
 
     span = offsets[-1] if offsets else 0.0
@@ -145,8 +158,18 @@ async def run_trace(host: WorkloadHost) -> bool:
     )
     stop: str | None = None
     outcome: OpenLoopOutcome | None = None
+
+    async def replayed() -> OpenLoopOutcome:
+        ended: OpenLoopOutcome | None = None
+        with replay:
+            ended = await sender.run()
+        if lost is not None:
+            raise lost
+        assert ended is not None  # only the host's loss cuts the replay from outside
+        return ended
+
     try:
-        outcome = await sender.run()
+        outcome = await replayed()
     except BaseException as exc:
         stop = _stop_reason(exc)
         raise
