@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import trio
 from _results import emit_figures, load_average, machine, read_figures, record
@@ -63,7 +63,7 @@ from cache_family.actors.audit.trace_file import read_trace, trace_scaling
 from cache_family.actors.run.trace_replay import run_trace
 from cache_family.actors.run.workloads import WorkloadHost
 from cache_family.schemas.journal import JournalLine, Record
-from cache_family.schemas.workload import WorkloadFile, validate_workload_object
+from cache_family.schemas.workload import REQUESTS_MAX, WorkloadFile, validate_workload_object
 from cache_family.schemas.workload_records import (
     TraceReceipt,
     TraceReplayed,
@@ -78,6 +78,14 @@ from cache_family.system.http import LoopbackHttp
 HERE = Path(__file__).resolve().parent
 TTFT_MS, ITL_MS = 20.0, 5.0
 CELL = "bench/native-trace"
+#: ``--no-stop``: the over-saturation stop's every limit at its largest, so that the whole
+#: window is sent (as a peer without such a stop sends it).
+NEVER_STOP: Final = {
+    "window": REQUESTS_MAX,
+    "min_in_flight": REQUESTS_MAX,
+    "max_lateness_ms": 3_600_000,
+    "max_in_flight": REQUESTS_MAX,
+}
 
 
 def start_server(cpus: set[int] | None) -> tuple[subprocess.Popen[str], str]:
@@ -116,6 +124,7 @@ def trace_workloads(args: argparse.Namespace) -> WorkloadFile:
                 "time_scale": args.time_scale,
                 "output_tokens_cap": args.output_tokens_cap,
                 "lru_capacity_tokens": args.lru_capacity_tokens,
+                **({"over_saturation": NEVER_STOP} if args.no_stop else {}),
             },
         }
     )
@@ -265,6 +274,7 @@ def _client_argv(
             "--time-scale", f"{args.time_scale!r}",
             "--output-tokens-cap", str(args.output_tokens_cap),
             "--lru-capacity-tokens", str(args.lru_capacity_tokens),
+            *(["--no-stop"] if args.no_stop else []),
         ]  # fmt: skip
         return argv, env
     window = out / "scaled-window.jsonl"
@@ -288,6 +298,9 @@ def _own_figures(client: str, printed: str, out: Path, schedule: list[float]) ->
             "own_cpu_ms_per_request": figures.get("client_cpu_ms_per_request"),
             "checked": figures.get("checked"),
             "mismatches": figures.get("mismatches"),
+            "note": f"stopped: {figures['stop_reason']} after {figures.get('sent')} sends"
+            if figures.get("stop_reason")
+            else "",
         }
     rows = aiperf_trace_rows(out)
     late = aiperf_trace_lateness_ms(rows, schedule)
@@ -339,7 +352,9 @@ def render_side_by_side(result: dict[str, Any], args: argparse.Namespace, comman
         f"window: first {args.first} requests of `{Path(args.trace).name}`, each 512-token "
         f"block as {args.tokens_per_block} tokens, replay time = trace time × "
         f"{args.time_scale:g} ({result['span_s']:.1f} s of sends), answers capped at "
-        f"{args.output_tokens_cap} tokens; CPU sampled every {args.cpu_sample_s:g} s",
+        f"{args.output_tokens_cap} tokens; ours: over-saturation stop "
+        f"{'off (--no-stop)' if args.no_stop else 'on (the workload default)'}; CPU sampled "
+        f"every {args.cpu_sample_s:g} s",
         "",
         "| client | scheduled | arrived (finished) | server lateness p50 / p99, first-anchored "
         "| p99, earliest-anchored | client's own lateness p50 / p99 | CPU / request, window "
@@ -417,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--cpu-sample-s", type=float, default=0.5, help="with --clients: CPU sampling period"
+    )
+    parser.add_argument(
+        "--no-stop", action="store_true", help="send the whole window (no over-saturation stop)"
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
