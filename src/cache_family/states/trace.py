@@ -281,6 +281,13 @@ class TracePrompts:
             found = self._blocks[hash_id] = (self._first[hash_id], *rest)
         return found
 
+    def draw_blocks(self, requests: Iterable[TraceRequest]) -> None:
+        """Draw every block of ``requests`` now (a replay does it before its first send: drawn
+        at send time, the blocks of a burst of new prompts made the sender late)."""
+        for request in requests:
+            for hash_id in request.hash_ids:
+                self.block(hash_id)
+
     def prompt(self, request: TraceRequest) -> list[int]:
         ids: list[int] = []
         for hash_id, length in zip(

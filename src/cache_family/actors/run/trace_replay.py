@@ -112,6 +112,7 @@ async def run_trace(host: WorkloadHost) -> bool:
     if capacity is None and host.slots and host.slot_context_tokens:
         capacity = host.slots * host.slot_context_tokens
     designs = designed_reuse(requests, scaling, capacity)
+    await trio.to_thread.run_sync(prompts.draw_blocks, requests)
     offsets = scaling.send_offsets(requests)
     answers: dict[int, WorkloadRequest] = {}
     template_tokens = template.tokens if template is not None else 0
