@@ -27,7 +27,9 @@ first arrival (and again placed so the earliest arrival is on time); client CPU 
 client's process tree (``/proc``, sampled every ``--cpu-sample-s``) from the first arrival to
 the last answer, over the requests the server finished, and the whole process's
 (``os.wait4``: start-up included). Beside them each client's own lateness figure, named for
-what it is.
+what it is. ``--clients ours ours-base aiperf --base-src DIR`` also runs ours from another
+source tree (``DIR``: its ``src``, e.g. from ``git archive REV src``): a before / after in one
+run.
 """
 
 from __future__ import annotations
@@ -240,7 +242,7 @@ def render(result: dict[str, Any], args: argparse.Namespace, command: str) -> st
 
 # --- side by side with AIPerf's mooncake_trace replay -----------------------------------------
 
-CLIENT_NAMES = ("ours", "aiperf")
+CLIENT_NAMES = ("ours", "ours-base", "aiperf")
 
 
 def scaled_trace_lines(requests: list[TraceRequest], scaling: TraceScaling) -> list[bytes]:
@@ -266,7 +268,11 @@ def _client_argv(
     client: str, base_url: str, args: argparse.Namespace, out: Path, scaled: list[bytes]
 ) -> tuple[list[str], dict[str, str]]:
     env = _child_env()
-    if client == "ours":
+    if client in ("ours", "ours-base"):
+        if client == "ours-base":
+            if args.base_src is None:
+                raise SystemExit("--clients ours-base needs --base-src DIR")
+            env |= {"PYTHONPATH": str(Path(args.base_src).resolve())}
         argv = [
             sys.executable, str(Path(__file__).resolve()), "--child", "--url", base_url,
             "--trace", str(Path(args.trace).resolve()), "--first", str(args.first),
@@ -289,7 +295,7 @@ def _client_argv(
 
 
 def _own_figures(client: str, printed: str, out: Path, schedule: list[float]) -> dict[str, Any]:
-    if client == "ours":
+    if client in ("ours", "ours-base"):
         figures = (read_figures(printed) or {}).get("trace") or {}
         return {
             "own_p50_ms": figures.get("lateness_p50_ms"),
@@ -435,6 +441,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--no-stop", action="store_true", help="send the whole window (no over-saturation stop)"
+    )
+    parser.add_argument(
+        "--base-src",
+        help="with --clients ours-base: a source tree (its src/ directory, e.g. from "
+        "`git archive REV src`) that client imports cache_family from",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
