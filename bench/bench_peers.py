@@ -221,3 +221,89 @@ def guidellm_send_rows(out: Path) -> list[dict[str, Any]]:
                     }
                 )
     return rows
+
+
+# --- trace replay (issue 27): a Mooncake-format window on its own timestamps ----------------
+
+#: The name AIPerf is given for the local tokenizer laid out as a hub cache snapshot.
+HUB_TOKENIZER_ID = "cache-family/peer-tokenizer"
+_HUB_REVISION = "0" * 40
+
+
+def hub_cache_tokenizer(tokenizer: Path, hf_home: Path) -> str:
+    """The local tokenizer directory copied into ``hf_home`` as a hub cache snapshot, and the
+    name that finds it there offline. AIPerf's trace loaders write prompts in worker processes
+    that force ``HF_HUB_OFFLINE`` and then resolve the name through the hub cache
+    (``snapshot_download(local_files_only=True)``), which refuses a directory path
+    (``HFValidationError: Repo id must be in the form 'repo_name' or
+    'namespace/repo_name'``); nothing is fetched either way."""
+    repo = hf_home / "hub" / ("models--" + HUB_TOKENIZER_ID.replace("/", "--"))
+    snapshot = repo / "snapshots" / _HUB_REVISION
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for source in tokenizer.iterdir():
+        if source.is_file():
+            (snapshot / source.name).write_bytes(source.read_bytes())
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(_HUB_REVISION)
+    return HUB_TOKENIZER_ID
+
+
+def aiperf_trace_command(
+    venv: Path, url: str, trace: Path, block_tokens: int, out: Path, tokenizer_id: str
+) -> list[str]:
+    """AIPerf replaying ``trace`` (Mooncake JSONL, already scaled) on its timestamps
+    (``--fixed-schedule``), each hash id a block of ``block_tokens`` tokens, pooled
+    connections (its default), one worker."""
+    return [
+        str(venv / "bin" / "aiperf"),
+        "profile",
+        "--model", "calibration",
+        "--url", url,
+        "--endpoint-type", "chat",
+        "--streaming",
+        "--input-file", str(trace),
+        "--custom-dataset-type", "mooncake_trace",
+        "--fixed-schedule",
+        "--isl-block-size", str(block_tokens),
+        "--tokenizer", tokenizer_id,
+        "--use-server-token-count",
+        "--output-artifact-dir", str(out / "artifacts"),
+        "--ui-type", "none",
+        "--workers-max", "1",
+        "--no-server-metrics",
+        "--no-gpu-telemetry",
+    ]  # fmt: skip
+
+
+def aiperf_trace_rows(out: Path) -> list[dict[str, Any]]:
+    """Per request: its line in the trace file (AIPerf's ``session_num``: a trace line is a
+    one-turn session, numbered in file order), the credit's issue and the request's start
+    (epoch ns), and whether it failed."""
+    rows = []
+    export = out / "artifacts" / "profile_export.jsonl"
+    for line in export.read_text().splitlines():
+        record = json.loads(line)
+        meta = record.get("metadata") or {}
+        rows.append(
+            {
+                "line": meta.get("session_num"),
+                "issued_ns": meta.get("credit_issued_ns"),
+                "start_ns": meta.get("request_start_ns"),
+                "error": bool(record.get("error")),
+            }
+        )
+    return rows
+
+
+def aiperf_trace_lateness_ms(rows: list[dict[str, Any]], schedule_s: list[float]) -> list[float]:
+    """Each request's start minus its line's scheduled offset, both from the first line's
+    credit (AIPerf exports no schedule time: its first credit stands for the schedule's zero,
+    so the pacer's own lateness on that first credit is left out)."""
+    zero = [r["issued_ns"] for r in rows if r["line"] == 0 and r["issued_ns"] is not None]
+    if not zero:
+        return []
+    return [
+        (r["start_ns"] - zero[0]) / 1e6 - 1000 * schedule_s[r["line"]]
+        for r in rows
+        if r["start_ns"] is not None and isinstance(r["line"], int) and r["line"] < len(schedule_s)
+    ]

@@ -62,9 +62,11 @@ async def serve_draining(
 def main(argv: list[str] | None = None, *, ready: Callable[[int], None] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--ttft-ms", type=float, default=Pace.ttft_ms)
-    parser.add_argument("--itl-ms", type=float, default=Pace.itl_ms)
-    parser.add_argument("--tokens", type=int, default=Pace.tokens)
+    # An instance's values: on the slotted class the names are its member descriptors.
+    defaults = Pace()
+    parser.add_argument("--ttft-ms", type=float, default=defaults.ttft_ms)
+    parser.add_argument("--itl-ms", type=float, default=defaults.itl_ms)
+    parser.add_argument("--tokens", type=int, default=defaults.tokens)
     parser.add_argument("--stamps", type=Path, help="also append each request's stamps here")
     parser.add_argument(
         "--accept",

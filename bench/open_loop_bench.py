@@ -414,55 +414,49 @@ def client_schedule(
     return None
 
 
-def measure_client(
-    client: str, base_url: str, rate: float, pattern: str, args: argparse.Namespace
+def run_client(
+    argv: list[str], env: dict[str, str], cwd: Path, *, timeout_s: float, cpu_sample_s: float
+) -> tuple[dict[str, Any], TreeCpuSampler, str]:
+    """A client as its own process in ``cwd``: its exit, its whole CPU (``os.wait4``) and a
+    note when it failed, its process tree's CPU samples, and what it printed. A client that
+    hangs is killed after ``timeout_s``."""
+    result: dict[str, Any] = {}
+    with (cwd / "stdout").open("w+") as stdout, (cwd / "stderr").open("w+") as stderr:
+        child = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
+        watchdog = threading.Timer(timeout_s, child.kill)
+        watchdog.start()
+        try:
+            with TreeCpuSampler(child.pid, cpu_sample_s) as sampler:
+                _, status, usage = os.wait4(child.pid, 0)
+        finally:
+            watchdog.cancel()
+        stdout.seek(0)
+        stderr.seek(0)
+        printed, errors = stdout.read(), stderr.read()
+    code = os.waitstatus_to_exitcode(status)
+    result["exit"] = code
+    result["whole_cpu_s"] = usage.ru_utime + usage.ru_stime
+    if code != 0:
+        said = [line for line in (printed + errors).splitlines() if "ERROR" in line]
+        tail = said[-1] if said else (errors or printed).strip()[-600:]
+        result["note"] = f"exited {code}: {tail.strip()[:600]}"
+    return result, sampler, printed
+
+
+def served_figures(
+    base_url: str, schedule: Sequence[float] | None, sampler: TreeCpuSampler, whole_cpu_s: float
 ) -> dict[str, Any]:
-    """One client at one rate, as its own process, measured at the server."""
-    _server_call(base_url, "DELETE", "/stamps")
-    result: dict[str, Any] = {"client": client, "pattern": pattern, "target_rate_per_s": rate}
-    with tempfile.TemporaryDirectory(prefix=f"open-loop-{client}-") as tmp:
-        out = Path(tmp)
-        argv, env = _client_argv(client, base_url, rate, pattern, args, out)
-        with (out / "stdout").open("w+") as stdout, (out / "stderr").open("w+") as stderr:
-            child = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=out)
-            # A client that hangs is killed: start-up, the run, and its own drain with room.
-            watchdog = threading.Timer(3 * args.duration + 180, child.kill)
-            watchdog.start()
-            try:
-                with TreeCpuSampler(child.pid, args.cpu_sample_s) as sampler:
-                    _, status, usage = os.wait4(child.pid, 0)
-            finally:
-                watchdog.cancel()
-            stdout.seek(0)
-            stderr.seek(0)
-            printed, errors = stdout.read(), stderr.read()
-        code = os.waitstatus_to_exitcode(status)
-        result["exit"] = code
-        result["whole_cpu_s"] = usage.ru_utime + usage.ru_stime
-        if code != 0:
-            said = [line for line in (printed + errors).splitlines() if "ERROR" in line]
-            tail = said[-1] if said else (errors or printed).strip()[-600:]
-            result["note"] = f"exited {code}: {tail.strip()[:600]}"
-        else:
-            try:
-                result |= _own_lateness(client, printed, out)
-            except (OSError, ValueError, KeyError) as exc:
-                result["note"] = f"its export unread: {exc!r}"
+    """What the server saw of the client's run: arrivals, finished requests, the achieved
+    rate, lateness against ``schedule`` (first- and earliest-anchored) and the client's CPU
+    per finished request, between the first arrival and the last answer and whole."""
     served = [s for s in _server_call(base_url, "GET", "/stamps")["requests"] if s["path"] in POSTS]
     arrivals = [s["received_ns"] for s in served]
     finished = [s for s in served if s["final_ns"] is not None]
-    result["arrivals"] = len(arrivals)
-    result["finished"] = len(finished)
-    result["achieved_rate_per_s"] = arrival_rate(arrivals)
-    schedule = client_schedule(
-        client,
-        pattern,
-        rate,
-        len(arrivals),
-        seed=args.seed,
-        duration_s=args.duration,
-        targeted_s=result.pop("targeted_s", None),
-    )
+    result: dict[str, Any] = {
+        "arrivals": len(arrivals),
+        "finished": len(finished),
+        "achieved_rate_per_s": arrival_rate(arrivals),
+    }
     if schedule is not None and arrivals:
         deviation = schedule_deviation_ms(arrivals, schedule)
         result["scheduled"] = len(schedule)
@@ -474,8 +468,42 @@ def measure_client(
         before, after = cpu_at(sampler.samples, start), cpu_at(sampler.samples, end)
         if before is not None and after is not None:
             result["window_cpu_ms_per_request"] = 1000 * (after - before) / len(finished)
-        result["whole_cpu_ms_per_request"] = 1000 * result["whole_cpu_s"] / len(finished)
+        result["whole_cpu_ms_per_request"] = 1000 * whole_cpu_s / len(finished)
     return result
+
+
+def measure_client(
+    client: str, base_url: str, rate: float, pattern: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One client at one rate, as its own process, measured at the server."""
+    _server_call(base_url, "DELETE", "/stamps")
+    result: dict[str, Any] = {"client": client, "pattern": pattern, "target_rate_per_s": rate}
+    with tempfile.TemporaryDirectory(prefix=f"open-loop-{client}-") as tmp:
+        out = Path(tmp)
+        argv, env = _client_argv(client, base_url, rate, pattern, args, out)
+        # Start-up, the run, and its own drain with room.
+        ran, sampler, printed = run_client(
+            argv, env, out, timeout_s=3 * args.duration + 180, cpu_sample_s=args.cpu_sample_s
+        )
+        result |= ran
+        if ran["exit"] == 0:
+            try:
+                result |= _own_lateness(client, printed, out)
+            except (OSError, ValueError, KeyError) as exc:
+                result["note"] = f"its export unread: {exc!r}"
+    arrived = len(
+        [s for s in _server_call(base_url, "GET", "/stamps")["requests"] if s["path"] in POSTS]
+    )
+    schedule = client_schedule(
+        client,
+        pattern,
+        rate,
+        arrived,
+        seed=args.seed,
+        duration_s=args.duration,
+        targeted_s=result.pop("targeted_s", None),
+    )
+    return result | served_figures(base_url, schedule, sampler, result["whole_cpu_s"])
 
 
 def _pct(value: float | None) -> str:

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 from real_run_harness import cli
 
+from cache_family.actors.audit.trace_file import pin_trace
 from cache_family.console import bench_sequence
 from cache_family.oracles.demo import (
     DEFAULT_PLAN,
@@ -31,6 +32,8 @@ from cache_family.oracles.native_parts import Parts
 from cache_family.schemas.catalog import packaged_catalog
 from cache_family.schemas.workload import validate_workload_object
 from cache_family.schemas.workload_records import TraceReceipt, decode_workload_receipt
+from cache_family.states.chat_pieces import CHAT_ALPHABET
+from cache_family.states.workloads import CHAT_CALIBRATION_MESSAGES
 
 
 def test_the_demo_workload_file_is_valid_and_names_an_attention_and_a_recurrent_family() -> None:
@@ -151,6 +154,11 @@ def test_the_demo_replays_a_window_of_the_bundled_trace_slice_beside_its_notice(
     assert "Apache License, Version 2.0" in notice
     real = validate_workload_object(with_trace(DEMO_WORKLOADS, REAL_TRACE)).trace
     assert real is not None and real.path == trace.path
+    # The zoo's stage servers write the window in the byte alphabet: the plan keeps their
+    # trace arms only while its ids and the template's calibration fit it.
+    pinned, distinct = pin_trace(trace)
+    assert pinned.sha256 is not None and distinct == 46
+    assert distinct + CHAT_CALIBRATION_MESSAGES <= len(CHAT_ALPHABET)
 
 
 @pytest.mark.native

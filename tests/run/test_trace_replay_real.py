@@ -3,33 +3,38 @@ sent open-loop on its (scaled) timestamps, every request journaled with its desi
 server's count. On one slot of an attention model each request that extends the slot's last
 prompt reuses what the trace designed (within the server's one-token granularity), the
 request after a detour loses its reuse and names the request that last sent those blocks,
-and with prompt caching off the replay measures (not refuses) no reuse. Tiny random-weight
+and with prompt caching off the replay measures (not refuses) no reuse; a server killed
+mid-replay stops it with the host gone (``workload_stopped`` host-exited). Tiny random-weight
 models: plumbing evidence, not performance claims."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from cache_family.actors.run.server_metrics import MetricsWatch
 from cache_family.actors.run.trace_replay import run_trace
-from cache_family.actors.run.workloads import WorkloadHost
-from cache_family.oracles.native_parts import Parts, serve
+from cache_family.actors.run.workloads import WorkloadHost, WorkloadHostLost
+from cache_family.oracles.native_parts import Parts, RunningServer, serve
 from cache_family.schemas.journal import JournalLine, Record, ServerMetricsRead
 from cache_family.schemas.workload import validate_workload_object
 from cache_family.schemas.workload_records import (
     TraceReceipt,
     TraceReplayed,
     TraceRequestReplayed,
+    WorkloadStopped,
 )
 from cache_family.states.cache_reuse import expected_cached_tokens
 from cache_family.states.server_metrics import verdict_of
 from cache_family.states.workload_fold import fold_workload
-from cache_family.system.http import LoopbackHttp
+from cache_family.system.http import LoopbackHttp, Response
 
 pytestmark = pytest.mark.native
 
@@ -187,3 +192,85 @@ def test_a_recurrent_model_reuses_by_its_checkpoint_rule(
             previous_prompt_tokens=previous.prompt_tokens,
         ), rows
     assert all((r.achieved_tokens or 0) <= r.designed_infinite_tokens for r in rows)
+
+
+class _KillsTheServerAt(LoopbackHttp):
+    """The replay's own HTTP client, which SIGKILLs the real server (and reaps it) just before
+    the ``at``-th ``/completion``: that request finds its host really gone."""
+
+    def __init__(self, server: RunningServer, at: int) -> None:
+        super().__init__()
+        self.server, self.at, self.completions = server, at, 0
+
+    @asynccontextmanager
+    async def request(
+        self, method: str, url: str, *, json_body: Any = None, headers: Any = ()
+    ) -> AsyncIterator[Response]:
+        if url.endswith("/completion"):
+            self.completions += 1
+            if self.completions == self.at:
+                self.server.process.kill()
+                await trio.to_thread.run_sync(self.server.process.wait)
+        async with super().request(method, url, json_body=json_body, headers=headers) as got:
+            yield got
+
+
+def test_a_server_killed_mid_replay_stops_it_with_the_host_gone(
+    native_parts: Parts, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    sha256 = hashlib.sha256(_trace(trace)).hexdigest()
+    spec = validate_workload_object(
+        {
+            "schema_version": 1,
+            "trace": {
+                "path": str(trace),
+                "sha256": sha256,
+                "tokens_per_block": 16,
+                "time_scale": 0.2,
+                "output_tokens_cap": 2,
+            },
+        }
+    )
+    journaled: list[Record] = []
+
+    async def journal(record: Record) -> None:
+        journaled.append(record)
+
+    with serve(native_parts.llama_server, native_parts.model_path("llama"), ctx_size=256) as server:
+
+        async def main() -> None:
+            host = WorkloadHost(
+                cell_id=CELL,
+                base_url=server.url,
+                http=_KillsTheServerAt(server, 3),
+                journal=journal,
+                deadline=trio.current_time() + 120,
+                request_timeout_ms=60_000,
+                architecture="llama",
+                workloads=spec,
+                workloads_sha256="",
+                prompt_text="",
+                ignore_eos=True,
+                host_alive=lambda: server.process.poll() is None,
+                slots=1,
+                slot_context_tokens=256,
+            )
+            await run_trace(host)
+
+        with pytest.raises(WorkloadHostLost):
+            trio.run(main)
+    sent = [r for r in journaled if isinstance(r, TraceRequestReplayed)]
+    assert [r.index for r in sent] == [0, 1, 2, 3, 4]  # every request journaled
+    statuses = [r.request.status if r.request else None for r in sent]
+    assert statuses[:2] == ["completed", "completed"]
+    assert "completed" not in statuses[2:]  # none answered once the server was gone
+    [replayed] = [r for r in journaled if isinstance(r, TraceReplayed)]
+    [stopped] = [r for r in journaled if isinstance(r, WorkloadStopped)]
+    assert (stopped.kind, stopped.reason, stopped.sent) == (
+        "trace",
+        "host-exited",
+        replayed.launched,
+    )
+    # The stop comes after the replay's own records, as every workload's stopped point does.
+    assert journaled[-1] is stopped and journaled[-2] is replayed

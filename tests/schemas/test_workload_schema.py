@@ -25,6 +25,7 @@ from cache_family.schemas.prepared import (
 from cache_family.schemas.workload import (
     DEFAULT_HIT_RATIOS_PCT,
     WORKLOAD_REFUSAL_CODES,
+    WorkloadsPin,
     validate_workload_document,
     validate_workload_object,
 )
@@ -243,7 +244,13 @@ def test_preparation_pins_the_trace_and_a_file_without_one_encodes_as_before(
     assert pinned.workloads is not None and pinned.workloads.workloads.trace is not None
     assert pinned.workloads.workloads.trace.sha256 == hashlib.sha256(TRACE_LINES).hexdigest()
     assert pinned.workloads.workloads.trace.block_tokens == 512  # the default, recorded
+    # The window's distinct hash ids (0 and 1), counted as it was pinned, for the plan.
+    assert pinned.workloads.trace_distinct_ids == 2
     assert "trace" not in validate_workload_object(FULL).model_dump()
+    unpinned = WorkloadsPin(
+        path="/w.json", sha256="a" * 64, workloads=validate_workload_object(FULL)
+    )
+    assert "trace_distinct_ids" not in unpinned.model_dump()
 
     document["trace"]["sha256"] = "0" * 64  # type: ignore[index]
     workload_file.write_text(json.dumps(document))

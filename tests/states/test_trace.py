@@ -166,6 +166,10 @@ def test_scaling_keeps_the_sharing_and_a_seed_gives_the_same_prompts(
             assert _common(ta, tb) == tokens_per_block * _leading(a.hash_ids, b.hash_ids)
     again = TracePrompts(requests, scaling, trace_sha256=sha, vocabulary_size=64)
     assert [again.prompt(r) for r in requests] == texts
+    # Drawn all at once before the replay (in reverse order), the blocks are the same.
+    drawn = TracePrompts(requests, scaling, trace_sha256=sha, vocabulary_size=64)
+    drawn.draw_blocks(reversed(requests))
+    assert [drawn.prompt(r) for r in requests] == texts
     assert all(0 <= t < 64 for text in texts for t in text)
 
 

@@ -11,19 +11,26 @@ from run_harness import make_prepared
 
 from cache_family.schemas.arms import (
     NATIVE_OPEN_LOOP,
+    NATIVE_TRACE,
     NEW_OPEN_LOOP,
     NEW_OVERLAP,
     NEW_SESSIONS,
+    NEW_TRACE,
     OLD_OPEN_LOOP,
     OLD_OVERLAP,
     OLD_PROFILE,
     OLD_SESSIONS,
+    OLD_TRACE,
     MeasurementKind,
 )
 from cache_family.schemas.prepared import PreparedInput, PreparedRow, load_prepared_input
 from cache_family.schemas.workload import WorkloadsPin, validate_workload_object
 from cache_family.states.plans import PromptChoice, cell_plan, workload_arm_plans
-from cache_family.states.workloads import CHAT_ALPHABET, chat_starts_needed
+from cache_family.states.workloads import (
+    CHAT_ALPHABET,
+    CHAT_CALIBRATION_MESSAGES,
+    chat_starts_needed,
+)
 
 PREFIX = MeasurementKind.PREFIX_OVERLAP
 
@@ -117,3 +124,58 @@ def test_the_open_loop_sweep_has_stage_arms_sized_on_the_stage_servers_lanes(
     assert stage.lanes == 3 and stage.ctx_size == row.ctx * 3
     assert native.lanes == row.tasks.concurrent_baseline.parallel
     assert stage.output_tokens == native.output_tokens == pin.workloads.open_loop.output_tokens  # type: ignore[union-attr]
+
+
+def _traced(
+    tmp_path: Path, distinct: int | None, synthetic: bool
+) -> tuple[PreparedInput, PreparedRow]:
+    document = {"schema_version": 1, "trace": {"path": "/t.jsonl", "sha256": "b" * 64}}
+    pin = WorkloadsPin(
+        path="/w.json",
+        sha256="a" * 64,
+        workloads=validate_workload_object(document),
+        trace_distinct_ids=distinct,
+    )
+    base = load_prepared_input(str(make_prepared(tmp_path)))
+    prepared = base.model_copy(update={"workloads": pin})
+    row = _paired(prepared.rows[0], True).model_copy(update={"synthetic": synthetic})
+    return prepared, row
+
+
+def test_a_trace_window_beyond_a_synthetic_models_chat_alphabet_skips_its_stage_arms(
+    tmp_path: Path,
+) -> None:
+    """The count preparation pinned decides: the window's ids and the template's two
+    calibration messages each start with a character of their own."""
+    fits = len(CHAT_ALPHABET) - CHAT_CALIBRATION_MESSAGES
+    prepared, row = _traced(tmp_path / "a", fits, synthetic=True)
+    plans = workload_arm_plans(prepared, row)
+    assert [(p.arm, p.status) for p in plans] == [
+        (NATIVE_TRACE.name, "planned"),
+        (OLD_TRACE.name, "planned"),
+        (NEW_TRACE.name, "planned"),
+    ]
+    prepared, row = _traced(tmp_path / "b", fits + 1, synthetic=True)
+    plans = workload_arm_plans(prepared, row)
+    # The native arm sends token ids: not limited by the alphabet.
+    assert plans[0].arm == NATIVE_TRACE.name and plans[0].status == "planned"
+    stage = plans[1:]
+    assert [(p.arm, p.status) for p in stage] == [
+        (OLD_TRACE.name, "skipped"),
+        (NEW_TRACE.name, "skipped"),
+    ]
+    for plan in stage:
+        assert (plan.reason or "").startswith("trace.vocabulary: ")
+        assert f"has {fits + 1} distinct hash ids" in (plan.reason or "")
+        assert f"needing {len(CHAT_ALPHABET) + 1} " in (plan.reason or "")
+
+
+def test_a_stage_trace_is_left_to_the_replay_where_the_plan_cannot_know_the_pieces(
+    tmp_path: Path,
+) -> None:
+    """Another model's chat pieces are chosen from its vocabulary at run time, and a pin
+    without the count says nothing: both stay planned (the replay refuses what does not fit)."""
+    for name, distinct, synthetic in (("real", 400, False), ("uncounted", None, True)):
+        prepared, row = _traced(tmp_path / name, distinct, synthetic=synthetic)
+        plans = workload_arm_plans(prepared, row)
+        assert [p.status for p in plans] == ["planned"] * 3, name

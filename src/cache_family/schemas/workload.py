@@ -374,6 +374,18 @@ class WorkloadsPin(_Strict):
     path: str
     sha256: Annotated[str, AfterValidator(_sha256_hex)]
     workloads: WorkloadFile
+    # The distinct hash ids of the trace's window, counted as preparation pinned the trace:
+    # what a chat dialect's replay draws first characters for, known to the plan without
+    # reading the trace (None: no trace, or pinned before the count was kept).
+    trace_distinct_ids: Annotated[int, AfterValidator(Between(1, 2**40))] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_count(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A pin without the count encodes to the same bytes as before the member existed.
+        data = handler(self)
+        if isinstance(data, dict) and self.trace_distinct_ids is None:
+            data.pop("trace_distinct_ids", None)
+        return data
 
 
 # --- decoding ----------------------------------------------------------------------------------

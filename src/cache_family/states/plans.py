@@ -24,7 +24,7 @@ from cache_family.schemas.arms import (
 )
 from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan
 from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
-from cache_family.schemas.workload import WorkloadFile
+from cache_family.schemas.workload import WorkloadFile, WorkloadsPin
 from cache_family.states.chat_pieces import CHAT_ALPHABET
 from cache_family.states.correctness import CorrectnessSpec
 from cache_family.states.handoff import PACKAGE_LAYER_COUNT
@@ -254,6 +254,9 @@ def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPl
         for arm in STAGE_WORKLOAD_ARMS:
             if chosen[arm.kind] is None:
                 continue
+            if arm.kind == MeasurementKind.TRACE:
+                plans.append(_stage_trace_plan(arm, pin, row))
+                continue
             needed = chat_starts_needed(pin.workloads, arm.kind)
             if needed <= len(CHAT_ALPHABET):
                 plans.append(ArmPlan(arm=arm.name))
@@ -264,6 +267,25 @@ def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPl
             )
             plans.append(ArmPlan(arm=arm.name, status="skipped", reason=reason))
     return tuple(plans)
+
+
+def _stage_trace_plan(arm: Arm, pin: WorkloadsPin, row: PreparedRow) -> ArmPlan:
+    """A stage server's trace replay writes each distinct hash id of the window as a message
+    starting with a character of its own. A synthetic (zoo) row's GGUF has a byte-level
+    vocabulary, whose chat pieces are the byte alphabet: a window with more ids than it holds
+    is skipped here, as the replay would refuse it (``trace.vocabulary``). Another model's
+    pieces are chosen from its vocabulary as the cell opens (word pieces hold at least
+    ``MIN_WORD_PIECES``), so only the replay can tell; so can it for a pin without the count."""
+    needed = chat_starts_needed(pin.workloads, arm.kind, pin.trace_distinct_ids)
+    if not row.synthetic or needed <= len(CHAT_ALPHABET):
+        return ArmPlan(arm=arm.name)
+    reason = (
+        f"trace.vocabulary: the chat dialect's trace window has {pin.trace_distinct_ids} "
+        f"distinct hash ids, needing {needed} distinct first characters with the template's "
+        f"calibration; the byte alphabet of a synthetic model's chat pieces has "
+        f"{len(CHAT_ALPHABET)}"
+    )
+    return ArmPlan(arm=arm.name, status="skipped", reason=reason)
 
 
 def _workload_sizes(

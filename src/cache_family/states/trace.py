@@ -215,6 +215,11 @@ def check_context(
 # --- token-exact prompts -------------------------------------------------------------------------
 
 
+def distinct_ids(requests: Iterable[TraceRequest]) -> int:
+    """The distinct hash ids of a window: the first tokens its prompts need, one each."""
+    return len({i for r in requests for i in r.hash_ids})
+
+
 def _seed_of(trace_sha256: str, salt: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{trace_sha256}/{salt}".encode()).digest()[:8], "big")
 
@@ -235,7 +240,7 @@ class TracePrompts:
         trace_sha256: str,
         vocabulary_size: int,
     ) -> None:
-        distinct = len({i for r in requests for i in r.hash_ids})
+        distinct = distinct_ids(requests)
         if distinct > vocabulary_size:
             raise refuse(
                 "trace.vocabulary",
@@ -275,6 +280,13 @@ class TracePrompts:
             )
             found = self._blocks[hash_id] = (self._first[hash_id], *rest)
         return found
+
+    def draw_blocks(self, requests: Iterable[TraceRequest]) -> None:
+        """Draw every block of ``requests`` now (a replay does it before its first send: drawn
+        at send time, the blocks of a burst of new prompts made the sender late)."""
+        for request in requests:
+            for hash_id in request.hash_ids:
+                self.block(hash_id)
 
     def prompt(self, request: TraceRequest) -> list[int]:
         ids: list[int] = []
@@ -465,6 +477,7 @@ __all__ = [
     "TraceWindow",
     "check_context",
     "designed_reuse",
+    "distinct_ids",
     "read_mooncake",
     "request_verdict",
     "total_efficiency",

@@ -370,18 +370,28 @@ CHAT_PROBE_CHARACTERS: Final = 16
 CHAT_TEMPLATE_ROOM_PER_MESSAGE: Final = 32
 
 
-def chat_starts_needed(workloads: WorkloadFile, kind: MeasurementKind) -> int:
+#: The chat template's calibration sends two messages, each with a first character of its own.
+CHAT_CALIBRATION_MESSAGES: Final = 2
+
+
+def chat_starts_needed(
+    workloads: WorkloadFile, kind: MeasurementKind, trace_distinct_ids: int | None = None
+) -> int:
     """The distinct first characters a chat-dialect workload draws at most. Overlap: the
     calibration's two messages, then per point a prefix per group and one per request,
     priming ones included (one per group, or one per measured request where a sliding
     window's design primes before each); sessions: the system prompt and each user's
-    context."""
+    context; trace: one per distinct hash id of the window (``trace_distinct_ids``, as
+    preparation counted them; 0 when not counted), then the calibration's two."""
     overlap, sessions = workloads.prefix_overlap, workloads.multi_turn
     if kind == MeasurementKind.PREFIX_OVERLAP and overlap is not None:
         primings = max(overlap.groups, overlap.requests)
-        return 2 + len(overlap.hit_ratios_pct) * (overlap.groups + overlap.requests + primings)
+        per_point = overlap.groups + overlap.requests + primings
+        return CHAT_CALIBRATION_MESSAGES + len(overlap.hit_ratios_pct) * per_point
     if kind == MeasurementKind.SESSIONS and sessions is not None:
         return 1 + sessions.users
+    if kind == MeasurementKind.TRACE and workloads.trace is not None and trace_distinct_ids:
+        return trace_distinct_ids + CHAT_CALIBRATION_MESSAGES
     return 0
 
 

@@ -11,6 +11,7 @@ from cache_family.states.trace import (
     TraceRequest,
     TraceScaling,
     TraceWindow,
+    distinct_ids,
     read_mooncake,
     refuse,
 )
@@ -45,17 +46,18 @@ def trace_scaling(spec: TraceReplay) -> TraceScaling:
     )
 
 
-def pin_trace(spec: TraceReplay) -> TraceReplay:
-    """The section with the SHA-256 of the trace's bytes (preparation pins it); a trace
-    whose bytes differ from a SHA-256 the workload file names is refused."""
-    sha256 = read_trace(spec)[1]
+def pin_trace(spec: TraceReplay) -> tuple[TraceReplay, int]:
+    """The section with the SHA-256 of the trace's bytes (preparation pins it), and the
+    distinct hash ids of its window (the plan sizes a chat replay's first characters by
+    them); a trace whose bytes differ from a SHA-256 the workload file names is refused."""
+    requests, sha256 = read_trace(spec)
     if spec.sha256 is not None and spec.sha256 != sha256:
         raise refuse(
             "trace.pin_mismatch",
             None,
             f"{spec.path} has SHA-256 {sha256}, the workload file names {spec.sha256}",
         )
-    return spec.model_copy(update={"sha256": sha256})
+    return spec.model_copy(update={"sha256": sha256}), distinct_ids(requests)
 
 
 __all__ = ["pin_trace", "read_trace", "trace_scaling", "trace_window"]

@@ -354,8 +354,11 @@ def admit(
             trace = workloads.workloads.trace
             if trace is not None:
                 # The trace is pinned as the workload file is: the run replays these bytes.
-                pinned = workloads.workloads.model_copy(update={"trace": pin_trace(trace)})
-                workloads = workloads.model_copy(update={"workloads": pinned})
+                pinned_trace, distinct = pin_trace(trace)
+                pinned = workloads.workloads.model_copy(update={"trace": pinned_trace})
+                workloads = workloads.model_copy(
+                    update={"workloads": pinned, "trace_distinct_ids": distinct}
+                )
         except Refused as refused:
             refusals.extend(refused.refusals)
     try:

@@ -14,9 +14,11 @@ from cache_family.actors.run.open_loop import OpenLoopOutcome, OpenLoopSender
 from cache_family.actors.run.server_metrics import Reading
 from cache_family.actors.run.workloads import (
     WorkloadHost,
+    WorkloadHostLost,
     _Answer,
     _chat,
     _chat_template,
+    _check_host,
     _complete,
     _metrics_after,
     _metrics_before,
@@ -113,11 +115,16 @@ async def run_trace(host: WorkloadHost) -> bool:
     if capacity is None and host.slots and host.slot_context_tokens:
         capacity = host.slots * host.slot_context_tokens
     designs = designed_reuse(requests, scaling, capacity)
+    await trio.to_thread.run_sync(prompts.draw_blocks, requests)
     offsets = scaling.send_offsets(requests)
     answers: dict[int, WorkloadRequest] = {}
     template_tokens = template.tokens if template is not None else 0
+    # A request failed with the host gone: the replay stops as every workload's point does.
+    lost: WorkloadHostLost | None = None
+    replay = trio.CancelScope()
 
     async def exchange(index: int) -> RequestRow:
+        nonlocal lost
         request = requests[index]
         prompt = prompts.prompt(request)
         answer: _Answer
@@ -135,6 +142,13 @@ async def run_trace(host: WorkloadHost) -> bool:
             )
         sent = answer.request(index, designed_prompt_tokens=len(prompt) + template_tokens)
         answers[index] = sent
+        try:
+            _check_host(host, answer)
+        except WorkloadHostLost as gone:
+            # Raised here it would leave the sender inside its nursery's exception group: the
+            # replay is cut from outside instead, and the loss raised once it is journaled.
+            lost = lost or gone
+            replay.cancel()
         return RequestRow(request_id=index, status="completed" if answer.reply else "failed")
 
     span = offsets[-1] if offsets else 0.0
@@ -149,10 +163,20 @@ async def run_trace(host: WorkloadHost) -> bool:
     stop: str | None = None
     outcome: OpenLoopOutcome | None = None
     before: Reading | None = None
+
+    async def replayed() -> OpenLoopOutcome:
+        ended: OpenLoopOutcome | None = None
+        with replay:
+            ended = await sender.run()
+        if lost is not None:
+            raise lost
+        assert ended is not None  # only the host's loss cuts the replay from outside
+        return ended
+
     try:
         # The host's own counters around the whole replay: one point.
         before = await _metrics_before(host)
-        outcome = await sender.run()
+        outcome = await replayed()
         await _metrics_after(host, before, kind, 0, list(answers.values()))
     except BaseException as exc:
         stop = _stop_reason(exc)
