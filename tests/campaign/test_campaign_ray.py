@@ -8,6 +8,7 @@ missing-model rows). Signals are sent at moments the FAKE host reports through a
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -23,7 +25,8 @@ import trio
 from run_harness import make_prepared
 from signal_harness import Fifo, behave, wait_exit
 
-from cache_family.schemas.campaign import CAMPAIGN_JOURNAL, ShardMerged, read_campaign
+from cache_family.actors.campaign.local_cluster import processes_in
+from cache_family.schemas.campaign import CAMPAIGN_JOURNAL, RowArrived, ShardMerged, read_campaign
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 
 pytestmark = [
@@ -32,7 +35,7 @@ pytestmark = [
 ]
 
 CLI = Path(sys.executable).parent / "cache-family"
-LOOPBACK = {"127.0.0.1", "0.0.0.0", "::1", "::", "::ffff:127.0.0.1"}
+BRIDGE_NET = ipaddress.ip_network("10.213.0.0/24")
 
 
 @pytest.fixture
@@ -82,6 +85,56 @@ def processes_naming(path: Path) -> list[int]:
     return found
 
 
+def arrivals(out: Path) -> list[RowArrived]:
+    read = read_campaign((out / CAMPAIGN_JOURNAL).read_bytes())
+    assert read.problem is None
+    return [line.record for line in read.lines if isinstance(line.record, RowArrived)]
+
+
+def ip_of(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    host = ipaddress.ip_address(address.rsplit(":", 1)[0])
+    if isinstance(host, ipaddress.IPv6Address) and host.ipv4_mapped is not None:
+        return host.ipv4_mapped
+    return host
+
+
+def private(address: str) -> bool:
+    host = ip_of(address)
+    return host.is_loopback or host.is_unspecified or host in BRIDGE_NET
+
+
+def assert_separated(evidence: dict[str, Any], hosts: int) -> None:
+    head = evidence["head"]
+    assert sorted(head["interfaces"]) == sorted(
+        ["lo", "cf-br0", *(f"cf-b{i}" for i in range(hosts))]
+    )
+    nodes = evidence["nodes"]
+    assert [n["label"] for n in nodes] == [f"host-{i}" for i in range(hosts)]
+    assert len({n["netns"] for n in nodes}) == hosts
+    assert len({n["work_dir"] for n in nodes}) == hosts
+    for index, node in enumerate(nodes):
+        assert sorted(node["interfaces"]) == ["cf-h" + str(index), "lo"]
+        assert node["address"] == f"10.213.0.{10 + index}"
+        assert node["listening"], node
+    for where in (head, *nodes):
+        assert not any(route.startswith("0.0.0.0/0") for route in where["routes"]), where
+        beyond = [s for s in where["tcp"] if not (private(s["local"]) and private(s["remote"]))]
+        assert beyond == []
+    # Some node talked to the head over the bridge.
+    head_ip = ipaddress.ip_address("10.213.0.1")
+    assert any(ip_of(s["remote"]) == head_ip for n in nodes for s in n["tcp"]), nodes
+
+
+def nothing_left(evidence: dict[str, Any]) -> list[int]:
+    """Every process still inside one of the cluster's namespaces (none may be)."""
+    namespaces = {int(h["netns"]) for h in evidence["holders"]} | {
+        int(n["netns"]) for n in evidence["nodes"]
+    }
+    left = [p.pid for p in processes_in(namespaces, float(evidence["started_at"]))]
+    assert not Path(evidence["work_root"]).exists()
+    return left
+
+
 def shard_records(out: Path) -> list[ShardMerged]:
     read = read_campaign((out / CAMPAIGN_JOURNAL).read_bytes())
     assert read.problem is None
@@ -116,13 +169,18 @@ def test_rows_land_on_their_labelled_nodes_on_loopback_and_the_campaign_replays(
     assert sorted(p.name for p in (out / "rows").iterdir() if p.is_dir()) == [
         "row-0000", "row-0001", "row-0002", "row-0003",
     ]  # fmt: skip
-    # The cluster's namespace had only loopback, and no connection in it left 127.0.0.1.
+    # Each row came back through the object store, journaled as it arrived.
+    arrived = arrivals(out)
+    assert sorted(r.row_key for r in arrived) == sorted(r.row_keys[0] for r in shard_records(out))
+    assert {r.how for r in arrived} == {"object-store"}
+    # Separated hosts: each node alone in its namespace with its own address, joined to the
+    # head only over the bridge; no namespace has a default route or a socket beyond them.
     evidence = json.loads((out / "local-cluster.json").read_text())
-    assert evidence["interfaces"] == ["lo"]
-    assert evidence["tcp"] and all(set(pair) <= LOOPBACK for pair in evidence["tcp"])
+    assert_separated(evidence, hosts=2)
     # Ray's session directories are the campaign's; nothing of the cluster is left running.
     assert any(p.name.startswith("session_") for p in (out / "ray").iterdir())
     assert processes_naming(out) == []
+    assert nothing_left(evidence) == []
     replayed = subprocess.run(
         [str(CLI), "replay", str(out)], capture_output=True, text=True, check=False
     )

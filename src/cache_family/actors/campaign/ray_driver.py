@@ -33,10 +33,10 @@ from cache_family.actors.campaign.arrival import (
 from cache_family.actors.campaign.audit import arrived_rows
 from cache_family.actors.campaign.journal import CampaignJournal, journal_sealed
 from cache_family.actors.campaign.local_cluster import (
+    LOCAL_CLUSTER_EVIDENCE,
+    end_left_cluster,
     enter_loopback_namespace,
-    interfaces,
     local_cluster,
-    tcp_endpoints,
 )
 from cache_family.actors.campaign.merge import MergeOutcome, Missing, ShardRead, merge_campaign
 from cache_family.actors.campaign.placement import LoadedPlacement, brief_key, load_placement
@@ -70,10 +70,9 @@ from cache_family.schemas.campaign import (
 from cache_family.schemas.journal import PlannedRowBrief
 from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
 from cache_family.system.host_load import NODE_ID_ENV, NODE_LABELS_ENV
-from cache_family.system.publish import publish_fresh
+from cache_family.system.publish import publish_fresh, replace_atomically
 
 RAY_DIR: Final = "ray"
-LOCAL_CLUSTER_EVIDENCE: Final = "local-cluster.json"
 POLL_SECONDS: Final = 0.2
 # After a cancel: how long the tasks get to end their rows before they are killed.
 CANCEL_SLACK_SECONDS: Final = 30.0
@@ -172,6 +171,7 @@ def drive(
     local: bool,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     on_submitted: Any = None,
+    node_ip_address: str | None = None,
 ) -> tuple[dict[str, ShardRead], dict[str, Missing]]:
     """Submit one task per row, wait for all of them (cancelling them all on a signal),
     journal each row as it arrives verified; the arrived rows (by directory) and the rows
@@ -180,7 +180,10 @@ def drive(
     from ray.exceptions import RayError, RayTaskError, TaskCancelledError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    ray.init(
+        address=address, log_to_driver=False, logging_level="ERROR",
+        _node_ip_address=node_ip_address,
+    )  # fmt: skip
     # Ray puts handlers of its own in place (SIGTERM ends the driver at once): the
     # campaign's come back, so a signal cancels the tasks instead.
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -432,6 +435,8 @@ def run_campaign(
     if resume:
         campaign = os.path.abspath(output)
         request = read_request(campaign)
+        # What the cluster of a driver killed outright left running is ended first.
+        left = end_left_cluster(os.path.join(campaign, LOCAL_CLUSTER_EVIDENCE))
         check_bytes(request.input_path, request.input_sha256, "prepared input")
         check_bytes(request.placement_path, request.placement_sha256, "placement file")
         input_path, placement_file = request.input_path, request.placement_path
@@ -446,6 +451,7 @@ def run_campaign(
         to_run = list(resumed.rerun)
     else:
         assert input_path is not None
+        left = 0
         admitted = admit_run(input_path, output)
         campaign, input_path, prepared = admitted.output, admitted.input_path, admitted.prepared
         plan = [planned_brief(prepared, row) for row in prepared.rows]
@@ -459,10 +465,13 @@ def run_campaign(
     fresh = _opened(prepared, request.input_sha256, placement)
     stop = _Stop()
     lines: list[str] = []
+    if left:
+        lines.append(f"ended {left} process(es) the stopped driver's local cluster left")
     verified: dict[str, ShardRead] = {}
+    parent_netns = 0
     with _signals_as(stop):
         if local:
-            enter_loopback_namespace()
+            parent_netns = enter_loopback_namespace()
         if resumed is None:
             os.makedirs(os.path.join(campaign, ROWS_DIR))
             publish_fresh(os.path.join(campaign, CAMPAIGN_REQUEST), encode_request(request))
@@ -487,7 +496,10 @@ def run_campaign(
         started = time.monotonic()
         if local:
             session_dir = os.path.join(campaign, RAY_DIR)
-            with local_cluster(session_dir, hosts, stop.asked) as cluster:
+            evidence_path = os.path.join(campaign, LOCAL_CLUSTER_EVIDENCE)
+            with local_cluster(
+                session_dir, hosts, parent_netns, stop.asked, evidence_path
+            ) as cluster:
                 timings["cluster_start_seconds"] = time.monotonic() - started
                 rows_started = time.monotonic()
                 if stop.asked():  # during the start-up: no row is submitted
@@ -496,9 +508,10 @@ def run_campaign(
                     shards, missing = drive(
                         cluster.address, campaign, to_run, placement, stop, out, journal,
                         local=True, grace_seconds=grace_seconds,
+                        node_ip_address=cluster.node_ip_address,
                     )  # fmt: skip
                 timings["rows_seconds"] = time.monotonic() - rows_started
-                evidence = {"hosts": hosts, "interfaces": interfaces(), "tcp": tcp_endpoints()}
+                evidence = cluster.evidence()
             ended = end_row_processes(
                 (os.path.join(campaign, ROWS_DIR), out.campaign_id), grace_seconds
             )
@@ -540,13 +553,11 @@ def run_campaign(
 
 
 def _write_evidence(campaign: str, evidence: Mapping[str, object]) -> None:
-    """What the loopback-only namespace held while the cluster was up (its interfaces and
-    the endpoints of every TCP socket in it: nothing left 127.0.0.1), and the driver's own
-    times (cluster start, the rows, the merge; bench/campaign_driver.py reads them)."""
-    path = os.path.join(campaign, LOCAL_CLUSTER_EVIDENCE)
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(evidence, handle, indent=2)
-        handle.write("\n")
+    """What each test host's namespace held while the cluster was up (its interfaces, routes,
+    listening endpoints and TCP sockets), and the driver's own times (cluster start, the rows,
+    the merge; bench/campaign_driver.py reads them)."""
+    data = json.dumps(evidence, indent=2) + "\n"
+    replace_atomically(os.path.join(campaign, LOCAL_CLUSTER_EVIDENCE), data.encode("utf-8"))
 
 
 def _cancelled_before_start(rows: Sequence[PlannedRowBrief]) -> dict[str, Missing]:
