@@ -1,9 +1,12 @@
-"""``cache-family campaign --ray local``: a real local Ray cluster of labelled nodes, on loopback.
+"""``cache-family campaign --ray local``: a real Ray cluster of separated test hosts.
 
-Few and bounded (the CI machine has 2 cores): each test starts one cluster of two one-CPU nodes
-in the driver's loopback-only network namespace (root only), with rows of the FAKE llama-server
-of ``test_run_budgets.make_prepared`` (one qwen3_dense row that launches hosts, the rest cheap
-missing-model rows). Signals are sent at moments the FAKE host reports through a FIFO.
+Few and bounded (the CI machine has 2 cores): each test starts one cluster of two one-CPU nodes,
+each in its own network namespace with its own work directory, joined to the head over a bridge
+inside the driver's namespace, which has no link out (root only); rows come back through the
+object store. Rows are those of the FAKE llama-server of ``run_harness.make_prepared`` (a
+qwen3_dense row that launches hosts, cheap missing-model llama rows). Signals are sent at
+moments the FAKE host reports through a FIFO or the driver says a row arrived; after each test
+no process is left in any of the cluster's namespaces and its work directories are gone.
 """
 
 from __future__ import annotations
@@ -188,7 +191,7 @@ def test_rows_land_on_their_labelled_nodes_on_loopback_and_the_campaign_replays(
     assert "replay: campaign identical" in replayed.stdout
 
 
-async def test_sigterm_mid_ladder_cancels_every_row_leaves_no_process_and_resume_finishes(
+async def test_sigint_mid_ladder_cancels_every_row_leaves_no_process_and_resume_finishes(
     short_tmp: Path,
 ) -> None:
     prepared = prepared_pair(short_tmp)
@@ -206,7 +209,7 @@ async def test_sigterm_mid_ladder_cancels_every_row_leaves_no_process_and_resume
     try:
         event, host_pid = (await fifo.next_line()).split()
         assert event == "stream"  # a qwen3_dense row's ladder is in its host
-        driver.send_signal(signal.SIGTERM)
+        driver.send_signal(signal.SIGINT)
         code = await wait_exit(driver)
     finally:
         fifo.close()
@@ -217,6 +220,8 @@ async def test_sigterm_mid_ladder_cancels_every_row_leaves_no_process_and_resume
         psutil.STATUS_ZOMBIE
     )
     assert processes_naming(out) == []
+    first_cluster = json.loads((out / "local-cluster.json").read_text())
+    assert nothing_left(first_cluster) == []
     matrix = decode_matrix((out / MATRIX_FILENAME).read_bytes())
     assert matrix.status == "incomplete"
     statuses = {row.index: row.result for row in matrix.rows}
@@ -247,6 +252,7 @@ async def test_sigterm_mid_ladder_cancels_every_row_leaves_no_process_and_resume
         assert (out / "rows" / name / "journal.jsonl").read_bytes() == journal
     assert (out / "superseded" / "1" / CAMPAIGN_JOURNAL).is_file()
     assert processes_naming(out) == []
+    assert nothing_left(json.loads((out / "local-cluster.json").read_text())) == []
     assert subprocess.run([str(CLI), "replay", str(out)], check=False).returncode == 0
 
 
@@ -310,4 +316,97 @@ async def test_a_node_lost_mid_row_makes_the_row_host_lost_never_run_twice(
     assert all("qwen3_dense/none/16" not in r.row_keys for r in shard_records(out))
     # The row's orphaned run (and its host) were ended with the campaign.
     assert processes_naming(out) == []
+    assert nothing_left(json.loads((out / "local-cluster.json").read_text())) == []
     assert subprocess.run([str(CLI), "replay", str(out)], check=False).returncode == 0
+
+
+async def arrivals_said(driver: trio.Process, wanted: int) -> list[str]:
+    """The driver's own "row arrived" lines, read from its output until ``wanted`` came."""
+    assert driver.stdout is not None
+    said: list[str] = []
+    buffer = b""
+    with trio.fail_after(600):
+        while len(said) < wanted:
+            chunk = await driver.stdout.receive_some(4096)
+            assert chunk, "the driver ended before its rows arrived"
+            buffer += chunk
+            *lines, rest = buffer.split(b"\n")
+            buffer = rest
+            said += [line.decode() for line in lines if line.startswith(b"row arrived: ")]
+    return said
+
+
+async def test_a_driver_killed_outright_leaves_a_journal_that_resume_continues(
+    short_tmp: Path,
+) -> None:
+    prepared = prepared_pair(short_tmp)
+    fifo = Fifo(short_tmp / "notify")
+    behave(prepared, stream_delay=3600, notify_fifo=str(fifo.path))
+    out = short_tmp / "c"
+    driver = await trio.lowlevel.open_process(
+        campaign_argv(prepared, out, "--placement", str(placement(short_tmp))),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    try:
+        # The llama rows (host-0) arrive; a qwen3_dense row (host-1) is in its ladder.
+        said = await arrivals_said(driver, 2)
+        event, _ = (await fifo.next_line()).split()
+        assert event == "stream"
+        driver.kill()
+        assert await wait_exit(driver) == -signal.SIGKILL
+    finally:
+        fifo.close()
+        if driver.returncode is None:
+            driver.kill()
+    llama = ["llama/none/16", "llama/none/32"]
+    assert sorted(line.split()[2] for line in said) == llama
+    # Every arrival is on disk, the journal unsealed; replay names the rows still missing.
+    left_journal = (out / CAMPAIGN_JOURNAL).read_bytes()
+    read = read_campaign(left_journal)
+    assert read.problem is None
+    assert sorted(r.row_key for r in arrivals(out)) == llama
+    replayed = subprocess.run(
+        [str(CLI), "replay", str(out)], capture_output=True, text=True, check=False
+    )
+    assert replayed.returncode == 1, replayed.stdout
+    assert "replay: campaign incomplete" in replayed.stdout
+    assert "missing: qwen3_dense/none/16, qwen3_dense/none/32" in replayed.stdout
+    # The killed driver's cluster is still running (resume ends it first).
+    killed_cluster = json.loads((out / "local-cluster.json").read_text())
+    namespaces = {int(h["netns"]) for h in killed_cluster["holders"]}
+    assert processes_in(namespaces, float(killed_cluster["started_at"]))
+    kept = {name: (out / "rows" / name / "journal.jsonl").read_bytes() for name in
+            ("row-0001", "row-0003")}  # fmt: skip
+
+    behave(prepared)  # the FAKE host answers at once now
+    resumed = subprocess.run(
+        [str(CLI), "campaign", "--resume", str(out), "--ray", "local", "--hosts", "2"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-4000:]
+    assert "2 row(s) kept, 2 to run again" in resumed.stdout
+    assert "local cluster left" in resumed.stdout
+    # The chain goes on from the last line the killed driver wrote: one journal, no rerun.
+    journal = (out / CAMPAIGN_JOURNAL).read_bytes()
+    assert journal.startswith(left_journal)
+    assert read_campaign(journal).problem is None
+    assert sorted(r.row_key for r in arrivals(out)) == sorted(
+        [*llama, "qwen3_dense/none/16", "qwen3_dense/none/32"]
+    )
+    for name, row_journal in kept.items():
+        assert (out / "rows" / name / "journal.jsonl").read_bytes() == row_journal
+    assert decode_matrix((out / MATRIX_FILENAME).read_bytes()).status == "completed"
+    assert nothing_left(killed_cluster) == []
+    assert nothing_left(json.loads((out / "local-cluster.json").read_text())) == []
+    replayed = subprocess.run(
+        [str(CLI), "replay", str(out)], capture_output=True, text=True, check=False
+    )
+    assert replayed.returncode == 0, replayed.stdout
+    assert "replay: campaign identical" in replayed.stdout

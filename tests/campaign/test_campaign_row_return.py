@@ -1,7 +1,7 @@
 """A sealed row through the object store, without Ray: the node's packing and the driver's
 receiving of a real row (``cache-family run --rows KEY`` against the FAKE llama-server of
 ``run_harness.make_prepared``), with the chunks handed over in process. The Ray tests in
-``test_campaign_hosts.py`` carry the same bytes between separated hosts."""
+``test_campaign_ray.py`` carry the same bytes between separated hosts."""
 
 from __future__ import annotations
 
