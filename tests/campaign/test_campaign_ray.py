@@ -410,3 +410,54 @@ async def test_a_driver_killed_outright_leaves_a_journal_that_resume_continues(
     )
     assert replayed.returncode == 0, replayed.stdout
     assert "replay: campaign identical" in replayed.stdout
+
+
+# The driver's own entry with a chunk size far below a row's bytes (the CLI keeps 8 MiB), in
+# its own process as the CLI's would be (it enters a network namespace).
+CAMPAIGN_IN_SMALL_CHUNKS = """
+import json, sys
+from cache_family.actors.campaign import ray_driver
+result = ray_driver.run_campaign(sys.argv[1], sys.argv[2], "local", hosts=2, chunk_bytes=4096)
+print(json.dumps({"code": int(result.code), "status": result.outcome.status}))
+"""
+
+
+def test_rows_larger_than_the_chunk_size_come_back_whole_through_the_object_store(
+    short_tmp: Path,
+) -> None:
+    prepared = make_prepared(short_tmp / "p", prefix_sweep=[16], cases=["qwen3_dense", "llama"])
+    out = short_tmp / "c"
+    done = subprocess.run(
+        [sys.executable, "-c", CAMPAIGN_IN_SMALL_CHUNKS, str(prepared), str(out)],
+        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=600,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"code": 0, "status": "completed"}
+    arrived = arrivals(out)
+    assert sorted(r.row_key for r in arrived) == ["llama/none/16", "qwen3_dense/none/16"]
+    # Every row spanned several chunks, and arrived whole (its replay is the merge's).
+    assert all(r.how == "object-store" and r.size > 2 * 4096 for r in arrived)
+    assert nothing_left(json.loads((out / "local-cluster.json").read_text())) == []
+    replayed = subprocess.run(
+        [str(CLI), "replay", str(out)], capture_output=True, text=True, check=False
+    )
+    assert replayed.returncode == 0, replayed.stdout
+
+
+def test_a_shared_output_stays_possible(short_tmp: Path) -> None:
+    prepared = make_prepared(short_tmp / "p", prefix_sweep=[16], cases=["qwen3_dense", "llama"])
+    out = short_tmp / "c"
+    done = subprocess.run(
+        [*campaign_argv(prepared, out), "--row-return", "shared-output"],
+        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=600,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    arrived = arrivals(out)
+    assert sorted(r.row_key for r in arrived) == ["llama/none/16", "qwen3_dense/none/16"]
+    assert {r.how for r in arrived} == {"shared-output"}
+    # The nodes wrote the rows and their logs straight into the campaign's rows/.
+    assert (out / "rows" / "row-0000.log").stat().st_size > 0
+    assert nothing_left(json.loads((out / "local-cluster.json").read_text())) == []
+    assert subprocess.run([str(CLI), "replay", str(out)], check=False).returncode == 0

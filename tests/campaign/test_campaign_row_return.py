@@ -16,6 +16,8 @@ import pytest
 from run_harness import make_prepared
 
 from cache_family.actors.audit.replay import replay
+from cache_family.actors.campaign.arrival import arrive_through_store
+from cache_family.actors.campaign.merge import Missing
 from cache_family.actors.campaign.row_return import (
     STAGING_PREFIX,
     check_manifest,
@@ -25,7 +27,12 @@ from cache_family.actors.campaign.row_return import (
     receive_row,
 )
 from cache_family.errors import Refused
-from cache_family.schemas.campaign import RowManifest, decode_manifest, encode_manifest
+from cache_family.schemas.campaign import (
+    RowManifest,
+    decode_manifest,
+    encode_manifest,
+    files_digest,
+)
 
 CLI = Path(sys.executable).parent / "cache-family"
 KEY = "qwen3_dense/none/16"
@@ -160,3 +167,38 @@ def test_the_prepared_input_is_placed_on_the_node_only_with_its_sha256(
     assert refused_code(lambda: place_input(str(tmp_path / "w2"), data[:-1], row.sha256)) == (
         "campaign.row.input_mismatch"
     )
+
+
+def test_a_row_refused_on_arrival_is_missing_with_its_code_and_nothing_is_placed(
+    row: Row, tmp_path: Path
+) -> None:
+    manifest = pack_row(str(row.dir), KEY, chunk_bytes=CHUNK)
+    campaign = tmp_path / "campaign"
+    (campaign / "rows").mkdir(parents=True)
+    result = {
+        "hostname": "node-a",
+        "node_id": "f" * 56,
+        "labels": {"cf.host": "host-0"},
+        "returncode": 0,
+        "log_tail": b"the row's log\n",
+        "manifest": encode_manifest(manifest),
+        "first_chunk": read_chunk(str(row.dir), manifest, 0),
+    }
+
+    def corrupted(index: int) -> bytes:
+        return read_chunk(str(row.dir), manifest, index)[::-1]
+
+    missing = arrive_through_store(result, str(campaign), "row-0000", KEY, 0, row.sha256, corrupted)
+    assert isinstance(missing, Missing)
+    assert missing.reason == "campaign.row.chunk_corrupt"
+    assert missing.host is not None and missing.host.labels == {"cf.host": "host-0"}
+    assert sorted(p.name for p in (campaign / "rows").iterdir()) == ["row-0000.log"]
+    arrived = arrive_through_store(
+        result, str(campaign), "row-0000", KEY, 0, row.sha256,
+        lambda index: read_chunk(str(row.dir), manifest, index),
+    )  # fmt: skip
+    assert not isinstance(arrived, Missing)
+    assert arrived.record.row_key == KEY and arrived.record.how == "object-store"
+    assert arrived.record.journal_head == manifest.journal_head
+    assert arrived.record.files_sha256 == files_digest(manifest.files)
+    assert arrived.record.row_dir == "rows/row-0000"

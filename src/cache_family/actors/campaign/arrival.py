@@ -5,17 +5,32 @@ the row is missing."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from cache_family.actors.campaign.audit import arrived_rows
+from cache_family.actors.campaign.journal import CampaignJournal
 from cache_family.actors.campaign.merge import Missing, ShardRead, read_shard, recorded_dir
+from cache_family.actors.campaign.placement import brief_key
+from cache_family.actors.campaign.resume import ResumePlan
 from cache_family.actors.campaign.row_return import ROW_MAX_BYTES, receive_row, row_files
 from cache_family.actors.campaign.row_task import LOG_TAIL_BYTES
 from cache_family.errors import Refused
-from cache_family.schemas.campaign import RowArrived, files_digest
+from cache_family.schemas.campaign import (
+    CampaignOpened,
+    CampaignResumed,
+    RowArrived,
+    files_digest,
+)
 from cache_family.schemas.host_identity import HostIdentity
-from cache_family.schemas.journal import JOURNAL_FILENAME, BoundFile, JournalSealed, read_journal
+from cache_family.schemas.journal import (
+    JOURNAL_FILENAME,
+    BoundFile,
+    JournalSealed,
+    PlannedRowBrief,
+    read_journal,
+)
 from cache_family.system.publish import replace_atomically
 
 ROWS_DIR: Final = "rows"
@@ -27,6 +42,8 @@ SHARED_OUTPUT: Final = "shared-output"
 ROW_RETURNS: Final = (OBJECT_STORE, SHARED_OUTPUT)
 ROW_UNSEALED: Final = "row.unsealed"
 ROW_UNVERIFIED: Final = "campaign.row.unverified"
+# How a resume journals the rows it keeps.
+KEPT: Final = "kept"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,3 +152,39 @@ def arrive_in_place(
         return Missing(ROW_UNVERIFIED, refusal.message[:2000], host)
     _, files = row_files(row_dir)
     return Arrived(shard, arrival_record(campaign, shard, index, key, files, how, host))
+
+
+def resume_journal(
+    campaign: str,
+    resumed: ResumePlan,
+    fresh: CampaignOpened,
+    plan: Sequence[PlannedRowBrief],
+    continued: bool,
+) -> tuple[CampaignJournal, dict[str, ShardRead]]:
+    """The campaign journal a resume goes on with (the unsealed one its driver left, or a
+    fresh one beside the sealed one moved aside), the kept rows journaled as arrived where
+    the journal has no standing arrival of them; and the kept rows, verified."""
+    journal = (
+        CampaignJournal.continued(campaign)
+        if continued
+        else CampaignJournal.create(campaign, fresh)
+    )
+    by_dir = {os.path.join(campaign, ROWS_DIR, f"row-{b.index:04d}"): b for b in plan}
+    kept_keys = tuple(brief_key(by_dir[d]) for d in resumed.kept)
+    journal.append(
+        CampaignResumed(kept=kept_keys, rerun=tuple(brief_key(b) for b in resumed.rerun))
+    )
+    standing = arrived_rows(journal.records)
+    verified: dict[str, ShardRead] = {}
+    for row_dir in resumed.kept:
+        brief = by_dir[row_dir]
+        found = arrive_in_place(
+            campaign, os.path.basename(row_dir), brief_key(brief), brief.index, None, KEPT
+        )
+        if not isinstance(found, Arrived):
+            continue
+        verified[row_dir] = found.shard
+        record = standing.get(brief_key(brief))
+        if record is None or record.journal_head != found.shard.head:
+            journal.append(found.record)
+    return journal, verified

@@ -5,9 +5,13 @@ outright leaves every line it wrote; ``campaign --resume`` continues the same ch
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Sequence
 
+from cache_family import __version__
+from cache_family.actors.campaign.placement import Placement, brief_key
+from cache_family.actors.run.matrix import planned_brief
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.campaign import (
@@ -18,6 +22,7 @@ from cache_family.schemas.campaign import (
     CampaignSealed,
     read_campaign,
 )
+from cache_family.schemas.prepared import PreparedInput
 from cache_family.system.publish import fsync_dir
 
 CAMPAIGN_JOURNAL_READ_LIMIT = 256 * 1024 * 1024
@@ -93,6 +98,26 @@ class CampaignJournal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def opened_record(
+    prepared: PreparedInput, sha256: str, placement: Placement | None
+) -> CampaignOpened:
+    """The ``campaign_opened`` of a campaign the Ray driver starts from a prepared input (the
+    plan a shard's journal would give ``merge``)."""
+    plan = tuple(planned_brief(prepared, row) for row in prepared.rows)
+    return CampaignOpened(
+        campaign_id=f"campaign-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-"
+        f"{secrets.token_hex(4)}",
+        prepared_sha256=sha256,
+        catalog_sha256=prepared.catalog.sha256,
+        tool_version=__version__,
+        plan=plan,
+        plan_keys=tuple(brief_key(b) for b in plan),
+        catalog_synthetic=prepared.catalog.synthetic,
+        placement_path=placement.path if placement else None,
+        placement_sha256=placement.sha256 if placement else None,
+    )
 
 
 def journal_sealed(campaign: str) -> bool | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import signal
 import sys
 import time
@@ -19,7 +18,6 @@ from typing import Any, Final
 import msgspec
 import psutil
 
-from cache_family import __version__
 from cache_family.actors.campaign.arrival import (
     OBJECT_STORE,
     ROW_UNSEALED,
@@ -29,9 +27,13 @@ from cache_family.actors.campaign.arrival import (
     arrive_in_place,
     arrive_through_store,
     host_of,
+    resume_journal,
 )
-from cache_family.actors.campaign.audit import arrived_rows
-from cache_family.actors.campaign.journal import CampaignJournal, journal_sealed
+from cache_family.actors.campaign.journal import (
+    CampaignJournal,
+    journal_sealed,
+    opened_record,
+)
 from cache_family.actors.campaign.local_cluster import (
     LOCAL_CLUSTER_EVIDENCE,
     end_left_cluster,
@@ -61,9 +63,7 @@ from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.campaign import (
     CAMPAIGN_REQUEST,
-    CampaignOpened,
     CampaignRequest,
-    CampaignResumed,
     decode_manifest,
     encode_request,
 )
@@ -79,8 +79,6 @@ CANCEL_SLACK_SECONDS: Final = 30.0
 HOST_LOST: Final = "host.lost"
 CANCELLED: Final = "cancelled"
 TASK_FAILED: Final = "row.task_failed"
-# How a resume journals the rows it keeps.
-KEPT: Final = "kept"
 
 
 @dataclass
@@ -354,60 +352,6 @@ def _signals_as(stop: _Stop) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _opened(
-    prepared: PreparedInput, sha256: str, placement: LoadedPlacement | None
-) -> CampaignOpened:
-    plan = tuple(planned_brief(prepared, row) for row in prepared.rows)
-    return CampaignOpened(
-        campaign_id=f"campaign-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-"
-        f"{secrets.token_hex(4)}",
-        prepared_sha256=sha256,
-        catalog_sha256=prepared.catalog.sha256,
-        tool_version=__version__,
-        plan=plan,
-        plan_keys=tuple(brief_key(b) for b in plan),
-        catalog_synthetic=prepared.catalog.synthetic,
-        placement_path=placement.pin.path if placement else None,
-        placement_sha256=placement.pin.sha256 if placement else None,
-    )
-
-
-def _resume_journal(
-    campaign: str,
-    resumed: ResumePlan,
-    fresh: CampaignOpened,
-    plan: Sequence[PlannedRowBrief],
-    continued: bool,
-) -> tuple[CampaignJournal, dict[str, ShardRead]]:
-    """The campaign journal a resume goes on with (the unsealed one its driver left, or a
-    fresh one beside the sealed one moved aside), with the kept rows journaled as arrived
-    where the journal does not already hold them."""
-    journal = (
-        CampaignJournal.continued(campaign)
-        if continued
-        else CampaignJournal.create(campaign, fresh)
-    )
-    by_dir = {os.path.join(campaign, ROWS_DIR, f"row-{b.index:04d}"): b for b in plan}
-    kept_keys = tuple(brief_key(by_dir[d]) for d in resumed.kept)
-    journal.append(
-        CampaignResumed(kept=kept_keys, rerun=tuple(brief_key(b) for b in resumed.rerun))
-    )
-    standing = arrived_rows(journal.records)
-    verified: dict[str, ShardRead] = {}
-    for row_dir in resumed.kept:
-        brief = by_dir[row_dir]
-        found = arrive_in_place(
-            campaign, os.path.basename(row_dir), brief_key(brief), brief.index, None, KEPT
-        )
-        if not isinstance(found, Arrived):
-            continue
-        verified[row_dir] = found.shard
-        record = standing.get(brief_key(brief))
-        if record is None or record.journal_head != found.shard.head:
-            journal.append(found.record)
-    return journal, verified
-
-
 def run_campaign(
     input_path: str | None,
     output: str,
@@ -462,7 +406,7 @@ def run_campaign(
         request = msgspec.structs.replace(
             request, placement_path=placement.pin.path, placement_sha256=placement.pin.sha256
         )
-    fresh = _opened(prepared, request.input_sha256, placement)
+    fresh = opened_record(prepared, request.input_sha256, placement.pin if placement else None)
     stop = _Stop()
     lines: list[str] = []
     if left:
@@ -478,7 +422,7 @@ def run_campaign(
             journal = CampaignJournal.create(campaign, fresh)
         else:
             move_aside(resumed.moves)
-            journal, verified = _resume_journal(campaign, resumed, fresh, plan, continued)
+            journal, verified = resume_journal(campaign, resumed, fresh, plan, continued)
             lines.append(
                 f"resume: {len(resumed.kept)} row(s) kept, {len(resumed.rerun)} to run again"
             )
