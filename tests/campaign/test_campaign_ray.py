@@ -135,6 +135,7 @@ def nothing_left(evidence: dict[str, Any]) -> list[int]:
     }
     left = [p.pid for p in processes_in(namespaces, float(evidence["started_at"]))]
     assert not Path(evidence["work_root"]).exists()
+    assert not Path(evidence["session_link"]).parent.exists()
     return left
 
 

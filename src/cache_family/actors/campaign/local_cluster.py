@@ -350,6 +350,7 @@ class LocalCluster:
             "subnet": f"{SUBNET}.0/24",
             "started_at": self.started_at,
             "work_root": self.work_root,
+            "session_link": self.link,
             "head": {"address": HEAD_ADDRESS, "port": HEAD_PORT, **namespace_report("self")},
             "nodes": [
                 {
@@ -390,9 +391,7 @@ class LocalCluster:
         self.parent = None
         shutil.rmtree(self.work_root, ignore_errors=True)
         if self.link:
-            with contextlib.suppress(OSError):
-                os.unlink(self.link)
-                os.rmdir(os.path.dirname(self.link))
+            _remove_link(self.link)
         return ended
 
 
@@ -416,7 +415,16 @@ def end_left_cluster(evidence_path: str) -> int:
     work_root = evidence.get("work_root")
     if isinstance(work_root, str) and os.path.basename(work_root).startswith("cf-hosts-"):
         shutil.rmtree(work_root, ignore_errors=True)
+    link = evidence.get("session_link")
+    if isinstance(link, str) and os.path.basename(os.path.dirname(link)).startswith("cf-ray-"):
+        _remove_link(link)
     return ended
+
+
+def _remove_link(link: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(link)
+        os.rmdir(os.path.dirname(link))
 
 
 @contextlib.contextmanager
