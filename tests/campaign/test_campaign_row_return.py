@@ -147,6 +147,12 @@ def test_a_manifest_that_climbs_out_or_does_not_add_up_is_malformed(row: Row) ->
     assert refused_code(lambda: check_manifest(encode_manifest(short), KEY)) == (
         "campaign.row.malformed"
     )
+    huge = msgspec.structs.replace(
+        honest, chunk_bytes=1 << 30, chunk_sha256s=honest.chunk_sha256s[:1]
+    )
+    assert refused_code(lambda: check_manifest(encode_manifest(huge), KEY)) == (
+        "campaign.row.malformed"
+    )
     assert refused_code(lambda: check_manifest(b'{"schema_version": 1}', KEY)) == (
         "campaign.row.malformed"
     )

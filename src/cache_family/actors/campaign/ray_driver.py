@@ -389,6 +389,8 @@ def run_campaign(
         plan = [planned_brief(prepared, row) for row in prepared.rows]
         # A journal its driver left unsealed goes on; a sealed one moves aside.
         continued = journal_sealed(campaign) is False
+        if continued:  # its chain is checked before anything moves
+            CampaignJournal.continued(campaign).close()
         resumed = plan_resume(
             campaign, plan, os.path.join(campaign, ROWS_DIR), request, keep_journal=continued
         )

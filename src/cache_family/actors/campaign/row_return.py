@@ -38,6 +38,8 @@ from cache_family.schemas.matrix import MATRIX_FILENAME
 from cache_family.system.publish import fsync_dir, publish_fresh
 
 DEFAULT_CHUNK_BYTES: Final = 8 * MIB
+# The largest chunk a node may name (the driver holds one chunk in memory at a time).
+MAX_CHUNK_BYTES: Final = 64 * MIB
 # A row larger than this is refused on its node and by the driver (the driver's disk and
 # the object store are bounded too).
 ROW_MAX_BYTES: Final = 4096 * MIB
@@ -209,6 +211,8 @@ def check_manifest(data: bytes, row_key: str, max_bytes: int = ROW_MAX_BYTES) ->
         problems.append("its sizes do not add up")
     if chunks != len(manifest.chunk_sha256s):
         problems.append("its chunk count does not match its size")
+    if manifest.chunk_bytes > MAX_CHUNK_BYTES:
+        problems.append(f"its chunks are larger than {MAX_CHUNK_BYTES} bytes")
     if problems:
         raise _refused(
             "campaign.row.malformed",
