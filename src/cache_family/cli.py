@@ -323,6 +323,7 @@ def _cmd_campaign(args: argparse.Namespace) -> int:
             args.placement,
             args.hosts,
             resume=args.resume is not None,
+            row_return=args.row_return,
         )
     except Refused as refused:
         _print_refusals(refused)
@@ -742,7 +743,8 @@ def build_parser() -> argparse.ArgumentParser:
         action=_Once,
         type=_dir_path("--output"),
         metavar="ABS_FRESH_DIR",
-        help="the campaign directory; every node must see it (a shared file system)",
+        help="the campaign directory (on the driver's host; the nodes need not see it "
+        "unless --row-return shared-output)",
     )
     campaign.add_argument(
         "--ray",
@@ -764,6 +766,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="with --ray local: the number of nodes, labelled cf.host=host-0..host-N-1",
+    )
+    campaign.add_argument(
+        "--row-return",
+        choices=("object-store", "shared-output"),
+        default="object-store",
+        help="how each row's sealed run comes back: through Ray's object store (default; "
+        "the nodes share no directory with the driver) or written by its node into the "
+        "campaign directory, which every node must then see",
     )
     campaign.set_defaults(func=_cmd_campaign, parser=campaign)
 

@@ -17,35 +17,37 @@ from cache_family.actors.campaign import ray_driver
 from cache_family.actors.campaign.merge import MergeOutcome
 from cache_family.exit_codes import ExitCode
 
-# A real `campaign --ray local` in its own process (it enters a network namespace) whose Ray
-# cluster is a FAKE: the operator's Ctrl-C reaches the process while the head starts. The
-# FAKE records what the campaign asked of Ray afterwards; the row driver is a FAKE too, so a
-# row submitted at all is seen.
+# A real `campaign --ray local` in its own process (it enters a network namespace) whose
+# commands that start the head and the test hosts are FAKEs: the operator's Ctrl-C reaches
+# the process while the head starts. The FAKEs record what the campaign asked afterwards;
+# the row driver is a FAKE too, so a row submitted at all is seen.
 SIGINT_WHILE_THE_HEAD_STARTS = """
 import json, os, signal, sys
-import ray.cluster_utils
-from cache_family.actors.campaign import ray_driver
+from cache_family.actors.campaign import local_cluster, ray_driver
 
 asked = []
 
-class FakeClusterSignalledAsItsHeadStarts:
-    def __init__(self, **_options):
+def fake_run_signalled_as_the_head_starts(*argv, env=None):
+    if "--head" in argv:
         asked.append("head")
         os.kill(os.getpid(), signal.SIGINT)
-        self.address = "fake"
-    def add_node(self, **_options):
-        asked.append("node")
-        return object()
-    def wait_for_nodes(self):
-        asked.append("wait")
-    def shutdown(self):
-        asked.append("shutdown")
+
+def fake_add_host(self, index):
+    asked.append("node")
+
+real_shutdown = local_cluster.LocalCluster.shutdown
+
+def recorded_shutdown(self):
+    asked.append("shutdown")
+    return real_shutdown(self)
 
 def fake_drive(*_args, **_options):
     asked.append("rows submitted")
-    return [], {}
+    return {}, {}
 
-ray.cluster_utils.Cluster = FakeClusterSignalledAsItsHeadStarts
+local_cluster._run = fake_run_signalled_as_the_head_starts
+local_cluster.LocalCluster._add_host = fake_add_host
+local_cluster.LocalCluster.shutdown = recorded_shutdown
 ray_driver.drive = fake_drive
 code, lines = ray_driver.campaign_main(sys.argv[1], sys.argv[2], "local", None, 2)
 print(json.dumps({"code": code, "asked": asked, "lines": lines}))

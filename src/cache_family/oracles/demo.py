@@ -385,7 +385,8 @@ def campaign_steps(
     output: str, hosts: int
 ) -> tuple[tuple[bench_sequence.Step, ...], tuple[str, ...]]:
     """``--hosts N``: the full-GGUF rows again as a campaign on a local Ray cluster of N
-    labelled nodes (loopback only), merged, then the campaign's replay."""
+    labelled, separated test hosts (rows back through the object store), merged, then the
+    campaign's replay."""
     runner = bench_sequence.default_runner()
     prepared = os.path.join(output, "full-input", bench_sequence.PREPARED_JSON)
     campaign = os.path.join(output, "campaign")
@@ -544,7 +545,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=range(1, 9),
         metavar="N",
         help="also run the full-GGUF rows as a campaign on a local Ray cluster of N labelled "
-        "nodes (loopback only; needs root), merge it and replay it",
+        "test hosts, each in its own network namespace with its own work directory (no "
+        "shared directory, no route out; needs root), merge it and replay it",
     )
     parser.set_defaults(plan=DEFAULT_PLAN)
     return parser

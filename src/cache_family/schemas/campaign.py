@@ -60,6 +60,29 @@ class RowUnmeasured(_CampaignRecord, tag="row_unmeasured", frozen=True, kw_only=
     host: HostIdentity | None = None
 
 
+class RowArrived(_CampaignRecord, tag="row_arrived", frozen=True, kw_only=True):
+    """A row's sealed run, verified (replayed, its head and every file's SHA-256) and placed
+    under the campaign's ``rows/``, journaled (and fsynced) as it arrives."""
+
+    row_index: int
+    row_key: str
+    row_dir: str  # relative to the campaign directory
+    journal_head: str
+    # SHA-256 of the row's file list (``files_digest``), and its count and bytes.
+    files_sha256: str
+    files: int
+    size: int
+    how: str  # object-store | shared | kept (found sealed by a resume)
+    host: HostIdentity | None = None
+
+
+class CampaignResumed(_CampaignRecord, tag="campaign_resumed", frozen=True, kw_only=True):
+    """``campaign --resume`` continued this journal (its driver had stopped before the seal)."""
+
+    kept: tuple[str, ...]
+    rerun: tuple[str, ...]
+
+
 class CampaignReceipt(_CampaignRecord, tag="campaign_receipt", frozen=True, kw_only=True):
     path: str  # relative to the campaign directory
     sha256: str
@@ -83,6 +106,8 @@ CampaignRecord: TypeAlias = (
     | ShardMerged
     | RowUnmeasured
     | CampaignReceipt
+    | RowArrived
+    | CampaignResumed
     | CampaignFilesBound
     | CampaignSealed
 )
@@ -172,6 +197,33 @@ def read_campaign(data: bytes) -> CampaignRead:
             ),
         )
     return CampaignRead(tuple(lines), tuple(shas), None)
+
+
+def files_digest(files: tuple[BoundFile, ...]) -> str:
+    """The SHA-256 of a row's file list (path, SHA-256 and size of each, in order)."""
+    return hashlib.sha256(_ENCODER.encode(files)).hexdigest()
+
+
+class RowManifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a node says of the sealed row it returns through the object store: its files
+    (the journal, the matrix and every file its ``run_files`` record binds) as one byte
+    stream in this order, cut into chunks of ``chunk_bytes`` (the last one shorter)."""
+
+    schema_version: int = 1
+    row_key: str
+    journal_head: str
+    files: tuple[BoundFile, ...]
+    total_bytes: int
+    chunk_bytes: int
+    chunk_sha256s: tuple[str, ...]
+
+
+def encode_manifest(manifest: RowManifest) -> bytes:
+    return _ENCODER.encode(manifest)
+
+
+def decode_manifest(data: bytes) -> RowManifest:
+    return msgspec.json.decode(data, type=RowManifest)
 
 
 CAMPAIGN_REQUEST: Final = "campaign-request.json"

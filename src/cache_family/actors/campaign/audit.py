@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cache_family.actors.campaign.files import check_campaign_files
@@ -22,7 +23,9 @@ from cache_family.schemas.campaign import (
     CampaignOpened,
     CampaignReceipt,
     CampaignRecord,
+    CampaignResumed,
     CampaignSealed,
+    RowArrived,
     RowUnmeasured,
     ShardMerged,
     read_campaign,
@@ -36,6 +39,8 @@ class CampaignReplay:
     lines: list[str] = field(default_factory=list)
     differs: bool = False
     unreadable: bool = False
+    # The journal is not sealed (its driver stopped): rows are missing, none differs.
+    incomplete: bool = False
 
     def say(self, text: str) -> None:
         self.lines.append(text)
@@ -48,7 +53,9 @@ class CampaignReplay:
     def exit_code(self) -> int:
         if self.unreadable:
             return ExitCode.UNREADABLE
-        return ExitCode.DIFFERS if self.differs else ExitCode.IDENTICAL
+        if self.differs:
+            return ExitCode.DIFFERS
+        return ExitCode.NOT_COMPLETED if self.incomplete else ExitCode.IDENTICAL
 
 
 def replay_campaign(campaign_dir: str, *, expect_head: str | None = None) -> CampaignReplay:
@@ -72,6 +79,9 @@ def replay_campaign(campaign_dir: str, *, expect_head: str | None = None) -> Cam
     records = [line.record for line in read.lines]
     opened = records[0] if records and isinstance(records[0], CampaignOpened) else None
     sealed = records[-1] if records and isinstance(records[-1], CampaignSealed) else None
+    torn = read.problem is not None and read.problem.code == "campaign.journal.torn"
+    if opened is not None and sealed is None and (read.problem is None or torn):
+        return _unsealed(report, root, opened, records, len(read.lines))
     if opened is None or sealed is None:
         report.differ("campaign journal: it does not start with campaign_opened and end sealed")
         return _verdict(report)
@@ -155,7 +165,59 @@ def _check_files(
         report.say(f"campaign files: {len(bound.files)} bound, every one as bound and no other")
 
 
+def arrived_rows(records: Sequence[CampaignRecord]) -> dict[str, RowArrived]:
+    """Each row's arrival still standing: a resume that runs a row again voids its earlier
+    arrival (that try was moved aside)."""
+    arrived: dict[str, RowArrived] = {}
+    for record in records:
+        if isinstance(record, RowArrived):
+            arrived[record.row_key] = record
+        elif isinstance(record, CampaignResumed):
+            for key in record.rerun:
+                arrived.pop(key, None)
+    return arrived
+
+
+def _unsealed(
+    report: CampaignReplay,
+    root: str,
+    opened: CampaignOpened,
+    records: Sequence[CampaignRecord],
+    lines: int,
+) -> CampaignReplay:
+    """A journal its driver left before the merge: the rows that arrived must still replay
+    as they arrived; the others are named missing."""
+    report.say(
+        f"campaign journal: {lines} lines, hash chain intact, not sealed: the campaign's driver "
+        "stopped before its merge (`campaign --resume` continues it)"
+    )
+    arrived = arrived_rows(records)
+    for key, record in arrived.items():
+        try:
+            shard = read_shard(resolve_dir(root, record.row_dir))
+        except Refused as refused:
+            for refusal in refused.refusals:
+                report.differ(f"row {key}: refused: {refusal.line()}")
+            continue
+        if shard.head != record.journal_head:
+            report.differ(
+                f"row {key}: journal head {shard.head}, it arrived with {record.journal_head}"
+            )
+        else:
+            report.say(f"row {key}: identical, head {shard.head}")
+    missing = [key for key in opened.plan_keys if key not in arrived]
+    report.incomplete = True
+    report.say(
+        f"campaign incomplete: {len(arrived)} of {len(opened.plan_keys)} row(s) arrived; "
+        f"missing: {', '.join(missing) or 'none'}"
+    )
+    return _verdict(report)
+
+
 def _verdict(report: CampaignReplay) -> CampaignReplay:
+    if report.incomplete and not report.differs:
+        report.say("replay: campaign incomplete")
+        return report
     verdict = {0: "identical", 1: "DIFFERS", 2: "UNREADABLE"}[report.exit_code]
     report.say(f"replay: campaign {verdict}")
     return report

@@ -15,6 +15,7 @@ import msgspec
 from cache_family import __version__
 from cache_family.actors.audit.replay import replay
 from cache_family.actors.campaign.files import bind_campaign_files
+from cache_family.actors.campaign.journal import CampaignJournal
 from cache_family.actors.campaign.placement import brief_key, load_placement
 from cache_family.actors.journal.writer import JOURNAL_READ_LIMIT
 from cache_family.errors import Refusal, Refused
@@ -394,11 +395,15 @@ def merge_campaign(
     placement_file: str | None = None,
     missing: Mapping[str, Missing] | None = None,
     before_binding: Callable[[], None] | None = None,
+    journal: CampaignJournal | None = None,
+    verified: Mapping[str, ShardRead] | None = None,
 ) -> MergeOutcome:
     """Verify the shards, then publish the campaign journal and files into the fresh
     ``campaign_dir`` (which may already hold the shards, as the Ray driver's does).
     ``before_binding`` writes the caller's own files (the local cluster's evidence) once the
-    shards are verified and folded, before every file of the directory is bound."""
+    shards are verified and folded, before every file of the directory is bound. With
+    ``journal`` (the Ray driver's, opened before its first row), the merge's lines continue
+    it; ``verified``: shards (by directory) the caller has just verified as the merge would."""
     campaign = os.path.abspath(campaign_dir)
     if not shard_dirs:
         raise Refused.one(
@@ -407,7 +412,7 @@ def merge_campaign(
             "no shard directory was given",
             "give the run directories of the campaign's shards",
         )
-    if os.path.lexists(os.path.join(campaign, CAMPAIGN_JOURNAL)):
+    if journal is None and os.path.lexists(os.path.join(campaign, CAMPAIGN_JOURNAL)):
         raise Refused.one(
             "campaign.output_exists",
             "$.output",
@@ -419,7 +424,7 @@ def merge_campaign(
     problems: list[Refusal] = []
     for root in roots:
         try:
-            shards.append(read_shard(root))
+            shards.append((verified or {}).get(root) or read_shard(root))
         except Refused as refused:
             problems.extend(refused.refusals)
     if problems:
@@ -429,19 +434,37 @@ def merge_campaign(
     first = shards[0]
     plan = first.plan
     placement = load_placement(placement_file, plan).pin if placement_file else None
-    opened = CampaignOpened(
-        campaign_id=f"campaign-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-"
-        f"{secrets.token_hex(4)}",
-        prepared_sha256=first.started.request_sha256,
-        catalog_sha256=first.started.catalog_sha256,
-        tool_version=__version__,
-        plan=plan,
-        plan_keys=tuple(brief_key(b) for b in plan),
-        catalog_synthetic=first.started.catalog_synthetic,
-        placement_path=placement.path if placement else None,
-        placement_sha256=placement.sha256 if placement else None,
+    opened = (
+        journal.opened
+        if journal is not None
+        else CampaignOpened(
+            campaign_id=f"campaign-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-"
+            f"{secrets.token_hex(4)}",
+            prepared_sha256=first.started.request_sha256,
+            catalog_sha256=first.started.catalog_sha256,
+            tool_version=__version__,
+            plan=plan,
+            plan_keys=tuple(brief_key(b) for b in plan),
+            catalog_synthetic=first.started.catalog_synthetic,
+            placement_path=placement.path if placement else None,
+            placement_sha256=placement.sha256 if placement else None,
+        )
     )
-    records: list[CampaignRecord] = [opened]
+    if opened.prepared_sha256 != first.started.request_sha256:
+        raise Refused(
+            (
+                _shard_refusal(
+                    "campaign.shard.other_input",
+                    first.root,
+                    f"{first.root} ran a prepared input with sha256 "
+                    f"{first.started.request_sha256}, not the campaign's {opened.prepared_sha256}",
+                    "merge only the rows of the campaign's prepared input",
+                ),
+            )
+        )
+    records: list[CampaignRecord] = [] if journal is not None else [opened]
+    # Lines the journal already holds (opened, the rows' arrivals) come before the merge's.
+    before = journal.chain.next_seq - 1 if journal is not None else 0
     merged: list[tuple[ShardMerged, ShardRead]] = []
     ran: set[int] = set()
     for shard in shards:
@@ -480,7 +503,7 @@ def merge_campaign(
             )
         )
     unmeasured = [r for r in records if isinstance(r, RowUnmeasured)]
-    folded = fold_campaign(opened, merged, unmeasured, through_seq=len(records))
+    folded = fold_campaign(opened, merged, unmeasured, through_seq=before + len(records))
     for name, data in folded.files.items():
         records.append(CampaignReceipt(path=name, sha256=sha256_of(data)))
 
@@ -493,6 +516,15 @@ def merge_campaign(
         publish_fresh(os.path.join(campaign, name), data)
     # Bound after every file is written (the merged ones are bound by their receipts).
     records.append(CampaignFilesBound(files=bind_campaign_files(campaign, folded.files, roots)))
+    if journal is not None:
+        journal.append(*records)
+        head = journal.seal(folded.matrix.status)
+        return MergeOutcome(
+            status=folded.matrix.status,
+            campaign_dir=campaign,
+            matrix_path=os.path.join(campaign, MATRIX_FILENAME),
+            head=head,
+        )
     chain = CampaignChain()
     lines = [
         chain.encode(record, mono_ns=time.monotonic_ns(), wall_ns=time.time_ns())

@@ -18,13 +18,29 @@ from typing import Any, Final
 import msgspec
 import psutil
 
-from cache_family.actors.campaign.local_cluster import (
-    enter_loopback_namespace,
-    interfaces,
-    local_cluster,
-    tcp_endpoints,
+from cache_family.actors.campaign.arrival import (
+    OBJECT_STORE,
+    ROW_UNSEALED,
+    ROWS_DIR,
+    SHARED_OUTPUT,
+    Arrived,
+    arrive_in_place,
+    arrive_through_store,
+    host_of,
+    resume_journal,
 )
-from cache_family.actors.campaign.merge import MergeOutcome, Missing, merge_campaign
+from cache_family.actors.campaign.journal import (
+    CampaignJournal,
+    journal_sealed,
+    opened_record,
+)
+from cache_family.actors.campaign.local_cluster import (
+    LOCAL_CLUSTER_EVIDENCE,
+    end_left_cluster,
+    enter_loopback_namespace,
+    local_cluster,
+)
+from cache_family.actors.campaign.merge import MergeOutcome, Missing, ShardRead, merge_campaign
 from cache_family.actors.campaign.placement import LoadedPlacement, brief_key, load_placement
 from cache_family.actors.campaign.resume import (
     ResumePlan,
@@ -33,33 +49,36 @@ from cache_family.actors.campaign.resume import (
     plan_resume,
     read_request,
 )
-from cache_family.actors.campaign.row_task import DEFAULT_GRACE_SECONDS, row_argv, run_row
+from cache_family.actors.campaign.row_return import DEFAULT_CHUNK_BYTES, read_chunk
+from cache_family.actors.campaign.row_task import (
+    DEFAULT_GRACE_SECONDS,
+    release_row,
+    row_argv,
+    run_row,
+    run_row_in_work_dir,
+)
 from cache_family.actors.run.matrix import admit_run, planned_brief
 from cache_family.errors import Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
-from cache_family.schemas.campaign import CAMPAIGN_REQUEST, CampaignRequest, encode_request
-from cache_family.schemas.host_identity import HostIdentity
-from cache_family.schemas.journal import (
-    JOURNAL_FILENAME,
-    JournalSealed,
-    PlannedRowBrief,
-    read_journal,
+from cache_family.schemas.campaign import (
+    CAMPAIGN_REQUEST,
+    CampaignRequest,
+    decode_manifest,
+    encode_request,
 )
+from cache_family.schemas.journal import PlannedRowBrief
 from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
 from cache_family.system.host_load import NODE_ID_ENV, NODE_LABELS_ENV
-from cache_family.system.publish import publish_fresh
+from cache_family.system.publish import publish_fresh, replace_atomically
 
-ROWS_DIR: Final = "rows"
 RAY_DIR: Final = "ray"
-LOCAL_CLUSTER_EVIDENCE: Final = "local-cluster.json"
 POLL_SECONDS: Final = 0.2
 # After a cancel: how long the tasks get to end their rows before they are killed.
 CANCEL_SLACK_SECONDS: Final = 30.0
 HOST_LOST: Final = "host.lost"
 CANCELLED: Final = "cancelled"
 TASK_FAILED: Final = "row.task_failed"
-ROW_UNSEALED: Final = "row.unsealed"
 
 
 @dataclass
@@ -84,9 +103,10 @@ class CampaignResult:
 
 
 def _on_node(
-    argv: Sequence[str], log_path: str, grace_seconds: float
+    spec: dict[str, str], chunk_bytes: int, input_data: bytes | None, grace_seconds: float
 ) -> dict[str, object]:  # pragma: no cover - runs in a Ray worker
-    """The Ray task: name the node to the row through its environment, then run the row."""
+    """The Ray task: name the node to the row through its environment, then run the row
+    (into the shared --output, or in the node's own work directory for the object store)."""
     import ray
 
     context = ray.get_runtime_context()
@@ -99,21 +119,17 @@ def _on_node(
         NODE_ID_ENV: node_id,
         NODE_LABELS_ENV: ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
     }
-    return run_row(argv, environ, log_path, grace_seconds, node={"node_id": node_id,
-                                                               "labels": labels})  # fmt: skip
+    node = {"node_id": node_id, "labels": labels}
+    if input_data is None:
+        argv = row_argv(spec["input_path"], spec["row_dir"], spec["key"])
+        return run_row(argv, environ, spec["log"], grace_seconds, node=node)
+    return run_row_in_work_dir(spec, chunk_bytes, input_data, environ, grace_seconds, node)
 
 
-def sealed(run_dir: str) -> bool:
-    try:
-        with open(os.path.join(run_dir, JOURNAL_FILENAME), "rb") as journal:
-            read = read_journal(journal.read())
-    except OSError:
-        return False
-    return (
-        read.chain_break is None
-        and bool(read.lines)
-        and isinstance(read.lines[-1].record, JournalSealed)
-    )
+def _chunk_on_node(
+    node_row_dir: str, manifest: bytes, index: int
+) -> bytes:  # pragma: no cover - runs in a Ray worker
+    return read_chunk(node_row_dir, decode_manifest(manifest), index)
 
 
 def _task_options(rule_placement: LoadedPlacement | None, key: str, local: bool) -> dict[str, Any]:
@@ -130,49 +146,93 @@ def _task_options(rule_placement: LoadedPlacement | None, key: str, local: bool)
     return options
 
 
+@dataclass(frozen=True, slots=True)
+class RowsOut:
+    """How the driver sends rows out and takes them back."""
+
+    campaign_id: str
+    input_path: str
+    input_sha256: str
+    row_return: str = OBJECT_STORE
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+
 def drive(
     address: str,
-    input_path: str,
     campaign: str,
     plan: Sequence[PlannedRowBrief],
     placement: LoadedPlacement | None,
     stop: _Stop,
+    out: RowsOut,
+    journal: CampaignJournal,
     *,
     local: bool,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     on_submitted: Any = None,
-) -> tuple[list[str], dict[str, Missing]]:
-    """Submit one task per row, wait for all of them (cancelling them all on a signal);
-    the sealed row directories and the rows without one."""
+    node_ip_address: str | None = None,
+) -> tuple[dict[str, ShardRead], dict[str, Missing]]:
+    """Submit one task per row, wait for all of them (cancelling them all on a signal),
+    journal each row as it arrives verified; the arrived rows (by directory) and the rows
+    without one."""
     import ray
     from ray.exceptions import RayError, RayTaskError, TaskCancelledError
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    ray.init(
+        address=address, log_to_driver=False, logging_level="ERROR",
+        _node_ip_address=node_ip_address,
+    )  # fmt: skip
     # Ray puts handlers of its own in place (SIGTERM ends the driver at once): the
     # campaign's come back, so a signal cancels the tasks instead.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, stop.handler)
     try:
         task = ray.remote(_on_node)
+        chunk_task = ray.remote(_chunk_on_node)
+        release_task = ray.remote(release_row)
         rows_dir = os.path.join(campaign, ROWS_DIR)
-        refs: dict[Any, tuple[str, str]] = {}
+        through_store = out.row_return == OBJECT_STORE
+        input_ref = None
+        if through_store:
+            input_ref = ray.put(read_bounded(out.input_path, PREPARED_INPUT_MAX_BYTES,
+                                             what="prepared input").data)  # fmt: skip
+        refs: dict[Any, tuple[str, str, int]] = {}
         selectors: dict[Any, dict[str, str]] = {}
         stranded: set[Any] = set()  # cancelled: no alive node has their labels any more
         for brief in plan:
             key = brief_key(brief)
-            row_dir = os.path.join(rows_dir, f"row-{brief.index:04d}")
-            argv = row_argv(input_path, row_dir, key)
-            log = os.path.join(rows_dir, f"row-{brief.index:04d}.log")
+            name = f"row-{brief.index:04d}"
+            spec = {
+                "key": key,
+                "name": name,
+                "campaign_id": out.campaign_id,
+                "input_sha256": out.input_sha256,
+                "input_path": out.input_path,
+                "row_dir": os.path.join(rows_dir, name),
+                "log": os.path.join(rows_dir, f"{name}.log"),
+            }
             options = _task_options(placement, key, local)
-            ref = task.options(**options).remote(argv, log, grace_seconds)
-            refs[ref] = (key, row_dir)
+            ref = task.options(**options).remote(spec, out.chunk_bytes, input_ref, grace_seconds)
+            refs[ref] = (key, name, brief.index)
             selectors[ref] = options.get("label_selector", {})
         if on_submitted is not None:
             on_submitted()
-        shards: list[str] = []
+        shards: dict[str, ShardRead] = {}
         missing: dict[str, Missing] = {}
         pending = list(refs)
         cancel_deadline: float | None = None
+
+        def fetcher(result: dict[str, object]) -> Any:
+            pinned = NodeAffinitySchedulingStrategy(node_id=result["node_id"], soft=False)
+
+            def fetch(index: int) -> bytes:
+                ref = chunk_task.options(
+                    num_cpus=0, max_retries=0, scheduling_strategy=pinned
+                ).remote(result["node_row_dir"], result["manifest"], index)
+                return bytes(ray.get(ref))
+
+            return fetch
+
         while pending:
             if stop.signal_name is not None and cancel_deadline is None:
                 for ref in pending:
@@ -185,32 +245,65 @@ def drive(
             done, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
             lost = False
             for ref in done:
-                key, row_dir = refs[ref]
+                key, name, index = refs[ref]
+                result: dict[str, object] | None = None
+                why = Missing(ROW_UNSEALED)
                 try:
                     result = ray.get(ref)
                 except TaskCancelledError:
                     if ref in stranded:
-                        reason, detail, host = HOST_LOST, "no alive node has its labels", None
+                        why = Missing(HOST_LOST, "no alive node has its labels")
                     else:
-                        reason, detail, host = CANCELLED, "cancelled before its row sealed", None
+                        why = Missing(CANCELLED, "cancelled before its row sealed")
                 except RayTaskError as exc:
-                    reason, detail, host = TASK_FAILED, str(exc)[:2000], None
+                    why = Missing(TASK_FAILED, str(exc)[:2000])
                 except RayError as exc:
-                    reason, detail, host = HOST_LOST, f"{type(exc).__name__}", None
+                    why = Missing(HOST_LOST, f"{type(exc).__name__}")
                     lost = True
+                arrived: Arrived | Missing | None = None
+                if not through_store:
+                    host = host_of(result) if result is not None else None
+                    arrived = arrive_in_place(campaign, name, key, index, host, SHARED_OUTPUT)
+                    if result is not None and arrived is None:
+                        why = Missing(ROW_UNSEALED, f"the row's run exited "
+                                      f"{result.get('returncode')}", host)  # fmt: skip
+                elif result is not None:
+                    try:
+                        arrived = arrive_through_store(
+                            result, campaign, name, key, index, out.input_sha256,
+                            fetcher(result),
+                        )  # fmt: skip
+                    except RayError as exc:
+                        arrived = Missing(HOST_LOST, f"{type(exc).__name__} while its chunks "
+                                          "were fetched", host_of(result))  # fmt: skip
+                        lost = True
+                    finally:
+                        if isinstance(result.get("chunks"), int) and int(result["chunks"]) > 1:  # type: ignore[call-overload]
+                            _release(ray, release_task, result)
+                if isinstance(arrived, Arrived):
+                    journal.append(arrived.record)
+                    shards[arrived.shard.root] = arrived.shard
+                    print(f"row arrived: {key} ({arrived.record.how}, {arrived.record.files} "
+                          f"files, {arrived.record.size} bytes)", flush=True)  # fmt: skip
                 else:
-                    reason = ROW_UNSEALED
-                    detail = f"the row's run exited {result.get('returncode')}"
-                    host = _host_of(result)
-                if sealed(row_dir):
-                    shards.append(row_dir)
-                else:
-                    missing[key] = Missing(reason, detail, host)
+                    missing[key] = arrived if isinstance(arrived, Missing) else why
             if lost:
                 stranded |= _strand(ray, pending, selectors)
         return shards, missing
     finally:
         ray.shutdown()
+
+
+def _release(ray: Any, release_task: Any, result: Mapping[str, object]) -> None:
+    """Remove the row the node kept for its chunks (best effort: a lost node keeps it)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    pinned = NodeAffinitySchedulingStrategy(node_id=result["node_id"], soft=False)
+    with contextlib.suppress(Exception):
+        ref = release_task.options(num_cpus=0, max_retries=0, scheduling_strategy=pinned).remote(
+            result["node_row_dir"]
+        )
+        ray.get(ref, timeout=30)
 
 
 def _strand(ray: Any, pending: Sequence[Any], selectors: Mapping[Any, dict[str, str]]) -> set[Any]:
@@ -228,26 +321,15 @@ def _strand(ray: Any, pending: Sequence[Any], selectors: Mapping[Any, dict[str, 
     return stranded
 
 
-def _host_of(result: Mapping[str, object]) -> HostIdentity | None:
-    hostname = result.get("hostname")
-    if not isinstance(hostname, str):
-        return None
-    labels = result.get("labels")
-    node_id = result.get("node_id")
-    return HostIdentity(
-        hostname=hostname,
-        node_id=node_id if isinstance(node_id, str) else None,
-        labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
-    )
-
-
-def end_row_processes(rows_dir: str, grace_seconds: float) -> list[int]:
+def end_row_processes(markers: Sequence[str], grace_seconds: float) -> list[int]:
     """End every process still running a row of this campaign (a lost node's orphans on a
-    local cluster): SIGTERM, the grace, SIGKILL. The pids it ended."""
+    local cluster; their command lines name the campaign's rows or its node work
+    directories): SIGTERM, the grace, SIGKILL. The pids it ended."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if any(rows_dir in part for part in process.info["cmdline"] or ()):
+            cmdline = process.info["cmdline"] or ()
+            if any(marker in part for part in cmdline for marker in markers):
                 found.append(process)
     for process in found:
         with contextlib.suppress(psutil.Error):
@@ -279,6 +361,8 @@ def run_campaign(
     hosts: int = 1,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     resume: bool = False,
+    row_return: str = OBJECT_STORE,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> CampaignResult:
     """Admit, drive, merge; raises ``Refused`` before anything is written. With ``resume``,
     ``output`` is an earlier campaign: only its rows without a finished run run again."""
@@ -291,22 +375,32 @@ def run_campaign(
             "drop --hosts, or use --ray local",
         )
     resumed: ResumePlan | None = None
+    continued = False
     if resume:
         campaign = os.path.abspath(output)
         request = read_request(campaign)
+        # What the cluster of a driver killed outright left running is ended first.
+        left = end_left_cluster(os.path.join(campaign, LOCAL_CLUSTER_EVIDENCE))
         check_bytes(request.input_path, request.input_sha256, "prepared input")
         check_bytes(request.placement_path, request.placement_sha256, "placement file")
         input_path, placement_file = request.input_path, request.placement_path
         raw = read_bounded(input_path, PREPARED_INPUT_MAX_BYTES, what="prepared input")
         prepared = decode_document(raw.data, PreparedInput, what="prepared input")
         plan = [planned_brief(prepared, row) for row in prepared.rows]
-        resumed = plan_resume(campaign, plan, os.path.join(campaign, ROWS_DIR), request)
+        # A journal its driver left unsealed goes on; a sealed one moves aside.
+        continued = journal_sealed(campaign) is False
+        if continued:  # its chain is checked before anything moves
+            CampaignJournal.continued(campaign).close()
+        resumed = plan_resume(
+            campaign, plan, os.path.join(campaign, ROWS_DIR), request, keep_journal=continued
+        )
         to_run = list(resumed.rerun)
     else:
         assert input_path is not None
+        left = 0
         admitted = admit_run(input_path, output)
-        campaign, input_path = admitted.output, admitted.input_path
-        plan = [planned_brief(admitted.prepared, row) for row in admitted.prepared.rows]
+        campaign, input_path, prepared = admitted.output, admitted.input_path, admitted.prepared
+        plan = [planned_brief(prepared, row) for row in prepared.rows]
         to_run = plan
         request = CampaignRequest(input_path=input_path, input_sha256=admitted.request_sha256)
     placement = load_placement(placement_file, plan) if placement_file else None
@@ -314,44 +408,64 @@ def run_campaign(
         request = msgspec.structs.replace(
             request, placement_path=placement.pin.path, placement_sha256=placement.pin.sha256
         )
+    fresh = opened_record(prepared, request.input_sha256, placement.pin if placement else None)
     stop = _Stop()
     lines: list[str] = []
+    if left:
+        lines.append(f"ended {left} process(es) the stopped driver's local cluster left")
+    verified: dict[str, ShardRead] = {}
+    parent_netns = 0
     with _signals_as(stop):
         if local:
-            enter_loopback_namespace()
+            parent_netns = enter_loopback_namespace()
         if resumed is None:
             os.makedirs(os.path.join(campaign, ROWS_DIR))
             publish_fresh(os.path.join(campaign, CAMPAIGN_REQUEST), encode_request(request))
+            journal = CampaignJournal.create(campaign, fresh)
         else:
             move_aside(resumed.moves)
+            journal, verified = resume_journal(campaign, resumed, fresh, plan, continued)
             lines.append(
                 f"resume: {len(resumed.kept)} row(s) kept, {len(resumed.rerun)} to run again"
             )
+        out = RowsOut(
+            campaign_id=journal.opened.campaign_id,
+            input_path=input_path,
+            input_sha256=request.input_sha256,
+            row_return=row_return,
+            chunk_bytes=chunk_bytes,
+        )
         timings: dict[str, float] = {}
         evidence: dict[str, object] = {}
-        shards: list[str]
+        shards: dict[str, ShardRead]
         missing: dict[str, Missing]
         started = time.monotonic()
         if local:
             session_dir = os.path.join(campaign, RAY_DIR)
-            with local_cluster(session_dir, hosts, stop.asked) as cluster:
+            evidence_path = os.path.join(campaign, LOCAL_CLUSTER_EVIDENCE)
+            with local_cluster(
+                session_dir, hosts, parent_netns, stop.asked, evidence_path
+            ) as cluster:
                 timings["cluster_start_seconds"] = time.monotonic() - started
                 rows_started = time.monotonic()
                 if stop.asked():  # during the start-up: no row is submitted
-                    shards, missing = [], _cancelled_before_start(to_run)
+                    shards, missing = {}, _cancelled_before_start(to_run)
                 else:
                     shards, missing = drive(
-                        cluster.address, input_path, campaign, to_run, placement, stop,
+                        cluster.address, campaign, to_run, placement, stop, out, journal,
                         local=True, grace_seconds=grace_seconds,
+                        node_ip_address=cluster.node_ip_address,
                     )  # fmt: skip
                 timings["rows_seconds"] = time.monotonic() - rows_started
-                evidence = {"hosts": hosts, "interfaces": interfaces(), "tcp": tcp_endpoints()}
-            ended = end_row_processes(os.path.join(campaign, ROWS_DIR), grace_seconds)
+                evidence = cluster.evidence()
+            ended = end_row_processes(
+                (os.path.join(campaign, ROWS_DIR), out.campaign_id), grace_seconds
+            )
             if ended:
                 lines.append(f"ended {len(ended)} row process(es) a lost node left")
         else:
             shards, missing = drive(
-                ray_address, input_path, campaign, to_run, placement, stop,
+                ray_address, campaign, to_run, placement, stop, out, journal,
                 local=False, grace_seconds=grace_seconds,
             )  # fmt: skip
         outcome: MergeOutcome | None = None
@@ -364,16 +478,18 @@ def run_campaign(
             if local:
                 _write_evidence(campaign, {**evidence, "rows": len(to_run), **timings})
 
-        if resumed is not None:
-            shards = sorted([*resumed.kept, *shards])
-        if shards:
-            outcome = merge_campaign(
-                campaign, shards, placement_file=placement_file, missing=missing,
-                before_binding=write_evidence,
-            )  # fmt: skip
-        else:
-            lines.append("no row sealed a run directory: nothing to merge")
-            write_evidence()
+        shards = {**verified, **shards}
+        try:
+            if shards:
+                outcome = merge_campaign(
+                    campaign, sorted(shards), placement_file=placement_file, missing=missing,
+                    before_binding=write_evidence, journal=journal, verified=shards,
+                )  # fmt: skip
+            else:
+                lines.append("no row sealed a run directory: nothing to merge")
+                write_evidence()
+        finally:
+            journal.close()
     if stop.signal_name is not None:
         cancelled = sum(why.reason == CANCELLED for why in missing.values())
         return CampaignResult(ExitCode.INTERRUPTED, outcome, lines, cancelled_rows=cancelled)
@@ -383,13 +499,11 @@ def run_campaign(
 
 
 def _write_evidence(campaign: str, evidence: Mapping[str, object]) -> None:
-    """What the loopback-only namespace held while the cluster was up (its interfaces and
-    the endpoints of every TCP socket in it: nothing left 127.0.0.1), and the driver's own
-    times (cluster start, the rows, the merge; bench/campaign_driver.py reads them)."""
-    path = os.path.join(campaign, LOCAL_CLUSTER_EVIDENCE)
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(evidence, handle, indent=2)
-        handle.write("\n")
+    """What each test host's namespace held while the cluster was up (its interfaces, routes,
+    listening endpoints and TCP sockets), and the driver's own times (cluster start, the rows,
+    the merge; bench/campaign_driver.py reads them)."""
+    data = json.dumps(evidence, indent=2) + "\n"
+    replace_atomically(os.path.join(campaign, LOCAL_CLUSTER_EVIDENCE), data.encode("utf-8"))
 
 
 def _cancelled_before_start(rows: Sequence[PlannedRowBrief]) -> dict[str, Missing]:
@@ -418,11 +532,12 @@ def campaign_main(
     hosts: int,
     *,
     resume: bool = False,
+    row_return: str = OBJECT_STORE,
 ) -> tuple[int, list[str]]:
     """The exit code and the lines to print (refusals are raised for the CLI to print)."""
     result = run_campaign(
         input_path, output, ray_address, placement_file=placement_file, hosts=hosts,
-        resume=resume,
+        resume=resume, row_return=row_return,
     )  # fmt: skip
     lines = list(result.lines)
     if result.outcome is not None:

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
 from cache_family.actors.audit.replay import replay
 from cache_family.errors import Refused
 from cache_family.schemas.bounded import read_bounded
-from cache_family.schemas.campaign import CAMPAIGN_REQUEST, CampaignRequest, decode_request
+from cache_family.schemas.campaign import (
+    CAMPAIGN_JOURNAL,
+    CAMPAIGN_REQUEST,
+    CampaignRequest,
+    decode_request,
+)
 from cache_family.schemas.journal import PlannedRowBrief
 from cache_family.schemas.matrix import MATRIX_FILENAME, decode_matrix
 
 SUPERSEDED: str = "superseded"
+# The prefix of a row the driver is receiving (``row_return.STAGING_PREFIX``).
+STAGING_PREFIX: str = ".incoming-"
 ROWS_SUBDIR: str = "rows"
 # The campaign's own files an earlier merge wrote (moved aside before the new merge).
 MERGED_FILES: tuple[str, ...] = (
@@ -70,8 +78,15 @@ def finished(row_dir: str) -> bool:
 
 
 def plan_resume(
-    campaign: str, plan: list[PlannedRowBrief], rows_dir: str, request: CampaignRequest
+    campaign: str,
+    plan: list[PlannedRowBrief],
+    rows_dir: str,
+    request: CampaignRequest,
+    *,
+    keep_journal: bool = False,
 ) -> ResumePlan:
+    """What a resume keeps, runs again and moves aside; ``keep_journal``: the campaign
+    journal is an unsealed one the resume continues (it stays in place)."""
     kept: list[str] = []
     rerun: list[PlannedRowBrief] = []
     moves: list[tuple[str, str]] = []
@@ -89,7 +104,14 @@ def plan_resume(
         for suffix in ("", ".log"):
             if os.path.lexists(row_dir + suffix):
                 moves.append((row_dir + suffix, os.path.join(aside, ROWS_SUBDIR, name + suffix)))
+    # A row the driver was receiving when it stopped: never placed, never journaled.
+    with os.scandir(rows_dir) if os.path.isdir(rows_dir) else contextlib.nullcontext(()) as found:
+        for entry in found:
+            if entry.name.startswith(STAGING_PREFIX):
+                moves.append((entry.path, os.path.join(aside, ROWS_SUBDIR, entry.name)))
     for name in MERGED_FILES:
+        if keep_journal and name == CAMPAIGN_JOURNAL:
+            continue
         source = os.path.join(campaign, name)
         if os.path.lexists(source):
             moves.append((source, os.path.join(aside, name)))
