@@ -24,7 +24,7 @@ from cache_family.actors.run.trace_replay import run_trace
 from cache_family.actors.run.workloads import WorkloadHost, WorkloadHostLost
 from cache_family.oracles.native_parts import Parts, RunningServer, serve
 from cache_family.schemas.journal import JournalLine, Record, ServerMetricsRead
-from cache_family.schemas.workload import validate_workload_object
+from cache_family.schemas.workload import WorkloadFile, validate_workload_object
 from cache_family.schemas.workload_records import (
     TraceReceipt,
     TraceReplayed,
@@ -61,22 +61,27 @@ def _trace(path: Path) -> bytes:
     return data
 
 
-def _replay(
-    parts: Parts, trace: Path, sha256: str, extra_args: list[str], model: str = "llama"
-) -> tuple[list[Record], TraceReceipt]:
-    spec = validate_workload_object(
+def _spec(trace: Path, sha256: str) -> WorkloadFile:
+    """The trace at 16 tokens a block, sends 200 ms apart (each answered long before the next
+    on the zoo), answers capped at 2 tokens."""
+    return validate_workload_object(
         {
             "schema_version": 1,
             "trace": {
                 "path": str(trace),
                 "sha256": sha256,
                 "tokens_per_block": 16,
-                # Sends 200 ms apart: each is answered long before the next on the zoo.
                 "time_scale": 0.2,
                 "output_tokens_cap": 2,
             },
         }
     )
+
+
+def _replay(
+    parts: Parts, trace: Path, sha256: str, extra_args: list[str], model: str = "llama"
+) -> tuple[list[Record], TraceReceipt]:
+    spec = _spec(trace, sha256)
     journaled: list[Record] = []
 
     async def journal(record: Record) -> None:
@@ -220,18 +225,7 @@ def test_a_server_killed_mid_replay_stops_it_with_the_host_gone(
 ) -> None:
     trace = tmp_path / "trace.jsonl"
     sha256 = hashlib.sha256(_trace(trace)).hexdigest()
-    spec = validate_workload_object(
-        {
-            "schema_version": 1,
-            "trace": {
-                "path": str(trace),
-                "sha256": sha256,
-                "tokens_per_block": 16,
-                "time_scale": 0.2,
-                "output_tokens_cap": 2,
-            },
-        }
-    )
+    spec = _spec(trace, sha256)
     journaled: list[Record] = []
 
     async def journal(record: Record) -> None:
