@@ -33,9 +33,9 @@ from cache_family.schemas.arms import (
     PAIRED_WORKLOAD_ARMS,
     STAGE_WORKLOAD_ARMS,
     WORKLOAD_ARMS,
-    HostKind,
 )
 from cache_family.schemas.bounded import MIB, read_bounded
+from cache_family.schemas.host_kinds import host_kind_facts
 from cache_family.schemas.workload_records import (
     WORKLOAD_RECEIPT_NAME,
     ChatTemplateMeasured,
@@ -431,11 +431,15 @@ def _old_against_new(views: Sequence[WorkloadView]) -> list[str]:
 
 
 def _dialect(receipt: WorkloadReceipt) -> str:
+    """How a chat host's workload was sent and judged ("" for a host sent token ids)."""
     arm = ARM_BY_NAME.get(receipt.arm or "")
-    if arm is None or arm.host_kind != HostKind.STAGE:
+    if arm is None or arm.host_kind is None:
+        return ""
+    facts = host_kind_facts(arm.host_kind)
+    if facts.request_dialect != "chat":
         return ""
     if receipt.open_loop:
-        return "; stage server, OpenAI chat: the row's prompt as one streamed message per send"
+        return f"; {facts.label}, OpenAI chat: the row's prompt as one streamed message per send"
     how = (
         "each turn expects the turn before as the server counted it (prompt and answer, the "
         "answer held to the design's pieces)"
@@ -443,7 +447,7 @@ def _dialect(receipt: WorkloadReceipt) -> str:
         else "judged less the chat template's tokens (measured by the cell's calibration)"
     )
     return (
-        "; stage server, OpenAI chat: text messages, reuse from "
+        f"; {facts.label}, OpenAI chat: text messages, reuse from "
         f"`usage.prompt_tokens_details.cached_tokens`, {how}"
     )
 

@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from cache_family.errors import Refusal, Refused, json_path
-from cache_family.schemas.arms import HostProfileName
+from cache_family.schemas.arms import NATIVE_PROFILE, NEW_PROFILE, OLD_PROFILE, HostProfileName
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import payload_refusal
 from cache_family.schemas.json_shape import containers
@@ -423,6 +423,11 @@ class CaseProfiles(_Strict):
     native: HostProfile | None
     old: HostProfile | None
     new: HostProfile | None
+
+    def host(self, name: HostProfileName) -> HostProfile | None:
+        """The host profile an arm names (``Arm.profile``)."""
+        named = {NATIVE_PROFILE: self.native, OLD_PROFILE: self.old, NEW_PROFILE: self.new}
+        return named[name]
 
 
 # --- the documents -----------------------------------------------------------------------------

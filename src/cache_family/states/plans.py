@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from cache_family.schemas.arms import (
     CORRECTNESS,
-    HOST_ARMS,
-    OLD_PROFILE,
+    NATIVE_CONCURRENT,
+    NATIVE_SERIAL,
     PAIRED_ARMS,
     STAGE_WORKLOAD_ARMS,
     WORKLOAD_ARMS,
@@ -22,6 +22,7 @@ from cache_family.schemas.arms import (
     MeasurementKind,
     arm_named,
 )
+from cache_family.schemas.host_kinds import HostKindFacts, TaskSource, host_kind_facts
 from cache_family.schemas.journal import ArmPlan, RowOpened, RungPlan
 from cache_family.schemas.prepared import HostProfile, PreparedInput, PreparedRow, SkipReason
 from cache_family.schemas.workload import WorkloadFile, WorkloadsPin
@@ -218,8 +219,8 @@ def arm_plans(row: PreparedRow) -> tuple[ArmPlan, ...]:
     tasks = row.tasks
     serial, concurrent = tasks.serial_baseline, tasks.concurrent_baseline
     arms = [
-        _arm_plan(HOST_ARMS[0], serial.planned, serial.skip_reason),
-        _arm_plan(HOST_ARMS[1], concurrent.planned, concurrent.skip_reason),
+        _arm_plan(NATIVE_SERIAL, serial.planned, serial.skip_reason),
+        _arm_plan(NATIVE_CONCURRENT, concurrent.planned, concurrent.skip_reason),
     ]
     if tasks.paired_serving.planned:
         # Planned only when both old and new servers are bound (the plan's rule).
@@ -289,13 +290,13 @@ def _stage_trace_plan(arm: Arm, pin: WorkloadsPin, row: PreparedRow) -> ArmPlan:
 
 
 def _workload_sizes(
-    workloads: WorkloadFile, arm: Arm, row: PreparedRow
+    workloads: WorkloadFile, arm: Arm, row: PreparedRow, lanes: int
 ) -> tuple[int, int, int, int | None]:
     """(output tokens, slots, --ctx-size, --cache-ram) of a workload arm's host. Overlap: a
     slot per prefix group (on a stage server too: its ``stage.json`` lanes and context); sessions:
     a slot per user (each request names its slot); both without the host-side prompt cache.
-    Open loop: the concurrent host of the arm's kind (the native baseline's, or the paired
-    stage servers' lanes)."""
+    Open loop: the concurrent host of the arm's kind, ``lanes`` (the native baseline's, or the
+    paired stage servers' lanes)."""
     margin = 8
     if arm.kind == MeasurementKind.PREFIX_OVERLAP:
         overlap = workloads.prefix_overlap
@@ -310,14 +311,10 @@ def _workload_sizes(
             + sessions.user_context_tokens
             + sessions.turns * (sessions.question_tokens + sessions.answer_tokens)
         )
-        if arm.host_kind == HostKind.STAGE:
+        if _facts(arm).wraps_prompt_in_template:
             # Room for the chat template around each message (system, then two per turn).
             longest += CHAT_TEMPLATE_ROOM_PER_MESSAGE * (1 + 2 * sessions.turns)
         return sessions.answer_tokens, sessions.users, (longest + margin) * sessions.users, 0
-    if arm.host_kind == HostKind.STAGE:
-        lanes = row.tasks.paired_serving.runtime_lanes
-    else:
-        lanes = row.tasks.concurrent_baseline.parallel
     if arm.kind == MeasurementKind.TRACE:
         # As open loop; the replay refuses a windowed request whose scaled prompt and answer
         # do not fit one slot (``trace.length.beyond_context``).
@@ -360,36 +357,35 @@ def row_opened_record(
     )
 
 
+def _facts(arm: Arm) -> HostKindFacts:
+    assert arm.host_kind is not None  # only a host arm has a host profile and a cell plan
+    return host_kind_facts(arm.host_kind)
+
+
 def host_profile(
     prepared: PreparedInput, row: PreparedRow, arm: Arm
 ) -> tuple[HostProfile | None, str | None]:
     """The case's host profile for ``arm`` and, if it disagrees with the plan, why."""
+    facts = _facts(arm)
+    assert arm.profile is not None  # a host arm names its profile
     profiles = prepared.profile(row.key)
+    profile = profiles.host(arm.profile) if profiles is not None else None
+    subject = facts.profile_word or arm.name
+    if profile is None:
+        return None, f"the prepared input has no {subject} host profile for this case"
     observed = row.model_observation.sha256
-    if arm.host_kind == HostKind.STAGE:
-        profile = None
-        if profiles is not None:
-            profile = profiles.old if arm.profile == OLD_PROFILE else profiles.new
-        if profile is None:
-            return None, f"the prepared input has no {arm.name} host profile for this case"
-        if profile.model_sha256 != observed:
-            return profile, (
-                f"{arm.name} profile pins model {profile.model_sha256}, the row {observed}"
-            )
-        return profile, None
-    if profiles is None or profiles.native is None:
-        return None, "the prepared input has no native host profile for this case"
-    native = profiles.native
-    if native.model_sha256 != observed:
-        return native, (
-            f"native profile pins model {native.model_sha256}, the row observed {observed}"
+    if profile.model_sha256 != observed:
+        return profile, (
+            f"{subject} profile pins model {profile.model_sha256}, "
+            f"{facts.model_disagreement} {observed}"
         )
-    server = prepared.tools.native_server
-    if server is not None and native.binary_sha256 != server.sha256:
-        return native, (
-            f"native profile pins server {native.binary_sha256}, preparation pinned {server.sha256}"
+    server = prepared.tools.native_server if facts.server_tool == "native_server" else None
+    if server is not None and profile.binary_sha256 != server.sha256:
+        return profile, (
+            f"{subject} profile pins server {profile.binary_sha256}, "
+            f"preparation pinned {server.sha256}"
         )
-    return native, None
+    return profile, None
 
 
 def exec_pairs(
@@ -410,6 +406,69 @@ def _host_arm(name: str) -> Arm:
     return arm_named(name)
 
 
+@dataclass(frozen=True, slots=True)
+class _HostSizes:
+    """What the prepared tasks of an arm's host kind give its cell (before a workload's own)."""
+
+    rungs: tuple[RungPlan, ...]
+    output_tokens: int
+    lanes: int
+    ctx_size: int
+    ttft_slo_ms: float
+    tpot_slo_ms: float
+    # The model id requests name ("": the host serves one model and needs none).
+    model_id: str
+
+
+def _baseline_sizes(
+    prepared: PreparedInput, row: PreparedRow, arm: Arm, _profile: HostProfile | None
+) -> _HostSizes:
+    """The native baselines: the serial runs or the concurrent ladder on ``--parallel`` slots."""
+    concurrent = row.tasks.concurrent_baseline
+    if arm.serial:
+        serial = row.tasks.serial_baseline
+        rungs: tuple[RungPlan, ...] = (RungPlan(concurrency=1, requests=serial.runs),)
+        output_tokens = serial.output_tokens
+    else:
+        rungs = tuple(
+            RungPlan(concurrency=r.concurrency, requests=r.requests) for r in concurrent.rungs
+        )
+        output_tokens = concurrent.output_tokens
+    return _HostSizes(
+        rungs=rungs,
+        output_tokens=output_tokens,
+        lanes=concurrent.parallel,
+        # llama-server splits --ctx-size across its --parallel slots (no unified KV when
+        # the slot count is explicit), so every slot gets the row's context this way.
+        ctx_size=row.ctx * concurrent.parallel,
+        ttft_slo_ms=float(prepared.plan.ttft_slo_ms),
+        tpot_slo_ms=float(prepared.plan.tpot_slo_ms),
+        model_id="",
+    )
+
+
+def _paired_sizes(
+    _prepared: PreparedInput, row: PreparedRow, _arm: Arm, profile: HostProfile | None
+) -> _HostSizes:
+    """The paired serving task: one retained host across the whole ordered ladder, its runtime
+    lanes sharing one context, requests naming the profile's model id."""
+    paired = row.tasks.paired_serving
+    return _HostSizes(
+        rungs=tuple(RungPlan(concurrency=r.concurrency, requests=r.requests) for r in paired.rungs),
+        output_tokens=paired.output_tokens,
+        lanes=paired.runtime_lanes,
+        ctx_size=paired.shared_ctx_size,
+        ttft_slo_ms=float(paired.ttft_slo_ms),
+        tpot_slo_ms=float(paired.tpot_slo_ms),
+        model_id=profile.model_id if profile is not None else row.model_id,
+    )
+
+
+_SIZES: Final[
+    Mapping[TaskSource, Callable[[PreparedInput, PreparedRow, Arm, HostProfile | None], _HostSizes]]
+] = {"baselines": _baseline_sizes, "paired": _paired_sizes}
+
+
 def cell_plan(
     prepared: PreparedInput,
     row: PreparedRow,
@@ -417,46 +476,23 @@ def cell_plan(
     prompt: PromptChoice,
     prompt_tokens: int | None,
 ) -> CellPlan:
-    """One host session of ``arm``: its rungs, sizes and pins. A stage server holds one
-    retained host across the whole ordered ladder and is sent OpenAI chat requests."""
+    """One host session of ``arm``: its rungs, sizes and pins, sized by the prepared tasks of
+    its host kind."""
     row_dir = row_dir_name(row.index)
     profile, refusal = host_profile(prepared, row, arm)
-    tasks = row.tasks
-    if arm.host_kind == HostKind.STAGE:
-        paired = tasks.paired_serving
-        rungs = tuple(
-            RungPlan(concurrency=r.concurrency, requests=r.requests) for r in paired.rungs
-        )
-        output_tokens, lanes, ctx_size = (
-            paired.output_tokens,
-            paired.runtime_lanes,
-            paired.shared_ctx_size,
-        )
-        ttft, tpot = float(paired.ttft_slo_ms), float(paired.tpot_slo_ms)
-        model_id = profile.model_id if profile is not None else row.model_id
-    else:
-        concurrent = tasks.concurrent_baseline
-        if arm.serial:
-            serial = tasks.serial_baseline
-            rungs = (RungPlan(concurrency=1, requests=serial.runs),)
-            output_tokens = serial.output_tokens
-        else:
-            rungs = tuple(
-                RungPlan(concurrency=r.concurrency, requests=r.requests) for r in concurrent.rungs
-            )
-            output_tokens = concurrent.output_tokens
-        lanes = concurrent.parallel
-        # llama-server splits --ctx-size across its --parallel slots (no unified KV when
-        # the slot count is explicit), so every slot gets the row's context this way.
-        ctx_size = row.ctx * concurrent.parallel
-        ttft, tpot = float(prepared.plan.ttft_slo_ms), float(prepared.plan.tpot_slo_ms)
-        model_id = ""
+    sizes = _SIZES[_facts(arm).sized_by](prepared, row, arm, profile)
+    rungs, output_tokens, lanes, ctx_size = (
+        sizes.rungs,
+        sizes.output_tokens,
+        sizes.lanes,
+        sizes.ctx_size,
+    )
     workloads = prepared.workloads.workloads if prepared.workloads is not None else None
     cache_ram: int | None = None
     if arm.workload:
         assert workloads is not None  # a workload arm is planned only with a workload file
         rungs = ()
-        output_tokens, lanes, ctx_size, cache_ram = _workload_sizes(workloads, arm, row)
+        output_tokens, lanes, ctx_size, cache_ram = _workload_sizes(workloads, arm, row, lanes)
     return CellPlan(
         cell_id=f"{row_dir}/{arm.name}",
         cell_dir=f"{row_dir}/{arm.directory}",
@@ -469,8 +505,8 @@ def cell_plan(
         ctx_size=ctx_size,
         n_gpu_layers=row.n_gpu_layers,
         prefix_tokens=row.prefix_tokens,
-        ttft_slo_ms=ttft,
-        tpot_slo_ms=tpot,
+        ttft_slo_ms=sizes.ttft_slo_ms,
+        tpot_slo_ms=sizes.tpot_slo_ms,
         profile=profile,
         prompt=prompt,
         pins=pin_targets(profile) if profile is not None else (),
@@ -478,7 +514,7 @@ def cell_plan(
         synthetic=row.synthetic,
         architecture=row.model_observation.architecture,
         prompt_tokens=prompt_tokens,
-        model_id=model_id,
+        model_id=sizes.model_id,
         workloads=workloads if arm.workload else None,
         cache_ram_mib=cache_ram,
         workloads_sha256=prepared.workloads.sha256

@@ -7,7 +7,8 @@ from typing import Final
 
 import msgspec
 
-from cache_family.schemas.arms import ARM_BY_NAME, HostKind
+from cache_family.schemas.arms import ARM_BY_NAME
+from cache_family.schemas.host_kinds import host_kind_facts
 from cache_family.schemas.journal import (
     CellOpened,
     JournalLine,
@@ -208,9 +209,11 @@ def sessions_receipt(record: SessionsMeasured, *, samples: bool = False) -> Sess
 
 
 def _stage(cell: CellOpened | None) -> bool:
-    """The cell is a stage server's: its receipt lists per-request prompt times."""
+    """The cell's host kind lists per-request prompt times in its receipt (a stage server's)."""
     arm = ARM_BY_NAME.get(cell.arm) if cell is not None else None
-    return arm is not None and arm.host_kind == HostKind.STAGE
+    if arm is None or arm.host_kind is None:
+        return False
+    return host_kind_facts(arm.host_kind).receipt_lists_prompt_times
 
 
 def fold_workload(

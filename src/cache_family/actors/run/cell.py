@@ -61,7 +61,7 @@ from cache_family.schemas.receipts import CellReceipt
 from cache_family.schemas.request_rows import REQUESTS_FILENAME, RequestRowLine
 from cache_family.schemas.workload_records import WORKLOAD_RECEIPT_NAME
 from cache_family.states.budgets import Budgets
-from cache_family.states.cache_reuse import cache_expectation, reuse_rule
+from cache_family.states.cache_reuse import reuse_rule
 from cache_family.states.calibration import client_lag_ms
 from cache_family.states.cell import (
     CELL_TABLE,
@@ -192,7 +192,7 @@ class CellActor:
         self.machine: CellMachine = LiveMachine(
             CELL_TABLE, plan.cell_id, ctx.step_journal(CELL_TABLE.name, cell_id=plan.cell_id)
         )
-        # What differs between a llama-server and a stage server.
+        # What differs between the kinds of server (``actors/run/hosts.py``).
         self.host_kind = HOST_KINDS[plan.host_kind]
         # The model header's sliding window, read as the cell opens (a sliding-window family's).
         self.sliding_window: int | None = None
@@ -271,7 +271,7 @@ class CellActor:
                     ttft_slo_ms=plan.ttft_slo_ms,
                     tpot_slo_ms=plan.tpot_slo_ms,
                     synthetic=plan.synthetic,
-                    cache_expectation=cache_expectation(
+                    cache_expectation=self.host_kind.expectation(
                         plan.architecture, plan.lanes, self.sliding_window
                     ),
                     ignore_eos=plan.synthetic,
@@ -429,9 +429,7 @@ class CellActor:
         config = self.ctx.hosts.host_config(
             plan.arm.directory,
             self.cell_path,
-            dialect=self.host_kind.dialect(self.cli),
-            model_id=plan.model_id,
-            lane_count=plan.lanes,
+            readiness=self.host_kind.readiness(plan, self.cli),
             process_tag=self.ctx.cell_process_tag(plan.cell_id),
         )
         # A busy port is refused here, before anything is launched.
@@ -867,7 +865,7 @@ class CellActor:
             sent=sent,
             client=self.http,
             rows=rows,
-            expectation=cache_expectation(
+            expectation=self.host_kind.expectation(
                 self.plan.architecture, self.plan.lanes, self.sliding_window
             ),
             client_lag_ms=client_lag_ms(self.ctx.client_calibration),

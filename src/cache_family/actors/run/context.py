@@ -20,11 +20,11 @@ from cache_family.actors.journal.writer import JournalWriter
 from cache_family.actors.run import custody, stage_host
 from cache_family.actors.run.private_exec import RowExec
 from cache_family.errors import Refused
+from cache_family.schemas.host_kinds import LLAMA_SERVER_READINESS, HostReadiness
 from cache_family.schemas.journal import Record, Transition
 from cache_family.schemas.measurement import (
     ClientCalibration,
     HostCleanup,
-    HostDialect,
     HostEvent,
     HostReady,
     HostSpawned,
@@ -297,9 +297,7 @@ class HostSettings:
         label: str,
         cell_path: str,
         *,
-        dialect: HostDialect = "llama-server",
-        model_id: str = "",
-        lane_count: int = 1,
+        readiness: HostReadiness = LLAMA_SERVER_READINESS,
         process_tag: str = "",
     ) -> custody.HostConfig:
         """Custody's settings for one cell's host: state and logs under ``cell_path``."""
@@ -307,9 +305,7 @@ class HostSettings:
             label=label,
             state_parent=cell_path,
             log_dir=os.path.join(cell_path, "logs"),
-            dialect=dialect,
-            model_id=model_id,
-            lane_count=lane_count,
+            readiness=readiness,
             grace_seconds=self.grace_seconds,
             kill_wait_seconds=self.kill_wait_seconds,
             cleanup_bound_seconds=self.cleanup_bound_seconds,

@@ -6,7 +6,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import secrets
 import shutil
 import socket
@@ -22,12 +21,20 @@ import psutil
 import trio
 
 from cache_family.errors import Refusal, Refused
-from cache_family.schemas import stage_server
+from cache_family.schemas.host_kinds import (
+    LLAMA_SERVER_READINESS,
+    HostReadiness,
+)
+from cache_family.schemas.host_kinds import (
+    is_listening_line as is_listening_line,
+)
+from cache_family.schemas.host_kinds import (
+    listening_marker as listening_marker,
+)
 from cache_family.schemas.measurement import (
     CaptureStream,
     HostCleaned,
     HostCleanup,
-    HostDialect,
     HostEvent,
     HostFaulted,
     HostMarkerSeen,
@@ -110,45 +117,16 @@ class HostConfig:
     state_parent: str
     log_dir: str
     port: int = 0
-    dialect: HostDialect = "llama-server"
+    # How the host is seen to listen and answer ready (its kind's, ``schemas/host_kinds.py``).
+    readiness: HostReadiness = LLAMA_SERVER_READINESS
     grace_seconds: float = 5.0
     kill_wait_seconds: float = 5.0
     cleanup_bound_seconds: float = 30.0
     capture_line_limit: int = 64 * KIB
     capture_total_limit: int = 16 * MIB
-    # A stage server's listening line and readiness name its model id and lane count.
-    model_id: str = ""
-    lane_count: int = 1
     # The environment tag the host and everything it starts inherit (``<run tag>/<cell id>``);
     # empty: custody makes a unique one.
     process_tag: str = ""
-
-
-# llama.cpp's common log may prefix each line with "<min>.<s>.<ms>.<us> <level> " (this build
-# does by default); only that exact shape is stripped before the marker must match exactly.
-_COMMON_LOG_PREFIX = re.compile(r"\d+\.\d{2}\.\d{3}\.\d{3} [DIWE] ")
-
-
-def listening_marker(dialect: HostDialect, port: int) -> str:
-    """The exact line a host prints once it listens (llama.cpp tools/server/server.cpp)."""
-    if dialect == "llama-server":
-        # SRV_INF pads the function name to 12 columns; "llama_server" is exactly 12.
-        return f"srv  llama_server: listening on http://127.0.0.1:{port}"
-    raise ValueError(f"unknown host dialect {dialect!r}")
-
-
-def is_listening_line(
-    dialect: HostDialect, line: str, port: int, *, model_id: str = "", lane_count: int = 1
-) -> bool:
-    """Whether ``line`` (without its newline) is the host's listening line for ``port``: a
-    stage server's by the reference's rule for its dialect (``schemas/stage_server.py``)."""
-    if dialect != "llama-server":
-        return stage_server.is_listening_line(
-            dialect, line, port, model_id=model_id, generation_concurrency=lane_count
-        )
-    prefix = _COMMON_LOG_PREFIX.match(line)
-    body = line[prefix.end() :] if prefix else line
-    return body == listening_marker(dialect, port)
 
 
 def host_basics(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -346,20 +324,8 @@ class Host:
 
     @property
     def readiness_url(self) -> str:
-        """llama-server's ``/health``; a stage server's ``/v1/models``."""
-        if self.config.dialect == "llama-server":
-            return f"{self.base_url}/health"
-        return f"{self.base_url}/v1/models"
-
-    def _ready_answer(self, answer: object) -> bool:
-        if not isinstance(answer, dict):
-            return False
-        if self.config.dialect == "llama-server":
-            return answer.get("status") == "ok"
-        data = answer.get("data")
-        return isinstance(data, list) and any(
-            isinstance(m, dict) and m.get("id") == self.config.model_id for m in data
-        )
+        """Where the host answers ready (its kind's readiness path)."""
+        return f"{self.base_url}{self.config.readiness.path}"
 
     @property
     def outcome(self) -> HostCleanup | None:
@@ -531,14 +497,7 @@ class Host:
         log.write(line)
         if self._marker_line is None:
             text = line.rstrip(b"\r\n").decode("utf-8", "replace")
-            config = self.config
-            if is_listening_line(
-                config.dialect,
-                text,
-                self.port,
-                model_id=config.model_id,
-                lane_count=config.lane_count,
-            ):
+            if self.config.readiness.is_listening_line(text, self.port):
                 self._marker_line = (name, text)
                 self._marker_or_exit.set()
 
@@ -586,7 +545,7 @@ class Host:
             attempts += 1
             try_seconds = min(HEALTH_TRY_SECONDS, max(deadline - trio.current_time(), 0.001))
             ok, problem = await _health_once(
-                client, self.readiness_url, try_seconds, self._ready_answer
+                client, self.readiness_url, try_seconds, self.config.readiness.is_ready_answer
             )
             # A try the deadline cut short says nothing about the host; the answer it gave
             # before (say HTTP 503) is the one the refusal should name.

@@ -1,4 +1,7 @@
-"""Host kinds: everything the cell actor does differently for a llama-server and a stage server."""
+"""Host kinds: everything the cell actor does differently for each kind of server. What every
+layer may read of a kind (readiness, dialect, sizing, metrics path) is its ``HostKindFacts``
+(``schemas/host_kinds.py``); the strategy adds what only an actor does: the command line, the
+environment and the load client."""
 
 from __future__ import annotations
 
@@ -10,7 +13,14 @@ from typing import Any, Final
 from cache_family.actors.run import stage_host
 from cache_family.actors.run.load import LoadRun, OpenAIChatRun
 from cache_family.schemas.arms import HostKind
-from cache_family.schemas.measurement import HostDialect, LoadRequest
+from cache_family.schemas.host_kinds import (
+    HOST_KIND_FACTS,
+    HostKindFacts,
+    HostReadiness,
+    host_readiness,
+)
+from cache_family.schemas.measurement import CacheExpectation, LoadRequest
+from cache_family.states.cache_reuse import cache_expectation
 from cache_family.states.plans import CellPlan, llama_server_argv
 
 # (plan, the private copy of the binary, port, the admitted dialect, the cell's dir) -> argv.
@@ -19,26 +29,45 @@ Argv = Callable[[CellPlan, str, int, stage_host.CliAdmitted | None, str], list[s
 Load = Callable[..., LoadRun]
 
 
+# (architecture, lanes, sliding window) -> the reuse rule a cell of the kind is judged by.
+Expectation = Callable[[str | None, int | None, int | None], CacheExpectation]
+
+
 @dataclass(frozen=True, slots=True)
 class HostKindStrategy:
-    kind: HostKind
-    # Journaled with the ``ready`` record: where readiness was confirmed.
-    readiness_path: str
-    # The host's dialect is read from its help in pin-verify (``stage_host.admit_cli``).
-    reads_cli: bool
+    facts: HostKindFacts
     # What the host's environment gets beyond the operator's and custody's.
     environment: Mapping[str, str]
     argv: Argv
     load_run: Load
-    # Prompts go as chat messages inside the host's template: each request's prompt count is
-    # held to the template's tokens around the cut prompt.
-    wraps_prompt_in_template: bool = False
-    # Where the host serves Prometheus metrics (read around every rung and workload point,
-    # ``actors/run/server_metrics.py``); None: it serves none, and its reads journal "none".
-    metrics_path: str | None = None
+    # llama.cpp's reuse rules (exact prefix, checkpoints) by the model's architecture.
+    expectation: Expectation = cache_expectation
 
-    def dialect(self, admitted: stage_host.CliAdmitted | None) -> HostDialect:
-        return admitted.dialect if admitted is not None else "llama-server"
+    @property
+    def kind(self) -> HostKind:
+        return self.facts.kind
+
+    @property
+    def readiness_path(self) -> str:
+        return self.facts.readiness_path
+
+    @property
+    def reads_cli(self) -> bool:
+        return self.facts.reads_cli
+
+    @property
+    def wraps_prompt_in_template(self) -> bool:
+        return self.facts.wraps_prompt_in_template
+
+    @property
+    def metrics_path(self) -> str | None:
+        return self.facts.metrics_path
+
+    def readiness(self, plan: CellPlan, admitted: stage_host.CliAdmitted | None) -> HostReadiness:
+        """How custody sees this cell's host ready: a stage server by the dialect its help
+        admitted, its model id and lanes."""
+        dialect = admitted.dialect if admitted is not None else "llama-server"
+        return host_readiness(dialect, model_id=plan.model_id, lane_count=plan.lanes)
 
 
 def _native_argv(
@@ -68,27 +97,11 @@ def _stage_load(plan: CellPlan, request: LoadRequest, **load: Any) -> LoadRun:
 
 
 HOST_KINDS: Final[Mapping[HostKind, HostKindStrategy]] = {
-    # llama-server of the pinned llama.cpp build: ``/completion``, readiness on ``/health``,
-    # metrics on ``/metrics`` (launched with ``--metrics``).
     HostKind.NATIVE: HostKindStrategy(
-        HostKind.NATIVE,
-        "/health",
-        False,
-        {},
-        _native_argv,
-        _native_load,
-        metrics_path="/metrics",
+        HOST_KIND_FACTS[HostKind.NATIVE], {}, _native_argv, _native_load
     ),
-    # A Skippy stage server: OpenAI chat with its model id, readiness on ``/v1/models``, its
-    # dialect read from its help, its config written beside the cell (``stage.json``); it
-    # serves no ``/metrics`` (``oracles/stage_server.py`` routes only the OpenAI endpoints).
+    # Its config is written beside the cell (``stage.json``).
     HostKind.STAGE: HostKindStrategy(
-        HostKind.STAGE,
-        "/v1/models",
-        True,
-        stage_host.STAGE_ENVIRONMENT,
-        _stage_argv,
-        _stage_load,
-        wraps_prompt_in_template=True,
+        HOST_KIND_FACTS[HostKind.STAGE], stage_host.STAGE_ENVIRONMENT, _stage_argv, _stage_load
     ),
 }
