@@ -16,10 +16,12 @@ COHORT_OPENAI: Final = "openai"
 COHORT_NONE: Final = ""
 
 # The prepared input's name for a host profile (``HostProfile.host``).
-HostProfileName = Literal["native-baseline", "skippy-old", "skippy-new"]
+HostProfileName = Literal["native-baseline", "skippy-old", "skippy-new", "openai"]
 NATIVE_PROFILE: Final[HostProfileName] = "native-baseline"
 OLD_PROFILE: Final[HostProfileName] = "skippy-old"
 NEW_PROFILE: Final[HostProfileName] = "skippy-new"
+# An OpenAI-compatible server the operator declares (``schemas/openai_host.py``).
+OPENAI_PROFILE: Final[HostProfileName] = "openai"
 
 
 class MeasurementKind(StrEnum):
@@ -55,6 +57,8 @@ class HostKind(StrEnum):
     NATIVE = "native"
     # The operator's (Skippy) stage server, old or new build.
     STAGE = "stage"
+    # Any OpenAI-compatible server the operator declares and the product launches.
+    OPENAI = "openai"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +129,13 @@ OLD_TRACE: Final = Arm("old-trace",           "workload-old-trace",      COHORT_
                        MeasurementKind.TRACE,            _STAGE,  OLD_PROFILE,     "old trace")
 NEW_TRACE: Final = Arm("new-trace",           "workload-new-trace",      COHORT_OPENAI,
                        MeasurementKind.TRACE,            _STAGE,  NEW_PROFILE,     "new trace")
+# The declared OpenAI-compatible server: the concurrent ladder, and the overlap sweep in its
+# chat dialect.
+OPENAI_CONCURRENT: Final = Arm("openai-concurrent", "sweep-openai-concurrent", COHORT_OPENAI,
+                               _CONCURRENT,         HostKind.OPENAI, OPENAI_PROFILE, "openai")
+OPENAI_OVERLAP: Final = Arm("openai-overlap",   "workload-openai-overlap", COHORT_OPENAI,
+                            MeasurementKind.PREFIX_OVERLAP, HostKind.OPENAI, OPENAI_PROFILE,
+                            "openai overlap")
 # fmt: on
 
 # The workload arms in the order a row runs them, after its host arms (each only when the
@@ -153,7 +164,9 @@ PAIRED_WORKLOAD_ARMS: Final = {
 HOST_ARMS: Final = (NATIVE_SERIAL, NATIVE_CONCURRENT, SKIPPY_OLD, SKIPPY_NEW)
 # The paired arms whose rungs are compared with each other (parity).
 PAIRED_ARMS: Final = (SKIPPY_OLD, SKIPPY_NEW)
-ARMS: Final = (CORRECTNESS, *HOST_ARMS, *WORKLOAD_ARMS, *STAGE_WORKLOAD_ARMS)
+# The declared server's arms: known by name (journals, reports), not yet planned by a row.
+OPENAI_ARMS: Final = (OPENAI_CONCURRENT, OPENAI_OVERLAP)
+ARMS: Final = (CORRECTNESS, *HOST_ARMS, *WORKLOAD_ARMS, *STAGE_WORKLOAD_ARMS, *OPENAI_ARMS)
 ARM_BY_NAME: Final = {arm.name: arm for arm in ARMS}
 
 

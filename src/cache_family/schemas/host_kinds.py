@@ -164,6 +164,8 @@ class HostKindFacts:
     model_disagreement: str
     # The prepared tool pin the kind's server binary must match (None: the profile's own pin).
     server_tool: Literal["native_server"] | None
+    # Its requests name the profile's model id (llama-server serves its one model to any).
+    names_model: bool
 
 
 HOST_KIND_FACTS: Final[Mapping[HostKind, HostKindFacts]] = {
@@ -182,6 +184,7 @@ HOST_KIND_FACTS: Final[Mapping[HostKind, HostKindFacts]] = {
         profile_word="native",
         model_disagreement="the row observed",
         server_tool="native_server",
+        names_model=False,
     ),
     # A Skippy stage server: OpenAI chat with its model id, readiness on ``/v1/models``, its
     # dialect read from its help; it serves no ``/metrics`` (``oracles/stage_server.py`` routes
@@ -199,6 +202,25 @@ HOST_KIND_FACTS: Final[Mapping[HostKind, HostKindFacts]] = {
         profile_word=None,
         model_disagreement="the row",
         server_tool=None,
+        names_model=True,
+    ),
+    # A declared OpenAI-compatible server (``schemas/openai_host.py``): readiness on
+    # ``/v1/models``, sized as the native ladder so the two pair rung for rung; its workloads
+    # go as chat; its metrics path and ladder dialect are its declaration's.
+    HostKind.OPENAI: HostKindFacts(
+        kind=HostKind.OPENAI,
+        label="OpenAI-compatible server",
+        request_dialect="chat",
+        readiness_path="/v1/models",
+        sized_by="baselines",
+        wraps_prompt_in_template=True,
+        reads_cli=False,
+        metrics_path=None,
+        receipt_lists_prompt_times=True,
+        profile_word="openai",
+        model_disagreement="the row observed",
+        server_tool=None,
+        names_model=True,
     ),
 }
 

@@ -246,10 +246,11 @@ class LoadOutcome(msgspec.Struct, frozen=True, kw_only=True):
     timed_out: int = 0
 
 
-ReuseRule = Literal["exact-prefix", "checkpoint", "checkpoint-swa"]
-"""How llama-server reuses a cached prompt (``states/cache_reuse.py``): exact-prefix for plain
-attention; checkpoint for recurrent and hybrid models; checkpoint-swa for sliding-window
-attention, which restores to the position before the checkpoint's last token."""
+ReuseRule = Literal["exact-prefix", "checkpoint", "checkpoint-swa", "block"]
+"""How a server reuses a cached prompt (``states/cache_reuse.py``): llama-server's exact-prefix
+for plain attention, checkpoint for recurrent and hybrid models and checkpoint-swa for
+sliding-window attention, which restores to the position before the checkpoint's last token;
+block for a paged server that reuses whole blocks of the common prefix (its declared size)."""
 
 
 class CacheExpectation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -267,6 +268,8 @@ class CacheExpectation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     # A sliding-window family's window (the model header's ``<arch>.attention.sliding_window``),
     # which decides between a whole prefix and a checkpoint (None: unknown, or not such a family).
     sliding_window: int | None = None
+    # The block rule's block size in tokens (left out of every other rule's record).
+    block_size: int | msgspec.UnsetType = msgspec.UNSET
 
 
 # Host custody records: what the cell actor journals about the one server process it owns.

@@ -26,6 +26,7 @@ from cache_family.schemas.arms import NATIVE_PROFILE, NEW_PROFILE, OLD_PROFILE, 
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import payload_refusal
 from cache_family.schemas.json_shape import containers
+from cache_family.schemas.openai_host import OpenAIServing
 from cache_family.schemas.operator import (
     LowerHex,
     OperatorInput,
@@ -92,7 +93,7 @@ def _without_absent_extensions(document: Any, data: Any) -> Any:
     """A document without a workload file or a native output override encodes without those
     members, byte for byte as before they existed."""
     if isinstance(data, dict):
-        for member in ("workloads", "native_output_tokens"):
+        for member in ("workloads", "native_output_tokens", "openai"):
             if getattr(document, member, None) is None:
                 data.pop(member, None)
     return data
@@ -416,6 +417,13 @@ class HostProfile(_Strict):
     worker: dict[str, Any]
     startup_timeout_secs: int
     execution_timeout_secs: int
+    # A declared OpenAI-compatible server's launch and dialects (``host`` is "openai"); left
+    # out of every other profile's encoding.
+    openai: OpenAIServing | None = None
+
+    @model_serializer(mode="wrap")
+    def _absent_extensions_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_absent_extensions(self, handler(self))
 
 
 class CaseProfiles(_Strict):
@@ -425,9 +433,10 @@ class CaseProfiles(_Strict):
     new: HostProfile | None
 
     def host(self, name: HostProfileName) -> HostProfile | None:
-        """The host profile an arm names (``Arm.profile``)."""
+        """The host profile an arm names (``Arm.profile``); a declared OpenAI-compatible
+        server has none in a prepared input yet (its cells are planned by hand)."""
         named = {NATIVE_PROFILE: self.native, OLD_PROFILE: self.old, NEW_PROFILE: self.new}
-        return named[name]
+        return named.get(name)
 
 
 # --- the documents -----------------------------------------------------------------------------

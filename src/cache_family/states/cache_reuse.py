@@ -84,6 +84,18 @@ def cache_expectation(
     )
 
 
+def block_expectation(block_size: int, lanes: int | None) -> CacheExpectation:
+    """What a cell of a block-reusing server journals when it opens: its declared block size,
+    whatever the model's architecture (the server's own cache decides, not llama.cpp's)."""
+    return CacheExpectation(
+        architecture=None,
+        rule="block",
+        n_ubatch=DEFAULT_N_UBATCH,
+        lanes=lanes,
+        block_size=block_size,
+    )
+
+
 def checkpoints(prompt_tokens: int, n_ubatch: int = DEFAULT_N_UBATCH) -> tuple[int, ...]:
     """Token counts at which the server checkpoints a prompt of ``prompt_tokens``, ascending."""
     marks = (prompt_tokens - CHECKPOINT_TAIL - n_ubatch, prompt_tokens - CHECKPOINT_TAIL)
@@ -98,6 +110,7 @@ def expected_cached_tokens(
     previous_prompt_tokens: int | None = None,
     n_ubatch: int = DEFAULT_N_UBATCH,
     sliding_window: int | None = None,
+    block_size: int | None = None,
 ) -> int:
     """Cached tokens a warm request should get: ``prompt_tokens`` long, sharing
     ``common_prefix`` tokens with the slot's previous prompt (``previous_prompt_tokens`` long,
@@ -110,10 +123,14 @@ def expected_cached_tokens(
     lies inside the common prefix (a checkpoint taken after ``n`` tokens ends at position
     ``n - 1``), and resumes one token before it. Without the window the older, cautious rule
     (a checkpoint inside the prefix, less one token) judges, as runs journaled before it did.
+    A block server reuses the whole ``block_size`` blocks of that usable prefix.
     """
     usable = max(min(common_prefix, prompt_tokens - 1), 0)
     if rule == "exact-prefix":
         return usable
+    if rule == "block":
+        # Whole blocks of the usable prefix; a server without a declared size promises none.
+        return usable - usable % block_size if block_size else 0
     window_known = rule == "checkpoint-swa" and sliding_window is not None
     if window_known and usable > (sliding_window or 0):
         return usable
@@ -143,6 +160,11 @@ def rule_text(expectation: CacheExpectation) -> str:
         return f"no reuse rule for architecture {arch}: hits not judged"
     if expectation.rule == "exact-prefix":
         how = "plain attention: the common prefix, all but the last prompt token"
+    elif expectation.rule == "block":
+        how = (
+            f"the server's blocks of {expectation.block_size} tokens: the whole blocks of the "
+            "common prefix, all but the last prompt token"
+        )
     elif expectation.sliding_window is not None:
         how = (
             f"sliding-window of {expectation.sliding_window} tokens (the model header's): a "
@@ -198,6 +220,8 @@ class CacheTallier:
         self.rule = expectation.rule if expectation is not None else None
         self.n_ubatch = expectation.n_ubatch if expectation is not None else DEFAULT_N_UBATCH
         self.sliding_window = expectation.sliding_window if expectation is not None else None
+        block = expectation.block_size if expectation is not None else msgspec.UNSET
+        self.block_size = block if isinstance(block, int) else None
         self.keep = (expectation.lanes or 0) + 1 if expectation is not None else 1
         self.seen = self.hits = 0
         self.expected_min: int | None = None
@@ -216,6 +240,7 @@ class CacheTallier:
             common_prefix=prompt,
             n_ubatch=self.n_ubatch,
             sliding_window=self.sliding_window,
+            block_size=self.block_size,
         )
         self.seen += 1
         self.hits += cached >= expected

@@ -421,7 +421,7 @@ class _HostSizes:
 
 
 def _baseline_sizes(
-    prepared: PreparedInput, row: PreparedRow, arm: Arm, _profile: HostProfile | None
+    prepared: PreparedInput, row: PreparedRow, arm: Arm, profile: HostProfile | None
 ) -> _HostSizes:
     """The native baselines: the serial runs or the concurrent ladder on ``--parallel`` slots."""
     concurrent = row.tasks.concurrent_baseline
@@ -443,7 +443,8 @@ def _baseline_sizes(
         ctx_size=row.ctx * concurrent.parallel,
         ttft_slo_ms=float(prepared.plan.ttft_slo_ms),
         tpot_slo_ms=float(prepared.plan.tpot_slo_ms),
-        model_id="",
+        # llama-server serves its one model to any request; an OpenAI server by its name.
+        model_id=profile.model_id if profile is not None and _facts(arm).names_model else "",
     )
 
 

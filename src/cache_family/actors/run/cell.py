@@ -271,9 +271,7 @@ class CellActor:
                     ttft_slo_ms=plan.ttft_slo_ms,
                     tpot_slo_ms=plan.tpot_slo_ms,
                     synthetic=plan.synthetic,
-                    cache_expectation=self.host_kind.expectation(
-                        plan.architecture, plan.lanes, self.sliding_window
-                    ),
+                    cache_expectation=self.host_kind.expectation(plan, self.sliding_window),
                     ignore_eos=plan.synthetic,
                     load_average=load_average(),
                 )
@@ -637,7 +635,7 @@ class CellActor:
             self.prompt = await self.prompt_cuts.cut(
                 self.http, host.base_url, self.plan.prompt.text, self.plan.prefix_tokens
             )
-        if self.host_kind.wraps_prompt_in_template:
+        if self.host_kind.wraps_prompt_in_template(self.plan):
             wrapped = await wrapped_prompt(self.http, host.base_url, self.prompt.text)
             if isinstance(wrapped, str):
                 self._chat_prompt_unchecked = wrapped
@@ -677,7 +675,7 @@ class CellActor:
         return MetricsWatch(
             cell_id=self.plan.cell_id,
             base_url=self._live_host().base_url,
-            path=self.host_kind.metrics_path,
+            path=self.host_kind.metrics_path(self.plan),
             http=self.http,
             journal=self._journal,
             deadline=self.deadline,
@@ -783,7 +781,7 @@ class CellActor:
             prompt_text=prompt.text,
             ignore_eos=plan.synthetic,
             host_alive=live.still_same,
-            chat=self.host_kind.wraps_prompt_in_template,
+            chat=self.host_kind.wraps_prompt_in_template(self.plan),
             metrics=self._metrics(),
             model_id=plan.model_id,
             model_path=plan.profile.model if plan.profile is not None else "",
@@ -865,9 +863,7 @@ class CellActor:
             sent=sent,
             client=self.http,
             rows=rows,
-            expectation=self.host_kind.expectation(
-                self.plan.architecture, self.plan.lanes, self.sliding_window
-            ),
+            expectation=self.host_kind.expectation(self.plan, self.sliding_window),
             client_lag_ms=client_lag_ms(self.ctx.client_calibration),
         )
 

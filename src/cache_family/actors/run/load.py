@@ -958,6 +958,10 @@ class _ChatStream:
             if not isinstance(choice, dict):
                 raise ProtocolError("a choice is not an object")
             delta = choice.get("delta") or {}
+            text = choice.get("text")
+            if "delta" not in choice and isinstance(text, str):
+                # An OpenAI completions chunk: its text is what a chat delta's content is.
+                delta = {"content": text}
             if not isinstance(delta, dict):
                 raise ProtocolError("a delta is not an object")
             if _generates(delta) and self.first_delta is None:

@@ -1,0 +1,259 @@
+"""A declared OpenAI-compatible server as a host, for real: the project's own llama-server
+launched through ``HostKind.OPENAI`` (its ``/v1`` endpoints, ``--metrics``) on a zoo model,
+held in custody like any host (pins before and after, loopback, its own process group), its
+concurrency ladder sent as ``/v1/completions``, reuse read from
+``usage.prompt_tokens_details.cached_tokens`` and judged by whole blocks of the declared size,
+then the overlap workload in its chat dialect. Each receipt re-folds from the journal byte for
+byte, as replay does. Tiny random-weight models: plumbing evidence, not performance claims."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import trio
+
+from cache_family.actors.journal.rows_file import cell_rows
+from cache_family.actors.journal.writer import JournalWriter
+from cache_family.actors.run.cell import CellActor
+from cache_family.actors.run.context import RunContext, RunStop
+from cache_family.oracles.native_parts import Parts
+from cache_family.schemas.arms import OPENAI_CONCURRENT, OPENAI_OVERLAP, Arm
+from cache_family.schemas.journal import CellOpened, RungPlan, ServerMetricsRead, read_journal
+from cache_family.schemas.measurement import CacheExpectation
+from cache_family.schemas.openai_host import admit_serving
+from cache_family.schemas.prepared import HostProfile
+from cache_family.schemas.receipts import CellReceipt, encode_receipt
+from cache_family.schemas.workload import validate_workload_object
+from cache_family.schemas.workload_records import (
+    WORKLOAD_RECEIPT_NAME,
+    decode_workload_receipt,
+)
+from cache_family.states.budgets import Budgets
+from cache_family.states.fold.cell import fold_cell
+from cache_family.states.plans import CellPlan, PromptChoice, pin_targets
+from cache_family.states.workload_fold import fold_workload
+from cache_family.system.pins import Budget, pin_tree
+
+pytestmark = pytest.mark.native
+
+BLOCK = 16
+SOURCE = (
+    "A cache benchmark sends the same long prefix many times and measures how much of the "
+    "prompt the server can serve from memory instead of computing it again. "
+) * 4
+# What the operator declares of the server beyond its pinned parts.
+DECLARATION = {
+    "schema_version": 1,
+    "module": None,
+    "args": [
+        "--model",
+        "{model}",
+        "--alias",
+        "{model_id}",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--parallel",
+        "{lanes}",
+        "--ctx-size",
+        "{ctx_size}",
+        "--threads",
+        "1",
+        "--no-webui",
+        "--metrics",
+    ],
+    "dialects": ["completions", "chat"],
+    "block_size": BLOCK,
+    "metrics_path": "/metrics",
+    "listening_text": "listening on http://127.0.0.1:{port}",
+}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _profile(parts: Parts) -> HostProfile:
+    model = parts.model_path("llama")
+    return HostProfile(
+        schema_version=1,
+        host="openai",
+        binary=str(parts.llama_server),
+        binary_sha256=_sha256(parts.llama_server),
+        source_commit="0" * 40,
+        native_build=str(parts.native_build),
+        native_build_sha256=pin_tree(str(parts.native_build), Budget.seconds(120)).sha256,
+        model=str(model),
+        model_sha256=_sha256(model.resolve()),
+        artifact=None,
+        model_id="zoo-llama",
+        layer_end=1,
+        ctx_size=512,
+        lane_count=2,
+        n_gpu_layers=0,
+        port=0,
+        environment={"OMP_NUM_THREADS": "1"},
+        toolkit_directories={},
+        worker={},
+        startup_timeout_secs=120,
+        execution_timeout_secs=300,
+        openai=admit_serving(DECLARATION),
+    )
+
+
+def _plan(profile: HostProfile, arm: Arm, **sizes: object) -> CellPlan:
+    values: dict[str, object] = {
+        # An OpenAI answer names no slot: the fold lets the cell's first ``lanes`` requests be
+        # cold, so the ladder fills both slots in its first rung.
+        "rungs": (RungPlan(concurrency=2, requests=4), RungPlan(concurrency=4, requests=8)),
+        "output_tokens": 4,
+        "lanes": 2,
+        "ctx_size": 1024,
+    }
+    values.update(sizes)
+    return CellPlan(
+        cell_id=f"cell-0000/{arm.name}",
+        cell_dir=f"cell-0000/{arm.directory}",
+        row_index=0,
+        row_key="zoo-llama-p64",
+        arm=arm,
+        n_gpu_layers=0,
+        # 71 prompt tokens: 70 reusable, of which the declared blocks promise 64.
+        prefix_tokens=70,
+        ttft_slo_ms=5000.0,
+        tpot_slo_ms=1000.0,
+        profile=profile,
+        prompt=PromptChoice(
+            text=SOURCE,
+            source="use-case",
+            corpus_path="/corpus.json",
+            corpus_sha256="d" * 64,
+            entry_key="cache",
+        ),
+        pins=pin_targets(profile),
+        synthetic=True,
+        architecture="llama",
+        model_id=profile.model_id,
+        last_of_row=True,
+        **values,  # type: ignore[arg-type]
+    )
+
+
+async def _run_cells(run_dir: Path, plans: list[CellPlan]) -> list[CellReceipt | None]:
+    writer = JournalWriter(str(run_dir / "journal.jsonl"), fsync=lambda _fd: None)
+    receipts: list[CellReceipt | None] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        stop = RunStop(run_deadline=trio.current_time() + 600)
+        ctx = RunContext(
+            writer=writer,
+            run_dir=str(run_dir),
+            budgets=Budgets(stop.run_deadline, 300, request_timeout_ms=60_000),
+            stop=stop,
+        )
+        for plan in plans:
+            receipts.append(await CellActor(plan, ctx).run())
+        await writer.aclose()
+    return receipts
+
+
+async def test_llama_server_declared_as_an_openai_server_runs_the_ladder_and_overlap(
+    native_parts: Parts, tmp_path: Path
+) -> None:
+    profile = _profile(native_parts)
+    workloads = validate_workload_object(
+        {
+            "schema_version": 1,
+            "prefix_overlap": {
+                "prompt_tokens": 96,
+                "hit_ratios_pct": [0, 90],
+                "groups": 2,
+                "requests": 4,
+                "seed": 7,
+            },
+        }
+    )
+    ladder = _plan(profile, OPENAI_CONCURRENT)
+    overlap = _plan(
+        profile,
+        OPENAI_OVERLAP,
+        rungs=(),
+        output_tokens=4,
+        lanes=2,
+        ctx_size=2 * (96 + 4 + 8 + 70),
+        workloads=workloads,
+        cache_ram_mib=0,
+    )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with trio.fail_after(600):
+        cell, workload = await _run_cells(run_dir, [ladder, overlap])
+
+    assert cell is not None and cell.status == "completed", cell
+    assert cell.arm == "openai-concurrent" and cell.accepted_for_parity
+    assert cell.readiness.url.endswith("/v1/models")
+    assert cell.cleanup is not None and cell.cleanup.problems() == ()
+    # Pinned before launch and after the ladder: the binary, its build tree and the model.
+    for identity in (cell.before_identity, cell.after_identity):
+        assert [p.name for p in identity] == ["binary", "native_build", "model"]
+        assert all(p.matches for p in identity)
+    rungs = cell.measurement.rungs
+    assert [r.status for r in rungs] == ["completed", "completed"]
+    for rung in rungs:
+        verdict = rung.cache_verdict
+        assert verdict is not None and verdict.rule is not None
+        assert verdict.rule.startswith("block")
+        # Every warm request reuses at least the whole blocks of the prompt.
+        assert verdict.shortfall is False
+        assert verdict.expected_cached_tokens == 64
+        # llama-server reuses the exact prefix: more than the blocks promise.
+        assert verdict.observed_cached_tokens_min == 70
+
+    journal = read_journal((run_dir / "journal.jsonl").read_bytes())
+    opened = [line.record for line in journal.lines if isinstance(line.record, CellOpened)]
+    assert opened[0].cache_expectation == CacheExpectation(
+        architecture=None, rule="block", n_ubatch=512, lanes=2, block_size=BLOCK
+    )
+    reads = [
+        line.record
+        for line in journal.lines
+        if isinstance(line.record, ServerMetricsRead) and line.record.cell_id == ladder.cell_id
+    ]
+    # The server's own counters, read around each rung at its declared path.
+    assert [(r.scope, r.index, r.status, r.path) for r in reads] == [
+        ("rung", 0, "read", "/metrics"),
+        ("rung", 1, "read", "/metrics"),
+    ]
+
+    # As replay: each receipt re-folds from the journal byte for byte.
+    cell_dir = run_dir / ladder.cell_dir
+    refolded = fold_cell(
+        journal.lines,
+        ladder.cell_id,
+        through_seq=cell.journal_through_seq,
+        rows=cell_rows(str(cell_dir)),
+    )
+    assert encode_receipt(refolded) == (cell_dir / "cell.json").read_bytes()
+
+    assert workload is not None and workload.status == "completed", workload
+    assert workload.cleanup is not None and workload.cleanup.problems() == ()
+    workload_dir = run_dir / overlap.cell_dir
+    published = (workload_dir / WORKLOAD_RECEIPT_NAME).read_bytes()
+    receipt = decode_workload_receipt(published)
+    points = receipt.overlap
+    assert [p.hit_ratio_pct for p in points] == [0, 90]
+    assert receipt.status == "accepted", receipt
+    assert (
+        fold_workload(journal.lines, overlap.cell_id, through_seq=receipt.journal_through_seq)
+        == receipt
+    )
+    refolded = fold_cell(
+        journal.lines,
+        overlap.cell_id,
+        through_seq=workload.journal_through_seq,
+        rows=cell_rows(str(workload_dir)),
+    )
+    assert encode_receipt(refolded) == (workload_dir / "cell.json").read_bytes()
