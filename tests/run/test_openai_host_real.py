@@ -9,6 +9,7 @@ byte, as replay does. Tiny random-weight models: plumbing evidence, not performa
 from __future__ import annotations
 
 import hashlib
+import io
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from cache_family.actors.journal.writer import JournalWriter
 from cache_family.actors.run.cell import CellActor
 from cache_family.actors.run.context import RunContext, RunStop
 from cache_family.oracles.native_parts import Parts
+from cache_family.oracles.real_model import ensure_real_model
 from cache_family.schemas.arms import OPENAI_CONCURRENT, OPENAI_OVERLAP, Arm
 from cache_family.schemas.journal import CellOpened, RungPlan, ServerMetricsRead, read_journal
 from cache_family.schemas.measurement import CacheExpectation
@@ -76,8 +78,7 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _profile(parts: Parts) -> HostProfile:
-    model = parts.model_path("llama")
+def _profile(parts: Parts, model: Path) -> HostProfile:
     return HostProfile(
         schema_version=1,
         host="openai",
@@ -89,7 +90,7 @@ def _profile(parts: Parts) -> HostProfile:
         model=str(model),
         model_sha256=_sha256(model.resolve()),
         artifact=None,
-        model_id="zoo-llama",
+        model_id="served-model",
         layer_end=1,
         ctx_size=512,
         lane_count=2,
@@ -104,7 +105,14 @@ def _profile(parts: Parts) -> HostProfile:
     )
 
 
-def _plan(profile: HostProfile, arm: Arm, **sizes: object) -> CellPlan:
+def _plan(
+    profile: HostProfile,
+    arm: Arm,
+    *,
+    synthetic: bool = True,
+    architecture: str = "llama",
+    **sizes: object,
+) -> CellPlan:
     values: dict[str, object] = {
         # An OpenAI answer names no slot: the fold lets the cell's first ``lanes`` requests be
         # cold, so the ladder fills both slots in its first rung.
@@ -134,8 +142,8 @@ def _plan(profile: HostProfile, arm: Arm, **sizes: object) -> CellPlan:
             entry_key="cache",
         ),
         pins=pin_targets(profile),
-        synthetic=True,
-        architecture="llama",
+        synthetic=synthetic,
+        architecture=architecture,
         model_id=profile.model_id,
         last_of_row=True,
         **values,  # type: ignore[arg-type]
@@ -163,7 +171,7 @@ async def _run_cells(run_dir: Path, plans: list[CellPlan]) -> list[CellReceipt |
 async def test_llama_server_declared_as_an_openai_server_runs_the_ladder_and_overlap(
     native_parts: Parts, tmp_path: Path
 ) -> None:
-    profile = _profile(native_parts)
+    profile = _profile(native_parts, native_parts.model_path("llama"))
     workloads = validate_workload_object(
         {
             "schema_version": 1,
@@ -257,3 +265,33 @@ async def test_llama_server_declared_as_an_openai_server_runs_the_ladder_and_ove
         rows=cell_rows(str(workload_dir)),
     )
     assert encode_receipt(refolded) == (workload_dir / "cell.json").read_bytes()
+
+
+async def test_the_real_gemma_model_behind_the_declared_server_runs_the_ladder(
+    native_parts: Parts, tmp_path: Path
+) -> None:
+    """The real Gemma 3 270M (its GGUF, assembled by ``oracles/real_model.py``) served by
+    llama-server declared as an OpenAI server: the reference's body exactly (no
+    ``ignore_eos``), each warm request reusing at least the declared whole blocks."""
+    real = ensure_real_model(io.StringIO(), fetch=False)
+    profile = _profile(native_parts, real.model)
+    ladder = _plan(profile, OPENAI_CONCURRENT, synthetic=False, architecture="gemma3")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with trio.fail_after(600):
+        (cell,) = await _run_cells(run_dir, [ladder])
+    assert cell is not None and cell.status == "completed", cell
+    assert cell.measurement.ignore_eos is False
+    for rung in cell.measurement.rungs:
+        verdict = rung.cache_verdict
+        assert verdict is not None and verdict.shortfall is False, verdict
+        assert verdict.expected_cached_tokens == 64
+    journal = read_journal((run_dir / "journal.jsonl").read_bytes())
+    cell_dir = run_dir / ladder.cell_dir
+    refolded = fold_cell(
+        journal.lines,
+        ladder.cell_id,
+        through_seq=cell.journal_through_seq,
+        rows=cell_rows(str(cell_dir)),
+    )
+    assert encode_receipt(refolded) == (cell_dir / "cell.json").read_bytes()
