@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from pathlib import Path
 
 import pytest
 import trio
+from real_run_harness import cli, operator_for
 
 from cache_family.actors.journal.rows_file import cell_rows
 from cache_family.actors.journal.writer import JournalWriter
@@ -26,7 +28,12 @@ from cache_family.schemas.journal import CellOpened, RungPlan, ServerMetricsRead
 from cache_family.schemas.measurement import CacheExpectation
 from cache_family.schemas.openai_host import admit_serving
 from cache_family.schemas.prepared import HostProfile
-from cache_family.schemas.receipts import CellReceipt, encode_receipt
+from cache_family.schemas.receipts import (
+    CellReceipt,
+    decode_cell_receipt,
+    decode_row_receipt,
+    encode_receipt,
+)
 from cache_family.schemas.workload import validate_workload_object
 from cache_family.schemas.workload_records import (
     WORKLOAD_RECEIPT_NAME,
@@ -72,6 +79,8 @@ DECLARATION = {
     "metrics_path": "/metrics",
     "listening_text": "listening on http://127.0.0.1:{port}",
 }
+
+OVERLAP = {"prompt_tokens": 96, "hit_ratios_pct": [0, 90], "groups": 2, "requests": 4, "seed": 7}
 
 
 def _sha256(path: Path) -> str:
@@ -172,18 +181,7 @@ async def test_llama_server_declared_as_an_openai_server_runs_the_ladder_and_ove
     native_parts: Parts, tmp_path: Path
 ) -> None:
     profile = _profile(native_parts, native_parts.model_path("llama"))
-    workloads = validate_workload_object(
-        {
-            "schema_version": 1,
-            "prefix_overlap": {
-                "prompt_tokens": 96,
-                "hit_ratios_pct": [0, 90],
-                "groups": 2,
-                "requests": 4,
-                "seed": 7,
-            },
-        }
-    )
+    workloads = validate_workload_object({"schema_version": 1, "prefix_overlap": OVERLAP})
     ladder = _plan(profile, OPENAI_CONCURRENT)
     overlap = _plan(
         profile,
@@ -295,3 +293,53 @@ async def test_the_real_gemma_model_behind_the_declared_server_runs_the_ladder(
         rows=cell_rows(str(cell_dir)),
     )
     assert encode_receipt(refolded) == (cell_dir / "cell.json").read_bytes()
+
+
+def test_a_prepared_case_with_a_declared_openai_profile_runs_its_arms_and_replays(
+    native_parts: Parts, oracle_tools: Path, tmp_path: Path
+) -> None:
+    """The product's run: a zoo case prepared as usual, its profiles given a declared
+    OpenAI-compatible server (the same pinned llama-server, declared as such), runs the
+    server's ladder and overlap sweep as arms of the row after every other arm, and replay
+    re-folds every receipt identically."""
+    operator = operator_for(native_parts, oracle_tools, tmp_path, ["llama"])
+    workloads = tmp_path / "workloads.json"
+    workloads.write_text(json.dumps({"schema_version": 1, "prefix_overlap": OVERLAP}))
+    prepared_dir = tmp_path / "prepared"
+    prepare = cli(
+        "prepare-full",
+        "--input",
+        str(operator),
+        "--output",
+        str(prepared_dir),
+        "--workloads",
+        str(workloads),
+        cwd=tmp_path,
+    )
+    assert prepare.returncode == 0, prepare.stderr
+    prepared = prepared_dir / "cache-family-input.json"
+    document = json.loads(prepared.read_text())
+    for profiles in document["profiles"].values():
+        # A prepared input without a declared server encodes no member for one.
+        assert "openai" not in profiles and "openai" not in profiles["native"]
+        declared = dict(profiles["native"], host="openai", model_id="served-model")
+        profiles["openai"] = dict(declared, openai=DECLARATION)
+    prepared.write_text(json.dumps(document))
+
+    out = tmp_path / "run"
+    ran = cli("run", "--input", str(prepared), "--output", str(out), cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    row = decode_row_receipt((out / "cell-0000" / "row.json").read_bytes())
+    observed = {o.arm: (o.planned, o.status) for o in row.observations}
+    assert [o.arm for o in row.observations][-2:] == ["openai-concurrent", "openai-overlap"]
+    assert observed["openai-concurrent"] == ("planned", "completed"), row.observations
+    assert observed["openai-overlap"] == ("planned", "completed"), row.observations
+    ladder = decode_cell_receipt(
+        (out / "cell-0000" / OPENAI_CONCURRENT.directory / "cell.json").read_bytes()
+    )
+    assert all(
+        r.cache_verdict and r.cache_verdict.shortfall is False for r in ladder.measurement.rungs
+    )
+    replayed = cli("replay", str(out), cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert f"cell-0000/{OPENAI_CONCURRENT.directory}/cell.json" in replayed.stdout

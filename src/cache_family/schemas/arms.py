@@ -164,7 +164,7 @@ PAIRED_WORKLOAD_ARMS: Final = {
 HOST_ARMS: Final = (NATIVE_SERIAL, NATIVE_CONCURRENT, SKIPPY_OLD, SKIPPY_NEW)
 # The paired arms whose rungs are compared with each other (parity).
 PAIRED_ARMS: Final = (SKIPPY_OLD, SKIPPY_NEW)
-# The declared server's arms: known by name (journals, reports), not yet planned by a row.
+# The declared server's arms, after every other arm of a case whose profiles declare one.
 OPENAI_ARMS: Final = (OPENAI_CONCURRENT, OPENAI_OVERLAP)
 ARMS: Final = (CORRECTNESS, *HOST_ARMS, *WORKLOAD_ARMS, *STAGE_WORKLOAD_ARMS, *OPENAI_ARMS)
 ARM_BY_NAME: Final = {arm.name: arm for arm in ARMS}

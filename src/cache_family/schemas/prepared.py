@@ -22,7 +22,13 @@ from pydantic import (
 )
 
 from cache_family.errors import Refusal, Refused, json_path
-from cache_family.schemas.arms import NATIVE_PROFILE, NEW_PROFILE, OLD_PROFILE, HostProfileName
+from cache_family.schemas.arms import (
+    NATIVE_PROFILE,
+    NEW_PROFILE,
+    OLD_PROFILE,
+    OPENAI_PROFILE,
+    HostProfileName,
+)
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.catalog import payload_refusal
 from cache_family.schemas.json_shape import containers
@@ -431,12 +437,22 @@ class CaseProfiles(_Strict):
     native: HostProfile | None
     old: HostProfile | None
     new: HostProfile | None
+    # A declared OpenAI-compatible server's profile for the case (left out when absent).
+    openai: HostProfile | None = None
+
+    @model_serializer(mode="wrap")
+    def _absent_extensions_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_absent_extensions(self, handler(self))
 
     def host(self, name: HostProfileName) -> HostProfile | None:
-        """The host profile an arm names (``Arm.profile``); a declared OpenAI-compatible
-        server has none in a prepared input yet (its cells are planned by hand)."""
-        named = {NATIVE_PROFILE: self.native, OLD_PROFILE: self.old, NEW_PROFILE: self.new}
-        return named.get(name)
+        """The host profile an arm names (``Arm.profile``)."""
+        named = {
+            NATIVE_PROFILE: self.native,
+            OLD_PROFILE: self.old,
+            NEW_PROFILE: self.new,
+            OPENAI_PROFILE: self.openai,
+        }
+        return named[name]
 
 
 # --- the documents -----------------------------------------------------------------------------
@@ -607,7 +623,12 @@ def _environment_problems(doc: PreparedInput) -> list[str]:
     maps: dict[str, dict[str, str]] = {"environment": doc.environment}
     for key, profiles in doc.profiles.items():
         maps[f"profiles.{key}.correctness.settings"] = profiles.correctness.settings
-        hosts = (("native", profiles.native), ("old", profiles.old), ("new", profiles.new))
+        hosts = (
+            ("native", profiles.native),
+            ("old", profiles.old),
+            ("new", profiles.new),
+            ("openai", profiles.openai),
+        )
         for host, profile in hosts:
             if profile is not None:
                 maps[f"profiles.{key}.{host}.environment"] = profile.environment

@@ -14,6 +14,8 @@ from cache_family.schemas.arms import (
     CORRECTNESS,
     NATIVE_CONCURRENT,
     NATIVE_SERIAL,
+    OPENAI_CONCURRENT,
+    OPENAI_OVERLAP,
     PAIRED_ARMS,
     STAGE_WORKLOAD_ARMS,
     WORKLOAD_ARMS,
@@ -267,6 +269,22 @@ def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPl
                 f"{needed} distinct first characters, the alphabet has {len(CHAT_ALPHABET)}"
             )
             plans.append(ArmPlan(arm=arm.name, status="skipped", reason=reason))
+    return tuple(plans)
+
+
+def declared_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPlan, ...]:
+    """The arms of a declared OpenAI-compatible server, after every other arm, only for a case
+    whose prepared profiles hold one (none otherwise, so such a run journals what it did
+    before): its ladder, sized and skipped as the native baseline's so the two pair rung for
+    rung, and the overlap sweep when the workload file chooses it."""
+    profiles = prepared.profile(row.key)
+    if profiles is None or profiles.openai is None:
+        return ()
+    native = row.tasks.concurrent_baseline
+    plans = [_arm_plan(OPENAI_CONCURRENT, native.planned, native.skip_reason)]
+    pin = prepared.workloads
+    if pin is not None and pin.workloads.prefix_overlap is not None:
+        plans.append(_arm_plan(OPENAI_OVERLAP, native.planned, native.skip_reason))
     return tuple(plans)
 
 

@@ -39,6 +39,7 @@ from cache_family.states.plans import (
     arm_plans,
     cell_plan,
     correctness_plan,
+    declared_arm_plans,
     exec_pairs,
     row_dir_name,
     row_opened_record,
@@ -94,8 +95,13 @@ class RowActor:
 
     def arm_plans(self) -> tuple[ArmPlan, ...]:
         """The host arms, then the workload arms (none without a workload file, so such a
-        run journals exactly what it did before workloads existed)."""
-        return (*arm_plans(self.row), *workload_arm_plans(self.prepared, self.row))
+        run journals exactly what it did before workloads existed), then a declared
+        OpenAI-compatible server's (none without one)."""
+        return (
+            *arm_plans(self.row),
+            *workload_arm_plans(self.prepared, self.row),
+            *declared_arm_plans(self.prepared, self.row),
+        )
 
     def _row_opened(self, arms: tuple[ArmPlan, ...], row_dir: str) -> RowOpened:
         row = self.row
