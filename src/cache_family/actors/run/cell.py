@@ -687,7 +687,9 @@ class CellActor:
             return
         self._metrics_before_warmup = await self._metrics().before()
         rows = self._segment(0, keep=True)
-        warm = LoadRun(
+        # The host kind's client, as every rung's.
+        warm = self.host_kind.load_run(
+            self.plan,
             self._request(RungPlan(concurrency=1, requests=1)),
             deadline=self.work_deadline,
             client=self.http,
