@@ -7,10 +7,11 @@ import errno
 import os
 import shutil
 import stat
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
 from cache_family.actors.run.custody import make_private_dir, remove_tree
+from cache_family.states.plans import PinTarget
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,18 @@ class PrivateCopy:
     root: str
     binary: str
     native_build: str | None
+
+
+def copied_pins(targets: Sequence[PinTarget], copy: PrivateCopy) -> tuple[PinTarget, ...]:
+    """``targets`` with the binary and the native build as their private copies (the bytes
+    the host will run), the rest where they are."""
+    paths = {"binary": copy.binary}
+    if copy.native_build is not None:
+        paths["native_build"] = copy.native_build
+    return tuple(
+        replace(target, path=paths[target.name]) if target.name in paths else target
+        for target in targets
+    )
 
 
 def inside(path: str, tree: str) -> bool:
@@ -50,13 +63,18 @@ class RowExec:
         self._trees: dict[str, str] = {}  # canonical tree -> its copy
         self._binaries: dict[str, str] = {}  # canonical binary outside a tree -> its copy
 
-    def prepare(self, pairs: Iterable[tuple[str, str | None]]) -> None:
+    def prepare(
+        self, pairs: Iterable[tuple[str, str | None]]
+    ) -> dict[tuple[str, str | None], PrivateCopy]:
         """Make the copies of ``(binary, native_build)`` pairs ahead of the row's cells, so
-        they are old enough to be held by identity when the first cell checks them; a copy
-        that cannot be made now is tried again, and its problem reported, by that cell."""
+        they are old enough to be held by identity when the first cell checks them, and
+        return them by pair; a copy that cannot be made now is left out, tried again, and
+        its problem reported, by that cell."""
+        made: dict[tuple[str, str | None], PrivateCopy] = {}
         for binary, native_build in pairs:
             with contextlib.suppress(OSError):
-                self.copy_for(binary, native_build)
+                made[(binary, native_build)] = self.copy_for(binary, native_build)
+        return made
 
     def copy_for(self, binary: str, native_build: str | None) -> PrivateCopy:
         """The copy ``binary`` runs from (made now unless the row made it already); OSError
