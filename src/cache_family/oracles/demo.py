@@ -513,7 +513,7 @@ def run_demo(
         _say(progress, f"the trained model's prefix sweep, as README's table: {table}")
     minutes = (time.monotonic() - started) / 60
     _say(progress, f"done in {minutes:.1f} min ({_load()}); everything is under {out}")
-    return 0
+    return ExitCode.OK
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
             str(out),
             "give a fresh directory, or none for out/demo-<time>",
         )
-        return 2
+        return ExitCode.REFUSED
     return run_demo(out, sys.stderr, plan=PLANS[args.plan], quiet=args.quiet, hosts=args.hosts)
 
 

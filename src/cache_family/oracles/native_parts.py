@@ -24,6 +24,7 @@ from typing import Any, TextIO
 import trio
 
 from cache_family.errors import Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.oracles import llama_bindings, native_build
 from cache_family.system.hashing import sha256_file
 from cache_family.system.process_group import stop_group
@@ -374,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"error: {refusal.line()}", file=sys.stderr)
-        return 2
+        return ExitCode.REFUSED
     print(f"llama-server: {parts.llama_server}")
     print(f"native build: {parts.native_build}")
     print(f"producer:     {parts.producer_json}")
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"zoo catalog:  {parts.zoo_catalog}")
     print(f"zoo report:   {parts.zoo_report}")
     print(f"real model:   {real.model}")
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

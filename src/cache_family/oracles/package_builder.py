@@ -18,6 +18,7 @@ from typing import Any, Final
 import gguf
 
 from cache_family.errors import Refusal, Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.gguf_header import GgufHeader, read_gguf_header
 from cache_family.schemas.layer_package import (
@@ -39,7 +40,6 @@ from cache_family.schemas.layer_package import (
 from cache_family.system.hashing import sha256_file
 
 PROGRAM: Final = "skippy-package-builder"
-EXIT_REFUSED: Final = 1
 MAX_PINS: Final = 128
 SOURCE_SCOPE: Final = (
     "reference-oracle gguf source admission: shard order, byte pins and header dimensions; "
@@ -671,12 +671,12 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"{PROGRAM}: error: {refusal.line()}", file=sys.stderr)
-        return EXIT_REFUSED
+        return ExitCode.PACKAGE_REFUSED
     except OSError as error:
         failure = Refusal("package.io", "$", str(error), "check the paths and the disk")
         print(f"{PROGRAM}: error: {failure.line()}", file=sys.stderr)
-        return EXIT_REFUSED
-    return 0
+        return ExitCode.PACKAGE_REFUSED
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -70,12 +70,15 @@ from cache_family.schemas.campaign import (
 from cache_family.schemas.journal import PlannedRowBrief
 from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
 from cache_family.system.host_load import NODE_ID_ENV, NODE_LABELS_ENV
+from cache_family.system.process_group import end_processes
 from cache_family.system.publish import publish_fresh, replace_atomically
 
 RAY_DIR: Final = "ray"
 POLL_SECONDS: Final = 0.2
 # After a cancel: how long the tasks get to end their rows before they are killed.
 CANCEL_SLACK_SECONDS: Final = 30.0
+# A lost node's row processes that SIGKILL reached are waited for this long at most.
+ROW_KILL_WAIT_SECONDS: Final = 5.0
 HOST_LOST: Final = "host.lost"
 CANCELLED: Final = "cancelled"
 TASK_FAILED: Final = "row.task_failed"
@@ -331,14 +334,7 @@ def end_row_processes(markers: Sequence[str], grace_seconds: float) -> list[int]
             cmdline = process.info["cmdline"] or ()
             if any(marker in part for part in cmdline for marker in markers):
                 found.append(process)
-    for process in found:
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-    _, alive = psutil.wait_procs(found, timeout=grace_seconds)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(alive, timeout=5)
+    end_processes(found, grace=grace_seconds, kill_wait=ROW_KILL_WAIT_SECONDS)
     return [p.pid for p in found]
 
 
