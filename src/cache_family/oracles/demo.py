@@ -1,4 +1,10 @@
-"""The demo is the mission: ``./bootstrap demo`` runs the wrapper's sequence on the real parts."""
+"""The demo is the mission: ``./bootstrap demo`` runs the wrapper's sequence on the real parts.
+
+Which families and use cases run is chosen only through the operator input and the wrapper's
+corpus variable (``PLANS``). The old and new stage servers are the same oracle build one serving
+option apart (the old never reuses a cached prefix); figures from the tiny random-weight zoo are
+marked synthetic.
+"""
 
 from __future__ import annotations
 

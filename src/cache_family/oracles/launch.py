@@ -1,4 +1,10 @@
-"""What the oracle launchers run: check the package source pin, then run one oracle module."""
+"""What the oracle launchers run: check the package source pin, then run one oracle module.
+
+A launcher script's bytes are what an operator input pins; it names the interpreter, the oracle
+module and the tree pin of the ``cache_family`` source it was written against, and any other
+source is refused (exit 126), so an edited or reinstalled package needs a fresh build of the
+tools.
+"""
 
 from __future__ import annotations
 

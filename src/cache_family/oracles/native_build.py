@@ -1,4 +1,11 @@
-"""Build a real ``llama-server`` from llama.cpp source obtained through a package registry."""
+"""Build a real ``llama-server`` from llama.cpp source obtained through a package registry.
+
+The source is the ``llama-cpp-python`` sdist, checked against ``llama_cpp_source.json`` before
+anything is unpacked; one shared-library build gives both ``llama-server`` and the ``libllama``
+the bindings load. The cache key covers the sdist pin and every build option. ``install(...,
+tools=True)`` also writes the oracle launchers under ``OUTPUT/cargo/debug/``, pinned in
+``producer.json``.
+"""
 
 from __future__ import annotations
 

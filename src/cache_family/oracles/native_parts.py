@@ -1,4 +1,11 @@
-"""The real parts the tests and benchmarks use: a built ``llama-server`` and the model zoo."""
+"""The real parts the tests and benchmarks use: a built ``llama-server`` and the model zoo.
+
+Both are cached under ``$CACHE_FAMILY_CACHE`` (default ``~/.cache/cache-family``) by keys that
+cover their inputs (the zoo's: its sources, the catalog, the ``gguf`` version and the seed), and
+reused while every file still matches. ``serve`` runs one llama-server for a test or a
+benchmark: loopback only, an explicit environment, readiness from its listening line and
+``/health``, and the group stopper always run.
+"""
 
 from __future__ import annotations
 

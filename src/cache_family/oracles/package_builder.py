@@ -1,4 +1,10 @@
-"""Reference oracle of ``skippy-package-builder``: source and package admission, package writing."""
+"""Reference oracle of ``skippy-package-builder``: source and package admission, package writing.
+
+Like the program it stands in for, a refusal exits 1 (``ExitCode.PACKAGE_REFUSED``; usage errors
+2) and a receipt is one pretty JSON document on stdout. ``write-package`` keeps every tensor's
+name, type and bytes, and every artifact carries the source's whole metadata, so each is
+readable alone.
+"""
 
 from __future__ import annotations
 

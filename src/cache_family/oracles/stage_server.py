@@ -1,4 +1,11 @@
-"""Reference oracle of the Skippy stage server (``skippy serve`` / ``skippy serve-openai``)."""
+"""Reference oracle of the Skippy stage server (``skippy serve`` / ``skippy serve-openai``).
+
+It supervises the native build's real ``llama-server`` as a child (own process group, explicit
+environment, loopback) and relays the OpenAI chat API to it. The listening line is printed only
+after ``/v1/models`` answered through our own address. SIGTERM or SIGINT stops the child's group
+and exits 0; a child that dies on its own exits 1. ``--prefix-reuse off`` (the demo's old arm)
+forbids any prompt reuse.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,14 @@
-"""``cache-family replay RUN_DIR [--reap]``: verify the journal and re-fold every receipt."""
+"""``cache-family replay RUN_DIR [--reap]``: verify the journal and re-fold every receipt.
+
+Only the chain's trusted prefix is used; every published receipt is re-folded through its
+``through_seq`` with the run's own pure fold and compared by bytes and with the SHA-256 its
+record holds; every receipt file on disk must be accounted for by the journal, and a finished
+journal ends in a valid seal. ``--reap`` acts only on a journal that verifies and never while
+the run's runner lives; it ends a process only while it is still the journaled pid and create
+time and carries the run's environment tag (or carries the tag after leaving the group):
+SIGTERM, a bounded grace, SIGKILL. Exit 0: identical and finished; 1: something differs or the
+run did not finish; 2: unreadable.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,11 @@
 nothing but a private bridge: each node in its own network namespace with its own work
 directory, joined to the head over a bridge inside the driver's namespace, which has no link
 to the machine's own interfaces (no default route, no NAT).
+
+Ray's services have no authentication: nothing but the cluster itself may reach it. ``local-
+cluster.json`` (each namespace's interfaces, routes, sockets and holder by pid, create time and
+inode) is written as soon as each namespace exists, so a resume after a driver killed outright
+can end what it left; shutdown ends every process of every namespace but the driver.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """``cache-family campaign --input PREPARED --output CAMPAIGN --ray ADDRESS|local``: rows
 on hosts.
+
+One Ray task per row with ``max_retries=0``: a row is never silently run twice, and each row's
+own run checks the prepared pins on its node. A row whose node was lost is ``host.lost`` (never
+rerun); SIGINT or SIGTERM cancels every task (each ends its row's process group within the
+grace), the rows that arrived are merged, and the exit code is 130.
 """
 
 from __future__ import annotations

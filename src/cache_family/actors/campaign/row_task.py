@@ -1,4 +1,10 @@
-"""What one Ray task does on its node: run one row as ``cache-family run --rows KEY`` and wait."""
+"""What one Ray task does on its node: run one row as ``cache-family run --rows KEY`` and wait.
+
+The task polls its row rather than blocking in ``wait()``: Ray's cancellation reaches a task
+only when Python regains control. On any exit of the task the row's group gets SIGTERM (the run
+turns it into its own cancellation), then SIGKILL after the grace. This module imports nothing
+of Ray: the driver wraps ``run_row`` as a remote function.
+"""
 
 from __future__ import annotations
 

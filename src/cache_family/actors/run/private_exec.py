@@ -1,4 +1,12 @@
-"""The bytes a host executes are the bytes its pins saw: it runs from a private copy."""
+"""The bytes a host executes are the bytes its pins saw: it runs from a private copy.
+
+Pins are hashed by path, and a binary exec'd by that path later could be other bytes; so the
+build tree and server are copied into a fresh 0700 directory once per row (``RowExec``), the
+pre-launch check verifies the copies and the host execs them, and the later cells check the
+copies' identities through descriptors held across the row (``RowPins``). Still read by path
+after the check: libraries outside the build, the model (watched during the cell: ``pin_watch``)
+and toolkit trees.
+"""
 
 from __future__ import annotations
 
