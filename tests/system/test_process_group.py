@@ -170,7 +170,7 @@ def test_a_process_found_by_itself_ignoring_sigterm_is_killed(tmp_path: Path) ->
     found = psutil.Process(process.pid)
     try:
         ended = end_processes([found], grace=0.3, kill_wait=10)
-        assert ended.ended == ended.forced == [process.pid] and ended.survivors == []
+        assert ended.ended == [] and ended.forced == [process.pid] and ended.survivors == []
         assert found.returncode == -signal.SIGKILL
         # One by one, not as a group: the grandchild nobody named is not reached.
         assert running(grandchild)
@@ -183,6 +183,7 @@ def test_a_process_found_by_itself_that_obeys_ends_within_the_grace() -> None:
     found = psutil.Process(process.pid)
     ended = end_processes([found], grace=600, kill_wait=10)
     assert ended.ended == [process.pid] and ended.forced == ended.survivors == []
+    assert ended.denied == []
     assert found.returncode == -signal.SIGTERM
 
 

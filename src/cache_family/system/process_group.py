@@ -101,9 +101,10 @@ def stop_group_blocking(
 
 @dataclass(frozen=True, slots=True)
 class ProcessesEnded:
-    ended: list[int]  # the pids that were still running when SIGTERM was sent
+    ended: list[int]  # gone within the grace (on SIGTERM, or before it)
     forced: list[int]  # still running after the grace: SIGKILL was sent
-    survivors: list[int]  # still running after ``kill_wait`` past SIGKILL
+    survivors: list[int]  # still running ``kill_wait`` after SIGKILL
+    denied: list[tuple[str, int]]  # (signal name, pid): the kernel refused to deliver it
 
 
 def end_processes(
@@ -112,21 +113,30 @@ def end_processes(
     """The group stopper's rule for processes found one by one (no group of ours to signal):
     SIGTERM each, the grace, SIGKILL what is left, wait ``kill_wait``. psutil refuses to
     signal a pid that now names another process. Blocks the calling thread."""
-    running = []
+    denied: list[tuple[str, int]] = []
     for process in processes:
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-            running.append(process)
-    _, alive = psutil.wait_procs(running, timeout=grace)
+        _signal_process(process, signal.SIGTERM, denied)
+    _, alive = psutil.wait_procs(processes, timeout=grace)
     for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
+        _signal_process(process, signal.SIGKILL, denied)
     _, surviving = psutil.wait_procs(alive, timeout=kill_wait)
     return ProcessesEnded(
-        ended=[p.pid for p in running],
+        ended=[p.pid for p in processes if p not in alive],
         forced=[p.pid for p in alive],
         survivors=[p.pid for p in surviving],
+        denied=denied,
     )
+
+
+def _signal_process(
+    process: psutil.Process, signum: signal.Signals, denied: list[tuple[str, int]]
+) -> None:
+    try:
+        process.send_signal(signum)
+    except psutil.AccessDenied:
+        denied.append((signum.name, process.pid))
+    except psutil.Error:
+        pass  # gone (or now another process, which psutil will not signal)
 
 
 def live_members(pgid: int) -> list[int]:
