@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import http.client
 import json
@@ -28,13 +27,11 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, TextIO
 
-import trio
-
 from cache_family.errors import Refused
 from cache_family.exit_codes import ExitCode
 from cache_family.oracles import llama_bindings, native_build
 from cache_family.system.hashing import sha256_file
-from cache_family.system.process_group import stop_group
+from cache_family.system.process_group import stop_group_blocking
 
 DEFAULT_SEED = 0
 SKIP_NATIVE_ENV = "CACHE_FAMILY_SKIP_NATIVE"
@@ -365,7 +362,7 @@ def serve(
                 raise RuntimeError(f"/health answered {status}: {reply!r}")
             yield server
         finally:
-            trio.run(functools.partial(stop_group, process, grace=10.0, kill_wait=10.0))
+            stop_group_blocking(process, grace=10.0, kill_wait=10.0)
             reader.join(timeout=10)
 
 
