@@ -2,10 +2,10 @@
 
 Pins are hashed by path, and a binary exec'd by that path later could be other bytes; so the
 build tree and server are copied into a fresh 0700 directory once per row (``RowExec``), the
-pre-launch check verifies the copies and the host execs them, and the later cells check the
-copies' identities through descriptors held across the row (``RowPins``). Still read by path
-after the check: libraries outside the build, the model (watched during the cell: ``pin_watch``)
-and toolkit trees.
+pins checked are the copies', the host execs the copy, and once hashed the copies are held by
+identity through descriptors across the row (``RowPins``), so a write to a copy or a replaced
+copy between two cells is still found. Still read by path after the check: libraries outside
+the build, the model (watched during the cell: ``pin_watch``) and toolkit trees.
 """
 
 from __future__ import annotations
