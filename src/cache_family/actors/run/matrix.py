@@ -1,4 +1,12 @@
-"""``cache-family run --input PREPARED --output FRESH``: the matrix supervisor."""
+"""``cache-family run --input PREPARED --output FRESH``: the matrix supervisor.
+
+Nothing is written unless admission passes (refusals exit 2). SIGINT/SIGTERM never meet Python's
+defaults (``system/interrupts.py``): the first is a run-wide cancellation, a second shortens
+every host's SIGTERM grace, cleanup always runs, and any signal makes the exit code 130.
+``cache-family-matrix.json`` is always published, one entry per planned row. Rows from a
+synthetic catalog are plumbing evidence, never performance claims, and are labelled so at every
+level.
+"""
 
 from __future__ import annotations
 

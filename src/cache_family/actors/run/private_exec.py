@@ -1,4 +1,12 @@
-"""The bytes a host executes are the bytes its pins saw: it runs from a private copy."""
+"""The bytes a host executes are the bytes its pins saw: it runs from a private copy.
+
+Pins are hashed by path, and a binary exec'd by that path later could be other bytes; so the
+build tree and server are copied into a fresh 0700 directory once per row (``RowExec``), the
+pins checked are the copies', the host execs the copy, and once hashed the copies are held by
+identity through descriptors across the row (``RowPins``), so a write to a copy or a replaced
+copy between two cells is still found. Still read by path after the check: libraries outside
+the build, the model (watched during the cell: ``pin_watch``) and toolkit trees.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""The row actor: one planned row run through ``ROW_TABLE`` by the one driver, then ``row.json``."""
+"""The row actor: one planned row run through ``ROW_TABLE`` by the one driver, then ``row.json``.
+
+A row whose model is missing is journaled and kept, never launched. Host arms run only after the
+correctness arm passed, each request with the prompt it accepted; otherwise the row keeps the
+evidence and is never completed. ``row.json`` is published even when the row was cancelled or
+ran out of time (shielded, bounded).
+"""
 
 from __future__ import annotations
 
