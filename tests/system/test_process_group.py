@@ -291,15 +291,17 @@ def test_a_tag_behind_a_large_environment_is_read_in_full() -> None:
     # More than one read of /proc/PID/environ: the tag comes after 180 KiB of other values
     # (one value may hold at most 128 KiB).
     filler = {f"FILLER_{n}": "x" * (60 * 1024) for n in range(3)}
-    env = {"PATH": "/usr/bin:/bin", **filler, PROCESS_TAG_NAME: "run/cell"}
+    # A tag of this test's own: another suite's children on the machine carry "run/cell" too.
+    tag = f"run-{os.getpid()}/cell"
+    env = {"PATH": "/usr/bin:/bin", **filler, PROCESS_TAG_NAME: tag}
     # The child says "ready" only once it runs with ``env``: before its exec, /proc/PID/environ
     # would still be this process's own.
     ready = ["sh", "-c", "echo ready; exec sleep 30"]
     with subprocess.Popen(ready, env=env, stdout=subprocess.PIPE) as child:
         try:
             assert child.stdout is not None and child.stdout.readline() == b"ready\n"
-            assert process_tag_of(child.pid) == "run/cell"
-            found = tagged_processes(lambda tag: tag == "run/cell")
+            assert process_tag_of(child.pid) == tag
+            found = tagged_processes(lambda seen: seen == tag)
             assert set(found) == {child.pid}
         finally:
             child.kill()
