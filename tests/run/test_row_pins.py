@@ -361,7 +361,7 @@ def _after_correctness(hook: Any, model_path: Path) -> type[RowExec]:
 
 
 def write_the_rows_copy_of_the_server(out: Path) -> None:
-    [copy] = [p for p in out.glob("cell-0000/exec-state-*/**/fake-llama-server") if p.is_file()]
+    [copy] = [p for p in out.glob("exec-state-*/**/fake-llama-server") if p.is_file()]
     os.chmod(copy, 0o700)
     write_in_place_keeping_mtime(copy)
 
@@ -391,7 +391,7 @@ async def test_a_write_to_the_rows_private_copy_between_cells_refuses_the_next_c
         ("cell-0000/native-serial", "before", "identity"),
         ("cell-0000/native-concurrent", "before", "sha256"),
     ]
-    assert not list(out.glob("cell-0000/exec-state-*"))  # removed with the row
+    assert not list(out.glob("exec-state-*"))  # removed once the run's hosts have ended
     assert replay(str(out)).exit_code == 0
 
 

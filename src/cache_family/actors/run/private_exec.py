@@ -15,6 +15,7 @@ import errno
 import os
 import shutil
 import stat
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -61,15 +62,20 @@ def make_private_copy(binary: str, native_build: str | None, parent: str) -> Pri
 
 
 class RowExec:
-    """The private copies a row's hosts run from, made once per row in one 0700 dir under
-    ``parent``: each native build tree once, each binary outside its tree once. ``close``
-    removes them; the row calls it once its last host has ended."""
+    """The private copies hosts run from, in one 0700 dir under ``parent``: each native build
+    tree once, each binary outside its tree once. A run makes its rows' copies before its
+    first row (``row.run_private_copies``), so that they have settled, and can be held by
+    identity, by the time a row verifies them; a row run on its own makes its own. ``close``
+    removes them, once the last host that runs from them has ended."""
 
     def __init__(self, parent: str) -> None:
         self.parent = parent
         self.root = ""
         self._trees: dict[str, str] = {}  # canonical tree -> its copy
         self._binaries: dict[str, str] = {}  # canonical binary outside a tree -> its copy
+        # When the newest copy was made (wall clock, ns; 0: none yet): the copies are old
+        # enough to be held by identity ``RACY_SECONDS`` after it.
+        self.newest_copy_ns = 0
 
     def prepare(
         self, pairs: Iterable[tuple[str, str | None]]
@@ -101,6 +107,7 @@ class RowExec:
                     remove_tree(copied_tree)
                     raise
                 self._trees[tree] = copied_tree
+                self.newest_copy_ns = time.time_ns()
             if inside(source, tree):
                 copied = os.path.join(copied_tree, os.path.relpath(source, tree))
                 return PrivateCopy(root, copied, copied_tree)
@@ -116,6 +123,7 @@ class RowExec:
                 remove_tree(directory)
                 raise
             self._binaries[source] = copied
+            self.newest_copy_ns = time.time_ns()
         return PrivateCopy(root, copied, copied_tree)
 
     def _root(self) -> str:

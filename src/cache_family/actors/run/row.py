@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Final
 
@@ -62,6 +63,35 @@ PRIVATE_COPIES_SCOPE: Final = "private-copies"
 _SETTLE_MARGIN_SECONDS: Final = 0.05
 
 
+def row_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPlan, ...]:
+    """A row's host arms, then its workload arms (none without a workload file, so such a
+    run journals exactly what it did before workloads existed)."""
+    return (*arm_plans(row), *workload_arm_plans(prepared, row))
+
+
+@asynccontextmanager
+async def run_private_copies(
+    prepared: PreparedInput, rows: Sequence[PreparedRow], run_dir: str
+) -> AsyncIterator[RowExec]:
+    """The private copies the hosts of ``rows`` run from, made now, before the first row,
+    so that a row finds them settled (``RACY_SECONDS``) and hashes each once beside its
+    correctness arm; removed once every row has ended its hosts. A copy that cannot be made
+    now is tried again, and its problem reported, by the first cell that needs it."""
+    copies = RowExec(run_dir)
+    pairs = [
+        pair
+        for row in rows
+        if row.model_observation.present
+        for pair in exec_pairs(prepared, row, row_arm_plans(prepared, row))
+    ]
+    try:
+        await trio.to_thread.run_sync(copies.prepare, pairs)
+        yield copies
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(copies.close)
+
+
 class RowActor:
     """One row of the matrix. ``await RowActor(...).run()`` returns its matrix entry."""
 
@@ -108,9 +138,7 @@ class RowActor:
         )
 
     def arm_plans(self) -> tuple[ArmPlan, ...]:
-        """The host arms, then the workload arms (none without a workload file, so such a
-        run journals exactly what it did before workloads existed)."""
-        return (*arm_plans(self.row), *workload_arm_plans(self.prepared, self.row))
+        return row_arm_plans(self.prepared, self.row)
 
     def _row_opened(self, arms: tuple[ArmPlan, ...], row_dir: str) -> RowOpened:
         row = self.row
@@ -183,15 +211,19 @@ class RowActor:
     async def _row_context(self, arms: tuple[ArmPlan, ...]) -> AsyncIterator[RunContext]:
         """One RowPins for the row's arms: each pinned file or tree is hashed in full when
         first verified and at the last cell's post-verify, and identity-checked in between.
-        One RowExec: the private copies every host of the row runs from, made once."""
+        The private copies every host of the row runs from: the run's, else the row's own."""
         pins = self.ctx.hosts.pins_of_row()
-        copies = RowExec(os.path.join(self.ctx.run_dir, self.dir))
+        owned = None
+        if self.ctx.row_exec is None:
+            owned = RowExec(os.path.join(self.ctx.run_dir, self.dir))
+        copies = self.ctx.row_exec or owned
         try:
             yield dataclasses.replace(self.ctx, row_pins=pins, row_exec=copies)
         finally:
             # Every cell of the row has ended its host (a cell leaves only after cleanup).
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(copies.close)
+            if owned is not None:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(owned.close)
             if pins is not None:
                 pins.close()
 
@@ -291,7 +323,9 @@ class RowActor:
         own time. Journaled under the row's ``private-copies`` scope (no cell's: a copy that
         differs is hashed again, and reported, by the first cell that runs it)."""
         with settling:
-            await trio.sleep(pins.racy_seconds + _SETTLE_MARGIN_SECONDS)
+            settled_ns = self._arms_ctx.row_exec.newest_copy_ns if self._arms_ctx.row_exec else 0
+            wait = (settled_ns - time.time_ns()) / 1e9 + pins.racy_seconds
+            await trio.sleep(max(wait, 0.0) + _SETTLE_MARGIN_SECONDS)
         if settling.cancelled_caught:
             return
         seconds = self.ctx.stop.run_deadline - MEASUREMENT_RESERVE_SECONDS - trio.current_time()
