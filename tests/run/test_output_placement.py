@@ -150,7 +150,7 @@ async def test_a_run_that_fills_its_disk_says_so_and_names_no_missing_file(
     run = await start_stalled_run(tmp_path, out=tiny_disk / "out")
     try:
         assert (await run.fifo.next_line()).startswith("stream ")
-        # The row's private copy of the server is removed with the row; hard links keep its
+        # The run's private copy of the server is removed with its hosts; hard links keep its
         # blocks taken, so the disk stays full for the receipts and the matrix.
         kept = tiny_disk / "kept"
         kept.mkdir()

@@ -287,7 +287,12 @@ async def test_close_releases_every_held_descriptor(tmp_path: Path) -> None:
 
 
 async def run_row(
-    tmp_path: Path, *, after_correctness: object = None, after_first_host: object = None
+    tmp_path: Path,
+    *,
+    after_correctness: object = None,
+    after_first_host: object = None,
+    correctness_seconds: float = 0.0,
+    racy_seconds: float = 0.0,
 ) -> tuple[Path, CountingHasher]:
     input_path = make_prepared(tmp_path / "p")
     out = tmp_path / "out"
@@ -299,6 +304,7 @@ async def run_row(
     correctness = fake_child_runner()
 
     async def child_runner(command: ChildCommand, on_spawn: OnSpawn) -> ChildEnded:
+        await trio.sleep(correctness_seconds)  # the fake clock's: how long each tool runs
         ended = await correctness(command, on_spawn)
         return ended
 
@@ -319,7 +325,7 @@ async def run_row(
         pin_hasher=counting,
         child_runner=child_runner,
         # Seam: the files under test were just written, so no racy window is waited out.
-        row_pins=lambda hasher: RowPins(hasher, racy_seconds=0),
+        row_pins=lambda hasher: RowPins(hasher, racy_seconds=racy_seconds),
     )
     with pytest.MonkeyPatch.context() as patch:
         if after_correctness is not None:
@@ -335,10 +341,12 @@ def _after_correctness(hook: Any, model_path: Path) -> type[RowExec]:
     class HookedRowExec(RowExec):
         preparing = False
 
-        def prepare(self, pairs: Iterable[tuple[str, str | None]]) -> None:
+        def prepare(
+            self, pairs: Iterable[tuple[str, str | None]]
+        ) -> dict[tuple[str, str | None], PrivateCopy]:
             self.preparing = True  # the row's copies, made before its correctness arm
             try:
-                super().prepare(pairs)
+                return super().prepare(pairs)
             finally:
                 self.preparing = False
 
@@ -353,7 +361,7 @@ def _after_correctness(hook: Any, model_path: Path) -> type[RowExec]:
 
 
 def write_the_rows_copy_of_the_server(out: Path) -> None:
-    [copy] = [p for p in out.glob("cell-0000/exec-state-*/**/fake-llama-server") if p.is_file()]
+    [copy] = [p for p in out.glob("exec-state-*/**/fake-llama-server") if p.is_file()]
     os.chmod(copy, 0o700)
     write_in_place_keeping_mtime(copy)
 
@@ -364,7 +372,9 @@ async def test_a_write_to_the_rows_private_copy_between_cells_refuses_the_next_c
 ) -> None:
     """The row's hosts run from one private copy, checked by identity between cells: a write
     to it after the first host ended is found, hashed again and the next cell is refused."""
-    out, _ = await run_row(tmp_path, after_first_host=write_the_rows_copy_of_the_server)
+    out, _ = await run_row(
+        tmp_path, after_first_host=write_the_rows_copy_of_the_server, correctness_seconds=1.0
+    )
     assert cell(out, "native-serial").status == "completed"
     concurrent = cell(out, "sweep-native-concurrent")
     assert concurrent.status == "failed" and concurrent.host is None
@@ -372,14 +382,61 @@ async def test_a_write_to_the_rows_private_copy_between_cells_refuses_the_next_c
     by = [
         (r.cell_id, r.phase, r.verified_by)
         for r in records(out, PinObserved)
-        if r.name == "binary" and r.phase == "before"
+        if r.name == "binary" and r.phase in ("row", "before")
     ]
-    # The serial cell hashed the copy; the concurrent cell found it changed and hashed again.
+    # The row hashed its copy beside the correctness arm, the serial cell checked it by
+    # identity; the concurrent cell found it changed and hashed it again.
     assert by == [
-        ("cell-0000/native-serial", "before", "sha256"),
+        ("cell-0000/private-copies", "row", "sha256"),
+        ("cell-0000/native-serial", "before", "identity"),
         ("cell-0000/native-concurrent", "before", "sha256"),
     ]
-    assert not list(out.glob("cell-0000/exec-state-*"))  # removed with the row
+    assert not list(out.glob("exec-state-*"))  # removed once the run's hosts have ended
+    assert replay(str(out)).exit_code == 0
+
+
+@pytest.mark.usefixtures("autojump_clock")
+async def test_the_rows_copies_are_hashed_beside_a_correctness_arm_that_outlasts_their_settling(
+    tmp_path: Path,
+) -> None:
+    """Copies made at the row's start settle while the correctness arm runs: the row hashes
+    them then (journaled under its own scope), and every host cell checks them by identity."""
+    out, _ = await run_row(tmp_path, correctness_seconds=1.0)
+    by = [
+        (r.cell_id, r.phase, r.name, r.verified_by)
+        for r in records(out, PinObserved)
+        if r.name in ("binary", "native_build") and r.phase in ("row", "before")
+    ]
+    assert by == [
+        ("cell-0000/correctness", "before", "native_build", "sha256"),  # the pinned tree
+        ("cell-0000/private-copies", "row", "binary", "sha256"),
+        ("cell-0000/private-copies", "row", "native_build", "sha256"),
+        ("cell-0000/native-serial", "before", "binary", "identity"),
+        ("cell-0000/native-serial", "before", "native_build", "identity"),
+        ("cell-0000/native-concurrent", "before", "binary", "identity"),
+        ("cell-0000/native-concurrent", "before", "native_build", "identity"),
+    ]
+    copy = next(r.path for r in records(out, PinObserved) if r.phase == "row")
+    assert "/exec-state-" in copy  # the bytes the host runs, not the pinned path
+    assert cell(out, "native-serial").status == "completed"
+    assert cell(out, "sweep-native-concurrent").status == "completed"
+    assert row(out).status == "completed"
+    assert replay(str(out)).exit_code == 0
+
+
+@pytest.mark.usefixtures("autojump_clock")
+async def test_copies_not_settled_when_the_correctness_arm_ends_are_left_to_the_first_cell(
+    tmp_path: Path,
+) -> None:
+    out, _ = await run_row(tmp_path, correctness_seconds=0.5, racy_seconds=5.0)
+    assert not [r for r in records(out, PinObserved) if r.phase == "row"]
+    serial = [
+        r.verified_by
+        for r in records(out, PinObserved)
+        if r.cell_id == "cell-0000/native-serial" and r.phase == "before" and r.name == "binary"
+    ]
+    assert serial == ["sha256"]
+    assert row(out).status == "completed"
     assert replay(str(out)).exit_code == 0
 
 

@@ -140,13 +140,13 @@ def test_prepare_full_then_run_checks_correctness_then_measures_both_native_arms
     # The typed reader keeps the host's argv and the prompt's provenance (the records' own
     # fields), so folds and replay see exactly what the file holds.
     argv = list(hosts[0].host_argv)
-    # The host ran the row's private copy of the pinned build (the bytes its pins hashed),
-    # and so did the other arm's: one copy per row.
+    # The host ran the run's private copy of the pinned build (the bytes its pins hashed),
+    # and so did the other arm's: one copy per run.
     # Hosts reach the run directory through the handle opened at admission (the runner's
     # /proc/PID/fd/N), so a parent swapped for a link afterwards cannot redirect them.
     through = re.fullmatch(r"/proc/\d+/fd/\d+/(.+)", argv[0])
     inside = Path(through.group(1)) if through else Path(argv[0]).relative_to(out)
-    copy = inside.relative_to(row_dir.relative_to(out))
+    copy = inside
     assert copy.parts[0].startswith("exec-state-") and copy.parts[1:] == (
         "native-0",
         "bin",

@@ -22,9 +22,11 @@ from cache_family.system.child import ChildCommand, run_child
 from cache_family.system.process_group import (
     PROCESS_TAG_NAME,
     descendants,
+    end_processes,
     live_members,
     process_tag_of,
     stop_group,
+    stop_group_blocking,
     tagged_processes,
 )
 
@@ -124,6 +126,65 @@ async def test_an_ended_group_is_not_signalled() -> None:
         await process.wait()
         stopped = await stop_group(process, grace=600, kill_wait=10)
     assert not stopped.signalled and not stopped.forced and stopped.returncode == 0
+
+
+def popen_ignoring_group(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """As :func:`ignoring_group`, for a caller outside trio."""
+    pids = tmp_path / "pids.json"
+    process = subprocess.Popen(
+        [sys.executable, IGNORES_SIGTERM, str(free_port()), str(pids)],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while not pids.exists():
+        assert time.monotonic() < deadline, "the fake host never wrote its pids"
+        time.sleep(CHILD_POLL_SECONDS)
+    return process, list(json.loads(pids.read_text()))
+
+
+def test_the_blocking_stopper_kills_a_group_ignoring_sigterm(tmp_path: Path) -> None:
+    process, (leader, grandchild) = popen_ignoring_group(tmp_path)
+    stopped = stop_group_blocking(process, grace=0.3, kill_wait=10)
+    assert stopped.signalled and stopped.forced
+    assert stopped.returncode == -signal.SIGKILL
+    assert live_members(leader) == [] and not running(grandchild)
+
+
+def test_the_blocking_stopper_lets_an_obedient_leader_end_in_the_grace() -> None:
+    process = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True)
+    stopped = stop_group_blocking(process, grace=600, kill_wait=10)
+    assert stopped.signalled and not stopped.forced
+    assert stopped.returncode == -signal.SIGTERM
+
+
+def test_the_blocking_stopper_does_not_signal_an_ended_group() -> None:
+    process = subprocess.Popen([sys.executable, "-c", ""], start_new_session=True)
+    process.wait()
+    stopped = stop_group_blocking(process, grace=600, kill_wait=10)
+    assert not stopped.signalled and not stopped.forced and stopped.returncode == 0
+
+
+def test_a_process_found_by_itself_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
+    process, (_, grandchild) = popen_ignoring_group(tmp_path)
+    found = psutil.Process(process.pid)
+    try:
+        ended = end_processes([found], grace=0.3, kill_wait=10)
+        assert ended.ended == [] and ended.forced == [process.pid] and ended.survivors == []
+        assert found.returncode == -signal.SIGKILL
+        # One by one, not as a group: the grandchild nobody named is not reached.
+        assert running(grandchild)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_a_process_found_by_itself_that_obeys_ends_within_the_grace() -> None:
+    process = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True)
+    found = psutil.Process(process.pid)
+    ended = end_processes([found], grace=600, kill_wait=10)
+    assert ended.ended == [process.pid] and ended.forced == ended.survivors == []
+    assert ended.denied == []
+    assert found.returncode == -signal.SIGTERM
 
 
 # A tool child that leaves a daemon behind: setsid and a double fork (FAULT INJECTION), the
@@ -230,15 +291,17 @@ def test_a_tag_behind_a_large_environment_is_read_in_full() -> None:
     # More than one read of /proc/PID/environ: the tag comes after 180 KiB of other values
     # (one value may hold at most 128 KiB).
     filler = {f"FILLER_{n}": "x" * (60 * 1024) for n in range(3)}
-    env = {"PATH": "/usr/bin:/bin", **filler, PROCESS_TAG_NAME: "run/cell"}
+    # A tag of this test's own: another suite's children on the machine carry "run/cell" too.
+    tag = f"run-{os.getpid()}/cell"
+    env = {"PATH": "/usr/bin:/bin", **filler, PROCESS_TAG_NAME: tag}
     # The child says "ready" only once it runs with ``env``: before its exec, /proc/PID/environ
     # would still be this process's own.
     ready = ["sh", "-c", "echo ready; exec sleep 30"]
     with subprocess.Popen(ready, env=env, stdout=subprocess.PIPE) as child:
         try:
             assert child.stdout is not None and child.stdout.readline() == b"ready\n"
-            assert process_tag_of(child.pid) == "run/cell"
-            found = tagged_processes(lambda tag: tag == "run/cell")
+            assert process_tag_of(child.pid) == tag
+            found = tagged_processes(lambda seen: seen == tag)
             assert set(found) == {child.pid}
         finally:
             child.kill()

@@ -1,5 +1,9 @@
 """`cache-family bench`: both matrices, their combined README tables and each run's report
 (``report-run``: report.md, report.html, plots), one step at a time.
+
+This module is the one definition of the wrapper's sequence and environment contract (README,
+"The wrapper"); ``scripts/skippy-cache-family-bench.sh`` only sets up ``.venv`` and execs this
+command.
 """
 
 from __future__ import annotations

@@ -1,4 +1,10 @@
-"""What the operator sees while work runs: one progress concept, four renderings."""
+"""What the operator sees while work runs: one progress concept, four renderings.
+
+The rendering is chosen once per command (``choose_mode``): live ``rich`` on a terminal, plain
+lines otherwise, nothing with ``--quiet``, JSON lines with ``--json-events``. A run's progress
+is read from the records its journal receives (``RunProgress.record``), so the display never
+guesses from timers.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""The demo is the mission: ``./bootstrap demo`` runs the wrapper's sequence on the real parts."""
+"""The demo is the mission: ``./bootstrap demo`` runs the wrapper's sequence on the real parts.
+
+Which families and use cases run is chosen only through the operator input and the wrapper's
+corpus variable (``PLANS``). The old and new stage servers are the same oracle build one serving
+option apart (the old never reuses a cached prefix); figures from the tiny random-weight zoo are
+marked synthetic.
+"""
 
 from __future__ import annotations
 
@@ -513,7 +519,7 @@ def run_demo(
         _say(progress, f"the trained model's prefix sweep, as README's table: {table}")
     minutes = (time.monotonic() - started) / 60
     _say(progress, f"done in {minutes:.1f} min ({_load()}); everything is under {out}")
-    return 0
+    return ExitCode.OK
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -566,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
             str(out),
             "give a fresh directory, or none for out/demo-<time>",
         )
-        return 2
+        return ExitCode.REFUSED
     return run_demo(out, sys.stderr, plan=PLANS[args.plan], quiet=args.quiet, hosts=args.hosts)
 
 

@@ -1,4 +1,10 @@
-"""What the oracle launchers run: check the package source pin, then run one oracle module."""
+"""What the oracle launchers run: check the package source pin, then run one oracle module.
+
+A launcher script's bytes are what an operator input pins; it names the interpreter, the oracle
+module and the tree pin of the ``cache_family`` source it was written against, and any other
+source is refused (exit 126), so an edited or reinstalled package needs a fresh build of the
+tools.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,9 @@ from pathlib import Path
 from typing import Final
 
 import cache_family
+from cache_family.exit_codes import ExitCode
 from cache_family.oracles.native_build import package_source_sha256
 
-EXIT_SOURCE_CHANGED: Final = 126
 ORACLE_MODULES: Final = ("stage_server", "correctness", "package_builder")
 
 
@@ -26,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{{{','.join(ORACLE_MODULES)}}} [ARG...]",
             file=sys.stderr,
         )
-        return 2
+        return ExitCode.REFUSED
     expected, module, rest = args[0], args[1], args[2:]
     actual = package_source_sha256()
     if actual != expected:
@@ -36,10 +42,10 @@ def main(argv: list[str] | None = None) -> int:
             "skippy-workload-oracles-build OUTPUT` again)",
             file=sys.stderr,
         )
-        return EXIT_SOURCE_CHANGED
+        return ExitCode.SOURCE_CHANGED
     sys.argv = [module, *rest]
     runpy.run_module(f"cache_family.oracles.{module}", run_name="__main__", alter_sys=True)
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

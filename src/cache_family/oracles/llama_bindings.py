@@ -1,5 +1,9 @@
 """The ``llama-cpp-python`` bindings on the project's own ``libllama``, installed without
 compiling.
+
+They are built from the native build's own pinned sdist with ``CMAKE_ARGS=-DLLAMA_BUILD=OFF``
+and load its shared library through ``LLAMA_CPP_LIB_PATH``; nothing imports them before ``load``
+has set that variable, so ``cache-family`` works without them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""Build a real ``llama-server`` from llama.cpp source obtained through a package registry."""
+"""Build a real ``llama-server`` from llama.cpp source obtained through a package registry.
+
+The source is the ``llama-cpp-python`` sdist, checked against ``llama_cpp_source.json`` before
+anything is unpacked; one shared-library build gives both ``llama-server`` and the ``libllama``
+the bindings load. The cache key covers the sdist pin and every build option. ``install(...,
+tools=True)`` also writes the oracle launchers under ``OUTPUT/cargo/debug/``, pinned in
+``producer.json``.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cache_family.errors import Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
 from cache_family.system.hashing import sha256_file
 from cache_family.system.pins import tree_digest
@@ -628,14 +636,14 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m cache_family.oracles.native_build OUTPUT_DIR", file=sys.stderr)
-        return 2
+        return ExitCode.REFUSED
     try:
         install(Path(args[0]).absolute(), sys.stderr, tools=True)
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"error: {refusal.line()}", file=sys.stderr)
-        return 2
-    return 0
+        return ExitCode.REFUSED
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -1,10 +1,16 @@
-"""The real parts the tests and benchmarks use: a built ``llama-server`` and the model zoo."""
+"""The real parts the tests and benchmarks use: a built ``llama-server`` and the model zoo.
+
+Both are cached under ``$CACHE_FAMILY_CACHE`` (default ``~/.cache/cache-family``) by keys that
+cover their inputs (the zoo's: its sources, the catalog, the ``gguf`` version and the seed), and
+reused while every file still matches. ``serve`` runs one llama-server for a test or a
+benchmark: loopback only, an explicit environment, readiness from its listening line and
+``/health``, and the group stopper always run.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import http.client
 import json
@@ -21,12 +27,11 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, TextIO
 
-import trio
-
 from cache_family.errors import Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.oracles import llama_bindings, native_build
 from cache_family.system.hashing import sha256_file
-from cache_family.system.process_group import stop_group
+from cache_family.system.process_group import stop_group_blocking
 
 DEFAULT_SEED = 0
 SKIP_NATIVE_ENV = "CACHE_FAMILY_SKIP_NATIVE"
@@ -357,7 +362,7 @@ def serve(
                 raise RuntimeError(f"/health answered {status}: {reply!r}")
             yield server
         finally:
-            trio.run(functools.partial(stop_group, process, grace=10.0, kill_wait=10.0))
+            stop_group_blocking(process, grace=10.0, kill_wait=10.0)
             reader.join(timeout=10)
 
 
@@ -374,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"error: {refusal.line()}", file=sys.stderr)
-        return 2
+        return ExitCode.REFUSED
     print(f"llama-server: {parts.llama_server}")
     print(f"native build: {parts.native_build}")
     print(f"producer:     {parts.producer_json}")
@@ -382,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"zoo catalog:  {parts.zoo_catalog}")
     print(f"zoo report:   {parts.zoo_report}")
     print(f"real model:   {real.model}")
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -1,4 +1,10 @@
-"""Reference oracle of ``skippy-package-builder``: source and package admission, package writing."""
+"""Reference oracle of ``skippy-package-builder``: source and package admission, package writing.
+
+Like the program it stands in for, a refusal exits 1 (``ExitCode.PACKAGE_REFUSED``; usage errors
+2) and a receipt is one pretty JSON document on stdout. ``write-package`` keeps every tensor's
+name, type and bytes, and every artifact carries the source's whole metadata, so each is
+readable alone.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from typing import Any, Final
 import gguf
 
 from cache_family.errors import Refusal, Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import read_bounded
 from cache_family.schemas.gguf_header import GgufHeader, read_gguf_header
 from cache_family.schemas.layer_package import (
@@ -39,7 +46,6 @@ from cache_family.schemas.layer_package import (
 from cache_family.system.hashing import sha256_file
 
 PROGRAM: Final = "skippy-package-builder"
-EXIT_REFUSED: Final = 1
 MAX_PINS: Final = 128
 SOURCE_SCOPE: Final = (
     "reference-oracle gguf source admission: shard order, byte pins and header dimensions; "
@@ -671,12 +677,12 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"{PROGRAM}: error: {refusal.line()}", file=sys.stderr)
-        return EXIT_REFUSED
+        return ExitCode.PACKAGE_REFUSED
     except OSError as error:
         failure = Refusal("package.io", "$", str(error), "check the paths and the disk")
         print(f"{PROGRAM}: error: {failure.line()}", file=sys.stderr)
-        return EXIT_REFUSED
-    return 0
+        return ExitCode.PACKAGE_REFUSED
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from cache_family.errors import Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.oracles import native_build
 from cache_family.oracles.zoo.hub import publish_snapshot
 from cache_family.oracles.zoo.zoo_catalog import encode_catalog
@@ -323,11 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"refused: {refusal.line()}", file=sys.stderr)
-        return 2
+        return ExitCode.REFUSED
     print(
         json.dumps({"root": str(real.root), "catalog": str(real.catalog), "model": str(real.model)})
     )
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

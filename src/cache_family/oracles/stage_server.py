@@ -1,4 +1,11 @@
-"""Reference oracle of the Skippy stage server (``skippy serve`` / ``skippy serve-openai``)."""
+"""Reference oracle of the Skippy stage server (``skippy serve`` / ``skippy serve-openai``).
+
+It supervises the native build's real ``llama-server`` as a child (own process group, explicit
+environment, loopback) and relays the OpenAI chat API to it. The listening line is printed only
+after ``/v1/models`` answered through our own address. SIGTERM or SIGINT stops the child's group
+and exits 0; a child that dies on its own exits 1. ``--prefix-reuse off`` (the demo's old arm)
+forbids any prompt reuse.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import msgspec
 import trio
 
 from cache_family.errors import Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.gguf_header import read_gguf_header
 from cache_family.schemas.stage_server import (
@@ -31,20 +39,19 @@ from cache_family.schemas.stage_server import (
     StageConfig,
     listening_line,
 )
-from cache_family.system.process_group import PROCESS_TAG_NAME
+from cache_family.system.process_group import PROCESS_TAG_NAME, stop_group
 
 PROGRAM: Final = "skippy"
 BACKEND: Final = "llama-server"
 NATIVE_ENV: Final = "CACHE_FAMILY_ORACLE_NATIVE"
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_REFUSED: Final = 2
 CONFIG_MAX_BYTES: Final = MIB
 BODY_MAX_BYTES: Final = 16 * MIB
 STARTUP_SECONDS: Final = 600.0
 # Below the grace a run's host custody gives this program (5 s) before its SIGKILL, which
 # would leave the child (its own session) running: stop it, and say so, within ours.
 STOP_GRACE_SECONDS: Final = 3.0
+# After SIGKILL, still within that grace.
+KILL_WAIT_SECONDS: Final = 1.5
 CHILD_LINE_MAX: Final = 4096
 TELEMETRY_LEVELS: Final = ("off", "error", "warn", "info", "debug", "trace")
 # Names the child may inherit: the host basics and the operator's allowlisted device settings.
@@ -376,7 +383,7 @@ class Relay:
 
 @dataclass
 class _Ending:
-    code: int = EXIT_FAILED
+    code: int = ExitCode.FAILED
     reason: str = "startup did not finish"
 
 
@@ -422,7 +429,7 @@ async def _answers_models(port: int, model_id: str) -> None:
 
 
 async def _stop(process: trio.Process) -> None:
-    """Terminate the child's whole group, wait a bounded grace, then kill; always reaps.
+    """End the child's whole group with the one group stopper (shielded, bounded).
 
     The child's output is read on meanwhile: a child that logs its shutdown into a full pipe
     nobody reads (the pump ended with the serving nursery) blocks and never exits.
@@ -431,14 +438,7 @@ async def _stop(process: trio.Process) -> None:
         async with trio.open_nursery() as draining:
             if process.stdout is not None and process.returncode is None:
                 draining.start_soon(_pump, process.stdout)
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGTERM)
-                with trio.move_on_after(STOP_GRACE_SECONDS):
-                    await process.wait()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # stragglers of the group, if any
-            await process.wait()
+            await stop_group(process, grace=STOP_GRACE_SECONDS, kill_wait=KILL_WAIT_SECONDS)
             draining.cancel_scope.cancel()
 
 
@@ -480,13 +480,13 @@ async def serve(args: argparse.Namespace) -> int:
 
                 async def on_signal() -> None:
                     async for signum in signals:
-                        ending.code, ending.reason = EXIT_OK, signal.Signals(signum).name
+                        ending.code, ending.reason = ExitCode.OK, signal.Signals(signum).name
                         nursery.cancel_scope.cancel()
                         return
 
                 async def on_child_exit() -> None:
                     code = await process.wait()
-                    ending.code, ending.reason = EXIT_FAILED, f"{BACKEND} exited with {code}"
+                    ending.code, ending.reason = ExitCode.FAILED, f"{BACKEND} exited with {code}"
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(on_signal)
@@ -502,7 +502,7 @@ async def serve(args: argparse.Namespace) -> int:
                 except (RuntimeError, httpx.HTTPError, ValueError) as error:
                     ending.reason = f"not ready: {error}"
                     nursery.cancel_scope.cancel()
-                    return EXIT_FAILED
+                    return ExitCode.FAILED
                 line = listening_line(
                     dialect,
                     port,
@@ -561,10 +561,10 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"{PROGRAM}: error: {refusal.line()}", file=sys.stderr)
-        return EXIT_REFUSED
+        return ExitCode.REFUSED
     except OSError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
-        return EXIT_FAILED
+        return ExitCode.FAILED
     _say(f"exit {code} after {time.monotonic() - started:.1f} s")
     return code
 

@@ -1,4 +1,8 @@
-"""``report.html``: the run report's Markdown as one self-contained page."""
+"""``report.html``: the run report's Markdown as one self-contained page.
+
+The Markdown is the single source of the tables. No script and no external resource: a content
+security policy forbids any fetch, so the page opens offline.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""``production-cache-bench.md``: the in-run producer variant of the combined report."""
+"""``production-cache-bench.md``: the in-run producer variant of the combined report.
+
+The run's ``production-cache-bench.json`` is read as ``cache-family report`` reads it and
+rendered by the same renderer in its producer wording.
+"""
 
 from __future__ import annotations
 

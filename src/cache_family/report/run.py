@@ -1,4 +1,9 @@
-"""A run directory's receipts as the run report reads them (`cache-family report-run`)."""
+"""A run directory's receipts as the run report reads them (`cache-family report-run`).
+
+Only published receipts are read, never the journal; every read is bounded and a path a receipt
+names must stay inside the run directory. Receipts are published bottom-up, so one that another
+names but is missing was removed and is refused.
+"""
 
 from __future__ import annotations
 

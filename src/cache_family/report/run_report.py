@@ -1,4 +1,9 @@
-"""The run report: ``report.md``, ``report.html`` and ``plots/*.svg`` from a run's receipts."""
+"""The run report: ``report.md``, ``report.html`` and ``plots/*.svg`` from a run's receipts.
+
+``render_run_report`` is pure and deterministic, so replay regenerates and compares the files
+byte for byte. Arms come from the receipts, not a fixed list; a section appears only when the
+run measured what it reports.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""Old-versus-new effect sizes: the difference of medians with a bootstrap confidence interval."""
+"""Old-versus-new effect sizes: the difference of medians with a bootstrap confidence interval.
+
+Percentile bootstrap over two independent samples, seeded with ``BOOTSTRAP_SEED`` for every
+comparison and drawing only through ``random.Random.random`` (its sequence for an integer seed
+is stable across Python versions), so the same samples always give the same interval, byte for
+byte.
+"""
 
 from __future__ import annotations
 

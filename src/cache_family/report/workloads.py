@@ -1,4 +1,10 @@
-"""The run report's workload sections, from each workload cell's ``workload.json``."""
+"""The run report's workload sections, from each workload cell's ``workload.json``.
+
+Each plot's x axis names what it holds (``svg.XAxis``). A closed-loop stage reads "closed loop",
+never "0/0"; an open-loop rate that sent fewer than ``sends_to_judge`` requests reads "too few
+requests to judge" with the number needed. Synthetic cells are labelled as plumbing evidence.
+Pure once the receipts are read.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The arms of a row, defined once: each arm's name (as journaled and reported), the directory
 its cell lives in under ``cell-NNNN/``, the cohort its requests belong to, its measurement kind
 and the host kind that serves it (``actors/run/hosts.py`` holds each kind's strategy).
+
+Adding an arm is a new ``Arm`` here, never a new spelling elsewhere.
 """
 
 from __future__ import annotations

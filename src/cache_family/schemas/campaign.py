@@ -1,4 +1,9 @@
-"""The campaign journal: ``campaign-journal.jsonl``, one hash-chained line per record."""
+"""The campaign journal: ``campaign-journal.jsonl``, one hash-chained line per record.
+
+It has the run journal's line layout and chain (``schemas/journal.py``) with records of its own,
+from ``campaign_opened`` to ``campaign_sealed``. Records are frozen tagged Structs that forbid
+unknown fields; new fields get defaults and go last, a new record is a new tag.
+"""
 
 from __future__ import annotations
 

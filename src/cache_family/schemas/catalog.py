@@ -1,4 +1,9 @@
-"""The preset catalog: which models a run may plan, with every shape as data."""
+"""The preset catalog: which models a run may plan, with every shape as data.
+
+Nothing here derives a number from a key or a family name: the zoo writes a catalog in this same
+format with its own shapes, so every field is read from the document. A loaded catalog carries
+the SHA-256 of exactly the bytes parsed (the plan's ``catalog_sha256``).
+"""
 
 from __future__ import annotations
 

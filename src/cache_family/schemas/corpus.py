@@ -1,4 +1,9 @@
-"""The use-case corpus: one benchmark prompt per use case, in the reference corpus format."""
+"""The use-case corpus: one benchmark prompt per use case, in the reference corpus format.
+
+A corpus in the reference format loads unchanged (``prefix_tokens`` defaults to 128, every
+``source`` member optional; ``provenance`` is our one addition). Loading is bounded, hashes
+exactly the bytes read and refuses with every problem found.
+"""
 
 from __future__ import annotations
 

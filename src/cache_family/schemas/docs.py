@@ -1,4 +1,9 @@
-"""The README's operator input reference, rendered from the models themselves."""
+"""The README's operator input reference, rendered from the models themselves.
+
+Rows come from walking the models' fields and their rule metadata, so a changed bound, field or
+refusal code changes the generated text and the README test notices. Pure: ``just readme-
+fields`` writes the result.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""A complete, valid operator input (reference §1) as a plain JSON object, every member given."""
+"""A complete, valid operator input (reference §1) as a plain JSON object, every member given.
+
+The reference example with real hex for placeholders and no paired old/new servers; tests start
+from it and change what they test.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""A GGUF file's header metadata, read with a byte bound and never touching tensor data."""
+"""A GGUF file's header metadata, read with a byte bound and never touching tensor data.
+
+Short scalars, strings and string arrays are kept, other arrays stepped over. Everything read
+counts against ``max_bytes``; a header needing more, a truncated one, an unknown value type, a
+repeated or non-UTF-8 key is refused with a ``gguf.*`` code.
+"""
 
 from __future__ import annotations
 

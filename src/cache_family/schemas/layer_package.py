@@ -1,4 +1,9 @@
-"""The schema-1 layer package (``format: "layer-package"``) as its manifest describes it."""
+"""The schema-1 layer package (``format: "layer-package"``) as its manifest describes it.
+
+The manifest's pin is the SHA-256 of its raw bytes. ``decode_manifest`` ignores members it does
+not know (as the reference reader does) and refuses every rule of the reference reader it
+breaks, all at once.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""``cache-family-matrix.json``: the run's receipt, one entry per planned row."""
+"""``cache-family-matrix.json``: the run's receipt, one entry per planned row.
+
+A synthetic catalog marks every row ``synthetic`` and adds the synthetic evidence class to
+``scope``: such figures are never performance claims. Every member is written, null included
+(only a row's ``result`` leaves out what its kind does not use); new fields get defaults and go
+last.
+"""
 
 from __future__ import annotations
 

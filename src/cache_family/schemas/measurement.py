@@ -1,4 +1,9 @@
-"""Measurement records: what one load run was asked, what each request did, and the summaries."""
+"""Measurement records: what one load run was asked, what each request did, and the summaries.
+
+Evolution rule: a new field gets a default and goes last; no field is retyped, renamed or
+reordered (every field is keyword only). Times are milliseconds unless the name says seconds;
+``None`` means "not observed", never zero.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""The placement file: which hosts may run which rows of a campaign (``--placement FILE``)."""
+"""The placement file: which hosts may run which rows of a campaign (``--placement FILE``).
+
+Each rule names exactly one of ``row``, ``preset`` or ``family`` and the host it asks for (Ray
+``labels``, ``gpus``, ``cpus``); a row takes its row key's rule, else its preset's, else its
+family's, and a row no rule names may run anywhere. Unknown members, wrong types and two rules
+for one target are refused.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""``production-cache-bench.json``: one row per planned row, in the native producer's schema."""
+"""``production-cache-bench.json``: one row per planned row, in the native producer's schema.
+
+The members are exactly the reference's native projection, so the combined report reads our rows
+as the reference's; a synthetic row also carries ``synthetic`` and its evidence class. The
+prompt text is never part of a row.
+"""
 
 from __future__ import annotations
 

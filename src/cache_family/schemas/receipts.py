@@ -1,4 +1,10 @@
-"""Receipts: ``cell.json`` per host session and the native part of ``row.json``."""
+"""Receipts: ``cell.json`` per host session and the native part of ``row.json``.
+
+Encoded canonically by ``encode_receipt`` (fields in definition order, keys sorted, two-space
+indent, one trailing newline), so the same journal always gives the same bytes, which replay
+checks. New fields get defaults and go last; ``schema_version`` changes only when a meaning
+changes.
+"""
 
 from __future__ import annotations
 

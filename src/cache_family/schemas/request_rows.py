@@ -1,4 +1,10 @@
-"""A cell's per-request rows in their own streamed file, beside its ``cell.json``."""
+"""A cell's per-request rows in their own streamed file, beside its ``cell.json``.
+
+Written front to back as requests end and fsynced at each rung's end, when a ``rung_rows``
+record names its lines and their SHA-256; the journal holds no row, and the file is never read
+whole (a reader verifies the digests as it streams). A cell of more than ``INLINE_ROWS_MAX``
+requests names the file in ``cell.json``; a smaller one also lists its rows inline.
+"""
 
 from __future__ import annotations
 

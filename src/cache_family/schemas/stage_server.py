@@ -1,4 +1,8 @@
-"""A stage server's config file (``stage.json``) and the listening lines of its two dialects."""
+"""A stage server's config file (``stage.json``) and the listening lines of its two dialects.
+
+Members this reader does not know are ignored (the reference writers differ). A captured line
+over 16384 bytes never counts as a listening line.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""The workload file (schema_version 1): which cache traffic a run adds to its rows."""
+"""The workload file (schema_version 1): which cache traffic a run adds to its rows.
+
+Pinned by SHA-256 in the prepared input; an operator input without one prepares and runs exactly
+as before. Strict like the operator input: every refusal of the document at once, each with a
+``workload.*`` code, a JSON path and a hint.
+"""
 
 from __future__ import annotations
 

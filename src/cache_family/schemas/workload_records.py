@@ -1,5 +1,8 @@
 """The journal records a workload cell writes, and the receipt folded from them
 (``workload.json`` beside the cell's ``cell.json``, folded by ``states/workload_fold.py``).
+
+Records carry what was sent and what the server reported, never a verdict: the fold judges, so
+replay reproduces every verdict byte for byte.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Pure planning and statistics of the open-loop workload: arrival schedules drawn lazily
-from a seed, their goodness of fit, the sender's lateness and the over-saturation watch."""
+from a seed, their goodness of fit, the sender's lateness and the over-saturation watch.
+
+Schedules are constant, Poisson or gamma (burstiness is the gamma shape; 1 is Poisson); fit is
+the Kolmogorov-Smirnov statistic of inter-arrival times against the drawn distribution.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""How much of a prompt llama-server should serve from its cache, and each rung's verdict."""
+"""How much of a prompt llama-server should serve from its cache, and each rung's verdict.
+
+Rules (``../spec/llama-cpp-facts.md``): ``exact-prefix`` reuses the whole common prefix but
+always evaluates at least one token; ``checkpoint`` (recurrent, hybrid) restores the last
+context checkpoint inside the common prefix (taken at ``n - 4 - n_ubatch`` and ``n - 4``);
+``checkpoint-swa`` the same, one token fewer. A slot's first request of a cell expects 0; a RAM
+cache hit on it still counts.
+"""
 
 from __future__ import annotations
 

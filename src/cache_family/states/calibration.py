@@ -1,4 +1,8 @@
-"""How close a measurement came to the client's own overhead, and when TTFT is not a first token."""
+"""How close a measurement came to the client's own overhead, and when TTFT is not a first token.
+
+A rung whose latencies are within ``NEAR_OVERHEAD_FACTOR`` times the client's own overhead
+measures the client about as much as the host, and its receipt says so.
+"""
 
 from __future__ import annotations
 

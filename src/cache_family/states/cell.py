@@ -1,6 +1,11 @@
 """The cell machine (one host session of one arm), the row machine and the correctness machine
 (one row's correctness arm), each as one table. The warmup state sends the excluded warmup
 request, so ``ladder`` sends only measured requests.
+
+A (state, event) pair not in a table is refused (``cell.transition.refused``,
+``row.transition.refused``); nothing else is inferred. Faults, cancellation and deadline expiry
+lead from every working state to ``cleanup`` and from there only to ``finalize``: failure is
+sticky, checked at import.
 """
 
 from __future__ import annotations

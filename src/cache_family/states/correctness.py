@@ -1,5 +1,9 @@
 """The correctness arm's decisions, pure: the tool's command line per topology, the verdict on
 one topology (its child's end and the gate on its report) and the verdict on the stage.
+
+The stage passes only when every planned topology passed the gate and every report carries the
+same non-empty ``benchmark_prompt_text`` (spec ``correctness-report.md``); that text then drives
+every later request of the row.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The state-handoff correctness report: topology layer ranges and the gate that accepts
 a report.
+
+The run accepts a ``state-handoff.json`` only when ``handoff_report_refusals`` finds nothing
+(spec ``correctness-report.md``, "The gate").
 """
 
 from __future__ import annotations

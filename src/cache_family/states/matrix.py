@@ -1,4 +1,10 @@
-"""The matrix fold: journal lines in, ``cache-family-matrix.json`` out. Pure, live = replay."""
+"""The matrix fold: journal lines in, ``cache-family-matrix.json`` out. Pure, live = replay.
+
+Every planned row is journaled with ``row_opened`` (one never reached is opened and stopped at
+once), so the journal alone names the whole plan. The matrix is completed only if every measured
+row is; a run-wide terminal refusal lowers it to incomplete; synthetic rows are named so in
+``scope``.
+"""
 
 from __future__ import annotations
 

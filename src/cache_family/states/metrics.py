@@ -1,4 +1,10 @@
-"""Client metrics: pure arithmetic over a roster of request rows."""
+"""Client metrics: pure arithmetic over a roster of request rows.
+
+A roster is accepted only when it names every planned request id exactly once with finite, non-
+negative timings; anything else is refused with every reason at once, never silently summarised.
+Percentiles are nearest-rank-below, ``sorted[min(floor(n * p / 100), n - 1)]``, with no
+interpolation.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""The planner: rows and profiles from a validated plan, a catalog, a corpus and observations."""
+"""The planner: rows and profiles from a validated plan, a catalog, a corpus and observations.
+
+Row order: for each prefix, for each use case, for each selected catalog case in catalog order
+(``plan.cases`` order is ignored). Every token count a host is given must fit a ``uint32``, and
+a row's prefix plus its one generated token must fit its ctx: otherwise the plan is refused
+before any byte is observed.
+"""
 
 from __future__ import annotations
 

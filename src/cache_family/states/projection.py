@@ -1,4 +1,9 @@
-"""The native projection: a row's ``production-cache-bench.json`` entry from its receipt."""
+"""The native projection: a row's ``production-cache-bench.json`` entry from its receipt.
+
+``skippy`` carries the first topology's figures only when the correctness arm completed (else
+unmeasured), and the prompt text is never copied; ``llama_server`` the native serial summary's
+warm mean and median.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""The receipt lattice: how statuses compare, combine and downgrade."""
+"""The receipt lattice: how statuses compare, combine and downgrade.
+
+Measured statuses form a chain, best first: completed > incomplete > failed > refused.
+Unmeasured statuses (missing-model, not-launched, not-run, skipped, unavailable, unmeasured) say
+why there is no evidence and stay outside the chain. The one rule: a status never rises after a
+downgrade; folds keep a ceiling that only ``meet`` changes.
+"""
 
 from __future__ import annotations
 

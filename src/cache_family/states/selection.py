@@ -1,4 +1,10 @@
-"""Which rows of a prepared input one run runs: ``--rows KEY,…`` or ``--shard I/N``. Pure."""
+"""Which rows of a prepared input one run runs: ``--rows KEY,…`` or ``--shard I/N``. Pure.
+
+A row's key is ``CASE/USE_CASE/PREFIX`` (``qwen3_dense/none/512``): it names what the row
+measures, so it survives changes to the plan. A shard takes the rows the rendezvous hash
+(largest SHA-256 of ``i``, ``N``, key) gives it: adding rows never moves another, and the shards
+together hold every row exactly once.
+"""
 
 from __future__ import annotations
 

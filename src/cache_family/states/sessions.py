@@ -1,5 +1,9 @@
 """Pure planning and verdicts of the multi-turn sessions workload: each turn's prompt, its
-expected reuse under the server's rule, and evidence before an eviction is claimed."""
+expected reuse under the server's rule, and evidence before an eviction is claimed.
+
+The expected reuse of a turn is the session's earlier tokens as the rule allows; the first turn
+whose reuse falls short is the eviction turn.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""What a rung's receipt derives from its rows, tallied one row at a time (``RungFacts``)."""
+"""What a rung's receipt derives from its rows, tallied one row at a time (``RungFacts``).
+
+The load actor tallies each row as its request ends and journals the facts with
+``rung_completed``, so no fold holds a rung's rows; replay streams the rows file through the
+same tally and compares. A tally keeps a few bytes per request, never a row.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""The fold of one workload cell's journal lines into ``workload.json`` (scope ``workload``)."""
+"""The fold of one workload cell's journal lines into ``workload.json`` (scope ``workload``).
+
+The verdicts are computed here, with the planning modules' own rules, from what the records say
+the server reported (the 0 % overlap control must reuse nothing), so replay re-folds every
+``workload.json`` byte for byte.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""Pure planning and verdicts of the cache workloads the workload file chooses."""
+"""Pure planning and verdicts of the cache workloads the workload file chooses.
+
+A prefix-overlap point is accepted when the reuse the server reported is within max(0.5 pp, 100
+x page / mean prompt tokens) of the designed ratio (the shared prefix rounded down to what the
+family's reuse rule can reuse); the 0 % point is the control and must report no reuse at all.
+Sessions live in ``sessions.py``, open-loop schedules in ``arrivals.py``.
+"""
 
 from __future__ import annotations
 

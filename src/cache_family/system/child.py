@@ -1,4 +1,8 @@
-"""A supervised tool child: its own process group, an explicit environment, a deadline."""
+"""A supervised tool child: its own process group, an explicit environment, a deadline.
+
+At its deadline or on cancellation its whole group is ended by the one group stopper, then every
+process still carrying its environment tag; a cancellation is re-raised once they are gone.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""Plain HTTP/1.1 to a host on 127.0.0.1: h11 over trio streams, one connection per request."""
+"""Plain HTTP/1.1 to a host on 127.0.0.1: h11 over trio streams, one connection per request.
+
+No TLS, no proxy lookup, no pool: every request opens its own connection and asks the server to
+close it, because llama-server closes a connection after every streamed response and a reused
+one fails intermittently. Failures surface as ``HttpError``; deadlines are the caller's cancel
+scopes.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""The one SIGINT/SIGTERM latch: never Python's defaults where a command owns the signals."""
+"""The one SIGINT/SIGTERM latch: never Python's defaults where a command owns the signals.
+
+A ``Latch`` remembers every signal by name in arrival order, put up for a block
+(``Latch.installed``) or, for ``run``, for the process's life (``hold_until_exit``): before the
+run's receiver opens it remembers, while a trio receiver is open trio's handler displaces it
+(and re-delivers on close), after the matrix it only counts (exit 130), and at exit the signals
+are blocked and the process ends with ``os._exit`` so finalization never restores the defaults.
+"""
 
 from __future__ import annotations
 

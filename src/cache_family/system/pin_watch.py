@@ -1,4 +1,10 @@
-"""Watching pinned files and trees between two hashes of them (inotify, Linux, via ctypes)."""
+"""Watching pinned files and trees between two hashes of them (inotify, Linux, via ctypes).
+
+A byte flipped after a pin's first hash and restored before the second is invisible to both, so
+the pinned paths are watched in between and any write, attribute change, move or delete is
+drift. Not seen: writes through a shared ``mmap`` or through a hard link outside a tree; a path
+that cannot be watched is listed in ``unwatched``.
+"""
 
 from __future__ import annotations
 

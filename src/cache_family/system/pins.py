@@ -1,4 +1,11 @@
-"""Pins: SHA-256 of a file's bytes, or of a directory tree, hashed under a budget."""
+"""Pins: SHA-256 of a file's bytes, or of a directory tree, hashed under a budget.
+
+Every hash runs in 1 MiB chunks and asks its ``Budget`` between chunks, so cancellation stops it
+within one chunk. Tree pin (reference "Tree pin"): regular files by relative POSIX path sorted
+bytewise, each as the 8-byte big-endian path length, the path and the raw digest, into one
+SHA-256; a tree must be complete (depth at most 32, at most 10 000 entries, symlinks only to
+files inside it, no special files, at least one file).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,13 @@
-"""Ending a child's process group: SIGTERM, a bounded grace, SIGKILL, reap; shielded."""
+"""Ending a child's process group: SIGTERM, a bounded grace, SIGKILL, reap; shielded.
+
+The one stopper for every child this tool starts in a session of its own (hosts in custody,
+the preparation worker, a campaign's rows, the oracles' children), in trio code and in plain
+threads alike. The grace covers every member of the group, not only its leader, because a
+leader's helpers may outlive it. A process that left the group (``setsid``, a double fork) is
+out of reach of group signals; two further nets find it: descendants recorded by (pid, create
+time), and the environment tag (``PROCESS_TAG_NAME``) that ``/proc/PID/environ`` still shows
+(a process that never inherited it, or cleared it and exec'd again, is not found this way).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +15,8 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -72,6 +82,63 @@ async def stop_group(
     return GroupStopped(signalled=signalled, forced=forced, returncode=leader.poll())
 
 
+def stop_group_blocking(
+    leader: subprocess.Popen[Any], *, grace: float, kill_wait: float
+) -> GroupStopped:
+    """:func:`stop_group` for a caller outside trio (a Ray task, a plain thread): the same
+    rule, bounded by about ``grace + kill_wait`` seconds; blocks the calling thread."""
+    pgid = leader.pid
+    signalled = forced = False
+    if _running(leader, pgid):
+        signalled = True
+        _signal_group(pgid, signal.SIGTERM)
+        forced = not _ended_by(leader, pgid, time.monotonic() + grace)
+    if forced:
+        _signal_group(pgid, signal.SIGKILL)
+        _ended_by(leader, pgid, time.monotonic() + kill_wait)
+    return GroupStopped(signalled=signalled, forced=forced, returncode=leader.poll())
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessesEnded:
+    ended: list[int]  # gone within the grace (on SIGTERM, or before it)
+    forced: list[int]  # still running after the grace: SIGKILL was sent
+    survivors: list[int]  # still running ``kill_wait`` after SIGKILL
+    denied: list[tuple[str, int]]  # (signal name, pid): the kernel refused to deliver it
+
+
+def end_processes(
+    processes: Sequence[psutil.Process], *, grace: float, kill_wait: float
+) -> ProcessesEnded:
+    """The group stopper's rule for processes found one by one (no group of ours to signal):
+    SIGTERM each, the grace, SIGKILL what is left, wait ``kill_wait``. psutil refuses to
+    signal a pid that now names another process. Blocks the calling thread."""
+    denied: list[tuple[str, int]] = []
+    for process in processes:
+        _signal_process(process, signal.SIGTERM, denied)
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    for process in alive:
+        _signal_process(process, signal.SIGKILL, denied)
+    _, surviving = psutil.wait_procs(alive, timeout=kill_wait)
+    return ProcessesEnded(
+        ended=[p.pid for p in processes if p not in alive],
+        forced=[p.pid for p in alive],
+        survivors=[p.pid for p in surviving],
+        denied=denied,
+    )
+
+
+def _signal_process(
+    process: psutil.Process, signum: signal.Signals, denied: list[tuple[str, int]]
+) -> None:
+    try:
+        process.send_signal(signum)
+    except psutil.AccessDenied:
+        denied.append((signum.name, process.pid))
+    except psutil.Error:
+        pass  # gone (or now another process, which psutil will not signal)
+
+
 def live_members(pgid: int) -> list[int]:
     """Processes of group ``pgid`` that still run. A reaper-less PID 1 may keep zombies
     forever, so psutil's status, not kill(0) alone, says whether a member still runs."""
@@ -99,6 +166,17 @@ async def _until_ended(leader: Leader, pgid: int) -> None:
         await leader.wait()
     while _running(leader, pgid):
         await trio.sleep(POLL_SECONDS)
+
+
+def _ended_by(leader: subprocess.Popen[Any], pgid: int, deadline: float) -> bool:
+    """Wait for the leader, then poll the group, until ``deadline``; whether it all ended."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        leader.wait(timeout=max(deadline - time.monotonic(), 0.0))
+    while _running(leader, pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_SECONDS)
+    return True
 
 
 async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:

@@ -1,4 +1,10 @@
-"""Atomic publication of files this tool owns: fresh (no-clobber) or replacing."""
+"""Atomic publication of files this tool owns: fresh (no-clobber) or replacing.
+
+Written to a temporary name beside the target and fsynced, then ``os.link``-ed (refusing an
+existing target) or ``os.replace``-d where replacing is the point. The returned identity
+includes size and timestamps, since a file written after ours was unlinked may get the same
+inode back.
+"""
 
 from __future__ import annotations
 

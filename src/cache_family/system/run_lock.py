@@ -1,4 +1,10 @@
-"""One writer per run directory: an exclusive ``flock`` on ``RUN_DIR/run.lock``."""
+"""One writer per run directory: an exclusive ``flock`` on ``RUN_DIR/run.lock``.
+
+``run``, ``run --resume`` and ``replay --reap`` hold it while they may write into the directory
+or end its processes. The kernel releases a ``flock`` with its holder's descriptor (close-on-
+exec), so a killed holder leaves no stale lock; the holder's pid is in the file so a refused
+taker can name it.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""The journal's head, and its optional signature with an operator-held SSH key."""
+"""The journal's head, and its optional signature with an operator-held SSH key.
+
+Anyone able to write the run directory can rewrite the whole chain and re-fold every receipt:
+only a head kept apart from it (``replay --expect-head``), or a signature made with a key the
+writer does not hold, catches that. Signing is OpenSSH's own (``ssh-keygen -Y sign``, SSHSIG),
+never a home-made scheme, over the head line and a newline exactly as the run printed it, in
+``SIGNATURE_NAMESPACE`` so a signature made for anything else never verifies here.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,14 @@
-"""``cache-family replay RUN_DIR [--reap]``: verify the journal and re-fold every receipt."""
+"""``cache-family replay RUN_DIR [--reap]``: verify the journal and re-fold every receipt.
+
+Only the chain's trusted prefix is used; every published receipt is re-folded through its
+``through_seq`` with the run's own pure fold and compared by bytes and with the SHA-256 its
+record holds; every receipt file on disk must be accounted for by the journal, and a finished
+journal ends in a valid seal. ``--reap`` acts only on a journal that verifies and never while
+the run's runner lives; it ends a process only while it is still the journaled pid and create
+time and carries the run's environment tag (or carries the tag after leaving the group):
+SIGTERM, a bounded grace, SIGKILL. Exit 0: identical and finished; 1: something differs or the
+run did not finish; 2: unreadable.
+"""
 
 from __future__ import annotations
 
@@ -62,6 +72,7 @@ from cache_family.states.tally import tally_cell
 from cache_family.states.workload_fold import SCOPE_WORKLOAD, refold_workload
 from cache_family.system.process_group import (
     PROCESS_TAG_NAME,
+    end_processes,
     parse_run_tag,
     process_tag_of,
     tagged_processes,
@@ -748,19 +759,19 @@ def reap_children(
             targets[pid] = process
     if not targets:
         return []
-    for process in targets.values():
-        _signal(report, process, "SIGTERM", process.terminate)
-    _, alive = psutil.wait_procs(list(targets.values()), timeout=grace_s)
-    ended = [p.pid for p in targets.values() if p not in alive]
-    if ended:
-        report.say(f"reap: ended with SIGTERM: {sorted(ended)}")
-    if alive:
-        for process in alive:
-            _signal(report, process, "SIGKILL", process.kill)
-        _, still = psutil.wait_procs(alive, timeout=grace_s)
-        report.say(f"reap: killed with SIGKILL after {grace_s:g} s: {sorted(p.pid for p in alive)}")
-        if still:
-            report.say(f"reap: STILL ALIVE after SIGKILL: {sorted(p.pid for p in still)}")
+    outcome = end_processes(list(targets.values()), grace=grace_s, kill_wait=grace_s)
+    for name, pid in outcome.denied:
+        if name == "SIGTERM":
+            report.say(f"reap: SIGTERM to pid {pid} denied")
+    if outcome.ended:
+        report.say(f"reap: ended with SIGTERM: {sorted(outcome.ended)}")
+    if outcome.forced:
+        for name, pid in outcome.denied:
+            if name == "SIGKILL":
+                report.say(f"reap: SIGKILL to pid {pid} denied")
+        report.say(f"reap: killed with SIGKILL after {grace_s:g} s: {sorted(outcome.forced)}")
+        if outcome.survivors:
+            report.say(f"reap: STILL ALIVE after SIGKILL: {sorted(outcome.survivors)}")
     return sorted(targets)
 
 
@@ -812,14 +823,3 @@ def _run_dir_locked_elsewhere(pid: int, root: str) -> str | None:
         if parent == directory:
             return None
         directory = parent
-
-
-def _signal(
-    report: ReplayReport, process: psutil.Process, name: str, send: Callable[[], None]
-) -> None:
-    try:
-        send()
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.AccessDenied:
-        report.say(f"reap: {name} to pid {process.pid} denied")

@@ -1,4 +1,10 @@
-"""Every file of a run directory, bound by SHA-256: what the run binds and what replay checks."""
+"""Every file of a run directory, bound by SHA-256: what the run binds and what replay checks.
+
+Bound by ``run_files``, journaled before the matrix is published: every regular file of the run
+directory except the journal, the matrix (its ``receipt_published`` binds it), the lock, the
+head's signature and what ``report-run`` writes (replay regenerates those). A journal from
+before ``run_files`` binds no file list: replay says so and stays able to check it.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """What the driver makes of a row's task once it ended: the row received, verified and placed
 under the campaign's ``rows/`` (its ``row_arrived`` record ready to journal), or the reason
-the row is missing."""
+the row is missing.
+
+The driver journals the arrival before it looks at the next task.
+"""
 
 from __future__ import annotations
 

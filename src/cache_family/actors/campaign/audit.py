@@ -1,4 +1,9 @@
-"""``cache-family replay CAMPAIGN``: re-verify every shard and reproduce the merged files."""
+"""``cache-family replay CAMPAIGN``: re-verify every shard and reproduce the merged files.
+
+A campaign journal opened but not sealed (its driver stopped before the merge) is not a
+difference: every row it says arrived must still replay with the head it arrived with, and the
+replay ends incomplete (exit 1) naming the rows still missing.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """The campaign journal written as the campaign goes: opened before the first row, a line
 per row as it arrives (fsynced), the merge's lines and the seal at the end. A driver killed
-outright leaves every line it wrote; ``campaign --resume`` continues the same chain."""
+outright leaves every line it wrote; ``campaign --resume`` continues the same chain.
+
+A resume cuts off a torn last line (a write a kill cut short) and refuses a broken chain, so a
+campaign killed and resumed is one chain.
+"""
 
 from __future__ import annotations
 

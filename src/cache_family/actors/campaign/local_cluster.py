@@ -1,7 +1,13 @@
 """``campaign --ray local``: a Ray cluster of labelled test hosts on this machine that share
 nothing but a private bridge: each node in its own network namespace with its own work
 directory, joined to the head over a bridge inside the driver's namespace, which has no link
-to the machine's own interfaces (no default route, no NAT)."""
+to the machine's own interfaces (no default route, no NAT).
+
+Ray's services have no authentication: nothing but the cluster itself may reach it. ``local-
+cluster.json`` (each namespace's interfaces, routes, sockets and holder by pid, create time and
+inode) is written as soon as each namespace exists, so a resume after a driver killed outright
+can end what it left; shutdown ends every process of every namespace but the driver.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import psutil
 
 from cache_family.actors.campaign.row_return import NODE_WORK_DIR_ENV
 from cache_family.errors import Refused
+from cache_family.system.process_group import end_processes
 from cache_family.system.publish import replace_atomically
 
 CLONE_NEWNET: Final = 0x40000000
@@ -169,14 +176,7 @@ def end_namespaces(
     """SIGTERM every process of the namespaces, wait out the grace, SIGKILL what is left and
     wait for it; the namespaces end with their last process. How many there were."""
     found = processes_in(namespaces, since)
-    for process in found:
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-    _, alive = psutil.wait_procs(found, timeout=grace)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(alive, timeout=grace)
+    end_processes(found, grace=grace, kill_wait=grace)
     return len(found)
 
 

@@ -1,4 +1,11 @@
-"""``cache-family merge --output CAMPAIGN SHARD_DIR…``: one campaign from the runs of its shards."""
+"""``cache-family merge --output CAMPAIGN SHARD_DIR…``: one campaign from the runs of its shards.
+
+Refused before anything is written: a shard whose replay is not identical
+(``campaign.shard.unverified``), one of another prepared input (``campaign.shard.other_input``),
+a row two shards ran (``campaign.shard.duplicate_row``). The merged files are a pure fold of the
+campaign journal and the shards' verified receipts (``fold_campaign``), so ``replay CAMPAIGN``
+reproduces them byte for byte.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,10 @@
 """``cache-family campaign --input PREPARED --output CAMPAIGN --ray ADDRESS|local``: rows
 on hosts.
+
+One Ray task per row with ``max_retries=0``: a row is never silently run twice, and each row's
+own run checks the prepared pins on its node. A row whose node was lost is ``host.lost`` (never
+rerun); SIGINT or SIGTERM cancels every task (each ends its row's process group within the
+grace), the rows that arrived are merged, and the exit code is 130.
 """
 
 from __future__ import annotations
@@ -70,12 +75,15 @@ from cache_family.schemas.campaign import (
 from cache_family.schemas.journal import PlannedRowBrief
 from cache_family.schemas.prepared import PREPARED_INPUT_MAX_BYTES, PreparedInput, decode_document
 from cache_family.system.host_load import NODE_ID_ENV, NODE_LABELS_ENV
+from cache_family.system.process_group import end_processes
 from cache_family.system.publish import publish_fresh, replace_atomically
 
 RAY_DIR: Final = "ray"
 POLL_SECONDS: Final = 0.2
 # After a cancel: how long the tasks get to end their rows before they are killed.
 CANCEL_SLACK_SECONDS: Final = 30.0
+# A lost node's row processes that SIGKILL reached are waited for this long at most.
+ROW_KILL_WAIT_SECONDS: Final = 5.0
 HOST_LOST: Final = "host.lost"
 CANCELLED: Final = "cancelled"
 TASK_FAILED: Final = "row.task_failed"
@@ -331,14 +339,7 @@ def end_row_processes(markers: Sequence[str], grace_seconds: float) -> list[int]
             cmdline = process.info["cmdline"] or ()
             if any(marker in part for part in cmdline for marker in markers):
                 found.append(process)
-    for process in found:
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-    _, alive = psutil.wait_procs(found, timeout=grace_seconds)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(alive, timeout=5)
+    end_processes(found, grace=grace_seconds, kill_wait=ROW_KILL_WAIT_SECONDS)
     return [p.pid for p in found]
 
 

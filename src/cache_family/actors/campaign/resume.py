@@ -1,4 +1,10 @@
-"""``cache-family campaign --resume CAMPAIGN``: run again only the rows without a finished run."""
+"""``cache-family campaign --resume CAMPAIGN``: run again only the rows without a finished run.
+
+A row is kept only when its run directory is sealed, replays identical and ended without a run-
+wide refusal (cancellation, deadline, interrupt failure): such a row is never run twice; every
+other row runs again and its earlier try moves under ``superseded/N/``. The prepared input and
+the placement file must still have the bytes the campaign started with.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ first comes back with the row's task, the others by tasks pinned to the same nod
 chunk in memory at a time. Nothing the node says is trusted: each chunk is checked against
 the manifest, each file against the manifest, and the whole row as ``merge`` checks a shard
 (replay, the journal head, every file its journal binds).
+
+The staging directory becomes ``rows/row-NNNN`` only after every check; any refusal removes it.
 """
 
 from __future__ import annotations

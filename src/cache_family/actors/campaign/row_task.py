@@ -1,4 +1,10 @@
-"""What one Ray task does on its node: run one row as ``cache-family run --rows KEY`` and wait."""
+"""What one Ray task does on its node: run one row as ``cache-family run --rows KEY`` and wait.
+
+The task polls its row rather than blocking in ``wait()``: Ray's cancellation reaches a task
+only when Python regains control. On any exit of the task the row's group gets SIGTERM (the run
+turns it into its own cancellation), then SIGKILL after the grace. This module imports nothing
+of Ray: the driver wraps ``run_row`` as a remote function.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,14 @@ import contextlib
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Final
+
+from cache_family.system.process_group import stop_group_blocking
 
 # The end of a row's log that comes back with it when the row ran in the node's own
 # work directory.
@@ -21,6 +28,9 @@ LOG_TAIL_BYTES: Final = 256 * 1024
 POLL_SECONDS: Final = 0.1
 # The run's own cleanup (every host's SIGTERM grace) fits well inside this.
 DEFAULT_GRACE_SECONDS: Final = 60.0
+# After SIGKILL the row's group is waited for this long at most (a process stuck in the
+# kernel does not end even then; the task returns without its exit code).
+KILL_WAIT_SECONDS: Final = 10.0
 
 
 def row_argv(input_path: str, row_dir: str, key: str) -> list[str]:
@@ -64,23 +74,8 @@ def run_row(
             time.sleep(POLL_SECONDS)
     finally:
         if child.returncode is None:
-            end_group(child, grace_seconds)
+            stop_group_blocking(child, grace=grace_seconds, kill_wait=KILL_WAIT_SECONDS)
     return {"returncode": child.returncode, "hostname": socket.gethostname(), **(node or {})}
-
-
-def end_group(child: subprocess.Popen[bytes], grace_seconds: float) -> None:
-    """SIGTERM the row's process group, wait out the grace, SIGKILL what is left, reap."""
-    _signal_group(child.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_seconds
-    while child.poll() is None and time.monotonic() < deadline:
-        time.sleep(POLL_SECONDS)
-    _signal_group(child.pid, signal.SIGKILL)
-    child.wait()
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signum)
 
 
 def log_tail(path: str) -> bytes:

@@ -1,4 +1,8 @@
-"""Writing a cell's ``requests.jsonl`` (``schemas/request_rows.py``, which also streams it)."""
+"""Writing a cell's ``requests.jsonl`` (``schemas/request_rows.py``, which also streams it).
+
+Rows are buffered and written in large chunks, hashed as they go; ``checkpoint`` fsyncs at each
+rung's end and gives the count and SHA-256 of every line so far, which ``rung_rows`` journals.
+"""
 
 from __future__ import annotations
 

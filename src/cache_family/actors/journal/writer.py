@@ -1,4 +1,11 @@
-"""The journal writer: the one task that appends to ``journal.jsonl``, and receipt publication."""
+"""The journal writer: the one task that appends to ``journal.jsonl``, and receipt publication.
+
+Start it with ``nursery.start`` in a nursery that outlives every actor that journals (cleanup
+records come after cancellation). Seq order is call order: ``append_nowait`` stamps and queues
+without a checkpoint between. Observations are buffered and written with the next durable record
+(one write, one fsync); only state changes are promised durable. The queue is unbounded on
+purpose: a bounded one would let a cancelled sender leave a hole in the seqs.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Preparation admission: every check before the first write (exit 2 creates nothing)."""
+"""Preparation admission: every check before the first write (exit 2 creates nothing).
+
+The output must not exist, its parent must, and its canonical path must be disjoint from the
+native build, the cache root and every toolkit directory.
+"""
 
 from __future__ import annotations
 

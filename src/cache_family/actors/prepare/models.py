@@ -1,4 +1,9 @@
-"""Preparation's view of models and pinned files: layout, identity from the bytes, pins."""
+"""Preparation's view of models and pinned files: layout, identity from the bytes, pins.
+
+A model's files are found and compared with the catalog preset from a GGUF header or a package
+manifest alone; ``hash_models`` then pins the bytes and refuses bytes that changed since their
+identity was read. Every refusal is gathered (``Gathered``) so one preparation reports them all.
+"""
 
 from __future__ import annotations
 

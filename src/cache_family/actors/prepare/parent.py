@@ -1,4 +1,10 @@
-"""Native preparation: operator input in, ``cache-family-input.json`` out (README, "Using it")."""
+"""Native preparation: operator input in, ``cache-family-input.json`` out (README, "Using it").
+
+The input is admitted before any write; the worker runs in its own session under the preparation
+deadline. The prepared input is published (fresh, atomically) only from a clean, timely,
+uncancelled worker; a late cancellation or deadline removes only the file the parent wrote.
+``prepare-full`` records a ``--use-case-corpus`` as ``unused_corpus`` without reading it.
+"""
 
 from __future__ import annotations
 

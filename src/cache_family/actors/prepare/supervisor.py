@@ -1,4 +1,9 @@
-"""Running the preparation worker: its own session, a deadline, cancellation, bounded capture."""
+"""Running the preparation worker: its own session, a deadline, cancellation, bounded capture.
+
+The worker gets only the environment it is given. Whichever comes first of its exit,
+cancellation and the deadline ends the wait; a worker still running then goes through the one
+group stopper (``system/process_group.py``).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""The calibration server: known TTFT and inter-token interval, and the exact times it kept them."""
+"""The calibration server: known TTFT and inter-token interval, and the exact times it kept them.
+
+It binds 127.0.0.1 only. It stamps its clock when a request's headers are complete and just
+before each event is written, so every client timestamp has a server truth (``GET /stamps``);
+the llama.cpp final event's ``timings`` are these stamps, never the configuration.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import os
@@ -21,8 +20,8 @@ from cache_family.actors.run.context import HostHandle, PinResult, RunContext, i
 from cache_family.actors.run.engine import Handlers, drive
 from cache_family.actors.run.hosts import HOST_KINDS
 from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, PromptCuts
-from cache_family.actors.run.private_exec import PrivateCopy, make_private_copy
-from cache_family.actors.run.server_metrics import MetricsWatch, Reading
+from cache_family.actors.run.private_exec import PrivateCopy, copied_pins, make_private_copy
+from cache_family.actors.run.server_metrics import Exposition, MetricsWatch, Reading
 from cache_family.actors.run.workload_runners import WORKLOAD_RUNNERS
 from cache_family.actors.run.workloads import WorkloadHost, WorkloadHostLost
 from cache_family.errors import Refused
@@ -229,8 +228,10 @@ class CellActor:
         self._watch: PinWatch | None = None
         # The host session's request count when readiness sampled the host's process tree.
         self._requests_at_tree_note = -1
-        # The host's metrics read before the serial warmup: rung 0's interval opens there.
-        self._metrics_before_warmup: Reading | None = None
+        # The host's metrics read that opens the next rung's interval: the one before the
+        # serial warmup (rung 0's), then each rung's closing read (nothing reaches the host
+        # between a rung's last answer and the next rung's first request).
+        self._metrics_opening: Reading | None = None
 
     def __repr__(self) -> str:
         elapsed = "-"
@@ -531,13 +532,7 @@ class CellActor:
         copy = copy or self._exec
         if copy is None:
             return self.plan.pins
-        paths = {"binary": copy.binary}
-        if copy.native_build is not None:
-            paths["native_build"] = copy.native_build
-        return tuple(
-            dataclasses.replace(target, path=paths[target.name]) if target.name in paths else target
-            for target in self.plan.pins
-        )
+        return copied_pins(self.plan.pins, copy)
 
     def _host_env(self, state_dir: str) -> dict[str, str]:
         profile = self.plan.profile
@@ -685,7 +680,7 @@ class CellActor:
         """The serial cell's request 0 (excluded); a concurrent cell excludes none."""
         if not self.plan.serial:
             return
-        self._metrics_before_warmup = await self._metrics().before()
+        self._metrics_opening = await self._metrics().before()
         rows = self._segment(0, keep=True)
         # The host kind's client, as every rung's.
         warm = self.host_kind.load_run(
@@ -874,8 +869,8 @@ class CellActor:
         journaled also when it is cancelled (every planned id, launched or not)."""
         sent = self._warmup if index == 0 else ()
         metrics = self._metrics()
-        before = self._metrics_before_warmup if index == 0 else None
-        if before is None:
+        before, self._metrics_opening = self._metrics_opening, None
+        if before is None or (index > 0 and not isinstance(before, Exposition)):
             before = await metrics.before()
         rows = self._segment(index)
         load = self._load(self._request(rung), sent, rows)
@@ -888,7 +883,7 @@ class CellActor:
                 await self._journal_rung(index, rung, finished, rows)
         for row in sent:  # the serial warmup went to the host within rung 0's interval
             rows.tokens.add_row(row)
-        await metrics.after(before, "rung", index, rows.tokens.sums())
+        self._metrics_opening = await metrics.after(before, "rung", index, rows.tokens.sums())
         self._check_counts(rows)
         return finished
 

@@ -239,6 +239,11 @@ class RowPins:
                 left.close()
         return [results[id(target)] for target in targets]
 
+    @property
+    def racy_seconds(self) -> float:
+        """How old a file's change time must be when it is hashed for it to be held."""
+        return self._racy_seconds
+
     def _hold(self, target: PinTarget, result: PinResult, held: HeldFile | HeldTree) -> PinResult:
         """Keep ``held`` for the row when its bytes were hashed unchanged and match the pin."""
         problem = held.change()

@@ -1,4 +1,8 @@
-"""The correctness arm of one row, driven by ``CORRECTNESS_TABLE``."""
+"""The correctness arm of one row, driven by ``CORRECTNESS_TABLE``.
+
+The accepted prompt text is kept in memory for the row's later requests; only its SHA-256 is
+journaled.
+"""
 
 from __future__ import annotations
 

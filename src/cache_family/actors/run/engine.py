@@ -1,4 +1,11 @@
-"""The one driver of every table (cell, row, correctness arm)."""
+"""The one driver of every table (cell, row, correctness arm).
+
+A step's ``fsync`` column says whether the journal is durable before its actions; the
+destination's policy whether they run shielded and how long they may take. An exception becomes
+an event through the actor's ``interrupted`` hook; a stop that ended the loop early is re-raised
+once the machine is finished. ``Handlers`` refuses, at import, a state without work or an action
+without its one handler.
+"""
 
 from __future__ import annotations
 

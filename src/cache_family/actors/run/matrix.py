@@ -1,8 +1,17 @@
-"""``cache-family run --input PREPARED --output FRESH``: the matrix supervisor."""
+"""``cache-family run --input PREPARED --output FRESH``: the matrix supervisor.
+
+Nothing is written unless admission passes (refusals exit 2). SIGINT/SIGTERM never meet Python's
+defaults (``system/interrupts.py``): the first is a run-wide cancellation, a second shortens
+every host's SIGTERM grace, cleanup always runs, and any signal makes the exit code 130.
+``cache-family-matrix.json`` is always published, one entry per planned row. Rows from a
+synthetic catalog are plumbing evidence, never performance claims, and are labelled so at every
+level.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import secrets
@@ -28,7 +37,7 @@ from cache_family.actors.journal.writer import (
 from cache_family.actors.run.context import HostSettings, RunContext, RunStop
 from cache_family.actors.run.prompts import PromptSelector
 from cache_family.actors.run.report_files import publish_report_files
-from cache_family.actors.run.row import RowActor
+from cache_family.actors.run.row import RowActor, run_private_copies
 from cache_family.actors.run.run_progress import (
     RunProgressSink,
     SilentRunProgress,
@@ -375,8 +384,10 @@ async def _run_and_publish(
     deadline_scope = trio.CancelScope()
     watchers.start_soon(_watch_deadline, ctx, rows_scope, progress, deadline_scope)
     with rows_scope:
-        await _calibrate(ctx, progress)
-        await _rows(admitted, ctx, progress, results)
+        unfinished = [row for row in admitted.prepared.rows if row.index not in results]
+        async with run_private_copies(admitted.prepared, unfinished, ctx.run_dir) as copies:
+            await _calibrate(ctx, progress)
+            await _rows(admitted, dataclasses.replace(ctx, row_exec=copies), progress, results)
     deadline_scope.cancel()
     await _journal_unreached(admitted, ctx, results)
     # Checked before the fold, so a failure downgrades the matrix itself.

@@ -1,4 +1,9 @@
-"""Which text a row is measured with."""
+"""Which text a row is measured with.
+
+Every later request of a row sends the prompt its correctness arm accepted; the text never
+reaches a receipt, only its SHA-256. A corpus is loaded bounded and checked against its pin
+once.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""The run's report files: ``production-cache-bench.json`` and ``production-cache-bench.md``."""
+"""The run's report files: ``production-cache-bench.json`` and ``production-cache-bench.md``.
+
+Both are folded from the durable journal file, published fresh and journaled as receipts, so
+replay regenerates and compares them; a file that cannot be written is journaled as
+``report_failed`` and the matrix names the error.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,13 @@
-"""``cache-family run --resume RUN_DIR``: continue a run whose runner died or was stopped."""
+"""``cache-family run --resume RUN_DIR``: continue a run whose runner died or was stopped.
+
+Refused, touching nothing: without the run directory's lock, on a journal that does not verify,
+on a run sealed without a terminal refusal, while the journal's runner lives, or when the
+prepared input's bytes changed. Then the journaled children still alive are reaped (only those
+carrying the run's tag); a row is kept only when its last ``row.json`` folds to completed with
+every receipt on disk and its host profiles' pins unchanged, and every other row re-runs in a
+new journal segment (``run_resumed``), its earlier directory moved under
+``superseded/attempt-N/``.
+"""
 
 from __future__ import annotations
 

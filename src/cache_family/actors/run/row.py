@@ -1,10 +1,17 @@
-"""The row actor: one planned row run through ``ROW_TABLE`` by the one driver, then ``row.json``."""
+"""The row actor: one planned row run through ``ROW_TABLE`` by the one driver, then ``row.json``.
+
+A row whose model is missing is journaled and kept, never launched. Host arms run only after the
+correctness arm passed, each request with the prompt it accepted; otherwise the row keeps the
+evidence and is never completed. ``row.json`` is published even when the row was cancelled or
+ran out of time (shielded, bounded).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Final
 
@@ -12,14 +19,14 @@ import trio
 
 from cache_family.actors.journal.writer import publish_row_receipt
 from cache_family.actors.run.cell import CellActor
-from cache_family.actors.run.context import RunContext, is_cancellation
+from cache_family.actors.run.context import RowPins, RunContext, is_cancellation
 from cache_family.actors.run.correctness import CorrectnessActor
 from cache_family.actors.run.engine import Handlers, drive
 from cache_family.actors.run.load import PromptCuts
-from cache_family.actors.run.private_exec import RowExec
+from cache_family.actors.run.private_exec import RowExec, copied_pins
 from cache_family.actors.run.prompts import PromptSelector
 from cache_family.schemas.arms import arm_named
-from cache_family.schemas.journal import ArmPlan, RowOpened
+from cache_family.schemas.journal import ArmPlan, PinObserved, RowOpened
 from cache_family.schemas.prepared import PreparedInput, PreparedRow
 from cache_family.schemas.receipts import RowReceipt
 from cache_family.schemas.row_result import RowResult
@@ -34,6 +41,7 @@ from cache_family.states.cell import (
 )
 from cache_family.states.correctness import STAGE_COMPLETED, StageVerdict
 from cache_family.states.plans import (
+    PinTarget,
     PromptChoice,
     accepted_prompt,
     arm_plans,
@@ -41,11 +49,53 @@ from cache_family.states.plans import (
     correctness_plan,
     declared_arm_plans,
     exec_pairs,
+    host_profile,
+    pin_targets,
     row_dir_name,
     row_opened_record,
     workload_arm_plans,
 )
 from cache_family.system.host_load import load_average
+
+# The scope (under the row's directory) of the pins of the row's private copies, hashed beside
+# the correctness arm; no cell opens it, so the journal files it with the row.
+PRIVATE_COPIES_SCOPE: Final = "private-copies"
+# Beyond ``RowPins.racy_seconds``: the copies' change times and the clock may disagree by a tick.
+_SETTLE_MARGIN_SECONDS: Final = 0.05
+
+
+def row_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPlan, ...]:
+    """A row's host arms, then its workload arms (none without a workload file, so such a
+    run journals exactly what it did before workloads existed), then a declared
+    OpenAI-compatible server's (none without one)."""
+    return (
+        *arm_plans(row),
+        *workload_arm_plans(prepared, row),
+        *declared_arm_plans(prepared, row),
+    )
+
+
+@asynccontextmanager
+async def run_private_copies(
+    prepared: PreparedInput, rows: Sequence[PreparedRow], run_dir: str
+) -> AsyncIterator[RowExec]:
+    """The private copies the hosts of ``rows`` run from, made now, before the first row,
+    so that a row finds them settled (``RACY_SECONDS``) and hashes each once beside its
+    correctness arm; removed once every row has ended its hosts. A copy that cannot be made
+    now is tried again, and its problem reported, by the first cell that needs it."""
+    copies = RowExec(run_dir)
+    pairs = [
+        pair
+        for row in rows
+        if row.model_observation.present
+        for pair in exec_pairs(prepared, row, row_arm_plans(prepared, row))
+    ]
+    try:
+        await trio.to_thread.run_sync(copies.prepare, pairs)
+        yield copies
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(copies.close)
 
 
 class RowActor:
@@ -94,14 +144,7 @@ class RowActor:
         )
 
     def arm_plans(self) -> tuple[ArmPlan, ...]:
-        """The host arms, then the workload arms (none without a workload file, so such a
-        run journals exactly what it did before workloads existed), then a declared
-        OpenAI-compatible server's (none without one)."""
-        return (
-            *arm_plans(self.row),
-            *workload_arm_plans(self.prepared, self.row),
-            *declared_arm_plans(self.prepared, self.row),
-        )
+        return row_arm_plans(self.prepared, self.row)
 
     def _row_opened(self, arms: tuple[ArmPlan, ...], row_dir: str) -> RowOpened:
         row = self.row
@@ -174,15 +217,19 @@ class RowActor:
     async def _row_context(self, arms: tuple[ArmPlan, ...]) -> AsyncIterator[RunContext]:
         """One RowPins for the row's arms: each pinned file or tree is hashed in full when
         first verified and at the last cell's post-verify, and identity-checked in between.
-        One RowExec: the private copies every host of the row runs from, made once."""
+        The private copies every host of the row runs from: the run's, else the row's own."""
         pins = self.ctx.hosts.pins_of_row()
-        copies = RowExec(os.path.join(self.ctx.run_dir, self.dir))
+        owned = None
+        if self.ctx.row_exec is None:
+            owned = RowExec(os.path.join(self.ctx.run_dir, self.dir))
+        copies = self.ctx.row_exec or owned
         try:
             yield dataclasses.replace(self.ctx, row_pins=pins, row_exec=copies)
         finally:
             # Every cell of the row has ended its host (a cell leaves only after cleanup).
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(copies.close)
+            if owned is not None:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(owned.close)
             if pins is not None:
                 pins.close()
 
@@ -231,17 +278,77 @@ class RowActor:
             return RowEvent.MODEL_MISSING
         ctx = self._arms_ctx
         await self._wait_if_out_of_time()
+        copies: tuple[PinTarget, ...] = ()
         if ctx.row_exec is not None:
-            # Made now, the copies are settled (``RACY_SECONDS``) by the time the first cell
-            # checks them, so each is hashed once per row and held by identity after that.
-            pairs = exec_pairs(self.prepared, self.row, self._pending)
-            await trio.to_thread.run_sync(ctx.row_exec.prepare, pairs)
+            copies = await trio.to_thread.run_sync(self._make_copies, ctx.row_exec)
         prompt = self.prompts.choose(self.row).text if self.row.use_case is not None else None
         self.correctness = CorrectnessActor(correctness_plan(self.prepared, self.row, prompt), ctx)
-        verdict = await self.correctness.run()
+        # The arm's own exception is carried past the nursery bare, not in an ExceptionGroup.
+        failure: BaseException | None = None
+        async with trio.open_nursery() as beside:
+            settling = trio.CancelScope()
+            if copies and ctx.row_pins is not None:
+                beside.start_soon(self._hash_copies_once_settled, copies, ctx.row_pins, settling)
+            try:
+                verdict = await self.correctness.run()
+            except BaseException as exc:
+                failure = exc
+                beside.cancel_scope.cancel()
+            # Copies not settled yet are left to the first cell; a hash under way finishes.
+            settling.cancel()
+        if failure is not None:
+            raise failure
         if self._accept(verdict):
             return RowEvent.CORRECTNESS_PASSED
         return RowEvent.CORRECTNESS_NOT_PASSED
+
+    def _make_copies(self, row_exec: RowExec) -> tuple[PinTarget, ...]:
+        """Make the private copies the row's hosts run from, now, and return the pins of
+        those copies that the host cells check before launch (a copy that cannot be made is
+        tried again, and its problem reported, by its first cell)."""
+        made = row_exec.prepare(exec_pairs(self.prepared, self.row, self._pending))
+        targets: dict[tuple[str, str], PinTarget] = {}
+        for plan in self._pending:
+            if plan.status != "planned":
+                continue
+            profile, refusal = host_profile(self.prepared, self.row, arm_named(plan.arm))
+            copy = made.get((profile.binary, profile.native_build)) if profile else None
+            if profile is None or refusal is not None or copy is None:
+                continue
+            for target in copied_pins(pin_targets(profile), copy):
+                if target.name in ("binary", "native_build"):
+                    targets.setdefault((target.path, target.expected_sha256), target)
+        return tuple(targets.values())
+
+    async def _hash_copies_once_settled(
+        self, copies: tuple[PinTarget, ...], pins: RowPins, settling: trio.CancelScope
+    ) -> None:
+        """Hash the row's fresh private copies beside the correctness arm, once they are old
+        enough to be held by identity (``RowPins.racy_seconds``): the row's first host cell
+        then checks them by identity, as its later cells do, instead of hashing them on its
+        own time. Journaled under the row's ``private-copies`` scope (no cell's: a copy that
+        differs is hashed again, and reported, by the first cell that runs it)."""
+        with settling:
+            settled_ns = self._arms_ctx.row_exec.newest_copy_ns if self._arms_ctx.row_exec else 0
+            wait = (settled_ns - time.time_ns()) / 1e9 + pins.racy_seconds
+            await trio.sleep(max(wait, 0.0) + _SETTLE_MARGIN_SECONDS)
+        if settling.cancelled_caught:
+            return
+        seconds = self.ctx.stop.run_deadline - MEASUREMENT_RESERVE_SECONDS - trio.current_time()
+        results = await pins.verify(copies, max(0.0, seconds))
+        scope = f"{self.dir}/{PRIVATE_COPIES_SCOPE}"
+        for result in results:
+            await self.ctx.journal(
+                PinObserved(
+                    cell_id=scope,
+                    phase="row",
+                    name=result.target.name,
+                    path=result.target.path,
+                    expected_sha256=result.target.expected_sha256,
+                    observed_sha256=result.observed_sha256,
+                    verified_by=result.verified_by,
+                )
+            )
 
     async def _arm_ended(self) -> RowEvent:
         """What the last arm action did: ran a cell, skipped an unplanned arm, or found none."""

@@ -1,5 +1,9 @@
 """``run --rows KEY,…`` / ``--shard I/N`` / ``--dry-run``: a run of some rows of a
 prepared input.
+
+The admitted run keeps the prepared input's pins, budgets and bytes; only its rows are narrowed,
+and ``rows_selected`` is journaled right after ``run_started``. Every row still verifies its own
+pins on the host that runs it.
 """
 
 from __future__ import annotations

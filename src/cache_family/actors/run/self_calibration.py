@@ -1,4 +1,9 @@
-"""The run's own client, timed against the calibration server before the first ladder."""
+"""The run's own client, timed against the calibration server before the first ladder.
+
+The product's own load client sends to it exactly as a rung does; what the client adds on this
+machine is its latency minus the server's stamped truth (``states/calibration.py``). Both sides
+stamp on trio's clock.
+"""
 
 from __future__ import annotations
 

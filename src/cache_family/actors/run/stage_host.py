@@ -1,4 +1,10 @@
-"""A Skippy stage server as a cell's host: its dialect, its ``stage.json`` and its command line."""
+"""A Skippy stage server as a cell's host: its dialect, its ``stage.json`` and its command line.
+
+The dialect is read from the pinned private copy's help (``serve --help`` exiting 0: current,
+else ``serve-openai --help``: legacy, else refused), its pin re-checked around every probe. A
+probe is a child in custody like a host, capped at 5 s; what it leaves running is ended and
+reported (``CliAdmitted.left_behind``) and faults every cell relying on that admission.
+"""
 
 from __future__ import annotations
 

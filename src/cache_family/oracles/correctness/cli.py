@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from cache_family.errors import Refusal, Refused
+from cache_family.exit_codes import ExitCode
 from cache_family.oracles import llama_bindings
 from cache_family.oracles.correctness.report import (
     HIT_LOGITS_TOLERANCE,
@@ -398,14 +399,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parsed = parse_args(arguments)
         if parsed is None:
-            return 0
+            return ExitCode.OK
         report = state_handoff(parsed)
     except Refused as refused:
         for refusal in refused.refusals:
             print(f"refused: {refusal.line()}", file=sys.stderr)
-        return 2
+        return ExitCode.REFUSED
     line = f"state-handoff: {report['status']}"
     if report["reason"]:
         line += f" ({report['reason']})"
     print(f"{line}; report {parsed.report_out}", flush=True)
-    return 0 if report["status"] == "pass" else 1
+    return ExitCode.OK if report["status"] == "pass" else ExitCode.NEGATIVE

@@ -1,4 +1,11 @@
-"""The tiny real-model zoo: random-weight GGUF models for every catalog family."""
+"""The tiny real-model zoo: random-weight GGUF models for every catalog family.
+
+The same seed gives byte-identical files, every GGUF carries ``base.SYNTHETIC_TAG``, and a
+preset no builder can make load is "unsupported" in ``zoo-report.json`` with no files (its row
+observes a missing model, never a stand-in). The zoo writes only into an empty root or over a
+zoo it wrote, replacing only what that zoo's report lists; conflicts are refused before anything
+is written (``zoo.cache_root_not_ours``).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""The contract every zoo builder keeps, and the small helpers they share."""
+"""The contract every zoo builder keeps, and the small helpers they share.
+
+Weights are deterministic for a seed. A builder that cannot make its architecture load in the
+vendored llama.cpp raises ``ZooUnsupported`` with a reason instead of writing anything that
+pretends to be it.
+"""
 
 from __future__ import annotations
 

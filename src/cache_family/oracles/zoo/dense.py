@@ -1,4 +1,8 @@
-"""Tiny builders for the dense-attention catalog families."""
+"""Tiny builders for the dense-attention catalog families.
+
+Each builder writes the tensors and keys the vendored llama.cpp's ``src/models/<arch>.cpp`` asks
+for (shapes in ggml ``ne`` order) and keeps its family's distinguishing traits.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Write models into a Hugging Face hub cache tree, the way huggingface_hub lays it out."""
+"""Write models into a Hugging Face hub cache tree, the way huggingface_hub lays it out.
+
+The zoo never replaces what it did not write: a ``Claim`` lists the paths that are its own,
+``check_snapshot`` finds every conflict before anything is written and ``publish_snapshot``
+checks again before each replacement.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Tiny hybrid attention + recurrent models: Falcon-H1 and Qwen3-Next."""
+"""Tiny hybrid attention + recurrent models: Falcon-H1 and Qwen3-Next.
+
+Both keep a recurrent state besides the KV cache, so llama-server reuses their prompts only at
+context checkpoints, and the catalog records no per-token KV size for them. The recurrent
+tensors are f32, A negative, as converters write them.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""The tensors zoo builders share: embeddings, attention projections, norms, FFNs, experts."""
+"""The tensors zoo builders share: embeddings, attention projections, norms, FFNs, experts.
+
+Every call draws its random values at once from the model's generator, so the order of calls
+fixes both the file order and the draws: moving a call changes the bytes a seed gives. Names are
+llama.cpp's, shapes in ggml ``ne`` order.
+"""
 
 from __future__ import annotations
 

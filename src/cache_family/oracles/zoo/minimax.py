@@ -1,4 +1,8 @@
-"""A tiny MiniMax-M2 model written as three real split shards."""
+"""A tiny MiniMax-M2 model written as three real split shards.
+
+The split keeps llama.cpp's layout: ``split.*`` keys in every shard, the metadata only in the
+first, and shards named ``<stem>-0000N-of-00003.gguf`` so the first finds its siblings.
+"""
 
 from __future__ import annotations
 

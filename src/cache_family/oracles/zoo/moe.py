@@ -1,4 +1,10 @@
-"""Tiny DeepSeek2-architecture models: multi-head latent attention (MLA) plus mixture of experts."""
+"""Tiny DeepSeek2-architecture models: multi-head latent attention (MLA) plus mixture of experts.
+
+The MLA layout is the one current converters write (``attn_k_b``/``attn_v_b``, one KV head
+holding the latent plus the rope part). Tiny models are below the loader's "lite" guess, so
+``attention.q_lora_rank`` is written explicitly (0 for the lite layout). The DeepSeek-V3.2
+preset is a layer package only, never served whole.
+"""
 
 from __future__ import annotations
 

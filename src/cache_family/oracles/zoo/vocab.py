@@ -1,4 +1,9 @@
-"""A real, small byte-level BPE vocabulary written into every zoo model."""
+"""A real, small byte-level BPE vocabulary written into every zoo model.
+
+Every token a zoo model can generate renders visible text on its own (printable ASCII, tab,
+newline, carriage return, and end-of-sequence), so each generated token reaches the client as
+its own event: first-token times are observable and a chat answer always has content.
+"""
 
 from __future__ import annotations
 

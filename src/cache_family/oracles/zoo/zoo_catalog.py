@@ -1,4 +1,10 @@
-"""The zoo's catalog: the packaged presets, re-shaped to the tiny models actually written."""
+"""The zoo's catalog: the packaged presets, re-shaped to the tiny models actually written.
+
+Each preset keeps its key, family, payload, paths and policies, so a plan against the zoo runs
+the same 14 rows. ``ctx`` stays the benchmark's run context, not the model's trained one
+(``architecture_note`` says both); a preset whose model could not be built keeps its entry with
+the reason, its path absent.
+"""
 
 from __future__ import annotations
 

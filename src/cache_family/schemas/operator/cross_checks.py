@@ -1,4 +1,8 @@
-"""The cross checks (pass 2): rules that relate entries to each other, over the raw document."""
+"""The cross checks (pass 2): rules that relate entries to each other, over the raw document.
+
+Anything of the wrong type is skipped here because pass 1 refuses it. Environment values are
+never echoed in a refusal: only the name is shown.
+"""
 
 from __future__ import annotations
 

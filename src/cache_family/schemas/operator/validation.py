@@ -1,4 +1,9 @@
-"""Validating a document: two passes over the same bytes, so one run names every problem."""
+"""Validating a document: two passes over the same bytes, so one run names every problem.
+
+Pass 1 is pydantic (no coercion), pass 2 the cross checks; pydantic's errors become refusals in
+one place (``_translate``). Size, nesting and container lengths are bounded first, so every
+later step is linear in its input.
+"""
 
 from __future__ import annotations
 
