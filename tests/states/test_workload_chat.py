@@ -88,6 +88,14 @@ def test_inside_the_window_the_priming_message_puts_its_earlier_checkpoint_on_th
     assert design.designed_ratio_pct == pytest.approx(30.8)
 
 
+def test_a_point_that_shares_nothing_of_the_message_reuses_nothing_past_a_short_window() -> None:
+    # Found by the property below: at 1 % of a 46-token message nothing is shared, and the
+    # 17-token head alone lies past a 16-token window; its reuse is the template's.
+    template = ChatTemplate(tokens=18, reused_tokens=0, head_tokens=17)
+    design = design_chat_prefix("checkpoint-swa", 64, 1, template, sliding_window=16)
+    assert design.shared_prefix_tokens == 0 and design.reusable_tokens == 0
+
+
 def test_past_the_window_the_slot_reuses_the_common_prefix_itself_unprimed() -> None:
     design = design_chat_prefix("checkpoint-swa", 1024, 70, REAL_TEMPLATE, sliding_window=512)
     assert design.shared_prefix_tokens == 700 and design.priming_prompt_tokens == 0

@@ -511,8 +511,10 @@ def design_chat_prefix(
     whole = design_prefix(rule, prompt_tokens, hit_ratio_pct, n_ubatch=n_ubatch)
     fits = whole.shared_prefix_tokens + template.tokens < prompt_tokens - CHECKPOINT_TAIL
     shared = whole.shared_prefix_tokens if fits else 0
-    reusable = whole.reusable_tokens if fits else 0
-    if head is not None and fits:
+    reusable = whole.reusable_tokens if fits and shared else 0
+    # Nothing of the message shared: what the head alone reuses (past a short window, say)
+    # is the template's, which its calibration measured, not the point's.
+    if head is not None and shared:
         reusable = expected_cached_tokens(
             rule,
             prompt_tokens=prompt_tokens,
