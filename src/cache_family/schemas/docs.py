@@ -11,13 +11,14 @@ import json
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from cache_family.schemas import operator
+from cache_family.schemas.openai_host import OPENAI_HOST_REFUSAL_CODES
 from cache_family.schemas.refusal_codes import OPERATOR_REFUSAL_CODES
 
 README_BEGIN = "<!-- operator-fields:begin -->"
@@ -87,6 +88,14 @@ def _shape(annotation: Any) -> _Shape:
         inner = _shape(value)
         rules = tuple(f"each value {r}" for r in inner.rules)
         return _Shape(f"object of {_shape(key).text} → {inner.text}", rules, inner.model, ".<NAME>")
+    if origin is Literal:
+        values = get_args(annotation)
+        kinds = {_shape(type(value)).text for value in values}
+        if len(kinds) != 1:
+            raise TypeError(f"no words for the literal {annotation!r}")
+        allowed = " or ".join(json.dumps(value) for value in values)
+        rule = f"must be {allowed}" if len(values) == 1 else f"one of {allowed}"
+        return _Shape(kinds.pop(), (rule,), None, "")
     if _is_model(annotation):
         return _Shape("object", (), annotation, "")
     words = {int: "integer", str: "string", bool: "boolean"}
@@ -169,7 +178,11 @@ def render_operator_reference() -> str:
     lines += ["", "### Refusal codes", ""]
     lines += _table(
         ("code", "meaning", "default hint"),
-        [(f"`{c.code}`", c.meaning, c.hint) for c in OPERATOR_REFUSAL_CODES.values()],
+        [
+            (f"`{c.code}`", c.meaning, c.hint)
+            for codes in (OPERATOR_REFUSAL_CODES, OPENAI_HOST_REFUSAL_CODES)
+            for c in codes.values()
+        ],
     )
     return "\n".join(lines) + "\n"
 

@@ -86,16 +86,33 @@ class OpenAIServing(BaseModel):
     schema_version: Literal[1]
     # Started as ``<binary> -m <module> <args>`` (an interpreter tree's Python), or, None,
     # as ``<binary> <args>``.
-    module: str | None
-    args: list[str]
+    module: Annotated[
+        str | None, Field(description="run as `<binary> -m <module>`; null = `<binary>` alone")
+    ]
+    args: Annotated[
+        list[str],
+        Field(
+            description="arguments; {port} required, {host}, {model}, {model_id}, {lanes} "
+            "and {ctx_size} filled in per cell; no address beyond loopback"
+        ),
+    ]
     # Completions first where both are spoken: the ladder sends the cut prompt as it is.
-    dialects: list[OpenAIDialect]
+    dialects: Annotated[
+        list[OpenAIDialect],
+        Field(description="each once; the ladder uses completions where given, workloads chat"),
+    ]
     # Reuse is whole blocks of this many tokens of the common prefix (1: exact prefix).
-    block_size: Annotated[int, Field(strict=True)]
+    block_size: Annotated[
+        int, Field(strict=True, description="1..=65536; reuse granularity in tokens")
+    ]
     # Prometheus exposition (read around every rung); None: it serves none.
-    metrics_path: str | None
+    metrics_path: Annotated[
+        str | None, Field(description="starts with /; Prometheus metrics; null = none")
+    ]
     # Text of the line the server prints once it listens, with its port as ``{port}``.
-    listening_text: str
+    listening_text: Annotated[
+        str, Field(description="carries {port}; printed once the server listens")
+    ]
 
     @property
     def ladder_dialect(self) -> OpenAIDialect:

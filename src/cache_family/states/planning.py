@@ -12,9 +12,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cache_family.errors import Refusal, Refused, json_path
-from cache_family.schemas.arms import NATIVE_PROFILE, NEW_PROFILE, OLD_PROFILE, HostProfileName
+from cache_family.schemas.arms import (
+    NATIVE_PROFILE,
+    NEW_PROFILE,
+    OLD_PROFILE,
+    OPENAI_PROFILE,
+    HostProfileName,
+)
 from cache_family.schemas.catalog import Catalog, Preset
 from cache_family.schemas.corpus import Corpus, UseCase
+from cache_family.schemas.openai_host import OpenAIServing
 from cache_family.schemas.operator import OperatorInput, PlanInput
 from cache_family.schemas.prepared import (
     MAX_ROWS,
@@ -447,6 +454,16 @@ def plan_rows(
 
 
 @dataclass(frozen=True, slots=True)
+class DeclaredServer:
+    """The operator's OpenAI-compatible server as preparation pinned it (``openai_server``)."""
+
+    binary: FilePinRecord
+    tree: TreePinRecord
+    source_commit: str
+    serving: OpenAIServing
+
+
+@dataclass(frozen=True, slots=True)
 class ProfileInputs:
     """The observed pins and operator settings every profile is built from."""
 
@@ -456,6 +473,7 @@ class ProfileInputs:
     toolkit_directories: Mapping[str, TreePinRecord]
     old_server: FilePinRecord | None
     new_server: FilePinRecord | None
+    openai_server: DeclaredServer | None = None
 
 
 def artifact_profile(row: PreparedRow, tools: ToolPins) -> ArtifactProfile | None:
@@ -486,18 +504,22 @@ def _host(
     artifact: ArtifactProfile | None,
     inputs: ProfileInputs,
     toolkits: dict[str, ToolkitPin],
+    *,
+    declared: DeclaredServer | None = None,
 ) -> HostProfile:
+    """A host profile of ``row``'s model; a declared server runs from its own tree."""
     observation = row.model_observation
     assert observation.runtime_entrypoint is not None and observation.sha256 is not None
     cell = inputs.operator.cell_seconds
+    tree = declared.tree if declared is not None else inputs.native_build
     return HostProfile(
         schema_version=1,
         host=kind,
         binary=binary.path,
         binary_sha256=binary.sha256,
         source_commit=commit,
-        native_build=inputs.native_build.path,
-        native_build_sha256=inputs.native_build.sha256,
+        native_build=tree.path,
+        native_build_sha256=tree.sha256,
         model=observation.runtime_entrypoint,
         model_sha256=observation.sha256,
         artifact=artifact,
@@ -512,6 +534,7 @@ def _host(
         worker={},
         startup_timeout_secs=min(max(cell - STARTUP_MARGIN_SECONDS, 1), STARTUP_MAX_SECONDS),
         execution_timeout_secs=cell,
+        openai=declared.serving if declared is not None else None,
     )
 
 
@@ -533,6 +556,7 @@ def build_profiles(rows: Sequence[PreparedRow], inputs: ProfileInputs) -> dict[s
         package = row.baseline_policy == "package-only"
 
         native_tool = inputs.tools.native_server
+        declared = inputs.openai_server
         profiles[row.key] = CaseProfiles(
             correctness=CorrectnessProfile(
                 schema_version=1,
@@ -607,6 +631,20 @@ def build_profiles(rows: Sequence[PreparedRow], inputs: ProfileInputs) -> dict[s
                     toolkits,
                 )
                 if inputs.new_server is not None and not package
+                else None
+            ),
+            openai=(
+                _host(
+                    OPENAI_PROFILE,
+                    declared.binary,
+                    declared.source_commit,
+                    row,
+                    artifact,
+                    inputs,
+                    toolkits,
+                    declared=declared,
+                )
+                if declared is not None and not package
                 else None
             ),
         )

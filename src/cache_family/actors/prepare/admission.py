@@ -285,6 +285,8 @@ def _check_output(output: str, operator: OperatorInput) -> str:
         (json_path(["toolkit_directories", name]), toolkit.path)
         for name, toolkit in operator.toolkit_directories.items()
     ]
+    if operator.openai_server is not None and operator.openai_server.tree is not None:
+        guarded.append(("$.openai_server.tree", operator.openai_server.tree))
     refusals = [
         Refusal(
             "preparation.output_not_disjoint",

@@ -58,6 +58,7 @@ from cache_family.schemas.prepared import (
     refuse_oversized_input,
 )
 from cache_family.states.planning import (
+    DeclaredServer,
     ProfileInputs,
     build_profiles,
     check_selection,
@@ -179,6 +180,8 @@ class _Observing:
     corpus: LoadedCorpus | None = None
     cache_root: str = ""
     looks: list[ModelLook] = field(default_factory=list)
+    # The declared OpenAI-compatible server's own tree (None: native_build, or no server).
+    openai_tree: TreePinRecord | None = None
     progress: JsonProgress = field(init=False)
 
     def __post_init__(self) -> None:
@@ -205,6 +208,8 @@ def _pin_tools(run: _Observing) -> None:
     if plan.old_server is not None and plan.new_server is not None:
         named.append(("old_server", plan.old_server.path, "$.plan.old_server.path"))
         named.append(("new_server", plan.new_server.path, "$.plan.new_server.path"))
+    if operator.openai_server is not None:
+        named.append(("openai_server", operator.openai_server.binary, "$.openai_server.binary"))
     tools = pin_files(named, run.budget, run.progress, run.gathered)
     run.record.tools = {name: _file_record(pin) for name, pin in tools.items()}
     for name, declared in (("old_server", plan.old_server), ("new_server", plan.new_server)):
@@ -232,6 +237,16 @@ def _pin_trees(run: _Observing) -> None:
         run.record.native_build = _tree_record(native_build)
     except Refused as exc:
         run.gathered.add(exc)
+    declared = operator.openai_server
+    if declared is not None and declared.tree is not None:
+        run.phase("pinning the declared server's tree")
+        try:
+            tree = pin_tree(
+                declared.tree, run.budget, json_path="$.openai_server.tree", progress=run.progress
+            )
+            run.openai_tree = _tree_record(tree)
+        except Refused as exc:
+            run.gathered.add(exc)
     toolkits: dict[str, TreePinRecord] = {}
     if operator.toolkit_directories:
         run.phase("pinning toolkit directories")
@@ -338,6 +353,7 @@ def _plan(run: _Observing) -> PreparedInput:
             toolkit_directories=record.toolkit_directories,
             old_server=record.tools.get("old_server"),
             new_server=record.tools.get("new_server"),
+            openai_server=_declared_server(run),
         ),
     )
     prepared = PreparedInput(
@@ -377,6 +393,22 @@ def _plan(run: _Observing) -> PreparedInput:
     run.phase("checking the prepared input's size")
     refuse_oversized_input(encode_document(prepared), PREPARED_INPUT_MAX_BYTES)
     return prepared
+
+
+def _declared_server(run: _Observing) -> DeclaredServer | None:
+    """The operator's OpenAI-compatible server with its parts as pinned (its tree: its own, or
+    the native build's)."""
+    declared = run.request.operator.openai_server
+    if declared is None:
+        return None
+    tree = run.openai_tree if declared.tree is not None else run.record.native_build
+    assert tree is not None  # pinned, or preparation refused before planning
+    return DeclaredServer(
+        binary=run.record.tools["openai_server"],
+        tree=tree,
+        source_commit=declared.source_commit or "",
+        serving=declared.serving,
+    )
 
 
 def _use_case_records(corpus: LoadedCorpus | None) -> list[UseCaseRecord]:

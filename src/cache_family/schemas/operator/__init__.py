@@ -25,6 +25,7 @@ from cache_family.schemas.operator.limits import (
     TOOLKIT_NAMES,
 )
 from cache_family.schemas.operator.models import (
+    OpenAIServer,
     OperatorInput,
     PinnedFile,
     PlanInput,
@@ -58,6 +59,7 @@ __all__ = [
     "AbsolutePath",
     "IntRange",
     "LowerHex",
+    "OpenAIServer",
     "OperatorInput",
     "PinnedFile",
     "PlanInput",

@@ -7,19 +7,23 @@ returned by ``validate_operator_object``.
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Self
+from dataclasses import replace
+from typing import Annotated, Any, Final, Self
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationInfo,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from cache_family.errors import Refusal
+from cache_family.schemas.openai_host import OpenAIServing, serving_refusals
 from cache_family.schemas.operator.cross_checks import _operator_cross_entry, _plan_cross_entry
 from cache_family.schemas.operator.limits import (
     CASES_MAX,
@@ -104,6 +108,45 @@ class ToolkitDirectory(BaseModel):
 
     path: AbsPath
     sha256: Sha256Hex
+
+
+# Where the declaration sits in the operator input: its refusals' paths start here.
+_SERVING_AT: Final = ("openai_server", "serving")
+
+
+def _admitted_serving(serving: OpenAIServing) -> OpenAIServing:
+    """The declaration's own rules (``openai_host.*``), each path rooted in the document."""
+    found = [
+        (_SERVING_AT, replace(refusal, path="$." + ".".join(_SERVING_AT) + refusal.path[1:]))
+        for refusal in serving_refusals(serving)
+    ]
+    if found:
+        raise _as_validation_failure(found)
+    return serving
+
+
+class OpenAIServer(BaseModel):
+    """An OpenAI-compatible server run as a host of every case: its pinned parts (the server
+    binary, or the interpreter of a pinned tree and a module) and its declaration. It serves the
+    case's own model file, pinned as every host's is."""
+
+    model_config = _STRICT
+
+    binary: Annotated[
+        AbsPath, Field(description="the server, or the interpreter inside tree; byte-pinned")
+    ]
+    tree: Annotated[
+        AbsPath | None,
+        Field(description="its build or interpreter tree; tree-pinned; null = native_build"),
+    ] = None
+    source_commit: Annotated[
+        CommitHex | None, Field(description="declared provenance only; null = none declared")
+    ] = None
+    serving: Annotated[
+        OpenAIServing,
+        AfterValidator(_admitted_serving),
+        Field(description="how it is started and spoken to (openai_host.* refusals)"),
+    ]
 
 
 class PlanInput(BaseModel):
@@ -264,6 +307,18 @@ class OperatorInput(BaseModel):
         AfterValidator(IntRange(30, 3600, _BUDGET)),
         Field(description="budget of preparation"),
     ]
+    openai_server: Annotated[
+        OpenAIServer | None,
+        Field(description="an OpenAI-compatible server run as a host of every case"),
+    ] = None
+
+    @model_serializer(mode="wrap")
+    def _undeclared_server_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # An input without the declaration encodes byte for byte as before the member existed.
+        data = handler(self)
+        if self.openai_server is None and isinstance(data, dict):
+            data.pop("openai_server", None)
+        return data
 
     @model_validator(mode="after")
     def _cross_entry_rules(self, info: ValidationInfo) -> Self:
