@@ -295,14 +295,17 @@ async def test_the_real_gemma_model_behind_the_declared_server_runs_the_ladder(
     assert encode_receipt(refolded) == (cell_dir / "cell.json").read_bytes()
 
 
-def test_a_prepared_case_with_a_declared_openai_profile_runs_its_arms_and_replays(
+def test_an_operator_declared_openai_server_is_prepared_run_and_replayed(
     native_parts: Parts, oracle_tools: Path, tmp_path: Path
 ) -> None:
-    """The product's run: a zoo case prepared as usual, its profiles given a declared
-    OpenAI-compatible server (the same pinned llama-server, declared as such), runs the
-    server's ladder and overlap sweep as arms of the row after every other arm, and replay
-    re-folds every receipt identically."""
+    """The product's route: the operator input declares the project's llama-server as an
+    OpenAI-compatible server (``openai_server``), preparation pins it and writes the case's
+    ``openai`` profile, the run plays the server's ladder and overlap sweep as arms of the row
+    after every other arm, and replay re-folds every receipt identically."""
     operator = operator_for(native_parts, oracle_tools, tmp_path, ["llama"])
+    declared = json.loads(operator.read_text())
+    declared["openai_server"] = {"binary": declared["native_server"], "serving": DECLARATION}
+    operator.write_text(json.dumps(declared))
     workloads = tmp_path / "workloads.json"
     workloads.write_text(json.dumps({"schema_version": 1, "prefix_overlap": OVERLAP}))
     prepared_dir = tmp_path / "prepared"
@@ -318,13 +321,13 @@ def test_a_prepared_case_with_a_declared_openai_profile_runs_its_arms_and_replay
     )
     assert prepare.returncode == 0, prepare.stderr
     prepared = prepared_dir / "cache-family-input.json"
-    document = json.loads(prepared.read_text())
-    for profiles in document["profiles"].values():
-        # A prepared input without a declared server encodes no member for one.
-        assert "openai" not in profiles and "openai" not in profiles["native"]
-        declared = dict(profiles["native"], host="openai", model_id="served-model")
-        profiles["openai"] = dict(declared, openai=DECLARATION)
-    prepared.write_text(json.dumps(document))
+    (profiles,) = json.loads(prepared.read_text())["profiles"].values()
+    # The declared server's profile: the native server's pinned bytes and build tree, the
+    # case's own model, and the declaration as the operator wrote it.
+    native, openai = profiles["native"], profiles["openai"]
+    assert "openai" not in native and openai["openai"] == DECLARATION
+    for pinned in ("binary_sha256", "native_build_sha256", "model", "model_sha256", "model_id"):
+        assert openai[pinned] == native[pinned], pinned
 
     out = tmp_path / "run"
     ran = cli("run", "--input", str(prepared), "--output", str(out), cwd=tmp_path)

@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from cache_family.errors import Refusal
+from cache_family.errors import Refusal, json_path
 from cache_family.schemas.openai_host import OpenAIServing, serving_refusals
 from cache_family.schemas.operator.cross_checks import _operator_cross_entry, _plan_cross_entry
 from cache_family.schemas.operator.limits import (
@@ -111,13 +111,13 @@ class ToolkitDirectory(BaseModel):
 
 
 # Where the declaration sits in the operator input: its refusals' paths start here.
-_SERVING_AT: Final = ("openai_server", "serving")
+_SERVING_AT: Final[Loc] = ("openai_server", "serving")
 
 
 def _admitted_serving(serving: OpenAIServing) -> OpenAIServing:
     """The declaration's own rules (``openai_host.*``), each path rooted in the document."""
     found = [
-        (_SERVING_AT, replace(refusal, path="$." + ".".join(_SERVING_AT) + refusal.path[1:]))
+        (_SERVING_AT, replace(refusal, path=json_path(_SERVING_AT) + refusal.path[1:]))
         for refusal in serving_refusals(serving)
     ]
     if found:
