@@ -17,6 +17,7 @@ from preparation_harness import PRESENT, base_environ, prepare, write_operator
 from cache_family.actors.prepare.admission import admit
 from cache_family.actors.prepare.worker import WorkerRecord, observe
 from cache_family.errors import Refused
+from cache_family.schemas.examples import example_operator
 from cache_family.schemas.operator import validate_operator_object
 from cache_family.schemas.prepared import PreparationRequest, PreparedInput, encode_document
 from cache_family.system.pins import Budget, pin_tree
@@ -228,3 +229,13 @@ def test_without_a_declaration_the_prepared_input_keeps_its_bytes(
     assert all(profiles.openai is None for profiles in prepared.profiles.values())
     document = json.loads(encoded)
     assert all("openai" not in profiles for profiles in document["profiles"].values())
+
+
+def test_the_readme_declaration_is_accepted_by_the_validator() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Declaring an OpenAI-compatible server", 1)[1]
+    block = section.split("```json\n", 1)[1].split("```", 1)[0]
+    member = json.loads("{" + block + "}")
+    operator = validate_operator_object(example_operator(**member))
+    assert operator.openai_server is not None
+    assert operator.openai_server.serving.dialects == ["completions", "chat"]
