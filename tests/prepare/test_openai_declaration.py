@@ -219,6 +219,31 @@ def test_a_missing_declared_part_is_refused_typed(
     assert any(path == "$.openai_server.tree" for _, path in paths), paths
 
 
+def test_a_refused_preparation_keeps_the_declared_tree_it_pinned(
+    box: Toolbox, tmp_path: Path
+) -> None:
+    tree = tmp_path / "venv"
+    write_tool(tree / "bin" / "python")
+    top = {"openai_server": declared(tmp_path / "gone", tree=str(tree))}
+    operator = write_operator(box, tmp_path / "operator.json", top)
+    admission = admit("prepare-full", str(operator), str(tmp_path / "unused"), [], environ={})
+    request = PreparationRequest(
+        schema_version=1,
+        mode=admission.mode,
+        operator=admission.operator,
+        corpus_source=admission.corpus_source,
+        worker_budget_ms=60_000,
+    )
+    record = WorkerRecord()
+    with pytest.raises(Refused):
+        observe(request, Budget.seconds(60), SilentEvents(), record)  # type: ignore[arg-type]
+    assert record.openai_tree is not None
+    assert record.openai_tree.sha256 == pin_tree(str(tree), Budget.seconds(60)).sha256
+    assert b'"openai_tree"' in encode_document(record.so_far())
+    # Without a declared tree the refused observations encode as before.
+    assert b'"openai_tree"' not in encode_document(WorkerRecord().so_far())
+
+
 def test_without_a_declaration_the_prepared_input_keeps_its_bytes(
     box: Toolbox,
     tmp_path: Path,

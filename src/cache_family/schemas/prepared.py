@@ -96,10 +96,10 @@ class _Strict(BaseModel):
 
 
 def _without_absent_extensions(document: Any, data: Any) -> Any:
-    """A document without a workload file or a native output override encodes without those
-    members, byte for byte as before they existed."""
+    """A document without a workload file, a native output override or a declared server
+    encodes without those members, byte for byte as before they existed."""
     if isinstance(data, dict):
-        for member in ("workloads", "native_output_tokens", "openai"):
+        for member in ("workloads", "native_output_tokens", "openai", "openai_tree"):
             if getattr(document, member, None) is None:
                 data.pop(member, None)
     return data
@@ -684,6 +684,13 @@ class ObservedSoFar(_Strict):
     models: dict[str, ModelObservation] = Field(default_factory=dict)
     # Model bytes are hashed only once every cheaper check has passed.
     models_hashed: bool = False
+    # The tree of the operator's declared OpenAI-compatible server, where it names its own
+    # (left out otherwise).
+    openai_tree: TreePinRecord | None = None
+
+    @model_serializer(mode="wrap")
+    def _absent_extensions_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_absent_extensions(self, handler(self))
 
 
 class Observations(_Strict):

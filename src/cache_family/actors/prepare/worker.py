@@ -139,6 +139,8 @@ class WorkerRecord:
     corpus: CorpusUsed | None = None
     models: dict[str, ModelObservation] = field(default_factory=dict)
     models_hashed: bool = False
+    # The declared OpenAI-compatible server's own tree (None: native_build, or no server).
+    openai_tree: TreePinRecord | None = None
 
     def so_far(self) -> ObservedSoFar:
         # The same fields by the same names; ObservedSoFar refuses any field it does not have.
@@ -180,8 +182,6 @@ class _Observing:
     corpus: LoadedCorpus | None = None
     cache_root: str = ""
     looks: list[ModelLook] = field(default_factory=list)
-    # The declared OpenAI-compatible server's own tree (None: native_build, or no server).
-    openai_tree: TreePinRecord | None = None
     progress: JsonProgress = field(init=False)
 
     def __post_init__(self) -> None:
@@ -244,7 +244,7 @@ def _pin_trees(run: _Observing) -> None:
             tree = pin_tree(
                 declared.tree, run.budget, json_path="$.openai_server.tree", progress=run.progress
             )
-            run.openai_tree = _tree_record(tree)
+            run.record.openai_tree = _tree_record(tree)
         except Refused as exc:
             run.gathered.add(exc)
     toolkits: dict[str, TreePinRecord] = {}
@@ -401,7 +401,7 @@ def _declared_server(run: _Observing) -> DeclaredServer | None:
     declared = run.request.operator.openai_server
     if declared is None:
         return None
-    tree = run.openai_tree if declared.tree is not None else run.record.native_build
+    tree = run.record.openai_tree if declared.tree is not None else run.record.native_build
     assert tree is not None  # pinned, or preparation refused before planning
     return DeclaredServer(
         binary=run.record.tools["openai_server"],
