@@ -17,7 +17,9 @@ from preparation_harness import PRESENT, base_environ, prepare, write_operator
 from cache_family.actors.prepare.admission import admit
 from cache_family.actors.prepare.worker import WorkerRecord, observe
 from cache_family.errors import Refused
+from cache_family.schemas.docs import render_operator_reference
 from cache_family.schemas.examples import example_operator
+from cache_family.schemas.openai_host import OPENAI_HOST_REFUSAL_CODES
 from cache_family.schemas.operator import validate_operator_object
 from cache_family.schemas.prepared import PreparationRequest, PreparedInput, encode_document
 from cache_family.system.pins import Budget, pin_tree
@@ -264,3 +266,12 @@ def test_the_readme_declaration_is_accepted_by_the_validator() -> None:
     operator = validate_operator_object(example_operator(**member))
     assert operator.openai_server is not None
     assert operator.openai_server.serving.dialects == ["completions", "chat"]
+
+
+def test_the_declarations_refusal_codes_are_in_the_readme_reference() -> None:
+    text = render_operator_reference()
+    emitted = {code for _, code in MISTAKES if code.startswith("openai_host.")}
+    assert emitted == set(OPENAI_HOST_REFUSAL_CODES) - {"openai_host.shape"}
+    for code in emitted:
+        assert f"| `{code}` |" in text
+    assert "`openai_host.shape`" not in text

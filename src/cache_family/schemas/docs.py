@@ -182,6 +182,9 @@ def render_operator_reference() -> str:
             (f"`{c.code}`", c.meaning, c.hint)
             for codes in (OPERATOR_REFUSAL_CODES, OPENAI_HOST_REFUSAL_CODES)
             for c in codes.values()
+            # In the operator input a mistyped declaration is refused member by member with
+            # the operator.* codes, never as one openai_host.shape.
+            if c.code != "openai_host.shape"
         ],
     )
     return "\n".join(lines) + "\n"
