@@ -7,7 +7,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 import trio
@@ -209,6 +209,33 @@ class _Answer:
         return [int(t) for t in found]
 
 
+_AnswerT = TypeVar("_AnswerT", bound=_Answer)
+
+
+async def _post_by_deadline(
+    host: WorkloadHost, path: str, body: Mapping[str, Any], answer: type[_AnswerT]
+) -> _AnswerT:
+    """One non-streamed POST of ``body`` to the host's ``path``, cut at the request timeout or
+    the cell's deadline, whichever comes first: its reply, or why there is none (a failure is
+    the point's to record, never raised)."""
+    start = trio.current_time()
+    url = host.base_url.rstrip("/") + path
+    timeout = min(host.request_timeout_ms / 1000, max(0.0, host.deadline - start))
+    error: str | None = "request timed out"
+    reply: Mapping[str, Any] | None = None
+    with trio.move_on_after(timeout):
+        try:
+            async with host.http.request("POST", url, json_body=body) as response:
+                data = await response.read(_BODY_LIMIT)
+            if response.status_code != 200:
+                error = f"HTTP {response.status_code}: {data[:200]!r}"
+            else:
+                reply, error = json.loads(data), None
+        except (HttpError, OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    return answer(reply, (trio.current_time() - start) * 1000, error)
+
+
 async def _complete(
     host: WorkloadHost, prompt: list[int], n_predict: int, slot: int, *, exact: bool
 ) -> _Answer:
@@ -226,22 +253,7 @@ async def _complete(
         body["ignore_eos"] = True
     if exact:
         body["return_tokens"] = True
-    start = trio.current_time()
-    url = host.base_url.rstrip("/") + "/completion"
-    timeout = min(host.request_timeout_ms / 1000, max(0.0, host.deadline - start))
-    error: str | None = "request timed out"
-    reply: Mapping[str, Any] | None = None
-    with trio.move_on_after(timeout):
-        try:
-            async with host.http.request("POST", url, json_body=body) as response:
-                data = await response.read(_BODY_LIMIT)
-            if response.status_code != 200:
-                error = f"HTTP {response.status_code}: {data[:200]!r}"
-            else:
-                reply, error = json.loads(data), None
-        except (HttpError, OSError, ValueError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-    return _Answer(reply, (trio.current_time() - start) * 1000, error)
+    return await _post_by_deadline(host, "/completion", body, _Answer)
 
 
 class _ChatAnswer(_Answer):
@@ -307,22 +319,7 @@ async def _chat(
         body["grammar"] = pieces.answer_grammar
         if pieces.answer_banned_ids:
             body["logit_bias"] = [[token, False] for token in pieces.answer_banned_ids]
-    start = trio.current_time()
-    url = host.base_url.rstrip("/") + "/v1/chat/completions"
-    timeout = min(host.request_timeout_ms / 1000, max(0.0, host.deadline - start))
-    error: str | None = "request timed out"
-    reply: Mapping[str, Any] | None = None
-    with trio.move_on_after(timeout):
-        try:
-            async with host.http.request("POST", url, json_body=body) as response:
-                data = await response.read(_BODY_LIMIT)
-            if response.status_code != 200:
-                error = f"HTTP {response.status_code}: {data[:200]!r}"
-            else:
-                reply, error = json.loads(data), None
-        except (HttpError, OSError, ValueError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-    return _ChatAnswer(reply, (trio.current_time() - start) * 1000, error)
+    return await _post_by_deadline(host, "/v1/chat/completions", body, _ChatAnswer)
 
 
 def _measured_template(
