@@ -23,13 +23,13 @@ from cache_family.actors.run.chat_text import (
 from cache_family.actors.run.context import is_cancellation
 from cache_family.actors.run.open_loop import (
     RateStage,
-    chat_exchange,
-    completion_exchange,
+    load_exchange,
     run_rates,
 )
 from cache_family.actors.run.server_metrics import MetricsWatch, Reading
 from cache_family.errors import Refused
 from cache_family.schemas.arms import MeasurementKind
+from cache_family.schemas.host_kinds import RequestDialect
 from cache_family.schemas.journal import Record
 from cache_family.schemas.measurement import ReuseRule
 from cache_family.schemas.workload import MultiTurn, WorkloadFile
@@ -110,6 +110,11 @@ class WorkloadHost:
     slot_context_tokens: int | None = None
     # The host's metrics, read around every point (None: not read).
     metrics: MetricsWatch | None = None
+
+    @property
+    def dialect(self) -> RequestDialect:
+        """The request dialect its workloads are sent in."""
+        return "chat" if self.chat else "completion"
 
 
 async def _metrics_before(host: WorkloadHost) -> Reading | None:
@@ -802,25 +807,16 @@ async def run_open_loop(host: WorkloadHost) -> bool:
     kind = MeasurementKind.OPEN_LOOP
     async with _stops_before_any_point(host, kind):
         await _opened(host, kind, spec.model_dump_json(), BYTE_ALPHABET if host.chat else None)
-    if host.chat:
-        exchange = chat_exchange(
-            host.base_url,
-            host.prompt_text,
-            model_id=host.model_id,
-            output_tokens=spec.output_tokens,
-            request_timeout_ms=host.request_timeout_ms,
-            client=host.http,
-            ignore_eos=host.ignore_eos,
-        )
-    else:
-        exchange = completion_exchange(
-            host.base_url,
-            host.prompt_text,
-            output_tokens=spec.output_tokens,
-            request_timeout_ms=host.request_timeout_ms,
-            client=host.http,
-            ignore_eos=host.ignore_eos,
-        )
+    exchange = load_exchange(
+        host.base_url,
+        host.prompt_text,
+        output_tokens=spec.output_tokens,
+        request_timeout_ms=host.request_timeout_ms,
+        dialect=host.dialect,
+        model_id=host.model_id,
+        client=host.http,
+        ignore_eos=host.ignore_eos,
+    )
     journaled: list[RateStage] = []
     # A stage is journaled as it ends, so a stop keeps the stages before it.
     rate_index = 0
