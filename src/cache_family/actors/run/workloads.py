@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -54,6 +54,8 @@ from cache_family.states.cache_reuse import (
 from cache_family.states.chat_pieces import BYTE_ALPHABET, ChatPieces
 from cache_family.states.server_metrics import TokenSummer
 from cache_family.states.sessions import (
+    SessionTokens,
+    SessionTurn,
     session_plan,
     session_prompt_tokens,
     session_tokens,
@@ -616,28 +618,19 @@ async def run_overlap(host: WorkloadHost) -> bool:
     return True
 
 
-async def _chat_sessions(
-    host: WorkloadHost,
-    spec: MultiTurn,
-    vocabulary: int,
-    pieces: ChatPieces,
-    overheads: ConversationOverheads | None,
+# One session turn sent in a dialect: its answer (a failed one ends the workload if the host
+# is gone) and its request as journaled.
+_SessionTurn = Callable[[SessionTurn], Awaitable[tuple[_Answer, WorkloadRequest]]]
+
+
+async def _send_sessions(
+    host: WorkloadHost, spec: MultiTurn, plan: Sequence[SessionTurn], turn: _SessionTurn
 ) -> bool:
-    """Sessions as chat conversations: a system message, the user's context and first
-    question, then per turn the answer as the server gave it and the next question. Each
-    turn should reuse the previous turn's prompt and answer as the server counted them (its
-    answer's last token, sampled, never evaluated): the answers are held to the design's
-    pieces, so their text is the tokens the server generated. With the template's
-    ``overheads`` known, each turn is designed to a count: a first turn, its pieces and the
-    template's; a later one, the turn before as counted, its answer, the question's pieces
-    and the template's (an answer that did not tokenize back would miss it)."""
-    tokens = session_tokens(
-        spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
-    )
-    rule = reuse_rule(host.architecture)
-    plan = session_plan(spec, rule, sliding_window=host.sliding_window)
-    conversations: dict[int, list[dict[str, str]]] = {}
-    counted: dict[int, tuple[int, int]] = {}
+    """The sessions loop of every dialect: the plan's turns in order (the think time between
+    them, none sent past the deadline), each sent by the dialect's ``turn``; the server's
+    counters read around them all; the record journaled as far as it went, also when a stop
+    unwinds."""
+    kind = MeasurementKind.SESSIONS
     sent: list[WorkloadRequest] = []
     stop: str | None = None
     before: Reading | None = None
@@ -649,48 +642,10 @@ async def _chat_sessions(
             if trio.current_time() >= host.deadline:
                 stop = "deadline"
                 break
-            question = pieces.text(tokens.questions[item.user][item.turn])
-            if item.turn == 0:
-                first = pieces.text([*tokens.contexts[item.user], *tokens.questions[item.user][0]])
-                system = pieces.text(tokens.system)
-                messages = [{"role": "system", "content": system}] if system else []
-                messages.append({"role": "user", "content": first})
-            else:
-                messages = [
-                    *conversations.get(item.user, ()),
-                    {"role": "user", "content": question},
-                ]
-            answer = await _chat(
-                host, messages, spec.answer_tokens, item.user, exact=True, pieces=pieces
-            )
-            conversations[item.user] = [
-                *messages,
-                {"role": "assistant", "content": answer.content},
-            ]
-            earlier = counted.get(item.user)
-            expected = 0
-            if item.expected_reused_tokens and earlier is not None and rule is not None:
-                expected = turn_reuse(
-                    rule, earlier[0], earlier[1], sliding_window=host.sliding_window
-                )
-            designed: int | None = None
-            if overheads is not None and item.turn == 0:
-                designed = overheads.first + len(tokens.first_prompt(item.user))
-            elif overheads is not None and earlier is not None:
-                designed = sum(earlier) + overheads.later + spec.question_tokens
-            request = answer.request(
-                item.position,
-                group=item.user,
-                turn=item.turn,
-                expected_reused_tokens=expected,
-                designed_prompt_tokens=designed,
-            )
-            counted.pop(item.user, None)
-            if request.prompt_tokens is not None and answer.completion_tokens:
-                counted[item.user] = (request.prompt_tokens, answer.completion_tokens)
+            answer, request = await turn(item)
             sent.append(request)
             _check_host(host, answer)
-        await _metrics_after(host, before, MeasurementKind.SESSIONS, 0, sent)
+        await _metrics_after(host, before, kind, 0, sent)
     except BaseException as exc:
         stop = _stop_reason(exc)
         raise
@@ -698,8 +653,96 @@ async def _chat_sessions(
         with trio.CancelScope(shield=stop is not None):
             await host.journal(_sessions_record(host, spec, sent))
             if stop is not None:
-                await _stopped(host, MeasurementKind.SESSIONS, stop, None, len(sent))
+                await _stopped(host, kind, stop, None, len(sent))
     return stop is None
+
+
+def _completion_turns(host: WorkloadHost, spec: MultiTurn, tokens: SessionTokens) -> _SessionTurn:
+    """Sessions of token ids: each turn's prompt is the session so far (its prompts and the
+    answers' token ids as generated) and the next question."""
+    sessions: dict[int, list[int]] = {}
+
+    async def turn(item: SessionTurn) -> tuple[_Answer, WorkloadRequest]:
+        question = list(tokens.questions[item.user][item.turn])
+        if item.turn == 0:
+            prompt = tokens.first_prompt(item.user)
+        else:
+            prompt = [*sessions.get(item.user, ()), *question]
+        # Each user's turns on the user's own slot: a turn finds its session there.
+        answer = await _complete(host, prompt, spec.answer_tokens, item.user, exact=True)
+        sessions[item.user] = [*prompt, *answer.tokens]
+        request = answer.request(
+            item.position,
+            group=item.user,
+            turn=item.turn,
+            expected_reused_tokens=item.expected_reused_tokens,
+            designed_prompt_tokens=len(prompt),
+        )
+        return answer, request
+
+    return turn
+
+
+def _chat_turns(
+    host: WorkloadHost,
+    spec: MultiTurn,
+    tokens: SessionTokens,
+    pieces: ChatPieces,
+    overheads: ConversationOverheads | None,
+) -> _SessionTurn:
+    """Sessions as chat conversations: a system message, the user's context and first
+    question, then per turn the answer as the server gave it and the next question. Each
+    turn should reuse the previous turn's prompt and answer as the server counted them (its
+    answer's last token, sampled, never evaluated): the answers are held to the design's
+    pieces, so their text is the tokens the server generated. With the template's
+    ``overheads`` known, each turn is designed to a count: a first turn, its pieces and the
+    template's; a later one, the turn before as counted, its answer, the question's pieces
+    and the template's (an answer that did not tokenize back would miss it)."""
+    rule = reuse_rule(host.architecture)
+    conversations: dict[int, list[dict[str, str]]] = {}
+    counted: dict[int, tuple[int, int]] = {}
+
+    async def turn(item: SessionTurn) -> tuple[_Answer, WorkloadRequest]:
+        question = pieces.text(tokens.questions[item.user][item.turn])
+        if item.turn == 0:
+            first = pieces.text([*tokens.contexts[item.user], *tokens.questions[item.user][0]])
+            system = pieces.text(tokens.system)
+            messages = [{"role": "system", "content": system}] if system else []
+            messages.append({"role": "user", "content": first})
+        else:
+            messages = [
+                *conversations.get(item.user, ()),
+                {"role": "user", "content": question},
+            ]
+        answer = await _chat(
+            host, messages, spec.answer_tokens, item.user, exact=True, pieces=pieces
+        )
+        conversations[item.user] = [
+            *messages,
+            {"role": "assistant", "content": answer.content},
+        ]
+        earlier = counted.get(item.user)
+        expected = 0
+        if item.expected_reused_tokens and earlier is not None and rule is not None:
+            expected = turn_reuse(rule, earlier[0], earlier[1], sliding_window=host.sliding_window)
+        designed: int | None = None
+        if overheads is not None and item.turn == 0:
+            designed = overheads.first + len(tokens.first_prompt(item.user))
+        elif overheads is not None and earlier is not None:
+            designed = sum(earlier) + overheads.later + spec.question_tokens
+        request = answer.request(
+            item.position,
+            group=item.user,
+            turn=item.turn,
+            expected_reused_tokens=expected,
+            designed_prompt_tokens=designed,
+        )
+        counted.pop(item.user, None)
+        if request.prompt_tokens is not None and answer.completion_tokens:
+            counted[item.user] = (request.prompt_tokens, answer.completion_tokens)
+        return answer, request
+
+    return turn
 
 
 def _sessions_record(
@@ -755,50 +798,15 @@ async def run_sessions(host: WorkloadHost) -> bool:
                     host, text.pieces, text.template_source, rendered, None, overheads
                 )
             )
-    if text is not None:
-        return await _chat_sessions(host, spec, vocabulary, text.pieces, overheads)
+    # A chat host's rule is the architecture's (no probe: its template's tokens count too).
     tokens = session_tokens(spec, vocabulary_size=vocabulary, starts=starts)
     plan = session_plan(spec, rule, sliding_window=host.sliding_window)
-    sessions: dict[int, list[int]] = {}
-    sent: list[WorkloadRequest] = []
-    stop: str | None = None
-    before: Reading | None = None
-    try:
-        before = await _metrics_before(host)
-        for item in plan:
-            if item.position and spec.think_time_ms:
-                await trio.sleep(spec.think_time_ms / 1000)
-            if trio.current_time() >= host.deadline:
-                stop = "deadline"
-                break
-            question = list(tokens.questions[item.user][item.turn])
-            if item.turn == 0:
-                prompt = tokens.first_prompt(item.user)
-            else:
-                prompt = [*sessions.get(item.user, ()), *question]
-            # Each user's turns on the user's own slot: a turn finds its session there.
-            answer = await _complete(host, prompt, spec.answer_tokens, item.user, exact=True)
-            sessions[item.user] = [*prompt, *answer.tokens]
-            sent.append(
-                answer.request(
-                    item.position,
-                    group=item.user,
-                    turn=item.turn,
-                    expected_reused_tokens=item.expected_reused_tokens,
-                    designed_prompt_tokens=len(prompt),
-                )
-            )
-            _check_host(host, answer)
-        await _metrics_after(host, before, kind, 0, sent)
-    except BaseException as exc:
-        stop = _stop_reason(exc)
-        raise
-    finally:
-        with trio.CancelScope(shield=stop is not None):
-            await host.journal(_sessions_record(host, spec, sent))
-            if stop is not None:
-                await _stopped(host, kind, stop, None, len(sent))
-    return stop is None
+    turns = (
+        _completion_turns(host, spec, tokens)
+        if text is None
+        else _chat_turns(host, spec, tokens, text.pieces, overheads)
+    )
+    return await _send_sessions(host, spec, plan, turns)
 
 
 async def run_open_loop(host: WorkloadHost) -> bool:
