@@ -13,13 +13,11 @@ from cache_family.actors.run.chat_text import read_model_text
 from cache_family.actors.run.open_loop import OpenLoopOutcome, OpenLoopSender
 from cache_family.actors.run.server_metrics import Reading
 from cache_family.actors.run.workloads import (
+    WORKLOAD_DIALECTS,
     WorkloadHost,
     WorkloadHostLost,
-    _Answer,
-    _chat,
     _chat_template,
     _check_host,
-    _complete,
     _metrics_after,
     _metrics_before,
     _opened,
@@ -127,19 +125,9 @@ async def run_trace(host: WorkloadHost) -> bool:
         nonlocal lost
         request = requests[index]
         prompt = prompts.prompt(request)
-        answer: _Answer
-        if text is None:
-            answer = await _complete(
-                host,
-                prompt,
-                scaling.output_tokens(request),
-                ANY_SLOT,
-                exact=False,
-            )
-        else:
-            answer = await _chat(
-                host, text.pieces.text(prompt), scaling.output_tokens(request), ANY_SLOT
-            )
+        answer = await WORKLOAD_DIALECTS[host.dialect].send(
+            host, prompt, scaling.output_tokens(request), ANY_SLOT, pieces
+        )
         sent = answer.request(index, designed_prompt_tokens=len(prompt) + template_tokens)
         answers[index] = sent
         try:

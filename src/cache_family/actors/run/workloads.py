@@ -567,15 +567,9 @@ async def run_overlap(host: WorkloadHost) -> bool:
                 if trio.current_time() >= host.deadline:
                     stop = "deadline"
                     break
-                answer: _Answer
-                if template is None:
-                    answer = await _complete(
-                        host, prompt, spec.output_tokens, planned.group, exact=False
-                    )
-                else:
-                    answer = await _chat(
-                        host, pieces.text(prompt), spec.output_tokens, planned.group
-                    )
+                answer = await WORKLOAD_DIALECTS[host.dialect].send(
+                    host, prompt, spec.output_tokens, planned.group, pieces
+                )
                 sent.append(
                     answer.request(
                         planned.position,
@@ -657,7 +651,13 @@ async def _send_sessions(
     return stop is None
 
 
-def _completion_turns(host: WorkloadHost, spec: MultiTurn, tokens: SessionTokens) -> _SessionTurn:
+def _completion_turns(
+    host: WorkloadHost,
+    spec: MultiTurn,
+    tokens: SessionTokens,
+    _pieces: ChatPieces | None,
+    _overheads: ConversationOverheads | None,
+) -> _SessionTurn:
     """Sessions of token ids: each turn's prompt is the session so far (its prompts and the
     answers' token ids as generated) and the next question."""
     sessions: dict[int, list[int]] = {}
@@ -687,7 +687,7 @@ def _chat_turns(
     host: WorkloadHost,
     spec: MultiTurn,
     tokens: SessionTokens,
-    pieces: ChatPieces,
+    pieces: ChatPieces | None,
     overheads: ConversationOverheads | None,
 ) -> _SessionTurn:
     """Sessions as chat conversations: a system message, the user's context and first
@@ -698,6 +698,7 @@ def _chat_turns(
     ``overheads`` known, each turn is designed to a count: a first turn, its pieces and the
     template's; a later one, the turn before as counted, its answer, the question's pieces
     and the template's (an answer that did not tokenize back would miss it)."""
+    assert pieces is not None  # a chat host's text is in its model's pieces
     rule = reuse_rule(host.architecture)
     conversations: dict[int, list[dict[str, str]]] = {}
     counted: dict[int, tuple[int, int]] = {}
@@ -743,6 +744,40 @@ def _chat_turns(
         return answer, request
 
     return turn
+
+
+async def _complete_ids(
+    host: WorkloadHost, prompt: list[int], output_tokens: int, slot: int, _: ChatPieces | None
+) -> _Answer:
+    return await _complete(host, prompt, output_tokens, slot, exact=False)
+
+
+async def _chat_ids(
+    host: WorkloadHost, prompt: list[int], output_tokens: int, slot: int, pieces: ChatPieces | None
+) -> _Answer:
+    assert pieces is not None  # a chat host's text is in its model's pieces
+    return await _chat(host, pieces.text(prompt), output_tokens, slot)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadDialect:
+    """What a workload sends in one request dialect (``WorkloadHost.dialect``); its open-loop
+    requests go through the dialect's load client (``LOAD_DIALECTS``)."""
+
+    # One greedy request of a prompt of token ids on ``slot`` (a chat host gets their text in
+    # the model's pieces), as long an answer as the server gives up to ``output_tokens``.
+    send: Callable[[WorkloadHost, list[int], int, int, ChatPieces | None], Awaitable[_Answer]]
+    # The sessions' turns: (host, spec, tokens, the model's pieces, the template's overheads).
+    turns: Callable[
+        [WorkloadHost, MultiTurn, SessionTokens, ChatPieces | None, ConversationOverheads | None],
+        _SessionTurn,
+    ]
+
+
+WORKLOAD_DIALECTS: Final[Mapping[RequestDialect, WorkloadDialect]] = {
+    "completion": WorkloadDialect(_complete_ids, _completion_turns),
+    "chat": WorkloadDialect(_chat_ids, _chat_turns),
+}
 
 
 def _sessions_record(
@@ -801,11 +836,8 @@ async def run_sessions(host: WorkloadHost) -> bool:
     # A chat host's rule is the architecture's (no probe: its template's tokens count too).
     tokens = session_tokens(spec, vocabulary_size=vocabulary, starts=starts)
     plan = session_plan(spec, rule, sliding_window=host.sliding_window)
-    turns = (
-        _completion_turns(host, spec, tokens)
-        if text is None
-        else _chat_turns(host, spec, tokens, text.pieces, overheads)
-    )
+    pieces = text.pieces if text is not None else None
+    turns = WORKLOAD_DIALECTS[host.dialect].turns(host, spec, tokens, pieces, overheads)
     return await _send_sessions(host, spec, plan, turns)
 
 
