@@ -12,12 +12,14 @@ from cache_family.actors.audit.trace_file import read_trace, trace_scaling
 from cache_family.actors.run.chat_text import read_model_text
 from cache_family.actors.run.open_loop import OpenLoopOutcome, OpenLoopSender
 from cache_family.actors.run.server_metrics import Reading
-from cache_family.actors.run.workloads import (
+from cache_family.actors.run.workload_dialects import (
     WORKLOAD_DIALECTS,
     WorkloadHost,
     WorkloadHostLost,
+    check_host,
+)
+from cache_family.actors.run.workloads import (
     _chat_template,
-    _check_host,
     _metrics_after,
     _metrics_before,
     _opened,
@@ -131,7 +133,7 @@ async def run_trace(host: WorkloadHost) -> bool:
         sent = answer.request(index, designed_prompt_tokens=len(prompt) + template_tokens)
         answers[index] = sent
         try:
-            _check_host(host, answer)
+            check_host(host, answer)
         except WorkloadHostLost as gone:
             # Raised here it would leave the sender inside its nursery's exception group: the
             # replay is cut from outside instead, and the loss raised once it is journaled.
