@@ -13,7 +13,6 @@ from cache_family.actors.run.chat_text import read_model_text
 from cache_family.actors.run.open_loop import OpenLoopOutcome, OpenLoopSender
 from cache_family.actors.run.server_metrics import Reading
 from cache_family.actors.run.workload_dialects import (
-    WORKLOAD_DIALECTS,
     WorkloadHost,
     WorkloadHostLost,
     check_host,
@@ -100,7 +99,7 @@ async def run_trace(host: WorkloadHost) -> bool:
                 None,
                 f"{spec.path} has SHA-256 {sha256}, preparation pinned {spec.sha256}",
             )
-        text = await read_model_text(host.model_path) if host.chat else None
+        text = await read_model_text(host.model_path) if host.speaks.writes_text else None
         pieces = text.pieces if text is not None else None
         vocabulary = await _opened(host, kind, spec.model_dump_json(), pieces)
         prompts = TracePrompts(requests, scaling, trace_sha256=sha256, vocabulary_size=vocabulary)
@@ -127,7 +126,7 @@ async def run_trace(host: WorkloadHost) -> bool:
         nonlocal lost
         request = requests[index]
         prompt = prompts.prompt(request)
-        answer = await WORKLOAD_DIALECTS[host.dialect].send(
+        answer = await host.speaks.send(
             host, prompt, scaling.output_tokens(request), ANY_SLOT, pieces
         )
         sent = answer.request(index, designed_prompt_tokens=len(prompt) + template_tokens)

@@ -68,6 +68,11 @@ class WorkloadHost:
         """The request dialect its workloads are sent in."""
         return "chat" if self.chat else "completion"
 
+    @property
+    def speaks(self) -> WorkloadDialect:
+        """What its workloads send, in its dialect."""
+        return WORKLOAD_DIALECTS[self.dialect]
+
 
 class WorkloadHostLost(Exception):
     """The host was gone when a workload request failed (the stopped point is journaled)."""
@@ -361,9 +366,12 @@ class WorkloadDialect:
         [WorkloadHost, MultiTurn, SessionTokens, ChatPieces | None, ConversationOverheads | None],
         SessionTurnSender,
     ]
+    # Its prompts go as text in the pieces of the host's model (``actors/run/chat_text.py``):
+    # none is cut to a token count, so its reuse rule is the model header's, unprobed.
+    writes_text: bool
 
 
 WORKLOAD_DIALECTS: Final[Mapping[RequestDialect, WorkloadDialect]] = {
-    "completion": WorkloadDialect(_completion_of_ids, completion_turns),
-    "chat": WorkloadDialect(_chat_of_ids, chat_turns),
+    "completion": WorkloadDialect(_completion_of_ids, completion_turns, writes_text=False),
+    "chat": WorkloadDialect(_chat_of_ids, chat_turns, writes_text=True),
 }

@@ -26,7 +26,6 @@ from cache_family.actors.run.open_loop import (
 )
 from cache_family.actors.run.server_metrics import Reading
 from cache_family.actors.run.workload_dialects import (
-    WORKLOAD_DIALECTS,
     SessionTurnSender,
     WorkloadHost,
     WorkloadHostLost,
@@ -237,7 +236,7 @@ async def _probe(
     (``states.cache_reuse.probe_shapes``) and journaled. A chat host designs no token-cut
     prompts: its rule is the header's, unprobed."""
     header = reuse_rule(host.architecture)
-    if host.chat or header is None:
+    if host.speaks.writes_text or header is None:
         return header
     rng = random.Random(seed)  # noqa: S311 -- reproducible probe prompts, not a secret
 
@@ -304,7 +303,7 @@ async def run_overlap(host: WorkloadHost) -> bool:
     assert spec is not None  # planned only when chosen
     kind = MeasurementKind.PREFIX_OVERLAP
     async with _stops_before_any_point(host, kind):
-        text = await read_model_text(host.model_path) if host.chat else None
+        text = await read_model_text(host.model_path) if host.speaks.writes_text else None
         pieces = text.pieces if text is not None else BYTE_ALPHABET
         vocabulary = await _opened(
             host, kind, spec.model_dump_json(), pieces if text is not None else None
@@ -361,7 +360,7 @@ async def run_overlap(host: WorkloadHost) -> bool:
                 if trio.current_time() >= host.deadline:
                     stop = "deadline"
                     break
-                answer = await WORKLOAD_DIALECTS[host.dialect].send(
+                answer = await host.speaks.send(
                     host, prompt, spec.output_tokens, planned.group, pieces
                 )
                 sent.append(
@@ -463,7 +462,7 @@ async def run_sessions(host: WorkloadHost) -> bool:
     kind = MeasurementKind.SESSIONS
     overheads: ConversationOverheads | None = None
     async with _stops_before_any_point(host, kind):
-        text = await read_model_text(host.model_path) if host.chat else None
+        text = await read_model_text(host.model_path) if host.speaks.writes_text else None
         vocabulary = await _opened(
             host, kind, spec.model_dump_json(), text.pieces if text is not None else None
         )
@@ -497,7 +496,7 @@ async def run_sessions(host: WorkloadHost) -> bool:
     tokens = session_tokens(spec, vocabulary_size=vocabulary, starts=starts)
     plan = session_plan(spec, rule, sliding_window=host.sliding_window)
     pieces = text.pieces if text is not None else None
-    turns = WORKLOAD_DIALECTS[host.dialect].turns(host, spec, tokens, pieces, overheads)
+    turns = host.speaks.turns(host, spec, tokens, pieces, overheads)
     return await _send_sessions(host, spec, plan, turns)
 
 
@@ -506,7 +505,9 @@ async def run_open_loop(host: WorkloadHost) -> bool:
     assert spec is not None
     kind = MeasurementKind.OPEN_LOOP
     async with _stops_before_any_point(host, kind):
-        await _opened(host, kind, spec.model_dump_json(), BYTE_ALPHABET if host.chat else None)
+        await _opened(
+            host, kind, spec.model_dump_json(), BYTE_ALPHABET if host.speaks.writes_text else None
+        )
     exchange = load_exchange(
         host.base_url,
         host.prompt_text,
