@@ -59,7 +59,7 @@ from bench_peers import (
     guidellm_send_rows,
 )
 
-from cache_family.actors.run.open_loop import OpenLoopSender, completion_exchange
+from cache_family.actors.run.open_loop import OpenLoopSender, load_exchange
 from cache_family.schemas.workload import OverSaturation
 from cache_family.states.arrivals import SaturationWatch, achieved_rate, arrival_schedule
 from cache_family.states.metrics import percentile
@@ -112,9 +112,7 @@ async def one_rate(
         duration_s=duration,
         burstiness=burstiness,
     )
-    exchange = completion_exchange(
-        base_url, "open-loop", output_tokens=TOKENS, request_timeout_ms=30_000
-    )
+    exchange = load_exchange(base_url, "open-loop", output_tokens=TOKENS, request_timeout_ms=30_000)
     sender = OpenLoopSender(
         schedule,
         exchange,

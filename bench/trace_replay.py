@@ -63,7 +63,7 @@ from open_loop_bench import (
 
 from cache_family.actors.audit.trace_file import read_trace, trace_scaling
 from cache_family.actors.run.trace_replay import run_trace
-from cache_family.actors.run.workloads import WorkloadHost
+from cache_family.actors.run.workload_dialects import WorkloadHost
 from cache_family.schemas.journal import JournalLine, Record
 from cache_family.schemas.workload import REQUESTS_MAX, WorkloadFile, validate_workload_object
 from cache_family.schemas.workload_records import (

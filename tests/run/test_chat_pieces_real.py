@@ -28,7 +28,8 @@ from cache_family.actors.run.chat_text import (
     render_wrapper,
     wrapped_prompt,
 )
-from cache_family.actors.run.workloads import WorkloadHost, _chat, run_overlap, run_sessions
+from cache_family.actors.run.workload_dialects import WorkloadHost, send_chat
+from cache_family.actors.run.workloads import run_overlap, run_sessions
 from cache_family.errors import Refused
 from cache_family.oracles.native_parts import Parts, RunningServer, serve
 from cache_family.oracles.real_model import ensure_real_model
@@ -251,7 +252,9 @@ def test_session_answers_held_to_the_pieces_tokenize_back_to_the_tokens_generate
     async def ask() -> tuple[str, int | None]:
         sessions = {"users": 1, "turns": 2, "question_tokens": 4, "answer_tokens": 12}
         host = _host(real_server, real_model_path, {"multi_turn": sessions}, [])
-        answer = await _chat(host, pieces.text([5, 9, 200, 4000]), 12, 0, exact=True, pieces=pieces)
+        answer = await send_chat(
+            host, pieces.text([5, 9, 200, 4000]), 12, 0, exact=True, pieces=pieces
+        )
         return answer.content, answer.completion_tokens
 
     content, generated = trio.run(ask)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from cache_family.actors.run.workloads import WorkloadHost, run_overlap, run_sessions
+from cache_family.actors.run.workload_dialects import WorkloadHost
+from cache_family.actors.run.workloads import run_overlap, run_sessions
 from cache_family.oracles.native_parts import Parts, RunningServer, serve
 from cache_family.oracles.real_model import RealModel, ensure_real_model
 from cache_family.schemas.gguf_header import read_gguf_header

@@ -17,7 +17,7 @@ import trio.testing
 
 from cache_family.actors.run.calibration_server import CalibrationServer, Pace
 from cache_family.actors.run.trace_replay import run_trace
-from cache_family.actors.run.workloads import WorkloadHost
+from cache_family.actors.run.workload_dialects import WorkloadHost
 from cache_family.errors import Refused
 from cache_family.schemas.journal import JournalLine, Record
 from cache_family.schemas.workload import validate_workload_object

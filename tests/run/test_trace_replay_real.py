@@ -21,7 +21,7 @@ import trio
 
 from cache_family.actors.run.server_metrics import MetricsWatch
 from cache_family.actors.run.trace_replay import run_trace
-from cache_family.actors.run.workloads import WorkloadHost, WorkloadHostLost
+from cache_family.actors.run.workload_dialects import WorkloadHost, WorkloadHostLost
 from cache_family.oracles.native_parts import Parts, RunningServer, serve
 from cache_family.schemas.journal import JournalLine, Record, ServerMetricsRead
 from cache_family.schemas.workload import WorkloadFile, validate_workload_object

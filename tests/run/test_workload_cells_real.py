@@ -15,7 +15,8 @@ import pytest
 import trio
 from real_run_harness import cli, operator_for
 
-from cache_family.actors.run.workloads import WorkloadHost, run_overlap
+from cache_family.actors.run.workload_dialects import WorkloadHost
+from cache_family.actors.run.workloads import run_overlap
 from cache_family.oracles.native_parts import Parts, serve
 from cache_family.schemas.arms import HOST_ARMS, WORKLOAD_ARMS
 from cache_family.schemas.journal import JournalLine, Record

@@ -18,7 +18,7 @@ from cache_family.actors.run.open_loop import (
     Exchange,
     OpenLoopEvent,
     OpenLoopSender,
-    completion_exchange,
+    load_exchange,
     run_rates,
 )
 from cache_family.schemas.measurement import RequestRow
@@ -274,7 +274,7 @@ async def test_open_loop_through_the_real_request_code_against_the_calibration_s
     schedule = arrival_schedule("poisson", 100.0, seed=11, requests=40)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.serve, 0)
-        exchange = completion_exchange(
+        exchange = load_exchange(
             f"http://127.0.0.1:{port}",
             "one prompt for every send" if one_prompt else (lambda index: f"prompt {index}"),
             output_tokens=8,

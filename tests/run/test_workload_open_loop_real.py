@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from cache_family.actors.run.open_loop import OpenLoopSender, completion_exchange
+from cache_family.actors.run.open_loop import OpenLoopSender, load_exchange
 from cache_family.oracles.native_parts import Parts, serve
 from cache_family.schemas.workload import OverSaturation
 from cache_family.states.arrivals import SaturationWatch, arrival_schedule
@@ -24,7 +24,7 @@ def test_a_rate_the_server_cannot_sustain_stops_as_over_saturated(native_parts: 
     with serve(
         native_parts.llama_server, native_parts.model_path("llama"), ctx_size=1024
     ) as server:
-        exchange = completion_exchange(
+        exchange = load_exchange(
             server.url,
             lambda index: f"{index} {WORDS * 12}",
             output_tokens=2,

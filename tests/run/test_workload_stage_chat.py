@@ -11,7 +11,8 @@ import trio.testing
 from run_harness import autojump_clock  # noqa: F401
 
 from cache_family.actors.run.calibration_server import CalibrationServer, Pace
-from cache_family.actors.run.workloads import WorkloadHost, run_overlap
+from cache_family.actors.run.workload_dialects import WorkloadHost
+from cache_family.actors.run.workloads import run_overlap
 from cache_family.errors import Refused
 from cache_family.schemas.journal import Record
 from cache_family.schemas.workload import validate_workload_object

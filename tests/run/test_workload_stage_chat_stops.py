@@ -15,7 +15,8 @@ import trio.testing
 from fake_hosts.fake_llama_http import _read_request, _send_json
 from run_harness import autojump_clock  # noqa: F401
 
-from cache_family.actors.run.workloads import WorkloadHost, run_sessions
+from cache_family.actors.run.workload_dialects import WorkloadHost
+from cache_family.actors.run.workloads import run_sessions
 from cache_family.schemas.journal import Record
 from cache_family.schemas.workload import validate_workload_object
 from cache_family.schemas.workload_records import (

@@ -22,8 +22,8 @@ from cache_family.actors.run.hosts import HOST_KINDS
 from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, PromptCuts
 from cache_family.actors.run.private_exec import PrivateCopy, copied_pins, make_private_copy
 from cache_family.actors.run.server_metrics import Exposition, MetricsWatch, Reading
+from cache_family.actors.run.workload_dialects import WorkloadHost, WorkloadHostLost
 from cache_family.actors.run.workload_runners import WORKLOAD_RUNNERS
-from cache_family.actors.run.workloads import WorkloadHost, WorkloadHostLost
 from cache_family.errors import Refused
 from cache_family.schemas.gguf_header import read_gguf_header
 from cache_family.schemas.journal import (

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from cache_family.actors.run import stage_host
-from cache_family.actors.run.host_strategy import HostKindStrategy
-from cache_family.actors.run.load import LoadRun, OpenAIChatRun
+from cache_family.actors.run.host_strategy import HostKindStrategy, Load
+from cache_family.actors.run.load import LOAD_DIALECTS, LoadRun
 from cache_family.actors.run.openai_host import OPENAI_STRATEGY
 from cache_family.schemas.arms import HostKind
-from cache_family.schemas.host_kinds import HOST_KIND_FACTS
+from cache_family.schemas.host_kinds import HOST_KIND_FACTS, RequestDialect
 from cache_family.schemas.measurement import LoadRequest
 from cache_family.states.plans import CellPlan, llama_server_argv
 
@@ -21,10 +21,6 @@ def _native_argv(
     plan: CellPlan, binary: str, port: int, _admitted: object, _cell_path: str
 ) -> list[str]:
     return llama_server_argv(plan, binary, port)
-
-
-def _native_load(plan: CellPlan, request: LoadRequest, **load: Any) -> LoadRun:
-    return LoadRun(request, **load)
 
 
 def _stage_argv(
@@ -39,17 +35,28 @@ def _stage_argv(
     return stage_host.stage_server_argv(binary, admitted, config, port, plan.lanes)
 
 
-def _stage_load(plan: CellPlan, request: LoadRequest, **load: Any) -> LoadRun:
-    return OpenAIChatRun(request, plan.model_id, **load)
+def _load_in(dialect: RequestDialect) -> Load:
+    """A kind's ladder client: its request dialect's load client (``LOAD_DIALECTS``)."""
+
+    def load_run(plan: CellPlan, request: LoadRequest, **load: Any) -> LoadRun:
+        return LOAD_DIALECTS[dialect](request, plan.model_id, **load)
+
+    return load_run
 
 
 HOST_KINDS: Final[Mapping[HostKind, HostKindStrategy]] = {
     HostKind.NATIVE: HostKindStrategy(
-        HOST_KIND_FACTS[HostKind.NATIVE], {}, _native_argv, _native_load
+        HOST_KIND_FACTS[HostKind.NATIVE],
+        {},
+        _native_argv,
+        _load_in(HOST_KIND_FACTS[HostKind.NATIVE].request_dialect),
     ),
     # Its config is written beside the cell (``stage.json``).
     HostKind.STAGE: HostKindStrategy(
-        HOST_KIND_FACTS[HostKind.STAGE], stage_host.STAGE_ENVIRONMENT, _stage_argv, _stage_load
+        HOST_KIND_FACTS[HostKind.STAGE],
+        stage_host.STAGE_ENVIRONMENT,
+        _stage_argv,
+        _load_in(HOST_KIND_FACTS[HostKind.STAGE].request_dialect),
     ),
     HostKind.OPENAI: OPENAI_STRATEGY,
 }

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Final, NamedTuple, Protocol
 import trio
 
 from cache_family.errors import Refused
+from cache_family.schemas.host_kinds import RequestDialect
 from cache_family.schemas.measurement import (
     CacheExpectation,
     LoadOutcome,
@@ -1099,3 +1100,21 @@ class OpenAIChatRun(LoadRun):
             ttft_unobserved=first.unobserved,
             **exchange.per_event(),
         )
+
+
+# --- one load client per request dialect -------------------------------------------------------
+
+
+def _completion_run(request: LoadRequest, _model_id: str, **load: Any) -> LoadRun:
+    # llama-server's ``/completion`` serves its one model to any request: no model id.
+    return LoadRun(request, **load)
+
+
+#: A request dialect's streamed load client: (the request, the host's model id, ``LoadRun``'s
+#: keyword arguments) -> the run that sends it.
+LoadDialect = Callable[..., LoadRun]
+
+LOAD_DIALECTS: Final[Mapping[RequestDialect, LoadDialect]] = {
+    "completion": _completion_run,
+    "chat": OpenAIChatRun,
+}

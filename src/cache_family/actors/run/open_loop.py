@@ -11,7 +11,8 @@ from typing import Literal
 import msgspec
 import trio
 
-from cache_family.actors.run.load import LoadRun, OpenAIChatRun
+from cache_family.actors.run.load import LOAD_DIALECTS, LoadRun
+from cache_family.schemas.host_kinds import RequestDialect
 from cache_family.schemas.measurement import LoadRequest, RequestRow
 from cache_family.schemas.workload import OpenLoop
 from cache_family.states.arrivals import (
@@ -301,18 +302,22 @@ class OpenLoopSender:
         )
 
 
-def completion_exchange(
+def load_exchange(
     base_url: str,
     prompt: Callable[[int], str] | str,
     *,
     output_tokens: int,
     request_timeout_ms: int,
+    dialect: RequestDialect = "completion",
+    model_id: str = "",
     client: LoopbackHttp | None = None,
     ignore_eos: bool = False,
 ) -> Exchange:
-    """One streamed llama.cpp ``/completion`` per send, through ``LoadRun`` (the closed
-    loop's request code: its protocol checks, its timeout, its row)."""
+    """One streamed request per send in ``dialect`` (llama.cpp's ``/completion``, or OpenAI
+    chat to ``model_id``), through its ladder load client (``LOAD_DIALECTS``: the closed
+    loop's request code, its protocol checks, its timeout, its row)."""
     http = client or LoopbackHttp()
+    run_for = LOAD_DIALECTS[dialect]
 
     def load_run(text: str) -> LoadRun:
         request = LoadRequest(
@@ -325,45 +330,13 @@ def completion_exchange(
             request_timeout_ms=request_timeout_ms,
             ignore_eos=ignore_eos,
         )
-        return LoadRun(request, client=http, stop_on_failure=False)
+        return run_for(request, model_id, client=http, stop_on_failure=False)
 
     # One prompt: one run sends every request (its setup is not paid per send).
     shared = None if callable(prompt) else load_run(prompt)
 
     async def exchange(index: int) -> RequestRow:
         run = shared if shared is not None else load_run(prompt(index))  # type: ignore[operator]
-        row = await run.send_one(http, 0)
-        return msgspec.structs.replace(row, request_id=index)
-
-    return exchange
-
-
-def chat_exchange(
-    base_url: str,
-    prompt: str,
-    *,
-    model_id: str,
-    output_tokens: int,
-    request_timeout_ms: int,
-    client: LoopbackHttp | None = None,
-    ignore_eos: bool = False,
-) -> Exchange:
-    """One streamed OpenAI chat completion per send to a stage server, through
-    ``OpenAIChatRun`` (the stage arms' ladder request code)."""
-    http = client or LoopbackHttp()
-    request = LoadRequest(
-        base_url=base_url,
-        prompt=prompt,
-        requests=1,
-        concurrency=1,
-        output_tokens=output_tokens,
-        stream=True,
-        request_timeout_ms=request_timeout_ms,
-        ignore_eos=ignore_eos,
-    )
-    run = OpenAIChatRun(request, model_id, client=http, stop_on_failure=False)
-
-    async def exchange(index: int) -> RequestRow:
         row = await run.send_one(http, 0)
         return msgspec.structs.replace(row, request_id=index)
 

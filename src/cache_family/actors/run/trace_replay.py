@@ -12,14 +12,13 @@ from cache_family.actors.audit.trace_file import read_trace, trace_scaling
 from cache_family.actors.run.chat_text import read_model_text
 from cache_family.actors.run.open_loop import OpenLoopOutcome, OpenLoopSender
 from cache_family.actors.run.server_metrics import Reading
-from cache_family.actors.run.workloads import (
+from cache_family.actors.run.workload_dialects import (
     WorkloadHost,
     WorkloadHostLost,
-    _Answer,
-    _chat,
+    check_host,
+)
+from cache_family.actors.run.workloads import (
     _chat_template,
-    _check_host,
-    _complete,
     _metrics_after,
     _metrics_before,
     _opened,
@@ -100,7 +99,7 @@ async def run_trace(host: WorkloadHost) -> bool:
                 None,
                 f"{spec.path} has SHA-256 {sha256}, preparation pinned {spec.sha256}",
             )
-        text = await read_model_text(host.model_path) if host.chat else None
+        text = await read_model_text(host.model_path) if host.speaks.writes_text else None
         pieces = text.pieces if text is not None else None
         vocabulary = await _opened(host, kind, spec.model_dump_json(), pieces)
         prompts = TracePrompts(requests, scaling, trace_sha256=sha256, vocabulary_size=vocabulary)
@@ -127,23 +126,13 @@ async def run_trace(host: WorkloadHost) -> bool:
         nonlocal lost
         request = requests[index]
         prompt = prompts.prompt(request)
-        answer: _Answer
-        if text is None:
-            answer = await _complete(
-                host,
-                prompt,
-                scaling.output_tokens(request),
-                ANY_SLOT,
-                exact=False,
-            )
-        else:
-            answer = await _chat(
-                host, text.pieces.text(prompt), scaling.output_tokens(request), ANY_SLOT
-            )
+        answer = await host.speaks.send(
+            host, prompt, scaling.output_tokens(request), ANY_SLOT, pieces
+        )
         sent = answer.request(index, designed_prompt_tokens=len(prompt) + template_tokens)
         answers[index] = sent
         try:
-            _check_host(host, answer)
+            check_host(host, answer)
         except WorkloadHostLost as gone:
             # Raised here it would leave the sender inside its nursery's exception group: the
             # replay is cut from outside instead, and the loss raised once it is journaled.

@@ -6,8 +6,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 from cache_family.actors.run.trace_replay import run_trace
+from cache_family.actors.run.workload_dialects import WorkloadHost
 from cache_family.actors.run.workloads import (
-    WorkloadHost,
     run_open_loop,
     run_overlap,
     run_sessions,

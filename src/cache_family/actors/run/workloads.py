@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 import trio
@@ -23,16 +21,23 @@ from cache_family.actors.run.chat_text import (
 from cache_family.actors.run.context import is_cancellation
 from cache_family.actors.run.open_loop import (
     RateStage,
-    chat_exchange,
-    completion_exchange,
+    load_exchange,
     run_rates,
 )
-from cache_family.actors.run.server_metrics import MetricsWatch, Reading
+from cache_family.actors.run.server_metrics import Reading
+from cache_family.actors.run.workload_dialects import (
+    SessionTurnSender,
+    WorkloadHost,
+    WorkloadHostLost,
+    check_host,
+    send_chat,
+    send_completion,
+    vocabulary_size,
+)
 from cache_family.errors import Refused
 from cache_family.schemas.arms import MeasurementKind
-from cache_family.schemas.journal import Record
 from cache_family.schemas.measurement import ReuseRule
-from cache_family.schemas.workload import MultiTurn, WorkloadFile
+from cache_family.schemas.workload import MultiTurn
 from cache_family.schemas.workload_records import (
     ChatTemplateMeasured,
     OpenLoopStageMeasured,
@@ -54,10 +59,10 @@ from cache_family.states.cache_reuse import (
 from cache_family.states.chat_pieces import BYTE_ALPHABET, ChatPieces
 from cache_family.states.server_metrics import TokenSummer
 from cache_family.states.sessions import (
+    SessionTurn,
     session_plan,
     session_prompt_tokens,
     session_tokens,
-    turn_reuse,
 )
 from cache_family.states.workloads import (
     CHAT_PROBE_CHARACTERS,
@@ -71,45 +76,6 @@ from cache_family.states.workloads import (
     overlap_order,
     overlap_prompts,
 )
-from cache_family.system.http import HttpError, LoopbackHttp
-
-#: An answer body this large is not a /completion reply of a few tokens.
-_BODY_LIMIT: Final = 4 * 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadHost:
-    """What a runner needs of its cell: the host, the journal and the budgets."""
-
-    cell_id: str
-    base_url: str
-    http: LoopbackHttp
-    journal: Callable[[Record], Awaitable[object]]
-    deadline: float
-    request_timeout_ms: int
-    architecture: str | None
-    workloads: WorkloadFile
-    workloads_sha256: str
-    # The row's benchmark prompt text (the open-loop workload sends it).
-    prompt_text: str
-    ignore_eos: bool
-    # Whether the host is still the one spawned (asked after a request failed: a host gone
-    # mid-point is a fault of the cell, not a refused point).
-    host_alive: Callable[[], bool] = lambda: True
-    # The host's dialect: llama-server's ``/completion`` of token ids, or a stage server's
-    # OpenAI chat (text messages, to ``model_id``).
-    chat: bool = False
-    model_id: str = ""
-    # The model file the host serves (pinned): a chat dialect writes its messages in pieces
-    # of its vocabulary (``actors/run/chat_text.py``); empty: the byte alphabet.
-    model_path: str = ""
-    # The model header's sliding window (a sliding-window family's; None: none or unknown).
-    sliding_window: int | None = None
-    # The host's slots and each slot's context (tokens): what its cache can hold.
-    slots: int | None = None
-    slot_context_tokens: int | None = None
-    # The host's metrics, read around every point (None: not read).
-    metrics: MetricsWatch | None = None
 
 
 async def _metrics_before(host: WorkloadHost) -> Reading | None:
@@ -125,10 +91,6 @@ async def _metrics_after(
     summer = TokenSummer()
     summer.add_requests(sent)
     await host.metrics.after(before, kind.value, index, summer.sums())
-
-
-class WorkloadHostLost(Exception):
-    """The host was gone when a workload request failed (the stopped point is journaled)."""
 
 
 def _stop_reason(exc: BaseException) -> str:
@@ -158,171 +120,6 @@ async def _stops_before_any_point(host: WorkloadHost, kind: MeasurementKind) -> 
     except BaseException as exc:
         await _stopped(host, kind, _stop_reason(exc), None, 0)
         raise
-
-
-def _check_host(host: WorkloadHost, answer: _Answer) -> None:
-    if answer.reply is None and not host.host_alive():
-        raise WorkloadHostLost(f"the host was gone when a request failed: {answer.error}")
-
-
-async def vocabulary_size(host: WorkloadHost) -> int:
-    """The ids prompts are drawn from: the host's ``n_vocab`` less its top sixty-fourth (at
-    least 4), where GGUF vocabularies keep their control tokens."""
-    async with host.http.request("GET", host.base_url.rstrip("/") + "/v1/models") as response:
-        data = json.loads(await response.read(_BODY_LIMIT))
-    n_vocab = int(data["data"][0]["meta"]["n_vocab"])
-    return n_vocab - max(4, n_vocab // 64)
-
-
-class _Answer:
-    def __init__(self, reply: Mapping[str, Any] | None, elapsed_ms: float, error: str | None):
-        self.reply = reply
-        self.elapsed_ms = elapsed_ms
-        self.error = error
-
-    def request(self, position: int, **plan: Any) -> WorkloadRequest:
-        reply = self.reply
-        if reply is None:
-            return WorkloadRequest(
-                position=position,
-                status="failed",
-                elapsed_ms=self.elapsed_ms,
-                error=self.error,
-                **plan,
-            )
-        timings = reply.get("timings") or {}
-        slot = reply.get("id_slot")
-        return WorkloadRequest(
-            position=position,
-            status="completed",
-            prompt_tokens=reply.get("tokens_evaluated"),
-            cached_tokens=timings.get("cache_n", 0),
-            prompt_ms=timings.get("prompt_ms"),
-            elapsed_ms=self.elapsed_ms,
-            slot_id=slot if isinstance(slot, int) and slot >= 0 else None,
-            **plan,
-        )
-
-    @property
-    def tokens(self) -> list[int]:
-        found = (self.reply or {}).get("tokens") or []
-        return [int(t) for t in found]
-
-
-async def _complete(
-    host: WorkloadHost, prompt: list[int], n_predict: int, slot: int, *, exact: bool
-) -> _Answer:
-    """One non-streamed ``/completion`` of token ids on ``slot`` (greedy; ``exact``: exactly
-    ``n_predict`` tokens, with the answer's token ids returned)."""
-    body: dict[str, Any] = {
-        "prompt": prompt,
-        "n_predict": n_predict,
-        "temperature": 0,
-        "top_k": 1,
-        "stream": False,
-        "id_slot": slot,
-    }
-    if exact or host.ignore_eos:
-        body["ignore_eos"] = True
-    if exact:
-        body["return_tokens"] = True
-    start = trio.current_time()
-    url = host.base_url.rstrip("/") + "/completion"
-    timeout = min(host.request_timeout_ms / 1000, max(0.0, host.deadline - start))
-    error: str | None = "request timed out"
-    reply: Mapping[str, Any] | None = None
-    with trio.move_on_after(timeout):
-        try:
-            async with host.http.request("POST", url, json_body=body) as response:
-                data = await response.read(_BODY_LIMIT)
-            if response.status_code != 200:
-                error = f"HTTP {response.status_code}: {data[:200]!r}"
-            else:
-                reply, error = json.loads(data), None
-        except (HttpError, OSError, ValueError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-    return _Answer(reply, (trio.current_time() - start) * 1000, error)
-
-
-class _ChatAnswer(_Answer):
-    """An OpenAI chat reply: the server's counts from ``usage`` (its prompt tokens, the
-    template's included, and ``prompt_tokens_details.cached_tokens``), its prompt time from
-    llama.cpp's ``timings`` when the server passes them on."""
-
-    def request(self, position: int, **plan: Any) -> WorkloadRequest:
-        reply = self.reply
-        if reply is None:
-            return super().request(position, **plan)
-        usage = reply.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        timings = reply.get("timings") or {}
-        return WorkloadRequest(
-            position=position,
-            status="completed",
-            prompt_tokens=usage.get("prompt_tokens"),
-            cached_tokens=details.get("cached_tokens"),
-            prompt_ms=timings.get("prompt_ms"),
-            elapsed_ms=self.elapsed_ms,
-            **plan,
-        )
-
-    @property
-    def content(self) -> str:
-        """The answer's text (``choices[0].message.content``)."""
-        choices = (self.reply or {}).get("choices") or [{}]
-        return str((choices[0].get("message") or {}).get("content") or "")
-
-    @property
-    def completion_tokens(self) -> int | None:
-        found = ((self.reply or {}).get("usage") or {}).get("completion_tokens")
-        return found if isinstance(found, int) else None
-
-
-async def _chat(
-    host: WorkloadHost,
-    messages: str | list[dict[str, str]],
-    max_tokens: int,
-    slot: int,
-    *,
-    exact: bool = False,
-    pieces: ChatPieces = BYTE_ALPHABET,
-) -> _ChatAnswer:
-    """One non-streamed chat completion on ``slot`` (greedy) of one user message, or of a
-    conversation; ``exact``: exactly ``max_tokens`` answer tokens, held to ``pieces``' answer
-    grammar (and off the tokens it bans), so that the answer's text tokenizes back."""
-    if isinstance(messages, str):
-        messages = [{"role": "user", "content": messages}]
-    body: dict[str, Any] = {
-        "model": host.model_id,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": False,
-        # llama.cpp's slot choice, passed on by the stage server: a group keeps its slot.
-        "id_slot": slot,
-    }
-    if exact or host.ignore_eos:
-        body["ignore_eos"] = True
-    if exact:
-        body["grammar"] = pieces.answer_grammar
-        if pieces.answer_banned_ids:
-            body["logit_bias"] = [[token, False] for token in pieces.answer_banned_ids]
-    start = trio.current_time()
-    url = host.base_url.rstrip("/") + "/v1/chat/completions"
-    timeout = min(host.request_timeout_ms / 1000, max(0.0, host.deadline - start))
-    error: str | None = "request timed out"
-    reply: Mapping[str, Any] | None = None
-    with trio.move_on_after(timeout):
-        try:
-            async with host.http.request("POST", url, json_body=body) as response:
-                data = await response.read(_BODY_LIMIT)
-            if response.status_code != 200:
-                error = f"HTTP {response.status_code}: {data[:200]!r}"
-            else:
-                reply, error = json.loads(data), None
-        except (HttpError, OSError, ValueError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-    return _ChatAnswer(reply, (trio.current_time() - start) * 1000, error)
 
 
 def _measured_template(
@@ -371,7 +168,7 @@ async def _chat_template(
             rendered = await render_wrapper(
                 host.http, host.base_url, text, pieces, ids, "$.prefix_overlap"
             )
-        answer = await _chat(host, text, 1, 0)
+        answer = await send_chat(host, text, 1, 0)
         reply = answer.request(-1)
         if reply.prompt_tokens is None or reply.cached_tokens is None:
             raise Refused.one(
@@ -439,7 +236,7 @@ async def _probe(
     (``states.cache_reuse.probe_shapes``) and journaled. A chat host designs no token-cut
     prompts: its rule is the header's, unprobed."""
     header = reuse_rule(host.architecture)
-    if host.chat or header is None:
+    if host.speaks.writes_text or header is None:
         return header
     rng = random.Random(seed)  # noqa: S311 -- reproducible probe prompts, not a secret
 
@@ -450,8 +247,8 @@ async def _probe(
     prompts = probe_prompts(shapes, fresh)
     steps: list[ReuseProbeStep] = []
     for shape, prompt in zip(shapes, prompts, strict=True):
-        answer = await _complete(host, prompt, 1, 0, exact=False)
-        _check_host(host, answer)
+        answer = await send_completion(host, prompt, 1, 0, exact=False)
+        check_host(host, answer)
         sent = answer.request(-1)
         steps.append(
             ReuseProbeStep(
@@ -506,7 +303,7 @@ async def run_overlap(host: WorkloadHost) -> bool:
     assert spec is not None  # planned only when chosen
     kind = MeasurementKind.PREFIX_OVERLAP
     async with _stops_before_any_point(host, kind):
-        text = await read_model_text(host.model_path) if host.chat else None
+        text = await read_model_text(host.model_path) if host.speaks.writes_text else None
         pieces = text.pieces if text is not None else BYTE_ALPHABET
         vocabulary = await _opened(
             host, kind, spec.model_dump_json(), pieces if text is not None else None
@@ -563,15 +360,9 @@ async def run_overlap(host: WorkloadHost) -> bool:
                 if trio.current_time() >= host.deadline:
                     stop = "deadline"
                     break
-                answer: _Answer
-                if template is None:
-                    answer = await _complete(
-                        host, prompt, spec.output_tokens, planned.group, exact=False
-                    )
-                else:
-                    answer = await _chat(
-                        host, pieces.text(prompt), spec.output_tokens, planned.group
-                    )
+                answer = await host.speaks.send(
+                    host, prompt, spec.output_tokens, planned.group, pieces
+                )
                 sent.append(
                     answer.request(
                         planned.position,
@@ -581,7 +372,7 @@ async def run_overlap(host: WorkloadHost) -> bool:
                         designed_prompt_tokens=len(prompt) + (template.tokens if template else 0),
                     )
                 )
-                _check_host(host, answer)
+                check_host(host, answer)
             await _metrics_after(host, before, kind, index, sent)
         except BaseException as exc:
             stop = _stop_reason(exc)
@@ -614,28 +405,14 @@ async def run_overlap(host: WorkloadHost) -> bool:
     return True
 
 
-async def _chat_sessions(
-    host: WorkloadHost,
-    spec: MultiTurn,
-    vocabulary: int,
-    pieces: ChatPieces,
-    overheads: ConversationOverheads | None,
+async def _send_sessions(
+    host: WorkloadHost, spec: MultiTurn, plan: Sequence[SessionTurn], turn: SessionTurnSender
 ) -> bool:
-    """Sessions as chat conversations: a system message, the user's context and first
-    question, then per turn the answer as the server gave it and the next question. Each
-    turn should reuse the previous turn's prompt and answer as the server counted them (its
-    answer's last token, sampled, never evaluated): the answers are held to the design's
-    pieces, so their text is the tokens the server generated. With the template's
-    ``overheads`` known, each turn is designed to a count: a first turn, its pieces and the
-    template's; a later one, the turn before as counted, its answer, the question's pieces
-    and the template's (an answer that did not tokenize back would miss it)."""
-    tokens = session_tokens(
-        spec, vocabulary_size=vocabulary, starts=FreshStarts(vocabulary, spec.seed)
-    )
-    rule = reuse_rule(host.architecture)
-    plan = session_plan(spec, rule, sliding_window=host.sliding_window)
-    conversations: dict[int, list[dict[str, str]]] = {}
-    counted: dict[int, tuple[int, int]] = {}
+    """The sessions loop of every dialect: the plan's turns in order (the think time between
+    them, none sent past the deadline), each sent by the dialect's ``turn``; the server's
+    counters read around them all; the record journaled as far as it went, also when a stop
+    unwinds."""
+    kind = MeasurementKind.SESSIONS
     sent: list[WorkloadRequest] = []
     stop: str | None = None
     before: Reading | None = None
@@ -647,48 +424,10 @@ async def _chat_sessions(
             if trio.current_time() >= host.deadline:
                 stop = "deadline"
                 break
-            question = pieces.text(tokens.questions[item.user][item.turn])
-            if item.turn == 0:
-                first = pieces.text([*tokens.contexts[item.user], *tokens.questions[item.user][0]])
-                system = pieces.text(tokens.system)
-                messages = [{"role": "system", "content": system}] if system else []
-                messages.append({"role": "user", "content": first})
-            else:
-                messages = [
-                    *conversations.get(item.user, ()),
-                    {"role": "user", "content": question},
-                ]
-            answer = await _chat(
-                host, messages, spec.answer_tokens, item.user, exact=True, pieces=pieces
-            )
-            conversations[item.user] = [
-                *messages,
-                {"role": "assistant", "content": answer.content},
-            ]
-            earlier = counted.get(item.user)
-            expected = 0
-            if item.expected_reused_tokens and earlier is not None and rule is not None:
-                expected = turn_reuse(
-                    rule, earlier[0], earlier[1], sliding_window=host.sliding_window
-                )
-            designed: int | None = None
-            if overheads is not None and item.turn == 0:
-                designed = overheads.first + len(tokens.first_prompt(item.user))
-            elif overheads is not None and earlier is not None:
-                designed = sum(earlier) + overheads.later + spec.question_tokens
-            request = answer.request(
-                item.position,
-                group=item.user,
-                turn=item.turn,
-                expected_reused_tokens=expected,
-                designed_prompt_tokens=designed,
-            )
-            counted.pop(item.user, None)
-            if request.prompt_tokens is not None and answer.completion_tokens:
-                counted[item.user] = (request.prompt_tokens, answer.completion_tokens)
+            answer, request = await turn(item)
             sent.append(request)
-            _check_host(host, answer)
-        await _metrics_after(host, before, MeasurementKind.SESSIONS, 0, sent)
+            check_host(host, answer)
+        await _metrics_after(host, before, kind, 0, sent)
     except BaseException as exc:
         stop = _stop_reason(exc)
         raise
@@ -696,7 +435,7 @@ async def _chat_sessions(
         with trio.CancelScope(shield=stop is not None):
             await host.journal(_sessions_record(host, spec, sent))
             if stop is not None:
-                await _stopped(host, MeasurementKind.SESSIONS, stop, None, len(sent))
+                await _stopped(host, kind, stop, None, len(sent))
     return stop is None
 
 
@@ -723,7 +462,7 @@ async def run_sessions(host: WorkloadHost) -> bool:
     kind = MeasurementKind.SESSIONS
     overheads: ConversationOverheads | None = None
     async with _stops_before_any_point(host, kind):
-        text = await read_model_text(host.model_path) if host.chat else None
+        text = await read_model_text(host.model_path) if host.speaks.writes_text else None
         vocabulary = await _opened(
             host, kind, spec.model_dump_json(), text.pieces if text is not None else None
         )
@@ -753,50 +492,12 @@ async def run_sessions(host: WorkloadHost) -> bool:
                     host, text.pieces, text.template_source, rendered, None, overheads
                 )
             )
-    if text is not None:
-        return await _chat_sessions(host, spec, vocabulary, text.pieces, overheads)
+    # A chat host's rule is the architecture's (no probe: its template's tokens count too).
     tokens = session_tokens(spec, vocabulary_size=vocabulary, starts=starts)
     plan = session_plan(spec, rule, sliding_window=host.sliding_window)
-    sessions: dict[int, list[int]] = {}
-    sent: list[WorkloadRequest] = []
-    stop: str | None = None
-    before: Reading | None = None
-    try:
-        before = await _metrics_before(host)
-        for item in plan:
-            if item.position and spec.think_time_ms:
-                await trio.sleep(spec.think_time_ms / 1000)
-            if trio.current_time() >= host.deadline:
-                stop = "deadline"
-                break
-            question = list(tokens.questions[item.user][item.turn])
-            if item.turn == 0:
-                prompt = tokens.first_prompt(item.user)
-            else:
-                prompt = [*sessions.get(item.user, ()), *question]
-            # Each user's turns on the user's own slot: a turn finds its session there.
-            answer = await _complete(host, prompt, spec.answer_tokens, item.user, exact=True)
-            sessions[item.user] = [*prompt, *answer.tokens]
-            sent.append(
-                answer.request(
-                    item.position,
-                    group=item.user,
-                    turn=item.turn,
-                    expected_reused_tokens=item.expected_reused_tokens,
-                    designed_prompt_tokens=len(prompt),
-                )
-            )
-            _check_host(host, answer)
-        await _metrics_after(host, before, kind, 0, sent)
-    except BaseException as exc:
-        stop = _stop_reason(exc)
-        raise
-    finally:
-        with trio.CancelScope(shield=stop is not None):
-            await host.journal(_sessions_record(host, spec, sent))
-            if stop is not None:
-                await _stopped(host, kind, stop, None, len(sent))
-    return stop is None
+    pieces = text.pieces if text is not None else None
+    turns = host.speaks.turns(host, spec, tokens, pieces, overheads)
+    return await _send_sessions(host, spec, plan, turns)
 
 
 async def run_open_loop(host: WorkloadHost) -> bool:
@@ -804,26 +505,19 @@ async def run_open_loop(host: WorkloadHost) -> bool:
     assert spec is not None
     kind = MeasurementKind.OPEN_LOOP
     async with _stops_before_any_point(host, kind):
-        await _opened(host, kind, spec.model_dump_json(), BYTE_ALPHABET if host.chat else None)
-    if host.chat:
-        exchange = chat_exchange(
-            host.base_url,
-            host.prompt_text,
-            model_id=host.model_id,
-            output_tokens=spec.output_tokens,
-            request_timeout_ms=host.request_timeout_ms,
-            client=host.http,
-            ignore_eos=host.ignore_eos,
+        await _opened(
+            host, kind, spec.model_dump_json(), BYTE_ALPHABET if host.speaks.writes_text else None
         )
-    else:
-        exchange = completion_exchange(
-            host.base_url,
-            host.prompt_text,
-            output_tokens=spec.output_tokens,
-            request_timeout_ms=host.request_timeout_ms,
-            client=host.http,
-            ignore_eos=host.ignore_eos,
-        )
+    exchange = load_exchange(
+        host.base_url,
+        host.prompt_text,
+        output_tokens=spec.output_tokens,
+        request_timeout_ms=host.request_timeout_ms,
+        dialect=host.dialect,
+        model_id=host.model_id,
+        client=host.http,
+        ignore_eos=host.ignore_eos,
+    )
     journaled: list[RateStage] = []
     # A stage is journaled as it ends, so a stop keeps the stages before it.
     rate_index = 0
