@@ -39,10 +39,9 @@ from _results import emit_figures, load_average, record
 
 from cache_family.actors.audit.replay import replay
 from cache_family.actors.journal.writer import JournalWriter, journal_path, publish_cell_receipt
-from cache_family.actors.run import hosts as host_kinds
 from cache_family.actors.run.cell import CellActor
 from cache_family.actors.run.context import RunContext, RunStop
-from cache_family.actors.run.load import BenchmarkPrompt, LoadRun, _Exchange
+from cache_family.actors.run.load import LOAD_DIALECTS, BenchmarkPrompt, LoadRun, _Exchange
 from cache_family.schemas.arms import NATIVE_CONCURRENT
 from cache_family.schemas.journal import CellOpened, RungPlan
 from cache_family.schemas.measurement import RequestRow
@@ -110,11 +109,16 @@ class _AfterTheNetwork(LoadRun):
         return self._completed_row(request_id, self.excluded_warmup(request_id), exchange, final)
 
 
+def _after_the_network(request: Any, _model_id: str, **load: Any) -> LoadRun:
+    return _AfterTheNetwork(request, **load)
+
+
 def run_part(run_dir: str, requests: int, base_url: str | None) -> None:
     """One rung of the cell, journaled, then its receipt published; prints seconds and
     peak RSS after the rung and after publishing, and the file sizes."""
     if base_url is None:
-        host_kinds.LoadRun = _AfterTheNetwork  # type: ignore[attr-defined]
+        # The native kind's ladder client is its request dialect's (``LOAD_DIALECTS``).
+        LOAD_DIALECTS["completion"] = _after_the_network  # type: ignore[index]
     plan = CellPlan(
         cell_id=CELL,
         cell_dir=CELL_DIR,
