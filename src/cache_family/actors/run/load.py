@@ -1014,21 +1014,26 @@ class OpenAIChatRun(LoadRun):
         super().__init__(request, **kwargs)
         self.model_id = model_id
 
+    # Where the rung's requests go; a subclass sends another OpenAI endpoint's body there.
+    endpoint: ClassVar[str] = "/v1/chat/completions"
+
+    def _body(self) -> dict[str, Any]:
+        return openai_chat_body(
+            self.model_id,
+            self.request.prompt,
+            self.request.output_tokens,
+            ignore_eos=self.request.ignore_eos,
+        )
+
     async def _exchange(self, client: LoopbackHttp, request_id: int) -> RequestRow:
         return await self._guarded(request_id, client, self._chat_completion)
 
     async def _chat_completion(
         self, client: LoopbackHttp, request_id: int, warmup: bool, exchange: _Exchange
     ) -> RequestRow:
-        """OpenAI ``/v1/chat/completions``, streamed with usage."""
-        body = openai_chat_body(
-            self.model_id,
-            self.request.prompt,
-            self.request.output_tokens,
-            ignore_eos=self.request.ignore_eos,
-        )
-        url = self.request.base_url.rstrip("/") + "/v1/chat/completions"
-        stream = await self._chat(client, url, body, exchange)
+        """The OpenAI endpoint's request, streamed with usage."""
+        url = self.request.base_url.rstrip("/") + self.endpoint
+        stream = await self._chat(client, url, self._body(), exchange)
         return self._chat_row(request_id, warmup, exchange, stream)
 
     async def _chat(

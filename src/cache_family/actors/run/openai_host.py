@@ -8,22 +8,20 @@ its declared listening line and ``/v1/models``, sent the ladder in its declared 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from cache_family.actors.run import stage_host
 from cache_family.actors.run.host_strategy import HostKindStrategy
 from cache_family.actors.run.load import (
     LoadRun,
     OpenAIChatRun,
-    _Exchange,
 )
 from cache_family.schemas.arms import HostKind
 from cache_family.schemas.host_kinds import HOST_KIND_FACTS, HostReadiness
-from cache_family.schemas.measurement import CacheExpectation, LoadRequest, RequestRow
+from cache_family.schemas.measurement import CacheExpectation, LoadRequest
 from cache_family.schemas.openai_host import OpenAIReadiness, OpenAIServing, openai_argv
 from cache_family.states.cache_reuse import block_expectation
 from cache_family.states.plans import CellPlan
-from cache_family.system.http import LoopbackHttp
 
 
 def _serving(plan: CellPlan) -> OpenAIServing:
@@ -55,21 +53,15 @@ class OpenAICompletionsRun(OpenAIChatRun):
     """A ladder rung against ``POST /v1/completions``: the cut prompt as sent text, the answer
     read as a chat stream's (each choice's ``text`` is its content)."""
 
-    async def _exchange(self, client: LoopbackHttp, request_id: int) -> RequestRow:
-        return await self._guarded(request_id, client, self._text_completion)
+    endpoint: ClassVar[str] = "/v1/completions"
 
-    async def _text_completion(
-        self, client: LoopbackHttp, request_id: int, warmup: bool, exchange: _Exchange
-    ) -> RequestRow:
-        body = openai_completions_body(
+    def _body(self) -> dict[str, Any]:
+        return openai_completions_body(
             self.model_id,
             self.request.prompt,
             self.request.output_tokens,
             ignore_eos=self.request.ignore_eos,
         )
-        url = self.request.base_url.rstrip("/") + "/v1/completions"
-        stream = await self._chat(client, url, body, exchange)
-        return self._chat_row(request_id, warmup, exchange, stream)
 
 
 def _argv(
