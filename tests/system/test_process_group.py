@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import trio
 
 from cache_family.oracles.stage_server import child_environment
+from cache_family.system import process_group
 from cache_family.system.child import ChildCommand, run_child
 from cache_family.system.process_group import (
     PROCESS_TAG_NAME,
@@ -295,13 +297,44 @@ def test_a_tag_behind_a_large_environment_is_read_in_full() -> None:
     tag = f"run-{os.getpid()}/cell"
     env = {"PATH": "/usr/bin:/bin", **filler, PROCESS_TAG_NAME: tag}
     # The child says "ready" only once it runs with ``env``: before its exec, /proc/PID/environ
-    # would still be this process's own.
-    ready = ["sh", "-c", "echo ready; exec sleep 30"]
-    with subprocess.Popen(ready, env=env, stdout=subprocess.PIPE) as child:
+    # would still be this process's own. It then waits on its input without a second exec
+    # (``exec sleep`` raced the scan: mid-exec, the kernel shows an empty environment).
+    ready = ["sh", "-c", "echo ready; read line"]
+    with subprocess.Popen(ready, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as child:
         try:
             assert child.stdout is not None and child.stdout.readline() == b"ready\n"
             assert process_tag_of(child.pid) == tag
             found = tagged_processes(lambda seen: seen == tag)
             assert set(found) == {child.pid}
+        finally:
+            child.kill()
+
+
+def test_an_environment_read_empty_mid_exec_is_read_again_fault_injection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Fault injection: the kernel's empty answer for a process in the middle of an exec is
+    # scripted for the first reads; the real file then carries the tag.
+    tag = f"run-{os.getpid()}/mid-exec"
+    env = {"PATH": "/usr/bin:/bin", PROCESS_TAG_NAME: tag}
+    real_read = process_group._read_proc_file
+    empty_reads = {"left": 3}
+
+    def empty_first(path: str, limit: int) -> bytes:
+        if path.endswith("/environ") and empty_reads["left"] > 0:
+            empty_reads["left"] -= 1
+            return b""
+        return real_read(path, limit)
+
+    monkeypatch.setattr(process_group, "_read_proc_file", empty_first)
+    ready = ["sh", "-c", "echo ready; read line"]
+    with subprocess.Popen(ready, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+            assert process_tag_of(child.pid) == tag
+            assert empty_reads["left"] == 0
+            # A process whose environment stays empty has no tag, after a bounded number of tries.
+            monkeypatch.setattr(process_group, "_read_proc_file", lambda path, limit: b"")
+            assert process_tag_of(child.pid) is None
         finally:
             child.kill()

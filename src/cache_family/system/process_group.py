@@ -36,6 +36,10 @@ PROC_READ_SIZE: Final = 64 * 1024
 END_WAIT_SECONDS: Final = 2.0
 # A tagged process may fork again while it is being ended: scan and end at most this often.
 TAG_SWEEPS: Final = 5
+# The kernel answers an empty environment for a process in the middle of an exec (its new
+# memory has no environment yet): such a read is tried again this many times, yielding the CPU
+# between tries, before the process is taken as having none.
+EMPTY_ENVIRON_TRIES: Final = 50
 
 
 # A child started with ``start_new_session=True``: its pid is also its process group's id.
@@ -222,10 +226,15 @@ def parse_run_tag(tag: str) -> RunTag | None:
 def process_tag_of(pid: int) -> str | None:
     """The tag in ``pid``'s exec-time environment, or None (no tag, gone, not ours, a zombie)."""
     wanted = PROCESS_TAG_NAME.encode() + b"="
-    try:
-        data = _read_proc_file(f"/proc/{pid}/environ", ENVIRON_READ_LIMIT)
-    except OSError:
-        return None
+    data = b""
+    for _ in range(EMPTY_ENVIRON_TRIES):
+        try:
+            data = _read_proc_file(f"/proc/{pid}/environ", ENVIRON_READ_LIMIT)
+        except OSError:
+            return None
+        if data:
+            break
+        os.sched_yield()
     for entry in data.split(b"\0"):
         if entry.startswith(wanted):
             return entry[len(wanted) :].decode("utf-8", "replace")
