@@ -187,7 +187,8 @@ def test_the_demo_trace_window_replays_on_native_and_stage_servers_of_both_famil
         assert isinstance(trace, TraceReceipt), receipt
         assert [r.index for r in trace.requests] == [0, 1, 2, 3]
         assert all(r.achieved_tokens is not None for r in trace.requests), (family, arm, trace)
-        assert trace.over_claimed == () and trace.token_count_mismatches == ()
+        # Named with its rows: a claim above the design says which request and by how much.
+        assert trace.over_claimed == () and trace.token_count_mismatches == (), (family, arm, trace)
         assert [r.designed_infinite_tokens for r in trace.requests] == [0, 8, 8, 8]
         if arm == "old-trace":  # the demo's old server: prefix reuse off
             assert trace.achieved_tokens == 0, trace
