@@ -21,9 +21,18 @@ from cache_family.actors.journal.rows_file import cell_rows
 from cache_family.actors.journal.writer import JournalWriter
 from cache_family.actors.run.cell import CellActor
 from cache_family.actors.run.context import RunContext, RunStop
+from cache_family.oracles.demo import DEMO_TRACE, with_trace
 from cache_family.oracles.native_parts import Parts
 from cache_family.oracles.real_model import ensure_real_model
-from cache_family.schemas.arms import OPENAI_CONCURRENT, OPENAI_OVERLAP, Arm
+from cache_family.schemas.arms import (
+    OPENAI_ARMS,
+    OPENAI_CONCURRENT,
+    OPENAI_OPEN_LOOP,
+    OPENAI_OVERLAP,
+    OPENAI_SESSIONS,
+    OPENAI_TRACE,
+    Arm,
+)
 from cache_family.schemas.journal import CellOpened, RungPlan, ServerMetricsRead, read_journal
 from cache_family.schemas.measurement import CacheExpectation
 from cache_family.schemas.openai_host import admit_serving
@@ -81,6 +90,23 @@ DECLARATION = {
 }
 
 OVERLAP = {"prompt_tokens": 96, "hit_ratios_pct": [0, 90], "groups": 2, "requests": 4, "seed": 7}
+SESSIONS = {
+    "users": 2,
+    "turns": 3,
+    "system_prompt_tokens": 32,
+    "user_context_tokens": 16,
+    "question_tokens": 8,
+    "answer_tokens": 4,
+    "seed": 3,
+}
+OPEN_LOOP = {
+    "pattern": "poisson",
+    "sweep": {"points": 1, "throughput_concurrency": 2},
+    "requests": 16,
+    "output_tokens": 4,
+    "seed": 30,
+    "over_saturation": {"window": 8, "min_in_flight": 4, "max_lateness_ms": 2000},
+}
 
 
 def _sha256(path: Path) -> str:
@@ -265,6 +291,66 @@ async def test_llama_server_declared_as_an_openai_server_runs_the_ladder_and_ove
     assert encode_receipt(refolded) == (workload_dir / "cell.json").read_bytes()
 
 
+async def test_the_declared_server_runs_sessions_open_loop_and_trace_in_its_chat_dialect(
+    native_parts: Parts, tmp_path: Path
+) -> None:
+    """Every other workload on the declared server, as the stage servers send them: the
+    sessions' turns (each turn's expected reuse the server's counts of the turn before), the
+    open-loop sweep as streamed chats, the trace window replayed on its timestamps. Each
+    receipt accepted, and re-folded from the journal byte for byte."""
+    profile = _profile(native_parts, native_parts.model_path("llama"))
+    workloads = validate_workload_object(
+        with_trace(
+            {"schema_version": 1, "multi_turn": SESSIONS, "open_loop": OPEN_LOOP}, DEMO_TRACE
+        )
+    )
+    plans = [
+        _plan(
+            profile,
+            arm,
+            rungs=(),
+            output_tokens=4,
+            lanes=2,
+            ctx_size=2 * 512,
+            workloads=workloads,
+            cache_ram_mib=None,
+        )
+        for arm in (OPENAI_SESSIONS, OPENAI_OPEN_LOOP, OPENAI_TRACE)
+    ]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with trio.fail_after(600):
+        cells = await _run_cells(run_dir, plans)
+    journal = read_journal((run_dir / "journal.jsonl").read_bytes())
+    receipts = {}
+    for plan, cell in zip(plans, cells, strict=True):
+        assert cell is not None and cell.status == "completed", (plan.arm.name, cell)
+        assert cell.cleanup is not None and cell.cleanup.problems() == ()
+        receipt = decode_workload_receipt(
+            (run_dir / plan.cell_dir / WORKLOAD_RECEIPT_NAME).read_bytes()
+        )
+        assert receipt.arm == plan.arm.name and receipt.status == "accepted", receipt
+        assert (
+            fold_workload(journal.lines, plan.cell_id, through_seq=receipt.journal_through_seq)
+            == receipt
+        )
+        receipts[plan.arm] = receipt
+    sessions = receipts[OPENAI_SESSIONS].sessions
+    assert sessions is not None and [t.turn for t in sessions.by_turn] == [0, 1, 2]
+    assert all(t.requests == SESSIONS["users"] for t in sessions.by_turn), sessions
+    # Past the first turn, the server reused each user's conversation so far.
+    for turn in sessions.by_turn[1:]:
+        assert turn.expected_reused_tokens > 0
+        assert turn.achieved_reused_tokens == turn.expected_reused_tokens, turn
+    stages = receipts[OPENAI_OPEN_LOOP].open_loop
+    assert [s.stage for s in stages[:2]] == ["synchronous", "throughput"]
+    assert all(s.completed > 0 for s in stages), stages
+    trace = receipts[OPENAI_TRACE].trace
+    assert trace is not None and [r.index for r in trace.requests] == [0, 1, 2, 3]
+    assert all(r.achieved_tokens is not None for r in trace.requests), trace
+    assert [r.designed_infinite_tokens for r in trace.requests] == [0, 8, 8, 8]
+
+
 async def test_the_real_gemma_model_behind_the_declared_server_runs_the_ladder(
     native_parts: Parts, tmp_path: Path
 ) -> None:
@@ -300,14 +386,21 @@ def test_an_operator_declared_openai_server_is_prepared_run_and_replayed(
 ) -> None:
     """The product's route: the operator input declares the project's llama-server as an
     OpenAI-compatible server (``openai_server``), preparation pins it and writes the case's
-    ``openai`` profile, the run plays the server's ladder and overlap sweep as arms of the row
-    after every other arm, and replay re-folds every receipt identically."""
+    ``openai`` profile, the run plays the server's ladder and every workload as arms of the
+    row after every other arm, the report shows them, and replay re-folds every receipt
+    identically."""
     operator = operator_for(native_parts, oracle_tools, tmp_path, ["llama"])
     declared = json.loads(operator.read_text())
     declared["openai_server"] = {"binary": declared["native_server"], "serving": DECLARATION}
     operator.write_text(json.dumps(declared))
     workloads = tmp_path / "workloads.json"
-    workloads.write_text(json.dumps({"schema_version": 1, "prefix_overlap": OVERLAP}))
+    every_workload = {
+        "schema_version": 1,
+        "prefix_overlap": OVERLAP,
+        "multi_turn": SESSIONS,
+        "open_loop": OPEN_LOOP,
+    }
+    workloads.write_text(json.dumps(with_trace(every_workload, DEMO_TRACE)))
     prepared_dir = tmp_path / "prepared"
     prepare = cli(
         "prepare-full",
@@ -334,15 +427,22 @@ def test_an_operator_declared_openai_server_is_prepared_run_and_replayed(
     assert ran.returncode == 0, ran.stderr
     row = decode_row_receipt((out / "cell-0000" / "row.json").read_bytes())
     observed = {o.arm: (o.planned, o.status) for o in row.observations}
-    assert [o.arm for o in row.observations][-2:] == ["openai-concurrent", "openai-overlap"]
-    assert observed["openai-concurrent"] == ("planned", "completed"), row.observations
-    assert observed["openai-overlap"] == ("planned", "completed"), row.observations
+    declared = [o.arm for o in row.observations][-len(OPENAI_ARMS) :]
+    assert declared == [arm.name for arm in OPENAI_ARMS]
+    for arm in OPENAI_ARMS:
+        assert observed[arm.name] == ("planned", "completed"), row.observations
     ladder = decode_cell_receipt(
         (out / "cell-0000" / OPENAI_CONCURRENT.directory / "cell.json").read_bytes()
     )
     assert all(
         r.cache_verdict and r.cache_verdict.shortfall is False for r in ladder.measurement.rungs
     )
+    # The run's report has a section for each of the declared server's workloads.
+    reported = cli("report-run", str(out), cwd=tmp_path)
+    assert reported.returncode == 0, reported.stderr
+    markdown = (out / "report.md").read_text()
+    for arm in OPENAI_ARMS[1:]:
+        assert f"### cell-0000/{arm.name}:" in markdown, arm.name
     replayed = cli("replay", str(out), cwd=tmp_path)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     assert f"cell-0000/{OPENAI_CONCURRENT.directory}/cell.json" in replayed.stdout

@@ -8,10 +8,19 @@ from pathlib import Path
 
 from run_harness import make_prepared
 
-from cache_family.schemas.arms import NATIVE_CONCURRENT, OPENAI_CONCURRENT, OPENAI_OVERLAP
+from cache_family.oracles.demo import DEMO_TRACE, with_trace
+from cache_family.schemas.arms import (
+    NATIVE_CONCURRENT,
+    OPENAI_CONCURRENT,
+    OPENAI_OPEN_LOOP,
+    OPENAI_OVERLAP,
+    OPENAI_SESSIONS,
+    OPENAI_TRACE,
+)
 from cache_family.schemas.openai_host import admit_serving
 from cache_family.schemas.prepared import PreparedInput, encode_document, load_prepared_input
 from cache_family.schemas.workload import WorkloadsPin, validate_workload_object
+from cache_family.states.chat_pieces import CHAT_ALPHABET
 from cache_family.states.plans import PromptChoice, cell_plan, declared_arm_plans, host_profile
 
 SERVING = {
@@ -106,3 +115,69 @@ def test_the_overlap_arm_comes_with_an_overlap_workload_and_its_own_pins(tmp_pat
     )
     _, refusal = host_profile(drifted, row, OPENAI_OVERLAP)
     assert refusal is not None and refusal.startswith("openai profile pins model " + "e" * 64)
+
+
+def _with_workloads(
+    prepared: PreparedInput, document: dict[str, object], ids: int
+) -> PreparedInput:
+    pin = WorkloadsPin(
+        path="/w.json",
+        sha256="a" * 64,
+        workloads=validate_workload_object(document),
+        trace_distinct_ids=ids,
+    )
+    return prepared.model_copy(update={"workloads": pin})
+
+
+SESSIONS = {
+    "users": 2,
+    "turns": 2,
+    "system_prompt_tokens": 32,
+    "user_context_tokens": 16,
+    "question_tokens": 8,
+    "answer_tokens": 4,
+}
+OPEN_LOOP = {"pattern": "constant", "rates_per_s": [10.0], "duration_s": 1, "output_tokens": 4}
+
+
+def test_every_workload_runs_on_the_declared_server_sized_as_its_chat_workloads(
+    tmp_path: Path,
+) -> None:
+    prepared = _declared(load_prepared_input(str(make_prepared(tmp_path / "p"))))
+    document = with_trace(
+        {"schema_version": 1, "multi_turn": SESSIONS, "open_loop": OPEN_LOOP}, DEMO_TRACE
+    )
+    chosen = _with_workloads(prepared, document, 46)
+    row = chosen.rows[0]
+    plans = declared_arm_plans(chosen, row)
+    assert [(p.arm, p.status) for p in plans] == [
+        (OPENAI_CONCURRENT.name, "planned"),
+        (OPENAI_SESSIONS.name, "planned"),
+        (OPENAI_OPEN_LOOP.name, "planned"),
+        (OPENAI_TRACE.name, "planned"),
+    ]
+    sessions = cell_plan(chosen, row, OPENAI_SESSIONS, PROMPT, None)
+    # A slot per user, without the host-side prompt cache; requests name the served model.
+    assert (sessions.lanes, sessions.cache_ram_mib, sessions.model_id) == (2, 0, "served")
+    assert sessions.workloads is not None and sessions.workloads_sha256 == "a" * 64
+    trace = cell_plan(chosen, row, OPENAI_TRACE, PROMPT, None)
+    native = cell_plan(chosen, row, NATIVE_CONCURRENT, PROMPT, None)
+    assert (trace.lanes, trace.output_tokens) == (native.lanes, DEMO_TRACE["output_tokens_cap"])
+
+    # A synthetic row's trace window with more ids than the byte alphabet holds is skipped,
+    # as the stage servers' is, saying why; so is every workload when the baseline is not.
+    crowded = _with_workloads(prepared, document, len(CHAT_ALPHABET))
+    zoo_row = crowded.rows[0].model_copy(update={"synthetic": True})
+    by_arm = {p.arm: p for p in declared_arm_plans(crowded, zoo_row)}
+    assert by_arm[OPENAI_TRACE.name].status == "skipped"
+    # A trained model's pieces are chosen as the cell opens: only its replay can tell.
+    assert by_arm[OPENAI_SESSIONS.name].status == "planned"
+    assert declared_arm_plans(crowded, crowded.rows[0])[-1].status == "planned"
+    assert (by_arm[OPENAI_TRACE.name].reason or "").startswith("trace.vocabulary")
+    skipped = row.tasks.concurrent_baseline.model_copy(
+        update={"planned": False, "skip_reason": "skipped-by-request"}
+    )
+    unplanned = row.model_copy(
+        update={"tasks": row.tasks.model_copy(update={"concurrent_baseline": skipped})}
+    )
+    assert {p.status for p in declared_arm_plans(chosen, unplanned)} == {"skipped"}

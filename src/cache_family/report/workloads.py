@@ -34,12 +34,7 @@ from cache_family.report.trace import (
     trace_prompt_ms,
     trace_table,
 )
-from cache_family.schemas.arms import (
-    ARM_BY_NAME,
-    PAIRED_WORKLOAD_ARMS,
-    STAGE_WORKLOAD_ARMS,
-    WORKLOAD_ARMS,
-)
+from cache_family.schemas.arms import ARM_BY_NAME, ARMS, PAIRED_WORKLOAD_ARMS
 from cache_family.schemas.bounded import MIB, read_bounded
 from cache_family.schemas.host_kinds import host_kind_facts
 from cache_family.schemas.workload_records import (
@@ -53,7 +48,8 @@ from cache_family.schemas.workload_records import (
     decode_workload_receipt,
 )
 
-WORKLOAD_ARM_NAMES: Final = frozenset(arm.name for arm in (*WORKLOAD_ARMS, *STAGE_WORKLOAD_ARMS))
+# Every host kind's workload arms (a declared server's too).
+WORKLOAD_ARM_NAMES: Final = frozenset(arm.name for arm in ARMS if arm.workload)
 _DESIGNED, _ACHIEVED, _TIME = "#1f77b4", "#d62728", "#2ca02c"
 OVERLAP_AXIS: Final = XAxis("designed overlap", "%")
 TURN_AXIS: Final = XAxis("turn")

@@ -131,13 +131,22 @@ OLD_TRACE: Final = Arm("old-trace",           "workload-old-trace",      COHORT_
                        MeasurementKind.TRACE,            _STAGE,  OLD_PROFILE,     "old trace")
 NEW_TRACE: Final = Arm("new-trace",           "workload-new-trace",      COHORT_OPENAI,
                        MeasurementKind.TRACE,            _STAGE,  NEW_PROFILE,     "new trace")
-# The declared OpenAI-compatible server: the concurrent ladder, and the overlap sweep in its
-# chat dialect.
+# The declared OpenAI-compatible server: the concurrent ladder, and every workload in its
+# chat dialect (as the stage servers send them).
+_OPENAI = HostKind.OPENAI
 OPENAI_CONCURRENT: Final = Arm("openai-concurrent", "sweep-openai-concurrent", COHORT_OPENAI,
-                               _CONCURRENT,         HostKind.OPENAI, OPENAI_PROFILE, "openai")
+                               _CONCURRENT,         _OPENAI, OPENAI_PROFILE, "openai")
 OPENAI_OVERLAP: Final = Arm("openai-overlap",   "workload-openai-overlap", COHORT_OPENAI,
-                            MeasurementKind.PREFIX_OVERLAP, HostKind.OPENAI, OPENAI_PROFILE,
+                            MeasurementKind.PREFIX_OVERLAP, _OPENAI, OPENAI_PROFILE,
                             "openai overlap")
+OPENAI_SESSIONS: Final = Arm("openai-sessions", "workload-openai-sessions", COHORT_OPENAI,
+                             MeasurementKind.SESSIONS,   _OPENAI, OPENAI_PROFILE,
+                             "openai sessions")
+OPENAI_OPEN_LOOP: Final = Arm("openai-open-loop", "workload-openai-open-loop", COHORT_OPENAI,
+                              MeasurementKind.OPEN_LOOP, _OPENAI, OPENAI_PROFILE,
+                              "openai open-loop")
+OPENAI_TRACE: Final = Arm("openai-trace",       "workload-openai-trace",   COHORT_OPENAI,
+                          MeasurementKind.TRACE,         _OPENAI, OPENAI_PROFILE, "openai trace")
 # fmt: on
 
 # The workload arms in the order a row runs them, after its host arms (each only when the
@@ -166,8 +175,10 @@ PAIRED_WORKLOAD_ARMS: Final = {
 HOST_ARMS: Final = (NATIVE_SERIAL, NATIVE_CONCURRENT, SKIPPY_OLD, SKIPPY_NEW)
 # The paired arms whose rungs are compared with each other (parity).
 PAIRED_ARMS: Final = (SKIPPY_OLD, SKIPPY_NEW)
+# The declared server's workload arms, in the order the native and stage ones run.
+OPENAI_WORKLOAD_ARMS: Final = (OPENAI_OVERLAP, OPENAI_SESSIONS, OPENAI_OPEN_LOOP, OPENAI_TRACE)
 # The declared server's arms, after every other arm of a case whose profiles declare one.
-OPENAI_ARMS: Final = (OPENAI_CONCURRENT, OPENAI_OVERLAP)
+OPENAI_ARMS: Final = (OPENAI_CONCURRENT, *OPENAI_WORKLOAD_ARMS)
 ARMS: Final = (CORRECTNESS, *HOST_ARMS, *WORKLOAD_ARMS, *STAGE_WORKLOAD_ARMS, *OPENAI_ARMS)
 ARM_BY_NAME: Final = {arm.name: arm for arm in ARMS}
 

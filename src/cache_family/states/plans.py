@@ -15,7 +15,7 @@ from cache_family.schemas.arms import (
     NATIVE_CONCURRENT,
     NATIVE_SERIAL,
     OPENAI_CONCURRENT,
-    OPENAI_OVERLAP,
+    OPENAI_WORKLOAD_ARMS,
     PAIRED_ARMS,
     STAGE_WORKLOAD_ARMS,
     WORKLOAD_ARMS,
@@ -238,63 +238,71 @@ def workload_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPl
     pin = prepared.workloads
     if pin is None:
         return ()
+    native = row.tasks.concurrent_baseline
+    plans = [
+        _arm_plan(arm, native.planned, native.skip_reason)
+        for arm in WORKLOAD_ARMS
+        if _chosen(pin, arm)
+    ]
+    if row.tasks.paired_serving.planned:
+        # As the paired host arms: only when both old and new stage servers are bound.
+        plans += [
+            _chat_workload_plan(arm, pin, row) for arm in STAGE_WORKLOAD_ARMS if _chosen(pin, arm)
+        ]
+    return tuple(plans)
+
+
+def _chosen(pin: WorkloadsPin, arm: Arm) -> bool:
+    """Whether the workload file chooses the workload ``arm`` measures."""
     chosen = {
         MeasurementKind.PREFIX_OVERLAP: pin.workloads.prefix_overlap,
         MeasurementKind.SESSIONS: pin.workloads.multi_turn,
         MeasurementKind.OPEN_LOOP: pin.workloads.open_loop,
         MeasurementKind.TRACE: pin.workloads.trace,
     }
-    native = row.tasks.concurrent_baseline
-    plans = [
-        _arm_plan(arm, native.planned, native.skip_reason)
-        for arm in WORKLOAD_ARMS
-        if chosen[arm.kind] is not None
-    ]
-    if row.tasks.paired_serving.planned:
-        # As the paired host arms: only when both old and new stage servers are bound. Their
-        # text prompts each start with a character of their own: a workload needing more than
-        # the chat alphabet holds is skipped, saying so, rather than faulting its cells.
-        for arm in STAGE_WORKLOAD_ARMS:
-            if chosen[arm.kind] is None:
-                continue
-            if arm.kind == MeasurementKind.TRACE:
-                plans.append(_stage_trace_plan(arm, pin, row))
-                continue
-            needed = chat_starts_needed(pin.workloads, arm.kind)
-            if needed <= len(CHAT_ALPHABET):
-                plans.append(ArmPlan(arm=arm.name))
-                continue
-            reason = (
-                f"workload.overlap.vocabulary: the chat dialect's {arm.kind.value} needs "
-                f"{needed} distinct first characters, the alphabet has {len(CHAT_ALPHABET)}"
-            )
-            plans.append(ArmPlan(arm=arm.name, status="skipped", reason=reason))
-    return tuple(plans)
+    return chosen[arm.kind] is not None
 
 
 def declared_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPlan, ...]:
     """The arms of a declared OpenAI-compatible server, after every other arm, only for a case
     whose prepared profiles hold one (none otherwise, so such a run journals what it did
     before): its ladder, sized and skipped as the native baseline's so the two pair rung for
-    rung, and the overlap sweep when the workload file chooses it."""
+    rung, then each workload the workload file chooses, in its chat dialect as the stage
+    servers send them (skipped with the native baseline's reason when that is not planned)."""
     profiles = prepared.profile(row.key)
     if profiles is None or profiles.openai is None:
         return ()
     native = row.tasks.concurrent_baseline
     plans = [_arm_plan(OPENAI_CONCURRENT, native.planned, native.skip_reason)]
     pin = prepared.workloads
-    if pin is not None and pin.workloads.prefix_overlap is not None:
-        plans.append(_arm_plan(OPENAI_OVERLAP, native.planned, native.skip_reason))
+    if pin is None:
+        return tuple(plans)
+    for arm in OPENAI_WORKLOAD_ARMS:
+        if not _chosen(pin, arm):
+            continue
+        planned = _arm_plan(arm, native.planned, native.skip_reason)
+        plans.append(planned if planned.status != "planned" else _chat_workload_plan(arm, pin, row))
     return tuple(plans)
 
 
-def _stage_trace_plan(arm: Arm, pin: WorkloadsPin, row: PreparedRow) -> ArmPlan:
-    """A stage server's trace replay writes each distinct hash id of the window as a message
-    starting with a character of its own. A synthetic (zoo) row's GGUF has a byte-level
-    vocabulary, whose chat pieces are the byte alphabet: a window with more ids than it holds
-    is skipped here, as the replay would refuse it (``trace.vocabulary``). Another model's
-    pieces are chosen from its vocabulary as the cell opens (word pieces hold at least
-    ``MIN_WORD_PIECES``), so only the replay can tell; so can it for a pin without the count."""
+def _chat_workload_plan(arm: Arm, pin: WorkloadsPin, row: PreparedRow) -> ArmPlan:
+    """A workload in the chat dialect: its text prompts each start with a character of their
+    own, so a workload needing more than the chat alphabet holds is skipped, saying so, rather
+    than faulting its cells. The trace replay writes each distinct hash id of its window as a
+    message of its own: on a synthetic (zoo) row, whose GGUF has a byte-level vocabulary and so
+    the byte alphabet as its chat pieces, a window with more ids than that is skipped, as the
+    replay would refuse it (``trace.vocabulary``). Another model's pieces are chosen from its
+    vocabulary as the cell opens (word pieces hold at least ``MIN_WORD_PIECES``), so only the
+    replay can tell; so can it for a pin without the count."""
+    if arm.kind != MeasurementKind.TRACE:
+        needed = chat_starts_needed(pin.workloads, arm.kind)
+        if needed <= len(CHAT_ALPHABET):
+            return ArmPlan(arm=arm.name)
+        reason = (
+            f"workload.overlap.vocabulary: the chat dialect's {arm.kind.value} needs "
+            f"{needed} distinct first characters, the alphabet has {len(CHAT_ALPHABET)}"
+        )
+        return ArmPlan(arm=arm.name, status="skipped", reason=reason)
     needed = chat_starts_needed(pin.workloads, arm.kind, pin.trace_distinct_ids)
     if not row.synthetic or needed <= len(CHAT_ALPHABET):
         return ArmPlan(arm=arm.name)
