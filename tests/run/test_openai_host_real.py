@@ -21,7 +21,7 @@ from cache_family.actors.journal.rows_file import cell_rows
 from cache_family.actors.journal.writer import JournalWriter
 from cache_family.actors.run.cell import CellActor
 from cache_family.actors.run.context import RunContext, RunStop
-from cache_family.oracles.demo import DEMO_TRACE, with_trace
+from cache_family.oracles.demo import DEMO_TRACE, REAL_TRACE, REAL_WORKLOADS, with_trace
 from cache_family.oracles.native_parts import Parts
 from cache_family.oracles.real_model import ensure_real_model
 from cache_family.schemas.arms import (
@@ -291,27 +291,34 @@ async def test_llama_server_declared_as_an_openai_server_runs_the_ladder_and_ove
     assert encode_receipt(refolded) == (workload_dir / "cell.json").read_bytes()
 
 
+@pytest.mark.parametrize("model", ["zoo", "gemma3"])
 async def test_the_declared_server_runs_sessions_open_loop_and_trace_in_its_chat_dialect(
-    native_parts: Parts, tmp_path: Path
+    native_parts: Parts, tmp_path: Path, model: str
 ) -> None:
     """Every other workload on the declared server, as the stage servers send them: the
     sessions' turns (each turn's expected reuse the server's counts of the turn before), the
-    open-loop sweep as streamed chats, the trace window replayed on its timestamps. Each
-    receipt accepted, and re-folded from the journal byte for byte."""
-    profile = _profile(native_parts, native_parts.model_path("llama"))
-    workloads = validate_workload_object(
-        with_trace(
-            {"schema_version": 1, "multi_turn": SESSIONS, "open_loop": OPEN_LOOP}, DEMO_TRACE
-        )
-    )
+    open-loop sweep as streamed chats, the trace window replayed on its timestamps; on a zoo
+    model (the byte alphabet) and on the trained Gemma 3 270M (its own tokenizer and chat
+    template). Each receipt accepted, and re-folded from the journal byte for byte."""
+    document: dict[str, object] = {"schema_version": 1, "multi_turn": SESSIONS}
+    if model == "zoo":
+        path, window, ctx = native_parts.model_path("llama"), DEMO_TRACE, 512
+        document["open_loop"] = OPEN_LOOP
+    else:
+        path, window, ctx = ensure_real_model(io.StringIO(), fetch=False).model, REAL_TRACE, 2048
+        document["open_loop"] = REAL_WORKLOADS["open_loop"]
+    profile = _profile(native_parts, path)
+    workloads = validate_workload_object(with_trace(document, window))
     plans = [
         _plan(
             profile,
             arm,
+            synthetic=model == "zoo",
+            architecture="llama" if model == "zoo" else "gemma3",
             rungs=(),
             output_tokens=4,
             lanes=2,
-            ctx_size=2 * 512,
+            ctx_size=2 * ctx,
             workloads=workloads,
             cache_ram_mib=None,
         )
@@ -346,9 +353,11 @@ async def test_the_declared_server_runs_sessions_open_loop_and_trace_in_its_chat
     assert [s.stage for s in stages[:2]] == ["synchronous", "throughput"]
     assert all(s.completed > 0 for s in stages), stages
     trace = receipts[OPENAI_TRACE].trace
-    assert trace is not None and [r.index for r in trace.requests] == [0, 1, 2, 3]
+    assert trace is not None and len(trace.requests) == window["first"]
     assert all(r.achieved_tokens is not None for r in trace.requests), trace
-    assert [r.designed_infinite_tokens for r in trace.requests] == [0, 8, 8, 8]
+    assert trace.over_claimed == () and trace.token_count_mismatches == (), trace
+    if model == "zoo":
+        assert [r.designed_infinite_tokens for r in trace.requests] == [0, 8, 8, 8]
 
 
 async def test_the_real_gemma_model_behind_the_declared_server_runs_the_ladder(
