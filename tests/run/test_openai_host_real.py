@@ -452,6 +452,15 @@ def test_an_operator_declared_openai_server_is_prepared_run_and_replayed(
     markdown = (out / "report.md").read_text()
     for arm in OPENAI_ARMS[1:]:
         assert f"### cell-0000/{arm.name}:" in markdown, arm.name
+    # Its ladder against the native baseline's, rung by rung, as old against new is.
+    section = markdown.split("## Native baseline versus the declared server\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    assert "| n native | n declared | Native median ms | Declared median ms |" in section
+    rungs = json.loads(prepared.read_text())["rows"][0]["tasks"]["concurrent_baseline"]["rungs"]
+    for rung in rungs:
+        for metric in ("TTFT", "latency"):
+            assert f"| {rung['concurrency']} | {metric} |" in section, (rung, metric, section)
+    assert "## Old versus new" not in markdown  # no stage servers in this run
     replayed = cli("replay", str(out), cwd=tmp_path)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     assert f"cell-0000/{OPENAI_CONCURRENT.directory}/cell.json" in replayed.stdout

@@ -8,39 +8,52 @@ run measured what it reports.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from itertools import groupby
+from collections.abc import Callable, Sequence
 from typing import Final
 from urllib.parse import quote
 
 import msgspec
 from msgspec import UnsetType
 
+from cache_family.report.comparisons import (
+    LADDER_COMPARISONS,
+    OLD_VERSUS_NEW,
+    PAIRED_NOT_RUN,
+    compared,
+    comparison_section,
+)
 from cache_family.report.decode import Refusals
 from cache_family.report.html import anchor, markdown_to_html
+from cache_family.report.ladders import (
+    NOT_OBSERVABLE,
+    LadderRung,
+    folded,
+    ladder_rungs,
+    median_effect,
+    row_name,
+    row_title,
+    rung_tokens,
+    table_row,
+    unobserved,
+)
 from cache_family.report.render import (
     FULL_SECTION,
     PACKAGE_SECTION,
     USE_CASE_SECTION,
     baseline,
     cell,
-    effect_cells,
     format_ms,
     hit_ms,
     reference_sections,
     speedup,
 )
 from cache_family.report.rows import BaselineFigures, ReportRow, SkippyFigures
-from cache_family.report.run import ArmView, RowView, RunReceipts, measured_values
+from cache_family.report.run import ArmView, RowView, RunReceipts
 from cache_family.report.server_metrics import SERVER_METRICS_NOTE, server_metrics_table
 from cache_family.report.stats import (
-    BOOTSTRAP_RESAMPLES,
-    BOOTSTRAP_SEED,
     CONFIDENCE,
     MIN_SAMPLES,
     MedianDifference,
-    bootstrap_median_difference,
     median,
 )
 from cache_family.report.svg import CONCURRENCY, Panel, Series, line_panels
@@ -62,8 +75,6 @@ NATIVE_ARM: Final = NATIVE_CONCURRENT.name
 OLD_ARM: Final = SKIPPY_OLD.name
 NEW_ARM: Final = SKIPPY_NEW.name
 SYNTHETIC_BANNER: Final = "synthetic: plumbing evidence, not a performance claim"
-PAIRED_NOT_RUN: Final = "paired serving not run"
-NOT_OBSERVABLE: Final = "not observable"
 #: How the report names what a run did not measure, in the line that says so.
 NOT_RUN_NAMES: Final = {
     FULL_SECTION: "full-GGUF rows",
@@ -74,8 +85,6 @@ NO_LADDERS: Final = "concurrency ladders"
 NO_WORKLOADS: Final = "workloads"
 #: How output tokens per request are named in every legend and table.
 TOKENS_UNIT: Final = "output tok/req"
-#: A per-rung table with more lines than this starts folded in the page (``<details>``).
-FOLD_ABOVE_LINES: Final = 8
 ARM_COLORS: Final = {
     NATIVE_ARM: "#1f77b4",
     OLD_ARM: "#d62728",
@@ -84,52 +93,9 @@ ARM_COLORS: Final = {
 OTHER_COLORS: Final = ("#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
-@dataclass(frozen=True, slots=True)
-class _Rung:
-    concurrency: int
-    status: str
-    summary: RungSummary | None
-    #: ``measured_values`` of the rung's requests (inline rows, or streamed from the rows file).
-    values: Mapping[str, Sequence[float]]
-    verdict: CacheVerdict | None
-    #: Output tokens each request asked for (the rung's load request), when the cell says.
-    output_tokens: int | None = None
-
-
-def _rungs(arm: ArmView) -> list[_Rung]:
-    if arm.cell is not None:
-        streamed = arm.file_values or {}
-        return [
-            _Rung(
-                r.concurrency,
-                r.status,
-                r.rung_summary,
-                streamed.get(r.rung_index, {})
-                if arm.file_values is not None
-                else measured_values(r.rows),
-                arm.verdicts.get(r.rung_index),
-                r.output_tokens,
-            )
-            for r in arm.rungs
-        ]
-    return [_Rung(b.concurrency, b.status, b.rung_summary, {}, None) for b in arm.observation.rungs]
-
-
-def _rung_tokens(rung: _Rung) -> int | None:
-    """Output tokens per request: as asked, else as observed when every request gave the
-    same count (a rung from an observation only)."""
-    if rung.output_tokens is not None:
-        return rung.output_tokens
-    s = rung.summary
-    if s is None or s.measured_requests <= 0:
-        return None
-    per, rest = divmod(s.observed_completion_tokens, s.measured_requests)
-    return per if rest == 0 else None
-
-
 def _arm_tokens(arm: ArmView) -> str:
     """The arm's output tokens per request as a label: one number, or each one it used."""
-    counts = sorted({t for t in (_rung_tokens(r) for r in _rungs(arm)) if t is not None})
+    counts = sorted({t for t in (rung_tokens(r) for r in ladder_rungs(arm)) if t is not None})
     return "/".join(str(c) for c in counts) if counts else "n/a"
 
 
@@ -137,14 +103,8 @@ def _series_name(arm: ArmView) -> str:
     return f"{arm.arm}, {_arm_tokens(arm)} {TOKENS_UNIT}"
 
 
-def _unobserved(summary: RungSummary | None) -> bool:
-    """Every measured request of the rung lacks a first-token time (it only came with the
-    final event): TTFT and TPOT are not observable, never the elapsed time."""
-    return summary is not None and summary.ttft_unobserved_count > 0 and summary.ttft_p50_ms is None
-
-
 def _ttft_cell(summary: RungSummary | None, value: float | None) -> str:
-    if _unobserved(summary):
+    if unobserved(summary):
         return NOT_OBSERVABLE
     text = format_ms(value)
     if summary is not None and summary.ttft_unobserved_count and value is not None:
@@ -175,23 +135,9 @@ def _link(run_href: str, text: str, relative: str | None) -> str:
     return f"[{cell(text)}]({_href(run_href, relative)})"
 
 
-def _row_name(view: RowView) -> str:
-    entry = view.entry
-    key = view.receipt.row_key if view.receipt and view.receipt.row_key else None
-    name = key or f"{entry.case}-p{entry.prefix_tokens}"
-    if entry.use_case:
-        name += f" ({entry.use_case})"
-    return name
-
-
-def _title(view: RowView) -> str:
-    """The row's name as table, heading and link text."""
-    return cell(_row_name(view))
-
-
 def _plot_name(view: RowView) -> str:
     """``plots/row-NNNN-<slug>.svg``: unique by row index, safe as a file name and a link."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", _row_name(view)).strip("_")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", row_name(view)).strip("_")
     return f"{PLOTS_DIR}/row-{view.entry.index:04d}-{slug}.svg"
 
 
@@ -225,13 +171,13 @@ def _real_evidence(receipts: RunReceipts) -> list[str]:
 
 
 def _plot(view: RowView, arms: Sequence[ArmView]) -> str:
-    xs = sorted({r.concurrency for arm in arms for r in _rungs(arm)})
+    xs = sorted({r.concurrency for arm in arms for r in ladder_rungs(arm)})
     labels = tuple(str(x) for x in xs)
 
     def values(
         arm: ArmView, pick: Callable[[RungSummary], float | None]
     ) -> tuple[float | None, ...]:
-        by_c = {r.concurrency: r.summary for r in _rungs(arm)}
+        by_c = {r.concurrency: r.summary for r in ladder_rungs(arm)}
         out: list[float | None] = []
         for x in xs:
             summary = by_c.get(x)
@@ -255,7 +201,7 @@ def _plot(view: RowView, arms: Sequence[ArmView]) -> str:
             for k, arm in enumerate(arms)
         )
 
-    hidden = [arm.arm for arm in arms if any(_unobserved(r.summary) for r in _rungs(arm))]
+    hidden = [arm.arm for arm in arms if any(unobserved(r.summary) for r in ladder_rungs(arm))]
     note = f"{NOT_OBSERVABLE}: {', '.join(hidden)}" if hidden else ""
     panels = (
         Panel(
@@ -276,7 +222,7 @@ def _plot(view: RowView, arms: Sequence[ArmView]) -> str:
         Panel("Output tokens", "tokens/s", plain(lambda s: s.output_tokens_per_sec), _rate),
         Panel("Goodput", "requests/s", plain(lambda s: s.goodput_requests_per_sec), _rate),
     )
-    return line_panels(f"Concurrency curves: {_row_name(view)}", labels, panels, axis=CONCURRENCY)
+    return line_panels(f"Concurrency curves: {row_name(view)}", labels, panels, axis=CONCURRENCY)
 
 
 def _verdict_text(verdict: CacheVerdict | None, rules: dict[str, int]) -> tuple[str, ...]:
@@ -316,14 +262,14 @@ def _curve_tables(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
         rates[1] += " ---: | ---: | --- |"
     rules: dict[str, int] = {}
     for arm in arms:
-        for rung in _rungs(arm):
+        for rung in ladder_rungs(arm):
             s = rung.summary
             cached = rung.values.get("cache_n", ())
             served = f"{sum(1 for c in cached if c > 0)}/{len(cached)}" if cached else "n/a"
-            tokens = _rung_tokens(rung)
-            unobserved = _unobserved(s)
+            tokens = rung_tokens(rung)
+            not_observed = unobserved(s)
             latency.append(
-                _table_row(
+                table_row(
                     [
                         cell(arm.arm),
                         "n/a" if tokens is None else str(tokens),
@@ -333,10 +279,10 @@ def _curve_tables(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
                         _ttft_cell(s, None if s is None else s.ttft_p50_ms),
                         _ttft_cell(s, None if s is None else s.ttft_p99_ms),
                         NOT_OBSERVABLE
-                        if unobserved
+                        if not_observed
                         else format_ms(None if s is None else s.tpot_p50_ms),
                         NOT_OBSERVABLE
-                        if unobserved
+                        if not_observed
                         else format_ms(None if s is None else s.tpot_p99_ms),
                     ]
                 )
@@ -351,7 +297,7 @@ def _curve_tables(arms: Sequence[ArmView], with_verdicts: bool) -> list[str]:
             ]
             if with_verdicts:
                 fields.extend(_verdict_text(rung.verdict, rules))
-            rates.append(_table_row(fields))
+            rates.append(table_row(fields))
     notes = [f"- [{n}] {rule}" for rule, n in rules.items()]
     chat = _chat_prompt_notes(arms)
     return [
@@ -384,10 +330,6 @@ def _chat_prompt_notes(arms: Sequence[ArmView]) -> list[str]:
     return notes
 
 
-def _is_table_line(line: str) -> bool:
-    return line.startswith("|")
-
-
 def _server_figure(value: float | UnsetType) -> str:
     return "n/a" if isinstance(value, UnsetType) else format_ms(value)
 
@@ -399,7 +341,7 @@ def _server_table(arms: Sequence[ArmView]) -> list[str]:
     rungs = [
         (arm, rung)
         for arm in arms
-        for rung in _rungs(arm)
+        for rung in ladder_rungs(arm)
         if rung.summary is not None and not isinstance(rung.summary.server_ttft_p50_ms, UnsetType)
     ]
     if not rungs:
@@ -423,8 +365,8 @@ def _server_table(arms: Sequence[ArmView]) -> list[str]:
                     _server_figure(s.server_ttft_p99_ms),
                     _server_figure(s.server_tpot_p50_ms),
                     _server_figure(s.server_tpot_p99_ms),
-                    NOT_OBSERVABLE if _unobserved(s) else format_ms(s.ttft_p50_ms),
-                    NOT_OBSERVABLE if _unobserved(s) else format_ms(s.tpot_p50_ms),
+                    NOT_OBSERVABLE if unobserved(s) else format_ms(s.ttft_p50_ms),
+                    NOT_OBSERVABLE if unobserved(s) else format_ms(s.tpot_p50_ms),
                     f"{s.ttft_unobserved_count}/{s.measured_requests}",
                 ]
             )
@@ -442,16 +384,6 @@ def _server_metrics(view: RowView) -> list[str]:
         if not isinstance(r.server_metrics, UnsetType)
     ]
     return server_metrics_table(intervals, "Concurrency")
-
-
-def _folded(summary: str, lines: list[str]) -> list[str]:
-    """``lines`` (tables, an empty line between two) inside ``<details>`` when one of them
-    is long: the page opens short, the figures stay one click away (and plain in the
-    Markdown)."""
-    tables = [len(list(rows)) for table, rows in groupby(lines, _is_table_line) if table]
-    if max(tables, default=0) <= FOLD_ABOVE_LINES:
-        return lines
-    return ["<details>", f"<summary>{summary}</summary>", "", *lines, "", "</details>"]
 
 
 def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
@@ -484,121 +416,37 @@ def _curves(receipts: RunReceipts, svgs: dict[str, str]) -> list[str]:
             reason = view.receipt.reason if view.receipt else view.entry.result.reason
             status = view.receipt.status if view.receipt else view.entry.result.status
             without.append(
-                f"- {_title(view)}: {cell(status)}" + (f" ({cell(reason)})" if reason else "")
+                f"- {row_title(view)}: {cell(status)}" + (f" ({cell(reason)})" if reason else "")
             )
             continue
         name = _plot_name(view)
         svgs[name] = _plot(view, arms)
+        alt = row_title(view).replace("[", "(").replace("]", ")")
         lines += [
             "",
-            f"### {_title(view)}",
+            f"### {row_title(view)}",
             "",
             # Brackets would end the image's alt text early.
-            f"![Concurrency curves of {_title(view).replace('[', '(').replace(']', ')')}]({name})",
+            f"![Concurrency curves of {alt}]({name})",
             "",
-            *_folded(f"Per-rung figures of {_title(view)}", _curve_tables(arms, with_verdicts)),
+            *folded(f"Per-rung figures of {row_title(view)}", _curve_tables(arms, with_verdicts)),
         ]
         server = _server_table(arms)
         if server:
-            lines += ["", *_folded(f"The server's own timings of {_title(view)}", server)]
+            lines += ["", *folded(f"The server's own timings of {row_title(view)}", server)]
         counted = _server_metrics(view)
         if counted:
-            title = f"The server's own token counters of {_title(view)}"
-            lines += ["", SERVER_METRICS_NOTE, "", *_folded(title, counted)]
+            title = f"The server's own token counters of {row_title(view)}"
+            lines += ["", SERVER_METRICS_NOTE, "", *folded(title, counted)]
     if without:
         lines += ["", "Rows without a concurrent arm:", "", *without]
     return lines
 
 
-#: The per-request timings compared between old and new (names in ``ROW_VALUES``).
-METRICS: Final = ("TTFT", "latency")
-
-
-def _table_row(fields: Sequence[str]) -> str:
-    return "| " + " | ".join(fields) + " |"
-
-
-def _effect(before: _Rung, rung: _Rung, metric: str) -> MedianDifference | None:
-    return bootstrap_median_difference(before.values.get(metric, ()), rung.values.get(metric, ()))
-
-
-def _comparison_rows(view: RowView, old: ArmView, new: ArmView) -> list[str]:
-    """One line per rung both arms ran (matched by concurrency) and metric."""
-    old_by_c = {r.concurrency: r for r in _rungs(old)}
-    lines: list[str] = []
-    for rung in _rungs(new):
-        before = old_by_c.get(rung.concurrency)
-        if before is None:
-            continue
-        tokens = {_rung_tokens(before), _rung_tokens(rung)}
-        shown = "/".join("n/a" if t is None else str(t) for t in sorted(tokens, key=str))
-        for metric in METRICS:
-            old_values, new_values = before.values.get(metric, ()), rung.values.get(metric, ())
-            effect = _effect(before, rung, metric)
-            head = [_title(view), shown, str(rung.concurrency), metric]
-            counts = [str(len(old_values)), str(len(new_values))]
-            cells = effect_cells(effect)
-            if (
-                effect is None
-                and metric == "TTFT"
-                and (_unobserved(before.summary) or _unobserved(rung.summary))
-            ):
-                cells[-1] = NOT_OBSERVABLE
-            lines.append(_table_row([*head, *counts, *cells]))
-    return lines
-
-
-def _comparison(receipts: RunReceipts) -> list[str]:
-    lines = [
-        "## Old versus new",
-        "",
-        "Per rung, the effect is median(new) - median(old) of per-request TTFT and end-to-end",
-        f"latency (completed requests, warmups excluded), with a {CONFIDENCE:.0%} percentile",
-        f"bootstrap interval: {BOOTSTRAP_RESAMPLES} resamples of each arm with replacement,",
-        f"seed {BOOTSTRAP_SEED}. An interval that excludes 0 is a difference the samples",
-        "support; negative means the new server is faster.",
-        "",
-    ]
-    table: list[str] = []
-    missing: list[str] = []
-    for view in receipts.rows:
-        by_arm = {arm.arm: arm for arm in view.arms}
-        old, new = by_arm.get(OLD_ARM), by_arm.get(NEW_ARM)
-        if old is None or new is None or old.cell is None or new.cell is None:
-            reasons = sorted(
-                {a.observation.reason for a in (old, new) if a is not None and a.observation.reason}
-            )
-            missing.append(
-                f"- {_title(view)}: {PAIRED_NOT_RUN}"
-                + (f" ({cell('; '.join(reasons))})" if reasons else "")
-            )
-            continue
-        table += _comparison_rows(view, old, new)
-    if table:
-        lines += [
-            *_folded(
-                "Per-rung effects",
-                [
-                    f"| Row | Output tok/req | Concurrency | Metric | n old | n new "
-                    "| Old median ms | New median ms "
-                    f"| New - old ms | {CONFIDENCE:.0%} CI ms | Relative | Verdict |",
-                    "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                    "| --- |",
-                    *table,
-                ],
-            ),
-        ]
-        if missing:
-            lines += ["", *missing]
-    else:
-        lines.append(f"No row has both `{OLD_ARM}` and `{NEW_ARM}` cells: {PAIRED_NOT_RUN}.")
-    return lines
-
-
-def _first_shared(a: ArmView, b: ArmView) -> tuple[_Rung, _Rung] | None:
+def _first_shared(a: ArmView, b: ArmView) -> tuple[LadderRung, LadderRung] | None:
     """The two arms' rungs at the lowest concurrency both ran."""
-    by_c = {r.concurrency: r for r in _rungs(a)}
-    for rung in sorted(_rungs(b), key=lambda r: r.concurrency):
+    by_c = {r.concurrency: r for r in ladder_rungs(a)}
+    for rung in sorted(ladder_rungs(b), key=lambda r: r.concurrency):
         if rung.concurrency in by_c:
             return by_c[rung.concurrency], rung
     return None
@@ -618,19 +466,19 @@ def _versus(base: ArmView | None, new: ArmView | None) -> str:
         return "n/a (no shared concurrency)"
     before, after = pair
     where = f"c={after.concurrency}"
-    effect = _effect(before, after, "TTFT")
+    effect = median_effect(before, after, "TTFT")
     if effect is not None:
         return f"TTFT {where}: {_effect_text(effect)}"
     why = (
         f"TTFT {NOT_OBSERVABLE}"
-        if _unobserved(before.summary) or _unobserved(after.summary)
+        if unobserved(before.summary) or unobserved(after.summary)
         else "TTFT n/a"
     )
-    tokens = (_rung_tokens(before), _rung_tokens(after))
+    tokens = (rung_tokens(before), rung_tokens(after))
     if tokens[0] != tokens[1]:
         shown = "/".join("n/a" if t is None else str(t) for t in tokens)
         return f"n/a ({why}; latency compares different work: {shown} {TOKENS_UNIT})"
-    effect = _effect(before, after, "latency")
+    effect = median_effect(before, after, "latency")
     if effect is None:
         return f"n/a ({why}; fewer than {MIN_SAMPLES} requests)"
     return f"latency {where}: {_effect_text(effect)} ({why})"
@@ -679,9 +527,9 @@ def _summary(receipts: RunReceipts, curves: set[int]) -> list[str]:
     for view in receipts.rows:
         by_arm = {arm.arm: arm for arm in view.arms}
         new = by_arm.get(NEW_ARM)
-        name = _title(view)
+        name = row_title(view)
         if view.entry.index in curves:
-            name = f"[{name}](#{anchor(_row_name(view))})"
+            name = f"[{name}](#{anchor(row_name(view))})"
         correctness = view.receipt.correctness.status if view.receipt is not None else "n/a"
         shown = (NEW_ARM, OLD_ARM, NATIVE_ARM) if staged else (NATIVE_ARM,)
         tokens = ", ".join(
@@ -693,7 +541,7 @@ def _summary(receipts: RunReceipts, curves: set[int]) -> list[str]:
             else []
         )
         lines.append(
-            _table_row(
+            table_row(
                 [name, tokens, cell(correctness), *versus, _downgraded(view, receipts.run_href)]
             )
         )
@@ -777,7 +625,7 @@ def _warm_win(receipts: RunReceipts) -> list[str]:
         row = _warm_row(producer)
         hit = hit_ms(row)
         base = baseline(row, package=False)
-        inside = [v for r in _rungs(serial) for v in r.values.get("server", ())]
+        inside = [v for r in ladder_rungs(serial) for v in r.values.get("server", ())]
         server = median(inside) if inside else None
         reference = speedup(row, package=False)
         own: float | None = None
@@ -785,9 +633,9 @@ def _warm_win(receipts: RunReceipts) -> list[str]:
             own = server / hit
         client = None if base is None or server is None else base.value - server
         table.append(
-            _table_row(
+            table_row(
                 [
-                    _title(view),
+                    row_title(view),
                     _arm_tokens(serial),
                     cell(row.skippy.status or "missing"),
                     format_ms(hit),
@@ -841,7 +689,7 @@ def _footnoted(tables: str) -> list[str]:
             continue
         parts = [part.strip() for part in cells[-1].split("; ") if part.strip()]
         marks = [f"[{notes.setdefault(part, len(notes) + 1)}]" for part in parts]
-        out.append(_table_row([*cells[:-1], "".join(marks)]))
+        out.append(table_row([*cells[:-1], "".join(marks)]))
     if notes:
         out += ["", "Notes:", ""] + [f"- [{n}] {text}" for text, n in notes.items()]
     return out
@@ -874,7 +722,7 @@ def _receipts_table(receipts: RunReceipts) -> list[str]:
             else "n/a"
         )
         if not view.arms:
-            lines.append(f"| {_title(view)} | {cell(status)} | {row_link} | n/a | n/a | n/a |")
+            lines.append(f"| {row_title(view)} | {cell(status)} | {row_link} | n/a | n/a | n/a |")
         for arm in view.arms:
             cell_link = (
                 _link(href, "cell.json", arm.cell_path)
@@ -882,7 +730,7 @@ def _receipts_table(receipts: RunReceipts) -> list[str]:
                 else ("absent" if arm.cell_path else "n/a")
             )
             lines.append(
-                f"| {_title(view)} | {cell(status)} | {row_link} | {cell(arm.arm)} "
+                f"| {row_title(view)} | {cell(status)} | {row_link} | {cell(arm.arm)} "
                 f"| {cell(arm.observation.status)} | {cell_link} |"
             )
     return lines
@@ -927,7 +775,11 @@ def render_run_report(receipts: RunReceipts) -> dict[str, bytes]:
     lines += reference
     lines += _warm_win(receipts)
     lines += [*_curves(receipts, svgs), ""] if plotted else []
-    lines += [*_comparison(receipts), ""] if paired else []
+    for comparison in LADDER_COMPARISONS:
+        # Old against new whenever paired serving ran (saying why a row lacks it); any other
+        # pair only where a row has both.
+        if paired if comparison is OLD_VERSUS_NEW else compared(receipts, comparison):
+            lines += [*comparison_section(receipts, comparison), ""]
     lines += [*workload_sections(receipts.workloads, svgs), ""] if receipts.workloads else []
     lines += _receipts_table(receipts)
     markdown = "\n".join(lines) + "\n"
