@@ -8,6 +8,7 @@ from pathlib import Path
 
 from run_harness import make_prepared
 
+from cache_family.actors.run.resume import _row_targets
 from cache_family.oracles.demo import DEMO_TRACE, with_trace
 from cache_family.schemas.arms import (
     NATIVE_CONCURRENT,
@@ -181,3 +182,21 @@ def test_every_workload_runs_on_the_declared_server_sized_as_its_chat_workloads(
         update={"tasks": row.tasks.model_copy(update={"concurrent_baseline": skipped})}
     )
     assert {p.status for p in declared_arm_plans(chosen, unplanned)} == {"skipped"}
+
+
+def test_a_resumed_row_re_verifies_the_declared_servers_pins_too(tmp_path: Path) -> None:
+    prepared = _declared(load_prepared_input(str(make_prepared(tmp_path / "p"))))
+    key = prepared.rows[0].key
+    profiles = prepared.profiles[key]
+    declared = profiles.host("openai")
+    assert declared is not None
+    # A declared server of its own binary (the fixture's declares the native one's bytes).
+    own = declared.model_copy(update={"binary": "/opt/vllm/bin/python", "binary_sha256": "c" * 64})
+    separate = prepared.model_copy(
+        update={"profiles": {key: profiles.model_copy(update={"openai": own})}}
+    )
+    assert list(separate.profiles[key].hosts()) == ["native-baseline", "openai"]
+    targets = {(t.path, t.expected_sha256) for t in _row_targets(separate, key)}
+    assert ("/opt/vllm/bin/python", "c" * 64) in targets
+    native = separate.profiles[key].host("native-baseline")
+    assert native is not None and (native.binary, native.binary_sha256) in targets

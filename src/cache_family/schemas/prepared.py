@@ -432,6 +432,15 @@ class HostProfile(_Strict):
         return _without_absent_extensions(self, handler(self))
 
 
+#: Each host profile's member of a case's encoded profiles (what the paths of refusals name).
+_MEMBERS: Final[dict[HostProfileName, str]] = {
+    NATIVE_PROFILE: "native",
+    OLD_PROFILE: "old",
+    NEW_PROFILE: "new",
+    OPENAI_PROFILE: "openai",
+}
+
+
 class CaseProfiles(_Strict):
     correctness: CorrectnessProfile
     native: HostProfile | None
@@ -444,15 +453,21 @@ class CaseProfiles(_Strict):
     def _absent_extensions_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
         return _without_absent_extensions(self, handler(self))
 
-    def host(self, name: HostProfileName) -> HostProfile | None:
-        """The host profile an arm names (``Arm.profile``)."""
-        named = {
+    def hosts(self) -> dict[HostProfileName, HostProfile]:
+        """The case's host profiles by profile name, those it has. The encoding keeps the
+        reference's members (``native``, ``old``, ``new``: reference-contracts §2, strict),
+        and a declared server's beside them; everything else reads the profiles by name."""
+        named: dict[HostProfileName, HostProfile | None] = {
             NATIVE_PROFILE: self.native,
             OLD_PROFILE: self.old,
             NEW_PROFILE: self.new,
             OPENAI_PROFILE: self.openai,
         }
-        return named[name]
+        return {name: profile for name, profile in named.items() if profile is not None}
+
+    def host(self, name: HostProfileName) -> HostProfile | None:
+        """The host profile an arm names (``Arm.profile``)."""
+        return self.hosts().get(name)
 
 
 # --- the documents -----------------------------------------------------------------------------
@@ -623,15 +638,8 @@ def _environment_problems(doc: PreparedInput) -> list[str]:
     maps: dict[str, dict[str, str]] = {"environment": doc.environment}
     for key, profiles in doc.profiles.items():
         maps[f"profiles.{key}.correctness.settings"] = profiles.correctness.settings
-        hosts = (
-            ("native", profiles.native),
-            ("old", profiles.old),
-            ("new", profiles.new),
-            ("openai", profiles.openai),
-        )
-        for host, profile in hosts:
-            if profile is not None:
-                maps[f"profiles.{key}.{host}.environment"] = profile.environment
+        for name, profile in profiles.hosts().items():
+            maps[f"profiles.{key}.{_MEMBERS[name]}.environment"] = profile.environment
     return [
         f"{where}: {refusal.code}: {refusal.message}"
         for where, env in maps.items()

@@ -15,6 +15,7 @@ from cache_family.schemas.arms import (
     NATIVE_CONCURRENT,
     NATIVE_SERIAL,
     OPENAI_CONCURRENT,
+    OPENAI_PROFILE,
     OPENAI_WORKLOAD_ARMS,
     PAIRED_ARMS,
     STAGE_WORKLOAD_ARMS,
@@ -270,7 +271,7 @@ def declared_arm_plans(prepared: PreparedInput, row: PreparedRow) -> tuple[ArmPl
     rung, then each workload the workload file chooses, in its chat dialect as the stage
     servers send them (skipped with the native baseline's reason when that is not planned)."""
     profiles = prepared.profile(row.key)
-    if profiles is None or profiles.openai is None:
+    if profiles is None or profiles.host(OPENAI_PROFILE) is None:
         return ()
     native = row.tasks.concurrent_baseline
     plans = [_arm_plan(OPENAI_CONCURRENT, native.planned, native.skip_reason)]

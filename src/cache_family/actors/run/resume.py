@@ -128,16 +128,15 @@ def _published_intact(run_dir: str, records: list[ReceiptPublished]) -> bool:
 
 
 def _row_targets(prepared: PreparedInput, key: str) -> tuple[PinTarget, ...]:
-    """The pins of every host profile of the row's case (native, old and new servers), each
-    target once."""
+    """The pins of every host profile of the row's case (native, old and new servers and a
+    declared one), each target once."""
     profiles = prepared.profile(key)
     if profiles is None:
         return ()
     targets: dict[tuple[str, str], PinTarget] = {}
-    for profile in (profiles.native, profiles.old, profiles.new):
-        if profile is not None:
-            for target in pin_targets(profile):
-                targets.setdefault((target.path, target.expected_sha256), target)
+    for profile in profiles.hosts().values():
+        for target in pin_targets(profile):
+            targets.setdefault((target.path, target.expected_sha256), target)
     return tuple(targets.values())
 
 
