@@ -271,7 +271,16 @@ def test_the_stage_server_oracle_passes_the_cell_tag_to_its_backend() -> None:
     assert env == {"PATH": "/bin", "CACHE_FAMILY_CELL": "cf-x/cell-0000/new"}
 
 
-def test_descendants_are_the_whole_tree_with_psutils_create_times() -> None:
+@pytest.mark.parametrize("children_files", [True, False], ids=["children-files", "stat-scan"])
+def test_descendants_are_the_whole_tree_with_psutils_create_times(
+    children_files: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both ways of reading the tree: the threads' children files where the kernel has them
+    # (Debian's does), and the pass over every process's stat where it does not.
+    if children_files and not process_group._has_children_files():
+        pytest.skip("this kernel lists no thread's children")
+    if not children_files:
+        monkeypatch.setattr(process_group, "_has_children_files", lambda: False)
     # A shell whose child shell runs a sleeper: a child and a grandchild.
     script = "sh -c 'sleep 30 & wait' & wait"
     with subprocess.Popen(["sh", "-c", script], start_new_session=True) as leader:

@@ -12,9 +12,11 @@ time), and the environment tag (``PROCESS_TAG_NAME``) that ``/proc/PID/environ``
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +34,8 @@ PROCESS_TAG_NAME: Final = "CACHE_FAMILY_CELL"
 ENVIRON_READ_LIMIT: Final = 8 * 1024 * 1024
 # One read of a /proc file: a whole stat line, most environments.
 PROC_READ_SIZE: Final = 64 * 1024
+# A thread's children, as pids separated by spaces: bounded like an environment.
+CHILDREN_READ_LIMIT: Final = 8 * 1024 * 1024
 # Processes ended one by one (they have no parent of ours to wait on) get this long to go.
 END_WAIT_SECONDS: Final = 2.0
 # A tagged process may fork again while it is being ended: scan and end at most this often.
@@ -287,16 +291,58 @@ def _read_proc_file(path: str, limit: int) -> bytes:
 
 
 def descendants(pid: int) -> dict[int, float]:
-    """Every live descendant of ``pid`` (children, theirs, ...): pid -> create time. One pass
-    over ``/proc/*/stat`` for the parent of each process (what ``psutil``'s ``children``
-    reads too, without its per-file buffers), then each descendant's create time as psutil
-    gives it, so that identity checks compare like with like. As psutil's, a process created
-    before ``pid`` is no descendant (its parent's pid was another's then); a gone ``pid`` has
-    none."""
+    """Every live descendant of ``pid`` (children, theirs, ...): pid -> create time, each as
+    psutil gives it, so that identity checks compare like with like. As psutil's, a process
+    created before ``pid`` is no descendant (its parent's pid was another's then); a gone
+    ``pid`` has none. Children are read from each process's threads' ``children`` files,
+    which a host of a few processes answers in a few reads, else (a kernel without them) from
+    one pass over every ``/proc/*/stat``."""
     try:
         root_created = psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return {}
+    children_of = _children_files if _has_children_files() else _children_by_scan()
+    found: dict[int, float] = {}
+    frontier = [pid]
+    while frontier:
+        for child in children_of(frontier.pop()):
+            if child in found or child == pid:
+                continue
+            try:
+                created = psutil.Process(child).create_time()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if created >= root_created:
+                found[child] = created
+                frontier.append(child)
+    return found
+
+
+@functools.cache
+def _has_children_files() -> bool:
+    """Whether this kernel lists a thread's children (``/proc/PID/task/TID/children``)."""
+    return os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children")
+
+
+def _children_files(pid: int) -> list[int]:
+    """``pid``'s children, from the ``children`` file of each of its threads (a process
+    forked by any thread is listed by that thread); none when ``pid`` is gone."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    children: list[int] = []
+    for thread in threads:
+        try:
+            listed = _read_proc_file(f"/proc/{pid}/task/{thread}/children", CHILDREN_READ_LIMIT)
+        except OSError:
+            continue  # the thread ended meanwhile
+        children += [int(child) for child in listed.split()]
+    return children
+
+
+def _children_by_scan() -> Callable[[int], list[int]]:
+    """Children by parent, from one pass over every process's ``stat``."""
     parents: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -308,20 +354,7 @@ def descendants(pid: int) -> dict[int, float]:
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
         parents.setdefault(ppid, []).append(int(name))
-    found: dict[int, float] = {}
-    frontier = [pid]
-    while frontier:
-        for child in parents.get(frontier.pop(), ()):
-            if child in found or child == pid:
-                continue
-            try:
-                created = psutil.Process(child).create_time()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            if created >= root_created:
-                found[child] = created
-                frontier.append(child)
-    return found
+    return lambda parent: parents.get(parent, [])
 
 
 def still_same(pid: int, create_time: float) -> bool:
