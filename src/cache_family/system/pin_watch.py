@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
+
+from cache_family.system.libc import libc as c_library
 
 IN_MODIFY: Final = 0x00000002
 IN_ATTRIB: Final = 0x00000004
@@ -54,7 +55,7 @@ class WatchedPin:
 
 class _Inotify:
     def __init__(self) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = c_library()
         self._add = libc.inotify_add_watch
         self._add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
         self._add.restype = ctypes.c_int

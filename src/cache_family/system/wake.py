@@ -22,6 +22,8 @@ from typing import Final
 
 import trio
 
+from cache_family.system.libc import libc as c_library
+
 CLOCK_MONOTONIC: Final = 1
 TFD_TIMER_ABSTIME: Final = 1
 # timerfd_create's flags are O_CLOEXEC and O_NONBLOCK's values (timerfd.h says so).
@@ -41,7 +43,7 @@ def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = c_library()
         libc.timerfd_create.argtypes = (ctypes.c_int, ctypes.c_int)
         libc.timerfd_settime.argtypes = (
             ctypes.c_int,

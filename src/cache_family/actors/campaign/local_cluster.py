@@ -31,6 +31,7 @@ import psutil
 
 from cache_family.actors.campaign.row_return import NODE_WORK_DIR_ENV
 from cache_family.errors import Refused
+from cache_family.system.libc import libc
 from cache_family.system.process_group import end_processes
 from cache_family.system.publish import replace_atomically
 
@@ -53,10 +54,6 @@ SYSTEM_PATH: Final = "/usr/sbin:/usr/bin:/sbin:/bin"
 _TCP_STATES: Final = {"01": "ESTABLISHED", "0A": "LISTEN"}
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def _bring_up_loopback() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         request = struct.pack("16sh", b"lo", 0)
@@ -67,7 +64,7 @@ def _bring_up_loopback() -> None:
 def enter_loopback_namespace() -> int:
     """Move this process into a new network namespace with only ``lo``, brought up; the
     namespace's inode."""
-    if _libc().unshare(CLONE_NEWNET) != 0:
+    if libc().unshare(CLONE_NEWNET) != 0:
         errno = ctypes.get_errno()
         raise Refused.one(
             "campaign.local.no_namespace",
@@ -81,7 +78,7 @@ def enter_loopback_namespace() -> int:
 
 
 def _new_namespace() -> None:  # pragma: no cover - runs in the child before its exec
-    if _libc().unshare(CLONE_NEWNET) != 0:
+    if libc().unshare(CLONE_NEWNET) != 0:
         os._exit(70)
 
 
