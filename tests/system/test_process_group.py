@@ -25,6 +25,7 @@ from cache_family.system.process_group import (
     PROCESS_TAG_NAME,
     descendants,
     end_processes,
+    is_kernel_thread,
     live_members,
     process_tag_of,
     stop_group,
@@ -347,3 +348,33 @@ def test_an_environment_read_empty_mid_exec_is_read_again_fault_injection(
             assert process_tag_of(child.pid) is None
         finally:
             child.kill()
+
+
+def test_a_kernel_threads_empty_environment_is_read_once_fault_injection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A root sweep reads the kernel's own threads too: their environment is always empty, and
+    # waiting for it as for a process mid-exec cost every sweep 50 reads a thread.
+    # Fault injection: the environment reads are scripted empty and counted.
+    kernel = next(
+        (int(p) for p in os.listdir("/proc") if p.isdigit() and is_kernel_thread(int(p))), None
+    )
+    if kernel is None:
+        pytest.skip("no kernel thread is visible in this PID namespace")
+    assert not is_kernel_thread(os.getpid())
+    reads: list[str] = []
+    real_read = process_group._read_proc_file
+
+    def empty_environ(path: str, limit: int) -> bytes:
+        if path.endswith("/environ"):
+            reads.append(path)
+            return b""
+        return real_read(path, limit)
+
+    monkeypatch.setattr(process_group, "_read_proc_file", empty_environ)
+    assert process_tag_of(kernel) is None
+    assert reads == [f"/proc/{kernel}/environ"]
+    reads.clear()
+    # A process of ours with an empty environment is read again, a bounded number of times.
+    assert process_tag_of(os.getpid()) is None
+    assert len(reads) == process_group.EMPTY_ENVIRON_TRIES

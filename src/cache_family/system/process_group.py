@@ -44,6 +44,9 @@ TAG_SWEEPS: Final = 5
 # memory has no environment yet): such a read is tried again this many times, yielding the CPU
 # between tries, before the process is taken as having none.
 EMPTY_ENVIRON_TRIES: Final = 50
+# The kernel's flag of its own threads in /proc/PID/stat (include/linux/sched.h): they have no
+# environment at all, and a root sweep reads theirs too.
+PF_KTHREAD: Final = 0x00200000
 
 
 # A child started with ``start_new_session=True``: its pid is also its process group's id.
@@ -231,18 +234,29 @@ def process_tag_of(pid: int) -> str | None:
     """The tag in ``pid``'s exec-time environment, or None (no tag, gone, not ours, a zombie)."""
     wanted = PROCESS_TAG_NAME.encode() + b"="
     data = b""
-    for _ in range(EMPTY_ENVIRON_TRIES):
+    for attempt in range(EMPTY_ENVIRON_TRIES):
         try:
             data = _read_proc_file(f"/proc/{pid}/environ", ENVIRON_READ_LIMIT)
         except OSError:
             return None
-        if data:
-            break
+        if data or (attempt == 0 and is_kernel_thread(pid)):
+            break  # a kernel thread has no environment to wait for
         os.sched_yield()
     for entry in data.split(b"\0"):
         if entry.startswith(wanted):
             return entry[len(wanted) :].decode("utf-8", "replace")
     return None
+
+
+def is_kernel_thread(pid: int) -> bool:
+    """Whether ``pid`` is a kernel thread (``PF_KTHREAD`` in its stat flags); False when gone."""
+    try:
+        stat = _read_proc_file(f"/proc/{pid}/stat", PROC_READ_SIZE)
+        # "pid (comm) state ppid pgrp session tty_nr tpgid flags ...": flags is the 7th after.
+        flags = int(stat[stat.rindex(b")") + 2 :].split(None, 7)[6])
+    except (OSError, ValueError, IndexError):
+        return False
+    return bool(flags & PF_KTHREAD)
 
 
 def tagged_processes(matches: Callable[[str], bool]) -> dict[int, float]:
