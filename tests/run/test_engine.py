@@ -250,8 +250,14 @@ def test_policies_are_columns_of_the_tables_and_the_sticky_states_are_the_shield
     assert {s for s in cell.states if cell.policy(s).finished} == {State.FINALIZE, State.DONE}
     assert {s for s in cell.states if cell.policy(s).measuring} == {State.LADDER, State.WORKLOAD}
     assert cell.after_fault == {State.NOT_LAUNCHED, State.CLEANUP, State.FINALIZE, State.DONE}
-    # Steps sharing a later fsync: into warmup, finalize and done (the cell), between arms
-    # and into finalize after the arms (the row); the correctness arm fsyncs every step.
+    # Steps sharing a later fsync: into warmup, post-verify, finalize and done (the cell),
+    # between arms and into finalize after the arms (the row); the correctness arm fsyncs
+    # every step.
     later = {(s, e) for (s, e), step in cell.rows.items() if not step.fsync}
-    assert {cell.rows[pair].to for pair in later} == {State.WARMUP, State.FINALIZE, State.DONE}
+    assert {cell.rows[pair].to for pair in later} == {
+        State.WARMUP,
+        State.POST_VERIFY,
+        State.FINALIZE,
+        State.DONE,
+    }
     assert all(step.fsync for step in CORRECTNESS_TABLE.rows.values())

@@ -282,10 +282,11 @@ CELL_TABLE: Final = MachineTable[CellState, CellEvent, CellAction](
         # A workload arm (``schemas/arms.py``) runs its workload in place of the ladder.
         (Cell.WARMUP,       [CellOn.WORKLOAD_READY],       Cell.WORKLOAD,     _WORKLOAD),
         (Cell.WARMUP,       _STOP,                         Cell.CLEANUP,      _CLEANUP),
-        # post-verify's work re-hashes the same pins.
-        (Cell.LADDER,       [CellOn.LADDER_DONE],          Cell.POST_VERIFY,  ()),
+        # post-verify's work re-hashes the same pins: it only reads and journals, and every
+        # way out of it fsyncs (cleanup's step, before it signals the host).
+        (Cell.LADDER,       [CellOn.LADDER_DONE],          Cell.POST_VERIFY,  (), SYNCED_LATER),
         (Cell.LADDER,       _STOP,                         Cell.CLEANUP,      _CLEANUP),
-        (Cell.WORKLOAD,     [CellOn.WORKLOAD_DONE],        Cell.POST_VERIFY,  ()),
+        (Cell.WORKLOAD,     [CellOn.WORKLOAD_DONE],        Cell.POST_VERIFY,  (), SYNCED_LATER),
         (Cell.WORKLOAD,     _STOP,                         Cell.CLEANUP,      _CLEANUP),
         # Drift after the run keeps the measurements; the fold refuses parity.
         (Cell.POST_VERIFY,  [CellOn.PINS_VERIFIED,
