@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from itertools import takewhile
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,6 +27,7 @@ from cache_family.states.trace import (
     TraceWindow,
     check_context,
     designed_reuse,
+    reachable_reuse,
     read_mooncake,
     request_verdict,
     total_efficiency,
@@ -301,3 +303,41 @@ def test_the_fold_judges_each_request_and_names_what_it_refuses() -> None:
     stopped = trace_receipt(_replayed(stop_reason="workload.arrivals.sender_late"), sent[:1])
     assert stopped.refusal == "workload.arrivals.sender_late"
     assert trace_receipt(_replayed(), sent[:1], stopped=True).refusal == "workload.stopped"
+
+
+def test_what_requests_sent_together_could_reuse_of_each_other() -> None:
+    # The demo's window: four requests due at once, each opening with block 0. The design
+    # gives request 0 nothing; the server may take any of them first.
+    lines = _numbered(
+        _line(0, 1024, [0, 1]),
+        _line(0, 1024, [0, 2]),
+        _line(0, 1024, [0, 3]),
+        _line(5000, 1536, [0, 1, 4]),  # sent after every other was answered
+    )
+    requests = read_mooncake(lines, TraceWindow())
+    scaling = TraceScaling(tokens_per_block=10)
+    sent: list[float | None] = [0.0, 0.001, 0.002, 5.0]
+    answered: list[float | None] = [0.1, 0.09, 0.095, 5.1]
+    reachable = reachable_reuse(requests, scaling, sent, answered)
+    # Each of the three in flight together could reuse block 0 of another, never its own
+    # blocks; the late one reuses what the design gives it.
+    assert reachable == (10, 10, 10, 20)
+    assert [d.infinite_tokens for d in designed_reuse(requests, scaling)] == [0, 10, 10, 20]
+    # One that never reached the server, or was never answered, has no figure; an answer
+    # sent alone reaches nothing of one sent after it.
+    alone = reachable_reuse(requests, scaling, [0.0, None, 1.0, 2.0], [0.5, None, None, 2.1])
+    assert alone == (0, None, None, 20)
+
+
+def test_a_claim_within_what_was_reachable_is_no_over_claim() -> None:
+    nothing = DesignedReuse(infinite_tokens=0, lru_tokens=None, shared_blocks=0, last_sender=None)
+    # Request 0 of requests sent together found another's first block: honest.
+    assert request_verdict(nothing, 10, 1, reachable_tokens=10).code is None
+    # Beyond what any request could have left, it still is one.
+    beyond = request_verdict(nothing, 12, 1, reachable_tokens=10)
+    assert beyond.code == "trace.reuse.over_claimed"
+    # The fold reads the figure from the journal (a replay from before it: the design alone).
+    honest = _sent(0, 0, 30, 10)
+    sent = [msgspec.structs.replace(honest, reachable_tokens=10), _sent(1, 0, 30, 10)]
+    receipt = trace_receipt(_replayed(), sent)
+    assert receipt.over_claimed == (1,) and receipt.refusal == "trace.reuse.over_claimed"

@@ -244,6 +244,9 @@ class TraceRequestReplayed(_WorkloadRecord, tag="trace_request", frozen=True, kw
     designed_lru_tokens: int | None = None
     last_sender: int | None = None
     request: WorkloadRequest | None = None
+    # The most it could have reused of the requests sent before it was answered (requests due
+    # together reach the server in any order); None: not answered, or a replay from before.
+    reachable_tokens: int | None = None
 
 
 class TraceReplayed(_WorkloadRecord, tag="trace_replayed", frozen=True, kw_only=True):

@@ -401,6 +401,50 @@ def designed_reuse(
     )
 
 
+def reachable_reuse(
+    requests: Sequence[TraceRequest],
+    scaling: TraceScaling,
+    sent_s: Sequence[float | None],
+    answered_s: Sequence[float | None],
+) -> tuple[int | None, ...]:
+    """The most each answered request could have reused (an infinite cache) of the other
+    requests the server may have taken before it: every one sent before it was answered.
+    Requests due together are sent at once and may reach the server in any order, so a
+    request can reuse what the trace designed a later one to send first; a claim is an
+    over-claim only beyond this too. None: not sent or not answered."""
+    order = sorted((s, i) for i, s in enumerate(sent_s) if s is not None)
+    queries = sorted((a, i) for i, a in enumerate(answered_s) if a is not None)
+    nodes: dict[tuple[int, int], int] = {}
+    # Each block node's tokens as each request sent it: a request must not reuse its own.
+    held_by: list[dict[int, int]] = []
+    reachable: list[int | None] = [None] * len(requests)
+    admitted = 0
+    for answered, index in queries:
+        while admitted < len(order) and order[admitted][0] < answered:
+            sender = order[admitted][1]
+            request, parent = requests[sender], -1
+            for hash_id, own in zip(request.hash_ids, scaling.block_lengths(request), strict=True):
+                node = nodes.setdefault((parent, hash_id), len(held_by))
+                if node == len(held_by):
+                    held_by.append({})
+                held_by[node][sender] = own
+                parent = node
+            admitted += 1
+        request, parent, total = requests[index], -1, 0
+        for hash_id, own in zip(request.hash_ids, scaling.block_lengths(request), strict=True):
+            found = nodes.get((parent, hash_id))
+            others = () if found is None else (t for s, t in held_by[found].items() if s != index)
+            held = max(others, default=None)
+            if found is None or held is None:
+                break
+            total += min(own, held)
+            if own != held:  # past a block only when both sent all of it, as the design
+                break
+            parent = found
+        reachable[index] = total
+    return tuple(reachable)
+
+
 # --- the per-request verdict ---------------------------------------------------------------------
 
 
@@ -417,13 +461,19 @@ class TraceRequestVerdict(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def request_verdict(
-    designed: DesignedReuse, achieved: int | None, granularity_tokens: int
+    designed: DesignedReuse,
+    achieved: int | None,
+    granularity_tokens: int,
+    reachable_tokens: int | None = None,
 ) -> TraceRequestVerdict:
+    """``reachable_tokens``: what the requests sent before it was answered could have left
+    (``reachable_reuse``); a claim above the design within it is no over-claim."""
     if achieved is None:
         return TraceRequestVerdict(efficiency=None, lost=False)
     target = designed.infinite_tokens
     efficiency = achieved / target if target else None
-    if achieved > target + granularity_tokens:
+    ceiling = max(target, reachable_tokens or 0)
+    if achieved > ceiling + granularity_tokens:
         return TraceRequestVerdict(
             efficiency=efficiency, lost=False, code="trace.reuse.over_claimed"
         )

@@ -50,6 +50,7 @@ def _judged(
             ),
             achieved,
             replayed.granularity_tokens,
+            sent.reachable_tokens,
         )
         verdict, lost = judged.code, judged.lost
     row = TraceRequestReceipt(

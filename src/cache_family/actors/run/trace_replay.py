@@ -42,6 +42,7 @@ from cache_family.states.trace import (
     TraceScaling,
     check_context,
     designed_reuse,
+    reachable_reuse,
     refuse,
 )
 from cache_family.states.workloads import LLAMA_SERVER_PAGE_TOKENS, ChatTemplate
@@ -67,6 +68,16 @@ def _request_records(
     answers: dict[int, WorkloadRequest],
 ) -> list[TraceRequestReplayed]:
     sent = {stamp.index: stamp.sent_s for stamp in outcome.sends}
+    sent_s = [sent.get(index) for index in range(len(requests))]
+    answered_s: list[float | None] = []
+    for index, sent_at in enumerate(sent_s):
+        answer = answers.get(index)
+        done = answer is not None and answer.status == "completed"
+        elapsed = answer.elapsed_ms if answer is not None else None
+        answered_s.append(
+            sent_at + elapsed / 1000 if done and sent_at is not None and elapsed else None
+        )
+    reachable = reachable_reuse(requests, scaling, sent_s, answered_s)
     return [
         TraceRequestReplayed(
             cell_id=host.cell_id,
@@ -80,6 +91,7 @@ def _request_records(
             designed_lru_tokens=design.lru_tokens,
             last_sender=design.last_sender,
             request=answers.get(index),
+            reachable_tokens=reachable[index],
         )
         for index, (request, design) in enumerate(zip(requests, designs, strict=True))
     ]
